@@ -1,0 +1,142 @@
+"""`SchedulerCore`: the job registry and lifecycle around one `Policy`.
+
+One instance lives in each engine replica's driver (and in the simulator).
+It turns the policy's plans into bookkeeping: computed tokens, sampled
+tokens, finishing and freeing.  Deterministic given its clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.blocks import BlockManager
+from scheduler.config import SchedulerConfig
+from scheduler.job import Job, JobState
+from scheduler.plan import Plan, StepResult
+from scheduler.policies import policy_class
+from scheduler.policy import Clock
+
+
+@dataclass(slots=True)
+class JobEvent:
+    """What a client's stream learns after one iteration."""
+
+    job_id: str
+    token_id: int | None
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class CoreStats:
+    num_waiting: int
+    num_running: int
+    num_free_blocks: int
+    num_blocks: int
+    num_preemptions: int
+    num_finished: int
+    num_aborted: int
+
+
+class SchedulerCore:
+    def __init__(self, config: SchedulerConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.policy = policy_class(config.policy)(config, self.blocks, clock)
+        self.jobs: dict[str, Job] = {}
+        self._step = 0
+        self.num_preemptions = 0
+        self.num_finished = 0
+        self.num_aborted = 0
+
+    # Lifecycle ----------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        if job.job_id in self.jobs:
+            raise ValueError(f"duplicate job id {job.job_id}")
+        if job.num_prompt_tokens == 0:
+            raise ValueError("a job needs at least one prompt token")
+        if job.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {job.num_prompt_tokens} tokens leaves no room under "
+                f"max_model_len={self.config.max_model_len}"
+            )
+        self.jobs[job.job_id] = job
+        self.policy.add(job)
+
+    def abort(self, job_id: str) -> bool:
+        """Abort a job wherever it is; frees its blocks.  False if unknown."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return False
+        self.blocks.free(job)
+        self.policy.remove(job)
+        job.transition(JobState.ABORTED)
+        job.finish_reason = "abort"
+        job.finish_time = self.clock()
+        self.num_aborted += 1
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.jobs)
+
+    # Iteration ----------------------------------------------------------
+
+    def schedule(self) -> Plan:
+        self._step += 1
+        plan = self.policy.schedule(self._step)
+        self.num_preemptions += len(plan.preempted)
+        return plan
+
+    def complete(self, plan: Plan, result: StepResult) -> list[JobEvent]:
+        """Apply the engine's results of `plan`; returns per-job events."""
+        now = self.clock()
+        outputs = {o.job_id: o for o in result.outputs}
+        events: list[JobEvent] = []
+        for chunk in plan.chunks:
+            job = self.jobs.get(chunk.job_id)
+            if job is None:  # aborted while the iteration ran
+                continue
+            job.num_computed_tokens += chunk.num_tokens
+            job.attained_service += result.iteration_time
+            out = outputs.get(chunk.job_id)
+            if not chunk.sample or out is None or out.token_id is None:
+                continue
+            job.output_token_ids.append(out.token_id)
+            if job.first_token_time is None:
+                job.first_token_time = now
+            reason = out.finish_reason
+            if reason is None and (
+                job.num_output_tokens >= job.max_tokens
+                or job.num_tokens >= self.config.max_model_len
+            ):
+                reason = "length"
+            if reason is not None:
+                self._finish(job, reason, now)
+            events.append(
+                JobEvent(job.job_id, out.token_id, reason is not None, reason)
+            )
+        self.policy.on_step_done(plan, result.iteration_time)
+        return events
+
+    def _finish(self, job: Job, reason: str, now: float) -> None:
+        self.blocks.free(job)
+        self.policy.remove(job)
+        job.transition(JobState.FINISHED)
+        job.finish_reason = reason
+        job.finish_time = now
+        del self.jobs[job.job_id]
+        self.num_finished += 1
+
+    def stats(self) -> CoreStats:
+        return CoreStats(
+            num_waiting=self.policy.num_waiting(),
+            num_running=self.policy.num_running(),
+            num_free_blocks=self.blocks.num_free,
+            num_blocks=self.blocks.num_blocks,
+            num_preemptions=self.num_preemptions,
+            num_finished=self.num_finished,
+            num_aborted=self.num_aborted,
+        )

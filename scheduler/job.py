@@ -1,0 +1,123 @@
+"""The `Job`: one request's scheduling state, from arrival to its end.
+
+State machine (ARCHITECTURE.md, "Roadmap"):
+
+    WAITING ──► RUNNING ──► FINISHED
+       ▲           │  ▲
+       │           ▼  │
+       └──────  PREEMPTED          any non-terminal state ──► ABORTED
+
+A job carries from the start what later policies need: its class (online /
+offline), priority level, deadline, predicted response length, attained
+service and where each KV block lives.  The token ids themselves are kept
+here because recomputation after a preemption re-feeds prompt + output.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class JobState(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class JobClass(str, enum.Enum):
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+
+class BlockLocation(str, enum.Enum):
+    DEVICE = "device"
+    HOST = "host"
+    BOTH = "both"
+
+
+_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.WAITING: frozenset({JobState.RUNNING, JobState.ABORTED}),
+    JobState.RUNNING: frozenset(
+        {JobState.PREEMPTED, JobState.FINISHED, JobState.ABORTED}
+    ),
+    JobState.PREEMPTED: frozenset({JobState.RUNNING, JobState.ABORTED}),
+    JobState.FINISHED: frozenset(),
+    JobState.ABORTED: frozenset(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+# Plain dataclass, not pydantic: a job is touched several times per iteration
+# on the hot path, and it never crosses a process boundary by itself.
+@dataclass(eq=False)
+class Job:
+    job_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_time: float
+    job_class: JobClass = JobClass.ONLINE
+    priority: int = 0
+    deadline: float | None = None
+    predicted_output_len: int | None = None
+
+    state: JobState = JobState.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens (prompt + output) whose KV is in the device cache.
+    num_computed_tokens: int = 0
+    # Device block ids in logical order; index i holds tokens
+    # [i*block_size, (i+1)*block_size).
+    block_table: list[int] = field(default_factory=list)
+    block_locations: list[BlockLocation] = field(default_factory=list)
+    # Seconds of iteration time this job has been part of (MLFQ, §4.1).
+    attained_service: float = 0.0
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far: prompt plus everything sampled."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (JobState.FINISHED, JobState.ABORTED)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.max_tokens
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    def transition(self, new: JobState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise InvalidTransition(
+                f"job {self.job_id}: {self.state.value} -> {new.value} is not allowed"
+            )
+        self.state = new

@@ -1,0 +1,96 @@
+"""The scheduler/engine contract: one iteration's `Plan` and its `StepResult`.
+
+The scheduler never touches tensors: each iteration it emits a `Plan` naming,
+for every scheduled job, the token range whose KV is to be computed now
+(a prefill chunk, a recompute after preemption, or a single decode token),
+the job's block table, and whether a token must be sampled at the end of the
+range.  KV block operations (swap out / in, checkpoint, drop) ride along
+even while the first policies leave them empty (ARCHITECTURE.md).
+
+These are dataclasses rather than pydantic models: a plan is built and read
+once per iteration on the hot path, and pickles as is when it must reach
+TP/PP workers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    job_id: str
+    # Token ids to feed, occupying positions [start_pos, start_pos + len).
+    token_ids: list[int]
+    start_pos: int
+    # Device block ids covering at least start_pos + len(token_ids) tokens.
+    block_table: list[int]
+    # True when this chunk reaches the last known token, so the engine
+    # samples the job's next token from its final position.
+    sample: bool
+    # Index of the token to be sampled among the job's outputs; seeded
+    # sampling derives its random stream from it so that recomputation
+    # reproduces the same tokens (preemption transparency).
+    output_index: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.sample and len(self.token_ids) == 1 and self.output_index > 0
+
+
+class BlockOpKind(str, enum.Enum):
+    SWAP_OUT = "swap_out"
+    SWAP_IN = "swap_in"
+    CHECKPOINT = "checkpoint"
+    DROP = "drop"
+
+
+@dataclass(slots=True)
+class BlockOp:
+    kind: BlockOpKind
+    job_id: str
+    # Logical block index within the job and the device block it maps to.
+    block_index: int
+    device_block: int
+
+
+@dataclass(slots=True)
+class Plan:
+    step: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    block_ops: list[BlockOp] = field(default_factory=list)
+    # Jobs preempted by this plan; the engine drops per-job transient state.
+    preempted: list[str] = field(default_factory=list)
+    # ConServe §4.3: a pure-offline batch may be cut at a layer boundary.
+    preemptible_at_layers: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks and not self.block_ops
+
+
+@dataclass(slots=True)
+class JobOutput:
+    job_id: str
+    # The token sampled this iteration, or None for a non-final prefill chunk.
+    token_id: int | None
+    # Set by the engine when a stop condition it owns fired (EOS, stop token,
+    # stop string, max_tokens): "stop" or "length".
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class StepResult:
+    step: int
+    outputs: list[JobOutput]
+    # Measured (or, in the simulator, modelled) seconds of the forward pass.
+    iteration_time: float

@@ -1,0 +1,80 @@
+"""The `Policy` interface: plan one iteration from the queues and free blocks.
+
+A policy owns the ordering of the jobs it was given and decides, each
+iteration, which of them compute which tokens, which are preempted and which
+KV blocks move.  Everything else (job registry, token bookkeeping, finishing
+and freeing) is the `SchedulerCore`'s, so a new scheduling idea is one file in
+`scheduler/policies/` that subclasses this.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar
+
+from scheduler.blocks import BlockManager
+from scheduler.config import SchedulerConfig
+from scheduler.job import Job, JobState
+from scheduler.plan import Plan, ScheduledChunk
+
+Clock = Callable[[], float]
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, clock: Clock) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.clock = clock
+
+    @abstractmethod
+    def add(self, job: Job) -> None:
+        """A new job arrived (state WAITING)."""
+
+    @abstractmethod
+    def remove(self, job: Job) -> None:
+        """`job` finished or was aborted; its blocks are already freed."""
+
+    @abstractmethod
+    def schedule(self, step: int) -> Plan:
+        """Form the next iteration's plan.  May preempt jobs."""
+
+    @abstractmethod
+    def num_waiting(self) -> int: ...
+
+    @abstractmethod
+    def num_running(self) -> int: ...
+
+    def on_step_done(self, plan: Plan, iteration_time: float) -> None:
+        """Hook after the engine ran `plan` (MLFQ demotion uses it)."""
+
+    # Shared mechanics -------------------------------------------------
+
+    def preempt_recompute(self, job: Job) -> None:
+        """Preempt by dropping the job's KV; it is re-prefilled later."""
+        self.blocks.free(job)
+        job.num_computed_tokens = 0
+        job.num_preemptions += 1
+        job.transition(JobState.PREEMPTED)
+
+    def chunk_for(self, job: Job, num_tokens: int) -> ScheduledChunk:
+        """The chunk computing `job`'s next `num_tokens` uncomputed tokens.
+
+        Blocks must already be allocated (`BlockManager.grow`).
+        """
+        start = job.num_computed_tokens
+        end = start + num_tokens
+        sample = end == job.num_tokens
+        if job.state is not JobState.RUNNING:
+            job.transition(JobState.RUNNING)
+        if job.first_scheduled_time is None:
+            job.first_scheduled_time = self.clock()
+        return ScheduledChunk(
+            job_id=job.job_id,
+            token_ids=job.token_slice(start, end),
+            start_pos=start,
+            block_table=list(job.block_table),
+            sample=sample,
+            output_index=job.num_output_tokens,
+        )
