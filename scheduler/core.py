@@ -23,6 +23,7 @@ class JobEvent:
 
     job_id: str
     token_id: int | None
+    text: str
     finished: bool
     finish_reason: str | None
 
@@ -116,7 +117,7 @@ class SchedulerCore:
             if reason is not None:
                 self._finish(job, reason, now)
             events.append(
-                JobEvent(job.job_id, out.token_id, reason is not None, reason)
+                JobEvent(job.job_id, out.token_id, out.text, reason is not None, reason)
             )
         self.policy.on_step_done(plan, result.iteration_time)
         return events

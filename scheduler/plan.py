@@ -86,6 +86,9 @@ class JobOutput:
     # Set by the engine when a stop condition it owns fired (EOS, stop token,
     # stop string, max_tokens): "stop" or "length".
     finish_reason: str | None = None
+    # Detokenized text this token adds to the response (may be empty while
+    # a possible stop string or a partial UTF-8 sequence is held back).
+    text: str = ""
 
 
 @dataclass(slots=True)
