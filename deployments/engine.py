@@ -1,0 +1,169 @@
+"""The Engine deployment: one model instance and its iteration loop.
+
+Each replica owns a placement group (a CPU bundle here, GPU bundles with
+`device: cuda`), a `ModelRunner` with its paged KV cache, and a
+`SchedulerCore` running the configured policy.  `generate` streams a job's
+output; tokens from one iteration are handed to the asyncio side in one
+call.  A cancelled stream (client gone) aborts its job and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any, AsyncIterator
+
+from ray import serve
+from ray.util import metrics
+
+from app.config import AppConfig
+from app.protocol import GenerateDelta, GenerateRequest
+from deployments.engine_loop import Delivery, EngineLoop
+from scheduler.core import SchedulerCore
+
+log = logging.getLogger("ray.serve")
+
+REPORT_INTERVAL_S = 0.5
+
+
+def _sampling_params(req: GenerateRequest):  # type: ignore[no-untyped-def]
+    from engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        max_tokens=req.max_tokens,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+    )
+
+
+@serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10)
+class Engine:
+    async def __init__(self, config: dict[str, Any], scheduler: Any = None) -> None:
+        from engine.model_source import resolve_model
+        from engine.runner import ModelRunner
+
+        self.cfg = AppConfig(**config)
+        sched_cfg = self.cfg.scheduler_config()
+        self.runner = ModelRunner(
+            model_path=resolve_model(self.cfg.model),
+            dtype=self.cfg.dtype,
+            device=self.cfg.device,
+            num_blocks=sched_cfg.num_blocks,
+            block_size=sched_cfg.block_size,
+            max_model_len=sched_cfg.max_model_len,
+            num_threads=self.cfg.threads,
+        )
+        self.core = SchedulerCore(sched_cfg, time.monotonic)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.scheduler = scheduler
+        self._aio = asyncio.get_running_loop()
+        self._streams: dict[str, asyncio.Queue[Delivery]] = {}
+        self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver)
+        self.loop.start()
+        tags = {"replica": self.replica_id}
+        self._g_running = metrics.Gauge("engine_running_jobs", "Jobs in the running batch", tag_keys=("replica",))
+        self._g_waiting = metrics.Gauge("engine_waiting_jobs", "Jobs waiting or preempted", tag_keys=("replica",))
+        self._g_kv = metrics.Gauge("engine_kv_utilization", "Share of device KV blocks in use", tag_keys=("replica",))
+        self._c_preempt = metrics.Counter("engine_preemptions", "Jobs preempted", tag_keys=("replica",))
+        self._c_tokens = metrics.Counter("engine_generated_tokens", "Tokens generated", tag_keys=("replica",))
+        for m in (self._g_running, self._g_waiting, self._g_kv, self._c_preempt, self._c_tokens):
+            m.set_default_tags(tags)
+        self._reported = (0, 0)
+        self._reporter = asyncio.create_task(self._report_loop())
+
+    # Called on the loop thread once per iteration with all its tokens.
+    def _deliver(self, items: list[Delivery]) -> None:
+        self._aio.call_soon_threadsafe(self._dispatch, items)
+
+    def _dispatch(self, items: list[Delivery]) -> None:
+        for d in items:
+            q = self._streams.get(d.event.job_id)
+            if q is not None:
+                q.put_nowait(d)
+
+    async def generate(self, request: dict[str, Any], replica: str | None = None
+                       ) -> AsyncIterator[dict[str, Any]]:
+        req = GenerateRequest(**request)
+        req.arrival_time = time.monotonic()
+        rid = req.request_id
+        q: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._streams[rid] = q
+        done = False
+        try:
+            self.loop.submit(req)
+            while not done:
+                items = [await q.get()]
+                while not q.empty():
+                    items.append(q.get_nowait())
+                delta = GenerateDelta(token_ids=[], text="")
+                for d in items:
+                    if d.error is not None:
+                        done = True
+                        raise ValueError(d.error)
+                    if d.event.token_id is not None:
+                        delta.token_ids.append(d.event.token_id)
+                    delta.text += d.event.text
+                    if d.event.finished:
+                        done = True
+                        delta.finish_reason = d.event.finish_reason
+                        delta.metrics = d.metrics
+                yield delta.model_dump()
+        finally:
+            self._streams.pop(rid, None)
+            if not done:  # cancelled: the client went away
+                self.loop.abort(rid)
+
+    async def stats(self) -> dict[str, Any]:
+        s = self.core.stats()
+        ls = self.loop.stats
+        return {
+            "replica": self.replica_id,
+            "num_waiting": s.num_waiting,
+            "num_running": s.num_running,
+            "free_blocks": s.num_free_blocks,
+            "num_blocks": s.num_blocks,
+            "num_preemptions": s.num_preemptions,
+            "num_finished": s.num_finished,
+            "num_aborted": s.num_aborted,
+            "iterations": ls.iterations,
+            "forward_time": ls.forward_time,
+            "loop_time": ls.loop_time,
+            "tokens_out": ls.tokens_out,
+            "open_streams": len(self._streams),
+        }
+
+    async def _report_loop(self) -> None:
+        while True:
+            try:
+                s = self.core.stats()
+                queued = sum(j.max_total_tokens - j.num_computed_tokens
+                             for j in list(self.core.jobs.values()))
+                self._g_running.set(s.num_running)
+                self._g_waiting.set(s.num_waiting)
+                self._g_kv.set(1 - s.num_free_blocks / s.num_blocks)
+                prev_p, prev_t = self._reported
+                if s.num_preemptions > prev_p:
+                    self._c_preempt.inc(s.num_preemptions - prev_p)
+                if self.loop.stats.tokens_out > prev_t:
+                    self._c_tokens.inc(self.loop.stats.tokens_out - prev_t)
+                self._reported = (s.num_preemptions, self.loop.stats.tokens_out)
+                if self.scheduler is not None:
+                    await self.scheduler.report_load.remote(
+                        self.replica_id, s.num_blocks, s.num_free_blocks, queued,
+                        len(self.core.jobs))
+            except Exception:  # the scheduler may be restarting; keep serving
+                log.exception("load report failed")
+            await asyncio.sleep(REPORT_INTERVAL_S)
+
+    def __del__(self) -> None:
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.stop()

@@ -1,0 +1,73 @@
+"""Start the real Ray Serve application once for the integration tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+SMALL_CONFIG = {
+    "model": "embedded:smollm2",
+    "dtype": "bfloat16",
+    "block_size": 16,
+    "kv_cache_tokens": 4096,
+    "max_batch_size": 16,
+    "max_batch_tokens": 256,
+    "max_model_len": 1024,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server():
+    import httpx
+    import ray
+    from ray import serve
+
+    from app.builder import build_app
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(SMALL_CONFIG), name="llm", route_prefix="/")
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.5)
+    yield base
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_handle(server):
+    from ray import serve
+
+    return serve.get_deployment_handle("Engine", app_name="llm")
+
+
+def wait_engine_idle(handle, timeout: float = 30.0) -> dict:
+    """Poll until no job holds a block; returns the engine's stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = handle.stats.remote().result()
+        if s["free_blocks"] == s["num_blocks"] and s["open_streams"] == 0 \
+                and s["num_running"] == 0 and s["num_waiting"] == 0:
+            return s
+        assert time.monotonic() < deadline, f"engine did not go idle: {s}"
+        time.sleep(0.2)

@@ -1,0 +1,115 @@
+"""The real Serve application, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.integration.conftest import wait_engine_idle
+
+pytestmark = pytest.mark.integration
+
+
+def client(base: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_model(server):
+    data = client(server).models.list().data
+    assert [m.id for m in data] == ["smollm2"]
+
+
+def test_streaming_chat_completion(server, engine_handle):
+    stream = client(server).chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    text = "".join(pieces)
+    assert "Paris" in text
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    wait_engine_idle(engine_handle)
+
+
+def test_non_streaming_completion_is_greedy_deterministic(server):
+    c = client(server)
+    kw = dict(model="smollm2", prompt="The three primary colors are", max_tokens=12,
+              temperature=0, ignore_eos=True)
+    a = c.completions.create(**{k: v for k, v in kw.items() if k != "ignore_eos"},
+                             extra_body={"ignore_eos": True})
+    b = c.completions.create(**{k: v for k, v in kw.items() if k != "ignore_eos"},
+                             extra_body={"ignore_eos": True})
+    assert a.choices[0].text == b.choices[0].text and a.choices[0].text.strip()
+    assert a.usage.completion_tokens == 12
+    assert a.choices[0].finish_reason == "length"
+    assert a.model_extra["metrics"]["e2e"] > 0
+
+
+def test_stop_string_is_honoured(server):
+    r = client(server).completions.create(
+        model="smollm2", prompt="1, 2, 3, 4,", max_tokens=30, temperature=0,
+        stop=[" 7"])
+    assert r.choices[0].finish_reason == "stop"
+    assert " 7" not in r.choices[0].text
+
+
+def test_aborted_stream_frees_its_blocks(server, engine_handle):
+    body = {"model": "smollm2", "prompt": "Tell me a very long story.", "max_tokens": 900,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", f"{server}/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    seen += 1
+                if seen >= 3:
+                    break  # leaving the block closes the connection mid-stream
+    stats = wait_engine_idle(engine_handle)
+    assert stats["num_aborted"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/v1/completions", b"{not json", 400, None),
+        ("/v1/chat/completions", {"model": "smollm2"}, 422, "messages"),
+        ("/v1/completions", {"model": "smollm2"}, 422, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 422, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 422, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -1}, 422, "temperature"),
+        ("/v1/completions", {"prompt": "hi " * 1100, "max_tokens": 5}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": [1, 2, 10**9]}, 400, "prompt"),
+        ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 422, None),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_server_keeps_serving(
+        server, engine_handle, path, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{server}{path}", content=content,
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["code"] == status
+    if param is not None:
+        assert err["param"].startswith(param)
+    ok = httpx.post(f"{server}/v1/completions", timeout=60,
+                    json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    assert ok.status_code == 200
+    wait_engine_idle(engine_handle)
