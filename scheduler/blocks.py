@@ -66,6 +66,15 @@ class BlockManager:
             job.block_locations.append(BlockLocation.DEVICE)
         return True
 
+    def allocate_for(self, job: Job, n: int) -> None:
+        """Give a job with an empty block table `n` fresh blocks (swap-in)."""
+        assert not job.block_table and n <= len(self._free)
+        for _ in range(n):
+            b = self._free.popleft()
+            self._owner[b] = job.job_id
+            job.block_table.append(b)
+            job.block_locations.append(BlockLocation.DEVICE)
+
     def free(self, job: Job) -> int:
         """Return all of `job`'s device blocks to the pool."""
         for b in job.block_table:

@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class MLFQConfig(BaseModel):
+    """Skip-join MLFQ knobs (FastServe §4.1, Algorithm 1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_queues: int = Field(6, ge=1, le=32)
+    # q1; None: the minimum iteration time of the cost model (the paper's rule).
+    base_quantum_s: float | None = Field(None, gt=0)
+    # q_{i+1} = ratio * q_i; the paper doubles.
+    quantum_ratio: float = Field(2.0, gt=1.0)
+    # α: a job not scheduled for this long is promoted to Q1.  None: derived
+    # from the TTFT SLO (half of it), so a starved job still meets it.
+    starvation_s: float | None = Field(None, gt=0)
+    slo_ttft_s: float = Field(5.0, gt=0)
+    # "naive": every job joins Q1; "fixed": priority from input length only.
+    variant: Literal["skip-join", "naive", "fixed"] = "skip-join"
+
+    @property
+    def starvation_threshold(self) -> float:
+        return self.starvation_s if self.starvation_s is not None else self.slo_ttft_s / 2
 
 
 class SchedulerConfig(BaseModel):
@@ -16,6 +40,14 @@ class SchedulerConfig(BaseModel):
     # their length (chunked prefill, as in vLLM / Sarathi).
     max_batch_tokens: int = Field(512, ge=1)
     max_model_len: int = Field(2048, ge=2)
+    # What preemption does with KV (scheduler/swap.py).
+    swap_mode: Literal["recompute", "reactive", "proactive"] = "recompute"
+    # Host KV tier capacity in blocks (0: no host tier, always recompute).
+    host_kv_blocks: int = Field(0, ge=0)
+    # Proactive mode: free blocks kept for arrivals.  None: sized from the
+    # recent arrival rate (FastServe §4.2, "handling a burst").
+    reserve_blocks: int | None = Field(None, ge=0)
+    mlfq: MLFQConfig = MLFQConfig()
 
     @model_validator(mode="after")
     def _fits(self) -> "SchedulerConfig":

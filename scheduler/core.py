@@ -14,7 +14,9 @@ from scheduler.config import SchedulerConfig
 from scheduler.job import Job, JobState
 from scheduler.plan import Plan, StepResult
 from scheduler.policies import policy_class
+from scheduler.cost import CostEstimator
 from scheduler.policy import Clock
+from scheduler.swap import SwapManager
 
 
 @dataclass(slots=True)
@@ -40,11 +42,13 @@ class CoreStats:
 
 
 class SchedulerCore:
-    def __init__(self, config: SchedulerConfig, clock: Clock) -> None:
+    def __init__(self, config: SchedulerConfig, clock: Clock,
+                 cost: CostEstimator | None = None) -> None:
         self.config = config
         self.clock = clock
         self.blocks = BlockManager(config.num_blocks, config.block_size)
-        self.policy = policy_class(config.policy)(config, self.blocks, clock)
+        self.swap = SwapManager(self.blocks, config.host_kv_blocks)
+        self.policy = policy_class(config.policy)(config, self.blocks, clock, self.swap, cost)
         self.jobs: dict[str, Job] = {}
         self._step = 0
         self.num_preemptions = 0
@@ -72,6 +76,7 @@ class SchedulerCore:
         if job is None:
             return False
         self.blocks.free(job)
+        self.swap.release_host(job)
         self.policy.remove(job)
         job.transition(JobState.ABORTED)
         job.finish_reason = "abort"
@@ -88,12 +93,19 @@ class SchedulerCore:
     def schedule(self) -> Plan:
         self._step += 1
         plan = self.policy.schedule(self._step)
+        # Drops of finished / aborted jobs' host copies go first.
+        if self.swap.pending_ops:
+            plan.block_ops[:0] = self.swap.take_pending()
         self.num_preemptions += len(plan.preempted)
         return plan
 
     def complete(self, plan: Plan, result: StepResult) -> list[JobEvent]:
         """Apply the engine's results of `plan`; returns per-job events."""
         now = self.clock()
+        for job_id in result.swaps_in_done:
+            landed = self.jobs.get(job_id)
+            if landed is not None and landed.swap_pending is not None:
+                self.swap.swap_in_done(landed)
         outputs = {o.job_id: o for o in result.outputs}
         events: list[JobEvent] = []
         for chunk in plan.chunks:
@@ -124,6 +136,7 @@ class SchedulerCore:
 
     def _finish(self, job: Job, reason: str, now: float) -> None:
         self.blocks.free(job)
+        self.swap.release_host(job)
         self.policy.remove(job)
         job.transition(JobState.FINISHED)
         job.finish_reason = reason

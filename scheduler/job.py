@@ -74,6 +74,11 @@ class Job:
     # [i*block_size, (i+1)*block_size).
     block_table: list[int] = field(default_factory=list)
     block_locations: list[BlockLocation] = field(default_factory=list)
+    # Blocks of this job's KV held in the host tier (FastServe §4.2 swap).
+    num_host_blocks: int = 0
+    # A swap in flight: "swap_out" or "swap_in" until the engine reports it
+    # done; the job is not runnable meanwhile.
+    swap_pending: str | None = None
     # Seconds of iteration time this job has been part of (MLFQ, §4.1).
     attained_service: float = 0.0
     num_preemptions: int = 0
@@ -102,6 +107,11 @@ class Job:
     @property
     def is_finished(self) -> bool:
         return self.state in (JobState.FINISHED, JobState.ABORTED)
+
+    @property
+    def is_resident(self) -> bool:
+        """Its computed KV is all in device memory and no copy is in flight."""
+        return self.num_host_blocks == 0 and self.swap_pending is None
 
     @property
     def max_total_tokens(self) -> int:

@@ -61,6 +61,12 @@ class BlockOp:
 
 @dataclass(slots=True)
 class Plan:
+    """One iteration.  The engine applies `block_ops` in order before the
+    forward pass writes to the cache: SWAP_OUT copies read blocks that the
+    scheduler has already freed and may hand to a chunk of this very plan;
+    DROP forgets a job's host copy; SWAP_IN fills freshly allocated blocks
+    and may complete in a later iteration."""
+
     step: int
     chunks: list[ScheduledChunk] = field(default_factory=list)
     block_ops: list[BlockOp] = field(default_factory=list)
@@ -97,3 +103,7 @@ class StepResult:
     outputs: list[JobOutput]
     # Measured (or, in the simulator, modelled) seconds of the forward pass.
     iteration_time: float
+    # Jobs whose swap-in copies landed since the last result (all of that
+    # job's SWAP_IN blocks).  A synchronous engine reports the plan's own
+    # swap-ins here; an asynchronous one reports them when they land.
+    swaps_in_done: list[str] = field(default_factory=list)

@@ -14,8 +14,10 @@ from typing import Callable, ClassVar
 
 from scheduler.blocks import BlockManager
 from scheduler.config import SchedulerConfig
+from scheduler.cost import CostEstimator
 from scheduler.job import Job, JobState
-from scheduler.plan import Plan, ScheduledChunk
+from scheduler.plan import BlockOp, Plan, ScheduledChunk
+from scheduler.swap import SwapManager, SwapMode
 
 Clock = Callable[[], float]
 
@@ -23,10 +25,14 @@ Clock = Callable[[], float]
 class Policy(ABC):
     name: ClassVar[str]
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, clock: Clock) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, clock: Clock,
+                 swap: SwapManager | None = None, cost: CostEstimator | None = None) -> None:
         self.config = config
         self.blocks = blocks
         self.clock = clock
+        self.swap = swap or SwapManager(blocks, config.host_kv_blocks)
+        self.cost = cost
+        self.swap_mode = SwapMode(config.swap_mode)
 
     @abstractmethod
     def add(self, job: Job) -> None:
@@ -54,15 +60,34 @@ class Policy(ABC):
     def preempt_recompute(self, job: Job) -> None:
         """Preempt by dropping the job's KV; it is re-prefilled later."""
         self.blocks.free(job)
+        self.swap.release_host(job)
         job.num_computed_tokens = 0
         job.num_preemptions += 1
-        job.transition(JobState.PREEMPTED)
+        if job.state is JobState.RUNNING:
+            job.transition(JobState.PREEMPTED)
+
+    def evict(self, job: Job, ops: list[BlockOp]) -> None:
+        """Take `job`'s KV off the device: swap it out when the mode and the
+        host tier allow, else drop it for recomputation."""
+        if self.swap_mode is not SwapMode.RECOMPUTE and job.swap_pending is None:
+            if self.swap.can_swap_out(job):
+                ops += self.swap.swap_out(job)
+                job.num_preemptions += 1
+                if job.state is JobState.RUNNING:
+                    job.transition(JobState.PREEMPTED)
+                return
+            if job.block_table:
+                self.swap.num_recompute_fallbacks += 1
+        if job.swap_pending is not None:
+            return  # a swap-in in flight holds its blocks until it lands
+        self.preempt_recompute(job)
 
     def chunk_for(self, job: Job, num_tokens: int) -> ScheduledChunk:
         """The chunk computing `job`'s next `num_tokens` uncomputed tokens.
 
         Blocks must already be allocated (`BlockManager.grow`).
         """
+        assert job.is_resident, f"{job.job_id} scheduled while its KV is not resident"
         start = job.num_computed_tokens
         end = start + num_tokens
         sample = end == job.num_tokens

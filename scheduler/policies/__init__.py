@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from scheduler.policies.fcfs import FCFSPolicy
+from scheduler.policies.mlfq import FixedPriorityPolicy, MLFQPolicy, NaiveMLFQPolicy
 from scheduler.policy import Policy
 
-POLICIES: dict[str, type[Policy]] = {FCFSPolicy.name: FCFSPolicy}
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (FCFSPolicy, MLFQPolicy, NaiveMLFQPolicy, FixedPriorityPolicy)
+}
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -2,9 +2,11 @@
 
 The baseline every seed paper beats.  Running jobs keep their place in
 arrival order; new jobs join at the tail when the batch has room; when the
-KV cache runs out, the most recently admitted running job is preempted and
-its KV dropped, to be recomputed when it is admitted again (vLLM v0/v1
-"recompute" preemption).  Prompts are prefilled in chunks that share the
+KV cache runs out, the most recently admitted running job is preempted:
+its KV is dropped and recomputed when it is admitted again (`swap_mode:
+recompute`, vLLM v1), or swapped to the host tier and swapped back in when
+its turn comes (`reactive`, vLLM v0's swap; FCFS has no notion of "ahead of
+its turn", so `proactive` behaves as `reactive` here).  Prompts are prefilled in chunks that share the
 iteration's token budget with decodes (chunked prefill).
 """
 
@@ -48,10 +50,16 @@ class FCFSPolicy(Policy):
         i = 0
         while i < len(self.running) and budget > 0:
             job = self.running[i]
+            if not job.is_resident:  # a swap-in still in flight
+                i += 1
+                continue
             n = min(job.num_uncomputed_tokens, budget)
             while not self.blocks.grow(job, n):
-                victim = self.running.pop()
-                self.preempt_recompute(victim)
+                victim = self._newest_evictable()
+                if victim is None:
+                    break  # only in-flight swap-ins hold memory: wait for them
+                self.running.remove(victim)
+                self.evict(victim, plan.block_ops)
                 self.waiting.appendleft(victim)
                 plan.preempted.append(victim.job_id)
                 if victim is job:
@@ -59,6 +67,9 @@ class FCFSPolicy(Policy):
             else:
                 chunks.append(self.chunk_for(job, n))
                 budget -= n
+                i += 1
+                continue
+            if job in self.running:
                 i += 1
 
         # vLLM's rule: an iteration that had to preempt admits nobody new,
@@ -70,6 +81,13 @@ class FCFSPolicy(Policy):
                 and len(self.running) < self.config.max_batch_size
             ):
                 job = self.waiting[0]
+                if job.num_host_blocks:
+                    ops = self.swap.swap_in(job)
+                    if ops is None:
+                        break
+                    plan.block_ops += ops
+                    self.running.append(self.waiting.popleft())
+                    continue  # it runs once the copy lands
                 n = min(job.num_uncomputed_tokens, budget)
                 if not self.blocks.grow(job, n):
                     break
@@ -80,3 +98,9 @@ class FCFSPolicy(Policy):
 
         plan.chunks = chunks
         return plan
+
+    def _newest_evictable(self) -> Job | None:
+        for job in reversed(self.running):
+            if job.swap_pending is None:
+                return job
+        return None

@@ -50,12 +50,13 @@ def test_chunked_prefill_splits_long_prompt(clock):
     core = make_core(clock, max_batch_tokens=8, max_model_len=64)
     job = make_job(20, 2)
     core.add(job)
+    engine = FakeEngine(clock)
     p1 = core.schedule()
     assert [(c.start_pos, c.num_tokens, c.sample) for c in p1.chunks] == [(0, 8, False)]
-    core.complete(p1, FakeEngine(clock).execute(p1))
+    core.complete(p1, engine.execute(p1))
     p2 = core.schedule()
     assert [(c.start_pos, c.num_tokens) for c in p2.chunks] == [(8, 8)]
-    core.complete(p2, FakeEngine(clock).execute(p2))
+    core.complete(p2, engine.execute(p2))
     p3 = core.schedule()
     assert [(c.start_pos, c.num_tokens, c.sample) for c in p3.chunks] == [(16, 4, True)]
     assert p3.chunks[0].token_ids == list(range(17, 21))
@@ -201,3 +202,48 @@ def test_many_random_jobs_never_leak(clock):
         assert steps < 20_000
     assert core.blocks.num_free == 20
     assert core.num_finished + core.num_aborted == 60
+
+
+@pytest.mark.parametrize("swap_delay", [0, 2])
+def test_reactive_swap_preserves_kv_and_progress(clock, swap_delay):
+    core = make_core(clock, num_blocks=16, block_size=4, max_model_len=64,
+                     swap_mode="reactive", host_kv_blocks=64)
+    jobs = [make_job(8, 16, job_id=f"s{i}") for i in range(3)]
+    for j in jobs:
+        core.add(j)
+    engine = FakeEngine(clock, swap_delay=swap_delay)
+    finished, _ = run_to_end(core, engine)
+    assert engine.swapped_out_blocks > 0
+    assert engine.swapped_in_blocks == engine.swapped_out_blocks
+    # Swapped, not recomputed: no job re-fed its prompt after a preemption.
+    assert core.swap.num_swap_out >= 1 and core.swap.num_recompute_fallbacks == 0
+    for j in jobs:
+        assert j.output_token_ids == [1000 + k for k in range(16)]
+    assert core.swap.host_used == 0 and engine.host == {}
+    assert core.blocks.num_free == 16
+
+
+def test_full_host_tier_falls_back_to_recompute(clock):
+    core = make_core(clock, num_blocks=16, block_size=4, max_model_len=64,
+                     swap_mode="reactive", host_kv_blocks=1)
+    for i in range(3):
+        core.add(make_job(8, 16, job_id=f"h{i}"))
+    run_to_end(core, FakeEngine(clock))
+    assert core.swap.num_recompute_fallbacks >= 1
+    assert core.swap.num_swap_out == 0
+
+
+def test_abort_of_swapped_job_drops_its_host_copy(clock):
+    core = make_core(clock, num_blocks=16, block_size=4, max_model_len=64,
+                     swap_mode="reactive", host_kv_blocks=64)
+    for i in range(3):
+        core.add(make_job(8, 16, job_id=f"x{i}"))
+    engine = FakeEngine(clock, swap_delay=50)
+    while core.swap.host_used == 0:
+        p = core.schedule()
+        core.complete(p, engine.execute(p))
+    swapped = next(j for j in core.jobs.values() if j.num_host_blocks)
+    core.abort(swapped.job_id)
+    assert core.swap.host_used == 0
+    p = core.schedule()
+    assert any(op.kind.value == "drop" and op.job_id == swapped.job_id for op in p.block_ops)

@@ -1,0 +1,36 @@
+"""What a policy may ask about iteration cost (FastServe §4.1: "the
+execution time of each iteration is predictable").
+
+Policies see only this protocol.  The engine replica fills it from the
+profiler's measurements of its own model; the simulator from its cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class CostEstimator(Protocol):
+    def prefill_time(self, num_tokens: int) -> float:
+        """Seconds of an iteration that prefills `num_tokens` of one job."""
+        ...
+
+    def decode_time(self, batch_size: int) -> float:
+        """Seconds of an iteration that decodes `batch_size` jobs."""
+        ...
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """t = base + per_token * tokens (prefill); base + per_seq * batch (decode)."""
+
+    base_s: float
+    prefill_per_token_s: float
+    decode_per_seq_s: float
+
+    def prefill_time(self, num_tokens: int) -> float:
+        return self.base_s + self.prefill_per_token_s * num_tokens
+
+    def decode_time(self, batch_size: int) -> float:
+        return self.base_s + self.decode_per_seq_s * batch_size

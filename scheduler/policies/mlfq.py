@@ -1,0 +1,333 @@
+"""Skip-join MLFQ with iteration-level preemption (FastServe §4.1, Alg. 1)
+and proactive KV swapping ordered by ENST (FastServe §4.2).
+
+Queues Q1..Qn have quanta q1 < q2 < … (q1 the minimum iteration time, each
+next one `quantum_ratio` times the previous).  A new job skip-joins the
+highest queue whose quantum covers its predicted prefill time; a job that
+used up its quantum is demoted by its next iteration time; a job left
+unscheduled for α seconds is promoted back to Q1.  Each iteration takes the
+highest-priority ready jobs up to the batch and token budgets, so a job can
+be preempted after any token; its KV stays on the device until memory is
+needed, and then it is swapped to the host (or dropped, `swap_mode:
+recompute`).
+
+`variant: naive` (everyone joins Q1) and `variant: fixed` (priority from
+input length, never demoted) are the paper's strawmen, for comparison;
+they register as `mlfq-naive` and `fixed-priority`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from scheduler.blocks import blocks_for
+from scheduler.job import Job
+from scheduler.plan import BlockOp, Plan, ScheduledChunk
+from scheduler.policy import Policy
+from scheduler.swap import SwapMode
+
+# Default q1 when no cost estimate is given: a small model's decode step.
+_DEFAULT_Q1_S = 0.02
+# A job swapped in is not swapped out again for this many steps unless
+# memory for a higher-priority job leaves no other choice (no ping-pong).
+_MIN_RESIDENCY_STEPS = 4
+# Window and horizon of the burst reserve (FastServe §4.2).
+_ARRIVAL_WINDOW_S = 10.0
+_RESERVE_HORIZON_S = 1.0
+_RESERVE_CAP = 0.25
+
+
+class MLFQPolicy(Policy):
+    name = "mlfq"
+    variant = "skip-join"
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        mc = self.config.mlfq
+        if self.name == MLFQPolicy.name:
+            self.variant = mc.variant
+        q1 = mc.base_quantum_s
+        if q1 is None:
+            q1 = self.cost.decode_time(1) if self.cost is not None else _DEFAULT_Q1_S
+        self.quanta = [q1 * mc.quantum_ratio**i for i in range(mc.num_queues)]
+        self.alpha = mc.starvation_threshold
+        self.queues: list[deque[Job]] = [deque() for _ in self.quanta]
+        self.level: dict[str, int] = {}
+        self.used: dict[str, float] = {}
+        self.last_run: dict[str, float] = {}
+        self.swapped_in_step: dict[str, int] = {}
+        self.arrivals: deque[tuple[float, int]] = deque()
+        self.selected: list[Job] = []
+        self.num_demotions = 0
+        self.num_promotions = 0
+        self._step = 0
+
+    # Queue membership ---------------------------------------------------
+
+    def _predicted_first_iteration(self, job: Job) -> float:
+        n = min(job.num_prompt_tokens, self.config.max_batch_tokens)
+        if self.cost is None:
+            return self.quanta[0] * n / 64
+        return self.cost.prefill_time(n)
+
+    def _join_level(self, t: float) -> int:
+        """Highest queue whose quantum covers `t` (Algorithm 1, line 8)."""
+        for i, q in enumerate(self.quanta):
+            if q >= t:
+                return i
+        return len(self.quanta) - 1
+
+    def add(self, job: Job) -> None:
+        now = self.clock()
+        lvl = 0 if self.variant == "naive" else self._join_level(
+            self._predicted_first_iteration(job))
+        self._enqueue(job, lvl)
+        self.last_run[job.job_id] = now
+        self.arrivals.append((now, blocks_for(
+            min(job.num_prompt_tokens, self.config.max_batch_tokens), self.blocks.block_size)))
+
+    def remove(self, job: Job) -> None:
+        lvl = self.level.pop(job.job_id, None)
+        if lvl is not None:
+            self.queues[lvl].remove(job)
+        self.used.pop(job.job_id, None)
+        self.last_run.pop(job.job_id, None)
+        self.swapped_in_step.pop(job.job_id, None)
+        if job in self.selected:
+            self.selected.remove(job)
+
+    def _enqueue(self, job: Job, lvl: int) -> None:
+        self.level[job.job_id] = lvl
+        self.used[job.job_id] = 0.0
+        self.queues[lvl].append(job)
+
+    def _move(self, job: Job, lvl: int) -> None:
+        self.queues[self.level[job.job_id]].remove(job)
+        self._enqueue(job, lvl)
+
+    def num_waiting(self) -> int:
+        return len(self.level) - len(self.selected)
+
+    def num_running(self) -> int:
+        return len(self.selected)
+
+    def queue_lengths(self) -> list[int]:
+        return [len(q) for q in self.queues]
+
+    # Feedback -------------------------------------------------------------
+
+    def on_step_done(self, plan: Plan, iteration_time: float) -> None:
+        if self.variant == "fixed":
+            return
+        now = self.clock()
+        for c in plan.chunks:
+            jid = c.job_id
+            lvl = self.level.get(jid)
+            if lvl is None:  # finished this step
+                continue
+            self.last_run[jid] = now
+            self.used[jid] += iteration_time
+            if self.used[jid] >= self.quanta[lvl] and lvl < len(self.quanta) - 1:
+                # Demote by the next iteration's time (Algorithm 1, line 17):
+                # at least one level, further if that iteration alone would
+                # overrun the next quantum.
+                nxt = self.cost.decode_time(1) if self.cost is not None else 0.0
+                new = max(lvl + 1, self._join_level(nxt))
+                job = next(j for j in self.queues[lvl] if j.job_id == jid)
+                self._move(job, min(new, len(self.quanta) - 1))
+                self.num_demotions += 1
+
+    def _promote_starved(self, now: float) -> None:
+        if self.variant == "fixed":
+            return
+        for lvl in range(1, len(self.queues)):
+            for job in list(self.queues[lvl]):
+                if now - self.last_run[job.job_id] >= self.alpha:
+                    self._move(job, 0)
+                    self.last_run[job.job_id] = now  # starveTime ← 0
+                    self.num_promotions += 1
+
+    # ENST (FastServe §4.2) --------------------------------------------------
+
+    def enst(self, now: float) -> dict[str, float]:
+        """Estimated next scheduled time of every job, relative to now.
+
+        ENST(i) = min(T_promote(i), T_execute(i)), T_execute(i) =
+        (1/B) Σ_{j higher priority} Σ_{k from j's level to i's} q_k.
+        """
+        prefix = [0.0]
+        for q in self.quanta:
+            prefix.append(prefix[-1] + q)
+        counts = [len(q) for q in self.queues]
+        b = self.config.max_batch_size
+        t_exec = []
+        for lvl in range(len(self.queues)):
+            ahead = sum(counts[k] * (prefix[lvl] - prefix[k]) for k in range(lvl))
+            t_exec.append(ahead / b)
+        out: dict[str, float] = {}
+        for lvl, q in enumerate(self.queues):
+            for pos, job in enumerate(q):
+                t_promote = max(0.0, self.alpha - (now - self.last_run[job.job_id]))
+                if self.variant == "fixed" or lvl == 0:
+                    t_promote = math.inf
+                # Position inside the level breaks ties: later in FIFO, later.
+                out[job.job_id] = min(t_promote, t_exec[lvl]) + pos * 1e-9
+        return out
+
+    # Planning -------------------------------------------------------------
+
+    def _order(self) -> list[Job]:
+        return [j for q in self.queues for j in q]
+
+    def reserve_target(self, now: float) -> int:
+        """Free blocks kept for arrivals: those expected over the horizon."""
+        if self.config.reserve_blocks is not None:
+            return self.config.reserve_blocks
+        while self.arrivals and now - self.arrivals[0][0] > _ARRIVAL_WINDOW_S:
+            self.arrivals.popleft()
+        if not self.arrivals:
+            return 0
+        window = max(now - self.arrivals[0][0], 1e-3, _RESERVE_HORIZON_S)
+        blocks = sum(b for _, b in self.arrivals) * _RESERVE_HORIZON_S / window
+        return min(math.ceil(blocks), int(self.blocks.num_blocks * _RESERVE_CAP))
+
+    def schedule(self, step: int) -> Plan:
+        self._step = step
+        now = self.clock()
+        self._promote_starved(now)
+        plan = Plan(step=step)
+        order = self._order()
+        enst = self.enst(now)
+        rank = {j.job_id: i for i, j in enumerate(order)}
+        swapping = self.swap_mode is not SwapMode.RECOMPUTE
+
+        selected: list[Job] = []
+        chunks: list[ScheduledChunk] = []
+        swapped_out_now: set[str] = set()
+        budget = self.config.max_batch_tokens
+        for job in order:
+            if len(selected) >= self.config.max_batch_size or budget <= 0:
+                break
+            if job.swap_pending is not None:
+                continue
+            if job.num_host_blocks:
+                # Reactive part: it must run, so bring it back now.
+                if swapping and job.job_id not in swapped_out_now:
+                    self._swap_in(job, plan.block_ops, rank, enst, selected,
+                                  swapped_out_now)
+                continue
+            n = min(job.num_uncomputed_tokens, budget)
+            if not self._make_room(job, n, plan, selected, rank, enst, swapped_out_now):
+                continue
+            selected.append(job)
+            chunks.append(self.chunk_for(job, n))
+            budget -= n
+
+        if self.swap_mode is SwapMode.PROACTIVE:
+            self._proactive(plan, selected, enst, swapped_out_now, now)
+        plan.chunks = chunks
+        self.selected = selected
+        return plan
+
+    def _victims(self, job: Job, selected: list[Job], rank: dict[str, int],
+                 enst: dict[str, float], must: bool) -> list[Job]:
+        """Device-holding jobs of lower priority than `job`, largest ENST first."""
+        cands = [j for j in self.level_jobs()
+                 if j is not job and j not in selected and j.block_table
+                 and j.swap_pending is None and rank[j.job_id] > rank[job.job_id]]
+        if not must:
+            cands = [j for j in cands if self._step - self.swapped_in_step.get(
+                j.job_id, -10**9) >= _MIN_RESIDENCY_STEPS]
+        cands.sort(key=lambda j: enst[j.job_id], reverse=True)
+        return cands
+
+    def level_jobs(self) -> list[Job]:
+        return [j for q in self.queues for j in q]
+
+    def _make_room(self, job: Job, n: int, plan: Plan, selected: list[Job],
+                   rank: dict[str, int], enst: dict[str, float],
+                   swapped_out_now: set[str]) -> bool:
+        if self.blocks.grow(job, n):
+            return True
+        need = self.blocks.blocks_needed(job, n)
+        victims = self._victims(job, selected, rank, enst, must=False) or \
+            self._victims(job, selected, rank, enst, must=True)
+        freeable = sum(len(v.block_table) for v in victims)
+        if self.blocks.num_free + freeable < need:
+            return False
+        for v in victims:
+            if self.blocks.num_free >= need:
+                break
+            self.evict(v, plan.block_ops)
+            plan.preempted.append(v.job_id)
+            if v.num_host_blocks:
+                swapped_out_now.add(v.job_id)
+        return self.blocks.grow(job, n)
+
+    def _swap_in(self, job: Job, ops: list[BlockOp], rank: dict[str, int],
+                 enst: dict[str, float], selected: list[Job],
+                 swapped_out_now: set[str]) -> bool:
+        if not self.blocks.can_allocate(job.num_host_blocks):
+            # Make room from lower-priority idle jobs (reactive swap-out).
+            need = job.num_host_blocks - self.blocks.num_free
+            victims = self._victims(job, selected, rank, enst, must=False)
+            if sum(len(v.block_table) for v in victims) < need:
+                return False
+            for v in victims:
+                if self.blocks.num_free >= job.num_host_blocks:
+                    break
+                self.evict(v, ops)
+                if v.num_host_blocks:
+                    swapped_out_now.add(v.job_id)
+        new_ops = self.swap.swap_in(job)
+        if new_ops is None:
+            return False
+        ops += new_ops
+        self.swapped_in_step[job.job_id] = self._step
+        return True
+
+    def _proactive(self, plan: Plan, selected: list[Job], enst: dict[str, float],
+                   swapped_out_now: set[str], now: float) -> None:
+        """Keep the burst reserve free by swapping out the largest-ENST idle
+        jobs, and swap in the smallest-ENST swapped jobs that fit above it,
+        ahead of their turn (FastServe §4.2, Figure 9)."""
+        reserve = self.reserve_target(now)
+        idle = [j for j in self.level_jobs()
+                if j not in selected and j.block_table and j.swap_pending is None
+                and self._step - self.swapped_in_step.get(j.job_id, -10**9)
+                >= _MIN_RESIDENCY_STEPS]
+        idle.sort(key=lambda j: enst[j.job_id], reverse=True)
+        for j in idle:
+            if self.blocks.num_free >= reserve:
+                break
+            if not self.swap.can_swap_out(j):
+                break
+            self.evict(j, plan.block_ops)
+            swapped_out_now.add(j.job_id)
+        swapped = [j for j in self.level_jobs()
+                   if j.num_host_blocks and j.swap_pending is None
+                   and j.job_id not in swapped_out_now]
+        swapped.sort(key=lambda j: enst[j.job_id])
+        for j in swapped:
+            if self.blocks.num_free - j.num_host_blocks < reserve:
+                break
+            ops = self.swap.swap_in(j)
+            if ops is None:
+                break
+            plan.block_ops += ops
+            self.swapped_in_step[j.job_id] = self._step
+
+
+class NaiveMLFQPolicy(MLFQPolicy):
+    """Strawman: every job joins Q1 (FastServe §4.1)."""
+
+    name = "mlfq-naive"
+    variant = "naive"
+
+
+class FixedPriorityPolicy(MLFQPolicy):
+    """Strawman: priority from input length only, never demoted or promoted."""
+
+    name = "fixed-priority"
+    variant = "fixed"
