@@ -106,6 +106,10 @@ class SchedulerCore:
             landed = self.jobs.get(job_id)
             if landed is not None and landed.swap_pending is not None:
                 self.swap.swap_in_done(landed)
+        for job_id in result.swaps_in_failed:
+            lost = self.jobs.get(job_id)
+            if lost is not None and lost.swap_pending is not None:
+                self.swap.swap_in_failed(lost)
         outputs = {o.job_id: o for o in result.outputs}
         events: list[JobEvent] = []
         for chunk in plan.chunks:

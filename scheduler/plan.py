@@ -107,3 +107,6 @@ class StepResult:
     # job's SWAP_IN blocks).  A synchronous engine reports the plan's own
     # swap-ins here; an asynchronous one reports them when they land.
     swaps_in_done: list[str] = field(default_factory=list)
+    # Jobs whose host copy could not be fetched (host tier full at offload
+    # time, or lost): the scheduler falls back to recomputing them.
+    swaps_in_failed: list[str] = field(default_factory=list)

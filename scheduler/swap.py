@@ -86,6 +86,15 @@ class SwapManager:
         job.swap_pending = None
         job.block_locations = [BlockLocation.DEVICE] * len(job.block_table)
 
+    def swap_in_failed(self, job: Job) -> None:
+        """The host copy is gone: drop everything, recompute from scratch."""
+        self.host_used -= job.num_host_blocks
+        job.num_host_blocks = 0
+        job.swap_pending = None
+        self.blocks.free(job)
+        job.num_computed_tokens = 0
+        self.num_recompute_fallbacks += 1
+
     def release_host(self, job: Job) -> None:
         """Forget `job`'s host copy (finished, aborted or dropped)."""
         if job.num_host_blocks:

@@ -1,0 +1,107 @@
+"""The attention seam: what every attention backend is given and must do.
+
+A step's batch is flattened: the tokens of all scheduled chunks laid end to
+end, single-token chunks (decodes) first, then multi-token chunks (prefill
+and recompute).  Each chunk computes positions `[start_pos, start_pos + n)`
+of its sequence and attends causally to all of the sequence's cached tokens
+`0 .. start_pos + n`.  A backend (1) writes the chunk's new K/V into the paged
+cache slots its block table names and (2) attends over the cache.
+
+The torch reference backend (`engine.attention_torch`) runs anywhere; a
+Triton paged-attention backend for GPUs plugs in here by subclassing
+`AttentionBackend` and adding itself to `get_attention_backend`, with its own metadata
+(e.g. int32 block tables and cumulative sequence lengths on the device).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(slots=True, frozen=True)
+class SeqSpan:
+    """One chunk of the flattened batch, in batch order."""
+
+    start_pos: int
+    num_tokens: int
+    # Device block ids covering at least start_pos + num_tokens tokens.
+    block_table: Sequence[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + self.num_tokens
+
+
+class AttentionMetadata:
+    """Backend-specific tensors describing one step; built once, read per layer."""
+
+
+class AttentionBackend(ABC):
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.device = device
+
+    @abstractmethod
+    def build_metadata(self, spans: Sequence[SeqSpan]) -> AttentionMetadata:
+        """Describe a step whose spans are in batch order, decodes first."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store k/v, then attend.
+
+        q: `[T, num_heads, head_dim]`; k, v: `[T, num_kv_heads, head_dim]`;
+        caches: `[num_blocks, block_size, num_kv_heads, head_dim]` (one layer).
+        Returns `[T, num_heads, head_dim]`.  Query head h reads KV head
+        `h // (num_heads // num_kv_heads)` (grouped-query attention).
+        """
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    # Imported here so that a GPU backend's Triton import never happens on
+    # a machine that does not select it.
+    from engine.attention_torch import TorchAttentionBackend
+
+    backends: dict[str, type[AttentionBackend]] = {
+        TorchAttentionBackend.name: TorchAttentionBackend,
+    }
+    try:
+        return backends[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown attention backend {name!r}; choose one of {sorted(backends)}"
+        ) from None
+
+
+def default_backend_name(device: torch.device) -> str:
+    # The Triton backend (roadmap step 8) becomes the CUDA default here.
+    return "torch"

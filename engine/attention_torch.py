@@ -1,0 +1,172 @@
+"""Torch reference attention over the paged KV cache (CPU, or any device).
+
+Decodes (single-token chunks) are attended together in one batched
+`scaled_dot_product_attention`: their blocks are gathered into a
+`[batch, max_context, kv_heads, head_dim]` tensor padded to the longest
+context, and a boolean mask hides the padding.  The query heads that share a
+KV head ride as that head's "query rows" (`[batch, kv_heads, group, dim]`),
+so grouped-query attention needs no K/V repetition.  A Python loop per
+decode would cost ~30 small kernels × layers × batch per step.
+
+Prefill chunks are attended one by one (each is already a large matmul).
+A chunk starting at position 0 attends to its own fresh K/V with a causal
+mask, without reading the cache back; a later chunk (chunked prefill, or a
+recompute after preemption) gathers its earlier tokens from the cache and
+uses an explicit mask, because SDPA's `is_causal` aligns the triangle to the
+top left when there are more keys than queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionBackend, AttentionMetadata, SeqSpan
+
+
+@dataclass(slots=True)
+class _PrefillSpan:
+    token_start: int
+    token_end: int
+    start_pos: int
+    context_len: int
+    # Blocks covering the context; only read when start_pos > 0.
+    block_ids: torch.Tensor | None
+    # [num_tokens, context_len] bool, True where a key may be attended.
+    mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata(AttentionMetadata):
+    # Flat cache row (block * block_size + offset) of each new token.
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    # Flattened [num_decodes * max_blocks] block ids, padded with block 0
+    # (masked).
+    decode_block_tables: torch.Tensor | None
+    # [num_decodes, 1, 1, decode_max_context] bool.
+    decode_mask: torch.Tensor | None
+    decode_max_context: int
+    prefills: list[_PrefillSpan]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def build_metadata(self, spans: Sequence[SeqSpan]) -> TorchAttentionMetadata:
+        bs = self.block_size
+        slots: list[int] = []
+        num_decodes = 0
+        decode_tables: list[Sequence[int]] = []
+        decode_ctx: list[int] = []
+        prefills: list[_PrefillSpan] = []
+        token = 0
+        for span in spans:
+            n = span.num_tokens
+            ctx = span.context_len
+            table = span.block_table
+            if len(table) * bs < ctx:
+                raise ValueError(
+                    f"block table of {len(table)} blocks cannot hold {ctx} tokens "
+                    f"(block_size {bs})"
+                )
+            for pos in range(span.start_pos, ctx):
+                slots.append(table[pos // bs] * bs + pos % bs)
+            if n == 1:
+                if prefills:
+                    raise ValueError("single-token spans must precede multi-token spans")
+                num_decodes += 1
+                decode_tables.append(table[: -(-ctx // bs)])
+                decode_ctx.append(ctx)
+            else:
+                block_ids = mask = None
+                if span.start_pos > 0:
+                    block_ids = torch.tensor(
+                        table[: -(-ctx // bs)], dtype=torch.long, device=self.device
+                    )
+                    q_pos = torch.arange(span.start_pos, ctx, device=self.device)
+                    k_pos = torch.arange(ctx, device=self.device)
+                    mask = k_pos[None, :] <= q_pos[:, None]
+                prefills.append(
+                    _PrefillSpan(token, token + n, span.start_pos, ctx, block_ids, mask)
+                )
+            token += n
+
+        decode_block_tables = decode_mask = None
+        max_ctx = max(decode_ctx, default=0)
+        if num_decodes:
+            max_blocks = -(-max_ctx // bs)
+            padded = [list(t) + [0] * (max_blocks - len(t)) for t in decode_tables]
+            decode_block_tables = torch.tensor(
+                padded, dtype=torch.long, device=self.device
+            ).view(-1)
+            ctx_t = torch.tensor(decode_ctx, device=self.device)
+            decode_mask = (
+                torch.arange(max_ctx, device=self.device)[None, :] < ctx_t[:, None]
+            ).view(num_decodes, 1, 1, max_ctx)
+        return TorchAttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            num_decodes=num_decodes,
+            decode_block_tables=decode_block_tables,
+            decode_mask=decode_mask,
+            decode_max_context=max_ctx,
+            prefills=prefills,
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        assert isinstance(metadata, TorchAttentionMetadata)
+        md = metadata
+        kvh, hd = self.num_kv_heads, self.head_dim
+        group = self.num_heads // kvh
+        key_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, k)
+        value_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, v)
+        out = torch.empty_like(q)
+
+        nd = md.num_decodes
+        if nd:
+            tables = md.decode_block_tables
+            assert tables is not None
+            ctx = md.decode_max_context
+            # index_select, not key_cache[tables]: advanced indexing is ~9×
+            # slower on CPU for this gather.
+            kd = key_cache.index_select(0, tables).view(nd, -1, kvh, hd)[:, :ctx].transpose(1, 2)
+            vd = value_cache.index_select(0, tables).view(nd, -1, kvh, hd)[:, :ctx].transpose(1, 2)
+            qd = q[:nd].view(nd, kvh, group, hd)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=md.decode_mask, scale=scale
+            )
+            out[:nd] = od.reshape(nd, self.num_heads, hd)
+
+        for p in md.prefills:
+            qs = q[p.token_start : p.token_end].transpose(0, 1).unsqueeze(0)
+            if p.block_ids is None:
+                ks = k[p.token_start : p.token_end]
+                vs = v[p.token_start : p.token_end]
+            else:
+                ks = key_cache.index_select(0, p.block_ids).view(-1, kvh, hd)[: p.context_len]
+                vs = value_cache.index_select(0, p.block_ids).view(-1, kvh, hd)[: p.context_len]
+            ks = ks.transpose(0, 1).unsqueeze(0)
+            vs = vs.transpose(0, 1).unsqueeze(0)
+            op = F.scaled_dot_product_attention(
+                qs,
+                ks,
+                vs,
+                attn_mask=p.mask,
+                is_causal=p.mask is None,
+                scale=scale,
+                enable_gqa=group > 1,
+            )
+            out[p.token_start : p.token_end] = op[0].transpose(0, 1)
+        return out

@@ -1,0 +1,133 @@
+"""Incremental detokenization with stop strings, one instance per request.
+
+Each sampled token yields a text delta for the client's stream.  Two things
+are held back: bytes of a UTF-8 character split across tokens (the tokenizer
+library's `DecodeStream` buffers those), and any tail of the text that could
+be the beginning of a stop string.  When a stop string appears, the text is
+cut just before it and the request stops (OpenAI semantics: the stop string
+is not returned).  Decoding starts with the prompt as context, so the first
+output token gets the same leading space it would in the full text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+class _OffsetDecoder:
+    """For tokenizers without a Rust backend: decode a short window twice
+    and emit the difference, holding back while it ends in U+FFFD."""
+
+    def __init__(self, tokenizer: Any, context: Sequence[int], skip_special: bool) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._ids = list(context)
+        # A few context tokens suffice for the tokenizer's spacing rules.
+        self._prefix = max(0, len(self._ids) - 4)
+        self._read = len(self._ids)
+
+    def step(self, token_id: int) -> str | None:
+        self._ids.append(token_id)
+        before = self._tok.decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
+        after = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
+        if after.endswith("\ufffd"):
+            return None
+        self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before) :]
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: Sequence[int],
+        stop: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
+        self._stream: DecodeStream | _OffsetDecoder
+        if self._backend is not None:
+            self._stream = DecodeStream(ids=list(prompt_token_ids), skip_special_tokens=skip_special_tokens)
+        else:
+            self._stream = _OffsetDecoder(tokenizer, prompt_token_ids, skip_special_tokens)
+        self.stop = tuple(stop)
+        # Tokens fed since the decoder last produced text (a split character).
+        self._undecoded: list[int] = []
+        self._pending = ""  # decoded, held back
+        self.text = ""  # emitted so far
+        self.stopped = False  # a stop string matched
+        self.stop_reason: str | None = None  # the stop string that matched
+
+    def add_token(self, token_id: int, check_stop: bool = True) -> str:
+        """Feed one output token; returns the text to emit now.
+
+        `check_stop=False` (before min_tokens is reached) keeps stop strings
+        from ending the request but still holds back their prefixes.
+        """
+        if self.stopped:
+            raise RuntimeError("detokenizer already stopped on a stop string")
+        piece = self._step(token_id)
+        if piece is None:
+            self._undecoded.append(token_id)
+            return ""
+        self._undecoded.clear()
+        self._pending += piece
+        if check_stop and self.stop:
+            hit = self._find_stop()
+            if hit is not None:
+                cut, self.stop_reason = hit
+                delta = self._pending[:cut]
+                self._pending = ""
+                self.stopped = True
+                self.text += delta
+                return delta
+        hold = self._stop_prefix_len()
+        delta = self._pending[: len(self._pending) - hold]
+        self._pending = self._pending[len(self._pending) - hold :]
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Emit everything held back (the request ended for another reason).
+
+        A character left incomplete by the last tokens is decoded as the
+        tokenizer would (usually U+FFFD), matching `tokenizer.decode`.
+        """
+        tail = ""
+        if self._undecoded:
+            tail = self._tokenizer.decode(self._undecoded, skip_special_tokens=self._skip)
+            self._undecoded.clear()
+        delta = self._pending + tail
+        self._pending = ""
+        self.text += delta
+        return delta
+
+    # Internals ----------------------------------------------------------
+
+    def _step(self, token_id: int) -> str | None:
+        if isinstance(self._stream, DecodeStream):
+            return self._stream.step(self._backend, token_id)
+        return self._stream.step(token_id)
+
+    def _find_stop(self) -> tuple[int, str] | None:
+        # Stop strings cannot start inside emitted text: any emitted tail
+        # that could begin one was held back (`_stop_prefix_len`).
+        hits = [(i, s) for s in self.stop if (i := self._pending.find(s)) >= 0]
+        return min(hits) if hits else None
+
+    def _stop_prefix_len(self) -> int:
+        """Length of the longest tail of the pending text that begins a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(s[:n]):
+                    best = n
+                    break
+        return best

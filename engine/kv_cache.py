@@ -1,0 +1,73 @@
+"""Paged KV cache tensors: the device memory the scheduler's block ids name.
+
+Layout per layer: K and V each `[num_blocks, block_size, num_kv_heads,
+head_dim]`, both layers and K/V stacked into one allocation
+`[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`.
+
+Why this layout: a token's K (or V) for all heads is one contiguous row, so
+writing a step's new tokens is one `index_copy_` over flat slot ids
+(`block * block_size + offset`), and gathering a sequence is one
+`index_select` of whole blocks that yields `[blocks, block_size, heads, dim]`
+already in token order.  A block (all its tokens and heads) is contiguous
+within a layer, which is what a swap or checkpoint copies (kvstore).  One
+allocation up front, never resized: the scheduler's `BlockManager` owns the
+numbers, this owns the bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        # Zeroed rather than empty: a masked-out padding slot must never hold
+        # NaN bit patterns, which would leak through 0 * NaN in some kernels.
+        self.data = torch.zeros(
+            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
+            dtype=dtype, device=device,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def key(self, layer: int) -> torch.Tensor:
+        """`[num_blocks, block_size, num_kv_heads, head_dim]` view of layer K."""
+        return self.data[layer, 0]
+
+    def value(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 1]
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block occupies over all layers, K and V."""
+        return (
+            self.num_layers * 2 * self.block_size * self.num_kv_heads
+            * self.head_dim * self.data.element_size()
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()

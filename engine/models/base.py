@@ -1,0 +1,123 @@
+"""What the runner needs from a model: a forward pass over a flattened batch.
+
+Each model file owns its forward pass (ours, not `transformers`': the engine
+must read K/V from the paged cache) and the mapping from Hugging Face
+checkpoint names to its parameters.  Parameters are frozen tensors; the
+engine only runs inference.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One step's flattened tokens (decodes first, then prefill chunks)."""
+
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long, position of each token in its sequence
+    attn_metadata: AttentionMetadata
+    # Rows of the batch whose next-token logits are wanted (last token of
+    # each sampling chunk); the final norm and lm_head run on these only.
+    logits_indices: torch.Tensor  # [S] long
+
+
+@dataclass(slots=True, frozen=True)
+class WeightTarget:
+    """Where one checkpoint tensor goes: a parameter, or a row slice of one."""
+
+    param: str
+    # For fused parameters (q|k|v, gate|up): index of the shard, whose row
+    # sizes the model lists in `fused_shards`.
+    shard: int | None = None
+
+
+class WeightLoadError(ValueError):
+    pass
+
+
+def frozen(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class CausalLM(nn.Module, ABC):
+    model_type: ClassVar[str]
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device_ = device
+        # Backend chosen by the runner (`set_attention_backend`) before use.
+        self.attn: AttentionBackend | None = None
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        self.attn = backend
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+        """Final hidden states `[S, hidden]` at `batch.logits_indices`."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[S, vocab]` logits in float32."""
+
+    @abstractmethod
+    def weight_target(self, hf_name: str) -> WeightTarget | None:
+        """Our parameter for checkpoint tensor `hf_name`; None to skip it.
+
+        Raises `WeightLoadError` for a name the model does not know, so that a
+        renamed checkpoint fails loudly instead of leaving weights random.
+        """
+
+    def fused_shards(self, param: str) -> list[int]:
+        """Row sizes of the shards of a fused parameter (override if fused)."""
+        raise WeightLoadError(f"{param} is not a fused parameter")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        shard_seen: dict[str, set[int]] = {}
+        for hf_name, tensor in weights:
+            target = self.weight_target(hf_name)
+            if target is None:
+                continue
+            param = params.get(target.param)
+            if param is None:
+                raise WeightLoadError(f"{hf_name} maps to unknown parameter {target.param}")
+            dest = param.data
+            if target.shard is not None:
+                sizes = self.fused_shards(target.param)
+                start = sum(sizes[: target.shard])
+                dest = dest[start : start + sizes[target.shard]]
+                shard_seen.setdefault(target.param, set()).add(target.shard)
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise WeightLoadError(
+                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} does not fit "
+                    f"{target.param} slice of shape {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            if target.shard is None:
+                loaded.add(target.param)
+        for name, shards in shard_seen.items():
+            if len(shards) == len(self.fused_shards(name)):
+                loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise WeightLoadError(f"checkpoint lacks weights for {missing}")

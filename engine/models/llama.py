@@ -1,0 +1,170 @@
+"""The Llama family (Llama 2/3, SmolLM, TinyLlama, ...): our forward pass.
+
+Pre-norm decoder: RMSNorm → attention with RoPE and grouped-query heads →
+residual → RMSNorm → SiLU-gated MLP → residual.  q/k/v are fused into one
+matrix and gate/up into another at load time: one GEMM instead of three (or
+two) per layer, which on a CPU at decode batch sizes is mostly saved
+dispatch and better-shaped matmuls.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kv_cache import KVCache
+from engine.models.activations import activation
+from engine.models.base import (
+    CausalLM,
+    ForwardBatch,
+    WeightLoadError,
+    WeightTarget,
+    frozen,
+)
+from engine.models.rotary import RotaryEmbedding, apply_rotary
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 and scale in the model dtype, as the reference
+    # does: the order matters for bf16 results.
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _bias(n: int, enabled: bool, dtype: torch.dtype, device: torch.device) -> nn.Parameter | None:
+    return frozen((n,), dtype, device) if enabled else None
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, config: Any, num_heads: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device,
+    ) -> None:
+        super().__init__()
+        d = config.hidden_size
+        inter = config.intermediate_size
+        qkv_rows = (num_heads + 2 * num_kv_heads) * head_dim
+        attn_bias = bool(getattr(config, "attention_bias", False))
+        mlp_bias = bool(getattr(config, "mlp_bias", False))
+        self.input_norm = frozen((d,), dtype, device)
+        self.qkv = frozen((qkv_rows, d), dtype, device)
+        self.qkv_bias = _bias(qkv_rows, attn_bias, dtype, device)
+        self.o = frozen((d, num_heads * head_dim), dtype, device)
+        self.o_bias = _bias(d, attn_bias, dtype, device)
+        self.post_norm = frozen((d,), dtype, device)
+        self.gate_up = frozen((2 * inter, d), dtype, device)
+        self.gate_up_bias = _bias(2 * inter, mlp_bias, dtype, device)
+        self.down = frozen((d, inter), dtype, device)
+        self.down_bias = _bias(d, mlp_bias, dtype, device)
+
+
+class LlamaForCausalLM(CausalLM):
+    model_type = "llama"
+
+    def __init__(
+        self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int
+    ) -> None:
+        super().__init__(config, dtype, device)
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.vocab_size = config.vocab_size
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        self.act = activation(getattr(config, "hidden_act", "silu"))
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+
+        self.embed = frozen((self.vocab_size, config.hidden_size), dtype, device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(
+                config, self.num_heads, self.num_kv_heads, self.head_dim, dtype, device
+            )
+            for _ in range(self.num_layers)
+        )
+        self.norm = frozen((config.hidden_size,), dtype, device)
+        self.lm_head = None if self.tied else frozen(
+            (self.vocab_size, config.hidden_size), dtype, device
+        )
+        self.rotary = RotaryEmbedding(config, self.head_dim, max_model_len, dtype, device)
+        self._q_size = self.num_heads * self.head_dim
+        self._kv_size = self.num_kv_heads * self.head_dim
+        self._inter = config.intermediate_size
+
+    # Weights ----------------------------------------------------------
+
+    _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+    _LAYER_NAMES: dict[str, WeightTarget] = {
+        "input_layernorm.weight": WeightTarget("input_norm"),
+        "post_attention_layernorm.weight": WeightTarget("post_norm"),
+        "self_attn.q_proj.weight": WeightTarget("qkv", 0),
+        "self_attn.k_proj.weight": WeightTarget("qkv", 1),
+        "self_attn.v_proj.weight": WeightTarget("qkv", 2),
+        "self_attn.q_proj.bias": WeightTarget("qkv_bias", 0),
+        "self_attn.k_proj.bias": WeightTarget("qkv_bias", 1),
+        "self_attn.v_proj.bias": WeightTarget("qkv_bias", 2),
+        "self_attn.o_proj.weight": WeightTarget("o"),
+        "self_attn.o_proj.bias": WeightTarget("o_bias"),
+        "mlp.gate_proj.weight": WeightTarget("gate_up", 0),
+        "mlp.up_proj.weight": WeightTarget("gate_up", 1),
+        "mlp.gate_proj.bias": WeightTarget("gate_up_bias", 0),
+        "mlp.up_proj.bias": WeightTarget("gate_up_bias", 1),
+        "mlp.down_proj.weight": WeightTarget("down"),
+        "mlp.down_proj.bias": WeightTarget("down_bias"),
+    }
+
+    def weight_target(self, hf_name: str) -> WeightTarget | None:
+        if hf_name == "model.embed_tokens.weight":
+            return WeightTarget("embed")
+        if hf_name == "model.norm.weight":
+            return WeightTarget("norm")
+        if hf_name == "lm_head.weight":
+            # Some tied checkpoints store the copy anyway; the embedding wins.
+            return None if self.tied else WeightTarget("lm_head")
+        m = self._LAYER.match(hf_name)
+        if m:
+            if m.group(2).endswith("rotary_emb.inv_freq"):
+                return None  # recomputed from the config
+            target = self._LAYER_NAMES.get(m.group(2))
+            if target is not None:
+                return WeightTarget(f"layers.{m.group(1)}.{target.param}", target.shard)
+        raise WeightLoadError(f"unexpected Llama checkpoint tensor {hf_name!r}")
+
+    def fused_shards(self, param: str) -> list[int]:
+        leaf = param.rsplit(".", 1)[-1]
+        if leaf in ("qkv", "qkv_bias"):
+            return [self._q_size, self._kv_size, self._kv_size]
+        if leaf in ("gate_up", "gate_up_bias"):
+            return [self._inter, self._inter]
+        return super().fused_shards(param)
+
+    # Forward ----------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+        assert self.attn is not None, "set_attention_backend() first"
+        t = batch.input_ids.shape[0]
+        x = F.embedding(batch.input_ids, self.embed)
+        cos, sin = self.rotary.cos_sin(batch.positions)
+        q_size, kv_size = self._q_size, self._kv_size
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, self.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+            q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
+            k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+            v = v.view(t, self.num_kv_heads, self.head_dim)
+            a = self.attn.forward(
+                q, k, v, kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, self.scale
+            )
+            x = x + F.linear(a.view(t, q_size), layer.o, layer.o_bias)
+            h = rms_norm(x, layer.post_norm, self.eps)
+            gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            x = x + F.linear(self.act(gate) * up, layer.down, layer.down_bias)
+        return rms_norm(x[batch.logits_indices], self.norm, self.eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head).float()

@@ -1,0 +1,196 @@
+"""OPT (the seed papers' model family): our forward pass.
+
+Differences from Llama that matter here: learned absolute position
+embeddings looked up at `position + 2` (OPT's padding offset), LayerNorm with
+bias, ReLU MLP without a gate, biases on every projection, q scaled before
+the dot product, an optional `project_in`/`project_out` pair when
+`word_embed_proj_dim != hidden_size` (OPT-350m), and
+`do_layer_norm_before=False` (post-norm, also OPT-350m).  The lm_head is the
+token embedding (tied) unless the config says otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kv_cache import KVCache
+from engine.models.activations import activation
+from engine.models.base import (
+    CausalLM,
+    ForwardBatch,
+    WeightLoadError,
+    WeightTarget,
+    frozen,
+)
+
+# OPT's position table starts 2 rows in (rows 0 and 1 are legacy padding).
+POSITION_OFFSET = 2
+
+
+class _LayerNorm(nn.Module):
+    def __init__(self, dim: int, affine: bool, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.dim = dim
+        self.weight = frozen((dim,), dtype, device) if affine else None
+        self.bias = frozen((dim,), dtype, device) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.dim,), self.weight, self.bias, 1e-5)
+
+
+class OPTDecoderLayer(nn.Module):
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        d = config.hidden_size
+        ffn = config.ffn_dim
+        bias = bool(getattr(config, "enable_bias", True))
+        affine = bool(getattr(config, "layer_norm_elementwise_affine", True))
+        self.attn_norm = _LayerNorm(d, affine, dtype, device)
+        self.qkv = frozen((3 * d, d), dtype, device)
+        self.qkv_bias = frozen((3 * d,), dtype, device) if bias else None
+        self.out = frozen((d, d), dtype, device)
+        self.out_bias = frozen((d,), dtype, device) if bias else None
+        self.ffn_norm = _LayerNorm(d, affine, dtype, device)
+        self.fc1 = frozen((ffn, d), dtype, device)
+        self.fc1_bias = frozen((ffn,), dtype, device) if bias else None
+        self.fc2 = frozen((d, ffn), dtype, device)
+        self.fc2_bias = frozen((d,), dtype, device) if bias else None
+
+
+class OPTForCausalLM(CausalLM):
+    model_type = "opt"
+
+    def __init__(
+        self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int
+    ) -> None:
+        super().__init__(config, dtype, device)
+        if max_model_len > config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds OPT's learned position table "
+                f"({config.max_position_embeddings} positions)"
+            )
+        d = config.hidden_size
+        proj = config.word_embed_proj_dim
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = self.num_heads
+        self.head_dim = d // self.num_heads
+        self.vocab_size = config.vocab_size
+        self.scale = self.head_dim**-0.5
+        self.pre_norm = bool(config.do_layer_norm_before)
+        self.act = activation(config.activation_function)
+        self.tied = bool(getattr(config, "tie_word_embeddings", True))
+        affine = bool(getattr(config, "layer_norm_elementwise_affine", True))
+
+        self.embed = frozen((self.vocab_size, proj), dtype, device)
+        self.embed_positions = frozen(
+            (config.max_position_embeddings + POSITION_OFFSET, d), dtype, device
+        )
+        self.project_in = frozen((d, proj), dtype, device) if proj != d else None
+        self.project_out = frozen((proj, d), dtype, device) if proj != d else None
+        self.layers = nn.ModuleList(
+            OPTDecoderLayer(config, dtype, device) for _ in range(self.num_layers)
+        )
+        keep_final = self.pre_norm and not getattr(config, "_remove_final_layer_norm", False)
+        self.final_norm = _LayerNorm(d, affine, dtype, device) if keep_final else None
+        self.lm_head = None if self.tied else frozen((self.vocab_size, proj), dtype, device)
+
+    # Weights ----------------------------------------------------------
+
+    _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+    _LAYER_NAMES: dict[str, WeightTarget] = {
+        "self_attn_layer_norm.weight": WeightTarget("attn_norm.weight"),
+        "self_attn_layer_norm.bias": WeightTarget("attn_norm.bias"),
+        "self_attn.q_proj.weight": WeightTarget("qkv", 0),
+        "self_attn.k_proj.weight": WeightTarget("qkv", 1),
+        "self_attn.v_proj.weight": WeightTarget("qkv", 2),
+        "self_attn.q_proj.bias": WeightTarget("qkv_bias", 0),
+        "self_attn.k_proj.bias": WeightTarget("qkv_bias", 1),
+        "self_attn.v_proj.bias": WeightTarget("qkv_bias", 2),
+        "self_attn.out_proj.weight": WeightTarget("out"),
+        "self_attn.out_proj.bias": WeightTarget("out_bias"),
+        "final_layer_norm.weight": WeightTarget("ffn_norm.weight"),
+        "final_layer_norm.bias": WeightTarget("ffn_norm.bias"),
+        "fc1.weight": WeightTarget("fc1"),
+        "fc1.bias": WeightTarget("fc1_bias"),
+        "fc2.weight": WeightTarget("fc2"),
+        "fc2.bias": WeightTarget("fc2_bias"),
+    }
+    _TOP_NAMES: dict[str, WeightTarget] = {
+        "decoder.embed_tokens.weight": WeightTarget("embed"),
+        "decoder.embed_positions.weight": WeightTarget("embed_positions"),
+        "decoder.project_in.weight": WeightTarget("project_in"),
+        "decoder.project_out.weight": WeightTarget("project_out"),
+        "decoder.final_layer_norm.weight": WeightTarget("final_norm.weight"),
+        "decoder.final_layer_norm.bias": WeightTarget("final_norm.bias"),
+    }
+
+    def weight_target(self, hf_name: str) -> WeightTarget | None:
+        if hf_name == "lm_head.weight":
+            return None if self.tied else WeightTarget("lm_head")
+        # OPTForCausalLM checkpoints say "model.decoder.", the original
+        # facebook/opt-* releases (saved from OPTModel) just "decoder.".
+        name = hf_name.removeprefix("model.")
+        target = self._TOP_NAMES.get(name)
+        if target is not None:
+            return target
+        m = self._LAYER.match(name)
+        if m:
+            target = self._LAYER_NAMES.get(m.group(2))
+            if target is not None:
+                return WeightTarget(f"layers.{m.group(1)}.{target.param}", target.shard)
+        raise WeightLoadError(f"unexpected OPT checkpoint tensor {hf_name!r}")
+
+    def fused_shards(self, param: str) -> list[int]:
+        if param.rsplit(".", 1)[-1] in ("qkv", "qkv_bias"):
+            d = self.config.hidden_size
+            return [d, d, d]
+        return super().fused_shards(param)
+
+    # Forward ----------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+        assert self.attn is not None, "set_attention_backend() first"
+        t = batch.input_ids.shape[0]
+        d = self.config.hidden_size
+        h_, hd = self.num_heads, self.head_dim
+        x = F.embedding(batch.input_ids, self.embed)
+        if self.project_in is not None:
+            x = F.linear(x, self.project_in)
+        x = x + F.embedding(batch.positions + POSITION_OFFSET, self.embed_positions)
+        for i, layer in enumerate(self.layers):
+            residual = x
+            if self.pre_norm:
+                x = layer.attn_norm(x)
+            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(d, dim=-1)
+            # The reference scales q before the product, not the scores.
+            q = (q * self.scale).view(t, h_, hd)
+            a = self.attn.forward(
+                q, k.view(t, h_, hd), v.view(t, h_, hd),
+                kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, 1.0,
+            )
+            x = residual + F.linear(a.view(t, d), layer.out, layer.out_bias)
+            if not self.pre_norm:
+                x = layer.attn_norm(x)
+            residual = x
+            if self.pre_norm:
+                x = layer.ffn_norm(x)
+            x = F.linear(self.act(F.linear(x, layer.fc1, layer.fc1_bias)), layer.fc2, layer.fc2_bias)
+            x = residual + x
+            if not self.pre_norm:
+                x = layer.ffn_norm(x)
+        x = x[batch.logits_indices]
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.project_out is not None:
+            x = F.linear(x, self.project_out)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head).float()

@@ -1,0 +1,225 @@
+"""`ModelRunner`: executes one scheduler `Plan` per call on one device.
+
+It owns the model, the paged KV cache, the sampler and the per-request
+state.  Each `execute` runs all of the plan's chunks as one flattened batch
+through one forward pass (decodes first, then prefill chunks), samples the
+chunks that reach their sequence's last known token, applies the stop
+conditions the engine owns (EOS, stop tokens, stop strings, max_tokens) and
+returns one `JobOutput` per chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from engine.attention import SeqSpan, default_backend_name, get_attention_backend
+from engine.detokenizer import IncrementalDetokenizer
+from engine.dtypes import parse_dtype
+from engine.kv_cache import KVCache
+from engine.model_source import resolve_model
+from engine.models import ForwardBatch, model_class
+from engine.request import RequestState
+from engine.sampling import SampleRequest, Sampler
+from engine.sampling_params import SamplingParams
+from engine.threads import pin_threads
+from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
+from engine.weights import iter_weights
+from scheduler.plan import BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: str = "float32",
+        device: str = "cpu",
+        num_blocks: int = 1024,
+        block_size: int = 16,
+        max_model_len: int = 2048,
+        num_threads: int | None = None,
+        attention_backend: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.num_threads = pin_threads(num_threads)
+        self.model_path = resolve_model(str(model_path))
+        self.dtype = parse_dtype(dtype)
+        self.device = torch.device(device)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+
+        self.config: Any = AutoConfig.from_pretrained(str(self.model_path), local_files_only=True)
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.model_path)
+        self.eos_token_ids: set[int] = eos_token_ids(self.model_path, self.tokenizer, self.config)
+
+        cls = model_class(self.config.model_type)
+        with torch.no_grad():
+            self.model = cls(self.config, self.dtype, self.device, max_model_len)
+            self.model.load_weights(iter_weights(self.model_path))
+        self.model.eval()
+        backend = get_attention_backend(attention_backend or default_backend_name(self.device))
+        self.attn = backend(
+            self.model.num_heads, self.model.num_kv_heads, self.model.head_dim,
+            block_size, self.device,
+        )
+        self.model.set_attention_backend(self.attn)
+        self.kv_cache = KVCache(
+            self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,
+            self.model.head_dim, self.dtype, self.device,
+        )
+        self.sampler = Sampler(seed=seed, device=self.device)
+        self._requests: dict[str, RequestState] = {}
+
+    # Model facts for the ingress ------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def chat_template(self) -> str | None:
+        return chat_template(self.tokenizer)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        return encode_chat(self.tokenizer, messages, add_generation_prompt, **template_kwargs)
+
+    # Requests ---------------------------------------------------------------
+
+    def add_request(
+        self,
+        job_id: str,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int] | None = None,
+    ) -> None:
+        """Register a request before its first chunk is scheduled.
+
+        `output_token_ids` resumes a request whose tokens were produced
+        elsewhere (migration): their text counts as already streamed.
+        """
+        if job_id in self._requests:
+            raise ValueError(f"request {job_id!r} is already registered")
+        if not prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        outputs = list(output_token_ids or [])
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        self._requests[job_id] = RequestState(
+            job_id=job_id,
+            params=params,
+            prompt_token_ids=list(prompt_token_ids),
+            detokenizer=IncrementalDetokenizer(
+                self.tokenizer, list(prompt_token_ids) + outputs, params.stop
+            ),
+            stop_token_ids=frozenset(stop_ids),
+            output_token_ids=outputs,
+        )
+
+    def remove_request(self, job_id: str) -> None:
+        """Forget a finished or aborted request (unknown ids are ignored)."""
+        self._requests.pop(job_id, None)
+
+    def has_request(self, job_id: str) -> bool:
+        return job_id in self._requests
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # Iteration ------------------------------------------------------------
+
+    def execute(self, plan: Plan) -> StepResult:
+        for job_id in plan.preempted:
+            # KV is dropped by the scheduler's bookkeeping alone (recompute);
+            # the request's state stays for when it is re-prefilled.
+            state = self._requests.get(job_id)
+            if state is not None:
+                state.num_preemptions += 1
+        for op in plan.block_ops:
+            if op.kind is not BlockOpKind.DROP:
+                raise NotImplementedError(
+                    f"block op {op.kind.value} needs the KV tier (kvstore), not wired yet"
+                )
+        if not plan.chunks:
+            return StepResult(plan.step, [], 0.0)
+
+        start = time.perf_counter()
+        # Decodes first: the attention backend batches them in one call.
+        ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
+        states = [self._state(c) for c in ordered]
+        sampled_chunks: list[tuple[ScheduledChunk, RequestState]] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        spans: list[SeqSpan] = []
+        logits_indices: list[int] = []
+        for chunk, state in zip(ordered, states):
+            end = chunk.start_pos + chunk.num_tokens
+            if end > self.max_model_len:
+                raise ValueError(
+                    f"job {chunk.job_id}: position {end} exceeds max_model_len {self.max_model_len}"
+                )
+            input_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start_pos, end))
+            spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table))
+            if chunk.sample:
+                self._check_sample_point(chunk, state)
+                logits_indices.append(len(input_ids) - 1)
+                sampled_chunks.append((chunk, state))
+
+        dev = self.device
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            attn_metadata=self.attn.build_metadata(spans),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
+        )
+        with torch.inference_mode():
+            hidden = self.model(batch, self.kv_cache)
+            tokens: list[int] = []
+            if sampled_chunks:
+                logits = self.model.compute_logits(hidden)
+                tokens = self.sampler.sample(
+                    logits,
+                    [
+                        SampleRequest(s.params, c.output_index, s.banned_token_ids())
+                        for c, s in sampled_chunks
+                    ],
+                )
+        iteration_time = time.perf_counter() - start
+
+        results: dict[str, JobOutput] = {}
+        for (chunk, state), token in zip(sampled_chunks, tokens):
+            text, reason = state.append(token, self.max_model_len)
+            results[chunk.job_id] = JobOutput(chunk.job_id, token, reason, text)
+        outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
+        return StepResult(plan.step, outputs, iteration_time)
+
+    def _state(self, chunk: ScheduledChunk) -> RequestState:
+        try:
+            return self._requests[chunk.job_id]
+        except KeyError:
+            raise KeyError(
+                f"job {chunk.job_id!r} was scheduled but never added (add_request)"
+            ) from None
+
+    @staticmethod
+    def _check_sample_point(chunk: ScheduledChunk, state: RequestState) -> None:
+        # The seeded stream and the stop conditions count outputs; a drift
+        # between scheduler and engine would silently break reproducibility.
+        if (
+            chunk.output_index != len(state.output_token_ids)
+            or chunk.start_pos + chunk.num_tokens != state.num_tokens
+        ):
+            raise RuntimeError(
+                f"job {chunk.job_id}: scheduler samples output {chunk.output_index} after "
+                f"{chunk.start_pos + chunk.num_tokens} tokens, engine has "
+                f"{len(state.output_token_ids)} outputs and {state.num_tokens} tokens"
+            )

@@ -1,0 +1,68 @@
+"""Per-request sampling parameters (OpenAI semantics), validated at ingress.
+
+Kept free of torch so that the ingress can validate requests without
+importing the engine's tensor code; `engine.sampling` re-exports it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # 0 means greedy; OpenAI's default is 1.
+    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # -1 or 0 turn top-k off.
+    top_k: int = Field(-1, ge=-1)
+    # With a seed, the k-th output token depends only on (seed, k) and the
+    # logits, so a recomputation after preemption reproduces it.
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    # None: until EOS, a stop condition, or the model's max length.
+    max_tokens: int | None = Field(None, ge=1)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: object) -> object:
+        # OpenAI accepts a single string or a list; None means no stops.
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return [v]
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_nonempty(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids_nonnegative(cls, v: list[int]) -> list[int]:
+        if any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        return v
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "SamplingParams":
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens={self.min_tokens} must not exceed max_tokens={self.max_tokens}"
+            )
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def top_k_enabled(self) -> bool:
+        return self.top_k > 0

@@ -1,0 +1,200 @@
+"""The host KV tier as the engine sees it: offload, fetch, drop.
+
+`HostKVTier` is the interface the model runner uses.  Copies never run on
+the iteration's critical path: offloads and fetches go to one worker thread
+(FIFO, so a fetch after an offload of the same job sees it) and the runner
+polls for fetches that have landed.
+
+- `LocalHostTier`: host memory of this process (tests, single replica
+  without Ray).
+- `ObjectStoreTier`: Ray's object store through the detached `KVDirectory`
+  (kvstore/directory.py), so blocks survive the replica.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class TierStats:
+    offloads: int = 0
+    fetches: int = 0
+    bytes_offloaded: int = 0
+    bytes_fetched: int = 0
+    fetch_failures: int = 0
+    offload_failures: int = 0
+    swap_out_s: float = 0.0
+    swap_in_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class HostKVTier(ABC):
+    """Per-job blocks: `blocks` is a tensor [n_blocks, ...] in block order."""
+
+    def __init__(self) -> None:
+        self.stats = TierStats()
+        # One thread: FIFO order across offload / fetch / drop.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-tier")
+        self._landed: queue.SimpleQueue[tuple[str, torch.Tensor | None]] = queue.SimpleQueue()
+
+    def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor) -> Future[bool]:
+        data = blocks.contiguous()
+        return self._pool.submit(self._offload_sync, job_id, indices, data)
+
+    def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]:
+        fut = self._pool.submit(self._fetch_sync, job_id, indices)
+        fut.add_done_callback(lambda f: self._landed.put((job_id, f.result())))
+        return fut
+
+    def drop(self, job_id: str) -> None:
+        self._pool.submit(self._drop_sync, job_id)
+
+    def landed(self) -> list[tuple[str, torch.Tensor | None]]:
+        """Fetches completed since the last call (None: the blocks were lost)."""
+        out = []
+        while True:
+            try:
+                out.append(self._landed.get_nowait())
+            except queue.Empty:
+                return out
+
+    def flush(self) -> None:
+        """Wait for every queued copy (tests, shutdown)."""
+        self._pool.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _offload_sync(self, job_id: str, indices: list[int], data: torch.Tensor) -> bool:
+        import time
+
+        t0 = time.perf_counter()
+        ok = self._put(job_id, dict(zip(indices, data.unbind(0))))
+        self.stats.swap_out_s += time.perf_counter() - t0
+        if ok:
+            self.stats.offloads += 1
+            self.stats.bytes_offloaded += data.numel() * data.element_size()
+        else:
+            self.stats.offload_failures += 1
+        return ok
+
+    def _fetch_sync(self, job_id: str, indices: list[int]) -> torch.Tensor | None:
+        import time
+
+        t0 = time.perf_counter()
+        got = self._get(job_id, indices)
+        self.stats.swap_in_s += time.perf_counter() - t0
+        if got is None:
+            self.stats.fetch_failures += 1
+            return None
+        out = torch.stack(got)
+        self.stats.fetches += 1
+        self.stats.bytes_fetched += out.numel() * out.element_size()
+        return out
+
+    def _drop_sync(self, job_id: str) -> None:
+        self._remove(job_id)
+
+    @abstractmethod
+    def _put(self, job_id: str, blocks: dict[int, torch.Tensor]) -> bool: ...
+
+    @abstractmethod
+    def _get(self, job_id: str, indices: list[int]) -> list[torch.Tensor] | None: ...
+
+    @abstractmethod
+    def _remove(self, job_id: str) -> None: ...
+
+
+class LocalHostTier(HostKVTier):
+    def __init__(self, capacity_bytes: int) -> None:
+        super().__init__()
+        self.capacity = capacity_bytes
+        self.used = 0
+        self._store: dict[str, dict[int, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def _put(self, job_id: str, blocks: dict[int, torch.Tensor]) -> bool:
+        size = sum(t.numel() * t.element_size() for t in blocks.values())
+        with self._lock:
+            if self.used + size > self.capacity:
+                return False
+            entry = self._store.setdefault(job_id, {})
+            for i, t in blocks.items():
+                if i in entry:
+                    self.used -= entry[i].numel() * entry[i].element_size()
+                entry[i] = t.clone()
+            self.used += size
+        return True
+
+    def _get(self, job_id: str, indices: list[int]) -> list[torch.Tensor] | None:
+        with self._lock:
+            entry = self._store.get(job_id)
+            if entry is None or any(i not in entry for i in indices):
+                return None
+            return [entry[i] for i in indices]
+
+    def _remove(self, job_id: str) -> None:
+        with self._lock:
+            for t in self._store.pop(job_id, {}).values():
+                self.used -= t.numel() * t.element_size()
+
+
+class ObjectStoreTier(HostKVTier):
+    """Blocks in Ray's object store, owned by the detached directory."""
+
+    def __init__(self, capacity_bytes: int, directory: Any | None = None) -> None:
+        super().__init__()
+        from kvstore.directory import get_or_create_directory
+
+        self.directory = directory or get_or_create_directory(capacity_bytes)
+
+    def _put(self, job_id: str, blocks: dict[int, torch.Tensor]) -> bool:
+        import ray
+
+        # numpy views travel zero-copy through the object store; bf16 has
+        # no numpy dtype, so blocks go as raw bytes with dtype and shape.
+        payload = {i: _to_wire(t) for i, t in blocks.items()}
+        return bool(ray.get(self.directory.put.remote(job_id, payload)))
+
+    def _get(self, job_id: str, indices: list[int]) -> list[torch.Tensor] | None:
+        import ray
+
+        wrapped = ray.get(self.directory.get_refs.remote(job_id, indices))
+        if wrapped is None:
+            return None
+        return [_from_wire(a) for a in ray.get([w[0] for w in wrapped])]
+
+    def _remove(self, job_id: str) -> None:
+        self.directory.drop.remote(job_id)
+
+
+class _Wire:
+    __slots__ = ("data", "dtype", "shape", "nbytes")
+
+    def __init__(self, data: Any, dtype: str, shape: tuple[int, ...]) -> None:
+        self.data = data
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = data.nbytes
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_Wire, (self.data, self.dtype, self.shape))
+
+
+def _to_wire(t: torch.Tensor) -> _Wire:
+    t = t.detach().to("cpu").contiguous()
+    raw = t.view(torch.uint8).reshape(-1) if t.element_size() > 0 else t
+    return _Wire(raw.numpy(), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+
+
+def _from_wire(w: _Wire) -> torch.Tensor:
+    raw = torch.from_numpy(w.data.copy())
+    return raw.view(getattr(torch, w.dtype)).reshape(w.shape)
