@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from scheduler.config import SchedulerConfig
+from scheduler.config import MLFQConfig, SchedulerConfig
 from scheduler.policies import POLICIES
 
 
@@ -22,7 +22,9 @@ class AppConfig(BaseModel):
     model: str = "embedded:smollm2"
     # Name clients pass as `model`; defaults to a name derived from `model`.
     served_model_name: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    # `auto`: bfloat16 on GPUs and on CPUs with native bf16 (AVX512-BF16 /
+    # AMX), float32 elsewhere, where emulated bf16 is ~6x slower.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
     policy: str = "fcfs"
     block_size: int = Field(16, ge=1, le=256)
@@ -31,6 +33,15 @@ class AppConfig(BaseModel):
     max_batch_size: int = Field(32, ge=1, le=4096)
     max_batch_tokens: int = Field(512, ge=1)
     max_model_len: int = Field(2048, ge=16)
+    # Preemption: drop KV and recompute, or swap it to the host tier
+    # (FastServe §4.2).  `reactive` swaps when memory runs out or a job must
+    # run; `proactive` also keeps a burst reserve and prefetches.
+    swap_mode: Literal["recompute", "reactive", "proactive"] = "recompute"
+    # Host KV tier per engine replica, in tokens (0: no host tier).
+    host_kv_tokens: int = Field(0, ge=0)
+    # Free device blocks kept for bursts (proactive); None: from arrivals.
+    reserve_blocks: int | None = Field(None, ge=0)
+    mlfq: MLFQConfig = MLFQConfig()
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     # Engine replicas (one model instance each) and the CPUs each one takes.
@@ -62,6 +73,10 @@ class AppConfig(BaseModel):
                 f"kv_cache_tokens={self.kv_cache_tokens} cannot hold one sequence of "
                 f"max_model_len={self.max_model_len}"
             )
+        if self.swap_mode != "recompute" and self.host_kv_tokens < self.block_size:
+            raise ValueError(
+                f"swap_mode={self.swap_mode!r} needs a host tier: set host_kv_tokens"
+            )
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self
@@ -86,4 +101,8 @@ class AppConfig(BaseModel):
             max_batch_size=self.max_batch_size,
             max_batch_tokens=self.max_batch_tokens,
             max_model_len=self.max_model_len,
+            swap_mode=self.swap_mode,
+            host_kv_blocks=self.host_kv_tokens // self.block_size,
+            reserve_blocks=self.reserve_blocks,
+            mlfq=self.mlfq,
         )

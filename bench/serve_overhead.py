@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64, help="output tokens per request")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", type=Path, default=Path("bench/results/serve_overhead.json"))
     args = ap.parse_args(argv)
 

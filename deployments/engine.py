@@ -47,6 +47,7 @@ def _sampling_params(req: GenerateRequest):  # type: ignore[no-untyped-def]
 @serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10)
 class Engine:
     async def __init__(self, config: dict[str, Any], scheduler: Any = None) -> None:
+        from engine.dtypes import resolve_dtype
         from engine.model_source import resolve_model
         from engine.runner import ModelRunner
 
@@ -54,14 +55,25 @@ class Engine:
         sched_cfg = self.cfg.scheduler_config()
         self.runner = ModelRunner(
             model_path=resolve_model(self.cfg.model),
-            dtype=self.cfg.dtype,
+            dtype=resolve_dtype(self.cfg.dtype, self.cfg.device),
             device=self.cfg.device,
             num_blocks=sched_cfg.num_blocks,
             block_size=sched_cfg.block_size,
             max_model_len=sched_cfg.max_model_len,
             num_threads=self.cfg.threads,
         )
-        self.core = SchedulerCore(sched_cfg, time.monotonic)
+        if sched_cfg.host_kv_blocks:
+            from kvstore.tier import ObjectStoreTier
+
+            self.runner.set_kv_tier(ObjectStoreTier(
+                sched_cfg.host_kv_blocks * self.runner.kv_block_bytes))
+        cost = None
+        if self.cfg.policy != "fcfs":
+            from engine.profiler import estimate_cost
+
+            cost = estimate_cost(self.runner, sched_cfg.block_size)
+            log.info("iteration cost estimate: %s", cost)
+        self.core = SchedulerCore(sched_cfg, time.monotonic, cost=cost)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.scheduler = scheduler
         self._aio = asyncio.get_running_loop()
@@ -138,7 +150,24 @@ class Engine:
             "loop_time": ls.loop_time,
             "tokens_out": ls.tokens_out,
             "open_streams": len(self._streams),
+            "swap": {
+                "swap_outs": self.core.swap.num_swap_out,
+                "swap_ins": self.core.swap.num_swap_in,
+                "blocks_out": self.core.swap.blocks_out,
+                "blocks_in": self.core.swap.blocks_in,
+                "recompute_fallbacks": self.core.swap.num_recompute_fallbacks,
+                "host_used_blocks": self.core.swap.host_used,
+            },
+            "policy": self._policy_stats(),
         }
+
+    def _policy_stats(self) -> dict[str, Any]:
+        pol = self.core.policy
+        out: dict[str, Any] = {"name": pol.name}
+        if hasattr(pol, "queue_lengths"):
+            out.update(queue_lengths=pol.queue_lengths(), demotions=pol.num_demotions,
+                       promotions=pol.num_promotions, quanta=pol.quanta)
+        return out
 
     async def _report_loop(self) -> None:
         while True:

@@ -25,3 +25,26 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(
             f"unsupported dtype {dtype!r}; choose one of {sorted(DTYPES)}"
         ) from None
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX).
+
+    Without it, PyTorch emulates bf16 matmuls and a forward pass runs about
+    6x slower than in float32 (measured on an AVX2-only EPYC).
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`auto` → the fastest exact-enough dtype for the device."""
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        return "bfloat16"
+    return "bfloat16" if native_bf16_cpu() else "float32"

@@ -12,7 +12,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 SMALL_CONFIG = {
     "model": "embedded:smollm2",
-    "dtype": "bfloat16",
+    "dtype": "auto",
     "block_size": 16,
     "kv_cache_tokens": 4096,
     "max_batch_size": 16,

@@ -1,0 +1,615 @@
+"""Command line: `python -m bench <command> --help`.
+
+Commands:
+  workload        build a workload (ShareGPT / fixed / rescaled, Poisson or
+                  Gamma arrivals, online/offline mix); print its statistics
+                  and the ShareGPT record counts; optionally save it as JSONL
+  run             one live run against an OpenAI-compatible server
+  sweep           live runs over a list of rates; max rate under an SLO
+  simulate        one simulated run (scheduler/ policy on a virtual clock)
+  simulate-sweep  simulated runs over rates or loads; max rate under an SLO
+  capacity        saturated throughput of a simulated configuration
+  plot            PNG plots from result JSON files (runs or sweeps)
+  compare         a metric of two results side by side (live vs simulated)
+  profile         measure our engine's iteration cost; write a cost table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench.metrics import SLOSpec, format_summary, summarize
+from bench.results import RunMeta, RunResult, SweepResult, as_sweep, load_result, save_result
+from bench.workload import (
+    ArrivalSpec,
+    LengthSpec,
+    StreamSpec,
+    Workload,
+    WorkloadSpec,
+    build_workload,
+)
+from bench.dataset import DEFAULT_TOKENIZER, LengthFilter, ShareGPTPool, load_pool
+
+# ----------------------------------------------------------------- arguments
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--dataset", choices=["sharegpt", "fixed"], default="sharegpt")
+    g.add_argument("--num-requests", "-n", type=int, default=1000)
+    g.add_argument("--input-len", type=int, default=512, help="fixed: prompt tokens")
+    g.add_argument("--output-len", type=int, default=128, help="fixed: output tokens")
+    g.add_argument("--io-ratio", type=float, default=None,
+                   help="sharegpt: rescale input/output ratio keeping each total length "
+                        "(FastServe Fig. 14)")
+    g.add_argument("--rate", type=float, default=1.0, help="req/s of the (online) stream; inf = all at t=0")
+    g.add_argument("--cv", type=float, default=1.0,
+                   help="coefficient of variation of inter-arrival times (1 = Poisson; else Gamma)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--min-len", type=int, default=4, help="vLLM filter: min prompt/output tokens")
+    g.add_argument("--max-prompt-len", type=int, default=1024, help="vLLM filter")
+    g.add_argument("--max-total-len", type=int, default=2048, help="vLLM filter")
+    g.add_argument("--offline-num-requests", type=int, default=0,
+                   help="add an offline stream of this many requests (co-serving mix)")
+    g.add_argument("--offline-dataset", choices=["sharegpt", "fixed"], default="sharegpt")
+    g.add_argument("--offline-input-len", type=int, default=512)
+    g.add_argument("--offline-output-len", type=int, default=512)
+    g.add_argument("--offline-rate", type=float, default=math.inf)
+    g.add_argument("--workload-spec", type=Path, default=None,
+                   help="a WorkloadSpec JSON file, or a result JSON whose workload to replay "
+                        "(overrides the options above)")
+    g.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
+                   help="tokenizer for ShareGPT lengths (embedded:<name> or an HF folder)")
+
+
+def _add_slo_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("SLO (seconds)")
+    g.add_argument("--slo-ttft", type=float, default=None)
+    g.add_argument("--slo-tpot", type=float, default=None)
+    g.add_argument("--slo-e2e", type=float, default=None)
+    g.add_argument("--slo-normalized", type=float, default=None,
+                   help="normalized latency SLO, s/token (FastServe: 0.3 for OPT-13B)")
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    p.add_argument("--save-records", action="store_true", help="keep per-request records in the JSON")
+    p.add_argument("--system", default=None, help="label of the system under test")
+
+
+def _add_sweep_args(p: argparse.ArgumentParser, loads: bool) -> None:
+    p.add_argument("--rates", type=float, nargs="+", default=None, help="arrival rates (req/s)")
+    if loads:
+        p.add_argument("--loads", type=float, nargs="+", default=None,
+                       help="loads: rates as fractions of the measured capacity")
+        p.add_argument("--bisect", action="store_true",
+                       help="refine the max rate meeting --criterion by bisection")
+    p.add_argument("--criterion", default=None,
+                   help="e.g. 'normalized_latency.mean<=0.3' or 'slo_attainment>=0.95'")
+    p.add_argument("--plot-dir", type=Path, default=None, help="also write the plots here")
+
+
+def _add_sim_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cost model")
+    g.add_argument("--cost-model", default="opt-13b",
+                   help="opt-13b | opt-66b | opt-175b (analytic A100) or a cost table JSON (profile)")
+    g.add_argument("--gpu", choices=["a100-80gb", "a100-40gb"], default="a100-80gb")
+    g.add_argument("--tp", type=int, default=None, help="tensor parallel degree (preset default)")
+    g.add_argument("--pp", type=int, default=None, help="pipeline parallel degree (preset default)")
+    g.add_argument("--compute-efficiency", type=float, default=None)
+    g.add_argument("--memory-efficiency", type=float, default=None)
+    g.add_argument("--iteration-overhead", type=float, default=None,
+                   help="seconds added to each iteration (analytic default 1 ms; table 0)")
+    g = p.add_argument_group("scheduler")
+    g.add_argument("--policy", default="fcfs")
+    g.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks (default: what the analytic model's GPU memory holds)")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--max-batch-size", type=int, default=256)
+    g.add_argument("--max-batch-tokens", type=int, default=2048)
+    g.add_argument("--max-model-len", type=int, default=2048)
+    g.add_argument("--sched-opt", action="append", default=[], metavar="KEY=JSON",
+                   help="any other SchedulerConfig field, e.g. swap_mode=\"proactive\"")
+    g.add_argument("--overlap-swap", action="store_true",
+                   help="KV copies overlap compute (proactive swapping, FastServe §4.2)")
+    g.add_argument("--capacity-basis", choices=["saturated", "mean-fixed"], default="saturated",
+                   help="what load 1.0 means: the workload's own saturated throughput, or that "
+                        "of fixed-length jobs of the workload's mean lengths")
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _workload_spec(a: argparse.Namespace) -> WorkloadSpec:
+    if a.workload_spec is not None:
+        data = json.loads(a.workload_spec.read_text())
+        if data.get("kind") == "run":  # replay the workload of a recorded run
+            data = data["meta"]["workload"]
+        elif data.get("kind") == "sweep":
+            data = data["points"][0]["meta"]["workload"]
+        return WorkloadSpec.model_validate(data)
+    flt = LengthFilter(min_len=a.min_len, max_prompt_len=a.max_prompt_len, max_total_len=a.max_total_len)
+
+    def arrivals(rate: float, cv: float) -> ArrivalSpec:
+        return ArrivalSpec(process="poisson" if cv == 1.0 else "gamma", rate=rate, cv=cv)
+
+    streams = [
+        StreamSpec(
+            name="online",
+            job_class="online",
+            num_requests=a.num_requests,
+            lengths=LengthSpec(dataset=a.dataset, input_len=a.input_len, output_len=a.output_len,
+                               io_ratio=a.io_ratio, filter=flt),
+            arrivals=arrivals(a.rate, a.cv),
+        )
+    ]
+    if a.offline_num_requests:
+        streams.append(
+            StreamSpec(
+                name="offline",
+                job_class="offline",
+                num_requests=a.offline_num_requests,
+                lengths=LengthSpec(dataset=a.offline_dataset, input_len=a.offline_input_len,
+                                   output_len=a.offline_output_len, filter=flt),
+                arrivals=ArrivalSpec(rate=a.offline_rate),
+            )
+        )
+    return WorkloadSpec(seed=a.seed, streams=streams)
+
+
+class _PoolCache:
+    """Loads the ShareGPT pool once per filter (lengths cached on disk)."""
+
+    def __init__(self, tokenizer: str, need_text: bool) -> None:
+        self.tokenizer = tokenizer
+        self.need_text = need_text
+        self._pools: dict[LengthFilter, ShareGPTPool] = {}
+
+    def build(self, spec: WorkloadSpec) -> Workload:
+        flts = {s.lengths.filter for s in spec.streams if s.lengths.dataset == "sharegpt"}
+        if len(flts) > 1:
+            raise SystemExit("all ShareGPT streams must share one length filter")
+        pool = None
+        if flts:
+            flt = next(iter(flts))
+            if flt not in self._pools:
+                self._pools[flt] = load_pool(tokenizer=self.tokenizer, length_filter=flt,
+                                             need_text=self.need_text)
+            pool = self._pools[flt]
+        return build_workload(spec, pool)
+
+
+def _slo(a: argparse.Namespace) -> SLOSpec | None:
+    slo = SLOSpec(ttft=a.slo_ttft, tpot=a.slo_tpot, e2e=a.slo_e2e, normalized_latency=a.slo_normalized)
+    return None if slo.empty else slo
+
+
+def _emit(res: RunResult, a: argparse.Namespace, title: str) -> None:
+    print(format_summary(res.summary, title))
+    if a.out is not None:
+        save_result(res if a.save_records else res.without_records(), a.out)
+        print(f"wrote {a.out}")
+
+
+def _sweep_table(sweep: SweepResult) -> str:
+    lines = [f"{'rate':>8} {'load':>6} {'done':>6} {'thr':>7} {'mean NL':>9} {'p95 NL':>9} "
+             f"{'p99 TTFT':>9} {'queue%':>7} {'attain%':>8}"]
+    for p in sweep.points:
+        s = p.summary
+        nl = s.normalized_latency
+        b = s.breakdown
+        lines.append(
+            f"{p.meta.rate or 0:8.3f} {p.meta.load if p.meta.load is not None else float('nan'):6.2f} "
+            f"{s.num_completed:6d} {s.request_throughput:7.3f} "
+            f"{(nl.mean or 0):9.4f} {(nl.p95 or 0):9.4f} {(s.ttft.p99 or 0):9.3f} "
+            f"{(100 * b.queueing_share if b else float('nan')):7.1f} "
+            f"{(100 * s.slo_attainment if s.slo_attainment is not None else float('nan')):8.1f}"
+        )
+    if sweep.criterion:
+        lines.append(f"max rate meeting {sweep.criterion}: {sweep.max_rate}")
+    if sweep.capacity:
+        lines.append(f"capacity (load 1.0): {sweep.capacity:.3f} req/s")
+    return "\n".join(lines)
+
+
+def _finish_sweep(sweep: SweepResult, a: argparse.Namespace, slo: SLOSpec | None) -> None:
+    print(_sweep_table(sweep))
+    if a.out is not None:
+        save_result(sweep, a.out)
+        print(f"wrote {a.out}")
+    if a.plot_dir is not None:
+        from bench.plots import plot_all
+
+        line = slo.normalized_latency if slo else None
+        if line is None and sweep.criterion and sweep.criterion.startswith("normalized_latency"):
+            line = float(sweep.criterion.split("<=")[-1])
+        for path in plot_all([sweep], a.plot_dir, slo=line):
+            print(f"wrote {path}")
+
+
+# ------------------------------------------------------------------ live
+
+
+def _client_config(a: argparse.Namespace) -> Any:
+    from bench.client import ClientConfig
+
+    return ClientConfig(
+        base_url=a.base_url,
+        endpoint=a.endpoint,
+        model=a.model,
+        api_key=a.api_key,
+        ignore_eos=not a.no_ignore_eos,
+        send_min_tokens=not a.no_min_tokens,
+        max_concurrency=a.max_concurrency,
+        request_timeout=a.request_timeout,
+        max_duration=a.max_duration,
+    )
+
+
+def _add_live_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    g.add_argument("--model", default=None, help="default: the first of GET /models")
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--no-ignore-eos", action="store_true", help="for servers without ignore_eos")
+    g.add_argument("--no-min-tokens", action="store_true", help="for servers without min_tokens")
+    g.add_argument("--max-concurrency", type=int, default=None)
+    g.add_argument("--request-timeout", type=float, default=600.0)
+    g.add_argument("--max-duration", type=float, default=None, help="seconds; stop sending and cut off")
+    g.add_argument("--metrics-url", default=None,
+                   help="Prometheus endpoint scraped before and after (server-wide counters)")
+
+
+def _live_once(wl: Workload, a: argparse.Namespace, slo: SLOSpec | None, rate: float | None) -> RunResult:
+    from bench.client import run_requests, scrape_prometheus
+
+    cfg = _client_config(a)
+    before = scrape_prometheus(a.metrics_url) if a.metrics_url else None
+    live = run_requests(wl.requests, cfg)
+    details: dict[str, Any] = {
+        "base_url": cfg.base_url, "endpoint": cfg.endpoint, "model": live.model,
+        "wall_time": live.wall_time, "source": wl.source,
+    }
+    if before is not None:
+        after = scrape_prometheus(a.metrics_url)
+        details["server_counters_delta"] = {
+            k: after[k] - before.get(k, 0.0) for k in after
+            if ("preempt" in k or "swap" in k) and after[k] != before.get(k, 0.0)
+        }
+    return RunResult(
+        meta=RunMeta(mode="live", system=a.system or f"live:{live.model}", workload=wl.spec,
+                     rate=rate, details=details),
+        summary=summarize(live.records, slo),
+        records=live.records,
+    )
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    spec = _workload_spec(a)
+    wl = _PoolCache(a.tokenizer, need_text=True).build(spec)
+    res = _live_once(wl, a, _slo(a), spec.streams[0].arrivals.rate)
+    _emit(res, a, f"live run, rate {spec.streams[0].arrivals.rate:g}/s")
+    return 0
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from bench.sweep import Criterion, run_sweep
+
+    if not a.rates:
+        raise SystemExit("--rates is required")
+    spec = _workload_spec(a)
+    pools = _PoolCache(a.tokenizer, need_text=True)
+    slo = _slo(a)
+    crit = Criterion.parse(a.criterion) if a.criterion else None
+
+    def evaluate(rate: float) -> RunResult:
+        res = _live_once(pools.build(spec.with_rate(rate)), a, slo, rate)
+        s = res.summary
+        print(f"rate {rate:g}: {s.num_completed}/{s.num_requests} done, mean NL "
+              f"{s.normalized_latency.mean}", flush=True)
+        return res
+
+    sweep = run_sweep(a.rates, evaluate, system=a.system or "live", mode="live", criterion=crit)
+    _finish_sweep(sweep, a, slo)
+    return 0
+
+
+# ------------------------------------------------------------- simulation
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _sim_setup(a: argparse.Namespace) -> tuple[Any, Any]:
+    from bench.costmodel import AnalyticCostModel, make_cost_model
+    from scheduler.config import SchedulerConfig
+
+    over: dict[str, Any] = {}
+    if a.cost_model.startswith("opt-"):
+        for k in ("tp", "pp", "compute_efficiency", "memory_efficiency", "iteration_overhead"):
+            if getattr(a, k) is not None:
+                over[k] = getattr(a, k)
+        over["block_size"] = a.block_size
+    elif a.iteration_overhead is not None:
+        over["iteration_overhead"] = a.iteration_overhead
+    cost = make_cost_model(a.cost_model, a.gpu, **over)
+    num_blocks = a.num_blocks
+    if num_blocks is None:
+        if not isinstance(cost, AnalyticCostModel):
+            raise SystemExit("--num-blocks is required with a cost table")
+        num_blocks = cost.num_kv_blocks()
+    fields: dict[str, Any] = dict(
+        policy=a.policy, num_blocks=num_blocks, block_size=a.block_size,
+        max_batch_size=a.max_batch_size, max_batch_tokens=a.max_batch_tokens,
+        max_model_len=a.max_model_len,
+    )
+    for kv in a.sched_opt:
+        k, _, v = kv.partition("=")
+        fields[k.strip()] = _json_value(v)
+    return cost, SchedulerConfig.model_validate(fields)
+
+
+def _sim_once(
+    wl: Workload, cost: Any, sc: Any, a: argparse.Namespace, slo: SLOSpec | None,
+    rate: float | None, load: float | None, capacity: float | None,
+) -> RunResult:
+    from bench.simulator import SimOptions, simulate
+
+    out = simulate(wl.requests, sc, cost, SimOptions(overlap_swap=a.overlap_swap))
+    system = a.system or f"{sc.policy}/{cost.name}"
+    return RunResult(
+        meta=RunMeta(
+            mode="sim", system=system, workload=wl.spec, rate=rate, load=load,
+            details={"scheduler": sc.model_dump(), "cost_model": cost.describe(),
+                     "sim": out.stats.as_dict(), "capacity": capacity, "source": wl.source},
+        ),
+        summary=summarize(out.records, slo),
+        records=out.records,
+    )
+
+
+def _capacity(spec: WorkloadSpec, pools: _PoolCache, cost: Any, sc: Any, basis: str) -> float:
+    from bench.simulator import measure_capacity
+
+    wl = pools.build(spec.with_rate(math.inf))
+    if basis == "mean-fixed":
+        n = len(wl.requests)
+        mean_in = round(sum(r.prompt_tokens for r in wl.requests) / n)
+        mean_out = round(sum(r.output_tokens for r in wl.requests) / n)
+        wl = Workload(spec=wl.spec, requests=[
+            r.model_copy(update={"prompt_tokens": mean_in, "output_tokens": mean_out})
+            for r in wl.requests
+        ])
+    return measure_capacity(wl.requests, sc, cost)
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    spec = _workload_spec(a)
+    pools = _PoolCache(a.tokenizer, need_text=False)
+    cost, sc = _sim_setup(a)
+    capacity = None
+    rate = spec.streams[0].arrivals.rate
+    if a.load is not None:
+        capacity = _capacity(spec, pools, cost, sc, a.capacity_basis)
+        rate = a.load * capacity
+        spec = spec.with_rate(rate)
+    res = _sim_once(pools.build(spec), cost, sc, a, _slo(a), rate, a.load, capacity)
+    sim = res.meta.details["sim"]
+    print(f"simulated {res.summary.num_requests} requests, "
+          f"{sim['iterations']} iterations in {sim['wall_time']:.2f} s wall"
+          + (f"; capacity {capacity:.3f} req/s, rate {rate:.3f}" if capacity else ""))
+    _emit(res, a, f"simulated {res.meta.system}, rate {rate:g}/s")
+    return 0
+
+
+def cmd_simulate_sweep(a: argparse.Namespace) -> int:
+    from bench.sweep import Criterion, bisect_max_rate, max_rate_on_grid, run_sweep
+
+    spec = _workload_spec(a)
+    pools = _PoolCache(a.tokenizer, need_text=False)
+    cost, sc = _sim_setup(a)
+    slo = _slo(a)
+    crit = Criterion.parse(a.criterion) if a.criterion else None
+    capacity = None
+    if a.loads:
+        capacity = _capacity(spec, pools, cost, sc, a.capacity_basis)
+        print(f"capacity ({a.capacity_basis}): {capacity:.3f} req/s", flush=True)
+        rates = [ld * capacity for ld in a.loads]
+    elif a.rates:
+        rates = list(a.rates)
+    else:
+        raise SystemExit("give --rates or --loads")
+
+    def evaluate(rate: float) -> RunResult:
+        load = rate / capacity if capacity else None
+        res = _sim_once(pools.build(spec.with_rate(rate)), cost, sc, a, slo, rate, load, capacity)
+        s = res.summary
+        print(f"rate {rate:.3f}: mean NL {s.normalized_latency.mean:.4f} s/token, "
+              f"wall {res.meta.details['sim']['wall_time']:.1f} s", flush=True)
+        return res
+
+    system = a.system or f"{sc.policy}/{cost.name}"
+    sweep = run_sweep(rates, evaluate, system=system, mode="sim", criterion=crit, capacity=capacity)
+    if crit is not None and a.bisect:
+        ordered = sorted(rates)
+        best = max_rate_on_grid(sweep.points, crit)
+        lo = best if best is not None else ordered[0] / 4
+        above = [r for r in ordered if r > lo]
+        hi = above[0] if above else lo * 2
+        refined, _ = bisect_max_rate(evaluate, crit, lo, hi)
+        sweep.max_rate = refined
+    _finish_sweep(sweep, a, slo)
+    return 0
+
+
+def cmd_capacity(a: argparse.Namespace) -> int:
+    spec = _workload_spec(a)
+    pools = _PoolCache(a.tokenizer, need_text=False)
+    cost, sc = _sim_setup(a)
+    cap = _capacity(spec, pools, cost, sc, a.capacity_basis)
+    print(json.dumps({"capacity_req_per_s": cap, "basis": a.capacity_basis, "cost_model": cost.name,
+                      "num_blocks": sc.num_blocks, "max_batch_size": sc.max_batch_size}, indent=1))
+    return 0
+
+
+# ----------------------------------------------------------------- other
+
+
+def cmd_workload(a: argparse.Namespace) -> int:
+    spec = _workload_spec(a)
+    wl = _PoolCache(a.tokenizer, need_text=a.out is not None).build(spec)
+    print(json.dumps({"source": wl.source, "stats": wl.stats()}, indent=1))
+    if a.out is not None:
+        wl.save_jsonl(a.out)
+        print(f"wrote {a.out}")
+    return 0
+
+
+def cmd_plot(a: argparse.Namespace) -> int:
+    from bench.plots import plot_all
+
+    sweeps = [as_sweep(load_result(p)) for p in a.results]
+    for path in plot_all(sweeps, a.out_dir, slo=a.slo, prefix=a.prefix):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    """Relative difference of one metric between two results, rate by rate
+    (the live-vs-simulated validation: within 20% of mean normalized
+    latency)."""
+    from bench.sweep import Criterion
+
+    metric = Criterion(metric=a.metric, op="<=", value=0.0)
+    metric.lookup(None)  # validates the path
+    ref, other = (as_sweep(load_result(p)) for p in (a.reference, a.other))
+    by_rate = {round(p.meta.rate or 0.0, 6): p for p in other.points}
+    worst = 0.0
+    print(f"{'rate':>8} {ref.system[:18]:>18} {other.system[:18]:>18} {'rel diff':>9}")
+    for p in sorted(ref.points, key=lambda p: p.meta.rate or 0.0):
+        q = by_rate.get(round(p.meta.rate or 0.0, 6))
+        if q is None:
+            continue
+        x, y = metric.lookup(p.summary), metric.lookup(q.summary)
+        if x is None or y is None:
+            continue
+        rel = abs(y - x) / abs(x) if x else float("inf")
+        worst = max(worst, rel)
+        print(f"{p.meta.rate or 0:8.3f} {x:18.5f} {y:18.5f} {100 * rel:8.1f}%")
+    ok = worst <= a.tolerance
+    print(f"max relative difference {100 * worst:.1f}% "
+          f"({'within' if ok else 'over'} {100 * a.tolerance:.0f}%)")
+    return 0 if ok else 1
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from bench.profiler import ProfileConfig, profile, quick_config
+
+    kw: dict[str, Any] = dict(model=a.model, dtype=a.dtype, device=a.device, num_threads=a.threads,
+                              block_size=a.block_size, repeats=a.repeats)
+    for k in ("prefill_lens", "decode_batches", "contexts"):
+        if getattr(a, k):
+            kw[k] = getattr(a, k)
+    cfg = quick_config(**kw) if a.quick else ProfileConfig(**kw)
+    table = profile(cfg)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(table.model_dump_json(indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("workload", help="build a workload, print its statistics")
+    _add_workload_args(q)
+    q.add_argument("--out", type=Path, default=None, help="save as JSONL")
+    q.set_defaults(func=cmd_workload)
+
+    q = sub.add_parser("run", help="one live run against an OpenAI-compatible server")
+    _add_workload_args(q)
+    _add_live_args(q)
+    _add_slo_args(q)
+    _add_output_args(q)
+    q.set_defaults(func=cmd_run)
+
+    q = sub.add_parser("sweep", help="live runs over --rates")
+    _add_workload_args(q)
+    _add_live_args(q)
+    _add_slo_args(q)
+    _add_output_args(q)
+    _add_sweep_args(q, loads=False)
+    q.set_defaults(func=cmd_sweep)
+
+    q = sub.add_parser("simulate", help="one simulated run")
+    _add_workload_args(q)
+    _add_sim_args(q)
+    _add_slo_args(q)
+    _add_output_args(q)
+    q.add_argument("--load", type=float, default=None,
+                   help="set the rate to this fraction of the measured capacity")
+    q.set_defaults(func=cmd_simulate)
+
+    q = sub.add_parser("simulate-sweep", help="simulated runs over --rates or --loads")
+    _add_workload_args(q)
+    _add_sim_args(q)
+    _add_slo_args(q)
+    _add_output_args(q)
+    _add_sweep_args(q, loads=True)
+    q.set_defaults(func=cmd_simulate_sweep)
+
+    q = sub.add_parser("capacity", help="saturated throughput of a simulated configuration")
+    _add_workload_args(q)
+    _add_sim_args(q)
+    q.set_defaults(func=cmd_capacity)
+
+    q = sub.add_parser("plot", help="PNG plots from result JSON files")
+    q.add_argument("results", type=Path, nargs="+", help="run or sweep JSON files")
+    q.add_argument("--out-dir", type=Path, default=Path("bench/results/tmp/plots"))
+    q.add_argument("--slo", type=float, default=None, help="SLO line (s/token)")
+    q.add_argument("--prefix", default="")
+    q.set_defaults(func=cmd_plot)
+
+    q = sub.add_parser("compare", help="compare a metric of two results rate by rate")
+    q.add_argument("reference", type=Path, help="e.g. the live run or sweep")
+    q.add_argument("other", type=Path, help="e.g. the simulated run or sweep")
+    q.add_argument("--metric", default="normalized_latency.mean")
+    q.add_argument("--tolerance", type=float, default=0.2)
+    q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("profile", help="measure our engine; write a cost table JSON")
+    q.add_argument("--model", default="embedded:smollm2")
+    q.add_argument("--dtype", default="bfloat16")
+    q.add_argument("--device", default="cpu")
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--block-size", type=int, default=16)
+    q.add_argument("--repeats", type=int, default=3)
+    q.add_argument("--prefill-lens", type=int, nargs="+", default=None)
+    q.add_argument("--decode-batches", type=int, nargs="+", default=None)
+    q.add_argument("--contexts", type=int, nargs="+", default=None)
+    q.add_argument("--quick", action="store_true", help="small grid")
+    q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table.json"))
+    q.set_defaults(func=cmd_profile)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Cost models: how long one iteration (and one KV swap) takes.
+
+The simulator (bench/simulator.py) asks a cost model for the duration of
+each `Plan` the scheduler emits.  Two models:
+
+1. `AnalyticCostModel` -- OPT-13B / 66B / 175B (FastServe Table 1 shapes)
+   on NVIDIA A100s, a per-layer roofline.  Assumptions:
+
+   - FP16 weights and KV cache (FastServe §6.1), OPT layer = QKV, output
+     projection, two FFN matrices (4h): 12·h² weights and 13·h biases per
+     layer; vocabulary 50272, 2048 positions.  OPT-13B comes out at 12.9 B
+     parameters (25.7 GB), 66B at 65.7 B, 175B at 174.6 B.
+   - Per GPU and per layer, each operator group costs
+     max(FLOPs / (peak · compute_eff), bytes / (HBM · memory_eff)):
+       * the linear layers: 2·12h²·T/tp FLOPs for T batched tokens, reading
+         the layer's weights once per iteration (all jobs of the batch share
+         one read) plus activations (16h values per token);
+       * attention: 4·h/tp FLOPs per (query, key) pair -- a decode token
+         attends to its whole context, a prefill chunk of c tokens at offset
+         s to c·s + c(c+1)/2 pairs -- reading each sequence's KV once per
+         iteration (2·h/tp values per context token) and writing the new
+         tokens' KV.
+     The groups are summed over the layers of a pipeline stage.
+   - A100: 312 TFLOP/s dense FP16 peak; HBM 2.0 TB/s (80 GB) or 1.555 TB/s
+     (40 GB, FastServe's testbed); compute_eff 0.6 and memory_eff 0.8 by
+     default (what tuned GEMM and decode-attention kernels reach).
+   - Tensor parallelism (Megatron): FLOPs and bytes split tp ways; two
+     ring all-reduces of T·h FP16 values per layer over NVLink
+     (300 GB/s per direction per GPU, 10 µs latency each):
+     2·(tp-1)/tp · bytes / bw + latency.
+   - Pipeline parallelism: layers split evenly over pp stages; one batch in
+     flight, so an iteration takes the sum of the stages plus (pp-1)
+     activation sends (T·h FP16 values; NVLink inside an 8-GPU node, 400
+     Gb/s EFA = 50 GB/s between nodes).  Several micro-batches in flight
+     (FastServe §5) would raise throughput but need a scheduler core with
+     more than one plan outstanding (Roadmap 7); until then PP costs
+     latency like a deeper model.
+   - LM head: logits only for sampled rows (2·h·V FLOPs each), reading the
+     embedding matrix once, on the last stage.  A fixed 1 ms per
+     iteration covers sampling, kernel launches and scheduling.
+   - Swapping: a block holds block_size tokens × 2 (K, V) × layers/pp ×
+     h/tp FP16 values per GPU; each GPU copies its share over its own PCIe
+     4.0 ×16 link at 25 GB/s, plus 10 µs per swap operation batch.
+   - KV capacity (number of blocks): 90% of GPU memory (vLLM's
+     gpu_memory_utilization) minus the weights' share and 1 GiB of
+     activations, divided by the block's bytes per GPU.
+   Presets follow FastServe Figure 11: OPT-13B on 1 GPU, OPT-66B on 4
+   (tp 4), OPT-175B on 16 (tp 8 × pp 2).
+
+2. `TableCostModel` -- fitted to our engine's measurements by the profiler
+   (bench/profiler.py): iteration time as a non-negative linear function
+   of the same batch features (prefill tokens, prefill attention pairs,
+   prefill chunks, decode batch size, decode context tokens), and swap
+   time per block.  It is what the live-vs-simulated validation uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduler.plan import BlockOpKind, Plan
+
+GiB = 1 << 30
+
+
+# ---------------------------------------------------------------- batch shape
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """What a cost model needs to know about one iteration's plan."""
+
+    prefill_tokens: int = 0  # tokens of chunks longer than one token
+    prefill_chunks: int = 0
+    # Σ over prefill tokens of the context each attends to (causal pairs).
+    prefill_attn: int = 0
+    # KV tokens prefill chunks read (their context incl. the new tokens).
+    prefill_kv: int = 0
+    decode_tokens: int = 0  # one-token chunks: the decode batch size
+    decode_context: int = 0  # Σ context length of the decode chunks
+    num_sampled: int = 0  # chunks that sample a token (LM head rows)
+    swap_blocks: int = 0  # blocks copied between device and host
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    @classmethod
+    def of(cls, plan: Plan) -> "BatchShape":
+        s = cls()
+        for c in plan.chunks:
+            n = len(c.token_ids)
+            ctx = c.start_pos + n
+            if c.sample:
+                s.num_sampled += 1
+            if n == 1:
+                s.decode_tokens += 1
+                s.decode_context += ctx
+            else:
+                s.prefill_tokens += n
+                s.prefill_chunks += 1
+                s.prefill_attn += n * c.start_pos + n * (n + 1) // 2
+                s.prefill_kv += ctx
+        for op in plan.block_ops:
+            if op.kind is not BlockOpKind.DROP:
+                s.swap_blocks += 1
+        return s
+
+    def features(self) -> list[float]:
+        """Regressors of the table model, in `TABLE_FEATURES` order."""
+        return [
+            1.0,
+            float(self.prefill_tokens),
+            float(self.prefill_attn),
+            float(self.prefill_chunks),
+            float(self.decode_tokens),
+            float(self.decode_context),
+        ]
+
+
+TABLE_FEATURES = (
+    "const",
+    "prefill_tokens",
+    "prefill_attn",
+    "prefill_chunks",
+    "decode_tokens",
+    "decode_context",
+)
+
+
+class CostModel(Protocol):
+    name: str
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        """Seconds of the forward pass of one iteration (no swaps)."""
+        ...
+
+    def swap_time(self, num_blocks: int) -> float:
+        """Seconds to copy `num_blocks` KV blocks over PCIe."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+# ------------------------------------------------------------- analytic model
+
+
+class ModelShape(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    num_layers: int
+    num_heads: int
+    hidden: int
+    vocab: int = 50272
+    max_positions: int = 2048
+    dtype_bytes: int = 2
+
+    @property
+    def params_per_layer(self) -> int:
+        h = self.hidden
+        return 12 * h * h + 13 * h
+
+    @property
+    def num_params(self) -> int:
+        h = self.hidden
+        return self.num_layers * self.params_per_layer + (self.vocab + self.max_positions) * h + 2 * h
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers (whole model)."""
+        return 2 * self.num_layers * self.hidden * self.dtype_bytes
+
+
+# FastServe Table 1.
+OPT_MODELS: dict[str, ModelShape] = {
+    "opt-13b": ModelShape(name="OPT-13B", num_layers=40, num_heads=40, hidden=5120),
+    "opt-66b": ModelShape(name="OPT-66B", num_layers=64, num_heads=72, hidden=9216),
+    "opt-175b": ModelShape(name="OPT-175B", num_layers=96, num_heads=96, hidden=12288),
+}
+
+
+class GPUSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    memory_bytes: int
+    fp16_flops: float = 312e12
+    hbm_bandwidth: float = 2.0e12
+    # Per GPU and direction, what a ring all-reduce sees.
+    nvlink_bandwidth: float = 300e9
+    pcie_bandwidth: float = 25e9
+    gpus_per_node: int = 8
+    internode_bandwidth: float = 50e9  # 400 Gb/s EFA (p4d)
+
+
+GPUS: dict[str, GPUSpec] = {
+    "a100-80gb": GPUSpec(name="A100-80GB", memory_bytes=80 * GiB, hbm_bandwidth=2.0e12),
+    "a100-40gb": GPUSpec(name="A100-40GB", memory_bytes=40 * GiB, hbm_bandwidth=1.555e12),
+}
+
+# FastServe Figure 11: GPUs per model -> (tp, pp).
+PRESET_PARALLELISM: dict[str, tuple[int, int]] = {
+    "opt-13b": (1, 1),
+    "opt-66b": (4, 1),
+    "opt-175b": (8, 2),
+}
+
+
+class AnalyticCostModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["analytic"] = "analytic"
+    model: ModelShape
+    gpu: GPUSpec
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    compute_efficiency: float = Field(0.6, gt=0, le=1)
+    memory_efficiency: float = Field(0.8, gt=0, le=1)
+    allreduce_latency: float = 10e-6
+    iteration_overhead: float = 1e-3
+    swap_op_latency: float = 10e-6
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    activation_reserve_bytes: int = GiB
+    block_size: int = Field(16, ge=1)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name}/{self.gpu.name}/tp{self.tp}pp{self.pp}"
+
+    @classmethod
+    def preset(cls, model: str, gpu: str = "a100-80gb", **kw: Any) -> "AnalyticCostModel":
+        tp, pp = PRESET_PARALLELISM[model]
+        kw.setdefault("tp", tp)
+        kw.setdefault("pp", pp)
+        return cls(model=OPT_MODELS[model], gpu=GPUS[gpu], **kw)
+
+    # Capacity -------------------------------------------------------
+
+    def block_bytes_per_gpu(self, block_size: int | None = None) -> float:
+        m = self.model
+        return (block_size or self.block_size) * 2 * (m.num_layers / self.pp) * (m.hidden / self.tp) * m.dtype_bytes
+
+    def num_kv_blocks(self, block_size: int | None = None) -> int:
+        free = (
+            self.gpu.memory_bytes * self.gpu_memory_utilization
+            - self.model.weight_bytes / (self.tp * self.pp)
+            - self.activation_reserve_bytes
+        )
+        if free <= 0:
+            raise ValueError(f"{self.model.name} does not fit on {self.tp * self.pp} x {self.gpu.name}")
+        return int(free // self.block_bytes_per_gpu(block_size))
+
+    # Time -----------------------------------------------------------
+
+    def _roofline(self, flops: float, nbytes: float) -> float:
+        return max(
+            flops / (self.gpu.fp16_flops * self.compute_efficiency),
+            nbytes / (self.gpu.hbm_bandwidth * self.memory_efficiency),
+        )
+
+    def layer_time(self, shape: BatchShape) -> float:
+        m, tp = self.model, self.tp
+        h, b = m.hidden, m.dtype_bytes
+        T = shape.num_tokens
+        lin = self._roofline(
+            2.0 * 12 * h * h * T / tp,
+            b * (m.params_per_layer + 16 * h * T) / tp,
+        )
+        pairs = shape.prefill_attn + shape.decode_context
+        kv_read = shape.prefill_kv + shape.decode_context
+        attn = self._roofline(4.0 * h * pairs / tp, b * 2 * h * (kv_read + T) / tp)
+        comm = 0.0
+        if tp > 1:
+            nbytes = b * T * h
+            comm = 2 * (self.allreduce_latency + 2 * (tp - 1) / tp * nbytes / self.gpu.nvlink_bandwidth)
+        return lin + attn + comm
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        if shape.num_tokens == 0:
+            return 0.0
+        m = self.model
+        t = m.num_layers * self.layer_time(shape)  # pp stages run one after another
+        head = self._roofline(
+            2.0 * m.hidden * m.vocab * shape.num_sampled / self.tp,
+            m.dtype_bytes * m.hidden * m.vocab / self.tp,
+        )
+        hop = 0.0
+        if self.pp > 1:
+            bw = (
+                self.gpu.nvlink_bandwidth
+                if self.tp * self.pp <= self.gpu.gpus_per_node
+                else self.gpu.internode_bandwidth
+            )
+            hop = (self.pp - 1) * (m.dtype_bytes * shape.num_tokens * m.hidden / bw + 10e-6)
+        return t + head + hop + self.iteration_overhead
+
+    def swap_time(self, num_blocks: int) -> float:
+        if num_blocks <= 0:
+            return 0.0
+        return self.swap_op_latency + num_blocks * self.block_bytes_per_gpu() / self.gpu.pcie_bandwidth
+
+    def describe(self) -> dict[str, Any]:
+        d = self.model_dump()
+        d["name"] = self.name
+        d["num_params"] = self.model.num_params
+        return d
+
+
+# --------------------------------------------------------------- table model
+
+
+def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0 (drop the most negative, refit)."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0.0
+            coef[active] = sol
+            return coef
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+class Measurement(BaseModel):
+    """One profiled iteration: its batch features and measured seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill_tokens: int = 0
+    prefill_attn: int = 0
+    prefill_chunks: int = 0
+    decode_tokens: int = 0
+    decode_context: int = 0
+    time: float
+    # Time the engine reported for its forward pass (StepResult).
+    engine_time: float | None = None
+
+    def shape(self) -> BatchShape:
+        return BatchShape(
+            prefill_tokens=self.prefill_tokens,
+            prefill_attn=self.prefill_attn,
+            prefill_chunks=self.prefill_chunks,
+            decode_tokens=self.decode_tokens,
+            decode_context=self.decode_context,
+        )
+
+
+class SwapMeasurement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    blocks: int
+    time: float
+
+
+class CostTable(BaseModel):
+    """The profiler's output file (and the `TableCostModel`'s input)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["cost_table"] = "cost_table"
+    model: str
+    device: str
+    dtype: str
+    num_threads: int | None = None
+    block_size: int
+    measurements: list[Measurement]
+    swaps: list[SwapMeasurement] = Field(default_factory=list)
+    # Fitted coefficients, seconds per unit of each of TABLE_FEATURES.
+    coef: dict[str, float] = Field(default_factory=dict)
+    swap_per_block: float | None = None
+    swap_const: float = 0.0
+    # Mean absolute relative error of the fit over the measurements.
+    fit_error: float | None = None
+    created: str | None = None
+
+    def fitted(self) -> "CostTable":
+        ms = self.measurements
+        if not ms:
+            raise ValueError("cost table has no measurements")
+        x = np.asarray([m.shape().features() for m in ms])
+        y = np.asarray([m.time for m in ms])
+        c = fit_nonnegative(x, y)
+        pred = x @ c
+        err = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-9)))
+        upd: dict[str, Any] = {"coef": dict(zip(TABLE_FEATURES, map(float, c))), "fit_error": err}
+        if self.swaps:
+            sx = np.asarray([[1.0, s.blocks] for s in self.swaps])
+            sy = np.asarray([s.time for s in self.swaps])
+            sc = fit_nonnegative(sx, sy)
+            upd["swap_const"], upd["swap_per_block"] = float(sc[0]), float(sc[1])
+        return self.model_copy(update=upd)
+
+
+class TableCostModel:
+    """Iteration time from a fitted `CostTable`."""
+
+    def __init__(self, table: CostTable, iteration_overhead: float = 0.0) -> None:
+        if not table.coef:
+            table = table.fitted()
+        self.table = table
+        self._coef = np.asarray([table.coef.get(f, 0.0) for f in TABLE_FEATURES])
+        self.iteration_overhead = iteration_overhead
+        self.name = f"table:{table.model}/{table.device}"
+
+    @classmethod
+    def load(cls, path: Path, iteration_overhead: float = 0.0) -> "TableCostModel":
+        return cls(CostTable.model_validate_json(Path(path).read_text()), iteration_overhead)
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        if shape.num_tokens == 0:
+            return 0.0
+        c = self._coef
+        t = (
+            c[0]
+            + c[1] * shape.prefill_tokens
+            + c[2] * shape.prefill_attn
+            + c[3] * shape.prefill_chunks
+            + c[4] * shape.decode_tokens
+            + c[5] * shape.decode_context
+        )
+        return float(t) + self.iteration_overhead
+
+    def swap_time(self, num_blocks: int) -> float:
+        if num_blocks <= 0:
+            return 0.0
+        per = self.table.swap_per_block
+        if per is None:
+            raise ValueError("cost table has no swap measurements")
+        return self.table.swap_const + per * num_blocks
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "table",
+            "name": self.name,
+            "coef": self.table.coef,
+            "swap_per_block": self.table.swap_per_block,
+            "fit_error": self.table.fit_error,
+            "iteration_overhead": self.iteration_overhead,
+        }
+
+
+def make_cost_model(
+    spec: str,
+    gpu: str = "a100-80gb",
+    **overrides: Any,
+) -> AnalyticCostModel | TableCostModel:
+    """`opt-13b` / `opt-66b` / `opt-175b`, or the path of a cost table JSON."""
+    if spec in OPT_MODELS:
+        return AnalyticCostModel.preset(spec, gpu, **overrides)
+    path = Path(spec)
+    if path.is_file():
+        return TableCostModel.load(path, **overrides)
+    raise ValueError(
+        f"cost model {spec!r} is neither one of {sorted(OPT_MODELS)} nor a cost table file"
+    )

@@ -1,0 +1,222 @@
+"""The profiler: measures our engine's iteration cost and writes a cost table.
+
+It drives `engine.runner.ModelRunner` with plans from the real
+`SchedulerCore` (FCFS), so every measured iteration is one the server
+could run, and records each iteration's batch shape (bench/costmodel.py
+`BatchShape`: prefill tokens, prefill attention pairs, decode batch size,
+decode context) with its time:
+
+- prefill: one job of P prompt tokens prefilled in one chunk, for each P;
+- decode: B jobs of context C (prefilled for real; those prefill and mixed
+  iterations are measurements too), then `repeats` decode iterations at
+  each batch size, shrinking the batch by aborting jobs;
+- swap: time per KV block of a SWAP_OUT + SWAP_IN round trip, when the
+  engine supports block ops (it raises NotImplementedError until the KV tier
+  is wired; the table then has no swap entries).
+
+The measured time of an iteration is the wall time of schedule + execute +
+complete (what the server's loop spends per iteration, less token
+delivery); the engine's own forward time is kept beside it.  The fitted
+table (`CostTable.fitted`) is what `TableCostModel` and the simulator use.
+
+The engine is imported lazily: bench/ never depends on engine internals at
+import time (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import random
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.costmodel import BatchShape, CostTable, Measurement, SwapMeasurement
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.job import Job
+from scheduler.plan import BlockOp, BlockOpKind, Plan
+
+
+class ProfileConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "embedded:smollm2"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    num_threads: int | None = 1
+    block_size: int = 16
+    max_model_len: int = 2048
+    prefill_lens: list[int] = Field(default_factory=lambda: [16, 64, 128, 256, 512])
+    decode_batches: list[int] = Field(default_factory=lambda: [1, 4, 8, 16, 32])
+    contexts: list[int] = Field(default_factory=lambda: [64, 256, 768])
+    swap_blocks: list[int] = Field(default_factory=lambda: [1, 8, 32])
+    # Token budget while filling contexts (also yields mixed iterations).
+    fill_batch_tokens: int = 512
+    repeats: int = 3
+    seed: int = 0
+
+
+def _sampling_params(max_tokens: int) -> Any:
+    from engine.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+class _Driver:
+    """SchedulerCore + ModelRunner on the wall clock, recording iterations."""
+
+    def __init__(self, runner: Any, cfg: ProfileConfig, num_blocks: int, budget: int,
+                 max_batch: int) -> None:
+        self.runner = runner
+        self.cfg = cfg
+        sc = SchedulerConfig(
+            num_blocks=num_blocks,
+            block_size=cfg.block_size,
+            max_batch_size=max_batch,
+            max_batch_tokens=budget,
+            max_model_len=cfg.max_model_len,
+        )
+        self.core = SchedulerCore(sc, time.perf_counter)
+        self.rng = random.Random(cfg.seed)
+        self.vocab = int(getattr(runner, "vocab_size", 32000))
+        self._n = 0
+
+    def add(self, prompt_len: int, max_tokens: int) -> str:
+        self._n += 1
+        jid = f"p{self._n}"
+        ids = [self.rng.randrange(100, self.vocab) for _ in range(prompt_len)]
+        self.runner.add_request(jid, _sampling_params(max_tokens), ids)
+        self.core.add(Job(job_id=jid, prompt_token_ids=ids, max_tokens=max_tokens,
+                          arrival_time=time.perf_counter()))
+        return jid
+
+    def abort(self, jid: str) -> None:
+        self.core.abort(jid)
+        self.runner.remove_request(jid)
+
+    def step(self) -> tuple[Plan, float, float]:
+        t0 = time.perf_counter()
+        plan = self.core.schedule()
+        res = self.runner.execute(plan)
+        events = self.core.complete(plan, res)
+        dt = time.perf_counter() - t0
+        for ev in events:
+            if ev.finished:
+                self.runner.remove_request(ev.job_id)
+        return plan, dt, res.iteration_time
+
+
+def _measurement(plan: Plan, wall: float, engine: float) -> Measurement:
+    s = BatchShape.of(plan)
+    return Measurement(
+        prefill_tokens=s.prefill_tokens,
+        prefill_attn=s.prefill_attn,
+        prefill_chunks=s.prefill_chunks,
+        decode_tokens=s.decode_tokens,
+        decode_context=s.decode_context,
+        time=wall,
+        engine_time=engine,
+    )
+
+
+def profile(
+    cfg: ProfileConfig,
+    log: Callable[[str], None] = print,
+    runner_factory: Callable[..., Any] | None = None,
+) -> CostTable:
+    if runner_factory is None:
+        from engine.runner import ModelRunner
+
+        runner_factory = ModelRunner
+    max_ctx = max(cfg.contexts + cfg.prefill_lens)
+    bmax = max(cfg.decode_batches)
+    per_job = -(-(max_ctx + 4 * cfg.repeats + 8) // cfg.block_size)
+    num_blocks = max(bmax * per_job, -(-cfg.max_model_len // cfg.block_size)) + 64
+    budget = max(max(cfg.prefill_lens), cfg.fill_batch_tokens)
+    runner = runner_factory(
+        cfg.model, dtype=cfg.dtype, device=cfg.device, num_blocks=num_blocks,
+        block_size=cfg.block_size, max_model_len=cfg.max_model_len,
+        num_threads=cfg.num_threads,
+    )
+    ms: list[Measurement] = []
+
+    # Warm-up (allocator, lazy init), not recorded.
+    d = _Driver(runner, cfg, num_blocks, budget, bmax)
+    d.add(32, 2)
+    while d.core.has_work:
+        d.step()
+
+    # Prefill: one chunk of P tokens.
+    for p in cfg.prefill_lens:
+        times = []
+        for _ in range(cfg.repeats):
+            jid = d.add(p, 1)
+            plan, wall, eng = d.step()
+            ms.append(_measurement(plan, wall, eng))
+            times.append(wall)
+            if jid in d.core.jobs:
+                d.abort(jid)
+        log(f"prefill {p:5d} tokens: {1e3 * statistics.median(times):8.1f} ms")
+
+    # Decode at each (context, batch size); filling contexts is measured too.
+    for c in cfg.contexts:
+        fill = _Driver(runner, cfg, num_blocks, cfg.fill_batch_tokens, bmax)
+        jids = [fill.add(c, 10_000) for _ in range(bmax)]
+        while any(fill.core.jobs[j].num_computed_tokens < c for j in jids):
+            plan, wall, eng = fill.step()
+            ms.append(_measurement(plan, wall, eng))
+        for b in sorted(cfg.decode_batches, reverse=True):
+            while len(jids) > b:
+                fill.abort(jids.pop())
+            times = []
+            for _ in range(cfg.repeats):
+                plan, wall, eng = fill.step()
+                ms.append(_measurement(plan, wall, eng))
+                times.append(wall)
+            log(f"decode batch {b:3d} context {c:5d}: {1e3 * statistics.median(times):8.1f} ms")
+        for j in jids:
+            fill.abort(j)
+
+    swaps = _profile_swaps(runner, cfg, log)
+    table = CostTable(
+        model=cfg.model,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        num_threads=cfg.num_threads,
+        block_size=cfg.block_size,
+        measurements=ms,
+        swaps=swaps,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    ).fitted()
+    log(f"fit: {table.coef}  mean |rel err| = {table.fit_error:.3f}")
+    return table
+
+
+def _profile_swaps(runner: Any, cfg: ProfileConfig, log: Callable[[str], None]) -> list[SwapMeasurement]:
+    out: list[SwapMeasurement] = []
+    for n in cfg.swap_blocks:
+        ops_out = [BlockOp(BlockOpKind.SWAP_OUT, "swap-probe", i, i) for i in range(n)]
+        ops_in = [BlockOp(BlockOpKind.SWAP_IN, "swap-probe", i, i) for i in range(n)]
+        try:
+            t0 = time.perf_counter()
+            runner.execute(Plan(step=0, block_ops=ops_out))
+            runner.execute(Plan(step=0, block_ops=ops_in))
+            dt = (time.perf_counter() - t0) / 2
+        except NotImplementedError as e:
+            log(f"swap: not measured ({e})")
+            return []
+        out.append(SwapMeasurement(blocks=n, time=dt))
+        log(f"swap {n:4d} blocks: {1e3 * dt:8.2f} ms")
+    return out
+
+
+def quick_config(**kw: Any) -> ProfileConfig:
+    """A small grid (tens of seconds on the CPU machines)."""
+    base: dict[str, Sequence[int] | int] = dict(
+        prefill_lens=[16, 64, 256], decode_batches=[1, 8, 32], contexts=[64, 256], repeats=2
+    )
+    base.update(kw)
+    return ProfileConfig(**base)  # type: ignore[arg-type]

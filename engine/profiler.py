@@ -1,0 +1,56 @@
+"""Start-up profile of a replica's iteration cost, for the policies.
+
+FastServe §4.1 relies on iteration time being predictable: skip-join needs
+the prefill time of a prompt, and q1 is the minimum iteration time.  At
+start the engine replica times a few real iterations of its own model
+(prefill at two lengths, a batch-1 decode) and fits `LinearCost`.  The
+fuller profile for the simulator is `python -m bench profile`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.cost import LinearCost
+from scheduler.job import Job
+
+
+def _time_iterations(runner: Any, prompt_len: int, decode_steps: int,
+                     block_size: int, num_blocks: int) -> tuple[float, float]:
+    from engine.sampling_params import SamplingParams
+
+    cfg = SchedulerConfig(block_size=block_size, num_blocks=num_blocks,
+                          max_batch_size=1, max_batch_tokens=prompt_len,
+                          max_model_len=num_blocks * block_size)
+    core = SchedulerCore(cfg, time.monotonic)
+    job = Job("profile", list(range(10, 10 + prompt_len)), decode_steps + 1, 0.0)
+    core.add(job)
+    runner.add_request(job.job_id, SamplingParams(temperature=0.0, ignore_eos=True,
+                                                  max_tokens=decode_steps + 1),
+                       job.prompt_token_ids)
+    times: list[float] = []
+    try:
+        while core.has_work:
+            plan = core.schedule()
+            res = runner.execute(plan)
+            times.append(res.iteration_time)
+            core.complete(plan, res)
+    finally:
+        runner.remove_request(job.job_id)
+    return times[0], statistics.median(times[1:]) if len(times) > 1 else times[0]
+
+
+def estimate_cost(runner: Any, block_size: int, short: int = 16, long: int = 256,
+                  decode_steps: int = 4) -> LinearCost:
+    num_blocks = -(-(long + decode_steps + 2) // block_size)
+    _time_iterations(runner, short, 1, block_size, num_blocks)  # warm-up
+    t_short, decode = _time_iterations(runner, short, decode_steps, block_size, num_blocks)
+    t_long, _ = _time_iterations(runner, long, 1, block_size, num_blocks)
+    per_token = max(0.0, (t_long - t_short) / (long - short))
+    base = max(1e-4, t_short - per_token * short)
+    per_seq = max(0.0, decode - base)
+    return LinearCost(base_s=base, prefill_per_token_s=per_token, decode_per_seq_s=per_seq)

@@ -1,0 +1,114 @@
+"""The load client against a small in-process fake OpenAI server (loopback)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.client import ClientConfig, handle_event, _Progress, run_requests
+from bench.metrics import summarize
+from bench.workload import RequestSpec
+
+from tests.bench.fake_openai import TOKEN_DELAY, running
+
+server = pytest.fixture(scope="module")(running)
+
+
+def req(rid: str, t: float, prompt: str = "hi there", out: int = 4, cls: str = "online") -> RequestSpec:
+    return RequestSpec(request_id=rid, arrival_time=t, prompt=prompt, prompt_tokens=2,
+                       output_tokens=out, job_class=cls)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streams_and_records(server, endpoint):
+    n0 = len(server.bodies)
+    reqs = [req("a", 0.0, out=10), req("b", 0.03, out=6, cls="offline")]
+    live = run_requests(reqs, ClientConfig(base_url=server.base_url, endpoint=endpoint))
+    assert live.model == "fake-model"
+    a, b = live.records
+    for r, n in ((a, 10), (b, 6)):
+        assert r.error is None, r.error
+        assert r.output_tokens == n
+        assert len(r.token_times) == n  # the role-only chat chunk is not a token
+        assert r.send_time <= r.token_times[0] <= r.token_times[-1] <= r.end_time
+        assert r.token_times == sorted(r.token_times)
+        # Server-reported scheduling figures reach the record.
+        assert r.queueing_time == 0.005 and r.num_preemptions == 2 and r.swap_bytes == 4096
+        assert r.prompt_tokens == 2  # from usage
+    # Open loop: b was sent at its arrival time, not after a finished.
+    assert 0.03 <= b.send_time < a.end_time
+    assert b.scheduled_time == 0.03
+    assert a.e2e >= 10 * TOKEN_DELAY
+    bodies = server.bodies[n0:]
+    assert len(bodies) == 2
+    first = next(x for x in bodies if x["max_tokens"] == 10)
+    assert first["stream"] is True and first["ignore_eos"] is True and first["min_tokens"] == 10
+    assert first["stream_options"] == {"include_usage": True}
+    assert first["model"] == "fake-model"
+    assert ("messages" in first) == (endpoint == "chat")
+    offline = next(x for x in bodies if x["max_tokens"] == 6)
+    assert offline.get("job_class") == "offline" and "job_class" not in first
+    s = summarize(live.records)
+    assert s.num_completed == 2 and s.itl.count == 9 + 5
+    assert s.num_preemptions == 4
+
+
+def test_http_error_is_recorded(server):
+    live = run_requests([req("bad", 0.0, prompt="fail"), req("ok", 0.0)],
+                        ClientConfig(base_url=server.base_url, model="fake-model"))
+    bad, ok = live.records
+    assert bad.error is not None and "500" in bad.error and bad.end_time is None
+    assert ok.error is None
+
+
+def test_bounded_in_time(server):
+    cfg = ClientConfig(base_url=server.base_url, model="fake-model", max_duration=0.3)
+    live = run_requests([req("slow", 0.0, prompt="hang", out=50), req("late", 5.0)], cfg)
+    slow, late = live.records
+    assert slow.error == "timeout" and slow.end_time is None
+    assert late.error is not None and late.error.startswith("not sent")
+    assert live.wall_time < 3.0
+
+
+def test_concurrency_cap(server):
+    cfg = ClientConfig(base_url=server.base_url, model="fake-model", max_concurrency=1)
+    live = run_requests([req("x", 0.0, out=3), req("y", 0.0, out=3)], cfg)
+    x, y = sorted(live.records, key=lambda r: r.send_time)
+    assert x.error is None and y.error is None
+    assert y.send_time >= x.end_time - 1e-3  # the second waited for the first
+
+
+def test_sse_parsing_rules():
+    p = _Progress()
+    handle_event('{"choices":[{"text":"","finish_reason":null}]}', p, 1.0, chat=False)
+    handle_event('{"choices":[{"text":"","finish_reason":"stop"}]}', p, 2.0, chat=False)
+    handle_event('{"choices":[{"delta":{"role":"assistant"}}]}', p, 3.0, chat=True)
+    handle_event('{"choices":[{"delta":{"content":"x"}}],"usage":null}', p, 4.0, chat=True)
+    handle_event("[DONE]", p, 5.0, chat=False)
+    # A held-back (empty) token counts; a bare finish or role chunk does not.
+    assert p.token_times == [1.0, 4.0] and p.done
+    with pytest.raises(RuntimeError, match="overloaded"):
+        handle_event('{"error":{"message":"overloaded"}}', _Progress(), 0.0, chat=False)
+
+
+def test_cli_live_run_and_sweep(server, tmp_path):
+    from bench.__main__ import main
+    from bench.results import RunResult, SweepResult, load_result
+
+    common = ["--dataset", "fixed", "--input-len", "3", "--output-len", "5", "-n", "4",
+              "--base-url", server.base_url, "--endpoint", "chat", "--max-duration", "20"]
+    out = tmp_path / "live.json"
+    assert main(["run", *common, "--rate", "50", "--slo-ttft", "1", "--out", str(out),
+                 "--save-records", "--system", "fake"]) == 0
+    res = load_result(out)
+    assert isinstance(res, RunResult) and res.meta.mode == "live"
+    assert res.summary.num_completed == 4 and res.summary.slo_attainment == 1.0
+    assert res.meta.details["model"] == "fake-model" and len(res.records) == 4
+    # The fake reports only queueing time: execution is the rest of E2E.
+    b = res.summary.breakdown
+    assert b is not None and b.mean_queueing == 0.005
+    assert b.queueing_share + b.execution_share == pytest.approx(1.0)
+    sweep = tmp_path / "sweep.json"
+    assert main(["sweep", *common, "--rates", "20", "100", "--criterion", "ttft.p99<=1",
+                 "--out", str(sweep)]) == 0
+    sw = load_result(sweep)
+    assert isinstance(sw, SweepResult) and sw.max_rate == 100

@@ -1,0 +1,131 @@
+"""Sweeps, max rate under an SLO, result JSON, plots and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.__main__ import main
+from bench.metrics import summarize
+from bench.records import RequestRecord
+from bench.results import RunMeta, RunResult, SweepResult, as_sweep, load_result, save_result
+from bench.sweep import Criterion, bisect_max_rate, max_rate_on_grid, run_sweep
+from bench.workload import WorkloadSpec
+
+
+def fake_run(rate: float) -> RunResult:
+    """Normalized latency 0.1 s/token below rate 4, then growing fast."""
+    nl = 0.1 if rate < 4 else 0.1 + (rate - 4) * 0.5
+    recs = [RequestRecord(request_id=f"r{i}", scheduled_time=i, send_time=i, token_times=[i + nl],
+                          end_time=i + 10 * nl, output_tokens=10, queueing_time=nl, execution_time=9 * nl)
+            for i in range(3)]
+    return RunResult(meta=RunMeta(mode="sim", system="fake", workload=WorkloadSpec(), rate=rate),
+                     summary=summarize(recs), records=recs)
+
+
+def test_criterion():
+    c = Criterion.parse("normalized_latency.mean<=0.3")
+    assert str(c) == "normalized_latency.mean<=0.3"
+    assert c.holds(fake_run(1).summary) and not c.holds(fake_run(5).summary)
+    assert Criterion.parse("slo_attainment>=0.95").lookup(fake_run(1).summary) is None
+    for bad in ("nope.mean<=1", "normalized_latency.mean<1", "ttft.p42<=1"):
+        with pytest.raises(ValueError):
+            Criterion.parse(bad)
+
+
+def test_grid_and_bisection():
+    c = Criterion.parse("normalized_latency.mean<=0.3")
+    sweep = run_sweep([1, 2, 3, 4, 5, 6], fake_run, system="fake", mode="sim", criterion=c)
+    assert [p.meta.rate for p in sweep.points] == [1, 2, 3, 4, 5, 6]
+    assert all(p.records is None for p in sweep.points)
+    # 0.1 + (r - 4) * 0.5 <= 0.3  <=>  r <= 4.4: the grid says 4.
+    assert sweep.max_rate == 4
+    rate, runs = bisect_max_rate(fake_run, c, 4, 5, rel_tol=0.001, iterations=20)
+    assert rate == pytest.approx(4.4, abs=0.01)
+    assert runs
+    assert max_rate_on_grid(sweep.points, Criterion.parse("normalized_latency.mean<=0.01")) is None
+
+
+def test_result_json_round_trip(tmp_path):
+    run = fake_run(2)
+    save_result(run, tmp_path / "run.json")
+    back = load_result(tmp_path / "run.json")
+    assert isinstance(back, RunResult) and back.summary == run.summary
+    assert len(back.records) == 3
+    sweep = run_sweep([1, 5], fake_run, system="fake", mode="sim")
+    save_result(sweep, tmp_path / "sweep.json")
+    back2 = load_result(tmp_path / "sweep.json")
+    assert isinstance(back2, SweepResult) and back2.points[1].meta.rate == 5
+    assert as_sweep(back).points[0].meta.rate == 2
+
+
+def test_plots(tmp_path):
+    from bench.plots import plot_all
+
+    a = run_sweep([1, 2, 3, 5], fake_run, system="A", mode="sim")
+    b = run_sweep([1, 2, 3], fake_run, system="B", mode="live")
+    made = plot_all([a, b], tmp_path, slo=0.3)
+    names = {p.name for p in made}
+    assert {"latency_vs_rate.png", "p95_latency_vs_rate.png", "latency_breakdown.png"} <= names
+    for p in made:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_simulate_sweep_and_plot(tmp_path, capsys):
+    common = ["--dataset", "fixed", "--input-len", "64", "--output-len", "16", "-n", "40",
+              "--cost-model", "opt-13b", "--max-batch-size", "8"]
+    out = tmp_path / "sweep.json"
+    assert main(["simulate-sweep", *common, "--loads", "0.5", "1.5",
+                 "--criterion", "normalized_latency.mean<=0.05", "--out", str(out),
+                 "--plot-dir", str(tmp_path / "plots")]) == 0
+    sweep = load_result(out)
+    assert isinstance(sweep, SweepResult) and sweep.capacity and len(sweep.points) == 2
+    assert [round(p.meta.load, 2) for p in sweep.points] == [0.5, 1.5]
+    # Overload shows up as queueing.
+    q = [p.summary.breakdown.queueing_share for p in sweep.points]
+    assert q[1] > q[0]
+    assert (tmp_path / "plots" / "latency_vs_rate.png").is_file()
+    run = tmp_path / "run.json"
+    assert main(["simulate", *common, "--rate", "5", "--slo-ttft", "1", "--out", str(run),
+                 "--save-records"]) == 0
+    res = load_result(run)
+    assert isinstance(res, RunResult) and len(res.records) == 40
+    assert res.summary.slo_attainment is not None
+    assert main(["plot", str(out), str(run), "--out-dir", str(tmp_path / "p2"), "--slo", "0.05"]) == 0
+    assert (tmp_path / "p2" / "latency_breakdown.png").is_file()
+    capsys.readouterr()
+    assert main(["workload", "--dataset", "fixed", "-n", "5", "--rate", "2",
+                 "--offline-num-requests", "3", "--offline-dataset", "fixed"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["num_requests"] == 8 and stats["num_offline"] == 3
+
+
+def test_cli_help():
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+
+
+def test_cli_compare_and_replay(tmp_path, capsys):
+    a = run_sweep([1, 2, 5], fake_run, system="live", mode="live")
+    save_result(a, tmp_path / "a.json")
+    b = a.model_copy(deep=True)
+    b.points[2].summary.normalized_latency.mean *= 1.1
+    save_result(b, tmp_path / "b.json")
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert "10.0%" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--tolerance", "0.05"]) == 1
+    # A recorded run's workload replays in the simulator.
+    run = fake_run(3)
+    run.meta.workload = WorkloadSpec.model_validate({"seed": 4, "streams": [{
+        "num_requests": 6, "lengths": {"dataset": "fixed", "input_len": 8, "output_len": 4},
+        "arrivals": {"rate": 3.0}}]})
+    save_result(run, tmp_path / "live.json")
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--workload-spec", str(tmp_path / "live.json"), "--cost-model",
+                 "opt-13b", "--out", str(out)]) == 0
+    sim = load_result(out)
+    assert sim.meta.rate == 3.0 and sim.summary.num_completed == 6
+    assert sim.meta.workload == run.meta.workload
