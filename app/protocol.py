@@ -89,6 +89,10 @@ class JobMetrics(BaseModel):
     queue_time: float  # arrival to first scheduled iteration
     ttft: float
     e2e: float
+    # Seconds of the iterations this job was part of (its attained service).
+    execution_time: float
+    # Seconds it waited for its KV to come back from the host tier.
+    swap_wait_time: float
     num_preemptions: int
 
 

@@ -43,6 +43,7 @@ _METRIC_FIELDS: dict[str, tuple[str, type]] = {
     "execution_time": ("execution_time", float),
     "exec_time": ("execution_time", float),
     "swap_time": ("swap_time", float),
+    "swap_wait_time": ("swap_time", float),
     "num_preemptions": ("num_preemptions", int),
     "preemptions": ("num_preemptions", int),
     "swap_bytes": ("swap_bytes", int),

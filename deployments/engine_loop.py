@@ -185,5 +185,7 @@ class EngineLoop:
             queue_time=(job.first_scheduled_time or arrival) - arrival,
             ttft=(job.first_token_time or arrival) - arrival,
             e2e=(job.finish_time or arrival) - arrival,
+            execution_time=job.attained_service,
+            swap_wait_time=job.swap_wait_time,
             num_preemptions=job.num_preemptions,
         )

@@ -21,8 +21,6 @@ class MLFQConfig(BaseModel):
     # from the TTFT SLO (half of it), so a starved job still meets it.
     starvation_s: float | None = Field(None, gt=0)
     slo_ttft_s: float = Field(5.0, gt=0)
-    # "naive": every job joins Q1; "fixed": priority from input length only.
-    variant: Literal["skip-join", "naive", "fixed"] = "skip-join"
 
     @property
     def starvation_threshold(self) -> float:

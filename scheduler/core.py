@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from scheduler.blocks import BlockManager
 from scheduler.config import SchedulerConfig
 from scheduler.job import Job, JobState
-from scheduler.plan import Plan, StepResult
+from scheduler.plan import BlockOpKind, Plan, StepResult
 from scheduler.policies import policy_class
 from scheduler.cost import CostEstimator
 from scheduler.policy import Clock
@@ -93,6 +93,11 @@ class SchedulerCore:
     def schedule(self) -> Plan:
         self._step += 1
         plan = self.policy.schedule(self._step)
+        if plan.block_ops:
+            now = self.clock()
+            for op in plan.block_ops:
+                if op.kind is BlockOpKind.SWAP_IN and op.block_index == 0:
+                    self.jobs[op.job_id].swap_in_issued_at = now
         # Drops of finished / aborted jobs' host copies go first.
         if self.swap.pending_ops:
             plan.block_ops[:0] = self.swap.take_pending()
@@ -105,6 +110,8 @@ class SchedulerCore:
         for job_id in result.swaps_in_done:
             landed = self.jobs.get(job_id)
             if landed is not None and landed.swap_pending is not None:
+                if landed.swap_in_issued_at is not None:
+                    landed.swap_wait_time += now - landed.swap_in_issued_at
                 self.swap.swap_in_done(landed)
         for job_id in result.swaps_in_failed:
             lost = self.jobs.get(job_id)

@@ -79,6 +79,9 @@ class Job:
     # A swap in flight: "swap_out" or "swap_in" until the engine reports it
     # done; the job is not runnable meanwhile.
     swap_pending: str | None = None
+    swap_in_issued_at: float | None = None
+    # Seconds this job waited for its KV to come back from the host tier.
+    swap_wait_time: float = 0.0
     # Seconds of iteration time this job has been part of (MLFQ, §4.1).
     attained_service: float = 0.0
     num_preemptions: int = 0

@@ -11,9 +11,8 @@ be preempted after any token; its KV stays on the device until memory is
 needed, and then it is swapped to the host (or dropped, `swap_mode:
 recompute`).
 
-`variant: naive` (everyone joins Q1) and `variant: fixed` (priority from
-input length, never demoted) are the paper's strawmen, for comparison;
-they register as `mlfq-naive` and `fixed-priority`.
+`mlfq-naive` (everyone joins Q1) and `fixed-priority` (priority from input
+length, never demoted or promoted) are the paper's strawmen, for comparison.
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ class MLFQPolicy(Policy):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         mc = self.config.mlfq
-        if self.name == MLFQPolicy.name:
-            self.variant = mc.variant
         q1 = mc.base_quantum_s
         if q1 is None:
             q1 = self.cost.decode_time(1) if self.cost is not None else _DEFAULT_Q1_S
