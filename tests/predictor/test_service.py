@@ -1,0 +1,66 @@
+"""PredictorService batches, and the Serve deployment class without a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from predictor.config import ModelConfig
+from predictor.model import build_predictor, save_predictor
+from predictor.service import PredictorService, bench_latency
+
+
+@pytest.fixture()
+def adapter(tiny_opt: Path, tmp_path: Path) -> Path:
+    cfg = ModelConfig(backbone=str(tiny_opt), lora_layers=2, head="bins", max_len=256, head_hidden=16)
+    model = build_predictor(cfg)
+    model.head.init_prior([40, 50, 60, 200], cfg)
+    out = tmp_path / "adapter"
+    save_predictor(model, out, {"length_tokenizer": str(tiny_opt)})
+    return out
+
+
+def test_service_predicts_positive_ints(adapter: Path) -> None:
+    svc = PredictorService(adapter, padding_ratio=0.15, max_batch_size=4)
+    prompts = ["write a poem", "", "explain quantum computing " * 30] + ["hi"] * 7
+    preds = svc.predict(prompts)
+    assert len(preds) == len(prompts)
+    for p in preds:
+        assert isinstance(p.predicted_len, int) and p.predicted_len >= 1
+        assert p.allocation >= p.predicted_len
+    # Batching does not change answers.
+    assert svc.predict_lengths(prompts[:1]) == [preds[0].predicted_len]
+    rows = bench_latency(svc, prompts, batch_sizes=(1, 4), reps=2)
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    assert all(r["ms_per_prediction"] > 0 and r["prompts"] == 8 for r in rows)
+
+
+def test_deployment_batches_without_a_cluster(adapter: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    serve = pytest.importorskip("ray.serve")
+    from types import SimpleNamespace
+
+    from deployments.predictor import Predictor, prediction_if_ready
+
+    # @serve.batch only reads max_ongoing_requests from the replica context
+    # (to warn); stand in for it rather than start Ray in a unit test.
+    monkeypatch.setattr(
+        serve, "get_replica_context",
+        lambda: SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=64)),
+    )
+
+    cls = Predictor.func_or_class  # the plain class under @serve.deployment
+    replica = cls(adapter_dir=str(adapter), padding_ratio=0.2)
+
+    async def go() -> list[dict[str, int]]:
+        return await asyncio.gather(*(replica.predict(f"prompt {i}") for i in range(20)))
+
+    calls: list[int] = []
+    inner = replica.service.predict_dicts
+    replica.service.predict_dicts = lambda prompts: (calls.append(len(prompts)), inner(prompts))[1]
+    out = asyncio.run(go())
+    assert len(out) == 20
+    assert max(calls) > 1 and sum(calls) == 20  # requests were batched
+    assert all(o["predicted_len"] >= 1 and o["allocation"] >= o["predicted_len"] for o in out)
+    assert prediction_if_ready(None) is None
