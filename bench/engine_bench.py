@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -47,13 +48,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.engine_bench",
         description="Prefill and decode throughput of our engine vs HF eager + DynamicCache.",
     )
-    p.add_argument("--model", default="embedded:smollm2", help="embedded:<name> or a local HF folder")
-    p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated, e.g. bfloat16,float32")
+    p.add_argument("--model", default="embedded:smollm2",
+                   help="embedded:<name> or a local HF folder")
+    p.add_argument("--dtypes", default="bfloat16,float32",
+                   help="comma-separated, e.g. bfloat16,float32")
     p.add_argument("--prefill-lens", type=_ints, default=[128, 512, 1024])
     p.add_argument("--decode-batches", type=_ints, default=[1, 8, 32])
     p.add_argument("--decode-context", type=int, default=128,
                    help="context per sequence (rounded down to a multiple of --block-size)")
-    p.add_argument("--decode-steps", type=int, default=4, help="timed decode steps per batch size")
+    p.add_argument("--decode-steps", type=int, default=8, help="timed decode steps per batch size")
     p.add_argument("--reps", type=int, default=2, help="timed prefill runs per length")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -64,13 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _timed(fn: Callable[[], object], reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
+def _time_once(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 # Our engine --------------------------------------------------------------
@@ -119,10 +119,8 @@ class OursBench:
             self.runner.remove_request(job)
         jobs = self._decode_jobs = [self._job() for _ in range(batch)]
         base = len(shared)
-        tables = [
-            shared + list(range(base + i * self.private_blocks, base + (i + 1) * self.private_blocks))
-            for i in range(batch)
-        ]
+        own = self.private_blocks
+        tables = [shared + list(range(base + i * own, base + (i + 1) * own)) for i in range(batch)]
         for job in jobs:
             # The shared prefill already produced output 0 for every job.
             self.runner.add_request(job, GREEDY, prompt, output_token_ids=[first])
@@ -213,6 +211,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
+    # Other processes on the machine skew absolute figures (not the
+    # interleaved ratios much): record how busy it was.
+    load_before = os.getloadavg()
     print(f"{'dtype':>9} {'measurement':<20} {'ours tok/s':>10} {'HF tok/s':>10} {'ours/HF':>7}")
     for dtype in [d for d in args.dtypes.split(",") if d]:
         ours = OursBench(args, dtype)
@@ -237,9 +238,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t_ours: list[float] = []
             t_hf: list[float] | None = None if hf is None else []
             for _ in range(args.reps):
-                t_ours += _timed(lambda: ours.prefill(p), 1)
+                t_ours.append(_time_once(lambda: ours.prefill(p)))
                 if hf is not None and t_hf is not None:
-                    t_hf += _timed(lambda: hf.prefill(p), 1)
+                    t_hf.append(_time_once(lambda: hf.prefill(p)))
             rows.append(_row(dtype, "prefill", n, n, t_ours, t_hf))
             _print_row(rows[-1])
 
@@ -273,6 +274,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "machine": platform.machine(),
+            # False: bf16 matmuls are emulated (the engine then computes its
+            # projections in float32, see engine/models/linear.py).
+            "cpu_native_bf16_matmul": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "wall_s": round(time.perf_counter() - started, 1),
         },
         "results": rows,

@@ -130,33 +130,40 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stop:
-            if not self.core.has_work and self._inbox.empty():
+            if not self._busy() and self._inbox.empty():
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
             self._wake.clear()
             t0 = time.perf_counter()
             deliveries = self._drain_inbox()
-            if self.core.has_work:
+            if self._busy():
                 deliveries += self._iterate()
             if deliveries:
                 self.deliver(deliveries)
             self.stats.loop_time += time.perf_counter() - t0
 
+    def _busy(self) -> bool:
+        # Drops of finished jobs' host copies also need a plan to ride on.
+        return self.core.has_work or bool(self.core.swap.pending_ops)
+
     def _iterate(self) -> list[Delivery]:
         plan = self.core.schedule()
-        if not plan.chunks:
-            # Nothing runnable (all waiting on memory that is not coming back
-            # this instant); yield the CPU instead of spinning.
-            time.sleep(0.001)
-            return []
         try:
+            # A plan without chunks still carries block ops, and its result
+            # reports swap-ins that landed meanwhile.
             result = self.runner.execute(plan)
         except Exception:
             log.exception("iteration %d failed; aborting its jobs", plan.step)
             return [self._fail(c.job_id) for c in plan.chunks]
-        self.stats.iterations += 1
-        self.stats.forward_time += result.iteration_time
+        if not plan.chunks:
+            # Everything runnable waits on a swap-in: let the copy land
+            # instead of spinning.
+            if self.core.has_work:
+                time.sleep(0.001)
+        else:
+            self.stats.iterations += 1
+            self.stats.forward_time += result.iteration_time
         events = self.core.complete(plan, result)
         out: list[Delivery] = []
         for ev in events:

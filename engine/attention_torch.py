@@ -47,7 +47,8 @@ class TorchAttentionMetadata(AttentionMetadata):
     # Flattened [num_decodes * max_blocks] block ids, padded with block 0
     # (masked).
     decode_block_tables: torch.Tensor | None
-    # [num_decodes, 1, 1, decode_max_context] bool.
+    # [num_decodes, 1, 1, decode_max_context] bool; None when no decode
+    # needs padding.
     decode_mask: torch.Tensor | None
     decode_max_context: int
     prefills: list[_PrefillSpan]
@@ -103,10 +104,11 @@ class TorchAttentionBackend(AttentionBackend):
             decode_block_tables = torch.tensor(
                 padded, dtype=torch.long, device=self.device
             ).view(-1)
-            ctx_t = torch.tensor(decode_ctx, device=self.device)
-            decode_mask = (
-                torch.arange(max_ctx, device=self.device)[None, :] < ctx_t[:, None]
-            ).view(num_decodes, 1, 1, max_ctx)
+            if min(decode_ctx) < max_ctx:  # no padding, no mask: a faster kernel path
+                ctx_t = torch.tensor(decode_ctx, device=self.device)
+                decode_mask = (
+                    torch.arange(max_ctx, device=self.device)[None, :] < ctx_t[:, None]
+                ).view(num_decodes, 1, 1, max_ctx)
         return TorchAttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             num_decodes=num_decodes,

@@ -18,6 +18,23 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 
+# Context long enough for any tokenizer's spacing rules, short enough that
+# finding a clean cut is cheap.
+_MIN_CONTEXT = 4
+_MAX_CONTEXT = 24
+
+
+def _clean_context(tokenizer: Any, prompt: Sequence[int], skip_special: bool) -> list[int]:
+    """The shortest prompt suffix of at least a few tokens that decodes
+    without a replacement character; none if there is no such suffix."""
+    prompt = list(prompt)
+    for n in range(min(_MIN_CONTEXT, len(prompt)), min(_MAX_CONTEXT, len(prompt)) + 1):
+        suffix = prompt[-n:]
+        if "\ufffd" not in tokenizer.decode(suffix, skip_special_tokens=skip_special):
+            return suffix
+    return []
+
+
 class _OffsetDecoder:
     """For tokenizers without a Rust backend: decode a short window twice
     and emit the difference, holding back while it ends in U+FFFD."""
@@ -32,8 +49,9 @@ class _OffsetDecoder:
 
     def step(self, token_id: int) -> str | None:
         self._ids.append(token_id)
-        before = self._tok.decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
-        after = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
+        decode = self._tok.decode
+        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
+        after = decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
         if after.endswith("\ufffd"):
             return None
         self._prefix, self._read = self._read, len(self._ids)
@@ -52,11 +70,12 @@ class IncrementalDetokenizer:
         self._skip = skip_special_tokens
         backend = getattr(tokenizer, "_tokenizer", None)
         self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
+        context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
         self._stream: DecodeStream | _OffsetDecoder
         if self._backend is not None:
-            self._stream = DecodeStream(ids=list(prompt_token_ids), skip_special_tokens=skip_special_tokens)
+            self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
         else:
-            self._stream = _OffsetDecoder(tokenizer, prompt_token_ids, skip_special_tokens)
+            self._stream = _OffsetDecoder(tokenizer, context, skip_special_tokens)
         self.stop = tuple(stop)
         # Tokens fed since the decoder last produced text (a split character).
         self._undecoded: list[int] = []

@@ -60,6 +60,18 @@ class KVCache:
     def value(self, layer: int) -> torch.Tensor:
         return self.data[layer, 1]
 
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """A copy of the blocks, `[n, num_layers, 2, block_size, kv_heads, head_dim]`
+        (all layers, K and V of one block together: the unit a host tier stores)."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return self.data.movedim(2, 0).index_select(0, idx)
+
+    def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
+        """Inverse of `read_blocks`."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        src = blocks.to(device=self.device, dtype=self.dtype).movedim(0, 2)
+        self.data.index_copy_(2, idx, src)
+
     @property
     def bytes_per_block(self) -> int:
         """Bytes one block occupies over all layers, K and V."""

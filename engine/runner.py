@@ -26,6 +26,7 @@ from engine.models import ForwardBatch, model_class
 from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler
 from engine.sampling_params import SamplingParams
+from engine.swapper import BlockSwapper, HostKVTier
 from engine.threads import pin_threads
 from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
 from engine.weights import iter_weights
@@ -45,6 +46,9 @@ class ModelRunner:
         attention_backend: str | None = None,
         seed: int | None = None,
     ) -> None:
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        # Before anything runs a kernel: the thread pool is sized on first use.
         self.num_threads = pin_threads(num_threads)
         self.model_path = resolve_model(str(model_path))
         self.dtype = parse_dtype(dtype)
@@ -73,11 +77,29 @@ class ModelRunner:
         )
         self.sampler = Sampler(seed=seed, device=self.device)
         self._requests: dict[str, RequestState] = {}
+        self.swapper: BlockSwapper | None = None
+        # How long an iteration with no chunks waits for a swap-in to land
+        # (so that a loop with nothing runnable does not spin).
+        self.swap_wait_s = 0.05
+
+    # KV tier --------------------------------------------------------------
+
+    def set_kv_tier(self, tier: HostKVTier) -> None:
+        """Enable SWAP_OUT / SWAP_IN / CHECKPOINT / DROP block ops through
+        `tier` (a `kvstore.tier.HostKVTier`)."""
+        self.swapper = BlockSwapper(self.kv_cache, tier)
+
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block over all layers, K and V (host tier sizing)."""
+        return self.kv_cache.bytes_per_block
 
     # Model facts for the ingress ------------------------------------------
 
     @property
     def vocab_size(self) -> int:
+        """Width of the logits (the model's vocabulary, which may be padded
+        past the tokenizer's)."""
         return self.model.vocab_size
 
     @property
@@ -124,8 +146,14 @@ class ModelRunner:
         )
 
     def remove_request(self, job_id: str) -> None:
-        """Forget a finished or aborted request (unknown ids are ignored)."""
+        """Forget a finished or aborted request (unknown ids are ignored).
+
+        A swap-in still in flight for it is abandoned: the scheduler may hand
+        its device blocks to another job at once.
+        """
         self._requests.pop(job_id, None)
+        if self.swapper is not None:
+            self.swapper.forget(job_id)
 
     def has_request(self, job_id: str) -> bool:
         return job_id in self._requests
@@ -137,30 +165,94 @@ class ModelRunner:
     # Iteration ------------------------------------------------------------
 
     def execute(self, plan: Plan) -> StepResult:
+        """Run one iteration: all chunks in one forward pass, then sampling.
+
+        Returns one `JobOutput` per chunk, in plan order: the sampled token,
+        its text delta and the finish reason ("stop" / "length") for
+        sampling chunks; `token_id=None` for a prefill chunk that does not
+        reach the end of its prompt.  `iteration_time` covers batch
+        preparation, the forward pass and sampling.
+
+        Block ops run first, in order (swap-outs copy their blocks before the
+        forward pass can overwrite them).  Swap-ins that have landed by the
+        end of the iteration are reported in `swaps_in_done`; a plan with no
+        chunks waits up to `swap_wait_s` for one.
+        """
         for job_id in plan.preempted:
-            # KV is dropped by the scheduler's bookkeeping alone (recompute);
-            # the request's state stays for when it is re-prefilled.
+            # The request's state (outputs, detokenizer, seed position)
+            # stays for when its KV is recomputed or swapped back in.
             state = self._requests.get(job_id)
             if state is not None:
                 state.num_preemptions += 1
-        for op in plan.block_ops:
-            if op.kind is not BlockOpKind.DROP:
+        if plan.block_ops:
+            if self.swapper is not None:
+                self.swapper.apply(plan.block_ops)
+            elif any(op.kind is not BlockOpKind.DROP for op in plan.block_ops):
+                kinds = sorted({op.kind.value for op in plan.block_ops})
                 raise NotImplementedError(
-                    f"block op {op.kind.value} needs the KV tier (kvstore), not wired yet"
+                    f"block ops {kinds} need a host KV tier: call set_kv_tier() first"
                 )
         if not plan.chunks:
-            return StepResult(plan.step, [], 0.0)
+            done, failed = self._poll_swaps(self.swap_wait_s)
+            return StepResult(plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed)
 
         start = time.perf_counter()
-        # Decodes first: the attention backend batches them in one call.
+        batch, sampled = self._prepare(plan)
+        with torch.inference_mode():
+            hidden = self.model(batch, self.kv_cache)
+            tokens: list[int] = []
+            if sampled:
+                logits = self.model.compute_logits(hidden)
+                tokens = self.sampler.sample(
+                    logits,
+                    [
+                        SampleRequest(s.params, c.output_index, s.banned_token_ids())
+                        for c, s in sampled
+                    ],
+                )
+        iteration_time = time.perf_counter() - start
+
+        results: dict[str, JobOutput] = {}
+        for (chunk, state), token in zip(sampled, tokens):
+            text, reason = state.append(token, self.max_model_len)
+            results[chunk.job_id] = JobOutput(chunk.job_id, token, reason, text)
+        outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
+        done, failed = self._poll_swaps(0.0)
+        return StepResult(
+            plan.step, outputs, iteration_time, swaps_in_done=done, swaps_in_failed=failed
+        )
+
+    def _poll_swaps(self, wait_s: float) -> tuple[list[str], list[str]]:
+        if self.swapper is None:
+            return [], []
+        return self.swapper.poll(wait_s)
+
+    def logits(self, plan: Plan) -> torch.Tensor:
+        """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order.
+
+        Runs the forward pass (writing the chunks' K/V into the cache) but
+        neither samples nor changes any request's state: for tests and
+        profiling.
+        """
+        batch, sampled = self._prepare(plan)
+        with torch.inference_mode():
+            logits = self.model.compute_logits(self.model(batch, self.kv_cache))
+        row = {c.job_id: i for i, (c, _) in enumerate(sampled)}
+        return logits[[row[c.job_id] for c in plan.chunks if c.sample]]
+
+    def _prepare(
+        self, plan: Plan
+    ) -> tuple[ForwardBatch, list[tuple[ScheduledChunk, RequestState]]]:
+        """Flatten the plan's chunks (decodes first: the attention backend
+        batches them in one call) into one forward batch."""
         ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
-        states = [self._state(c) for c in ordered]
-        sampled_chunks: list[tuple[ScheduledChunk, RequestState]] = []
+        sampled: list[tuple[ScheduledChunk, RequestState]] = []
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
         logits_indices: list[int] = []
-        for chunk, state in zip(ordered, states):
+        for chunk in ordered:
+            state = self._state(chunk)
             end = chunk.start_pos + chunk.num_tokens
             if end > self.max_model_len:
                 raise ValueError(
@@ -172,8 +264,7 @@ class ModelRunner:
             if chunk.sample:
                 self._check_sample_point(chunk, state)
                 logits_indices.append(len(input_ids) - 1)
-                sampled_chunks.append((chunk, state))
-
+                sampled.append((chunk, state))
         dev = self.device
         batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
@@ -181,26 +272,7 @@ class ModelRunner:
             attn_metadata=self.attn.build_metadata(spans),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
         )
-        with torch.inference_mode():
-            hidden = self.model(batch, self.kv_cache)
-            tokens: list[int] = []
-            if sampled_chunks:
-                logits = self.model.compute_logits(hidden)
-                tokens = self.sampler.sample(
-                    logits,
-                    [
-                        SampleRequest(s.params, c.output_index, s.banned_token_ids())
-                        for c, s in sampled_chunks
-                    ],
-                )
-        iteration_time = time.perf_counter() - start
-
-        results: dict[str, JobOutput] = {}
-        for (chunk, state), token in zip(sampled_chunks, tokens):
-            text, reason = state.append(token, self.max_model_len)
-            results[chunk.job_id] = JobOutput(chunk.job_id, token, reason, text)
-        outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
-        return StepResult(plan.step, outputs, iteration_time)
+        return batch, sampled
 
     def _state(self, chunk: ScheduledChunk) -> RequestState:
         try:

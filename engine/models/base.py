@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
+from engine.models.linear import LinearFn, linear_for
 
 
 @dataclass(slots=True)
@@ -37,7 +38,7 @@ class WeightTarget:
     """Where one checkpoint tensor goes: a parameter, or a row slice of one."""
 
     param: str
-    # For fused parameters (q|k|v, gate|up): index of the shard, whose row
+    # For fused parameters (q|k|v): index of the shard, whose row
     # sizes the model lists in `fused_shards`.
     shard: int | None = None
 
@@ -63,7 +64,8 @@ class CausalLM(nn.Module, ABC):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.device_ = device
+        # Every projection goes through this (see engine.models.linear).
+        self.linear: LinearFn = linear_for(dtype, device)
         # Backend chosen by the runner (`set_attention_backend`) before use.
         self.attn: AttentionBackend | None = None
 

@@ -161,36 +161,36 @@ class OPTForCausalLM(CausalLM):
         h_, hd = self.num_heads, self.head_dim
         x = F.embedding(batch.input_ids, self.embed)
         if self.project_in is not None:
-            x = F.linear(x, self.project_in)
+            x = self.linear(x, self.project_in)
         x = x + F.embedding(batch.positions + POSITION_OFFSET, self.embed_positions)
         for i, layer in enumerate(self.layers):
             residual = x
             if self.pre_norm:
                 x = layer.attn_norm(x)
-            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(d, dim=-1)
+            q, k, v = self.linear(x, layer.qkv, layer.qkv_bias).split(d, dim=-1)
             # The reference scales q before the product, not the scores.
             q = (q * self.scale).view(t, h_, hd)
             a = self.attn.forward(
                 q, k.view(t, h_, hd), v.view(t, h_, hd),
                 kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, 1.0,
             )
-            x = residual + F.linear(a.view(t, d), layer.out, layer.out_bias)
+            x = residual + self.linear(a.view(t, d), layer.out, layer.out_bias)
             if not self.pre_norm:
                 x = layer.attn_norm(x)
             residual = x
             if self.pre_norm:
                 x = layer.ffn_norm(x)
-            x = F.linear(self.act(F.linear(x, layer.fc1, layer.fc1_bias)), layer.fc2, layer.fc2_bias)
-            x = residual + x
+            x = self.act(self.linear(x, layer.fc1, layer.fc1_bias))
+            x = residual + self.linear(x, layer.fc2, layer.fc2_bias)
             if not self.pre_norm:
                 x = layer.ffn_norm(x)
         x = x[batch.logits_indices]
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.project_out is not None:
-            x = F.linear(x, self.project_out)
+            x = self.linear(x, self.project_out)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head).float()
+        return self.linear(hidden, head).float()

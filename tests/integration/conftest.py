@@ -35,7 +35,10 @@ def server():
 
     from app.builder import build_app
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Two applications (FCFS and MLFQ) each hold a 1-CPU engine bundle; the
+    # forward passes are pinned to one thread each, so logical CPUs may
+    # exceed the two physical cores.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(SMALL_CONFIG), name="llm", route_prefix="/")
@@ -52,6 +55,42 @@ def server():
     yield base
     serve.shutdown()
     ray.shutdown()
+
+
+MLFQ_CONFIG = {
+    **SMALL_CONFIG,
+    "policy": "mlfq",
+    "swap_mode": "proactive",
+    # A device cache of 40 blocks forces swapping under a handful of jobs.
+    "kv_cache_tokens": 640,
+    "max_model_len": 512,
+    "host_kv_tokens": 16384,
+    "mlfq": {"starvation_s": 2.0},
+}
+
+
+@pytest.fixture(scope="session")
+def mlfq_server(server):
+    """A second application, MLFQ with proactive swapping, on /mlfq."""
+    import httpx
+    from ray import serve
+
+    from app.builder import build_app
+
+    serve.run(build_app(MLFQ_CONFIG), name="mlfq", route_prefix="/mlfq")
+    base = f"{server}/mlfq"
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{base}/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "mlfq app did not come up"
+        time.sleep(0.5)
+    yield base
+
+
+@pytest.fixture(scope="session")
+def mlfq_engine(mlfq_server):
+    from ray import serve
+
+    return serve.get_deployment_handle("Engine", app_name="mlfq")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,128 @@
+"""Executes a plan's KV block operations against a host KV tier.
+
+The scheduler decides, this copies (the contract in `scheduler/plan.py`):
+
+- SWAP_OUT and CHECKPOINT: the job's device blocks are copied out *now*,
+  before the plan's forward pass may overwrite them (a swap-out's blocks are
+  already free in the scheduler's books and may be handed to a chunk of the
+  same plan); the copy then travels to the tier off the critical path.
+  CHECKPOINT leaves the device blocks in use (ConServe's incremental
+  checkpoint), which changes nothing here.
+- DROP: the tier forgets the job's host copy.
+- SWAP_IN: a fetch is started; when it lands, the blocks are written into
+  the device blocks the op names and the job is reported in
+  `StepResult.swaps_in_done` (or `swaps_in_failed` if the host copy is
+  gone), usually a later iteration than the one that asked.  A swap-in is
+  a move: the host copy is dropped once fetched, as the scheduler's
+  `SwapManager.swap_in_done` already counts its host blocks free.
+
+The tier is duck-typed (`HostKVTier` below, implemented by
+`kvstore.tier`), so the engine does not import the KV store package.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from engine.kv_cache import KVCache
+from scheduler.plan import BlockOp, BlockOpKind
+
+
+class HostKVTier(Protocol):
+    """What the engine needs from a host tier (see kvstore/tier.py)."""
+
+    def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor) -> Future[bool]: ...
+
+    def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]: ...
+
+    def drop(self, job_id: str) -> None: ...
+
+    def landed(self) -> list[tuple[str, torch.Tensor | None]]: ...
+
+
+@dataclass(slots=True)
+class _Fetch:
+    future: Future[torch.Tensor | None]
+    device_blocks: list[int]
+
+
+class BlockSwapper:
+    def __init__(self, kv_cache: KVCache, tier: HostKVTier) -> None:
+        self.kv_cache = kv_cache
+        self.tier = tier
+        self._fetches: dict[str, _Fetch] = {}
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._fetches)
+
+    def apply(self, ops: Sequence[BlockOp]) -> None:
+        """Run `ops` in plan order; copies out happen before this returns."""
+        i = 0
+        while i < len(ops):
+            # Consecutive ops of one kind for one job become one transfer.
+            j = i
+            while j < len(ops) and (ops[j].kind, ops[j].job_id) == (ops[i].kind, ops[i].job_id):
+                j += 1
+            self._apply_group(ops[i].kind, ops[i].job_id, ops[i:j])
+            i = j
+
+    def _apply_group(self, kind: BlockOpKind, job_id: str, ops: Sequence[BlockOp]) -> None:
+        indices = [op.block_index for op in ops]
+        device_blocks = [op.device_block for op in ops]
+        if kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
+            # A host copy: the tier serialises it on its own thread.
+            self.tier.offload(job_id, indices, self.kv_cache.read_blocks(device_blocks).cpu())
+        elif kind is BlockOpKind.DROP:
+            self.tier.drop(job_id)
+        elif kind is BlockOpKind.SWAP_IN:
+            if job_id in self._fetches:
+                raise RuntimeError(f"job {job_id}: a swap-in is already in flight")
+            self._fetches[job_id] = _Fetch(self.tier.fetch(job_id, indices), device_blocks)
+        else:  # pragma: no cover - exhaustive over BlockOpKind
+            raise ValueError(f"unknown block op {kind}")
+
+    def poll(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
+        """Install the fetches that have landed; returns (done, failed) jobs.
+
+        `wait_s > 0` blocks until at least one in-flight fetch completes or
+        the time is up (for an iteration with nothing else to do).
+        """
+        futures = [f.future for f in self._fetches.values()]
+        if wait_s > 0 and futures and not any(f.done() for f in futures):
+            cf.wait(futures, timeout=wait_s, return_when=cf.FIRST_COMPLETED)
+        # The futures are the record of what landed; the tier's queue only
+        # needs emptying so that it does not hold the fetched tensors.
+        self.tier.landed()
+        done: list[str] = []
+        failed: list[str] = []
+        for job_id, fetch in list(self._fetches.items()):
+            if not fetch.future.done():
+                continue
+            del self._fetches[job_id]
+            data = self._result(fetch.future)
+            self.tier.drop(job_id)
+            if data is None or data.shape[0] != len(fetch.device_blocks):
+                failed.append(job_id)
+                continue
+            self.kv_cache.write_blocks(fetch.device_blocks, data)
+            done.append(job_id)
+        return done, failed
+
+    def forget(self, job_id: str) -> None:
+        """Abandon `job_id`'s fetch: its device blocks may be reused at once."""
+        self._fetches.pop(job_id, None)
+
+    @staticmethod
+    def _result(future: Future[Any]) -> torch.Tensor | None:
+        try:
+            return future.result()
+        except Exception:  # a lost object, a dead actor: recompute instead
+            return None
+

@@ -1,0 +1,145 @@
+"""Shared test helpers: tiny random checkpoints, the HF reference, the driver loop."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.job import Job
+
+# Random prompts draw from this id range: ordinary tokens of the SmolLM2
+# tokenizer that the tiny models reuse, all inside their small vocabulary.
+TINY_VOCAB = 1024
+
+
+def save_random_model(config: object, tokenizer_src: Path, out: Path, seed: int = 0) -> Path:
+    """A randomly initialised HF model (with SmolLM2's tokenizer) saved to `out`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Sharper logits than the default init: random models with near-uniform
+    # logits have near-ties that make greedy parity a coin flip on rounding.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(out)
+    return out
+
+
+def load_hf(path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager", local_files_only=True
+    ).eval()
+
+
+@torch.inference_mode()
+def hf_greedy(model: torch.nn.Module, prompt: list[int], num_tokens: int) -> list[int]:
+    """The reference: greedy decoding with HF's own forward and KV cache,
+    one sequence at a time (no padding), ignoring EOS."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([prompt])
+    out: list[int] = []
+    for _ in range(num_tokens):
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        token = int(logits[0, -1].argmax())
+        out.append(token)
+        ids = torch.tensor([[token]])
+    return out
+
+
+def random_prompts(lengths: list[int], seed: int, vocab: int = TINY_VOCAB) -> dict[str, list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        f"job{i}": torch.randint(3, vocab, (n,), generator=gen).tolist()
+        for i, n in enumerate(lengths)
+    }
+
+
+@dataclass
+class DriveResult:
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    text: dict[str, str] = field(default_factory=dict)
+    finish: dict[str, str | None] = field(default_factory=dict)
+    num_preemptions: int = 0
+    # Preemptions of jobs that had already sampled tokens (mid-generation).
+    num_mid_generation_preemptions: int = 0
+    num_steps: int = 0
+    core: SchedulerCore | None = None
+
+
+def drive(
+    runner: ModelRunner,
+    prompts: dict[str, list[int]],
+    params: SamplingParams | dict[str, SamplingParams],
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_batch_tokens: int = 512,
+    max_batch_size: int = 32,
+    max_model_len: int = 256,
+    **sched_extra: object,
+) -> DriveResult:
+    """Run `prompts` to completion through the real scheduler core (FCFS)."""
+    assert block_size == runner.block_size
+    assert num_blocks <= runner.kv_cache.num_blocks
+    clock = itertools.count()
+    core = SchedulerCore(
+        SchedulerConfig(
+            policy="fcfs",
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_batch_size=max_batch_size,
+            max_batch_tokens=max_batch_tokens,
+            max_model_len=max_model_len,
+            **sched_extra,  # type: ignore[arg-type]
+        ),
+        clock=lambda: float(next(clock)),
+    )
+    result = DriveResult()
+    for job_id, prompt in prompts.items():
+        p = params[job_id] if isinstance(params, dict) else params
+        assert p.max_tokens is not None
+        core.add(Job(job_id, prompt, p.max_tokens, arrival_time=0.0))
+        runner.add_request(job_id, p, prompt)
+        result.tokens[job_id] = []
+        result.text[job_id] = ""
+    while core.has_work:
+        plan = core.schedule()
+        if not plan.chunks:  # only swaps in flight: the runner waits for them
+            swapper = runner.swapper
+            assert plan.block_ops or (swapper is not None and swapper.num_in_flight), (
+                "scheduler made no progress"
+            )
+        result.num_mid_generation_preemptions += sum(
+            1 for j in plan.preempted if core.jobs[j].num_output_tokens > 0
+        )
+        step = runner.execute(plan)
+        assert step.iteration_time > 0 or not plan.chunks
+        for ev in core.complete(plan, step):
+            assert ev.token_id is not None
+            result.tokens[ev.job_id].append(ev.token_id)
+            result.text[ev.job_id] += ev.text
+            if ev.finished:
+                result.finish[ev.job_id] = ev.finish_reason
+                runner.remove_request(ev.job_id)
+        result.num_steps += 1
+        assert result.num_steps < 10_000
+    core.blocks.check()
+    assert core.blocks.num_free == num_blocks
+    result.num_preemptions = core.num_preemptions
+    result.core = core
+    return result

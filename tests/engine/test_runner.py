@@ -1,0 +1,157 @@
+"""ModelRunner behaviour: stop conditions, seeds across preemption, bf16, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from scheduler.plan import BlockOp, BlockOpKind, Plan, ScheduledChunk
+from tests.engine.helpers import drive, random_prompts
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_path: Path) -> ModelRunner:
+    return ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=96, block_size=4,
+                       max_model_len=80, num_threads=1)
+
+
+def _greedy(n: int, **kw: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, **kw)  # type: ignore[arg-type]
+
+
+def _run(runner: ModelRunner, prompt: list[int], params: SamplingParams, **sched: int):
+    sched = {"num_blocks": 96, "block_size": 4, "max_model_len": 80} | sched
+    got = drive(runner, {"j": prompt}, params, **sched)
+    return got.tokens["j"], got.text["j"], got.finish["j"]
+
+
+PROMPT = random_prompts([9], seed=3)["job0"]
+
+
+def test_stop_token_ids_and_min_tokens(tiny: ModelRunner) -> None:
+    free, _, _ = _run(tiny, PROMPT, _greedy(8, ignore_eos=True))
+    # A stop token ends the request and its text is not returned.
+    toks, text, reason = _run(tiny, PROMPT, _greedy(8, stop_token_ids=[free[2]]))
+    assert toks == free[:3] and reason == "stop"
+    assert text == tiny.tokenizer.decode(free[:2])
+    # min_tokens: the stop token cannot be sampled before 4 outputs exist.
+    toks, _, _ = _run(tiny, PROMPT, _greedy(8, stop_token_ids=[free[0]], min_tokens=4))
+    assert len(toks) >= 4 and free[0] not in toks[:4]
+
+
+def test_eos_and_ignore_eos(tiny: ModelRunner) -> None:
+    free, _, _ = _run(tiny, PROMPT, _greedy(6, ignore_eos=True))
+    saved = tiny.eos_token_ids
+    tiny.eos_token_ids = {free[1]}  # snapshotted by add_request
+    try:
+        toks, _, reason = _run(tiny, PROMPT, _greedy(6))
+        assert toks == free[:2] and reason == "stop"
+        toks, _, reason = _run(tiny, PROMPT, _greedy(6, ignore_eos=True))
+        assert toks == free and reason == "length"
+        toks, _, reason = _run(tiny, PROMPT, _greedy(6, min_tokens=3))
+        assert len(toks) >= 3 and free[1] not in toks[:3]
+    finally:
+        tiny.eos_token_ids = saved
+
+
+def test_max_model_len_finishes_with_length(tiny: ModelRunner) -> None:
+    prompt = random_prompts([75], seed=4)["job0"]
+    toks, _, reason = _run(tiny, prompt, _greedy(50, ignore_eos=True))
+    assert len(toks) == 5 and reason == "length"
+
+
+def test_stop_string_truncates(smollm2_runner: ModelRunner) -> None:
+    r = smollm2_runner
+    prompt = r.tokenizer.encode("The capital of France is", add_special_tokens=False)
+    _, full, _ = _run(r, prompt, _greedy(12, ignore_eos=True))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    toks, text, reason = _run(r, prompt, _greedy(12, ignore_eos=True, stop=[stop, "zzzz"]))
+    assert reason == "stop" and text == full[: full.index(stop)]
+    assert len(toks) < 12
+
+
+def test_seeded_sampling_survives_preemption_and_batching(tiny: ModelRunner) -> None:
+    prompts = random_prompts([5, 23, 41, 60, 2], seed=5)
+    params = {
+        j: SamplingParams(temperature=1.0, top_p=0.95, seed=100 + i, max_tokens=12, ignore_eos=True)
+        for i, j in enumerate(prompts)
+    }
+    together = drive(tiny, prompts, params, num_blocks=96, block_size=4, max_model_len=80)
+    squeezed = drive(tiny, prompts, params, num_blocks=20, block_size=4, max_model_len=80,
+                     max_batch_tokens=24)
+    assert squeezed.num_mid_generation_preemptions > 0
+    assert squeezed.tokens == together.tokens
+    for j, p in prompts.items():
+        alone = drive(tiny, {j: p}, params[j], num_blocks=96, block_size=4, max_model_len=80)
+        assert alone.tokens[j] == together.tokens[j]
+    # Unseeded sampling is random, not greedy.
+    hot = SamplingParams(temperature=1.5, max_tokens=12, ignore_eos=True)
+    greedy = drive(tiny, prompts, _greedy(12, ignore_eos=True), num_blocks=96, block_size=4,
+                   max_model_len=80)
+    hot_run = drive(tiny, prompts, hot, num_blocks=96, block_size=4, max_model_len=80)
+    assert hot_run.tokens != greedy.tokens
+
+
+def test_prefill_chunk_without_sampling(tiny: ModelRunner) -> None:
+    tiny.add_request("p", _greedy(4), PROMPT)
+    try:
+        first = ScheduledChunk("p", PROMPT[:4], 0, [0, 1, 2], sample=False, output_index=0)
+        res = tiny.execute(Plan(1, [first]))
+        assert [(o.job_id, o.token_id, o.text) for o in res.outputs] == [("p", None, "")]
+        rest = ScheduledChunk("p", PROMPT[4:], 4, [0, 1, 2], sample=True, output_index=0)
+        res = tiny.execute(Plan(2, [rest]))
+        assert res.outputs[0].token_id is not None and res.iteration_time > 0
+    finally:
+        tiny.remove_request("p")
+
+
+def test_contract_errors(tiny: ModelRunner) -> None:
+    with pytest.raises(KeyError, match="never added"):
+        tiny.execute(Plan(1, [ScheduledChunk("ghost", [5], 0, [0], True, 0)]))
+    tiny.add_request("e", _greedy(4), PROMPT)
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            tiny.add_request("e", _greedy(4), PROMPT)
+        bad = ScheduledChunk("e", PROMPT, 0, [0, 1, 2], sample=True, output_index=3)
+        with pytest.raises(RuntimeError, match="scheduler samples output 3"):
+            tiny.execute(Plan(1, [bad]))
+        op = BlockOp(BlockOpKind.SWAP_OUT, "e", 0, 0)
+        with pytest.raises(NotImplementedError, match="swap_out"):
+            tiny.execute(Plan(2, [], block_ops=[op]))
+        assert tiny.execute(Plan(3)).outputs == []
+    finally:
+        tiny.remove_request("e")
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        tiny.add_request("empty", _greedy(1), [])
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_opt350_path", "smollm2_path"])
+def test_bfloat16_runs_with_finite_logits(fixture: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(fixture)
+    prompt = PROMPT[:6]
+    logits = {}
+    for dtype in ("float32", "bfloat16"):
+        r = ModelRunner(path, dtype, "cpu", num_blocks=8, block_size=4, max_model_len=32,
+                        num_threads=1)
+        r.add_request("b", _greedy(2), prompt)
+        logits[dtype] = r.logits(Plan(1, [ScheduledChunk("b", prompt, 0, [0, 1], True, 0)]))
+        assert r.kv_cache.data.dtype == r.model.embed.dtype
+    assert logits["bfloat16"].dtype == torch.float32
+    assert torch.isfinite(logits["bfloat16"]).all()
+    # bf16 keeps ~3 significant digits: the logits agree to a loose tolerance.
+    err = (logits["bfloat16"] - logits["float32"]).abs().max()
+    assert err < 0.05 * logits["float32"].abs().max() + 0.1
+
+
+def test_model_facts_for_the_ingress(smollm2_runner: ModelRunner) -> None:
+    r = smollm2_runner
+    assert r.vocab_size == 49152
+    assert 2 in r.eos_token_ids
+    assert r.chat_template is not None
+    ids = r.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert r.tokenizer.decode(ids).rstrip().endswith("assistant")

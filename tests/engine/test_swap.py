@@ -1,0 +1,111 @@
+"""KV block ops through a host tier: copies, and transparency of swapping."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.kv_cache import KVCache
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.swapper import BlockSwapper
+from kvstore.tier import LocalHostTier
+from scheduler.plan import BlockOp, BlockOpKind, Plan
+from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts
+
+
+def test_read_write_blocks_roundtrip() -> None:
+    cache = KVCache(3, 8, 4, 2, 5, torch.float32, "cpu")
+    cache.data.copy_(torch.randn_like(cache.data))
+    got = cache.read_blocks([6, 1])
+    assert got.shape == (2, 3, 2, 4, 2, 5)
+    assert torch.equal(got[0, 2, 1], cache.value(2)[6])
+    cache.write_blocks([0, 3], got)
+    assert torch.equal(cache.key(1)[0], cache.key(1)[6])
+    assert torch.equal(cache.value(0)[3], cache.value(0)[1])
+
+
+def test_swapper_moves_blocks_and_reports_landing() -> None:
+    cache = KVCache(2, 8, 4, 2, 3, torch.bfloat16, "cpu")
+    cache.data.copy_(torch.randn_like(cache.data))
+    before = cache.read_blocks([2, 5]).clone()
+    tier = LocalHostTier(capacity_bytes=10**6)
+    sw = BlockSwapper(cache, tier)
+    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 2), BlockOp(BlockOpKind.SWAP_OUT, "j", 1, 5)])
+    cache.data.zero_()  # the freed blocks get overwritten by others
+    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 7), BlockOp(BlockOpKind.SWAP_IN, "j", 1, 0)])
+    done: list[str] = []
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        done, failed = sw.poll(wait_s=0.05)
+        assert not failed
+    assert done == ["j"] and sw.num_in_flight == 0
+    assert torch.equal(cache.read_blocks([7, 0]), before)
+    # Unknown host copy: the fetch fails and says so.
+    sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1), BlockOp(BlockOpKind.SWAP_IN, "j", 0, 1)])
+    deadline = time.monotonic() + 5
+    failed = []
+    while not failed and time.monotonic() < deadline:
+        _, failed = sw.poll(wait_s=0.05)
+    assert failed == ["j"]
+
+
+NEW = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def swap_runner(tiny_llama_path: Path) -> ModelRunner:
+    return ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=96, block_size=4,
+                       max_model_len=80, num_threads=1)
+
+
+@pytest.mark.parametrize("host_bytes", [10**8, 1], ids=["host-fits", "host-refuses"])
+def test_swapping_is_transparent(
+    swap_runner: ModelRunner, tiny_llama_path: Path, host_bytes: int
+) -> None:
+    prompts = random_prompts([5, 23, 41, 60, 1], seed=1)
+    hf = load_hf(tiny_llama_path)
+    expected = {j: hf_greedy(hf, p, NEW) for j, p in prompts.items()}
+    tier = LocalHostTier(capacity_bytes=host_bytes)
+    swap_runner.set_kv_tier(tier)
+    try:
+        got = drive(swap_runner, prompts, GREEDY, num_blocks=20, block_size=4, max_model_len=80,
+                    max_batch_tokens=24, swap_mode="reactive", host_kv_blocks=64)
+        assert got.core is not None
+        # Host copies of the last jobs to finish: their DROPs wait for the
+        # next plan, which a drained scheduler never makes.
+        swap_runner.execute(Plan(0, [], block_ops=got.core.swap.take_pending()))
+    finally:
+        swap_runner.swapper = None
+    assert got.tokens == expected
+    swap = got.core.swap
+    assert swap.num_swap_out > 0 and swap.num_swap_in > 0
+    if host_bytes > 1:
+        assert swap.num_recompute_fallbacks == 0 and tier.stats.fetches > 0
+    else:
+        # Every offload was refused: every swap-in fails over to recompute.
+        assert swap.num_recompute_fallbacks > 0 and tier.stats.offload_failures > 0
+    for j, p in prompts.items():
+        assert got.text[j] == swap_runner.tokenizer.decode(got.tokens[j])
+    tier.flush()
+    assert tier.used == 0
+
+
+def test_block_ops_without_tier_and_profiler_probe(swap_runner: ModelRunner) -> None:
+    # DROP needs no tier; the others do.
+    swap_runner.execute(Plan(1, [], block_ops=[BlockOp(BlockOpKind.DROP, "x", -1, -1)]))
+    # The start-up profiler times a swap round trip with an unregistered job.
+    swap_runner.set_kv_tier(LocalHostTier(capacity_bytes=10**7))
+    try:
+        out = [BlockOp(BlockOpKind.SWAP_OUT, "probe", i, i) for i in range(3)]
+        inn = [BlockOp(BlockOpKind.SWAP_IN, "probe", i, i) for i in range(3)]
+        swap_runner.execute(Plan(2, [], block_ops=out))
+        res = swap_runner.execute(Plan(3, [], block_ops=inn))
+        assert res.swaps_in_done == ["probe"]
+    finally:
+        swap_runner.swapper = None
+    assert swap_runner.kv_block_bytes == swap_runner.kv_cache.bytes_per_block
