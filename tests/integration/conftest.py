@@ -61,8 +61,10 @@ MLFQ_CONFIG = {
     **SMALL_CONFIG,
     "policy": "mlfq",
     "swap_mode": "proactive",
-    # A device cache of 40 blocks forces swapping under a handful of jobs.
-    "kv_cache_tokens": 640,
+    # 32 device blocks and 4 batch slots for 8 jobs of ~5 blocks each:
+    # idle jobs must make room, by swapping.
+    "kv_cache_tokens": 512,
+    "max_batch_size": 4,
     "max_model_len": 512,
     "host_kv_tokens": 16384,
     "mlfq": {"starvation_s": 2.0},
