@@ -9,20 +9,34 @@ for paper-scale results, or the table fitted by the profiler to our engine.
 The loop, per iteration:
   1. admit every request whose arrival time is <= now;
   2. plan = core.schedule();
-  3. iteration time = cost(plan's batch shape) + swap time of its block
-     copies (on the critical path; with `overlap_swap` they run on a side
-     stream and only the part longer than the compute is exposed, FastServe
-     §4.2 proactive swapping);
+  3. iteration time = cost(plan's batch shape) + the swap time of its block
+     copies, modelled two ways (PCIe 4.0 x16, `cost.swap_time`):
+       * default (reactive swapping, FastServe Fig. 9a): every copy of the
+         plan, out and in, runs on the critical path before the forward
+         pass: the iteration lasts compute + copy time, and the plan's
+         swap-ins have landed when it ends;
+       * `overlap_swap` (proactive swapping, FastServe §4.2 / Fig. 9b): the
+         copies run on side streams, one per PCIe direction.  Swap-outs
+         (device -> host) overlap the forward pass, but the iteration cannot
+         end before they are done (their blocks were freed for reuse), so
+         only the part longer than the compute is exposed.  Swap-ins
+         (host -> device) queue on their own lane and land after their copy
+         time, possibly iterations later, without stalling the batch; the
+         scheduler learns of them through `StepResult.swaps_in_done` at the
+         first iteration boundary after they land.  If nothing is runnable
+         meanwhile the clock jumps to the next landing (or arrival);
   4. advance the clock, sample one token (an arbitrary id) per chunk that
      samples, core.complete(); the core finishes a job when it reaches its
      max_tokens, which is the request's output length (ignore_eos);
-  5. when nothing is runnable, jump to the next arrival.
+  5. when nothing is runnable, jump to the next arrival (or swap-in landing).
 
 Each job's E2E latency splits into execution (compute time of the
 iterations it was part of), swapping (the exposed copy time of those
-iterations, plus whole iterations spent waiting for its own swap-in: "blocked
-by the swapping mechanism") and queueing (the rest: waiting for admission
-and time spent preempted) -- FastServe Figures 1 and 15b.
+iterations, plus the time from the issue of its own swap-in to the
+iteration boundary that reports it landed: "blocked by the swapping
+mechanism", an upper bound since the job might not have been scheduled
+earlier anyway) and queueing (the rest: waiting for admission and time spent
+preempted) -- FastServe Figures 1 and 15b.
 
 Output: the same `RequestRecord`s a live run produces, so metrics and plots
 are computed by the same code.
@@ -30,6 +44,7 @@ are computed by the same code.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import math
 import time
@@ -51,6 +66,22 @@ SAMPLED_TOKEN_ID = 1
 
 class SimulationError(RuntimeError):
     pass
+
+
+class SLOAbort(SimulationError):
+    """The run was stopped early: a lower bound of its mean normalized
+    latency already exceeds `SimOptions.abort_mean_normalized_latency`, so it
+    cannot meet that SLO (saves the time of simulating a collapse)."""
+
+    def __init__(self, bound: float, at: float, finished: int, total: int) -> None:
+        super().__init__(
+            f"mean normalized latency >= {bound:.4f} s/token at t={at:.1f}s "
+            f"({finished}/{total} finished): the SLO cannot be met"
+        )
+        self.bound = bound
+        self.at = at
+        self.finished = finished
+        self.total = total
 
 
 class VirtualClock:
@@ -102,6 +133,11 @@ class SimOptions(BaseModel):
     max_iterations: int | None = None
     # Stop admitting new requests after this virtual time (None: all).
     max_time: float | None = None
+    # Raise `SLOAbort` as soon as a lower bound of the mean normalized
+    # latency over all requests exceeds this (finished jobs count exactly,
+    # unfinished ones as (now - arrival) / output tokens, requests not yet
+    # arrived as 0).  None: never.
+    abort_mean_normalized_latency: float | None = None
 
 
 @dataclass
@@ -111,7 +147,13 @@ class SimStats:
     wall_time: float = 0.0  # real seconds the simulation took
     num_preemptions: int = 0
     swap_blocks: int = 0
+    swap_in_blocks: int = 0
+    swap_out_blocks: int = 0
     swap_bytes: int = 0
+    # Copy time that lengthened iterations (on the critical path).
+    exposed_swap_time: float = 0.0
+    # Busy time of the host -> device lane (overlap mode).
+    swap_in_lane_busy: float = 0.0
     sum_batch_size: int = 0
     sum_batch_tokens: int = 0
     # Saturated throughput: requests finished while the waiting queue was
@@ -134,7 +176,11 @@ class SimStats:
             "wall_time": self.wall_time,
             "num_preemptions": self.num_preemptions,
             "swap_blocks": self.swap_blocks,
+            "swap_in_blocks": self.swap_in_blocks,
+            "swap_out_blocks": self.swap_out_blocks,
             "swap_bytes": self.swap_bytes,
+            "exposed_swap_time": self.exposed_swap_time,
+            "swap_in_lane_busy": self.swap_in_lane_busy,
             "mean_batch_size": self.sum_batch_size / it,
             "mean_batch_tokens": self.sum_batch_tokens / it,
             "saturated_throughput": self.saturated_throughput,
@@ -208,6 +254,41 @@ def simulate(
             exec_time[r.request_id] = 0.0
             swap_time[r.request_id] = 0.0
 
+    # Swap-ins in flight (overlap mode): (landing time, seq, job id).
+    in_flight: list[tuple[float, int, str]] = []
+    issued_at: dict[str, float] = {}
+    in_lane_free = 0.0  # host -> device copy lane
+    seq = 0
+
+    abort_nl = opts.abort_mean_normalized_latency
+    nl_done = 0.0  # Σ E2E / output over finished jobs
+    counted: set[str] = set()
+
+    def _check_abort(now: float) -> None:
+        nonlocal nl_done
+        bound = 0.0
+        for jid, job in jobs.items():
+            if job.finish_time is not None:
+                if jid not in counted:
+                    counted.add(jid)
+                    nl_done += (job.finish_time - job.arrival_time) / max(job.num_output_tokens, 1)
+            else:
+                bound += (now - job.arrival_time) / max(job.max_tokens, 1)
+        bound = (bound + nl_done) / max(n, 1)
+        if bound > abort_nl:
+            raise SLOAbort(bound, now, core.num_finished, n)
+
+    def landed_by(t: float) -> list[str]:
+        done: list[str] = []
+        while in_flight and in_flight[0][0] <= t + 1e-12:
+            _, _, jid = heapq.heappop(in_flight)
+            done.append(jid)
+            t0 = issued_at.pop(jid, None)
+            if t0 is not None and jid in swap_time:
+                # Blocked on its own swap-in from issue to the report.
+                swap_time[jid] += clock.now - t0
+        return done
+
     while True:
         admit()
         if not core.has_work:
@@ -219,6 +300,16 @@ def simulate(
             raise SimulationError(f"stopped after max_iterations={opts.max_iterations}")
         plan = core.schedule()
         if plan.is_empty:
+            if in_flight:
+                # Idle until a swap-in lands (or a request arrives).
+                nxt = in_flight[0][0]
+                if i < n:
+                    nxt = min(nxt, reqs[i].arrival_time)
+                clock.now = max(clock.now, nxt)
+                done = landed_by(clock.now)
+                if done:
+                    core.complete(plan, StepResult(plan.step, [], 0.0, swaps_in_done=done))
+                continue
             if i < n:
                 clock.now = max(clock.now, reqs[i].arrival_time)
                 continue
@@ -234,41 +325,59 @@ def simulate(
         else:
             idle_plans = 0
         compute = cost.iteration_time(shape)
-        swap = cost.swap_time(shape.swap_blocks) if shape.swap_blocks else 0.0
-        exposed_swap = max(0.0, swap - compute) if opts.overlap_swap else swap
-        dt = compute + exposed_swap
+        ins: dict[str, int] = {}  # job -> blocks, in op order
+        n_out = 0
+        for op in plan.block_ops:
+            if op.kind is BlockOpKind.SWAP_IN:
+                ins[op.job_id] = ins.get(op.job_id, 0) + 1
+            elif op.kind is not BlockOpKind.DROP:
+                n_out += 1
+        n_in = sum(ins.values())
+        start = clock.now
+        if opts.overlap_swap:
+            out_t = cost.swap_time(n_out) if n_out else 0.0
+            exposed_swap = max(0.0, out_t - compute)
+            dt = compute + exposed_swap
+            for jid, nb in ins.items():
+                lane_start = max(in_lane_free, start)
+                in_lane_free = lane_start + cost.swap_time(nb)
+                stats.swap_in_lane_busy += in_lane_free - lane_start
+                seq += 1
+                heapq.heappush(in_flight, (in_lane_free, seq, jid))
+                issued_at[jid] = start
+        else:
+            swap = cost.swap_time(n_in + n_out) if (n_in + n_out) else 0.0
+            exposed_swap = swap
+            dt = compute + swap
+            for jid in ins:
+                seq += 1
+                heapq.heappush(in_flight, (start + dt, seq, jid))
+                issued_at[jid] = start
         # Jobs left waiting by this plan: the batch runs saturated.
         backlog = policy.num_waiting() > 0
         clock.now += dt
         stats.iterations += 1
         stats.busy_time += dt
+        stats.exposed_swap_time += exposed_swap
         stats.num_preemptions += len(plan.preempted)
         stats.sum_batch_size += len(plan.chunks)
         stats.sum_batch_tokens += shape.num_tokens
-        swapped_in: list[str] = []
-        if shape.swap_blocks:
-            stats.swap_blocks += shape.swap_blocks
+        if n_in or n_out:
+            stats.swap_blocks += n_in + n_out
+            stats.swap_in_blocks += n_in
+            stats.swap_out_blocks += n_out
             for op in plan.block_ops:
-                if op.kind is BlockOpKind.DROP:
-                    continue
-                swap_blocks[op.job_id] = swap_blocks.get(op.job_id, 0) + 1
-                if op.kind is BlockOpKind.SWAP_IN and op.job_id not in swapped_in:
-                    swapped_in.append(op.job_id)
+                if op.kind is not BlockOpKind.DROP:
+                    swap_blocks[op.job_id] = swap_blocks.get(op.job_id, 0) + 1
         for c in plan.chunks:
             exec_time[c.job_id] += compute
             if exposed_swap:
                 swap_time[c.job_id] += exposed_swap
-        if swapped_in:
-            in_batch = {c.job_id for c in plan.chunks}
-            for jid in swapped_in:
-                # Blocked on its own swap-in for this whole iteration.
-                if jid in swap_time and jid not in in_batch:
-                    swap_time[jid] += dt
         outputs = [JobOutput(c.job_id, SAMPLED_TOKEN_ID) for c in plan.chunks if c.sample]
         result = StepResult(plan.step, outputs, dt)
-        if swapped_in:
-            # A synchronous engine: this plan's swap-ins landed with it.
-            result.swaps_in_done = swapped_in  # type: ignore[attr-defined]
+        done = landed_by(clock.now)
+        if done:
+            result.swaps_in_done = done
         events = core.complete(plan, result)
         now = clock.now
         for ev in events:
@@ -276,6 +385,8 @@ def simulate(
         if backlog:
             stats.last_backlog_time = now
             stats.finished_at_last_backlog = core.num_finished
+        if abort_nl is not None and stats.iterations % 64 == 0:
+            _check_abort(now)
 
     stats.swap_bytes = stats.swap_blocks * block_bytes
     stats.wall_time = time.perf_counter() - wall0

@@ -149,6 +149,7 @@ class Engine:
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
             "tokens_out": ls.tokens_out,
+            "recent_forward_s": list(ls.recent_forward),
             "open_streams": len(self._streams),
             "swap": {
                 "swap_outs": self.core.swap.num_swap_out,

@@ -13,7 +13,8 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from app.protocol import GenerateRequest, JobMetrics
@@ -45,6 +46,8 @@ class LoopStats:
     # forward_time is the control overhead (planning, bookkeeping, delivery).
     loop_time: float = 0.0
     tokens_out: int = 0
+    # Forward times of the latest iterations, for steady-state figures.
+    recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
 
 
 Deliver = Callable[[list[Delivery]], None]
@@ -164,6 +167,7 @@ class EngineLoop:
         else:
             self.stats.iterations += 1
             self.stats.forward_time += result.iteration_time
+            self.stats.recent_forward.append(result.iteration_time)
         events = self.core.complete(plan, result)
         out: list[Delivery] = []
         for ev in events:
