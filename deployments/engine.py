@@ -16,11 +16,11 @@ from collections import defaultdict
 from typing import Any, AsyncIterator
 
 from ray import serve
-from ray.util import metrics
 
 from app.config import AppConfig
 from app.protocol import GenerateDelta, GenerateRequest
 from deployments.engine_loop import Delivery, EngineLoop
+from deployments.engine_metrics import EngineMetrics
 from scheduler.core import SchedulerCore
 
 log = logging.getLogger("ray.serve")
@@ -80,15 +80,7 @@ class Engine:
         self._streams: dict[str, asyncio.Queue[Delivery]] = {}
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver)
         self.loop.start()
-        tags = {"replica": self.replica_id}
-        self._g_running = metrics.Gauge("engine_running_jobs", "Jobs in the running batch", tag_keys=("replica",))
-        self._g_waiting = metrics.Gauge("engine_waiting_jobs", "Jobs waiting or preempted", tag_keys=("replica",))
-        self._g_kv = metrics.Gauge("engine_kv_utilization", "Share of device KV blocks in use", tag_keys=("replica",))
-        self._c_preempt = metrics.Counter("engine_preemptions", "Jobs preempted", tag_keys=("replica",))
-        self._c_tokens = metrics.Counter("engine_generated_tokens", "Tokens generated", tag_keys=("replica",))
-        for m in (self._g_running, self._g_waiting, self._g_kv, self._c_preempt, self._c_tokens):
-            m.set_default_tags(tags)
-        self._reported = (0, 0)
+        self.metrics = EngineMetrics(self.replica_id)
         self._reporter = asyncio.create_task(self._report_loop())
 
     # Called on the loop thread once per iteration with all its tokens.
@@ -174,21 +166,28 @@ class Engine:
         while True:
             try:
                 s = self.core.stats()
-                queued = sum(j.max_total_tokens - j.num_computed_tokens
-                             for j in list(self.core.jobs.values()))
-                self._g_running.set(s.num_running)
-                self._g_waiting.set(s.num_waiting)
-                self._g_kv.set(1 - s.num_free_blocks / s.num_blocks)
-                prev_p, prev_t = self._reported
-                if s.num_preemptions > prev_p:
-                    self._c_preempt.inc(s.num_preemptions - prev_p)
-                if self.loop.stats.tokens_out > prev_t:
-                    self._c_tokens.inc(self.loop.stats.tokens_out - prev_t)
-                self._reported = (s.num_preemptions, self.loop.stats.tokens_out)
+                swap = self.core.swap
+                pol = self.core.policy
+                self.metrics.update({
+                    "num_running": s.num_running,
+                    "num_waiting": s.num_waiting,
+                    "kv_utilization": 1 - s.num_free_blocks / s.num_blocks,
+                    "host_used_blocks": swap.host_used,
+                    "num_preemptions": s.num_preemptions,
+                    "tokens_out": self.loop.stats.tokens_out,
+                    "blocks_out": swap.blocks_out,
+                    "blocks_in": swap.blocks_in,
+                    "recompute_fallbacks": swap.num_recompute_fallbacks,
+                    "demotions": getattr(pol, "num_demotions", None),
+                    "promotions": getattr(pol, "num_promotions", None),
+                }, pol.queue_lengths() if hasattr(pol, "queue_lengths") else None)
                 if self.scheduler is not None:
+                    # list() copies the dict under the GIL; the loop thread
+                    # may add or drop jobs meanwhile.
+                    jobs = list(self.core.jobs.values())
+                    queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
                     await self.scheduler.report_load.remote(
-                        self.replica_id, s.num_blocks, s.num_free_blocks, queued,
-                        len(self.core.jobs))
+                        self.replica_id, s.num_blocks, s.num_free_blocks, queued, len(jobs))
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)

@@ -16,7 +16,9 @@ from ray import serve
 from scheduler.placement import Placement
 
 
-@serve.deployment(name="Scheduler", num_replicas=1, max_ongoing_requests=10_000)
+# Access logs off: engines report their load twice a second.
+@serve.deployment(name="Scheduler", num_replicas=1, max_ongoing_requests=10_000,
+                  logging_config={"enable_access_log": False})
 class Scheduler:
     def __init__(self, stale_after_s: float = 10.0) -> None:
         self.placement = Placement(stale_after_s=stale_after_s)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Live FastServe comparison on this machine: FCFS vs skip-join MLFQ, same
+# swap mode, ShareGPT (ignore_eos, total length <= MAX_TOTAL), Poisson at
+# the rates given.  Writes bench/results/fastserve_live/{fcfs,mlfq}.json
+# and plots.  Usage: bash bench/fastserve_live.sh [N] [RATE...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export RAY_AUTH_MODE=disabled
+N=${1:-60}; shift || true
+RATES=${*:-0.4 0.7 1.0}
+MAX_TOTAL=${MAX_TOTAL:-320}
+OUT=bench/results/fastserve_live
+mkdir -p "$OUT"
+for policy in fcfs mlfq; do
+  serve run "bench/configs/$policy.yaml" > "$OUT/$policy.server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 120); do
+    curl -sf http://127.0.0.1:8000/health >/dev/null && break
+    sleep 2
+  done
+  python -m bench sweep --base-url http://127.0.0.1:8000/v1 --system "$policy" \
+    --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
+    --rates $RATES --max-duration 900 --out "$OUT/$policy.json"
+  kill -INT $pid; wait $pid || true
+  ray stop --force >/dev/null 2>&1 || true
+done
+python -m bench plot "$OUT/fcfs.json" "$OUT/mlfq.json" --out-dir "$OUT"

@@ -1,0 +1,55 @@
+"""An engine replica's figures in the Ray dashboard (ray.util.metrics).
+
+Updated from the replica's own totals a few times a second, never from the
+iteration loop: counters advance by the difference since the last update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.util import metrics
+
+_GAUGES = {
+    "num_running": ("engine_running_jobs", "Jobs in the running batch"),
+    "num_waiting": ("engine_waiting_jobs", "Jobs waiting, preempted or swapped"),
+    "kv_utilization": ("engine_kv_utilization", "Share of device KV blocks in use"),
+    "host_used_blocks": ("engine_host_kv_blocks", "KV blocks held in the host tier"),
+}
+_COUNTERS = {
+    "num_preemptions": ("engine_preemptions", "Jobs preempted"),
+    "tokens_out": ("engine_generated_tokens", "Tokens generated"),
+    "blocks_out": ("engine_swap_out_blocks", "KV blocks swapped out to the host tier"),
+    "blocks_in": ("engine_swap_in_blocks", "KV blocks swapped back in"),
+    "recompute_fallbacks": ("engine_recompute_fallbacks",
+                            "Preemptions that recomputed because the host tier was full"),
+    "demotions": ("engine_mlfq_demotions", "MLFQ demotions"),
+    "promotions": ("engine_mlfq_promotions", "MLFQ starvation promotions"),
+}
+
+
+class EngineMetrics:
+    def __init__(self, replica: str) -> None:
+        tags = {"replica": replica}
+        self.gauges = {k: metrics.Gauge(n, d, tag_keys=("replica",)) for k, (n, d) in _GAUGES.items()}
+        self.counters = {k: metrics.Counter(n, d, tag_keys=("replica",)) for k, (n, d) in _COUNTERS.items()}
+        self.queues = metrics.Gauge("engine_mlfq_queue_length", "Jobs per MLFQ queue",
+                                    tag_keys=("replica", "queue"))
+        for m in (*self.gauges.values(), *self.counters.values(), self.queues):
+            m.set_default_tags(tags)
+        self._last: dict[str, float] = {}
+
+    def update(self, figures: dict[str, Any], queue_lengths: list[int] | None) -> None:
+        for key, gauge in self.gauges.items():
+            if key in figures:
+                gauge.set(figures[key])
+        for key, counter in self.counters.items():
+            value = figures.get(key)
+            if value is None:
+                continue
+            delta = value - self._last.get(key, 0)
+            if delta > 0:
+                counter.inc(delta)
+            self._last[key] = value
+        for i, n in enumerate(queue_lengths or []):
+            self.queues.set(n, tags={"queue": str(i + 1)})
