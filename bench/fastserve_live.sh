@@ -21,7 +21,11 @@ for policy in fcfs mlfq; do
   python -m bench sweep --base-url http://127.0.0.1:8000/v1 --system "$policy" \
     --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
     --rates $RATES --max-duration 900 --out "$OUT/$policy.json"
-  kill -INT $pid; wait $pid || true
+  kill -INT $pid
+  # `serve run` may linger after SIGINT; make sure the next policy starts clean.
+  for _ in $(seq 1 15); do kill -0 $pid 2>/dev/null || break; sleep 2; done
+  kill -9 $pid 2>/dev/null || true
+  wait $pid 2>/dev/null || true
   ray stop --force >/dev/null 2>&1 || true
 done
 python -m bench plot "$OUT/fcfs.json" "$OUT/mlfq.json" --out-dir "$OUT"

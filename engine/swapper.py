@@ -80,6 +80,9 @@ class BlockSwapper:
             # A host copy: the tier serialises it on its own thread.
             self.tier.offload(job_id, indices, self.kv_cache.read_blocks(device_blocks).cpu())
         elif kind is BlockOpKind.DROP:
+            # The job finished or was aborted: a fetch still in flight must
+            # not land in blocks that may already belong to another job.
+            self._fetches.pop(job_id, None)
             self.tier.drop(job_id)
         elif kind is BlockOpKind.SWAP_IN:
             if job_id in self._fetches:

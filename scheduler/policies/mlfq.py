@@ -35,6 +35,8 @@ _MIN_RESIDENCY_STEPS = 4
 _ARRIVAL_WINDOW_S = 10.0
 _RESERVE_HORIZON_S = 1.0
 _RESERVE_CAP = 0.25
+# Proactive swap-ins per iteration: at most 1/8 of the device blocks.
+_SWAP_IN_SHARE = 8
 
 
 class MLFQPolicy(Policy):
@@ -129,11 +131,19 @@ class MLFQPolicy(Policy):
                 # Demote by the next iteration's time (Algorithm 1, line 17):
                 # at least one level, further if that iteration alone would
                 # overrun the next quantum.
-                nxt = self.cost.decode_time(1) if self.cost is not None else 0.0
-                new = max(lvl + 1, self._join_level(nxt))
                 job = next(j for j in self.queues[lvl] if j.job_id == jid)
+                nxt = self._next_iteration_time(job, len(plan.chunks))
+                new = max(lvl + 1, self._join_level(nxt))
                 self._move(job, min(new, len(self.quanta) - 1))
                 self.num_demotions += 1
+
+    def _next_iteration_time(self, job: Job, batch_size: int) -> float:
+        if self.cost is None:
+            return 0.0
+        left = job.num_uncomputed_tokens
+        if left > 1:  # still prefilling: its next chunk
+            return self.cost.prefill_time(min(left, self.config.max_batch_tokens))
+        return self.cost.decode_time(max(1, batch_size))
 
     def _promote_starved(self, now: float) -> None:
         if self.variant == "fixed":
@@ -196,87 +206,76 @@ class MLFQPolicy(Policy):
         plan = Plan(step=step)
         order = self._order()
         enst = self.enst(now)
-        rank = {j.job_id: i for i, j in enumerate(order)}
-        swapping = self.swap_mode is not SwapMode.RECOMPUTE
+        pool = _VictimPool(order, enst, self._step, self.swapped_in_step)
 
         selected: list[Job] = []
         chunks: list[ScheduledChunk] = []
-        swapped_out_now: set[str] = set()
         budget = self.config.max_batch_tokens
+        # Batch slots: jobs whose KV is coming back (in flight or started
+        # now) hold one each, so swap-ins never go beyond what the next
+        # batches can run; a promoted job that would not be reached stays on
+        # the host instead of evicting someone for nothing (no thrashing).
+        slots = self.config.max_batch_size
         for job in order:
-            if len(selected) >= self.config.max_batch_size or budget <= 0:
+            pool.visit(job)
+            if slots <= 0 or budget <= 0:
                 break
             if job.swap_pending is not None:
+                slots -= 1
                 continue
             if job.num_host_blocks:
-                # Reactive part: it must run, so bring it back now.
-                if swapping and job.job_id not in swapped_out_now:
-                    self._swap_in(job, plan.block_ops, rank, enst, selected,
-                                  swapped_out_now)
+                # Not ready (Algorithm 1, line 24).  Reactive mode fetches it
+                # now that it must run; proactive mode leaves that to the
+                # ENST-ordered prefetch below, which bounds swap traffic.
+                if (self.swap_mode is SwapMode.REACTIVE
+                        and job.job_id not in pool.swapped_out
+                        and self._swap_in(job, plan.block_ops, pool)):
+                    slots -= 1
                 continue
             n = min(job.num_uncomputed_tokens, budget)
-            if not self._make_room(job, n, plan, selected, rank, enst, swapped_out_now):
+            if not self._make_room(job, n, plan, pool):
                 continue
             selected.append(job)
+            pool.taken.add(job.job_id)
             chunks.append(self.chunk_for(job, n))
             budget -= n
+            slots -= 1
 
         if self.swap_mode is SwapMode.PROACTIVE:
-            self._proactive(plan, selected, enst, swapped_out_now, now)
+            self._proactive(plan, pool, now)
         plan.chunks = chunks
         self.selected = selected
         return plan
 
-    def _victims(self, job: Job, selected: list[Job], rank: dict[str, int],
-                 enst: dict[str, float], must: bool) -> list[Job]:
-        """Device-holding jobs of lower priority than `job`, largest ENST first."""
-        cands = [j for j in self.level_jobs()
-                 if j is not job and j not in selected and j.block_table
-                 and j.swap_pending is None and rank[j.job_id] > rank[job.job_id]]
-        if not must:
-            cands = [j for j in cands if self._step - self.swapped_in_step.get(
-                j.job_id, -10**9) >= _MIN_RESIDENCY_STEPS]
-        cands.sort(key=lambda j: enst[j.job_id], reverse=True)
-        return cands
-
     def level_jobs(self) -> list[Job]:
         return [j for q in self.queues for j in q]
 
-    def _make_room(self, job: Job, n: int, plan: Plan, selected: list[Job],
-                   rank: dict[str, int], enst: dict[str, float],
-                   swapped_out_now: set[str]) -> bool:
+    def _evict_for(self, need: int, plan: Plan, pool: "_VictimPool",
+                   preempted: bool) -> bool:
+        """Free device blocks until `need` are free, from lower-priority idle
+        jobs, largest ENST first (FastServe §4.2); all or nothing."""
+        if self.blocks.num_free >= need:
+            return True
+        victims = pool.victims(need - self.blocks.num_free)
+        if victims is None:
+            return False
+        for v in victims:
+            self.evict(v, plan.block_ops)
+            pool.evicted(v)
+            if preempted:
+                plan.preempted.append(v.job_id)
+        return self.blocks.num_free >= need
+
+    def _make_room(self, job: Job, n: int, plan: Plan, pool: "_VictimPool") -> bool:
         if self.blocks.grow(job, n):
             return True
         need = self.blocks.blocks_needed(job, n)
-        victims = self._victims(job, selected, rank, enst, must=False) or \
-            self._victims(job, selected, rank, enst, must=True)
-        freeable = sum(len(v.block_table) for v in victims)
-        if self.blocks.num_free + freeable < need:
-            return False
-        for v in victims:
-            if self.blocks.num_free >= need:
-                break
-            self.evict(v, plan.block_ops)
-            plan.preempted.append(v.job_id)
-            if v.num_host_blocks:
-                swapped_out_now.add(v.job_id)
-        return self.blocks.grow(job, n)
+        return self._evict_for(need, plan, pool, preempted=True) and self.blocks.grow(job, n)
 
-    def _swap_in(self, job: Job, ops: list[BlockOp], rank: dict[str, int],
-                 enst: dict[str, float], selected: list[Job],
-                 swapped_out_now: set[str]) -> bool:
-        if not self.blocks.can_allocate(job.num_host_blocks):
-            # Make room from lower-priority idle jobs (reactive swap-out).
-            need = job.num_host_blocks - self.blocks.num_free
-            victims = self._victims(job, selected, rank, enst, must=False)
-            if sum(len(v.block_table) for v in victims) < need:
-                return False
-            for v in victims:
-                if self.blocks.num_free >= job.num_host_blocks:
-                    break
-                self.evict(v, ops)
-                if v.num_host_blocks:
-                    swapped_out_now.add(v.job_id)
+    def _swap_in(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> bool:
+        plan_ops = Plan(step=self._step, block_ops=ops)
+        if not self._evict_for(job.num_host_blocks, plan_ops, pool, preempted=False):
+            return False
         new_ops = self.swap.swap_in(job)
         if new_ops is None:
             return False
@@ -284,36 +283,99 @@ class MLFQPolicy(Policy):
         self.swapped_in_step[job.job_id] = self._step
         return True
 
-    def _proactive(self, plan: Plan, selected: list[Job], enst: dict[str, float],
-                   swapped_out_now: set[str], now: float) -> None:
-        """Keep the burst reserve free by swapping out the largest-ENST idle
-        jobs, and swap in the smallest-ENST swapped jobs that fit above it,
-        ahead of their turn (FastServe §4.2, Figure 9)."""
+    def _proactive(self, plan: Plan, pool: "_VictimPool", now: float) -> None:
+        """ENST-ordered residency (FastServe §4.2, Figure 9): keep the burst
+        reserve free by swapping out the largest-ENST idle jobs, and bring
+        the smallest-ENST swapped jobs back ahead of their turn, trading
+        places with idle residents whose ENST is larger.  Swap-ins per
+        iteration are capped so that the copies overlap the computation
+        instead of saturating the link."""
         reserve = self.reserve_target(now)
-        idle = [j for j in self.level_jobs()
-                if j not in selected and j.block_table and j.swap_pending is None
-                and self._step - self.swapped_in_step.get(j.job_id, -10**9)
-                >= _MIN_RESIDENCY_STEPS]
-        idle.sort(key=lambda j: enst[j.job_id], reverse=True)
-        for j in idle:
-            if self.blocks.num_free >= reserve:
+        idle = pool.idle_by_enst(settled_only=True)  # largest ENST first
+        while idle and self.blocks.num_free < reserve and self.swap.can_swap_out(idle[0]):
+            v = idle.pop(0)
+            self.evict(v, plan.block_ops)
+            pool.evicted(v)
+        budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
+        host = [j for j in self.level_jobs()
+                if j.num_host_blocks and j.swap_pending is None
+                and j.job_id not in pool.swapped_out]
+        host.sort(key=lambda j: pool.enst[j.job_id])
+        for h in host:
+            n = h.num_host_blocks
+            if n > budget and budget < self.blocks.num_blocks // _SWAP_IN_SHARE:
+                break  # (the first job always goes, however large)
+            while (self.blocks.num_free - n < reserve and idle
+                   and pool.enst[idle[0].job_id] > pool.enst[h.job_id]
+                   and self.swap.can_swap_out(idle[0])):
+                v = idle.pop(0)
+                self.evict(v, plan.block_ops)
+                pool.evicted(v)
+            if self.blocks.num_free - n < reserve:
                 break
-            if not self.swap.can_swap_out(j):
-                break
-            self.evict(j, plan.block_ops)
-            swapped_out_now.add(j.job_id)
-        swapped = [j for j in self.level_jobs()
-                   if j.num_host_blocks and j.swap_pending is None
-                   and j.job_id not in swapped_out_now]
-        swapped.sort(key=lambda j: enst[j.job_id])
-        for j in swapped:
-            if self.blocks.num_free - j.num_host_blocks < reserve:
-                break
-            ops = self.swap.swap_in(j)
+            ops = self.swap.swap_in(h)
             if ops is None:
                 break
             plan.block_ops += ops
-            self.swapped_in_step[j.job_id] = self._step
+            self.swapped_in_step[h.job_id] = self._step
+            budget -= n
+
+
+class _VictimPool:
+    """Device-holding jobs that one plan may evict, largest ENST first.
+
+    Built once per plan (not per eviction) so planning stays linear in the
+    number of jobs.  A job is a candidate once the priority walk has not yet
+    reached it (lower priority than every job being served) and it is
+    neither taken into the batch nor already evicted.
+    """
+
+    def __init__(self, order: list[Job], enst: dict[str, float], step: int,
+                 swapped_in_step: dict[str, int]) -> None:
+        self.enst = enst
+        self.visited: set[str] = set()
+        self.taken: set[str] = set()
+        self.swapped_out: set[str] = set()
+        holders = [j for j in order if j.block_table and j.swap_pending is None]
+        holders.sort(key=lambda j: enst[j.job_id], reverse=True)
+        self._holders = holders
+        self._settled = {j.job_id for j in holders
+                         if step - swapped_in_step.get(j.job_id, -10**9)
+                         >= _MIN_RESIDENCY_STEPS}
+
+    def visit(self, job: Job) -> None:
+        self.visited.add(job.job_id)
+
+    def evicted(self, job: Job) -> None:
+        self.taken.add(job.job_id)
+        if job.num_host_blocks:
+            self.swapped_out.add(job.job_id)
+
+    def _live(self) -> list[Job]:
+        return [j for j in self._holders if j.job_id not in self.taken and j.block_table]
+
+    def victims(self, need: int) -> list[Job] | None:
+        """Enough lower-priority idle jobs to free `need` blocks: settled
+        ones first (no ping-pong), freshly swapped-in ones only if that is
+        the only way; None if even all of them do not suffice."""
+        cands = [j for j in self._live() if j.job_id not in self.visited]
+        settled = [j for j in cands if j.job_id in self._settled]
+        for group in (settled, cands):
+            picked, freed = [], 0
+            for j in group:
+                if freed >= need:
+                    break
+                picked.append(j)
+                freed += len(j.block_table)
+            if freed >= need:
+                return picked
+        return None
+
+    def idle_by_enst(self, settled_only: bool) -> list[Job]:
+        out = self._live()
+        if settled_only:
+            out = [j for j in out if j.job_id in self._settled]
+        return out
 
 
 class NaiveMLFQPolicy(MLFQPolicy):

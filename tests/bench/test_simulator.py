@@ -160,3 +160,77 @@ def test_reactive_swapping_accounting():
     hidden = simulate(reqs, config, UnitCost(), SimOptions(overlap_swap=True))
     assert hidden.end_time < out.end_time
     assert [x.output_tokens for x in hidden.records] == [8, 8, 8]
+
+
+def test_swap_in_side_lane_by_hand():
+    """Reactive: copies on the critical path.  Overlap: swap-ins land after
+    their own copy time on the host -> device lane, the batch never waits for
+    them, and an idle engine jumps to the landing."""
+    if "swap_mode" not in SchedulerConfig.model_fields:
+        pytest.skip("scheduler without KV swapping")
+    reqs = [r(f"j{i}", 0.0, 4, 8) for i in range(3)]
+    config = sc(num_blocks=6, max_model_len=16, max_batch_tokens=16, swap_mode="reactive",
+                host_kv_blocks=64)
+    # Critical path: it6 [5,7] swaps j2's 2 blocks out (1 s) while j0, j1
+    # decode; j0, j1 finish at 9; it9 [9,11] swaps j2 back in (1 s of copy
+    # plus UnitCost's 1 s for any plan); j2 decodes from 11.
+    out = simulate(reqs, config, UnitCost())
+    j = by_id(out)
+    assert j["j0"].token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 8.0, 9.0]
+    assert j["j2"].token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 12.0, 13.0, 14.0]
+    assert j["j0"].swap_time == pytest.approx(1.0)
+    assert j["j2"].swap_time == pytest.approx(2.0)  # issue at 9, landed at 11
+    assert out.stats.exposed_swap_time == pytest.approx(2.0)
+    # Side lanes: the swap-out hides under the 1 s forward pass; j0, j1
+    # finish at 8; j2's swap-in (2 x 0.5 s) is issued at 8 and lands at 9.
+    out = simulate(reqs, config, UnitCost(), SimOptions(overlap_swap=True))
+    j = by_id(out)
+    assert j["j0"].token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert j["j2"].token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0]
+    assert j["j0"].swap_time == 0.0
+    assert j["j2"].swap_time == pytest.approx(1.0)  # issue at 8, landed at 9
+    assert out.stats.exposed_swap_time == 0.0
+    assert out.stats.swap_in_lane_busy == pytest.approx(1.0)
+    for x in out.records:
+        assert x.queueing_time + x.execution_time + x.swap_time == pytest.approx(x.e2e)
+
+
+def test_slo_abort_is_a_lower_bound():
+    from bench.simulator import SLOAbort
+
+    # Batch of one, 20 jobs of 10 tokens at t=0: the last waits ~190 s.
+    reqs = [r(f"j{i}", 0.0, 2, 10) for i in range(20)]
+    full = simulate(reqs, sc(max_batch_size=1), UnitCost())
+    mean_nl = summarize(full.records).normalized_latency.mean
+    with pytest.raises(SLOAbort) as e:
+        simulate(reqs, sc(max_batch_size=1), UnitCost(),
+                 SimOptions(abort_mean_normalized_latency=mean_nl / 2))
+    assert mean_nl / 2 < e.value.bound <= mean_nl
+    # A threshold the run meets never aborts.
+    again = simulate(reqs, sc(max_batch_size=1), UnitCost(),
+                     SimOptions(abort_mean_normalized_latency=mean_nl * 1.01))
+    assert [x.token_times for x in again.records] == [x.token_times for x in full.records]
+
+
+def test_idle_engine_waits_for_swap_in_landing():
+    """A plan of swap-ins alone costs no compute: the engine idles until the
+    copy lands (the clock jumps there), then runs the job."""
+    if "swap_mode" not in SchedulerConfig.model_fields:
+        pytest.skip("scheduler without KV swapping")
+
+    class TokenCost(UnitCost):
+        def iteration_time(self, shape: BatchShape) -> float:
+            return 1.0 if shape.num_tokens else 0.0
+
+    reqs = [r(f"j{i}", 0.0, 4, 8) for i in range(3)]
+    config = sc(num_blocks=6, max_model_len=16, max_batch_tokens=16, swap_mode="reactive",
+                host_kv_blocks=64)
+    out = simulate(reqs, config, TokenCost(), SimOptions(overlap_swap=True))
+    j2 = by_id(out)["j2"]
+    # Swap-in issued at 8 by a compute-free plan, lands at 9.
+    assert j2.token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0]
+    assert j2.swap_time == pytest.approx(1.0)
+    out = simulate(reqs, config, TokenCost())
+    j2 = by_id(out)["j2"]
+    # Critical path: the swap-out stalls it6 by 1 s, the swap-in plan [9,10].
+    assert j2.token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 11.0, 12.0, 13.0]

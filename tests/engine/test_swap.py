@@ -53,6 +53,22 @@ def test_swapper_moves_blocks_and_reports_landing() -> None:
     assert failed == ["j"]
 
 
+def test_drop_abandons_a_fetch_in_flight() -> None:
+    cache = KVCache(2, 8, 4, 2, 3, torch.float32, "cpu")
+    cache.data.copy_(torch.randn_like(cache.data))
+    tier = LocalHostTier(capacity_bytes=10**6)
+    sw = BlockSwapper(cache, tier)
+    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 3)])
+    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 5)])
+    # Aborted before the copy landed: block 5 may already be someone else's.
+    sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1)])
+    snapshot = cache.data.clone()
+    tier.flush()
+    assert sw.poll(wait_s=0.05) == ([], [])
+    assert sw.num_in_flight == 0
+    assert torch.equal(cache.data, snapshot)
+
+
 NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 

@@ -43,33 +43,37 @@ def test_local_tier_refuses_past_capacity():
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             namespace="kvstore-test")
+    # The integration tests may have started Ray in this session already.
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield ray
-    ray.shutdown()
+    if owned:
+        ray.shutdown()
 
 
 def test_object_store_blocks_survive_the_writer(ray_cluster):
     ray = ray_cluster
-    from kvstore.directory import get_or_create_directory
+    from kvstore.directory import DIRECTORY_NAMESPACE, KVDirectory
 
-    directory = get_or_create_directory(10**8)
+    directory = KVDirectory.options(name="kv-directory-test", lifetime="detached",
+                                    namespace=DIRECTORY_NAMESPACE).remote(10**8)
 
     @ray.remote(num_cpus=0)
     class Writer:
-        def write(self, seed: int) -> int:
+        def write(self, directory, seed: int) -> int:
             import torch
 
             from kvstore.tier import ObjectStoreTier
 
-            t = ObjectStoreTier(10**8)
+            t = ObjectStoreTier(10**8, directory=directory)
             g = torch.Generator().manual_seed(seed)
             data = torch.randn(5, 2, 3, 4, 2, 8, generator=g).to(torch.bfloat16)
             assert t.offload("job-a", list(range(5)), data).result()
             return t.stats.bytes_offloaded
 
     w = Writer.remote()
-    written = ray.get(w.write.remote(7))
+    written = ray.get(w.write.remote(directory, 7))
     ray.kill(w)  # the replica that offloaded the blocks dies
 
     reader = ObjectStoreTier(10**8, directory=directory)

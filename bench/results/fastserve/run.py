@@ -168,8 +168,9 @@ def exp1(gpu: str, systems: list[str], grid: list[float], tag: str = "",
 
 # ------------------------------------------------------------------ exp 2
 
-# A run whose mean NL provably exceeds this (s/token) is stopped and
-# reported as a lower bound (only to bound the time of a collapse).
+# A run whose mean NL provably exceeds max(this, 5x FCFS's at the same
+# ratio) s/token is stopped and reported as a lower bound (only to bound the
+# time of a collapse).
 EXP2_ABORT = 2.0
 
 
@@ -196,12 +197,18 @@ def exp2(gpu: str, ratios: list[float], load: float, systems: list[str]) -> None
             if s in ent["points"]:
                 continue
             print(f" {s}", flush=True)
+            fc = ent["points"].get("fcfs-reactive", {}).get("nl_mean")
+            abort = max(EXP2_ABORT, 5 * fc) if fc else EXP2_ABORT
             ent["points"][s] = point(base(gpu, rate, ["--io-ratio", f"{ratio:g}"] + SYSTEMS[s]),
-                                     abort=EXP2_ABORT)
+                                     abort=abort)
             save(path.name, res)
 
 
 # ------------------------------------------------------------------ exp 3
+
+
+# As EXP2_ABORT: bounds the time of a collapse (far above every curve).
+EXP3_ABORT = 1.0
 
 
 def exp3(gpu: str, rates: list[float], systems: list[str], extra: list[str] | None = None,
@@ -216,7 +223,7 @@ def exp3(gpu: str, rates: list[float], systems: list[str], extra: list[str] | No
         for r in rates:
             if f"{r:g}" in pts:
                 continue
-            pts[f"{r:g}"] = point(base(gpu, r, SYSTEMS[s] + (extra or [])))
+            pts[f"{r:g}"] = point(base(gpu, r, SYSTEMS[s] + (extra or [])), abort=EXP3_ABORT)
             save(path.name, res)
 
 
