@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.metrics import SLOSpec, format_summary, summarize
-from bench.results import RunMeta, RunResult, SweepResult, as_sweep, load_result, save_result
+from bench.metrics import SLOSpec, summarize
+from bench.results import RunMeta, RunResult, as_sweep, load_result
 from bench.workload import (
     ArrivalSpec,
     LengthSpec,
@@ -33,96 +33,18 @@ from bench.workload import (
     WorkloadSpec,
     build_workload,
 )
-from bench.dataset import DEFAULT_TOKENIZER, LengthFilter, ShareGPTPool, load_pool
+from bench.cli_output import _emit, _finish_sweep
+from bench.cli_args import (
+    _add_live_args,
+    _add_output_args,
+    _add_sim_args,
+    _add_slo_args,
+    _add_sweep_args,
+    _add_workload_args,
+)
+from bench.dataset import LengthFilter, ShareGPTPool, load_pool
 
 # ----------------------------------------------------------------- arguments
-
-
-def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("workload")
-    g.add_argument("--dataset", choices=["sharegpt", "fixed"], default="sharegpt")
-    g.add_argument("--num-requests", "-n", type=int, default=1000)
-    g.add_argument("--input-len", type=int, default=512, help="fixed: prompt tokens")
-    g.add_argument("--output-len", type=int, default=128, help="fixed: output tokens")
-    g.add_argument("--io-ratio", type=float, default=None,
-                   help="sharegpt: rescale input/output ratio keeping each total length "
-                        "(FastServe Fig. 14)")
-    g.add_argument("--rate", type=float, default=1.0, help="req/s of the (online) stream; inf = all at t=0")
-    g.add_argument("--cv", type=float, default=1.0,
-                   help="coefficient of variation of inter-arrival times (1 = Poisson; else Gamma)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--min-len", type=int, default=4, help="vLLM filter: min prompt/output tokens")
-    g.add_argument("--max-prompt-len", type=int, default=1024, help="vLLM filter")
-    g.add_argument("--max-total-len", type=int, default=2048, help="vLLM filter")
-    g.add_argument("--offline-num-requests", type=int, default=0,
-                   help="add an offline stream of this many requests (co-serving mix)")
-    g.add_argument("--offline-dataset", choices=["sharegpt", "fixed"], default="sharegpt")
-    g.add_argument("--offline-input-len", type=int, default=512)
-    g.add_argument("--offline-output-len", type=int, default=512)
-    g.add_argument("--offline-rate", type=float, default=math.inf)
-    g.add_argument("--workload-spec", type=Path, default=None,
-                   help="a WorkloadSpec JSON file, or a result JSON whose workload to replay "
-                        "(overrides the options above)")
-    g.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
-                   help="tokenizer for ShareGPT lengths (embedded:<name> or an HF folder)")
-
-
-def _add_slo_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("SLO (seconds)")
-    g.add_argument("--slo-ttft", type=float, default=None)
-    g.add_argument("--slo-tpot", type=float, default=None)
-    g.add_argument("--slo-e2e", type=float, default=None)
-    g.add_argument("--slo-normalized", type=float, default=None,
-                   help="normalized latency SLO, s/token (FastServe: 0.3 for OPT-13B)")
-
-
-def _add_output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=None, help="result JSON path")
-    p.add_argument("--save-records", action="store_true", help="keep per-request records in the JSON")
-    p.add_argument("--system", default=None, help="label of the system under test")
-
-
-def _add_sweep_args(p: argparse.ArgumentParser, loads: bool) -> None:
-    p.add_argument("--rates", type=float, nargs="+", default=None, help="arrival rates (req/s)")
-    if loads:
-        p.add_argument("--loads", type=float, nargs="+", default=None,
-                       help="loads: rates as fractions of the measured capacity")
-        p.add_argument("--bisect", action="store_true",
-                       help="refine the max rate meeting --criterion by bisection")
-    p.add_argument("--criterion", default=None,
-                   help="e.g. 'normalized_latency.mean<=0.3' or 'slo_attainment>=0.95'")
-    p.add_argument("--plot-dir", type=Path, default=None, help="also write the plots here")
-
-
-def _add_sim_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("cost model")
-    g.add_argument("--cost-model", default="opt-13b",
-                   help="opt-13b | opt-66b | opt-175b (analytic A100) or a cost table JSON (profile)")
-    g.add_argument("--gpu", choices=["a100-80gb", "a100-40gb"], default="a100-80gb")
-    g.add_argument("--tp", type=int, default=None, help="tensor parallel degree (preset default)")
-    g.add_argument("--pp", type=int, default=None, help="pipeline parallel degree (preset default)")
-    g.add_argument("--compute-efficiency", type=float, default=None)
-    g.add_argument("--memory-efficiency", type=float, default=None)
-    g.add_argument("--iteration-overhead", type=float, default=None,
-                   help="seconds added to each iteration (analytic default 1 ms; table 0)")
-    g = p.add_argument_group("scheduler")
-    g.add_argument("--policy", default="fcfs")
-    g.add_argument("--num-blocks", type=int, default=None,
-                   help="KV blocks (default: what the analytic model's GPU memory holds)")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--max-batch-size", type=int, default=256)
-    g.add_argument("--max-batch-tokens", type=int, default=2048)
-    g.add_argument("--max-model-len", type=int, default=2048)
-    g.add_argument("--sched-opt", action="append", default=[], metavar="KEY=JSON",
-                   help="any other SchedulerConfig field, e.g. swap_mode=\"proactive\"")
-    g.add_argument("--overlap-swap", action="store_true",
-                   help="KV copies overlap compute (proactive swapping, FastServe §4.2)")
-    g.add_argument("--capacity-basis", choices=["saturated", "mean-fixed"], default="saturated",
-                   help="what load 1.0 means: the workload's own saturated throughput, or that "
-                        "of fixed-length jobs of the workload's mean lengths")
-
-
-# ----------------------------------------------------------------- helpers
 
 
 def _workload_spec(a: argparse.Namespace) -> WorkloadSpec:
@@ -189,49 +111,6 @@ def _slo(a: argparse.Namespace) -> SLOSpec | None:
     return None if slo.empty else slo
 
 
-def _emit(res: RunResult, a: argparse.Namespace, title: str) -> None:
-    print(format_summary(res.summary, title))
-    if a.out is not None:
-        save_result(res if a.save_records else res.without_records(), a.out)
-        print(f"wrote {a.out}")
-
-
-def _sweep_table(sweep: SweepResult) -> str:
-    lines = [f"{'rate':>8} {'load':>6} {'done':>6} {'thr':>7} {'mean NL':>9} {'p95 NL':>9} "
-             f"{'p99 TTFT':>9} {'queue%':>7} {'attain%':>8}"]
-    for p in sweep.points:
-        s = p.summary
-        nl = s.normalized_latency
-        b = s.breakdown
-        lines.append(
-            f"{p.meta.rate or 0:8.3f} {p.meta.load if p.meta.load is not None else float('nan'):6.2f} "
-            f"{s.num_completed:6d} {s.request_throughput:7.3f} "
-            f"{(nl.mean or 0):9.4f} {(nl.p95 or 0):9.4f} {(s.ttft.p99 or 0):9.3f} "
-            f"{(100 * b.queueing_share if b else float('nan')):7.1f} "
-            f"{(100 * s.slo_attainment if s.slo_attainment is not None else float('nan')):8.1f}"
-        )
-    if sweep.criterion:
-        lines.append(f"max rate meeting {sweep.criterion}: {sweep.max_rate}")
-    if sweep.capacity:
-        lines.append(f"capacity (load 1.0): {sweep.capacity:.3f} req/s")
-    return "\n".join(lines)
-
-
-def _finish_sweep(sweep: SweepResult, a: argparse.Namespace, slo: SLOSpec | None) -> None:
-    print(_sweep_table(sweep))
-    if a.out is not None:
-        save_result(sweep, a.out)
-        print(f"wrote {a.out}")
-    if a.plot_dir is not None:
-        from bench.plots import plot_all
-
-        line = slo.normalized_latency if slo else None
-        if line is None and sweep.criterion and sweep.criterion.startswith("normalized_latency"):
-            line = float(sweep.criterion.split("<=")[-1])
-        for path in plot_all([sweep], a.plot_dir, slo=line):
-            print(f"wrote {path}")
-
-
 # ------------------------------------------------------------------ live
 
 
@@ -249,21 +128,6 @@ def _client_config(a: argparse.Namespace) -> Any:
         request_timeout=a.request_timeout,
         max_duration=a.max_duration,
     )
-
-
-def _add_live_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("server")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
-    g.add_argument("--model", default=None, help="default: the first of GET /models")
-    g.add_argument("--api-key", default=None)
-    g.add_argument("--no-ignore-eos", action="store_true", help="for servers without ignore_eos")
-    g.add_argument("--no-min-tokens", action="store_true", help="for servers without min_tokens")
-    g.add_argument("--max-concurrency", type=int, default=None)
-    g.add_argument("--request-timeout", type=float, default=600.0)
-    g.add_argument("--max-duration", type=float, default=None, help="seconds; stop sending and cut off")
-    g.add_argument("--metrics-url", default=None,
-                   help="Prometheus endpoint scraped before and after (server-wide counters)")
 
 
 def _live_once(wl: Workload, a: argparse.Namespace, slo: SLOSpec | None, rate: float | None) -> RunResult:
