@@ -44,5 +44,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         request_router_config=RequestRouterConfig(
             request_router_class="deployments.routing:PlacementRouter"),
     ).bind(config, scheduler)
+    predictor = None
+    if cfg.predictor.enabled:
+        from deployments.predictor import Predictor
+
+        predictor = Predictor.options(
+            ray_actor_options={"num_cpus": cfg.predictor.num_cpus},
+        ).bind(cfg.predictor.adapter, cfg.predictor.padding_ratio)
     return Ingress.options(ray_actor_options={"num_cpus": 0.05}).bind(
-        config, scheduler, engine)
+        config, scheduler, engine, predictor)

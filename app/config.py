@@ -14,6 +14,18 @@ from scheduler.config import MLFQConfig, SchedulerConfig
 from scheduler.policies import POLICIES
 
 
+class PredictorSettings(BaseModel):
+    """The response-length predictor beside the engines (EconoServe §3.3.2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    # A trained adapter folder; None: the one shipped in predictor/adapters.
+    adapter: str | None = None
+    padding_ratio: float = Field(0.15, ge=0.0, le=4.0)
+    num_cpus: float = Field(1.0, gt=0)
+
+
 class AppConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,6 +54,7 @@ class AppConfig(BaseModel):
     # Free device blocks kept for bursts (proactive); None: from arrivals.
     reserve_blocks: int | None = Field(None, ge=0)
     mlfq: MLFQConfig = MLFQConfig()
+    predictor: PredictorSettings = PredictorSettings()
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     # Engine replicas (one model instance each) and the CPUs each one takes.

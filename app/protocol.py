@@ -94,6 +94,8 @@ class JobMetrics(BaseModel):
     # Seconds it waited for its KV to come back from the host tier.
     swap_wait_time: float
     num_preemptions: int
+    # The predictor's response-length estimate, if it landed in time.
+    predicted_output_len: int | None = None
 
 
 class ErrorBody(BaseModel):

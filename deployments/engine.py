@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
 from typing import Any, AsyncIterator
 
 from ray import serve
@@ -124,6 +123,11 @@ class Engine:
             self._streams.pop(rid, None)
             if not done:  # cancelled: the client went away
                 self.loop.abort(rid)
+
+    async def set_prediction(self, request_id: str, predicted_len: int,
+                             replica: str | None = None) -> None:
+        """The predictor's response-length estimate for a running job."""
+        self.loop.set_prediction(request_id, predicted_len)
 
     async def stats(self) -> dict[str, Any]:
         s = self.core.stats()

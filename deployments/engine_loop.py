@@ -93,6 +93,10 @@ class EngineLoop:
         self._inbox.put(("abort", request_id))
         self._wake.set()
 
+    def set_prediction(self, request_id: str, predicted_len: int) -> None:
+        self._inbox.put(("predict", (request_id, predicted_len)))
+        self._wake.set()
+
     # Loop ---------------------------------------------------------------
 
     def _drain_inbox(self) -> list[Delivery]:
@@ -107,6 +111,11 @@ class EngineLoop:
                 err = self._add(payload)
                 if err is not None:
                     rejected.append(err)
+            elif kind == "predict":
+                rid, n = payload  # type: ignore[misc]
+                job = self.core.jobs.get(rid)
+                if job is not None:  # it may have finished already
+                    job.predicted_output_len = n
             else:
                 assert isinstance(payload, str)
                 self._jobs.pop(payload, None)
@@ -199,4 +208,5 @@ class EngineLoop:
             execution_time=job.attained_service,
             swap_wait_time=job.swap_wait_time,
             num_preemptions=job.num_preemptions,
+            predicted_output_len=job.predicted_output_len,
         )

@@ -38,7 +38,8 @@ log = logging.getLogger("ray.serve")
 @serve.deployment(name="Ingress", max_ongoing_requests=4096)
 @serve.ingress()
 class Ingress:
-    def __init__(self, config: dict[str, Any], scheduler: Any, engine: Any) -> None:
+    def __init__(self, config: dict[str, Any], scheduler: Any, engine: Any,
+                 predictor: Any = None) -> None:
         from transformers import AutoTokenizer
 
         from engine.model_source import resolve_model
@@ -48,6 +49,8 @@ class Ingress:
         self.vocab_size = len(self.tokenizer)
         self.scheduler = scheduler
         self.engine = engine.options(stream=True)
+        self.engine_calls = engine
+        self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
 
     def __serve_build_asgi_app__(self) -> Starlette:
@@ -82,11 +85,14 @@ class Ingress:
         req = await self._parse(request, CompletionRequest)
         if isinstance(req.prompt, str):
             ids = self.tokenizer(req.prompt)["input_ids"]
+            text = req.prompt
         else:
+            text = None
             ids = list(req.prompt)
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-        return await self._serve(req, ids, chat=False)
+            text = self.tokenizer.decode(ids)
+        return await self._serve(req, ids, chat=False, text=text)
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
@@ -99,7 +105,8 @@ class Ingress:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if req.max_completion_tokens is not None and req.max_tokens is None:
             req.max_tokens = req.max_completion_tokens
-        return await self._serve(req, ids, chat=True)
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        return await self._serve(req, ids, chat=True, text=users[-1] if users else text)
 
     # Plumbing -------------------------------------------------------------
 
@@ -139,11 +146,13 @@ class Ingress:
             stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, arrival_time=time.time())
 
-    async def _serve(self, req: Any, ids: list[int], chat: bool) -> Response:
+    async def _serve(self, req: Any, ids: list[int], chat: bool, text: str) -> Response:
         gen = self._generate_request(req, ids)
         replica = await self.scheduler.admit.remote(
             gen.request_id, len(ids), gen.max_tokens, gen.job_class)
         stream = self.engine.generate.remote(gen.model_dump(), replica=replica)
+        if self.predictor is not None:
+            self._predict(gen.request_id, text, replica)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
@@ -151,10 +160,31 @@ class Ingress:
                 media_type="text/event-stream")
         return await self._collect(gen, stream, chat, len(ids))
 
-    def _release(self, request_id: str, outcome: str) -> None:
-        task = asyncio.ensure_future(self.scheduler.release.remote(request_id, outcome))
+    def _predict(self, request_id: str, text: str, replica: str | None) -> None:
+        """Ask for the response length beside the job, never before it
+        (EconoServe §3.3.2): the job starts at once with an unknown length,
+        and the engine learns the estimate whenever it lands."""
+        from deployments.predictor import request_prediction
+
+        task = request_prediction(self.predictor, text)
+
+        def landed(t: "asyncio.Task[Any]") -> None:
+            pred = None if t.cancelled() else t.result()
+            if pred is not None:
+                self._background_call(self.engine_calls.set_prediction.remote(
+                    request_id, pred["predicted_len"], replica=replica))
+
+        task.add_done_callback(landed)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _background_call(self, call: Any) -> None:
+        task = asyncio.ensure_future(call)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _release(self, request_id: str, outcome: str) -> None:
+        self._background_call(self.scheduler.release.remote(request_id, outcome))
 
     async def _collect(self, gen: GenerateRequest, stream: Any, chat: bool, n_prompt: int) -> Response:
         text, n_out, finish, metrics = [], 0, None, None

@@ -130,3 +130,23 @@ def test_bad_request_and_failing_iteration_do_not_stop_the_loop():
         assert core.blocks.num_free == core.blocks.num_blocks
     finally:
         loop.stop()
+
+
+def test_prediction_reaches_a_running_job_and_is_ignored_after_it_ends():
+    runner = FakeRunner(step_s=0.01)
+    loop, sink, core = make_loop(runner)
+    try:
+        loop.submit(req("p", max_tokens=40))
+        deadline = time.monotonic() + 5
+        while "p" not in core.jobs:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        loop.set_prediction("p", 123)
+        sink.wait_finished({"p"})
+        last = next(d for d in sink.items if d.event.finished)
+        assert last.metrics.predicted_output_len == 123
+        loop.set_prediction("p", 5)  # too late: no job, no error
+        loop.submit(req("q", max_tokens=2))
+        sink.wait_finished({"q"})
+    finally:
+        loop.stop()

@@ -68,6 +68,8 @@ MLFQ_CONFIG = {
     "max_model_len": 512,
     "host_kv_tokens": 16384,
     "mlfq": {"starvation_s": 2.0},
+    # The length predictor beside it, with the shipped adapter.
+    "predictor": {"enabled": True, "num_cpus": 0.5},
 }
 
 

@@ -54,3 +54,8 @@ def test_swapped_jobs_produce_the_same_tokens(server, mlfq_server, mlfq_engine):
         assert got["choices"][0]["text"] == ref["choices"][0]["text"], p
         assert got["usage"]["completion_tokens"] == 64
     assert stats["swap"]["host_used_blocks"] == 0
+    # The predictor's estimates reached the engine while the jobs ran,
+    # without holding any of them back.
+    predicted = [r["metrics"]["predicted_output_len"] for r in concurrent]
+    assert sum(p is not None for p in predicted) >= len(PROMPTS) // 2, predicted
+    assert all(p is None or p >= 1 for p in predicted)
