@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import matplotlib
 
@@ -71,6 +71,10 @@ def latency_vs_rate(
     ):
         # Clip runaway points above the SLO, as FastServe's figures do.
         ax.set_ylim(0, slo * 1.7)
+    return _save(fig, ax, path, title)
+
+
+def _save(fig: Any, ax: Any, path: Path, title: str | None) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:
@@ -90,14 +94,7 @@ def attainment_vs_rate(sweeps: Sequence[SweepResult], path: Path, title: str | N
     ax.set_ylabel("SLO Attainment (%)")
     ax.set_ylim(0, 105)
     ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, title)
 
 
 def breakdown_bars(sweeps: Sequence[SweepResult], path: Path, title: str | None = None) -> Path | None:

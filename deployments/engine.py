@@ -130,6 +130,9 @@ class Engine:
         self.loop.set_prediction(request_id, predicted_len)
 
     async def stats(self) -> dict[str, Any]:
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         s = self.core.stats()
         ls = self.loop.stats
         return {
@@ -169,29 +172,16 @@ class Engine:
     async def _report_loop(self) -> None:
         while True:
             try:
-                s = self.core.stats()
-                swap = self.core.swap
-                pol = self.core.policy
-                self.metrics.update({
-                    "num_running": s.num_running,
-                    "num_waiting": s.num_waiting,
-                    "kv_utilization": 1 - s.num_free_blocks / s.num_blocks,
-                    "host_used_blocks": swap.host_used,
-                    "num_preemptions": s.num_preemptions,
-                    "tokens_out": self.loop.stats.tokens_out,
-                    "blocks_out": swap.blocks_out,
-                    "blocks_in": swap.blocks_in,
-                    "recompute_fallbacks": swap.num_recompute_fallbacks,
-                    "demotions": getattr(pol, "num_demotions", None),
-                    "promotions": getattr(pol, "num_promotions", None),
-                }, pol.queue_lengths() if hasattr(pol, "queue_lengths") else None)
+                snap = self._snapshot()
+                self.metrics.update(snap)
                 if self.scheduler is not None:
                     # list() copies the dict under the GIL; the loop thread
                     # may add or drop jobs meanwhile.
                     jobs = list(self.core.jobs.values())
                     queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
                     await self.scheduler.report_load.remote(
-                        self.replica_id, s.num_blocks, s.num_free_blocks, queued, len(jobs))
+                        self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
+                        len(jobs))
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)

@@ -39,7 +39,22 @@ class EngineMetrics:
             m.set_default_tags(tags)
         self._last: dict[str, float] = {}
 
-    def update(self, figures: dict[str, Any], queue_lengths: list[int] | None) -> None:
+    def update(self, snapshot: dict[str, Any]) -> None:
+        """From `Engine.stats()`'s snapshot, the one source of these figures."""
+        swap, policy = snapshot["swap"], snapshot["policy"]
+        figures = {
+            "num_running": snapshot["num_running"],
+            "num_waiting": snapshot["num_waiting"],
+            "kv_utilization": 1 - snapshot["free_blocks"] / snapshot["num_blocks"],
+            "host_used_blocks": swap["host_used_blocks"],
+            "num_preemptions": snapshot["num_preemptions"],
+            "tokens_out": snapshot["tokens_out"],
+            "blocks_out": swap["blocks_out"],
+            "blocks_in": swap["blocks_in"],
+            "recompute_fallbacks": swap["recompute_fallbacks"],
+            "demotions": policy.get("demotions"),
+            "promotions": policy.get("promotions"),
+        }
         for key, gauge in self.gauges.items():
             if key in figures:
                 gauge.set(figures[key])
@@ -51,5 +66,5 @@ class EngineMetrics:
             if delta > 0:
                 counter.inc(delta)
             self._last[key] = value
-        for i, n in enumerate(queue_lengths or []):
+        for i, n in enumerate(policy.get("queue_lengths") or []):
             self.queues.set(n, tags={"queue": str(i + 1)})

@@ -8,7 +8,7 @@ report.  Replicas that stop reporting are dropped (a killed replica).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -21,7 +21,6 @@ class ReplicaLoad:
     reported_at: float = 0.0
     # Tokens of jobs placed since the last report.
     placed_tokens: int = 0
-    jobs: set[str] = field(default_factory=set)
 
     @property
     def pressure(self) -> float:
@@ -60,11 +59,8 @@ class Placement:
             return None
         best = min(live, key=lambda r: (r.pressure, r.replica_id))
         best.placed_tokens += tokens
-        best.jobs.add(job_id)
         self.job_replica[job_id] = best.replica_id
         return best.replica_id
 
     def release(self, job_id: str) -> None:
-        rid = self.job_replica.pop(job_id, None)
-        if rid is not None and rid in self.replicas:
-            self.replicas[rid].jobs.discard(job_id)
+        self.job_replica.pop(job_id, None)

@@ -247,9 +247,6 @@ class MLFQPolicy(Policy):
         self.selected = selected
         return plan
 
-    def level_jobs(self) -> list[Job]:
-        return [j for q in self.queues for j in q]
-
     def _evict_for(self, need: int, plan: Plan, pool: "_VictimPool",
                    preempted: bool) -> bool:
         """Free device blocks until `need` are free, from lower-priority idle
@@ -297,7 +294,7 @@ class MLFQPolicy(Policy):
             self.evict(v, plan.block_ops)
             pool.evicted(v)
         budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
-        host = [j for j in self.level_jobs()
+        host = [j for j in self._order()
                 if j.num_host_blocks and j.swap_pending is None
                 and j.job_id not in pool.swapped_out]
         host.sort(key=lambda j: pool.enst[j.job_id])
