@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("profile", help="measure our engine; write a cost table JSON")
     q.add_argument("--model", default="embedded:smollm2")
-    q.add_argument("--dtype", default="bfloat16")
+    q.add_argument("--dtype", default="auto", help="auto: as the server resolves it")
     q.add_argument("--device", default="cpu")
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--block-size", type=int, default=16)

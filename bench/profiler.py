@@ -44,7 +44,8 @@ class ProfileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "embedded:smollm2"
-    dtype: str = "bfloat16"
+    # "auto" resolves as the server does (engine/dtypes.py resolve_dtype).
+    dtype: str = "auto"
     device: str = "cpu"
     num_threads: int | None = 1
     block_size: int = 16
@@ -128,9 +129,11 @@ def profile(
     runner_factory: Callable[..., Any] | None = None,
 ) -> CostTable:
     if runner_factory is None:
+        from engine.dtypes import resolve_dtype
         from engine.runner import ModelRunner
 
         runner_factory = ModelRunner
+        cfg = cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, cfg.device)})
     max_ctx = max(cfg.contexts + cfg.prefill_lens)
     bmax = max(cfg.decode_batches)
     per_job = -(-(max_ctx + 4 * cfg.repeats + 8) // cfg.block_size)

@@ -12,7 +12,11 @@ class MLFQConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_queues: int = Field(6, ge=1, le=32)
+    # None: enough queues that only a job which has already run about
+    # max_model_len iterations reaches the last (FIFO) one (see
+    # `MLFQPolicy`); too few queues put every job past its first few
+    # dozen tokens into one FIFO and bring head-of-line blocking back.
+    num_queues: int | None = Field(None, ge=1, le=32)
     # q1; None: the minimum iteration time of the cost model (the paper's rule).
     base_quantum_s: float | None = Field(None, gt=0)
     # q_{i+1} = ratio * q_i; the paper doubles.

@@ -127,6 +127,43 @@ def test_short_job_overtakes_long_one_unlike_fcfs(clock):
     assert finish_of_short("mlfq") < finish_of_short("fcfs") / 10
 
 
+def test_queue_count_covers_max_model_len(clock):
+    for max_len, expect in ((256, 9), (1024, 11), (2048, 12)):
+        pol = mlfq_core(clock, max_model_len=max_len, num_blocks=max_len // 4).policy
+        assert len(pol.quanta) == expect
+        assert pol.quanta[-1] >= max_len * pol.quanta[0] > pol.quanta[-2]
+    pol = mlfq_core(clock, mlfq=MLFQConfig(num_queues=3)).policy
+    assert len(pol.quanta) == 3
+
+
+def test_medium_job_overtakes_older_long_one_after_many_tokens(clock):
+    """A 60-token job arriving behind a 200-token one finishes first: with
+    enough queues it is never in the same FIFO as the older, longer job.
+    With three queues both reach the last one and FIFO order returns."""
+
+    def order(mlfq: MLFQConfig) -> list[str]:
+        from tests.scheduler.conftest import FakeClock
+
+        c = FakeClock()
+        core = mlfq_core(c, mlfq=mlfq, max_batch_size=1)
+        engine = FakeEngine(c, step_time=0.011)
+        core.add(make_job(4, 200, job_id="long"))
+        for _ in range(100):
+            p = core.schedule()
+            core.complete(p, engine.execute(p))
+        core.add(make_job(4, 60, job_id="medium"))
+        done: list[str] = []
+        while core.has_work:
+            before = set(core.jobs)
+            p = core.schedule()
+            core.complete(p, engine.execute(p))
+            done += sorted(before - set(core.jobs))
+        return done
+
+    assert order(MLFQConfig(starvation_s=100.0)) == ["medium", "long"]
+    assert order(MLFQConfig(starvation_s=100.0, num_queues=3)) == ["long", "medium"]
+
+
 def test_enst_orders_by_level_and_starvation(clock):
     core = mlfq_core(clock, mlfq=MLFQConfig(starvation_s=1.0))
     pol = core.policy
