@@ -56,6 +56,7 @@ each `Plan` the scheduler emits.  Two models:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -379,6 +380,15 @@ class CostTable(BaseModel):
     swaps: list[SwapMeasurement] = Field(default_factory=list)
     # Fitted coefficients, seconds per unit of each of TABLE_FEATURES.
     coef: dict[str, float] = Field(default_factory=dict)
+    # Decode-only iterations as measured, [batch, mean context, seconds]
+    # (medians per profiled point).  Decode time on a CPU is far from
+    # linear: one row is a matrix-vector product, a few rows a small GEMM
+    # (51 / 95 / 109 / 219 ms at batch 1 / 4 / 8 / 32, context 64, one EPYC
+    # thread), and the cost per context token grows with the batch once the
+    # gathered KV leaves the caches (batch 32: 220 / 575 / 1,400 ms at
+    # context 64 / 256 / 768).  So decodes are interpolated in this grid and
+    # only prefill work is linear (`coef`).
+    decode_grid: list[tuple[int, float, float]] = Field(default_factory=list)
     swap_per_block: float | None = None
     swap_const: float = 0.0
     # Mean absolute relative error of the fit over the measurements.
@@ -397,15 +407,72 @@ class CostTable(BaseModel):
         # and drops the per-iteration constant.
         w = 1.0 / np.maximum(y, 1e-9)
         c = fit_nonnegative(x * w[:, None], y * w)
-        pred = x @ c
-        err = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-9)))
-        upd: dict[str, Any] = {"coef": dict(zip(TABLE_FEATURES, map(float, c))), "fit_error": err}
+        upd: dict[str, Any] = {"coef": dict(zip(TABLE_FEATURES, map(float, c))),
+                               "fit_error": float(np.mean(np.abs(x @ c - y) / np.maximum(y, 1e-9)))}
+        grid = _decode_grid(ms)
+        if grid:
+            # Prefill work on top of the decodes it rides with.
+            px = np.asarray([[0.0 if m.decode_tokens else 1.0, m.prefill_tokens, m.prefill_attn,
+                              m.prefill_chunks] for m in ms if m.prefill_tokens])
+            py = np.asarray([m.time - decode_time(grid, m.decode_tokens, m.decode_context)
+                             for m in ms if m.prefill_tokens])
+            pw = 1.0 / np.asarray([m.time for m in ms if m.prefill_tokens])
+            pc = fit_nonnegative(px * pw[:, None], py * pw) if len(py) else np.zeros(4)
+            coef = dict.fromkeys(TABLE_FEATURES, 0.0)
+            coef.update(const=float(pc[0]), prefill_tokens=float(pc[1]),
+                        prefill_attn=float(pc[2]), prefill_chunks=float(pc[3]))
+            upd.update(coef=coef, decode_grid=grid)
+            tmp = self.model_copy(update=upd)
+            pred = np.asarray([TableCostModel(tmp).iteration_time(m.shape()) for m in ms])
+            upd["fit_error"] = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-9)))
         if self.swaps:
             sx = np.asarray([[1.0, s.blocks] for s in self.swaps])
             sy = np.asarray([s.time for s in self.swaps])
             sc = fit_nonnegative(sx, sy)
             upd["swap_const"], upd["swap_per_block"] = float(sc[0]), float(sc[1])
         return self.model_copy(update=upd)
+
+
+def _decode_grid(ms: list[Measurement]) -> list[tuple[int, float, float]]:
+    groups: dict[tuple[int, int], list[Measurement]] = {}
+    for m in ms:
+        if m.prefill_tokens == 0 and m.decode_tokens > 0:
+            ctx = m.decode_context / m.decode_tokens
+            # Points of one profiled (batch, context) differ by a few tokens.
+            groups.setdefault((m.decode_tokens, round(math.log2(max(ctx, 1.0)))), []).append(m)
+    return sorted(
+        (b, float(np.median([m.decode_context / b for m in g])), float(np.median([m.time for m in g])))
+        for (b, _), g in groups.items())
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Piecewise linear through the points; linear beyond the last two,
+    flat below the first."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (x - xs[-1])
+    return float(np.interp(x, xs, ys))
+
+
+def decode_time(grid: list[tuple[int, float, float]], batch: int, context: int) -> float:
+    """Decode part of an iteration from `CostTable.decode_grid`: in each
+    profiled context level, by batch size; then between the levels by the
+    mean context per job."""
+    if batch <= 0 or not grid:
+        return 0.0
+    ctx = context / batch
+    levels: dict[int, list[tuple[int, float, float]]] = {}
+    for b, c, t in grid:
+        levels.setdefault(round(math.log2(max(c, 1.0))), []).append((b, c, t))
+    pts = []
+    for lv in sorted(levels):
+        row = sorted(levels[lv])
+        bs = [float(b) for b, _, _ in row]
+        pts.append((float(np.mean([c for _, c, _ in row])),
+                    _interp(float(batch), bs, [t for _, _, t in row])))
+    return max(0.0, _interp(ctx, [c for c, _ in pts], [t for _, t in pts]))
 
 
 class TableCostModel:
@@ -427,6 +494,13 @@ class TableCostModel:
         if shape.num_tokens == 0:
             return 0.0
         c = self._coef
+        grid = self.table.decode_grid
+        if grid and shape.decode_tokens:
+            t = decode_time(grid, shape.decode_tokens, shape.decode_context)
+            if shape.prefill_tokens:
+                t += (c[1] * shape.prefill_tokens + c[2] * shape.prefill_attn
+                      + c[3] * shape.prefill_chunks)
+            return float(t) + self.iteration_overhead
         t = (
             c[0]
             + c[1] * shape.prefill_tokens

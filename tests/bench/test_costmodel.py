@@ -7,6 +7,7 @@ import pytest
 
 from bench.costmodel import (
     TABLE_FEATURES,
+    fit_nonnegative,
     AnalyticCostModel,
     BatchShape,
     CostTable,
@@ -117,9 +118,13 @@ def test_table_fit_recovers_linear_costs():
         swaps=[SwapMeasurement(blocks=n, time=0.001 + 0.0002 * n) for n in (1, 8, 32)],
     )
     model = TableCostModel(table)  # fits on load
-    for f in TABLE_FEATURES:
+    # Prefill work is linear and recovered; decodes come from the grid.
+    for f in ("const", "prefill_tokens", "prefill_attn", "prefill_chunks"):
         assert model.table.coef[f] == pytest.approx(true[f], rel=1e-3, abs=1e-12)
     assert model.table.fit_error < 1e-6
+    # Inside the grid a bilinear truth is interpolated exactly.
+    s = BatchShape(decode_tokens=8, decode_context=8 * 200)
+    assert model.iteration_time(s) == pytest.approx(float(np.dot(coef, s.features())), rel=1e-9)
     s = BatchShape(decode_tokens=10, decode_context=3000)
     assert model.iteration_time(s) == pytest.approx(0.04 + 0.06 + 0.006)
     assert model.swap_time(10) == pytest.approx(0.003)
@@ -137,3 +142,29 @@ def test_make_cost_model(tmp_path):
     assert isinstance(m, TableCostModel)
     with pytest.raises(ValueError):
         make_cost_model("gpt-5")
+
+
+def test_table_decode_grid_follows_a_nonlinear_batch_curve():
+    # A CPU-like decode: matrix-vector at batch 1, a jump to GEMM, then
+    # context cost that grows with the batch; no linear model fits it.
+    def truth(b: int, c: int) -> float:
+        return (0.05 if b == 1 else 0.09 + 0.004 * b) + 1e-6 * b * c * (1 + b / 8)
+
+    ms = [Measurement(decode_tokens=b, decode_context=b * c, time=truth(b, c))
+          for b in (1, 4, 8, 16, 32) for c in (64, 256, 768) for _ in range(3)]
+    ms.append(Measurement(prefill_tokens=64, prefill_chunks=1, prefill_attn=64 * 65 // 2, time=0.2))
+    model = TableCostModel(CostTable(model="m", device="cpu", dtype="fp32", block_size=16,
+                                     measurements=ms))
+    for b in (1, 4, 8, 16, 32):
+        for c in (64, 256, 768):
+            got = model.iteration_time(BatchShape(decode_tokens=b, decode_context=b * c))
+            assert got == pytest.approx(truth(b, c), rel=1e-9)
+    mid = model.iteration_time(BatchShape(decode_tokens=24, decode_context=24 * 256))
+    assert truth(16, 256) < mid < truth(32, 256)
+    assert model.table.fit_error < 1e-6
+    # A linear model in the same features misses some points by > 10 %.
+    x = np.asarray([m.shape().features() for m in ms])
+    y = np.asarray([m.time for m in ms])
+    c = fit_nonnegative(x / y[:, None], np.ones_like(y))
+    assert np.max(np.abs(x @ c - y) / y) > 0.1
+
