@@ -34,6 +34,7 @@ from bench.workload import (
     build_workload,
 )
 from bench.cli_output import _emit, _finish_sweep
+from bench.cli_profile import add_profile_parsers
 from bench.cli_args import (
     _add_live_args,
     _add_output_args,
@@ -376,22 +377,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def cmd_profile(a: argparse.Namespace) -> int:
-    from bench.profiler import ProfileConfig, profile, quick_config
-
-    kw: dict[str, Any] = dict(model=a.model, dtype=a.dtype, device=a.device, num_threads=a.threads,
-                              block_size=a.block_size, repeats=a.repeats)
-    for k in ("prefill_lens", "decode_batches", "contexts"):
-        if getattr(a, k):
-            kw[k] = getattr(a, k)
-    cfg = quick_config(**kw) if a.quick else ProfileConfig(**kw)
-    table = profile(cfg)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(table.model_dump_json(indent=1))
-    print(f"wrote {a.out}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -453,19 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--tolerance", type=float, default=0.2)
     q.set_defaults(func=cmd_compare)
 
-    q = sub.add_parser("profile", help="measure our engine; write a cost table JSON")
-    q.add_argument("--model", default="embedded:smollm2")
-    q.add_argument("--dtype", default="auto", help="auto: as the server resolves it")
-    q.add_argument("--device", default="cpu")
-    q.add_argument("--threads", type=int, default=1)
-    q.add_argument("--block-size", type=int, default=16)
-    q.add_argument("--repeats", type=int, default=3)
-    q.add_argument("--prefill-lens", type=int, nargs="+", default=None)
-    q.add_argument("--decode-batches", type=int, nargs="+", default=None)
-    q.add_argument("--contexts", type=int, nargs="+", default=None)
-    q.add_argument("--quick", action="store_true", help="small grid")
-    q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table.json"))
-    q.set_defaults(func=cmd_profile)
+    add_profile_parsers(sub)
     return p
 
 

@@ -47,7 +47,7 @@ each `Plan` the scheduler emits.  Two models:
    Presets follow FastServe Figure 11: OPT-13B on 1 GPU, OPT-66B on 4
    (tp 4), OPT-175B on 16 (tp 8 × pp 2).
 
-2. `TableCostModel` -- fitted to our engine's measurements by the profiler
+2. `TableCostModel` (bench/costtable.py) -- fitted to our engine's measurements by the profiler
    (bench/profiler.py): iteration time as a non-negative linear function
    of the same batch features (prefill tokens, prefill attention pairs,
    prefill chunks, decode batch size, decode context tokens), and swap
@@ -56,15 +56,16 @@ each `Plan` the scheduler emits.  Two models:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Protocol
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.plan import BlockOpKind, Plan
+
+if TYPE_CHECKING:
+    from bench.costtable import TableCostModel
 
 GiB = 1 << 30
 
@@ -93,23 +94,27 @@ class BatchShape:
 
     @classmethod
     def of(cls, plan: Plan) -> "BatchShape":
+        s = cls.of_spans([(c.start_pos, len(c.token_ids)) for c in plan.chunks])
+        s.num_sampled = sum(c.sample for c in plan.chunks)
+        for op in plan.block_ops:
+            if op.kind is not BlockOpKind.DROP:
+                s.swap_blocks += 1
+        return s
+
+    @classmethod
+    def of_spans(cls, spans: "Iterable[tuple[int, int]]") -> "BatchShape":
+        """From each chunk's (start position, number of tokens)."""
         s = cls()
-        for c in plan.chunks:
-            n = len(c.token_ids)
-            ctx = c.start_pos + n
-            if c.sample:
-                s.num_sampled += 1
+        for start, n in spans:
+            ctx = start + n
             if n == 1:
                 s.decode_tokens += 1
                 s.decode_context += ctx
             else:
                 s.prefill_tokens += n
                 s.prefill_chunks += 1
-                s.prefill_attn += n * c.start_pos + n * (n + 1) // 2
+                s.prefill_attn += n * start + n * (n + 1) // 2
                 s.prefill_kv += ctx
-        for op in plan.block_ops:
-            if op.kind is not BlockOpKind.DROP:
-                s.swap_blocks += 1
         return s
 
     def features(self) -> list[float]:
@@ -317,219 +322,6 @@ class AnalyticCostModel(BaseModel):
         return d
 
 
-# --------------------------------------------------------------- table model
-
-
-def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients >= 0 (drop the most negative, refit)."""
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[:] = 0.0
-            coef[active] = sol
-            return coef
-        active.pop(int(np.argmin(sol)))
-    return coef
-
-
-class Measurement(BaseModel):
-    """One profiled iteration: its batch features and measured seconds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prefill_tokens: int = 0
-    prefill_attn: int = 0
-    prefill_chunks: int = 0
-    decode_tokens: int = 0
-    decode_context: int = 0
-    time: float
-    # Time the engine reported for its forward pass (StepResult).
-    engine_time: float | None = None
-
-    def shape(self) -> BatchShape:
-        return BatchShape(
-            prefill_tokens=self.prefill_tokens,
-            prefill_attn=self.prefill_attn,
-            prefill_chunks=self.prefill_chunks,
-            decode_tokens=self.decode_tokens,
-            decode_context=self.decode_context,
-        )
-
-
-class SwapMeasurement(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    blocks: int
-    time: float
-
-
-class CostTable(BaseModel):
-    """The profiler's output file (and the `TableCostModel`'s input)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["cost_table"] = "cost_table"
-    model: str
-    device: str
-    dtype: str
-    num_threads: int | None = None
-    block_size: int
-    measurements: list[Measurement]
-    swaps: list[SwapMeasurement] = Field(default_factory=list)
-    # Fitted coefficients, seconds per unit of each of TABLE_FEATURES.
-    coef: dict[str, float] = Field(default_factory=dict)
-    # Decode-only iterations as measured, [batch, mean context, seconds]
-    # (medians per profiled point).  Decode time on a CPU is far from
-    # linear: one row is a matrix-vector product, a few rows a small GEMM
-    # (51 / 95 / 109 / 219 ms at batch 1 / 4 / 8 / 32, context 64, one EPYC
-    # thread), and the cost per context token grows with the batch once the
-    # gathered KV leaves the caches (batch 32: 220 / 575 / 1,400 ms at
-    # context 64 / 256 / 768).  So decodes are interpolated in this grid and
-    # only prefill work is linear (`coef`).
-    decode_grid: list[tuple[int, float, float]] = Field(default_factory=list)
-    swap_per_block: float | None = None
-    swap_const: float = 0.0
-    # Mean absolute relative error of the fit over the measurements.
-    fit_error: float | None = None
-    created: str | None = None
-
-    def fitted(self) -> "CostTable":
-        ms = self.measurements
-        if not ms:
-            raise ValueError("cost table has no measurements")
-        x = np.asarray([m.shape().features() for m in ms])
-        y = np.asarray([m.time for m in ms])
-        # Relative least squares (rows scaled by 1/y): iteration times span
-        # 40 ms decodes to 2 s prefills, and the simulator needs each one
-        # right in proportion; a plain fit spends itself on the big ones
-        # and drops the per-iteration constant.
-        w = 1.0 / np.maximum(y, 1e-9)
-        c = fit_nonnegative(x * w[:, None], y * w)
-        upd: dict[str, Any] = {"coef": dict(zip(TABLE_FEATURES, map(float, c))),
-                               "fit_error": float(np.mean(np.abs(x @ c - y) / np.maximum(y, 1e-9)))}
-        grid = _decode_grid(ms)
-        if grid:
-            # Prefill work on top of the decodes it rides with.
-            px = np.asarray([[0.0 if m.decode_tokens else 1.0, m.prefill_tokens, m.prefill_attn,
-                              m.prefill_chunks] for m in ms if m.prefill_tokens])
-            py = np.asarray([m.time - decode_time(grid, m.decode_tokens, m.decode_context)
-                             for m in ms if m.prefill_tokens])
-            pw = 1.0 / np.asarray([m.time for m in ms if m.prefill_tokens])
-            pc = fit_nonnegative(px * pw[:, None], py * pw) if len(py) else np.zeros(4)
-            coef = dict.fromkeys(TABLE_FEATURES, 0.0)
-            coef.update(const=float(pc[0]), prefill_tokens=float(pc[1]),
-                        prefill_attn=float(pc[2]), prefill_chunks=float(pc[3]))
-            upd.update(coef=coef, decode_grid=grid)
-            tmp = self.model_copy(update=upd)
-            pred = np.asarray([TableCostModel(tmp).iteration_time(m.shape()) for m in ms])
-            upd["fit_error"] = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-9)))
-        if self.swaps:
-            sx = np.asarray([[1.0, s.blocks] for s in self.swaps])
-            sy = np.asarray([s.time for s in self.swaps])
-            sc = fit_nonnegative(sx, sy)
-            upd["swap_const"], upd["swap_per_block"] = float(sc[0]), float(sc[1])
-        return self.model_copy(update=upd)
-
-
-def _decode_grid(ms: list[Measurement]) -> list[tuple[int, float, float]]:
-    groups: dict[tuple[int, int], list[Measurement]] = {}
-    for m in ms:
-        if m.prefill_tokens == 0 and m.decode_tokens > 0:
-            ctx = m.decode_context / m.decode_tokens
-            # Points of one profiled (batch, context) differ by a few tokens.
-            groups.setdefault((m.decode_tokens, round(math.log2(max(ctx, 1.0)))), []).append(m)
-    return sorted(
-        (b, float(np.median([m.decode_context / b for m in g])), float(np.median([m.time for m in g])))
-        for (b, _), g in groups.items())
-
-
-def _interp(x: float, xs: list[float], ys: list[float]) -> float:
-    """Piecewise linear through the points; linear beyond the last two,
-    flat below the first."""
-    if len(xs) == 1 or x <= xs[0]:
-        return ys[0]
-    if x >= xs[-1]:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return ys[-1] + slope * (x - xs[-1])
-    return float(np.interp(x, xs, ys))
-
-
-def decode_time(grid: list[tuple[int, float, float]], batch: int, context: int) -> float:
-    """Decode part of an iteration from `CostTable.decode_grid`: in each
-    profiled context level, by batch size; then between the levels by the
-    mean context per job."""
-    if batch <= 0 or not grid:
-        return 0.0
-    ctx = context / batch
-    levels: dict[int, list[tuple[int, float, float]]] = {}
-    for b, c, t in grid:
-        levels.setdefault(round(math.log2(max(c, 1.0))), []).append((b, c, t))
-    pts = []
-    for lv in sorted(levels):
-        row = sorted(levels[lv])
-        bs = [float(b) for b, _, _ in row]
-        pts.append((float(np.mean([c for _, c, _ in row])),
-                    _interp(float(batch), bs, [t for _, _, t in row])))
-    return max(0.0, _interp(ctx, [c for c, _ in pts], [t for _, t in pts]))
-
-
-class TableCostModel:
-    """Iteration time from a fitted `CostTable`."""
-
-    def __init__(self, table: CostTable, iteration_overhead: float = 0.0) -> None:
-        if not table.coef:
-            table = table.fitted()
-        self.table = table
-        self._coef = np.asarray([table.coef.get(f, 0.0) for f in TABLE_FEATURES])
-        self.iteration_overhead = iteration_overhead
-        self.name = f"table:{table.model}/{table.device}"
-
-    @classmethod
-    def load(cls, path: Path, iteration_overhead: float = 0.0) -> "TableCostModel":
-        return cls(CostTable.model_validate_json(Path(path).read_text()), iteration_overhead)
-
-    def iteration_time(self, shape: BatchShape) -> float:
-        if shape.num_tokens == 0:
-            return 0.0
-        c = self._coef
-        grid = self.table.decode_grid
-        if grid and shape.decode_tokens:
-            t = decode_time(grid, shape.decode_tokens, shape.decode_context)
-            if shape.prefill_tokens:
-                t += (c[1] * shape.prefill_tokens + c[2] * shape.prefill_attn
-                      + c[3] * shape.prefill_chunks)
-            return float(t) + self.iteration_overhead
-        t = (
-            c[0]
-            + c[1] * shape.prefill_tokens
-            + c[2] * shape.prefill_attn
-            + c[3] * shape.prefill_chunks
-            + c[4] * shape.decode_tokens
-            + c[5] * shape.decode_context
-        )
-        return float(t) + self.iteration_overhead
-
-    def swap_time(self, num_blocks: int) -> float:
-        if num_blocks <= 0:
-            return 0.0
-        per = self.table.swap_per_block
-        if per is None:
-            raise ValueError("cost table has no swap measurements")
-        return self.table.swap_const + per * num_blocks
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": "table",
-            "name": self.name,
-            "coef": self.table.coef,
-            "swap_per_block": self.table.swap_per_block,
-            "fit_error": self.table.fit_error,
-            "iteration_overhead": self.iteration_overhead,
-        }
-
-
 def make_cost_model(
     spec: str,
     gpu: str = "a100-80gb",
@@ -540,6 +332,8 @@ def make_cost_model(
         return AnalyticCostModel.preset(spec, gpu, **overrides)
     path = Path(spec)
     if path.is_file():
+        from bench.costtable import TableCostModel
+
         return TableCostModel.load(path, **overrides)
     raise ValueError(
         f"cost model {spec!r} is neither one of {sorted(OPT_MODELS)} nor a cost table file"

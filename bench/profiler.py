@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.costmodel import BatchShape, CostTable, Measurement, SwapMeasurement
+from bench.costmodel import BatchShape
+from bench.costtable import CostTable, Measurement, SwapMeasurement
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job
@@ -233,6 +234,29 @@ def _profile_swaps(runner: Any, cfg: ProfileConfig, log: Callable[[str], None]) 
         out.append(SwapMeasurement(blocks=n, time=dt))
         log(f"swap {n:4d} blocks: {1e3 * dt:8.2f} ms")
     return out
+
+
+def table_from_iterations(
+    rows: Sequence[tuple[Sequence[Sequence[int]], float, float]],
+    *, model: str, device: str, dtype: str, num_threads: int | None, block_size: int,
+    swaps: Sequence[SwapMeasurement] = (),
+) -> CostTable:
+    """A cost table from iterations a running server recorded
+    (`Engine.iteration_log`: chunk spans, forward time, planning-to-
+    completion time), so that it includes what the deployed engine pays
+    beside the forward pass: the replica's other threads, token delivery
+    and the other processes on the machine."""
+    ms = []
+    for spans, fwd, wall in rows:
+        s = BatchShape.of_spans((int(a), int(n)) for a, n in spans)
+        ms.append(Measurement(prefill_tokens=s.prefill_tokens, prefill_attn=s.prefill_attn,
+                              prefill_chunks=s.prefill_chunks, decode_tokens=s.decode_tokens,
+                              decode_context=s.decode_context, time=wall, engine_time=fwd))
+    return CostTable(
+        model=model, device=device, dtype=dtype, num_threads=num_threads, block_size=block_size,
+        measurements=ms, swaps=list(swaps),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    ).fitted()
 
 
 def quick_config(**kw: Any) -> ProfileConfig:

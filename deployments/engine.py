@@ -132,6 +132,11 @@ class Engine:
     async def stats(self) -> dict[str, Any]:
         return self._snapshot()
 
+    async def iteration_log(self) -> list[tuple[list[tuple[int, int]], float, float]]:
+        """The latest iterations' chunk shapes and times (see `LoopStats`)."""
+        return [([tuple(c) for c in chunks], fwd, wall)
+                for chunks, fwd, wall in self.loop.stats.recent_iterations.copy()]
+
     def _snapshot(self) -> dict[str, Any]:
         s = self.core.stats()
         ls = self.loop.stats

@@ -48,6 +48,11 @@ class LoopStats:
     tokens_out: int = 0
     # Forward times of the latest iterations, for steady-state figures.
     recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    # The latest iterations as run here: ((start_pos, num_tokens) of each
+    # chunk, forward seconds, seconds from planning to completion), for a
+    # cost table measured in place (`python -m bench profile-live`).
+    recent_iterations: deque[tuple[tuple[tuple[int, int], ...], float, float]] = field(
+        default_factory=lambda: deque(maxlen=20_000))
 
 
 Deliver = Callable[[list[Delivery]], None]
@@ -160,6 +165,7 @@ class EngineLoop:
         return self.core.has_work or bool(self.core.swap.pending_ops)
 
     def _iterate(self) -> list[Delivery]:
+        t0 = time.perf_counter()
         plan = self.core.schedule()
         try:
             # A plan without chunks still carries block ops, and its result
@@ -178,6 +184,10 @@ class EngineLoop:
             self.stats.forward_time += result.iteration_time
             self.stats.recent_forward.append(result.iteration_time)
         events = self.core.complete(plan, result)
+        if plan.chunks:
+            self.stats.recent_iterations.append((
+                tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),
+                result.iteration_time, time.perf_counter() - t0))
         out: list[Delivery] = []
         for ev in events:
             self.stats.tokens_out += ev.token_id is not None

@@ -5,17 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.costmodel import (
-    TABLE_FEATURES,
-    fit_nonnegative,
-    AnalyticCostModel,
-    BatchShape,
+from bench.costmodel import TABLE_FEATURES, AnalyticCostModel, BatchShape, make_cost_model
+from bench.costtable import (
     CostTable,
     Measurement,
     SwapMeasurement,
     TableCostModel,
     fit_nonnegative,
-    make_cost_model,
 )
 from scheduler.plan import BlockOp, BlockOpKind, Plan, ScheduledChunk
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from bench.costmodel import BatchShape, TableCostModel
+from bench.costmodel import BatchShape
+from bench.costtable import TableCostModel
 from bench.profiler import ProfileConfig, profile
 from scheduler.plan import JobOutput, Plan, StepResult
 
@@ -77,3 +78,22 @@ def test_profile_real_engine():
     assert table.fit_error is not None and table.measurements
     m = TableCostModel(table)
     assert m.iteration_time(BatchShape(decode_tokens=4, decode_context=200)) > 0
+
+
+def test_table_from_server_iterations_uses_their_shapes_and_wall_times():
+    from bench.profiler import table_from_iterations
+
+    rows = []
+    for b in (1, 2, 4, 8):
+        for ctx in (40, 200):
+            rows.append(([(ctx - 1, 1)] * b, 0.01 * b, 0.02 + 0.01 * b + 1e-5 * b * ctx))
+    rows.append(([(0, 64), (99, 1)], 0.1, 0.2))
+    table = table_from_iterations(rows, model="m", device="cpu", dtype="float32",
+                                  num_threads=1, block_size=16)
+    assert len(table.measurements) == len(rows)
+    mixed = table.measurements[-1]
+    assert (mixed.prefill_tokens, mixed.prefill_chunks, mixed.prefill_attn) == (64, 1, 64 * 65 // 2)
+    assert (mixed.decode_tokens, mixed.decode_context, mixed.time) == (1, 100, 0.2)
+    model = TableCostModel(table)
+    got = model.iteration_time(BatchShape(decode_tokens=4, decode_context=4 * 200))
+    assert got == pytest.approx(0.02 + 0.04 + 1e-5 * 800, rel=1e-9)

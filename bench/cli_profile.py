@@ -1,0 +1,73 @@
+"""`python -m bench profile` and `profile-live`: cost tables of our engine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from bench.profiler import ProfileConfig, profile, quick_config
+
+    kw: dict[str, Any] = dict(model=a.model, dtype=a.dtype, device=a.device, num_threads=a.threads,
+                              block_size=a.block_size, repeats=a.repeats)
+    for k in ("prefill_lens", "decode_batches", "contexts"):
+        if getattr(a, k):
+            kw[k] = getattr(a, k)
+    cfg = quick_config(**kw) if a.quick else ProfileConfig(**kw)
+    table = profile(cfg)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(table.model_dump_json(indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
+def cmd_profile_live(a: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from bench.costtable import CostTable
+    from bench.profiler import table_from_iterations
+
+    ray.init(address=a.address, logging_level="ERROR")
+    rows = serve.get_deployment_handle("Engine", app_name=a.app).iteration_log.remote().result()
+    swaps = []
+    if a.swaps_from is not None:
+        swaps = CostTable.model_validate_json(a.swaps_from.read_text()).swaps
+    table = table_from_iterations(rows, model=a.model, device=a.device, dtype=a.dtype,
+                                  num_threads=a.threads, block_size=a.block_size, swaps=swaps)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(table.model_dump_json(indent=1))
+    print(f"{len(rows)} iterations; fit error {table.fit_error:.3f}; wrote {a.out}")
+    return 0
+
+
+def add_profile_parsers(sub: Any) -> None:
+    q = sub.add_parser("profile", help="measure our engine; write a cost table JSON")
+    q.add_argument("--model", default="embedded:smollm2")
+    q.add_argument("--dtype", default="auto", help="auto: as the server resolves it")
+    q.add_argument("--device", default="cpu")
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--block-size", type=int, default=16)
+    q.add_argument("--repeats", type=int, default=3)
+    q.add_argument("--prefill-lens", type=int, nargs="+", default=None)
+    q.add_argument("--decode-batches", type=int, nargs="+", default=None)
+    q.add_argument("--contexts", type=int, nargs="+", default=None)
+    q.add_argument("--quick", action="store_true", help="small grid")
+    q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table.json"))
+    q.set_defaults(func=cmd_profile)
+
+    q = sub.add_parser("profile-live", help="a cost table from the iterations a running server "
+                                             "recorded (one engine replica)")
+    q.add_argument("--address", default="auto", help="Ray cluster of the server")
+    q.add_argument("--app", default="llm", help="Serve application name")
+    q.add_argument("--model", default="embedded:smollm2")
+    q.add_argument("--dtype", default="auto")
+    q.add_argument("--device", default="cpu")
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--block-size", type=int, default=16)
+    q.add_argument("--swaps-from", type=Path, default=None,
+                   help="take the swap measurements of this cost table (`profile`)")
+    q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table_live.json"))
+    q.set_defaults(func=cmd_profile_live)
