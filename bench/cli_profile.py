@@ -43,13 +43,18 @@ def cmd_profile_live(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_profile_parsers(sub: Any) -> None:
-    q = sub.add_parser("profile", help="measure our engine; write a cost table JSON")
+def _add_engine_args(q: argparse.ArgumentParser) -> None:
+    """What the table describes (the engine as the server runs it)."""
     q.add_argument("--model", default="embedded:smollm2")
     q.add_argument("--dtype", default="auto", help="auto: as the server resolves it")
     q.add_argument("--device", default="cpu")
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--block-size", type=int, default=16)
+
+
+def add_profile_parsers(sub: Any) -> None:
+    q = sub.add_parser("profile", help="measure our engine; write a cost table JSON")
+    _add_engine_args(q)
     q.add_argument("--repeats", type=int, default=3)
     q.add_argument("--prefill-lens", type=int, nargs="+", default=None)
     q.add_argument("--decode-batches", type=int, nargs="+", default=None)
@@ -62,11 +67,7 @@ def add_profile_parsers(sub: Any) -> None:
                                              "recorded (one engine replica)")
     q.add_argument("--address", default="auto", help="Ray cluster of the server")
     q.add_argument("--app", default="llm", help="Serve application name")
-    q.add_argument("--model", default="embedded:smollm2")
-    q.add_argument("--dtype", default="auto")
-    q.add_argument("--device", default="cpu")
-    q.add_argument("--threads", type=int, default=1)
-    q.add_argument("--block-size", type=int, default=16)
+    _add_engine_args(q)
     q.add_argument("--swaps-from", type=Path, default=None,
                    help="take the swap measurements of this cost table (`profile`)")
     q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table_live.json"))

@@ -48,6 +48,12 @@ class Measurement(BaseModel):
     # Time the engine reported for its forward pass (StepResult).
     engine_time: float | None = None
 
+    @classmethod
+    def of(cls, s: BatchShape, time: float, engine_time: float | None = None) -> "Measurement":
+        return cls(prefill_tokens=s.prefill_tokens, prefill_attn=s.prefill_attn,
+                   prefill_chunks=s.prefill_chunks, decode_tokens=s.decode_tokens,
+                   decode_context=s.decode_context, time=time, engine_time=engine_time)
+
     def shape(self) -> BatchShape:
         return BatchShape(
             prefill_tokens=self.prefill_tokens,
@@ -114,7 +120,8 @@ class CostTable(BaseModel):
             # Prefill work on top of the decodes it rides with.
             px = np.asarray([[0.0 if m.decode_tokens else 1.0, m.prefill_tokens, m.prefill_attn,
                               m.prefill_chunks] for m in ms if m.prefill_tokens])
-            py = np.asarray([m.time - decode_time(grid, m.decode_tokens, m.decode_context)
+            dec = DecodeGrid(grid)
+            py = np.asarray([m.time - dec.time(m.decode_tokens, m.decode_context)
                              for m in ms if m.prefill_tokens])
             pw = 1.0 / np.asarray([m.time for m in ms if m.prefill_tokens])
             pc = fit_nonnegative(px * pw[:, None], py * pw) if len(py) else np.zeros(4)
@@ -122,8 +129,8 @@ class CostTable(BaseModel):
             coef.update(const=float(pc[0]), prefill_tokens=float(pc[1]),
                         prefill_attn=float(pc[2]), prefill_chunks=float(pc[3]))
             upd.update(coef=coef, decode_grid=grid)
-            tmp = self.model_copy(update=upd)
-            pred = np.asarray([TableCostModel(tmp).iteration_time(m.shape()) for m in ms])
+            model = TableCostModel(self.model_copy(update=upd))
+            pred = np.asarray([model.iteration_time(m.shape()) for m in ms])
             upd["fit_error"] = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-9)))
         if self.swaps:
             sx = np.asarray([[1.0, s.blocks] for s in self.swaps])
@@ -133,13 +140,18 @@ class CostTable(BaseModel):
         return self.model_copy(update=upd)
 
 
+def _context_level(ctx: float) -> int:
+    # Points of one profiled context differ by a few tokens (the jobs grow
+    # while it is measured): one level per power of two.
+    return round(math.log2(max(ctx, 1.0)))
+
+
 def _decode_grid(ms: list[Measurement]) -> list[tuple[int, float, float]]:
     groups: dict[tuple[int, int], list[Measurement]] = {}
     for m in ms:
         if m.prefill_tokens == 0 and m.decode_tokens > 0:
-            ctx = m.decode_context / m.decode_tokens
-            # Points of one profiled (batch, context) differ by a few tokens.
-            groups.setdefault((m.decode_tokens, round(math.log2(max(ctx, 1.0)))), []).append(m)
+            level = _context_level(m.decode_context / m.decode_tokens)
+            groups.setdefault((m.decode_tokens, level), []).append(m)
     return sorted(
         (b, float(np.median([m.decode_context / b for m in g])), float(np.median([m.time for m in g])))
         for (b, _), g in groups.items())
@@ -156,23 +168,29 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     return float(np.interp(x, xs, ys))
 
 
-def decode_time(grid: list[tuple[int, float, float]], batch: int, context: int) -> float:
+class DecodeGrid:
     """Decode part of an iteration from `CostTable.decode_grid`: in each
     profiled context level, by batch size; then between the levels by the
-    mean context per job."""
-    if batch <= 0 or not grid:
-        return 0.0
-    ctx = context / batch
-    levels: dict[int, list[tuple[int, float, float]]] = {}
-    for b, c, t in grid:
-        levels.setdefault(round(math.log2(max(c, 1.0))), []).append((b, c, t))
-    pts = []
-    for lv in sorted(levels):
-        row = sorted(levels[lv])
-        bs = [float(b) for b, _, _ in row]
-        pts.append((float(np.mean([c for _, c, _ in row])),
-                    _interp(float(batch), bs, [t for _, _, t in row])))
-    return max(0.0, _interp(ctx, [c for c, _ in pts], [t for _, t in pts]))
+    mean context per job.  The levels are arranged once, not per call (the
+    simulator asks once per iteration)."""
+
+    def __init__(self, grid: list[tuple[int, float, float]]) -> None:
+        rows: dict[int, list[tuple[int, float, float]]] = {}
+        for b, c, t in grid:
+            rows.setdefault(_context_level(c), []).append((b, c, t))
+        # (mean context of the level, batch sizes, times), by context.
+        self._levels = [
+            (float(np.mean([c for _, c, _ in row])), [float(b) for b, _, _ in row],
+             [t for _, _, t in row])
+            for row in (sorted(rows[lv]) for lv in sorted(rows))
+        ]
+
+    def time(self, batch: int, context: int) -> float:
+        if batch <= 0 or not self._levels:
+            return 0.0
+        ctxs = [c for c, _, _ in self._levels]
+        times = [_interp(float(batch), bs, ts) for _, bs, ts in self._levels]
+        return max(0.0, _interp(context / batch, ctxs, times))
 
 
 class TableCostModel:
@@ -183,6 +201,7 @@ class TableCostModel:
             table = table.fitted()
         self.table = table
         self._coef = np.asarray([table.coef.get(f, 0.0) for f in TABLE_FEATURES])
+        self._decode = DecodeGrid(table.decode_grid) if table.decode_grid else None
         self.iteration_overhead = iteration_overhead
         self.name = f"table:{table.model}/{table.device}"
 
@@ -194,9 +213,8 @@ class TableCostModel:
         if shape.num_tokens == 0:
             return 0.0
         c = self._coef
-        grid = self.table.decode_grid
-        if grid and shape.decode_tokens:
-            t = decode_time(grid, shape.decode_tokens, shape.decode_context)
+        if self._decode is not None and shape.decode_tokens:
+            t = self._decode.time(shape.decode_tokens, shape.decode_context)
             if shape.prefill_tokens:
                 t += (c[1] * shape.prefill_tokens + c[2] * shape.prefill_attn
                       + c[3] * shape.prefill_chunks)

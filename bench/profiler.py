@@ -112,16 +112,7 @@ class _Driver:
 
 
 def _measurement(plan: Plan, wall: float, engine: float) -> Measurement:
-    s = BatchShape.of(plan)
-    return Measurement(
-        prefill_tokens=s.prefill_tokens,
-        prefill_attn=s.prefill_attn,
-        prefill_chunks=s.prefill_chunks,
-        decode_tokens=s.decode_tokens,
-        decode_context=s.decode_context,
-        time=wall,
-        engine_time=engine,
-    )
+    return Measurement.of(BatchShape.of(plan), wall, engine)
 
 
 def profile(
@@ -246,12 +237,8 @@ def table_from_iterations(
     completion time), so that it includes what the deployed engine pays
     beside the forward pass: the replica's other threads, token delivery
     and the other processes on the machine."""
-    ms = []
-    for spans, fwd, wall in rows:
-        s = BatchShape.of_spans((int(a), int(n)) for a, n in spans)
-        ms.append(Measurement(prefill_tokens=s.prefill_tokens, prefill_attn=s.prefill_attn,
-                              prefill_chunks=s.prefill_chunks, decode_tokens=s.decode_tokens,
-                              decode_context=s.decode_context, time=wall, engine_time=fwd))
+    ms = [Measurement.of(BatchShape.of_spans((int(a), int(n)) for a, n in spans), wall, fwd)
+          for spans, fwd, wall in rows]
     return CostTable(
         model=model, device=device, dtype=dtype, num_threads=num_threads, block_size=block_size,
         measurements=ms, swaps=list(swaps),
