@@ -1,7 +1,7 @@
 """Command line of the response-length predictor: `python -m predictor --help`.
 
 Subcommands: build-dataset, train, evaluate, retrain, bench-latency,
-collect-completions.  Every command pins torch to `--threads` (default 1):
+collect-completions, scaling.  Every command pins torch to `--threads` (default 1):
 on the 2-core machines two multi-threaded processes slow each other 10-25x
 (docs/ARCHITECTURE "Facts measured").
 """
@@ -238,6 +238,32 @@ def cmd_collect(a: argparse.Namespace) -> None:
     print(f"wrote {n} records to {out}")
 
 
+def cmd_scaling(a: argparse.Namespace) -> None:
+    from predictor.dataset import load_sharegpt_splits
+    from predictor.evaluate import baseline_metrics
+    from predictor.scaling import VARIANTS, collect, render, run_variants, trends
+
+    runs = Path(a.runs_dir) if a.runs_dir else cache_dir() / "runs" / "scaling"
+    if not a.report_only:
+        run_variants(runs, a.only, a.threads)
+    s = load_sharegpt_splits()
+    n_eval = 600
+    base = {k: v.model_dump() for k, v in baseline_metrics(s.train, s.test[:n_eval]).items()}
+    targets = {"mae": 0.8 * base["bucket_median"]["mae"], "acc50": 0.59, "acc100": 0.81}
+    rows = collect(runs)
+    report = {
+        "command": _command_line(), "eval_samples": n_eval, "baselines": base,
+        "targets": targets, "variants": [v.name for v in VARIANTS],
+        "runs": rows, "trends": trends(rows, targets),
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = render(report)
+    (out / "scaling.md").write_text(md)
+    print(md)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m predictor",
@@ -297,6 +323,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser(
+        "scaling",
+        help="train the scaling-study variants (depth, LoRA layers, prompt length, epochs) and report",
+    )
+    p.add_argument("--runs-dir", default=None, help="default <cache>/runs/scaling")
+    p.add_argument("--only", nargs="+", default=None, help="variants to train (default all)")
+    p.add_argument("--report-only", action="store_true", help="do not train, report what is there")
+    p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
+    p.set_defaults(func=cmd_scaling)
 
     a = ap.parse_args(argv)
     import torch

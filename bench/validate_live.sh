@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Live-vs-simulated validation in one server session (FCFS, this machine):
+#   1. start `serve run bench/configs/fcfs.yaml`;
+#   2. a calibration run on another workload (seed 1) so that the engine
+#      records iterations of the deployed replica;
+#   3. `profile-live`: a cost table from those recorded iterations;
+#   4. the live FCFS sweep to validate (seed 0);
+#   5. stop the server, replay the sweep in the simulator with that table
+#      (bench/validate_sim.sh) and compare mean normalized latency.
+# Usage: bash bench/validate_live.sh [N] [RATE...]   (writes bench/results/validation/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export RAY_AUTH_MODE=disabled
+N=${1:-60}; shift || true
+RATES=${*:-0.2 0.3}
+MAX_TOTAL=${MAX_TOTAL:-320}
+OUT=bench/results/validation
+URL=http://127.0.0.1:8000/v1
+mkdir -p "$OUT"
+serve run bench/configs/fcfs.yaml > "$OUT/fcfs.server.log" 2>&1 &
+pid=$!
+stop_server() {
+  kill -INT $pid 2>/dev/null || true
+  for _ in $(seq 1 15); do kill -0 $pid 2>/dev/null || break; sleep 2; done
+  kill -9 $pid 2>/dev/null || true
+  wait $pid 2>/dev/null || true
+  ray stop --force >/dev/null 2>&1 || true
+}
+trap stop_server EXIT
+for _ in $(seq 1 120); do
+  curl -sf http://127.0.0.1:8000/health >/dev/null && break
+  sleep 2
+done
+python -m bench run --base-url "$URL" --system fcfs --dataset sharegpt -n 40 \
+  --max-total-len "$MAX_TOTAL" --seed 1 --rate 0.5 --max-duration 900 \
+  --out "$OUT/calibration_run.json"
+python -m bench profile-live --address auto --swaps-from "$OUT/cost_table.json" \
+  --out "$OUT/cost_table_live.json"
+python -m bench sweep --base-url "$URL" --system fcfs --dataset sharegpt -n "$N" \
+  --max-total-len "$MAX_TOTAL" --seed 0 --rates $RATES --max-duration 900 \
+  --out "$OUT/fcfs_live.json"
+stop_server
+trap - EXIT
+TABLE="$OUT/cost_table_live.json" bash bench/validate_sim.sh "$OUT/fcfs_live.json" $RATES
