@@ -10,6 +10,7 @@ Commands:
   simulate-sweep  simulated runs over rates or loads; max rate under an SLO
   capacity        saturated throughput of a simulated configuration
   plot            PNG plots from result JSON files (runs or sweeps)
+  merge           one system's run / sweep files as one sweep (interleaved runs)
   compare         a metric of two results side by side (live vs simulated)
   profile         measure our engine's iteration cost; write a cost table
 """
@@ -349,6 +350,15 @@ def cmd_plot(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(a: argparse.Namespace) -> int:
+    from bench.results import merge_sweeps, save_result
+
+    merged = merge_sweeps([load_result(p) for p in a.results])
+    save_result(merged, a.out)
+    print(f"wrote {a.out} ({len(merged.points)} points of {merged.system})")
+    return 0
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     """Relative difference of one metric between two results, rate by rate
     (the live-vs-simulated validation: within 20% of mean normalized
@@ -430,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--slo", type=float, default=None, help="SLO line (s/token)")
     q.add_argument("--prefix", default="")
     q.set_defaults(func=cmd_plot)
+
+    q = sub.add_parser("merge", help="one system's run / sweep JSON files as one sweep")
+    q.add_argument("results", type=Path, nargs="+")
+    q.add_argument("--out", type=Path, required=True)
+    q.set_defaults(func=cmd_merge)
 
     q = sub.add_parser("compare", help="compare a metric of two results rate by rate")
     q.add_argument("reference", type=Path, help="e.g. the live run or sweep")

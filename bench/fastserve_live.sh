@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
 # Live FastServe comparison on this machine: FCFS vs skip-join MLFQ, same
 # swap mode, ShareGPT (ignore_eos, total length <= MAX_TOTAL), Poisson at
-# the rates given.  Writes bench/results/fastserve_live/{fcfs,mlfq}.json
-# and plots.  Usage: bash bench/fastserve_live.sh [N] [RATE...]
+# the rates given.  Policies are interleaved rate by rate (fcfs, mlfq at the
+# first rate, then the second, …), each run on a freshly started server, so
+# that the drift of a shared machine falls on both alike.  Writes
+# bench/results/fastserve_live/{fcfs,mlfq}.json (+ runs/ and plots).
+# Usage: bash bench/fastserve_live.sh [N] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled
 N=${1:-60}; shift || true
-RATES=${*:-0.4 0.7 1.0}
+RATES=${*:-0.3 0.5 0.8}
 MAX_TOTAL=${MAX_TOTAL:-320}
 OUT=bench/results/fastserve_live
-mkdir -p "$OUT"
-for policy in fcfs mlfq; do
-  serve run "bench/configs/$policy.yaml" > "$OUT/$policy.server.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 120); do
-    curl -sf http://127.0.0.1:8000/health >/dev/null && break
-    sleep 2
-  done
-  python -m bench sweep --base-url http://127.0.0.1:8000/v1 --system "$policy" \
-    --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
-    --rates $RATES --max-duration 900 --out "$OUT/$policy.json"
-  kill -INT $pid
-  # `serve run` may linger after SIGINT; make sure the next policy starts clean.
+mkdir -p "$OUT/runs"
+pid=
+stop_server() {
+  [ -n "$pid" ] || return 0
+  kill -INT $pid 2>/dev/null || true
+  # `serve run` may linger after SIGINT; make sure the next run starts clean.
   for _ in $(seq 1 15); do kill -0 $pid 2>/dev/null || break; sleep 2; done
   kill -9 $pid 2>/dev/null || true
   wait $pid 2>/dev/null || true
   ray stop --force >/dev/null 2>&1 || true
+  pid=
+}
+trap stop_server EXIT
+for rate in $RATES; do
+  for policy in fcfs mlfq; do
+    serve run "bench/configs/$policy.yaml" > "$OUT/$policy.server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 120); do
+      curl -sf http://127.0.0.1:8000/health >/dev/null && break
+      sleep 2
+    done
+    python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$policy" \
+      --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
+      --rate "$rate" --max-duration 1800 --out "$OUT/runs/${policy}_$rate.json"
+    stop_server
+  done
+done
+for policy in fcfs mlfq; do
+  python -m bench merge $(for r in $RATES; do echo "$OUT/runs/${policy}_$r.json"; done) \
+    --out "$OUT/$policy.json"
 done
 python -m bench plot "$OUT/fcfs.json" "$OUT/mlfq.json" --out-dir "$OUT"

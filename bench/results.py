@@ -90,3 +90,17 @@ def as_sweep(result: Result) -> SweepResult:
     return SweepResult(
         system=result.meta.system, mode=result.meta.mode, points=[result.without_records()]
     )
+
+
+def merge_sweeps(results: list[Result]) -> SweepResult:
+    """One system's runs and sweeps as one sweep, points in rate order (runs
+    taken one at a time, e.g. interleaved with another system's to cancel a
+    machine's drift)."""
+    sweeps = [as_sweep(r) for r in results]
+    if not sweeps:
+        raise ValueError("nothing to merge")
+    systems = {(s.system, s.mode) for s in sweeps}
+    if len(systems) != 1:
+        raise ValueError(f"results of different systems or modes: {sorted(systems)}")
+    points = sorted((p for s in sweeps for p in s.points), key=lambda p: p.meta.rate or 0.0)
+    return SweepResult(system=sweeps[0].system, mode=sweeps[0].mode, points=points)

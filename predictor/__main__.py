@@ -252,7 +252,9 @@ def cmd_scaling(a: argparse.Namespace) -> None:
     targets = {"mae": 0.8 * base["bucket_median"]["mae"], "acc50": 0.59, "acc100": 0.81}
     rows = collect(runs)
     report = {
-        "command": _command_line(), "eval_samples": n_eval, "baselines": base,
+        # The command that trains what is missing and reports (not `--report-only`).
+        "command": _command_line().replace(" --report-only", ""), "eval_samples": n_eval,
+        "baselines": base,
         "targets": targets, "variants": [v.name for v in VARIANTS],
         "runs": rows, "trends": trends(rows, targets),
     }

@@ -6,7 +6,7 @@ per-bucket median) are those of a Vicuna-7B predictor; when the embedded
 measured.  Every variant here trains the same way on the same 3,000 training
 pairs and is scored on the same first test pairs, changing one axis at a
 time against `base`: backbone capacity (decoder layers kept, LoRA layers),
-prompt truncation, and epochs.  A line through each axis (metric against
+prompt truncation, epochs, and training pairs (up to the 7,000 of the split).  A line through each axis (metric against
 log2 of the axis value) says how far that axis alone would have to go.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 # Shared by every variant: the shipped adapter's head, decoder and rates.
 BASE_ARGS = [
     "--head", "bins", "--decode", "median", "--lr", "5e-4", "--head-lr", "2e-3",
-    "--batch-size", "16", "--max-train-samples", "3000", "--eval-samples", "600",
+    "--batch-size", "16", "--eval-samples", "600",
     "--checkpoint-every", "50",
 ]
 
@@ -34,29 +34,38 @@ class Variant:
     axis: str  # "base", "depth", "lora_layers", "prompt_tokens", "epochs"
     value: float  # the axis value (for the trend line)
     args: tuple[str, ...]
+    # The run this one differs from in one axis (its first trend point).
+    ref: str = "base"
 
 
 def _v(name: str, axis: str, value: float, depth: int = 8, lora: int = 4,
-       head: int = 96, tail: int = 32, epochs: float = 1.0) -> Variant:
+       head: int = 96, tail: int = 32, epochs: float = 1.0, samples: int = 3000,
+       seed: int = 0, ref: str = "base") -> Variant:
     # Three learning-curve points per run at whole epochs (188 steps each).
     every = 188 if epochs > 1 else 0
     return Variant(name, axis, value, (
         "--depth", str(depth), "--lora-layers", str(lora), "--prompt-head", str(head),
         "--prompt-tail", str(tail), "--epochs", str(epochs), "--eval-every", str(every),
-    ))
+        "--max-train-samples", str(samples), "--seed", str(seed),
+    ), ref)
 
 
 VARIANTS: list[Variant] = [
     _v("base", "base", 8),
+    # Run-to-run spread: the base run with another seed (no trend line).
+    _v("base-seed1", "seed", 1, seed=1),
     _v("depth16", "depth", 16, depth=16),
     _v("depth30", "depth", 30, depth=30),
-    _v("depth30-lora8", "lora_layers", 8, depth=30, lora=8),
+    _v("depth30-lora8", "lora_layers", 8, depth=30, lora=8, ref="depth30"),
     _v("prompt32", "prompt_tokens", 32, head=24, tail=8),
     _v("prompt512", "prompt_tokens", 512, head=448, tail=64),
     _v("epochs3", "epochs", 3, epochs=3.0),
+    _v("data1000", "train_samples", 1000, samples=1000),
+    _v("data7000", "train_samples", 7000, samples=7000),
 ]
-# The base run's value on each axis (for the trend lines).
-BASE_VALUE = {"depth": 8, "lora_layers": 4, "prompt_tokens": 128, "epochs": 1}
+# The reference run's value on each axis (for the trend lines).
+BASE_VALUE = {"depth": 8, "lora_layers": 4, "prompt_tokens": 128, "epochs": 1,
+              "train_samples": 3000}
 
 
 def run_variants(runs_dir: Path, names: Sequence[str] | None, threads: int) -> None:
@@ -107,7 +116,7 @@ def collect(runs_dir: Path) -> list[dict[str, Any]]:
         curve = _curve(run)
         summary = json.loads((run / "train_summary.json").read_text())
         rows.append({
-            "name": v.name, "axis": v.axis, "value": v.value,
+            "name": v.name, "axis": v.axis, "value": v.value, "ref": v.ref,
             "args": list(v.args), "final": {k: curve[-1][k] for k in ("mae", "acc50", "acc100")},
             "curve": curve, "train_seconds": summary["train_seconds"],
             "prefix_cache_seconds": summary["prefix_cache_seconds"],
@@ -118,13 +127,13 @@ def collect(runs_dir: Path) -> list[dict[str, Any]]:
 def trends(rows: list[dict[str, Any]], targets: dict[str, float]) -> list[dict[str, Any]]:
     """Per axis: the line through base and that axis's variants, and the
     axis value at which it would reach each target."""
-    base = next((r for r in rows if r["axis"] == "base"), None)
-    if base is None:
-        return []
+    by_name = {r["name"]: r for r in rows}
     out = []
     for axis, base_value in BASE_VALUE.items():
-        pts = [(base_value, base["final"])]
-        pts += [(r["value"], r["final"]) for r in rows if r["axis"] == axis]
+        on_axis = [r for r in rows if r["axis"] == axis]
+        ref = by_name.get(on_axis[0].get("ref", "base")) if on_axis else None
+        pts = [(base_value, ref["final"])] if ref is not None else []
+        pts += [(r["value"], r["final"]) for r in on_axis]
         if axis == "epochs":  # the 3-epoch run's curve gives epochs 1, 2, 3
             run = next((r for r in rows if r["name"] == "epochs3"), None)
             if run is not None:
@@ -147,9 +156,10 @@ def render(report: dict[str, Any]) -> str:
     b = report["baselines"]
     lines = [
         "# RL predictor scaling study (ShareGPT, embedded SmolLM2-135M)", "",
-        f"Same 3,000 training pairs and first {report['eval_samples']} test pairs for every run, "
+        f"Same 3,000 training pairs (but on the `train_samples` axis) and first {report['eval_samples']} test pairs for every run, "
         "one axis changed at a time against `base` (8 of 30 decoder layers, LoRA on the top 4, "
-        "prompt = first 96 + last 32 tokens, 1 epoch). Trained with:", "",
+        "prompt = first 96 + last 32 tokens, 1 epoch; the LoRA-layers axis against `depth30`). "
+        "Trained with:", "",
         "```bash", report["command"], "```", "",
         "| run | axis | value | MAE | Acc-50 | Acc-100 | train s |", "|---|---|---|---|---|---|---|",
     ]
@@ -163,7 +173,7 @@ def render(report: dict[str, Any]) -> str:
         f"{k} {'≤' if k == 'mae' else '≥'} {v:.3g}" for k, v in report["targets"].items()), "",
         "Trend per axis (least squares against log2 of the axis value; `needed` = the value at "
         "which the line reaches the target, — where it moves away from it):", "",
-        "| axis | points | MAE per doubling | needed | Acc-50 per doubling | needed | Acc-100 per doubling | needed |",
+        "| axis | points | MAE per doubling | needed | Acc-50 per doubling (points) | needed | Acc-100 per doubling (points) | needed |",
         "|---|---|---|---|---|---|---|---|"]
     for t in report["trends"]:
         cells = []

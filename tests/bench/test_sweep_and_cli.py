@@ -9,7 +9,9 @@ import pytest
 from bench.__main__ import main
 from bench.metrics import summarize
 from bench.records import RequestRecord
-from bench.results import RunMeta, RunResult, SweepResult, as_sweep, load_result, save_result
+from bench.results import (
+    RunMeta, RunResult, SweepResult, as_sweep, load_result, merge_sweeps, save_result,
+)
 from bench.sweep import Criterion, bisect_max_rate, max_rate_on_grid, run_sweep
 from bench.workload import WorkloadSpec
 
@@ -58,6 +60,14 @@ def test_result_json_round_trip(tmp_path):
     back2 = load_result(tmp_path / "sweep.json")
     assert isinstance(back2, SweepResult) and back2.points[1].meta.rate == 5
     assert as_sweep(back).points[0].meta.rate == 2
+
+
+def test_merge_orders_points_by_rate_and_refuses_mixed_systems():
+    runs = [fake_run(3), run_sweep([1, 5], fake_run, system="fake", mode="sim"), fake_run(2)]
+    merged = merge_sweeps(runs)
+    assert merged.system == "fake" and [p.meta.rate for p in merged.points] == [1, 2, 3, 5]
+    with pytest.raises(ValueError, match="different systems"):
+        merge_sweeps([fake_run(1), run_sweep([2], fake_run, system="other", mode="sim")])
 
 
 def test_plots(tmp_path):

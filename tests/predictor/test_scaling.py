@@ -41,12 +41,16 @@ def test_trends_per_axis_from_runs(tmp_path: Path):
     _fake_run(tmp_path, "base", [(160, 0.25, 0.45)])
     _fake_run(tmp_path, "depth16", [(150, 0.27, 0.48)])
     _fake_run(tmp_path, "depth30", [(145, 0.28, 0.50)])
+    _fake_run(tmp_path, "depth30-lora8", [(140, 0.30, 0.55)])
     _fake_run(tmp_path, "epochs3", [(158, 0.25, 0.45), (154, 0.26, 0.46), (153, 0.26, 0.47)])
     rows = collect(tmp_path)
-    assert [r["name"] for r in rows] == ["base", "depth16", "depth30", "epochs3"]
+    assert [r["name"] for r in rows] == ["base", "depth16", "depth30", "depth30-lora8", "epochs3"]
     targets = {"mae": 140.0, "acc50": 0.59, "acc100": 0.81}
     by_axis = {t["axis"]: t for t in trends(rows, targets)}
-    assert set(by_axis) == {"depth", "epochs"}  # no runs on the other axes
+    assert set(by_axis) == {"depth", "lora_layers", "epochs"}  # no runs on the others
+    # LoRA layers are compared at the same depth: depth30 is the 4-layer point.
+    lora = by_axis["lora_layers"]
+    assert [(x, p["mae"]) for x, p in lora["points"]] == [(4, 145), (8, 140)]
     depth = by_axis["depth"]
     assert [p[0] for p in depth["points"]] == [8, 16, 30]
     assert depth["fits"]["mae"]["per_doubling"] < 0
