@@ -16,11 +16,14 @@ def cmd_profile(a: argparse.Namespace) -> int:
         if getattr(a, k):
             kw[k] = getattr(a, k)
     cfg = quick_config(**kw) if a.quick else ProfileConfig(**kw)
-    table = profile(cfg)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(table.model_dump_json(indent=1))
+    _write(profile(cfg), a.out)
     print(f"wrote {a.out}")
     return 0
+
+
+def _write(table: Any, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table.model_dump_json(indent=1))
 
 
 def cmd_profile_live(a: argparse.Namespace) -> int:
@@ -37,8 +40,7 @@ def cmd_profile_live(a: argparse.Namespace) -> int:
         swaps = CostTable.model_validate_json(a.swaps_from.read_text()).swaps
     table = table_from_iterations(rows, model=a.model, device=a.device, dtype=a.dtype,
                                   num_threads=a.threads, block_size=a.block_size, swaps=swaps)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(table.model_dump_json(indent=1))
+    _write(table, a.out)
     print(f"{len(rows)} iterations; fit error {table.fit_error:.3f}; wrote {a.out}")
     return 0
 

@@ -48,10 +48,10 @@ each `Plan` the scheduler emits.  Two models:
    (tp 4), OPT-175B on 16 (tp 8 × pp 2).
 
 2. `TableCostModel` (bench/costtable.py) -- fitted to our engine's measurements by the profiler
-   (bench/profiler.py): iteration time as a non-negative linear function
-   of the same batch features (prefill tokens, prefill attention pairs,
-   prefill chunks, decode batch size, decode context tokens), and swap
-   time per block.  It is what the live-vs-simulated validation uses.
+   (bench/profiler.py): decode time interpolated in the measured (batch
+   size, context) grid, prefill work (tokens, attention pairs, chunks) a
+   non-negative linear fit on top, and swap time linear in blocks.  It is
+   what the live-vs-simulated validation uses.
 """
 
 from __future__ import annotations

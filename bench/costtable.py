@@ -34,6 +34,11 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
+# The batch features a measurement keeps (a subset of `BatchShape`).
+_SHAPE_FIELDS = ("prefill_tokens", "prefill_attn", "prefill_chunks", "decode_tokens",
+                 "decode_context")
+
+
 class Measurement(BaseModel):
     """One profiled iteration: its batch features and measured seconds."""
 
@@ -50,18 +55,11 @@ class Measurement(BaseModel):
 
     @classmethod
     def of(cls, s: BatchShape, time: float, engine_time: float | None = None) -> "Measurement":
-        return cls(prefill_tokens=s.prefill_tokens, prefill_attn=s.prefill_attn,
-                   prefill_chunks=s.prefill_chunks, decode_tokens=s.decode_tokens,
-                   decode_context=s.decode_context, time=time, engine_time=engine_time)
+        return cls(**{f: getattr(s, f) for f in _SHAPE_FIELDS}, time=time,
+                   engine_time=engine_time)
 
     def shape(self) -> BatchShape:
-        return BatchShape(
-            prefill_tokens=self.prefill_tokens,
-            prefill_attn=self.prefill_attn,
-            prefill_chunks=self.prefill_chunks,
-            decode_tokens=self.decode_tokens,
-            decode_context=self.decode_context,
-        )
+        return BatchShape(**{f: getattr(self, f) for f in _SHAPE_FIELDS})
 
 
 class SwapMeasurement(BaseModel):
@@ -180,17 +178,17 @@ class DecodeGrid:
             rows.setdefault(_context_level(c), []).append((b, c, t))
         # (mean context of the level, batch sizes, times), by context.
         self._levels = [
-            (float(np.mean([c for _, c, _ in row])), [float(b) for b, _, _ in row],
-             [t for _, _, t in row])
+            ([float(b) for b, _, _ in row], [t for _, _, t in row])
             for row in (sorted(rows[lv]) for lv in sorted(rows))
         ]
+        # Mean context of each level, in the same order.
+        self._contexts = [float(np.mean([c for _, c, _ in rows[lv]])) for lv in sorted(rows)]
 
     def time(self, batch: int, context: int) -> float:
         if batch <= 0 or not self._levels:
             return 0.0
-        ctxs = [c for c, _, _ in self._levels]
-        times = [_interp(float(batch), bs, ts) for _, bs, ts in self._levels]
-        return max(0.0, _interp(context / batch, ctxs, times))
+        times = [_interp(float(batch), bs, ts) for bs, ts in self._levels]
+        return max(0.0, _interp(context / batch, self._contexts, times))
 
 
 class TableCostModel:
@@ -213,20 +211,12 @@ class TableCostModel:
         if shape.num_tokens == 0:
             return 0.0
         c = self._coef
+        prefill = (c[1] * shape.prefill_tokens + c[2] * shape.prefill_attn
+                   + c[3] * shape.prefill_chunks)
         if self._decode is not None and shape.decode_tokens:
-            t = self._decode.time(shape.decode_tokens, shape.decode_context)
-            if shape.prefill_tokens:
-                t += (c[1] * shape.prefill_tokens + c[2] * shape.prefill_attn
-                      + c[3] * shape.prefill_chunks)
-            return float(t) + self.iteration_overhead
-        t = (
-            c[0]
-            + c[1] * shape.prefill_tokens
-            + c[2] * shape.prefill_attn
-            + c[3] * shape.prefill_chunks
-            + c[4] * shape.decode_tokens
-            + c[5] * shape.decode_context
-        )
+            t = self._decode.time(shape.decode_tokens, shape.decode_context) + prefill
+        else:
+            t = c[0] + prefill + c[4] * shape.decode_tokens + c[5] * shape.decode_context
         return float(t) + self.iteration_overhead
 
     def swap_time(self, num_blocks: int) -> float:

@@ -14,26 +14,11 @@ RATES=${*:-0.3 0.5 0.8}
 MAX_TOTAL=${MAX_TOTAL:-320}
 OUT=bench/results/fastserve_live
 mkdir -p "$OUT/runs"
-pid=
-stop_server() {
-  [ -n "$pid" ] || return 0
-  kill -INT $pid 2>/dev/null || true
-  # `serve run` may linger after SIGINT; make sure the next run starts clean.
-  for _ in $(seq 1 15); do kill -0 $pid 2>/dev/null || break; sleep 2; done
-  kill -9 $pid 2>/dev/null || true
-  wait $pid 2>/dev/null || true
-  ray stop --force >/dev/null 2>&1 || true
-  pid=
-}
+source bench/serve_lib.sh
 trap stop_server EXIT
 for rate in $RATES; do
   for policy in fcfs mlfq; do
-    serve run "bench/configs/$policy.yaml" > "$OUT/$policy.server.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 120); do
-      curl -sf http://127.0.0.1:8000/health >/dev/null && break
-      sleep 2
-    done
+    start_server "bench/configs/$policy.yaml" "$OUT/$policy.server.log"
     python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$policy" \
       --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
       --rate "$rate" --max-duration 1800 --out "$OUT/runs/${policy}_$rate.json"

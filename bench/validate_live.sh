@@ -17,20 +17,9 @@ MAX_TOTAL=${MAX_TOTAL:-320}
 OUT=bench/results/validation
 URL=http://127.0.0.1:8000/v1
 mkdir -p "$OUT"
-serve run bench/configs/fcfs.yaml > "$OUT/fcfs.server.log" 2>&1 &
-pid=$!
-stop_server() {
-  kill -INT $pid 2>/dev/null || true
-  for _ in $(seq 1 15); do kill -0 $pid 2>/dev/null || break; sleep 2; done
-  kill -9 $pid 2>/dev/null || true
-  wait $pid 2>/dev/null || true
-  ray stop --force >/dev/null 2>&1 || true
-}
+source bench/serve_lib.sh
 trap stop_server EXIT
-for _ in $(seq 1 120); do
-  curl -sf http://127.0.0.1:8000/health >/dev/null && break
-  sleep 2
-done
+start_server bench/configs/fcfs.yaml "$OUT/fcfs.server.log"
 python -m bench run --base-url "$URL" --system fcfs --dataset sharegpt -n 40 \
   --max-total-len "$MAX_TOTAL" --seed 1 --rate 0.5 --max-duration 900 \
   --out "$OUT/calibration_run.json"

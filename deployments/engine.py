@@ -126,16 +126,16 @@ class Engine:
 
     async def set_prediction(self, request_id: str, predicted_len: int,
                              replica: str | None = None) -> None:
-        """The predictor's response-length estimate for a running job."""
+        """The predictor's response-length estimate for a running job
+        (`replica` is for the request router: the job's own replica)."""
         self.loop.set_prediction(request_id, predicted_len)
 
     async def stats(self) -> dict[str, Any]:
         return self._snapshot()
 
-    async def iteration_log(self) -> list[tuple[list[tuple[int, int]], float, float]]:
+    async def iteration_log(self) -> list[tuple[tuple[tuple[int, int], ...], float, float]]:
         """The latest iterations' chunk shapes and times (see `LoopStats`)."""
-        return [([tuple(c) for c in chunks], fwd, wall)
-                for chunks, fwd, wall in self.loop.stats.recent_iterations.copy()]
+        return list(self.loop.stats.recent_iterations.copy())
 
     def _snapshot(self) -> dict[str, Any]:
         s = self.core.stats()

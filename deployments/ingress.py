@@ -83,15 +83,14 @@ class Ingress:
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
+        text: str | None = None  # token-id prompts are decoded only if predicted
         if isinstance(req.prompt, str):
             ids = self.tokenizer(req.prompt)["input_ids"]
             text = req.prompt
         else:
-            text = None
             ids = list(req.prompt)
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-            text = self.tokenizer.decode(ids)
         return await self._serve(req, ids, chat=False, text=text)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -146,13 +145,14 @@ class Ingress:
             stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, arrival_time=time.time())
 
-    async def _serve(self, req: Any, ids: list[int], chat: bool, text: str) -> Response:
+    async def _serve(self, req: Any, ids: list[int], chat: bool, text: str | None) -> Response:
         gen = self._generate_request(req, ids)
         replica = await self.scheduler.admit.remote(
             gen.request_id, len(ids), gen.max_tokens, gen.job_class)
         stream = self.engine.generate.remote(gen.model_dump(), replica=replica)
         if self.predictor is not None:
-            self._predict(gen.request_id, text, replica)
+            self._predict(gen.request_id, text if text is not None else self.tokenizer.decode(ids),
+                          replica)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(

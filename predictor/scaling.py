@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+_BATCH = 16
 # Shared by every variant: the shipped adapter's head, decoder and rates.
 BASE_ARGS = [
     "--head", "bins", "--decode", "median", "--lr", "5e-4", "--head-lr", "2e-3",
-    "--batch-size", "16", "--eval-samples", "600",
+    "--batch-size", str(_BATCH), "--eval-samples", "600",
     "--checkpoint-every", "50",
 ]
 
@@ -41,8 +42,8 @@ class Variant:
 def _v(name: str, axis: str, value: float, depth: int = 8, lora: int = 4,
        head: int = 96, tail: int = 32, epochs: float = 1.0, samples: int = 3000,
        seed: int = 0, ref: str = "base") -> Variant:
-    # Three learning-curve points per run at whole epochs (188 steps each).
-    every = 188 if epochs > 1 else 0
+    # A multi-epoch run also scores itself at the end of every epoch.
+    every = -(-samples // _BATCH) if epochs > 1 else 0
     return Variant(name, axis, value, (
         "--depth", str(depth), "--lora-layers", str(lora), "--prompt-head", str(head),
         "--prompt-tail", str(tail), "--epochs", str(epochs), "--eval-every", str(every),

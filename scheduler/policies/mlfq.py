@@ -257,36 +257,40 @@ class MLFQPolicy(Policy):
             slots -= 1
 
         if self.swap_mode is SwapMode.PROACTIVE:
-            self._proactive(plan, pool, now)
+            self._proactive(plan, order, pool, now)
         plan.chunks = chunks
         self.selected = selected
         return plan
 
-    def _evict_for(self, need: int, plan: Plan, pool: "_VictimPool",
-                   preempted: bool) -> bool:
+    def _evict_for(self, need: int, ops: list[BlockOp], pool: "_VictimPool",
+                   preempted: list[str] | None) -> bool:
         """Free device blocks until `need` are free, from lower-priority idle
-        jobs, largest ENST first (FastServe §4.2); all or nothing."""
+        jobs, largest ENST first (FastServe §4.2); all or nothing.  Victims
+        are listed in `preempted` when they give way to a job that runs."""
         if self.blocks.num_free >= need:
             return True
         victims = pool.victims(need - self.blocks.num_free)
         if victims is None:
             return False
         for v in victims:
-            self.evict(v, plan.block_ops)
-            pool.evicted(v)
-            if preempted:
-                plan.preempted.append(v.job_id)
+            self._swap_out(v, ops, pool)
+            if preempted is not None:
+                preempted.append(v.job_id)
         return self.blocks.num_free >= need
+
+    def _swap_out(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> None:
+        self.evict(job, ops)
+        pool.evicted(job)
 
     def _make_room(self, job: Job, n: int, plan: Plan, pool: "_VictimPool") -> bool:
         if self.blocks.grow(job, n):
             return True
         need = self.blocks.blocks_needed(job, n)
-        return self._evict_for(need, plan, pool, preempted=True) and self.blocks.grow(job, n)
+        return (self._evict_for(need, plan.block_ops, pool, plan.preempted)
+                and self.blocks.grow(job, n))
 
     def _swap_in(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> bool:
-        plan_ops = Plan(step=self._step, block_ops=ops)
-        if not self._evict_for(job.num_host_blocks, plan_ops, pool, preempted=False):
+        if not self._evict_for(job.num_host_blocks, ops, pool, preempted=None):
             return False
         new_ops = self.swap.swap_in(job)
         if new_ops is None:
@@ -295,7 +299,7 @@ class MLFQPolicy(Policy):
         self.swapped_in_step[job.job_id] = self._step
         return True
 
-    def _proactive(self, plan: Plan, pool: "_VictimPool", now: float) -> None:
+    def _proactive(self, plan: Plan, order: list[Job], pool: "_VictimPool", now: float) -> None:
         """ENST-ordered residency (FastServe §4.2, Figure 9): keep the burst
         reserve free by swapping out the largest-ENST idle jobs, and bring
         the smallest-ENST swapped jobs back ahead of their turn, trading
@@ -303,13 +307,11 @@ class MLFQPolicy(Policy):
         iteration are capped so that the copies overlap the computation
         instead of saturating the link."""
         reserve = self.reserve_target(now)
-        idle = pool.idle_by_enst(settled_only=True)  # largest ENST first
+        idle = pool.settled_idle()  # largest ENST first
         while idle and self.blocks.num_free < reserve and self.swap.can_swap_out(idle[0]):
-            v = idle.pop(0)
-            self.evict(v, plan.block_ops)
-            pool.evicted(v)
+            self._swap_out(idle.pop(0), plan.block_ops, pool)
         budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
-        host = [j for j in self._order()
+        host = [j for j in order
                 if j.num_host_blocks and j.swap_pending is None
                 and j.job_id not in pool.swapped_out]
         host.sort(key=lambda j: pool.enst[j.job_id])
@@ -320,9 +322,7 @@ class MLFQPolicy(Policy):
             while (self.blocks.num_free - n < reserve and idle
                    and pool.enst[idle[0].job_id] > pool.enst[h.job_id]
                    and self.swap.can_swap_out(idle[0])):
-                v = idle.pop(0)
-                self.evict(v, plan.block_ops)
-                pool.evicted(v)
+                self._swap_out(idle.pop(0), plan.block_ops, pool)
             if self.blocks.num_free - n < reserve:
                 break
             ops = self.swap.swap_in(h)
@@ -383,11 +383,9 @@ class _VictimPool:
                 return picked
         return None
 
-    def idle_by_enst(self, settled_only: bool) -> list[Job]:
-        out = self._live()
-        if settled_only:
-            out = [j for j in out if j.job_id in self._settled]
-        return out
+    def settled_idle(self) -> list[Job]:
+        """Evictable jobs not swapped in recently, largest ENST first."""
+        return [j for j in self._live() if j.job_id in self._settled]
 
 
 class NaiveMLFQPolicy(MLFQPolicy):

@@ -144,12 +144,18 @@ def test_paper_scale_thousands_of_requests_fast():
     assert cap > 20.0  # a 20 req/s stream of these short jobs is under capacity
 
 
-def test_reactive_swapping_accounting():
+def _three_jobs_in_six_blocks() -> tuple[list[RequestSpec], SchedulerConfig]:
+    """Three 4 + 8-token jobs and KV room for two: one must be swapped."""
     if "swap_mode" not in SchedulerConfig.model_fields:
         pytest.skip("scheduler without KV swapping")
     reqs = [r(f"j{i}", 0.0, 4, 8) for i in range(3)]
     config = sc(num_blocks=6, max_model_len=16, max_batch_tokens=16, swap_mode="reactive",
                 host_kv_blocks=64)
+    return reqs, config
+
+
+def test_reactive_swapping_accounting():
+    reqs, config = _three_jobs_in_six_blocks()
     out = simulate(reqs, config, UnitCost())
     assert all(x.ok and x.output_tokens == 8 for x in out.records)
     assert out.stats.swap_blocks > 0
@@ -166,11 +172,7 @@ def test_swap_in_side_lane_by_hand():
     """Reactive: copies on the critical path.  Overlap: swap-ins land after
     their own copy time on the host -> device lane, the batch never waits for
     them, and an idle engine jumps to the landing."""
-    if "swap_mode" not in SchedulerConfig.model_fields:
-        pytest.skip("scheduler without KV swapping")
-    reqs = [r(f"j{i}", 0.0, 4, 8) for i in range(3)]
-    config = sc(num_blocks=6, max_model_len=16, max_batch_tokens=16, swap_mode="reactive",
-                host_kv_blocks=64)
+    reqs, config = _three_jobs_in_six_blocks()
     # Critical path: it6 [5,7] swaps j2's 2 blocks out (1 s) while j0, j1
     # decode; j0, j1 finish at 9; it9 [9,11] swaps j2 back in (1 s of copy
     # plus UnitCost's 1 s for any plan); j2 decodes from 11.

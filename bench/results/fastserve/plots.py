@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -35,15 +36,20 @@ def exp1(out: Path) -> None:
             _curve(ax, s["points"], f"{name} (max {s['max_rate']:g}/s)", COLORS.get(base, None) or "k", name)
         ax.axhline(d["slo_s_per_token"], ls="--", color="k", lw=1,
                    label=f"SLO 10× decode iter = {d['slo_s_per_token']:.3f} s/token")
-        ax.set_yscale("log")
-        ax.set_xlabel("job arrival rate (req/s)")
-        ax.set_ylabel("mean normalized latency (s/token)")
-        ax.set_title(f"OPT-13B, 1× {d['gpu'].upper()}, ShareGPT, n={d['n']} (sim)", fontsize=10)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / f"{f.stem}_latency_vs_rate.png", dpi=110)
-        plt.close(fig)
+        _finish_latency_vs_rate(fig, ax, f"OPT-13B, 1× {d['gpu'].upper()}, ShareGPT, n={d['n']} (sim)",
+                                10, out / f"{f.stem}_latency_vs_rate.png")
+
+
+def _finish_latency_vs_rate(fig: Any, ax: Any, title: str, title_size: int, path: Path) -> None:
+    ax.set_yscale("log")
+    ax.set_xlabel("job arrival rate (req/s)")
+    ax.set_ylabel("mean normalized latency (s/token)")
+    ax.set_title(title, fontsize=title_size)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def exp2(out: Path) -> None:
@@ -89,16 +95,9 @@ def exp3(out: Path) -> None:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for name, pts in d["systems"].items():
             _curve(ax, list(pts.values()), name, COLORS.get(name, "k"))
-        ax.set_yscale("log")
-        ax.set_xlabel("job arrival rate (req/s)")
-        ax.set_ylabel("mean normalized latency (s/token)")
-        ax.set_title(f"Fig. 15a style: SJ-MLFQ KV management, OPT-13B, 1× {d['gpu'].upper()} (sim)",
-                     fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / f"{f.stem}_swap_modes.png", dpi=110)
-        plt.close(fig)
+        _finish_latency_vs_rate(
+            fig, ax, f"Fig. 15a style: SJ-MLFQ KV management, OPT-13B, 1× {d['gpu'].upper()} (sim)",
+            9, out / f"{f.stem}_swap_modes.png")
 
         pts = sorted((p for p in d["systems"]["mlfq-proactive"].values() if not p["aborted"]),
                      key=lambda p: p["rate"])

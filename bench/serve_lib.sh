@@ -1,0 +1,22 @@
+# Sourced by the live benchmark scripts: start a Serve config in the
+# background and wait for /health; stop it for sure before the next one.
+#   start_server CONFIG LOG ; … ; stop_server
+pid=
+start_server() {
+  serve run "$1" > "$2" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 120); do
+    curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
+    sleep 2
+  done
+}
+stop_server() {
+  [ -n "$pid" ] || return 0
+  kill -INT "$pid" 2>/dev/null || true
+  # `serve run` may linger after SIGINT; make sure the next run starts clean.
+  for _ in $(seq 1 15); do kill -0 "$pid" 2>/dev/null || break; sleep 2; done
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  ray stop --force >/dev/null 2>&1 || true
+  pid=
+}
