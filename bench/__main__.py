@@ -36,6 +36,7 @@ from bench.workload import (
 )
 from bench.cli_output import _emit, _finish_sweep
 from bench.cli_profile import add_profile_parsers
+from bench.cli_trace import add_trace_parsers, write_trace
 from bench.cli_args import (
     _add_live_args,
     _add_output_args,
@@ -231,7 +232,11 @@ def _sim_once(
 ) -> RunResult:
     from bench.simulator import SimOptions, simulate
 
-    out = simulate(wl.requests, sc, cost, SimOptions(overlap_swap=a.overlap_swap))
+    trace_out = getattr(a, "trace_out", None)
+    out = simulate(wl.requests, sc, cost,
+                   SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None))
+    if trace_out is not None:
+        write_trace(trace_out, [r.to_json() for r in out.trace], out.stats.as_dict())
     system = a.system or f"{sc.policy}/{cost.name}"
     return RunResult(
         meta=RunMeta(
@@ -419,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_args(q)
     q.add_argument("--load", type=float, default=None,
                    help="set the rate to this fraction of the measured capacity")
+    q.add_argument("--trace-out", type=Path, default=None,
+                   help="also save every plan (python -m bench trace-summary)")
     q.set_defaults(func=cmd_simulate)
 
     q = sub.add_parser("simulate-sweep", help="simulated runs over --rates or --loads")
@@ -454,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_compare)
 
     add_profile_parsers(sub)
+    add_trace_parsers(sub)
     return p
 
 

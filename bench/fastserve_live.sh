@@ -22,6 +22,8 @@ for rate in $RATES; do
     python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$policy" \
       --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
       --rate "$rate" --max-duration 1800 --out "$OUT/runs/${policy}_$rate.json"
+    # Every plan of the run, to set beside its simulation (python -m bench trace-summary).
+    python -m bench trace-live --out "$OUT/runs/${policy}_$rate.trace.json.gz"
     stop_server
   done
 done

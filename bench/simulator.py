@@ -60,6 +60,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job, JobClass
 from scheduler.plan import BlockOpKind, JobOutput, StepResult
+from scheduler.trace import StepTrace
 
 SAMPLED_TOKEN_ID = 1
 
@@ -138,6 +139,8 @@ class SimOptions(BaseModel):
     # unfinished ones as (now - arrival) / output tokens, requests not yet
     # arrived as 0).  None: never.
     abort_mean_normalized_latency: float | None = None
+    # Keep every plan as a `scheduler.trace.StepTrace` (SimOutput.trace).
+    trace: bool = False
 
 
 @dataclass
@@ -193,6 +196,7 @@ class SimOutput:
     records: list[RequestRecord]
     stats: SimStats
     end_time: float
+    trace: list[StepTrace] = field(default_factory=list)
 
 
 def _block_bytes(cost: CostModel) -> int:
@@ -255,6 +259,7 @@ def simulate(
             swap_time[r.request_id] = 0.0
 
     # Swap-ins in flight (overlap mode): (landing time, seq, job id).
+    trace: list[StepTrace] = []
     in_flight: list[tuple[float, int, str]] = []
     issued_at: dict[str, float] = {}
     in_lane_free = 0.0  # host -> device copy lane
@@ -298,6 +303,7 @@ def simulate(
             continue
         if opts.max_iterations is not None and stats.iterations >= opts.max_iterations:
             raise SimulationError(f"stopped after max_iterations={opts.max_iterations}")
+        plan_t = clock.now
         plan = core.schedule()
         if plan.is_empty:
             if in_flight:
@@ -308,7 +314,10 @@ def simulate(
                 clock.now = max(clock.now, nxt)
                 done = landed_by(clock.now)
                 if done:
-                    core.complete(plan, StepResult(plan.step, [], 0.0, swaps_in_done=done))
+                    result = StepResult(plan.step, [], 0.0, swaps_in_done=done)
+                    core.complete(plan, result)
+                    if opts.trace:
+                        trace.append(StepTrace.of(plan_t, plan, result))
                 continue
             if i < n:
                 clock.now = max(clock.now, reqs[i].arrival_time)
@@ -379,6 +388,8 @@ def simulate(
         if done:
             result.swaps_in_done = done
         events = core.complete(plan, result)
+        if opts.trace:
+            trace.append(StepTrace.of(plan_t, plan, result))
         now = clock.now
         for ev in events:
             token_times[ev.job_id].append(now)
@@ -431,7 +442,7 @@ def simulate(
                 swap_bytes=swap_blocks.get(rid, 0) * block_bytes,
             )
         )
-    return SimOutput(records=records, stats=stats, end_time=clock.now)
+    return SimOutput(records=records, stats=stats, end_time=clock.now, trace=trace)
 
 
 def measure_capacity(

@@ -137,6 +137,10 @@ class Engine:
         """The latest iterations' chunk shapes and times (see `LoopStats`)."""
         return list(self.loop.stats.recent_iterations.copy())
 
+    async def step_trace(self) -> list[dict[str, Any]]:
+        """Every recent plan as `scheduler.trace.StepTrace` fields."""
+        return [r.to_json() for r in self.loop.stats.recent_plans.copy()]
+
     def _snapshot(self) -> dict[str, Any]:
         s = self.core.stats()
         ls = self.loop.stats

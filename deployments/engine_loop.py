@@ -21,6 +21,7 @@ from app.protocol import GenerateRequest, JobMetrics
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, StepResult
+from scheduler.trace import StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class LoopStats:
     # cost table measured in place (`python -m bench profile-live`).
     recent_iterations: deque[tuple[tuple[tuple[int, int], ...], float, float]] = field(
         default_factory=lambda: deque(maxlen=20_000))
+    # Every plan, empty ones included, for comparing a live run with its
+    # simulation step by step (`python -m bench trace`).
+    recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
 
 
 Deliver = Callable[[list[Delivery]], None]
@@ -166,6 +170,7 @@ class EngineLoop:
 
     def _iterate(self) -> list[Delivery]:
         t0 = time.perf_counter()
+        t_plan = self.clock()
         plan = self.core.schedule()
         try:
             # A plan without chunks still carries block ops, and its result
@@ -184,6 +189,7 @@ class EngineLoop:
             self.stats.forward_time += result.iteration_time
             self.stats.recent_forward.append(result.iteration_time)
         events = self.core.complete(plan, result)
+        self.stats.recent_plans.append(StepTrace.of(t_plan, plan, result))
         if plan.chunks:
             self.stats.recent_iterations.append((
                 tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),

@@ -197,6 +197,21 @@ def test_swap_in_side_lane_by_hand():
         assert x.queueing_time + x.execution_time + x.swap_time == pytest.approx(x.e2e)
 
 
+def test_trace_has_one_record_per_plan():
+    """The side-lane schedule above, as its plan trace."""
+    reqs, config = _three_jobs_in_six_blocks()
+    out = simulate(reqs, config, UnitCost(), SimOptions(overlap_swap=True, trace=True))
+    trace = out.trace
+    assert [r.step for r in trace] == list(range(1, len(trace) + 1))
+    assert len(trace) == out.stats.iterations  # (no plan here waited idle on a copy)
+    outs = [r for r in trace if r.swap_out]
+    ins = [r for r in trace if r.swap_in]
+    assert [(r.t, r.swap_out, r.preempted) for r in outs] == [(5.0, ("j2",), ("j2",))]
+    # Issued at 8 by a plan that computes nothing, reported landed by it at 9.
+    assert [(r.t, r.jobs, r.swap_in, r.landed) for r in ins] == [(8.0, (), ("j2",), ("j2",))]
+    assert simulate(reqs, config, UnitCost(), SimOptions(overlap_swap=True)).trace == []
+
+
 def test_slo_abort_is_a_lower_bound():
     from bench.simulator import SLOAbort
 

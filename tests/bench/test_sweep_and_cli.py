@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench.__main__ import main
+from bench.cli_trace import read_trace
 from bench.metrics import summarize
 from bench.records import RequestRecord
 from bench.results import (
@@ -139,3 +140,24 @@ def test_cli_compare_and_replay(tmp_path, capsys):
     sim = load_result(out)
     assert sim.meta.rate == 3.0 and sim.summary.num_completed == 6
     assert sim.meta.workload == run.meta.workload
+
+
+def test_cli_trace_out_and_summary(tmp_path, capsys):
+    common = ["simulate", "--dataset", "fixed", "--input-len", "64", "--output-len", "16",
+              "-n", "20", "--rate", "50", "--cost-model", "opt-13b", "--max-batch-size", "4"]
+    for name in ("a.json.gz", "b.json"):
+        assert main([*common, "--out", str(tmp_path / "run.json"),
+                     "--trace-out", str(tmp_path / name)]) == 0
+    sim = load_result(tmp_path / "run.json")
+    trace = read_trace(tmp_path / "a.json.gz")
+    assert trace == read_trace(tmp_path / "b.json")
+    assert sum(len(r.jobs) for r in trace) == 20 * 16  # one prefill + 15 decodes each
+    assert len(trace) == sim.meta.details["sim"]["iterations"]
+    capsys.readouterr()
+    assert main(["trace-summary", str(tmp_path / "a.json.gz"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["a", "b"]
+    plans = next(line for line in out.splitlines() if line.startswith("plans"))
+    assert plans.split()[1:] == [str(len(trace))] * 2
+    with pytest.raises(SystemExit):
+        read_trace(tmp_path / "run.json")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Replay every run of bench/fastserve_live.sh in the simulator, with the
+# cost table measured in place and the live server's settings, and lay each
+# beside its live run: mean normalized latency (python -m bench compare)
+# and the plan traces (python -m bench trace-summary).
+# Usage: bash bench/fastserve_replay.sh [RATE...]   (after bench/fastserve_live.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATES=${*:-0.3 0.5 0.8}
+RUNS=bench/results/fastserve_live/runs
+TABLE=${TABLE:-bench/results/validation/cost_table_live.json}
+for policy in fcfs mlfq; do
+  for rate in $RATES; do
+    run=$RUNS/${policy}_$rate
+    # bench/configs/{fcfs,mlfq}.yaml in blocks of 16 tokens.
+    python -m bench simulate --workload-spec "$run.json" --cost-model "$TABLE" --policy "$policy" \
+      --num-blocks 128 --block-size 16 --max-batch-size 32 --max-batch-tokens 512 \
+      --max-model-len 1024 --sched-opt 'swap_mode="proactive"' --sched-opt host_kv_blocks=4096 \
+      --overlap-swap --system "$policy-sim" --out "$run.sim.json" \
+      --trace-out "$run.sim.trace.json.gz" > /dev/null
+    echo "== $policy at $rate req/s: live vs simulated"
+    python -m bench compare "$run.json" "$run.sim.json" || true
+    python -m bench trace-summary "$run.trace.json.gz" "$run.sim.trace.json.gz"
+  done
+done

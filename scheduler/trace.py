@@ -1,0 +1,86 @@
+"""What each iteration decided, one record per plan.
+
+The live engine loop and the simulator both write these, from the same
+`Plan` and `StepResult`, so that a live run can be laid beside its
+simulation and the first place where the two schedulers part ways found
+(`python -m bench trace`).  Plain data: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from scheduler.plan import BlockOpKind, Plan, StepResult
+
+
+@dataclass(slots=True, frozen=True)
+class StepTrace:
+    t: float  # scheduler clock when the plan was made
+    step: int
+    jobs: tuple[str, ...]  # jobs computed this iteration
+    tokens: int
+    swap_in: tuple[str, ...]  # jobs whose swap-in this plan issued
+    swap_out: tuple[str, ...]  # jobs this plan swapped out (any reason)
+    preempted: tuple[str, ...]  # of those, the ones evicted for a job that runs
+    landed: tuple[str, ...]  # swap-ins reported landed by this result
+    iteration_time: float
+
+    @classmethod
+    def of(cls, t: float, plan: Plan, result: StepResult) -> "StepTrace":
+        ins = dict.fromkeys(op.job_id for op in plan.block_ops
+                            if op.kind is BlockOpKind.SWAP_IN)
+        outs = dict.fromkeys(op.job_id for op in plan.block_ops
+                             if op.kind is BlockOpKind.SWAP_OUT)
+        return cls(t, plan.step, tuple(c.job_id for c in plan.chunks), plan.num_tokens,
+                   tuple(ins), tuple(outs), tuple(plan.preempted),
+                   tuple(result.swaps_in_done), result.iteration_time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(trace: Iterable[StepTrace], pingpong_s: float = 1.0) -> dict[str, float]:
+    """Counts that locate a divergence between two runs of one workload.
+
+    `pingpong` counts swap-outs of a job within `pingpong_s` of its previous
+    swap-in: the churn that wastes copies without moving anyone forward.
+    """
+    plans = computing = swap_only = 0
+    n_in = n_out = n_pre = pingpong = 0
+    batch = 0
+    time_s = 0.0
+    last_in: dict[str, float] = {}
+    outs_per_job: Counter[str] = Counter()
+    for r in trace:
+        plans += 1
+        if r.jobs:
+            computing += 1
+            batch += len(r.jobs)
+            time_s += r.iteration_time
+        elif r.swap_in or r.swap_out:
+            swap_only += 1
+        for j in r.swap_out:
+            if j in last_in and r.t - last_in[j] < pingpong_s:
+                pingpong += 1
+            outs_per_job[j] += 1
+        for j in r.swap_in:
+            last_in[j] = r.t
+        n_in += len(r.swap_in)
+        n_out += len(r.swap_out)
+        n_pre += len(r.preempted)
+    return {
+        "plans": plans,
+        "computing_plans": computing,
+        "idle_plans": plans - computing - swap_only,
+        "swap_only_plans": swap_only,
+        "mean_batch": batch / computing if computing else 0.0,
+        "mean_iteration_s": time_s / computing if computing else 0.0,
+        "swap_ins": n_in,
+        "swap_outs": n_out,
+        "preempted_for_a_runner": n_pre,
+        "jobs_swapped_out": len(outs_per_job),
+        "max_swap_outs_one_job": max(outs_per_job.values(), default=0),
+        "pingpong": pingpong,
+    }
