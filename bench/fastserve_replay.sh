@@ -9,14 +9,12 @@ cd "$(dirname "$0")/.."
 RATES=${*:-0.3 0.5 0.8}
 RUNS=bench/results/fastserve_live/runs
 TABLE=${TABLE:-bench/results/validation/cost_table_live.json}
+source bench/serve_lib.sh
 for policy in fcfs mlfq; do
   for rate in $RATES; do
     run=$RUNS/${policy}_$rate
-    # bench/configs/{fcfs,mlfq}.yaml in blocks of 16 tokens.
     python -m bench simulate --workload-spec "$run.json" --cost-model "$TABLE" --policy "$policy" \
-      --num-blocks 128 --block-size 16 --max-batch-size 32 --max-batch-tokens 512 \
-      --max-model-len 1024 --sched-opt 'swap_mode="proactive"' --sched-opt host_kv_blocks=4096 \
-      --overlap-swap --system "$policy-sim" --out "$run.sim.json" \
+      "${LIVE_SIM_ARGS[@]}" --system "$policy-sim" --out "$run.sim.json" \
       --trace-out "$run.sim.trace.json.gz" > /dev/null
     echo "== $policy at $rate req/s: live vs simulated"
     python -m bench compare "$run.json" "$run.sim.json" || true

@@ -13,12 +13,9 @@ LIVE=${1:-bench/results/fastserve_live/fcfs.json}; shift || true
 RATES=${*:-0.3 0.5 0.8}
 OUT=bench/results/validation
 TABLE=${TABLE:-$OUT/cost_table.json}
-# bench/configs/fcfs.yaml in blocks of 16 tokens: kv_cache_tokens 2048,
-# host_kv_tokens 65536; the engine's swap copies run on a side thread.
+source bench/serve_lib.sh
 python -m bench simulate-sweep --workload-spec "$LIVE" --rates $RATES \
-  --cost-model "$TABLE" --policy fcfs --num-blocks 128 --block-size 16 \
-  --max-batch-size 32 --max-batch-tokens 512 --max-model-len 1024 \
-  --sched-opt 'swap_mode="proactive"' --sched-opt host_kv_blocks=4096 --overlap-swap \
+  --cost-model "$TABLE" --policy fcfs "${LIVE_SIM_ARGS[@]}" \
   --system fcfs-sim --out "$OUT/fcfs_sim.json"
 python -m bench compare "$LIVE" "$OUT/fcfs_sim.json" --metric normalized_latency.mean --tolerance 0.2 \
   | tee "$OUT/compare.txt"
