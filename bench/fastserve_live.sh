@@ -5,14 +5,15 @@
 # first rate, then the second, …), each run on a freshly started server, so
 # that the drift of a shared machine falls on both alike.  Writes
 # bench/results/fastserve_live/{fcfs,mlfq}.json (+ runs/ and plots).
-# Usage: bash bench/fastserve_live.sh [N] [RATE...]
+# Usage: bash bench/fastserve_live.sh [N] [RATE...]   (env MAX_TOTAL: length cap,
+# OUT: output folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled
 N=${1:-60}; shift || true
 RATES=${*:-0.3 0.5 0.8}
 MAX_TOTAL=${MAX_TOTAL:-320}
-OUT=bench/results/fastserve_live
+OUT=${OUT:-bench/results/fastserve_live}
 mkdir -p "$OUT/runs"
 source bench/serve_lib.sh
 trap stop_server EXIT
