@@ -26,15 +26,25 @@ def _write(table: Any, out: Path) -> None:
     out.write_text(table.model_dump_json(indent=1))
 
 
-def cmd_profile_live(a: argparse.Namespace) -> int:
+def engine_handle(a: argparse.Namespace) -> Any:
+    """The `Engine` deployment of a running server (`add_server_args`)."""
     import ray
     from ray import serve
 
+    ray.init(address=a.address, logging_level="ERROR")
+    return serve.get_deployment_handle("Engine", app_name=a.app)
+
+
+def add_server_args(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--address", default="auto", help="Ray cluster of the server")
+    q.add_argument("--app", default="llm", help="Serve application name")
+
+
+def cmd_profile_live(a: argparse.Namespace) -> int:
     from bench.costtable import CostTable
     from bench.profiler import table_from_iterations
 
-    ray.init(address=a.address, logging_level="ERROR")
-    rows = serve.get_deployment_handle("Engine", app_name=a.app).iteration_log.remote().result()
+    rows = engine_handle(a).iteration_log.remote().result()
     swaps = []
     if a.swaps_from is not None:
         swaps = CostTable.model_validate_json(a.swaps_from.read_text()).swaps
@@ -67,8 +77,7 @@ def add_profile_parsers(sub: Any) -> None:
 
     q = sub.add_parser("profile-live", help="a cost table from the iterations a running server "
                                              "recorded (one engine replica)")
-    q.add_argument("--address", default="auto", help="Ray cluster of the server")
-    q.add_argument("--app", default="llm", help="Serve application name")
+    add_server_args(q)
     _add_engine_args(q)
     q.add_argument("--swaps-from", type=Path, default=None,
                    help="take the swap measurements of this cost table (`profile`)")

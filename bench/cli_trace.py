@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.cli_profile import add_server_args, engine_handle
 from scheduler.trace import StepTrace, summarize
 
 
@@ -37,11 +38,7 @@ def read_trace(path: Path) -> list[StepTrace]:
 
 
 def cmd_trace_live(a: argparse.Namespace) -> int:
-    import ray
-    from ray import serve
-
-    ray.init(address=a.address, logging_level="ERROR")
-    handle = serve.get_deployment_handle("Engine", app_name=a.app)
+    handle = engine_handle(a)
     trace = handle.step_trace.remote().result()
     stats = handle.stats.remote().result()
     write_trace(a.out, trace, stats)
@@ -72,8 +69,7 @@ def _fmt(v: float) -> str:
 
 def add_trace_parsers(sub: Any) -> None:
     q = sub.add_parser("trace-live", help="save the running server's plan trace")
-    q.add_argument("--address", default="auto")
-    q.add_argument("--app", default="llm")
+    add_server_args(q)
     q.add_argument("--out", type=Path, required=True)
     q.set_defaults(func=cmd_trace_live)
 

@@ -139,7 +139,8 @@ class SimOptions(BaseModel):
     # unfinished ones as (now - arrival) / output tokens, requests not yet
     # arrived as 0).  None: never.
     abort_mean_normalized_latency: float | None = None
-    # Keep every plan as a `scheduler.trace.StepTrace` (SimOutput.trace).
+    # Keep every plan that did something as a `scheduler.trace.StepTrace`
+    # (SimOutput.trace), as the live engine loop does.
     trace: bool = False
 
 

@@ -54,8 +54,8 @@ class LoopStats:
     # cost table measured in place (`python -m bench profile-live`).
     recent_iterations: deque[tuple[tuple[tuple[int, int], ...], float, float]] = field(
         default_factory=lambda: deque(maxlen=20_000))
-    # Every plan, empty ones included, for comparing a live run with its
-    # simulation step by step (`python -m bench trace`).
+    # Every plan that did something, for comparing a live run with its
+    # simulation step by step (`python -m bench trace-summary`).
     recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
 
 
@@ -189,7 +189,8 @@ class EngineLoop:
             self.stats.forward_time += result.iteration_time
             self.stats.recent_forward.append(result.iteration_time)
         events = self.core.complete(plan, result)
-        self.stats.recent_plans.append(StepTrace.of(t_plan, plan, result))
+        if StepTrace.eventful(plan, result):
+            self.stats.recent_plans.append(StepTrace.of(t_plan, plan, result))
         if plan.chunks:
             self.stats.recent_iterations.append((
                 tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),

@@ -37,6 +37,14 @@ class StepTrace:
                    tuple(ins), tuple(outs), tuple(plan.preempted),
                    tuple(result.swaps_in_done), result.iteration_time)
 
+    @staticmethod
+    def eventful(plan: Plan, result: StepResult) -> bool:
+        """Worth a record: the plan computed or copied something, or a copy
+        landed.  A replica waiting on a swap-in re-plans every millisecond;
+        those empty plans would flush the live trace and have no
+        counterpart in the simulator, which jumps to the landing."""
+        return not plan.is_empty or bool(result.swaps_in_done or result.swaps_in_failed)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

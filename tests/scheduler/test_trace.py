@@ -42,3 +42,13 @@ def test_summary_counts_plans_swaps_and_pingpong():
     assert (s["jobs_swapped_out"], s["max_swap_outs_one_job"]) == (2, 2)
     assert s["pingpong"] == 1
     assert summarize(trace, pingpong_s=2.0)["pingpong"] == 2
+
+
+def test_only_plans_that_did_something_are_kept():
+    idle = Plan(step=1)
+    assert not StepTrace.eventful(idle, StepResult(1, [], 0.0))
+    assert StepTrace.eventful(idle, StepResult(1, [], 0.0, swaps_in_done=["a"]))
+    assert StepTrace.eventful(idle, StepResult(1, [], 0.0, swaps_in_failed=["a"]))
+    assert StepTrace.eventful(Plan(step=2, chunks=[_chunk("a")]), StepResult(2, [], 0.1))
+    copy = Plan(step=3, block_ops=[BlockOp(BlockOpKind.DROP, "a", 0, -1)])
+    assert StepTrace.eventful(copy, StepResult(3, [], 0.0))

@@ -62,7 +62,7 @@ def args_for(cap: int, rate: float, policy: str, alpha: float | None, seed: int 
     a = ["--dataset", "sharegpt", "-n", str(N), "--seed", str(seed), "--max-total-len", str(cap),
          "--rate", f"{rate:.4g}", "--policy", policy, *LIVE]
     if alpha is not None:
-        a += ["--sched-opt", json.dumps({"starvation_s": alpha}).join(["mlfq=", ""])]
+        a += ["--sched-opt", f"mlfq={json.dumps({'starvation_s': alpha})}"]
     return a
 
 
