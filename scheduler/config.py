@@ -21,13 +21,9 @@ class MLFQConfig(BaseModel):
     base_quantum_s: float | None = Field(None, gt=0)
     # q_{i+1} = ratio * q_i; the paper doubles.
     quantum_ratio: float = Field(2.0, gt=1.0)
-    # α: a job not scheduled for this long is promoted to Q1, the same for
-    # every job when set.  None: derived from the SLOs, per job (see
-    # `MLFQPolicy.alpha_for`): half the TTFT SLO for a job that has not
-    # answered yet, and the whole normalized-latency budget of a
-    # max_model_len job for one that has.
+    # α: a job not scheduled for this long is promoted to Q1.  None:
+    # slo_normalized_s * max_model_len (`MLFQPolicy._starvation_threshold`).
     starvation_s: float | None = Field(None, gt=0)
-    slo_ttft_s: float = Field(5.0, gt=0)
     # Mean normalized-latency objective (s/token).  None: 10x the cost
     # model's decode iteration at batch 1, FastServe's rule (§6.1).
     slo_normalized_s: float | None = Field(None, gt=0)

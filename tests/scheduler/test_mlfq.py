@@ -106,6 +106,34 @@ def test_starved_job_is_promoted_to_q1(clock):
     assert ran_hog_at < 0.33 + 0.2 + 0.05
 
 
+def test_alpha_derives_from_the_normalized_latency_slo(clock):
+    # Default: the whole budget of a max_model_len job under FastServe's SLO
+    # of 10 batch-1 decode iterations per token (§6.1): 10 * 11 ms * 256.
+    assert mlfq_core(clock).policy.alpha == pytest.approx(10 * COST.decode_time(1) * 256)
+    slo = MLFQConfig(slo_normalized_s=0.05)
+    assert mlfq_core(clock, mlfq=slo).policy.alpha == pytest.approx(0.05 * 256)
+    explicit = MLFQConfig(slo_normalized_s=0.05, starvation_s=3.0)
+    assert mlfq_core(clock, mlfq=explicit).policy.alpha == 3.0
+
+
+def test_default_alpha_lets_a_long_job_wait_behind_a_stream_of_short_ones(clock):
+    # Within its budget a demoted job is not promoted: the short jobs that
+    # keep arriving all finish first (no round robin over the backlog).
+    core = mlfq_core(clock, max_batch_size=1)
+    engine = FakeEngine(clock, step_time=0.011)
+    core.add(make_job(4, 500, job_id="hog"))
+    for _ in range(30):
+        p = core.schedule()
+        core.complete(p, engine.execute(p))
+    for i in range(300):  # 3.3 s, far below α = 28 s
+        if i % 3 == 0:
+            core.add(make_job(4, 3))
+        p = core.schedule()
+        assert all(c.job_id != "hog" for c in p.chunks)
+        core.complete(p, engine.execute(p))
+    assert core.policy.num_promotions == 0
+
+
 def test_short_job_overtakes_long_one_unlike_fcfs(clock):
     def finish_of_short(policy: str) -> float:
         from tests.scheduler.conftest import FakeClock
