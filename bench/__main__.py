@@ -46,6 +46,10 @@ from bench.cli_args import (
     _add_workload_args,
 )
 from bench.dataset import LengthFilter, ShareGPTPool, load_pool
+from bench.oracle import register as _register_oracles
+
+# The simulator may also run the clairvoyant orders (bench/oracle.py).
+_register_oracles()
 
 # ----------------------------------------------------------------- arguments
 

@@ -76,7 +76,9 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--iteration-overhead", type=float, default=None,
                    help="seconds added to each iteration (analytic default 1 ms; table 0)")
     g = p.add_argument_group("scheduler")
-    g.add_argument("--policy", default="fcfs")
+    g.add_argument("--policy", default="fcfs",
+                   help="fcfs, mlfq, mlfq-naive, fixed-priority; in the simulator also the "
+                        "clairvoyant bounds oracle-srpt and oracle-sjf (bench/oracle.py)")
     g.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks (default: what the analytic model's GPU memory holds)")
     g.add_argument("--block-size", type=int, default=16)

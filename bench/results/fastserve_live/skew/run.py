@@ -1,7 +1,8 @@
 """How much can MLFQ gain over FCFS on the live configuration?  A simulated
-study over the workload's length cap and the starvation threshold α.
+study over the workload's length cap and the starvation threshold α, with
+the clairvoyant orders of bench/oracle.py as the bound of any order.
 
-    python bench/results/fastserve_live/skew/run.py          # ~2 min, writes skew.json, skew.md, skew.png
+    python bench/results/fastserve_live/skew/run.py          # ~4 min, writes skew.json, skew.md, skew.png
 
 The live comparison (bench/fastserve_live.sh) keeps ShareGPT conversations
 whose prompt + answer fit 320 tokens, so that a run takes minutes on this
@@ -52,6 +53,11 @@ LOADS = [1.0, 1.5, 2.0]
 # 2.5 s for every job was the default before (MLFQPolicy.alpha_for).
 ALPHAS: dict[str, float | None] = {"default": None, "2.5 s for all": 2.5, "10 s": 10.0,
                                    "30 s": 30.0, "inf": 1e9}
+# Columns: MLFQ at each α, then the clairvoyant orders of bench/oracle.py
+# (they know every answer's length: a bound on what any order can gain).
+COLUMNS: dict[str, tuple[str, float | None]] = {
+    **{f"MLFQ α {k}": ("mlfq", v) for k, v in ALPHAS.items()},
+    "oracle SRPT": ("oracle-srpt", None), "oracle SJF": ("oracle-sjf", None)}
 # bench/configs/{fcfs,mlfq}.yaml in 16-token blocks.
 LIVE = ["--cost-model", TABLE, "--num-blocks", "128", "--block-size", "16",
         "--max-batch-size", "32", "--max-batch-tokens", "512", "--max-model-len", "1024",
@@ -120,13 +126,13 @@ def main() -> None:
         for load in LOADS:
             rate = load * cap_rate
             fcfs = averaged(cap, rate, "fcfs", None)
-            for label, alpha in ALPHAS.items():
-                mlfq = averaged(cap, rate, "mlfq", alpha)
+            for label, (policy, alpha) in COLUMNS.items():
+                mlfq = averaged(cap, rate, policy, alpha)
                 rows.append({"cap": cap, "capacity": cap_rate, "load": load, "rate": rate,
                              "alpha": label, "shape": sh, "fcfs": fcfs, "mlfq": mlfq,
                              "ratio": mlfq["nl_mean"] / fcfs["nl_mean"]})
-                print(f"  load {load:g} ({rate:.3f}/s) alpha {label}: FCFS {fcfs['nl_mean']:.3f} "
-                      f"MLFQ {mlfq['nl_mean']:.3f} ratio {rows[-1]['ratio']:.2f}", flush=True)
+                print(f"  load {load:g} ({rate:.3f}/s) {label}: FCFS {fcfs['nl_mean']:.3f} "
+                      f"it {mlfq['nl_mean']:.3f} ratio {rows[-1]['ratio']:.2f}", flush=True)
     (OUT / "skew.json").write_text(json.dumps({"n": N, "seeds": SEEDS, "table": TABLE,
                                                "rows": rows}, indent=1))
     write_markdown(rows)
@@ -135,8 +141,8 @@ def main() -> None:
 
 def write_markdown(rows: list[dict[str, Any]]) -> None:
     lines = ["| cap (tokens) | FCFS saturation (req/s) | answer quartiles | mean residual answer at "
-             "q0 / q25 / q50 / q75 | load | " + " | ".join(f"MLFQ/FCFS, α {k}" for k in ALPHAS)
-             + " |", "|---" * (5 + len(ALPHAS)) + "|"]
+             "q0 / q25 / q50 / q75 | load | " + " | ".join(f"{k} / FCFS" for k in COLUMNS)
+             + " |", "|---" * (5 + len(COLUMNS)) + "|"]
     for cap in CAPS:
         for load in LOADS:
             sel = [r for r in rows if r["cap"] == cap and r["load"] == load]
@@ -155,10 +161,10 @@ def plot(rows: list[dict[str, Any]]) -> None:
 
     fig, axes = plt.subplots(1, len(LOADS), figsize=(4 * len(LOADS), 3.4), sharey=True)
     for ax, load in zip(axes, LOADS):
-        for label in ALPHAS:
+        for label in COLUMNS:
             sel = [r for r in rows if r["load"] == load and r["alpha"] == label]
             ax.plot([r["cap"] for r in sel], [r["ratio"] for r in sel], marker="o",
-                    label=f"α {label}")
+                    ls=":" if label.startswith("oracle") else "-", label=label)
         ax.axhline(0.5, color="grey", ls="--", lw=1)
         ax.set_title(f"rate = {load:g} x FCFS saturation")
         ax.set_xlabel("ShareGPT prompt + answer cap (tokens)")
