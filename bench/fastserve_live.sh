@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Live FastServe comparison on this machine: FCFS vs skip-join MLFQ, same
 # swap mode, ShareGPT (ignore_eos, total length <= MAX_TOTAL), Poisson at
-# the rates given.  Policies are interleaved rate by rate (fcfs, mlfq at the
-# first rate, then the second, …), each run on a freshly started server, so
-# that the drift of a shared machine falls on both alike.  Writes
+# the rates given; no request is timed out before the run's end (MLFQ's
+# longest waits pass 600 s under overload).  Policies are interleaved rate
+# by rate (fcfs, mlfq at the first rate, then the second, …), each run on a
+# freshly started server, so that the drift of a shared machine falls on
+# both alike.  Writes
 # bench/results/fastserve_live/{fcfs,mlfq}.json (+ runs/ and plots).
 # Usage: bash bench/fastserve_live.sh [N] [RATE...]   (env MAX_TOTAL: length cap,
 # OUT: output folder)
@@ -22,7 +24,8 @@ for rate in $RATES; do
     start_server "bench/configs/$policy.yaml" "$OUT/$policy.server.log"
     python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$policy" \
       --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
-      --rate "$rate" --max-duration 1800 --out "$OUT/runs/${policy}_$rate.json"
+      --rate "$rate" --max-duration 1800 --request-timeout 1800 \
+      --out "$OUT/runs/${policy}_$rate.json"
     # Every plan of the run, to set beside its simulation (python -m bench trace-summary).
     python -m bench trace-live --out "$OUT/runs/${policy}_$rate.trace.json.gz"
     stop_server
