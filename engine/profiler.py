@@ -9,7 +9,6 @@ fuller profile for the simulator is `python -m bench profile`.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 

@@ -3,7 +3,7 @@
 The live engine loop and the simulator both write these, from the same
 `Plan` and `StepResult`, so that a live run can be laid beside its
 simulation and the first place where the two schedulers part ways found
-(`python -m bench trace`).  Plain data: no Ray, no torch.
+(`python -m bench trace-summary`).  Plain data: no Ray, no torch.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ the clairvoyant orders of bench/oracle.py as the bound of any order.
 
     python bench/results/fastserve_live/skew/run.py          # ~4 min, writes skew.json, skew.md, skew.png
 
-The live comparison (bench/fastserve_live.sh) keeps ShareGPT conversations
-whose prompt + answer fit 320 tokens, so that a run takes minutes on this
-CPU.  That filter also shapes the answer lengths: most of what is left is
+The first live comparison (bench/fastserve_live.sh with its default
+MAX_TOTAL) keeps ShareGPT conversations whose prompt + answer fit 320
+tokens, so that a run takes minutes on this CPU.  That filter also shapes
+the answer lengths: most of what is left is
 100-300 tokens and the tail is cut off.  MLFQ, which knows nothing of a
 job's length, approximates least-attained-service order; that order beats
 FCFS on mean latency only when a job that has run long is likely to run
