@@ -1,7 +1,7 @@
 """Command line of the response-length predictor: `python -m predictor --help`.
 
 Subcommands: build-dataset, train, evaluate, retrain, bench-latency,
-collect-completions, scaling.  Every command pins torch to `--threads` (default 1):
+collect-completions, scaling, probe.  Every command pins torch to `--threads` (default 1):
 on the 2-core machines two multi-threaded processes slow each other 10-25x
 (docs/ARCHITECTURE "Facts measured").
 """
@@ -87,7 +87,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=int, default=m.lora_alpha)
     g.add_argument("--prompt-head", type=int, default=m.prompt_head)
     g.add_argument("--prompt-tail", type=int, default=m.prompt_tail)
-    g.add_argument("--pooling", choices=["mean", "last"], default=m.pooling)
+    g.add_argument("--prompt-format", choices=["raw", "chat"], default=m.prompt_format,
+                   help="chat: frame the prompt in the backbone's chat template")
+    g.add_argument("--pooling", choices=["mean", "last", "mean+last"], default=m.pooling)
+    g.add_argument("--pool-layers", type=int, nargs="+", default=None,
+                   help="pool the outputs of these decoder layers (from 1; default: the final state)")
+    g.add_argument("--n-heads", type=int, default=m.n_heads, help="ensemble of head MLPs")
+    g.add_argument("--head-dropout", type=float, default=m.head_dropout)
     g.add_argument("--head", choices=["log", "bins"], default=m.head)
     g.add_argument("--decode", choices=["window", "median", "mean"], default=m.decode)
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=m.dtype)
@@ -102,7 +108,11 @@ def _model_cfg(a: argparse.Namespace) -> ModelConfig:
         lora_alpha=a.lora_alpha,
         prompt_head=a.prompt_head,
         prompt_tail=a.prompt_tail,
+        prompt_format=a.prompt_format,
         pooling=a.pooling,
+        pool_layers=tuple(a.pool_layers) if a.pool_layers else None,
+        n_heads=a.n_heads,
+        head_dropout=a.head_dropout,
         head=a.head,
         decode=a.decode,
         dtype=a.dtype,
@@ -174,7 +184,7 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
         from predictor.model import pad_id_of
 
         tok = load_tokenizer(model.cfg.backbone)
-        enc = encode_pairs(tok, test, model.cfg.prompt_head, model.cfg.prompt_tail)
+        enc = encode_pairs(tok, test, model.cfg.prompt_head, model.cfg.prompt_tail, model.cfg.prompt_format == "chat")
         cache = prefix_cache_for(model, [enc], pad_id_of(tok), True)
     t0 = time.perf_counter()
     report = evaluate_model(model, s.train, test, cache=cache)
@@ -266,6 +276,28 @@ def cmd_scaling(a: argparse.Namespace) -> None:
     print(md)
 
 
+def cmd_probe(a: argparse.Namespace) -> None:
+    from predictor.dataset import load_sharegpt_splits
+    from predictor.probe import ProbeConfig, render_probe, run_probe
+
+    cfg = ProbeConfig(
+        backbone=a.backbone, formats=tuple(a.formats), layers=tuple(a.layers),
+        combos=tuple(tuple(int(n) for n in c.split(",")) for c in a.combos),
+        epochs=a.epochs, seed=a.seed,
+    )
+    s = load_sharegpt_splits()
+    train = s.train[: a.train_samples] if a.train_samples else s.train
+    test = s.test[: a.test_samples] if a.test_samples else s.test
+    report = run_probe(cfg, train, test)
+    report["command"] = _command_line()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = render_probe(report, report["command"])
+    (out / "probe.md").write_text(md)
+    print(md)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m predictor",
@@ -335,6 +367,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report-only", action="store_true", help="do not train, report what is there")
     p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
     p.set_defaults(func=cmd_scaling)
+
+    p = sub.add_parser(
+        "probe",
+        help="heads on frozen backbone features: which layers, pooling and prompt format carry RL",
+    )
+    p.add_argument("--backbone", default=ModelConfig().backbone)
+    p.add_argument("--formats", nargs="+", choices=["raw", "chat"], default=["raw", "chat"])
+    p.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16, 24, 30])
+    p.add_argument("--combos", nargs="*", default=["16,24", "8,16,24,30"],
+                   help="comma-separated layer sets pooled together (mean and last)")
+    p.add_argument("--train-samples", type=int, default=None, help="default: the whole train split")
+    p.add_argument("--test-samples", type=int, default=None, help="default: the whole test split")
+    p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
+    p.set_defaults(func=cmd_probe)
 
     a = ap.parse_args(argv)
     import torch

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_BACKBONE = "embedded:smollm2"
 
@@ -71,13 +71,27 @@ class ModelConfig(BaseModel):
     # "in 500 words") is usually at one end of a long prompt.
     prompt_head: int = 96
     prompt_tail: int = 32
-    pooling: Literal["mean", "last"] = "mean"
+    # "chat": the truncated prompt is wrapped in the backbone's chat template
+    # up to the assistant turn's start, as the served chat model sees it; the
+    # state there is where the model begins its answer (measured on ShareGPT
+    # with frozen SmolLM2 features: a head on it beats the raw prompt's).
+    prompt_format: Literal["raw", "chat"] = "raw"
+    pooling: Literal["mean", "last", "mean+last"] = "mean"
+    # Outputs of these decoder layers (counted from 1) are pooled and
+    # concatenated; None = the final hidden state. Middle layers carry more of
+    # the length signal than the last one. Each must be above the frozen prefix
+    # (depth - lora_layers) so the prefix cache can serve it.
+    pool_layers: tuple[int, ...] | None = None
     # "log": regression on log(RL) with an L1 loss (its optimum is the median,
     # the MAE-optimal point). "bins": a distribution over 32-token bins trained
     # with cross-entropy; the point prediction is then decoded for the metric
     # (see `decode`), and the distribution gives quantiles for padding.
     head: Literal["log", "bins"] = "bins"
     head_hidden: int = 256
+    # Independently initialised MLPs whose bin distributions are averaged: a
+    # cheap ensemble (each is a few hundred K parameters on shared features).
+    n_heads: int = Field(default=1, ge=1)
+    head_dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     bin_width: int = DEFAULT_BIN_WIDTH
     max_len: int = 1024  # upper edge of the last bin / cap of predictions
     # Point estimate from the bin distribution: "median" minimizes MAE,
@@ -85,6 +99,19 @@ class ModelConfig(BaseModel):
     # (maximizes Acc-50), "mean" is the expectation.
     decode: Literal["median", "window", "mean"] = "window"
     dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @field_validator("pool_layers")
+    @classmethod
+    def _pool_layers_positive(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if v is not None and (not v or min(v) < 1):
+            raise ValueError("pool_layers: decoder layers are counted from 1")
+        return v
+
+    @property
+    def pooled_width(self) -> int:
+        """How many pooled vectors the head sees (per hidden size)."""
+        n = 1 if self.pool_layers is None else len(self.pool_layers)
+        return n * (2 if self.pooling == "mean+last" else 1)
 
     @property
     def max_prompt_tokens(self) -> int:

@@ -73,9 +73,13 @@ def token_lengths(tokenizer: Any, texts: Sequence[str], batch: int = 512) -> lis
 
 
 def encode_prompts(
-    tokenizer: Any, prompts: Sequence[str], head: int, tail: int
+    tokenizer: Any, prompts: Sequence[str], head: int, tail: int, chat: bool = False
 ) -> tuple[list[list[int]], list[int]]:
-    """Token ids truncated to the first `head` + last `tail` tokens, and full lengths."""
+    """Token ids truncated to the first `head` + last `tail` tokens, and full lengths.
+
+    `chat` frames the truncated ids in the tokenizer's chat template
+    (predictor/prompt_format.py); the lengths stay those of the bare prompt.
+    """
     if not prompts:
         return [], []
     enc = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
@@ -85,6 +89,11 @@ def encode_prompts(
         if len(x) > head + tail:
             x = x[:head] + (x[len(x) - tail :] if tail else [])
         ids.append(list(x) if x else [fallback])  # an empty prompt still gets one token
+    if chat:
+        from predictor.prompt_format import chat_frame
+
+        before, after = chat_frame(tokenizer)
+        ids = [before + x + after for x in ids]
     return ids, [len(x) for x in enc]
 
 
@@ -293,8 +302,10 @@ class Encoded(BaseModel):
     lengths: list[int]
 
 
-def encode_pairs(tokenizer: Any, pairs: Sequence[LengthPair], head: int, tail: int) -> Encoded:
-    ids, _ = encode_prompts(tokenizer, [p.prompt for p in pairs], head, tail)
+def encode_pairs(
+    tokenizer: Any, pairs: Sequence[LengthPair], head: int, tail: int, chat: bool = False
+) -> Encoded:
+    ids, _ = encode_prompts(tokenizer, [p.prompt for p in pairs], head, tail, chat)
     # `prompt_tokens` stays the dataset's count (the served model's tokenizer):
     # that is what the server knows about a request before it runs.
     return Encoded(

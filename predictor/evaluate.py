@@ -75,7 +75,7 @@ def predict_pairs(
     progress: bool = True,
 ) -> list[float]:
     tok = tokenizer or load_tokenizer(model.cfg.backbone)
-    enc = encode_pairs(tok, pairs, model.cfg.prompt_head, model.cfg.prompt_tail)
+    enc = encode_pairs(tok, pairs, model.cfg.prompt_head, model.cfg.prompt_tail, model.cfg.prompt_format == "chat")
     out = head_outputs(model, enc, pad_id_of(tok), cache, progress=progress)
     return decode(out, model.cfg, how).tolist()
 
@@ -117,7 +117,7 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Metrics of every decoder of `model` and of the baselines on `test`."""
     tok = load_tokenizer(model.cfg.backbone)
-    enc = encode_pairs(tok, test, model.cfg.prompt_head, model.cfg.prompt_tail)
+    enc = encode_pairs(tok, test, model.cfg.prompt_head, model.cfg.prompt_tail, model.cfg.prompt_format == "chat")
     t0 = time.perf_counter()
     out = head_outputs(model, enc, pad_id_of(tok), cache, progress=progress)
     elapsed = time.perf_counter() - t0

@@ -3,16 +3,19 @@
 The backbone is a causal LM's decoder stack (OPT or Llama family, loaded with
 `AutoModel`, so the vocabulary projection, a fifth of SmolLM2's compute per
 token, is never run).  LoRA adapters (peft) sit on the attention projections
-of the top `lora_layers` layers; the prompt's hidden states are pooled and a
-small MLP head, which also sees the full prompt length (truncation hides it),
+of the top `lora_layers` layers; the prompt's hidden states (the final ones,
+or those of chosen layers, by mean and/or last token) are pooled and a small
+MLP head, which also sees the full prompt length (truncation hides it),
 predicts the RL either as log-length regression or as a distribution over
-32-token bins (one bin = one KV block of EconoServe's setup).
+32-token bins (one bin = one KV block of EconoServe's setup).  The head may
+be an ensemble of MLPs whose distributions are averaged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,40 +109,69 @@ def add_lora(cfg: ModelConfig, backbone: nn.Module) -> nn.Module:
     return get_peft_model(backbone, lcfg)
 
 
+def _mlp(n_in: int, cfg: ModelConfig, n_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(n_in, cfg.head_hidden),
+        nn.GELU(),
+        nn.Dropout(cfg.head_dropout),
+        nn.Linear(cfg.head_hidden, n_out),
+    )
+
+
 class LengthHead(nn.Module):
-    """MLP on [pooled hidden state, scaled log prompt length] -> RL."""
+    """MLPs on [pooled hidden states, scaled log prompt length] -> RL.
+
+    `cfg.n_heads` members share the normalised input; each is trained on its
+    own loss, and the prediction is their mixture (mean of bin probabilities,
+    or of log lengths for the log head).
+    """
 
     def __init__(self, hidden: int, cfg: ModelConfig) -> None:
         super().__init__()
         self.kind = cfg.head
-        self.norm = nn.LayerNorm(hidden)
+        width = hidden * cfg.pooled_width
+        self.norm = nn.LayerNorm(width)
         n_out = 1 if cfg.head == "log" else cfg.n_bins
-        self.net = nn.Sequential(
-            nn.Linear(hidden + 1, cfg.head_hidden),
-            nn.GELU(),
-            nn.Dropout(0.1),
-            nn.Linear(cfg.head_hidden, n_out),
-        )
+        self.nets = nn.ModuleList(_mlp(width + 1, cfg, n_out) for _ in range(cfg.n_heads))
 
-    def forward(self, pooled: torch.Tensor, prompt_tokens: torch.Tensor) -> torch.Tensor:
+    def members(self, pooled: torch.Tensor, prompt_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, n_heads) log lengths, or (B, n_heads, n_bins) logits."""
         plen = torch.log1p(prompt_tokens.float()).unsqueeze(-1) / math.log1p(_PLEN_SCALE)
         x = torch.cat([self.norm(pooled.float()), plen], dim=-1)
-        out = self.net(x)
+        out = torch.stack([net(x) for net in self.nets], dim=1)
         return out.squeeze(-1) if self.kind == "log" else out
+
+    def combine(self, members: torch.Tensor) -> torch.Tensor:
+        """The mixture, in the single-member format (`decode` reads it)."""
+        if self.kind == "log":
+            return members.mean(1)
+        if members.shape[1] == 1:
+            return members[:, 0]
+        probs = torch.softmax(members.float(), dim=-1).mean(1)
+        return torch.log(probs.clamp(min=1e-12))
+
+    def forward(self, pooled: torch.Tensor, prompt_tokens: torch.Tensor) -> torch.Tensor:
+        return self.combine(self.members(pooled, prompt_tokens))
 
     def init_prior(self, lengths: Sequence[int], cfg: ModelConfig) -> None:
         """Start from the training prior: median (log head) or bin frequencies."""
-        last = self.net[-1]
-        assert isinstance(last, nn.Linear)
         with torch.no_grad():
-            if self.kind == "log":
-                xs = sorted(lengths)
-                last.bias.fill_(math.log(max(1, xs[len(xs) // 2])))
-            else:
-                counts = torch.ones(cfg.n_bins)
-                for n in lengths:
-                    counts[bin_index(n, cfg)] += 1
-                last.bias.copy_(torch.log(counts / counts.sum()))
+            for net in self.nets:
+                last = net[-1]
+                assert isinstance(last, nn.Linear)
+                if self.kind == "log":
+                    xs = sorted(lengths)
+                    last.bias.fill_(math.log(max(1, xs[len(xs) // 2])))
+                else:
+                    counts = torch.ones(cfg.n_bins)
+                    for n in lengths:
+                        counts[bin_index(n, cfg)] += 1
+                    last.bias.copy_(torch.log(counts / counts.sum()))
+
+    def load_compatible(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a state dict, including one saved before heads became a list."""
+        state = {("nets.0." + k[4:] if k.startswith("net.") else k): v for k, v in state.items()}
+        self.load_state_dict(state)
 
 
 def bin_index(length: int, cfg: ModelConfig) -> int:
@@ -162,6 +194,37 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
         return hidden[torch.arange(hidden.shape[0]), idx]
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def pool_many(hiddens: Sequence[torch.Tensor], mask: torch.Tensor, how: str) -> torch.Tensor:
+    """Pool each hidden-state tensor ("mean+last": both) and concatenate."""
+    hows = ("mean", "last") if how == "mean+last" else (how,)
+    return torch.cat([pool(h, mask, w) for h in hiddens for w in hows], dim=-1)
+
+
+@contextmanager
+def captured_layers(backbone: nn.Module, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Outputs of decoder layers `layers` (counted from 1) during a forward pass.
+
+    Hooks on the layer modules rather than `output_hidden_states`: the prefix
+    cache swaps the bottom layers for stubs, and the hook on the stub standing
+    at layer K reads the cached state, which is that layer's output.
+    """
+    stack = decoder_layers(backbone)
+    got: dict[int, torch.Tensor] = {}
+
+    def hook_for(n: int) -> Any:
+        def hook(_mod: nn.Module, _args: Any, output: Any) -> None:
+            got[n] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    handles = [stack[n - 1].register_forward_hook(hook_for(n)) for n in layers]
+    try:
+        yield got
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def decode(out: torch.Tensor, cfg: ModelConfig, how: str | None = None) -> torch.Tensor:
@@ -218,22 +281,31 @@ class LengthPredictor(nn.Module):
         attention_mask: torch.Tensor,
         prompt_tokens: torch.Tensor,
         inputs_embeds: torch.Tensor | None = None,
+        return_members: bool = False,
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {"attention_mask": attention_mask, "use_cache": False}
         if inputs_embeds is None:
             kwargs["input_ids"] = input_ids
         else:
             kwargs["inputs_embeds"] = inputs_embeds
-        hidden = self.backbone(**kwargs).last_hidden_state
-        return self.head(pool(hidden, attention_mask, self.cfg.pooling), prompt_tokens)
+        if self.cfg.pool_layers is None:
+            hiddens = [self.backbone(**kwargs).last_hidden_state]
+        else:
+            with captured_layers(self.backbone, self.cfg.pool_layers) as got:
+                self.backbone(**kwargs)
+            hiddens = [got[n] for n in self.cfg.pool_layers]
+        members = self.head.members(pool_many(hiddens, attention_mask, self.cfg.pooling), prompt_tokens)
+        return members if return_members else self.head.combine(members)
 
-    def loss(self, out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def loss(self, members: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Mean over ensemble members of each one's loss (`forward(return_members=True)`)."""
         if self.cfg.head == "log":
             # L1 on log length: its minimiser is the conditional median, robust
             # to ShareGPT's long tail; a relative error, like the padding ratio.
-            return (out - torch.log(lengths.float().clamp(min=1.0))).abs().mean()
-        target = soft_targets(lengths, self.cfg)
-        return -(target * torch.log_softmax(out.float(), dim=-1)).sum(-1).mean()
+            y = torch.log(lengths.float().clamp(min=1.0)).unsqueeze(1)
+            return (members - y).abs().mean()
+        target = soft_targets(lengths, self.cfg).unsqueeze(1)
+        return -(target * torch.log_softmax(members.float(), dim=-1)).sum(-1).mean()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
@@ -241,9 +313,24 @@ class LengthPredictor(nn.Module):
 
 def build_predictor(cfg: ModelConfig, with_lora: bool = True) -> LengthPredictor:
     backbone = load_backbone(cfg)
+    check_pool_layers(cfg, backbone)
     if with_lora and (cfg.lora_layers is None or cfg.lora_layers > 0):
         backbone = add_lora(cfg, backbone)
     return LengthPredictor(cfg, backbone)
+
+
+def check_pool_layers(cfg: ModelConfig, backbone: nn.Module) -> None:
+    """Pooled layers must exist and sit at or above the frozen prefix's top."""
+    if cfg.pool_layers is None:
+        return
+    depth = len(decoder_layers(backbone))
+    k = frozen_prefix(cfg, depth)
+    bad = [n for n in cfg.pool_layers if not max(1, k) <= n <= depth]
+    if bad:
+        raise ValueError(
+            f"pool_layers {list(bad)}: must be within [{max(1, k)}, {depth}] "
+            f"(depth {depth}, frozen prefix {k} layers, which the prefix cache replaces)"
+        )
 
 
 def collate(
@@ -314,9 +401,10 @@ def load_predictor(
     if backbone is not None:
         cfg = cfg.model_copy(update={"backbone": backbone})
     base = load_backbone(cfg)
+    check_pool_layers(cfg, base)
     lora_dir = Path(adapter_dir) / ADAPTER_SUBDIR
     if lora_dir.is_dir():
         base = PeftModel.from_pretrained(base, str(lora_dir), is_trainable=trainable)
     model = LengthPredictor(cfg, base)
-    model.head.load_state_dict(load_file(str(Path(adapter_dir) / HEAD_FILE)))
+    model.head.load_compatible(load_file(str(Path(adapter_dir) / HEAD_FILE)))
     return model

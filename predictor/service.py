@@ -75,7 +75,9 @@ class PredictorService:
         """Predicted RL (tokens, >= 1) for each prompt."""
         if not prompts:
             return []
-        ids, full = encode_prompts(self.tokenizer, prompts, self.cfg.prompt_head, self.cfg.prompt_tail)
+        ids, full = encode_prompts(
+            self.tokenizer, prompts, self.cfg.prompt_head, self.cfg.prompt_tail, self.cfg.prompt_format == "chat"
+        )
         if prompt_tokens is None:
             if self.length_tokenizer is self.tokenizer:
                 prompt_tokens = full
@@ -145,7 +147,10 @@ def bench_latency(
     (after a warm-up), so the figures compare like with like.
     """
     pool = [prompts[i % len(prompts)] for i in range(max(batch_sizes) * reps)]
-    ids, _ = encode_prompts(service.tokenizer, pool, service.cfg.prompt_head, service.cfg.prompt_tail)
+    ids, _ = encode_prompts(
+        service.tokenizer, pool, service.cfg.prompt_head, service.cfg.prompt_tail,
+        service.cfg.prompt_format == "chat",
+    )
     service.max_batch_size = max(service.max_batch_size, *batch_sizes)
     rows: list[dict[str, float]] = []
     for bs in batch_sizes:

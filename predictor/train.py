@@ -87,6 +87,7 @@ def prefix_cache_for(
     cfg = model.cfg
     ident = json.dumps(
         [str(resolve_model(cfg.backbone)), cfg.depth, cfg.prompt_head, cfg.prompt_tail, cfg.dtype]
+        + ([cfg.prompt_format] if cfg.prompt_format != "raw" else [])
     )
     ids = [x for e in encs for x in e.ids]
     return PrefixCache.build(model.backbone, k, ids, pad_id, cache_path(cache_dir(), ident, k))
@@ -179,8 +180,9 @@ def train(
     if train_cfg.max_train_samples is not None:
         pairs = pairs[: train_cfg.max_train_samples]
     eval_subset = list(eval_pairs)[: train_cfg.eval_samples]
-    enc = encode_pairs(tok, pairs, model_cfg.prompt_head, model_cfg.prompt_tail)
-    enc_eval = encode_pairs(tok, eval_subset, model_cfg.prompt_head, model_cfg.prompt_tail)
+    chat = model_cfg.prompt_format == "chat"
+    enc = encode_pairs(tok, pairs, model_cfg.prompt_head, model_cfg.prompt_tail, chat)
+    enc_eval = encode_pairs(tok, eval_subset, model_cfg.prompt_head, model_cfg.prompt_tail, chat)
     t_cache = time.perf_counter()
     cache = prefix_cache_for(model, [enc, enc_eval], pad_id, train_cfg.use_prefix_cache)
     t_cache = time.perf_counter() - t_cache
@@ -228,9 +230,9 @@ def train(
         y = torch.tensor([enc.lengths[i] for i in idx])
         if cache is not None:
             with injected(model.backbone, cache.k, cache.batch(ids)):
-                loss = model.loss(model(input_ids, mask, pt), y)
+                loss = model.loss(model(input_ids, mask, pt, return_members=True), y)
         else:
-            loss = model.loss(model(input_ids, mask, pt), y)
+            loss = model.loss(model(input_ids, mask, pt, return_members=True), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)

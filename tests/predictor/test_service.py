@@ -64,3 +64,26 @@ def test_deployment_batches_without_a_cluster(adapter: Path, monkeypatch: pytest
     assert max(calls) > 1 and sum(calls) == 20  # requests were batched
     assert all(o["predicted_len"] >= 1 and o["allocation"] >= o["predicted_len"] for o in out)
     assert prediction_if_ready(None) is None
+
+
+def test_shipped_adapter_serves_what_evaluation_scored() -> None:
+    """The shipped adapter loads, and the service frames and truncates prompts
+    exactly as training and evaluation did (same prediction on both paths)."""
+    from engine.model_source import ModelSourceError, resolve_model
+    from predictor.dataset import LengthPair, encode_prompts
+    from predictor.evaluate import predict_pairs
+    from predictor.service import DEFAULT_ADAPTER
+
+    try:
+        resolve_model("embedded:smollm2")
+    except ModelSourceError as e:
+        pytest.skip(f"embedded SmolLM2 unavailable: {e}")
+    svc = PredictorService(DEFAULT_ADAPTER, padding_ratio=0.15)
+    prompts = ["hi", "Write a Python function that parses a CSV file and sums each column. " * 12]
+    served = svc.predict_lengths(prompts)
+    pairs = [LengthPair(id=str(i), prompt=p, prompt_tokens=n, response_len=1)
+             for i, (p, n) in enumerate(zip(prompts, encode_prompts(svc.length_tokenizer, prompts, 1, 0)[1]))]
+    scored = predict_pairs(svc.model, pairs, svc.tokenizer, progress=False)
+    # LoRA is merged for serving: float rounding may move a prediction by a token.
+    assert all(abs(a - max(1, round(b))) <= 1 for a, b in zip(served, scored))
+    assert all(1 <= n <= svc.cfg.max_len for n in served)

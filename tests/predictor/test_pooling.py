@@ -1,0 +1,151 @@
+"""Multi-layer pooling, the head ensemble and the chat-template frame."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from predictor.config import DatasetConfig, ModelConfig, TrainConfig
+from predictor.dataset import build_pairs, encode_prompts, load_tokenizer
+from predictor.model import (
+    HEAD_FILE,
+    LengthHead,
+    build_predictor,
+    collate,
+    decode,
+    load_predictor,
+    save_predictor,
+)
+from predictor.prefix_cache import PrefixCache, injected
+from predictor.prompt_format import chat_frame
+from predictor.train import train
+
+from .conftest import synthetic_records
+
+
+def _cfg(path: Path, **kw: object) -> ModelConfig:
+    base: dict[str, object] = dict(backbone=str(path), lora_layers=2, head="bins", max_len=256, head_hidden=16)
+    base.update(kw)
+    return ModelConfig.model_validate(base)
+
+
+@pytest.mark.parametrize("family", ["tiny_opt", "tiny_llama"])
+def test_pooled_layers_through_the_prefix_cache_match_the_full_forward(
+    family: str, request: pytest.FixtureRequest
+) -> None:
+    path: Path = request.getfixturevalue(family)
+    # Layer 2 is the top of the frozen prefix: with the cache it is the stub
+    # holding the cached state, so its hook must read that state.
+    cfg = _cfg(path, pool_layers=(2, 4), pooling="mean+last", n_heads=3)
+    model = build_predictor(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.backbone.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    assert model.head.norm.normalized_shape == (32 * 4,)  # 2 layers x (mean, last)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
+    cache = PrefixCache.build(model.backbone, 2, prompts, pad_id=0)
+    ids, mask = collate(prompts, 0)
+    pt = torch.tensor([6, 2, 3])
+    with torch.no_grad():
+        full = model(ids, mask, pt)
+        with injected(model.backbone, 2, cache.batch(prompts)):
+            fast = model(ids, mask, pt)
+        # The pooled layers are the ones named: layers 3 and 4 give another answer.
+        other = build_predictor(_cfg(path, pool_layers=(3, 4), pooling="mean+last", n_heads=3)).eval()
+        other.backbone.load_state_dict(model.backbone.state_dict())
+        other.head.load_state_dict(model.head.state_dict())
+        final = other(ids, mask, pt)
+    assert torch.allclose(full, fast, atol=1e-2, rtol=1e-3)
+    assert not torch.allclose(full, final, atol=1e-3)
+
+
+def test_pool_layers_below_the_frozen_prefix_are_refused(tiny_llama: Path) -> None:
+    with pytest.raises(ValueError, match="pool_layers"):
+        build_predictor(_cfg(tiny_llama, pool_layers=(1, 4)))  # layer 1 is under the cache
+    with pytest.raises(ValueError, match="pool_layers"):
+        build_predictor(_cfg(tiny_llama, pool_layers=(5,)))  # only 4 layers
+    with pytest.raises(ValueError, match="pool_layers"):
+        ModelConfig(pool_layers=(0,))
+
+
+def test_ensemble_is_the_mixture_of_its_members() -> None:
+    cfg = ModelConfig(head="bins", max_len=256, head_hidden=8, n_heads=3)
+    head = LengthHead(16, cfg).eval()  # no dropout
+    head.init_prior([40, 100, 100, 200], cfg)
+    for net in head.nets:  # members differ
+        torch.nn.init.normal_(net[-1].weight, std=0.5)
+    x, pt = torch.randn(5, 16), torch.tensor([3, 10, 30, 100, 300])
+    members = head.members(x, pt)
+    assert members.shape == (5, 3, cfg.n_bins)
+    mix = torch.softmax(head(x, pt), -1)
+    assert torch.allclose(mix, torch.softmax(members, -1).mean(1), atol=1e-6)
+    # The mixture's median lies between its members' medians.
+    med = decode(head(x, pt), cfg, "median")
+    each = torch.stack([decode(members[:, i], cfg, "median") for i in range(3)], 1)
+    assert torch.all(med >= each.min(1).values - 1e-3) and torch.all(med <= each.max(1).values + 1e-3)
+    # The log head averages log lengths.
+    lcfg = cfg.model_copy(update={"head": "log"})
+    lhead = LengthHead(16, lcfg).eval()
+    assert torch.allclose(lhead(x, pt), lhead.members(x, pt).mean(1))
+
+
+def test_adapter_saved_with_a_single_net_still_loads(tiny_opt: Path, tmp_path: Path) -> None:
+    model = build_predictor(_cfg(tiny_opt))
+    torch.nn.init.normal_(model.head.nets[0][-1].weight)
+    save_predictor(model, tmp_path)
+    # The former layout: one MLP called `net`.
+    old = {k.replace("nets.0.", "net."): v for k, v in model.head.state_dict().items()}
+    save_file(old, str(tmp_path / HEAD_FILE))
+    again = load_predictor(tmp_path)
+    for k, v in model.head.state_dict().items():
+        assert torch.equal(again.head.state_dict()[k], v)
+
+
+@pytest.fixture()
+def tiny_llama_chat(tiny_llama: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "tiny-llama-chat"
+    shutil.copytree(tiny_llama, path)
+    tok = load_tokenizer(str(path))
+    tok.chat_template = (
+        "{% for m in messages %}</s> {{ m['role'] }} : {{ m['content'] }} </s>{% endfor %}"
+        "{% if add_generation_prompt %} assistant :{% endif %}"
+    )
+    tok.save_pretrained(str(path))
+    return path
+
+
+def test_chat_frame_wraps_the_truncated_prompt(tiny_llama_chat: Path) -> None:
+    tok = load_tokenizer(str(tiny_llama_chat))
+    before, after = chat_frame(tok)
+    assert before and after
+    prompts = ["write a short poem about the sea " * 6, "hi"]
+    raw, full = encode_prompts(tok, prompts, 4, 2)
+    framed, full2 = encode_prompts(tok, prompts, 4, 2, chat=True)
+    assert full == full2  # lengths are the bare prompt's
+    for r, f in zip(raw, framed):
+        assert f == before + r + after
+    # On a short prompt the frame is the template's own tokenization.
+    whole = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert framed[1] == tok(whole, add_special_tokens=False)["input_ids"]
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="chat template"):
+        chat_frame(tok)
+
+
+def test_training_with_chat_frame_pooled_layers_and_ensemble(tiny_llama_chat: Path, tmp_path: Path) -> None:
+    tok = load_tokenizer(str(tiny_llama_chat))
+    s = build_pairs(synthetic_records(120), tok, DatasetConfig(tokenizer=str(tiny_llama_chat), n_finetune=80))
+    cfg = _cfg(tiny_llama_chat, prompt_format="chat", pool_layers=(2, 4), pooling="mean+last",
+               n_heads=2, prompt_head=12, prompt_tail=4)
+    tc = TrainConfig(max_train_samples=16, batch_size=16, max_steps=25, lr=1e-2, head_lr=1e-2,
+                     warmup_steps=0, eval_samples=8, checkpoint_every=0)
+    summary = train(cfg, tc, s.train, s.test, tmp_path / "a", progress=False)
+    losses = summary["losses"]
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
+    again = load_predictor(tmp_path / "a")
+    assert again.cfg.prompt_format == "chat" and len(again.head.nets) == 2
