@@ -180,11 +180,11 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
     test = s.test[: a.limit] if a.limit else s.test
     cache = None
     if not a.no_prefix_cache:
-        from predictor.dataset import encode_pairs, load_tokenizer
+        from predictor.dataset import encode_pairs_for, load_tokenizer
         from predictor.model import pad_id_of
 
         tok = load_tokenizer(model.cfg.backbone)
-        enc = encode_pairs(tok, test, model.cfg.prompt_head, model.cfg.prompt_tail, model.cfg.prompt_format == "chat")
+        enc = encode_pairs_for(tok, test, model.cfg)
         cache = prefix_cache_for(model, [enc], pad_id_of(tok), True)
     t0 = time.perf_counter()
     report = evaluate_model(model, s.train, test, cache=cache)

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from predictor.config import DatasetConfig, cache_dir
+from predictor.config import DatasetConfig, ModelConfig, cache_dir
 
 Split = Literal["train", "test", "serve"]
 
@@ -95,6 +95,11 @@ def encode_prompts(
         before, after = chat_frame(tokenizer)
         ids = [before + x + after for x in ids]
     return ids, [len(x) for x in enc]
+
+
+def model_inputs(tokenizer: Any, prompts: Sequence[str], cfg: ModelConfig) -> tuple[list[list[int]], list[int]]:
+    """`encode_prompts` with the truncation and framing an adapter was trained with."""
+    return encode_prompts(tokenizer, prompts, cfg.prompt_head, cfg.prompt_tail, cfg.prompt_format == "chat")
 
 
 # ------------------------------------------------------------------- split
@@ -313,3 +318,8 @@ def encode_pairs(
         prompt_tokens=[p.prompt_tokens for p in pairs],
         lengths=[p.response_len for p in pairs],
     )
+
+
+def encode_pairs_for(tokenizer: Any, pairs: Sequence[LengthPair], cfg: ModelConfig) -> Encoded:
+    """`encode_pairs` with the truncation and framing of `cfg`."""
+    return encode_pairs(tokenizer, pairs, cfg.prompt_head, cfg.prompt_tail, cfg.prompt_format == "chat")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from predictor.dataset import Encoded, LengthPair, encode_pairs, load_tokenizer
+from predictor.dataset import Encoded, LengthPair, encode_pairs_for, load_tokenizer
 from predictor.metrics import (
     BucketMedianBaseline,
     MedianBaseline,
@@ -75,7 +75,7 @@ def predict_pairs(
     progress: bool = True,
 ) -> list[float]:
     tok = tokenizer or load_tokenizer(model.cfg.backbone)
-    enc = encode_pairs(tok, pairs, model.cfg.prompt_head, model.cfg.prompt_tail, model.cfg.prompt_format == "chat")
+    enc = encode_pairs_for(tok, pairs, model.cfg)
     out = head_outputs(model, enc, pad_id_of(tok), cache, progress=progress)
     return decode(out, model.cfg, how).tolist()
 
@@ -117,7 +117,7 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Metrics of every decoder of `model` and of the baselines on `test`."""
     tok = load_tokenizer(model.cfg.backbone)
-    enc = encode_pairs(tok, test, model.cfg.prompt_head, model.cfg.prompt_tail, model.cfg.prompt_format == "chat")
+    enc = encode_pairs_for(tok, test, model.cfg)
     t0 = time.perf_counter()
     out = head_outputs(model, enc, pad_id_of(tok), cache, progress=progress)
     elapsed = time.perf_counter() - t0

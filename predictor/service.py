@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from predictor.dataset import encode_prompts, load_tokenizer
+from predictor.dataset import encode_prompts, load_tokenizer, model_inputs
 from predictor.metrics import allocation
 from predictor.model import CONFIG_FILE, collate, decode, load_predictor, pad_id_of
 
@@ -75,9 +75,7 @@ class PredictorService:
         """Predicted RL (tokens, >= 1) for each prompt."""
         if not prompts:
             return []
-        ids, full = encode_prompts(
-            self.tokenizer, prompts, self.cfg.prompt_head, self.cfg.prompt_tail, self.cfg.prompt_format == "chat"
-        )
+        ids, full = model_inputs(self.tokenizer, prompts, self.cfg)
         if prompt_tokens is None:
             if self.length_tokenizer is self.tokenizer:
                 prompt_tokens = full
@@ -147,10 +145,7 @@ def bench_latency(
     (after a warm-up), so the figures compare like with like.
     """
     pool = [prompts[i % len(prompts)] for i in range(max(batch_sizes) * reps)]
-    ids, _ = encode_prompts(
-        service.tokenizer, pool, service.cfg.prompt_head, service.cfg.prompt_tail,
-        service.cfg.prompt_format == "chat",
-    )
+    ids, _ = model_inputs(service.tokenizer, pool, service.cfg)
     service.max_batch_size = max(service.max_batch_size, *batch_sizes)
     rows: list[dict[str, float]] = []
     for bs in batch_sizes:

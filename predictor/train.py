@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from predictor.config import ModelConfig, TrainConfig, cache_dir
-from predictor.dataset import Encoded, LengthPair, encode_pairs, load_tokenizer
+from predictor.dataset import Encoded, LengthPair, encode_pairs_for, load_tokenizer
 from predictor.evaluate import head_outputs
 from predictor.metrics import evaluate_predictions
 from predictor.model import (
@@ -180,9 +180,8 @@ def train(
     if train_cfg.max_train_samples is not None:
         pairs = pairs[: train_cfg.max_train_samples]
     eval_subset = list(eval_pairs)[: train_cfg.eval_samples]
-    chat = model_cfg.prompt_format == "chat"
-    enc = encode_pairs(tok, pairs, model_cfg.prompt_head, model_cfg.prompt_tail, chat)
-    enc_eval = encode_pairs(tok, eval_subset, model_cfg.prompt_head, model_cfg.prompt_tail, chat)
+    enc = encode_pairs_for(tok, pairs, model_cfg)
+    enc_eval = encode_pairs_for(tok, eval_subset, model_cfg)
     t_cache = time.perf_counter()
     cache = prefix_cache_for(model, [enc, enc_eval], pad_id, train_cfg.use_prefix_cache)
     t_cache = time.perf_counter() - t_cache
