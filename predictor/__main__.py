@@ -1,7 +1,7 @@
 """Command line of the response-length predictor: `python -m predictor --help`.
 
 Subcommands: build-dataset, train, evaluate, retrain, bench-latency,
-collect-completions, scaling, probe.  Every command pins torch to `--threads` (default 1):
+collect-completions, scaling, probe, ceiling.  Every command pins torch to `--threads` (default 1):
 on the 2-core machines two multi-threaded processes slow each other 10-25x
 (docs/ARCHITECTURE "Facts measured").
 """
@@ -298,6 +298,18 @@ def cmd_probe(a: argparse.Namespace) -> None:
     print(md)
 
 
+def cmd_ceiling(a: argparse.Namespace) -> None:
+    from predictor.ceiling import same_prompt_ceiling
+    from predictor.dataset import load_sharegpt_splits
+
+    s = load_sharegpt_splits(_dataset_cfg(a))
+    report = {"command": _command_line(),
+              **same_prompt_ceiling(s.train + s.test + s.serve, a.min_words).model_dump()}
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
+    _dump(report)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m predictor",
@@ -383,6 +395,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
     p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser(
+        "ceiling",
+        help="how well other answers to the identical prompt predict an answer's length (all splits)",
+    )
+    _dataset_args(p)
+    p.add_argument("--min-words", type=int, default=5, help="leave out shorter prompts (hi, continue)")
+    p.add_argument("--out", default=None, help="write the figures as JSON")
+    p.set_defaults(func=cmd_ceiling)
 
     a = ap.parse_args(argv)
     import torch

@@ -8,7 +8,8 @@ from predictor.__main__ import main
 
 
 @pytest.mark.parametrize(
-    "cmd", [[], ["build-dataset"], ["train"], ["evaluate"], ["retrain"], ["bench-latency"], ["collect-completions"]]
+    "cmd", [[], ["build-dataset"], ["train"], ["evaluate"], ["retrain"], ["bench-latency"], ["collect-completions"],
+            ["scaling"], ["probe"], ["ceiling"]]
 )
 def test_help(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
