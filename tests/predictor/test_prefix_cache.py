@@ -12,10 +12,18 @@ from predictor.model import build_predictor, collate, decoder_layers
 from predictor.prefix_cache import PrefixCache, injected
 
 
+# Pooling layer 2, the top of the frozen prefix, reads the cached state itself
+# (with the cache, the stub standing at layer 2 returns it).
+POOLED = {"pool_layers": (2, 4), "pooling": "mean+last", "n_heads": 3}
+
+
+@pytest.mark.parametrize("extra", [{}, POOLED], ids=["final-state", "pooled-layers"])
 @pytest.mark.parametrize("family", ["tiny_opt", "tiny_llama"])
-def test_injected_forward_matches_full(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_injected_forward_matches_full(
+    family: str, extra: dict, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     path: Path = request.getfixturevalue(family)
-    cfg = ModelConfig(backbone=str(path), lora_layers=2, head="bins", max_len=256, head_hidden=16)
+    cfg = ModelConfig(backbone=str(path), lora_layers=2, head="bins", max_len=256, head_hidden=16, **extra)
     model = build_predictor(cfg).eval()
     # Non-zero LoRA B so the adapted top layers matter.
     with torch.no_grad():
