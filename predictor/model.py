@@ -187,6 +187,17 @@ def soft_targets(lengths: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def member_loss(members: torch.Tensor, lengths: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Mean over ensemble members of each one's loss (`LengthHead.members` output)."""
+    if cfg.head == "log":
+        # L1 on log length: its minimiser is the conditional median, robust
+        # to ShareGPT's long tail; a relative error, like the padding ratio.
+        y = torch.log(lengths.float().clamp(min=1.0)).unsqueeze(1)
+        return (members - y).abs().mean()
+    target = soft_targets(lengths, cfg).unsqueeze(1)
+    return -(target * torch.log_softmax(members.float(), dim=-1)).sum(-1).mean()
+
+
 def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
     """Mean over real tokens, or the last real token (right padding)."""
     if how == "last":
@@ -298,14 +309,8 @@ class LengthPredictor(nn.Module):
         return members if return_members else self.head.combine(members)
 
     def loss(self, members: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Mean over ensemble members of each one's loss (`forward(return_members=True)`)."""
-        if self.cfg.head == "log":
-            # L1 on log length: its minimiser is the conditional median, robust
-            # to ShareGPT's long tail; a relative error, like the padding ratio.
-            y = torch.log(lengths.float().clamp(min=1.0)).unsqueeze(1)
-            return (members - y).abs().mean()
-        target = soft_targets(lengths, self.cfg).unsqueeze(1)
-        return -(target * torch.log_softmax(members.float(), dim=-1)).sum(-1).mean()
+        """See `member_loss` (`members` from `forward(return_members=True)`)."""
+        return member_loss(members, lengths, self.cfg)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

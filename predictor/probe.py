@@ -21,25 +21,28 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from tqdm import tqdm
 
 from predictor.config import ModelConfig
 from predictor.dataset import LengthPair, encode_pairs, load_tokenizer
-from predictor.metrics import BucketMedianBaseline, MedianBaseline, evaluate_predictions
+from predictor.evaluate import baseline_metrics
+from predictor.metrics import evaluate_predictions
 from predictor.model import (
     LengthHead,
     captured_layers,
     collate,
     decode,
     load_backbone,
+    member_loss,
     pad_id_of,
     pool,
-    soft_targets,
 )
 
 
 class ProbeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     backbone: str = "embedded:smollm2"
     formats: tuple[str, ...] = ("raw", "chat")
     layers: tuple[int, ...] = (4, 8, 16, 24, 30)
@@ -103,9 +106,7 @@ def fit_head(
         perm = train[torch.randperm(len(train), generator=gen)]
         for s in range(0, len(perm), cfg.batch_size):
             b = perm[s : s + cfg.batch_size]
-            members = head.members(x[b], pt[b])
-            target = soft_targets(y[b], mcfg).unsqueeze(1)
-            loss = -(target * torch.log_softmax(members, -1)).sum(-1).mean()
+            loss = member_loss(head.members(x[b], pt[b]), y[b], mcfg)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -159,14 +160,10 @@ def run_probe(
                          "mae": m.mae, "acc50": m.acc50, "acc100": m.acc100})
             tqdm.write(f"{fmt:5s} {name:28s} MAE {m.mae:6.1f}  Acc-50 {m.acc50:.3f}  Acc-100 {m.acc100:.3f}")
     fit = [p for i, p in enumerate(train_pairs) if not bool(is_val[i])]
-    base: dict[str, Any] = {}
-    for bname, b in (
-        ("train_median", MedianBaseline([p.response_len for p in fit])),
-        ("bucket_median", BucketMedianBaseline([p.prompt_tokens for p in fit], [p.response_len for p in fit])),
-    ):
-        m = evaluate_predictions(b.predict([p.prompt_tokens for p in test_pairs]),
-                                 [p.response_len for p in test_pairs], ratios=())
-        base[bname] = {"mae": m.mae, "acc50": m.acc50, "acc100": m.acc100}
+    base = {
+        name: {"mae": m.mae, "acc50": m.acc50, "acc100": m.acc100}
+        for name, m in baseline_metrics(fit, test_pairs).items()
+    }
     return {
         "config": cfg.model_dump(),
         "n_fit": len(train), "n_val": len(val), "n_test": len(test),
