@@ -171,12 +171,12 @@ def cmd_train(a: argparse.Namespace) -> None:
 
 def cmd_evaluate(a: argparse.Namespace) -> None:
     from predictor.dataset import load_sharegpt_splits
+    from predictor.ensemble import load_any, train_commands
     from predictor.evaluate import evaluate_model, render_markdown, write_report
-    from predictor.model import load_predictor
     from predictor.train import prefix_cache_for
 
     s = load_sharegpt_splits(_dataset_cfg(a))
-    model = load_predictor(Path(a.adapter), backbone=a.backbone_override)
+    model = load_any(Path(a.adapter), backbone=a.backbone_override)
     test = s.test[: a.limit] if a.limit else s.test
     cache = None
     if not a.no_prefix_cache:
@@ -189,10 +189,7 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     report = evaluate_model(model, s.train, test, cache=cache)
     report["command"] = _command_line()
-    meta = json.loads((Path(a.adapter) / "predictor_config.json").read_text())
-    report["train_commands"] = meta.get("commands") or (
-        [meta["command"]] if meta.get("command") else []
-    )
+    report["train_commands"] = train_commands(Path(a.adapter))
     report["title"] = f"RL predictor evaluation: {Path(a.adapter).name} on the ShareGPT test split"
     report["eval_seconds"] = time.perf_counter() - t0
     out = Path(a.out or a.adapter)
@@ -298,6 +295,16 @@ def cmd_probe(a: argparse.Namespace) -> None:
     print(md)
 
 
+def cmd_make_ensemble(a: argparse.Namespace) -> None:
+    from predictor.ensemble import gather_members, load_any, write_ensemble
+
+    out = Path(a.out)
+    names = gather_members([Path(m) for m in a.members], out)
+    write_ensemble(out, names, [_command_line()])
+    load_any(out)  # members that cannot be averaged fail here, not in the server
+    print(f"wrote {out}: members {names}")
+
+
 def cmd_ceiling(a: argparse.Namespace) -> None:
     from predictor.ceiling import same_prompt_ceiling
     from predictor.dataset import load_sharegpt_splits
@@ -395,6 +402,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
     p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser(
+        "make-ensemble",
+        help="average adapters trained with other seeds (shared frozen prefix) into one predictor",
+    )
+    p.add_argument("--out", required=True, help="ensemble folder; members are copied in as seed<N>/")
+    p.add_argument("members", nargs="+", help="adapter folders written by `train`")
+    p.set_defaults(func=cmd_make_ensemble)
 
     p = sub.add_parser(
         "ceiling",

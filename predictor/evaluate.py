@@ -25,8 +25,9 @@ from predictor.metrics import (
     Metrics,
     evaluate_predictions,
 )
-from predictor.model import LengthPredictor, collate, decode, pad_id_of
-from predictor.prefix_cache import PrefixCache, injected
+from predictor.ensemble import Predictor, run_on_prefix
+from predictor.model import collate, decode, pad_id_of
+from predictor.prefix_cache import PrefixCache
 
 # The targets on the ShareGPT test split.
 TARGET_ACC50 = 0.59
@@ -36,7 +37,7 @@ TARGET_MAE_GAIN = 0.20  # MAE at least 20 % below the per-bucket-median baseline
 
 @torch.no_grad()
 def head_outputs(
-    model: LengthPredictor,
+    model: Predictor,
     enc: Encoded,
     pad_id: int,
     cache: PrefixCache | None = None,
@@ -56,8 +57,7 @@ def head_outputs(
         input_ids, mask = collate(ids, pad_id)
         pt = torch.tensor([enc.prompt_tokens[i] for i in idx])
         if cache is not None and cache.k > 0:
-            with injected(model.backbone, cache.k, cache.batch(ids)):
-                out = model(input_ids, mask, pt)
+            out = run_on_prefix(model, cache.k, cache.batch(ids), input_ids, mask, pt)
         else:
             out = model(input_ids, mask, pt)
         for j, i in enumerate(idx):
@@ -67,7 +67,7 @@ def head_outputs(
 
 
 def predict_pairs(
-    model: LengthPredictor,
+    model: Predictor,
     pairs: Sequence[LengthPair],
     tokenizer: Any | None = None,
     cache: PrefixCache | None = None,
@@ -109,7 +109,7 @@ def target_check(model: Metrics, bucket: Metrics) -> dict[str, Any]:
 
 
 def evaluate_model(
-    model: LengthPredictor,
+    model: Predictor,
     train: Sequence[LengthPair],
     test: Sequence[LengthPair],
     cache: PrefixCache | None = None,

@@ -15,8 +15,16 @@ from typing import Any
 
 from predictor.config import TrainConfig
 from predictor.dataset import load_tokenizer, read_served_completions, split_served
+from predictor.ensemble import (
+    adapter_meta,
+    is_ensemble,
+    load_any,
+    member_dirs,
+    read_spec,
+    write_ensemble,
+)
 from predictor.evaluate import evaluate_model
-from predictor.model import CONFIG_FILE, load_predictor, read_model_config
+from predictor.model import CONFIG_FILE, read_model_config
 from predictor.train import train
 
 
@@ -28,21 +36,29 @@ def retrain(
     holdout_fraction: float = 0.25,
     progress: bool = True,
 ) -> dict[str, Any]:
-    meta = json.loads((adapter_dir / CONFIG_FILE).read_text())
-    cfg = read_model_config(adapter_dir)
+    """Retrain an adapter, or each member of an ensemble (into `out_dir/<member>`)."""
+    meta = adapter_meta(adapter_dir)
+    cfg = read_model_config(member_dirs(adapter_dir)[0])
     length_tok = load_tokenizer(meta.get("length_tokenizer") or cfg.backbone)
     pairs = read_served_completions(completions, tokenizer=length_tok)
     tr, ho = split_served(pairs, holdout_fraction, seed=train_cfg.seed)
     if not tr or not ho:
         raise ValueError(f"{completions}: too few records to split ({len(pairs)})")
-    before = evaluate_model(load_predictor(adapter_dir), tr, ho, progress=progress)
-    summary = train(cfg, train_cfg, tr, ho, out_dir, init_from=adapter_dir, progress=progress)
-    # Keep the provenance of the length tokenizer in the new adapter.
-    new_meta = json.loads((out_dir / CONFIG_FILE).read_text())
-    new_meta["length_tokenizer"] = meta.get("length_tokenizer")
-    new_meta["retrained_from"] = str(adapter_dir)
-    (out_dir / CONFIG_FILE).write_text(json.dumps(new_meta, indent=2) + "\n")
-    after = evaluate_model(load_predictor(out_dir), tr, ho, progress=progress)
+    before = evaluate_model(load_any(adapter_dir), tr, ho, progress=progress)
+    members = read_spec(adapter_dir).members if is_ensemble(adapter_dir) else None
+    summaries = []
+    for src, rel in zip(member_dirs(adapter_dir), members or ["."]):
+        dst = out_dir / rel
+        summary = train(read_model_config(src), train_cfg, tr, ho, dst, init_from=src, progress=progress)
+        summaries.append({k: v for k, v in summary.items() if k != "losses"})
+        # Keep the provenance of the length tokenizer in the new adapter.
+        new_meta = json.loads((dst / CONFIG_FILE).read_text())
+        new_meta["length_tokenizer"] = meta.get("length_tokenizer")
+        new_meta["retrained_from"] = str(src)
+        (dst / CONFIG_FILE).write_text(json.dumps(new_meta, indent=2) + "\n")
+    if members is not None:
+        write_ensemble(out_dir, members)
+    after = evaluate_model(load_any(out_dir), tr, ho, progress=progress)
     keys = ("mae", "acc50", "acc100")
     return {
         "completions": str(completions),
@@ -52,7 +68,7 @@ def retrain(
         "after": after,
         "delta": {k: after["model"][k] - before["model"][k] for k in keys},
         "improved": after["model"]["mae"] < before["model"]["mae"],
-        "train_summary": {k: v for k, v in summary.items() if k != "losses"},
+        "train_summary": summaries[0] if len(summaries) == 1 else summaries,
     }
 
 

@@ -11,7 +11,6 @@ into KV blocks.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -23,7 +22,8 @@ from pydantic import BaseModel
 
 from predictor.dataset import encode_prompts, load_tokenizer, model_inputs
 from predictor.metrics import allocation
-from predictor.model import CONFIG_FILE, collate, decode, load_predictor, pad_id_of
+from predictor.ensemble import PredictorEnsemble, adapter_meta, load_any
+from predictor.model import collate, decode, pad_id_of
 
 DEFAULT_ADAPTER = Path(__file__).parent / "adapters" / "smollm2-sharegpt"
 DEFAULT_PADDING = 0.15  # EconoServe's ShareGPT sweet spot (§2.3, Fig. 4)
@@ -35,7 +35,7 @@ class Prediction(BaseModel):
 
 
 class PredictorService:
-    """Loads a trained adapter once and predicts RLs for batches of prompts."""
+    """Loads a trained adapter (or ensemble) once and predicts RLs for batches of prompts."""
 
     def __init__(
         self,
@@ -53,17 +53,19 @@ class PredictorService:
         self.padding_ratio = padding_ratio
         self.max_batch_size = max_batch_size
         self.max_tokens_per_forward = max_tokens_per_forward
-        model = load_predictor(self.adapter_dir, backbone=backbone)
-        if merge_lora and hasattr(model.backbone, "merge_and_unload"):
-            model.backbone = model.backbone.merge_and_unload()
+        model = load_any(self.adapter_dir, backbone=backbone)
+        if merge_lora:
+            if isinstance(model, PredictorEnsemble):
+                model.merge_lora()
+            elif hasattr(model.backbone, "merge_and_unload"):
+                model.backbone = model.backbone.merge_and_unload()
         self.model = model.eval()
         self.cfg = model.cfg
         self.tokenizer = load_tokenizer(self.cfg.backbone)
         self.pad_id = pad_id_of(self.tokenizer)
         # The prompt-length feature counts the *served* model's tokens; that
         # tokenizer is recorded with the adapter when it differs from the backbone's.
-        meta = json.loads((self.adapter_dir / CONFIG_FILE).read_text())
-        lt = meta.get("length_tokenizer")
+        lt = adapter_meta(self.adapter_dir).get("length_tokenizer")
         self.length_tokenizer = (
             load_tokenizer(lt) if lt and lt != self.cfg.backbone else self.tokenizer
         )

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from predictor.config import ModelConfig, TrainConfig, cache_dir
 from predictor.dataset import Encoded, LengthPair, encode_pairs_for, load_tokenizer
+from predictor.ensemble import Predictor
 from predictor.evaluate import head_outputs
 from predictor.metrics import evaluate_predictions
 from predictor.model import (
@@ -77,7 +78,7 @@ def _lr_lambda(warmup: int, total: int) -> Any:
 
 
 def prefix_cache_for(
-    model: LengthPredictor, encs: Sequence[Encoded], pad_id: int, use: bool
+    model: Predictor, encs: Sequence[Encoded], pad_id: int, use: bool
 ) -> PrefixCache | None:
     k = frozen_prefix(model.cfg, n_layers(model.cfg, model.backbone))
     if not use or k == 0:
