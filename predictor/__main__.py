@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         help="heads on frozen backbone features: which layers, pooling and prompt format carry RL",
     )
     p.add_argument("--backbone", default=ModelConfig().backbone)
-    p.add_argument("--formats", nargs="+", choices=["raw", "chat"], default=["raw", "chat"])
+    p.add_argument("--formats", nargs="+", choices=["raw", "chat", "perception"], default=["raw", "chat"])
     p.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16, 24, 30])
     p.add_argument("--combos", nargs="*", default=["16,24", "8,16,24,30"],
                    help="comma-separated layer sets pooled together (mean and last)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -38,13 +38,16 @@ from predictor.model import (
     pad_id_of,
     pool,
 )
+from predictor.prompt_format import perception_frame
 
 
 class ProbeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backbone: str = "embedded:smollm2"
-    formats: tuple[str, ...] = ("raw", "chat")
+    # "raw" prompt, "chat" template, or "perception": the chat template with an
+    # instruction to state the answer's length (predictor/prompt_format.py).
+    formats: tuple[Literal["raw", "chat", "perception"], ...] = ("raw", "chat")
     layers: tuple[int, ...] = (4, 8, 16, 24, 30)
     # Sets of layers whose mean and last states are concatenated.
     combos: tuple[tuple[int, ...], ...] = ((16, 24), (8, 16, 24, 30))
@@ -140,6 +143,9 @@ def run_probe(
     seconds: dict[str, float] = {}
     for fmt in cfg.formats:
         enc = encode_pairs(tok, pairs, cfg.prompt_head, cfg.prompt_tail, chat=fmt == "chat")
+        if fmt == "perception":
+            before, after = perception_frame(tok)
+            enc.ids = [before + x + after for x in enc.ids]
         t0 = time.perf_counter()
         feats = features(backbone, enc.ids, pad_id_of(tok), wanted, desc=f"features ({fmt})")
         seconds[fmt] = time.perf_counter() - t0
@@ -178,7 +184,8 @@ def render_probe(report: dict[str, Any], command: str) -> str:
         "",
         f"One bins head ({c['head_hidden']} hidden, dropout {c['head_dropout']}) per feature set on the "
         f"frozen `{c['backbone']}` (all layers, no LoRA), prompt = first {c['prompt_head']} + last "
-        f"{c['prompt_tail']} tokens; 'chat' frames it in the chat template up to the assistant turn. "
+        f"{c['prompt_tail']} tokens; 'chat' frames it in the chat template up to the assistant turn, "
+        f"'perception' also closes the user message with an instruction to state the answer's length. "
         f"Fit on {report['n_fit']} training pairs, early-stopped on {report['n_val']} held out by prompt, "
         f"scored once on {report['n_test']} test pairs. Reproduce:",
         "",

@@ -20,7 +20,7 @@ from predictor.model import (
     load_predictor,
     save_predictor,
 )
-from predictor.prompt_format import chat_frame
+from predictor.prompt_format import PERCEPTION_INSTRUCTION, chat_frame, perception_frame
 from predictor.train import train
 
 from .conftest import synthetic_records
@@ -115,6 +115,10 @@ def test_chat_frame_wraps_the_truncated_prompt(tiny_llama_chat: Path) -> None:
     # On a short prompt the frame is the template's own tokenization.
     whole = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert framed[1] == tok(whole, add_special_tokens=False)["input_ids"]
+    # The perception frame closes the user message with the length instruction.
+    pb, pa = perception_frame(tok)
+    assert pb == before and pa[len(pa) - len(after):] == after
+    assert pa[: len(pa) - len(after)] == tok(PERCEPTION_INSTRUCTION, add_special_tokens=False)["input_ids"]
     tok.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
         chat_frame(tok)

@@ -46,4 +46,5 @@ def test_probe_reports_every_feature_set(tiny_llama: Path) -> None:
     for r in report["rows"]:
         assert r["mae"] > 0 and 0 <= r["acc50"] <= r["acc100"] <= 1 and 1 <= r["epochs"] <= 3
     md = render_probe(report, "python -m predictor probe")
+    assert "'perception'" in md
     assert "L2+4 mean+last" in md and "bucket median" in md
