@@ -117,8 +117,7 @@ class PredictorEnsemble(nn.Module):
     def merge_lora(self) -> None:
         """Fold each member's LoRA into its layers (serving: plain forwards)."""
         for m in self.members:
-            if hasattr(m.backbone, "merge_and_unload"):
-                m.backbone = m.backbone.merge_and_unload()
+            m.merge_lora()
 
 
 Predictor = LengthPredictor | PredictorEnsemble

@@ -155,18 +155,19 @@ class LengthHead(nn.Module):
 
     def init_prior(self, lengths: Sequence[int], cfg: ModelConfig) -> None:
         """Start from the training prior: median (log head) or bin frequencies."""
+        if self.kind == "log":
+            xs = sorted(lengths)
+            prior = torch.full((1,), math.log(max(1, xs[len(xs) // 2])))
+        else:
+            counts = torch.ones(cfg.n_bins)
+            for n in lengths:
+                counts[bin_index(n, cfg)] += 1
+            prior = torch.log(counts / counts.sum())
         with torch.no_grad():
             for net in self.nets:
                 last = net[-1]
                 assert isinstance(last, nn.Linear)
-                if self.kind == "log":
-                    xs = sorted(lengths)
-                    last.bias.fill_(math.log(max(1, xs[len(xs) // 2])))
-                else:
-                    counts = torch.ones(cfg.n_bins)
-                    for n in lengths:
-                        counts[bin_index(n, cfg)] += 1
-                    last.bias.copy_(torch.log(counts / counts.sum()))
+                last.bias.copy_(prior)
 
     def load_compatible(self, state: dict[str, torch.Tensor]) -> None:
         """Load a state dict, including one saved before heads became a list."""
@@ -314,6 +315,11 @@ class LengthPredictor(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
+
+    def merge_lora(self) -> None:
+        """Fold the LoRA update into the layers (serving: plain forwards)."""
+        if hasattr(self.backbone, "merge_and_unload"):
+            self.backbone = self.backbone.merge_and_unload()
 
 
 def build_predictor(cfg: ModelConfig, with_lora: bool = True) -> LengthPredictor:

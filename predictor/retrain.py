@@ -38,8 +38,7 @@ def retrain(
 ) -> dict[str, Any]:
     """Retrain an adapter, or each member of an ensemble (into `out_dir/<member>`)."""
     meta = adapter_meta(adapter_dir)
-    cfg = read_model_config(member_dirs(adapter_dir)[0])
-    length_tok = load_tokenizer(meta.get("length_tokenizer") or cfg.backbone)
+    length_tok = load_tokenizer(meta.get("length_tokenizer") or meta["model"]["backbone"])
     pairs = read_served_completions(completions, tokenizer=length_tok)
     tr, ho = split_served(pairs, holdout_fraction, seed=train_cfg.seed)
     if not tr or not ho:

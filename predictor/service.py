@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from predictor.dataset import encode_prompts, load_tokenizer, model_inputs
 from predictor.metrics import allocation
-from predictor.ensemble import PredictorEnsemble, adapter_meta, load_any
+from predictor.ensemble import adapter_meta, load_any
 from predictor.model import collate, decode, pad_id_of
 
 DEFAULT_ADAPTER = Path(__file__).parent / "adapters" / "smollm2-sharegpt"
@@ -55,10 +55,7 @@ class PredictorService:
         self.max_tokens_per_forward = max_tokens_per_forward
         model = load_any(self.adapter_dir, backbone=backbone)
         if merge_lora:
-            if isinstance(model, PredictorEnsemble):
-                model.merge_lora()
-            elif hasattr(model.backbone, "merge_and_unload"):
-                model.backbone = model.backbone.merge_and_unload()
+            model.merge_lora()
         self.model = model.eval()
         self.cfg = model.cfg
         self.tokenizer = load_tokenizer(self.cfg.backbone)
