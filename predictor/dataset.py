@@ -287,6 +287,25 @@ def split_served(
     return train, test
 
 
+def is_validation_prompt(prompt: str, fraction: float, seed: int) -> bool:
+    """Whether `prompt` falls in a validation slice of `fraction`, by prompt hash:
+    a repeated prompt lands on one side only (a random slice would leak
+    ShareGPT's re-posts across it and flatter the validation score)."""
+    h = hashlib.sha256(f"{seed}\0val\0{prompt.strip()}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < fraction
+
+
+def split_validation(
+    pairs: Sequence[LengthPair], fraction: float, seed: int
+) -> tuple[list[LengthPair], list[LengthPair]]:
+    """(fit, validation) of a training split, prompt-disjoint."""
+    fit: list[LengthPair] = []
+    val: list[LengthPair] = []
+    for p in pairs:
+        (val if is_validation_prompt(p.prompt, fraction, seed) else fit).append(p)
+    return fit, val
+
+
 def length_stats(pairs: Sequence[LengthPair]) -> dict[str, float]:
     xs = sorted(p.response_len for p in pairs)
     if not xs:

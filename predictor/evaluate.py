@@ -26,7 +26,7 @@ from predictor.metrics import (
     evaluate_predictions,
 )
 from predictor.ensemble import Predictor, run_on_prefix
-from predictor.model import collate, decode, pad_id_of
+from predictor.model import collate, decode, device_of, pad_id_of
 from predictor.prefix_cache import PrefixCache
 
 # The targets on the ShareGPT test split.
@@ -51,15 +51,17 @@ def head_outputs(
     n = len(enc.ids)
     order = sorted(range(n), key=lambda i: len(enc.ids[i]))  # little padding
     outs: list[torch.Tensor | None] = [None] * n
+    dev = device_of(model)
     for s in tqdm(range(0, n, batch_size), desc=desc, disable=not progress):
         idx = order[s : s + batch_size]
         ids = [enc.ids[i] for i in idx]
-        input_ids, mask = collate(ids, pad_id)
-        pt = torch.tensor([enc.prompt_tokens[i] for i in idx])
+        input_ids, mask = (t.to(dev) for t in collate(ids, pad_id))
+        pt = torch.tensor([enc.prompt_tokens[i] for i in idx], device=dev)
         if cache is not None and cache.k > 0:
-            out = run_on_prefix(model, cache.k, cache.batch(ids), input_ids, mask, pt)
+            out = run_on_prefix(model, cache.k, cache.batch(ids, dev), input_ids, mask, pt)
         else:
             out = model(input_ids, mask, pt)
+        out = out.float().cpu()
         for j, i in enumerate(idx):
             outs[i] = out[j]
     model.train(was_training)

@@ -182,7 +182,7 @@ def bin_index(length: int, cfg: ModelConfig) -> int:
 def soft_targets(lengths: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """Gaussian label over bin centres (sigma = one bin): neighbouring bins are
     near-misses, not errors, which is what Acc-50/100 score."""
-    centres = (torch.arange(cfg.n_bins, dtype=torch.float32) + 0.5) * cfg.bin_width
+    centres = (torch.arange(cfg.n_bins, dtype=torch.float32, device=lengths.device) + 0.5) * cfg.bin_width
     x = lengths.float().clamp(max=cfg.max_len).unsqueeze(-1)
     logits = -0.5 * ((x - centres) / cfg.bin_width) ** 2
     return torch.softmax(logits, dim=-1)
@@ -241,8 +241,9 @@ def captured_layers(backbone: nn.Module, layers: Sequence[int]) -> Iterator[dict
 
 def decode(out: torch.Tensor, cfg: ModelConfig, how: str | None = None) -> torch.Tensor:
     """Head output -> point prediction in tokens (float, >= 1)."""
+    out = out.detach().float().cpu()  # a few numbers per prompt: decoded on the host
     if cfg.head == "log":
-        return out.float().exp().clamp(1.0, float(cfg.max_len))
+        return out.exp().clamp(1.0, float(cfg.max_len))
     how = how or cfg.decode
     probs = torch.softmax(out.float(), dim=-1)
     w = float(cfg.bin_width)
@@ -342,6 +343,11 @@ def check_pool_layers(cfg: ModelConfig, backbone: nn.Module) -> None:
             f"pool_layers {list(bad)}: must be within [{max(1, k)}, {depth}] "
             f"(depth {depth}, frozen prefix {k} layers, which the prefix cache replaces)"
         )
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where `model` runs (its first parameter's device)."""
+    return next(model.parameters()).device
 
 
 def collate(

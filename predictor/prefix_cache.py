@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from predictor.model import collate, decoder_layers
+from predictor.model import collate, decoder_layers, device_of
 
 
 class _StopForward(Exception):
@@ -100,14 +100,14 @@ class PrefixCache:
     def key(ids: Sequence[int]) -> str:
         return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()
 
-    def batch(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Right-padded (B, L, H) float32 states for a batch of prompts."""
+    def batch(self, ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+        """Right-padded (B, L, H) float32 states for a batch of prompts, on `device`."""
         rows = [self.states[self.key(x)] for x in ids]
         n = max(r.shape[0] for r in rows)
         out = torch.zeros(len(rows), n, rows[0].shape[1])
         for i, r in enumerate(rows):
             out[i, : r.shape[0]] = r.float()
-        return out
+        return out.to(device)
 
     @classmethod
     def build(
@@ -130,12 +130,13 @@ class PrefixCache:
         order = sorted(todo.values(), key=len)  # similar lengths: little padding
         was_training = backbone.training
         backbone.eval()
+        dev = device_of(backbone)
         for i in tqdm(range(0, len(order), batch_size), desc=desc, disable=not order):
             chunk = order[i : i + batch_size]
             input_ids, mask = collate(chunk, pad_id)
-            h = prefix_states(backbone, k, input_ids, mask)
+            h = prefix_states(backbone, k, input_ids.to(dev), mask.to(dev)).to(torch.float16).cpu()
             for j, x in enumerate(chunk):
-                states[cls.key(x)] = h[j, : len(x)].to(torch.float16).contiguous()
+                states[cls.key(x)] = h[j, : len(x)].contiguous()
         backbone.train(was_training)
         if path is not None and todo:
             path.parent.mkdir(parents=True, exist_ok=True)

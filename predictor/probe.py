@@ -15,7 +15,6 @@ with the epoch the validation slice picked.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from tqdm import tqdm
 
 from predictor.config import ModelConfig
-from predictor.dataset import LengthPair, encode_pairs, load_tokenizer
+from predictor.dataset import LengthPair, encode_pairs, is_validation_prompt, load_tokenizer
 from predictor.evaluate import baseline_metrics
 from predictor.metrics import evaluate_predictions
 from predictor.model import (
@@ -62,11 +61,6 @@ class ProbeConfig(BaseModel):
     weight_decay: float = 1e-2
     batch_size: int = 64
     seed: int = 0
-
-
-def _is_val(prompt: str, fraction: float, seed: int) -> bool:
-    h = hashlib.sha256(f"{seed}\0val\0{prompt.strip()}".encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64 < fraction
 
 
 @torch.no_grad()
@@ -132,7 +126,7 @@ def run_probe(
     n_train = len(train_pairs)
     y = torch.tensor([p.response_len for p in pairs])
     pt = torch.tensor([p.prompt_tokens for p in pairs])
-    is_val = torch.tensor([_is_val(p.prompt, cfg.val_fraction, cfg.seed) for p in train_pairs])
+    is_val = torch.tensor([is_validation_prompt(p.prompt, cfg.val_fraction, cfg.seed) for p in train_pairs])
     train = torch.nonzero(~is_val).squeeze(1)
     val = torch.nonzero(is_val).squeeze(1)
     test = torch.arange(n_train, len(pairs))

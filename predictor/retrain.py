@@ -43,7 +43,7 @@ def retrain(
     tr, ho = split_served(pairs, holdout_fraction, seed=train_cfg.seed)
     if not tr or not ho:
         raise ValueError(f"{completions}: too few records to split ({len(pairs)})")
-    before = evaluate_model(load_any(adapter_dir), tr, ho, progress=progress)
+    before = evaluate_model(load_any(adapter_dir).to(train_cfg.device), tr, ho, progress=progress)
     members = read_spec(adapter_dir).members if is_ensemble(adapter_dir) else None
     summaries = []
     for src, rel in zip(member_dirs(adapter_dir), members or ["."]):
@@ -57,7 +57,7 @@ def retrain(
         (dst / CONFIG_FILE).write_text(json.dumps(new_meta, indent=2) + "\n")
     if members is not None:
         write_ensemble(out_dir, members)
-    after = evaluate_model(load_any(out_dir), tr, ho, progress=progress)
+    after = evaluate_model(load_any(out_dir).to(train_cfg.device), tr, ho, progress=progress)
     keys = ("mae", "acc50", "acc100")
     return {
         "completions": str(completions),

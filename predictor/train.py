@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from predictor.config import ModelConfig, TrainConfig, cache_dir
-from predictor.dataset import Encoded, LengthPair, encode_pairs_for, load_tokenizer
+from predictor.dataset import Encoded, LengthPair, encode_pairs_for, load_tokenizer, split_validation
 from predictor.ensemble import Predictor
 from predictor.evaluate import head_outputs
 from predictor.metrics import evaluate_predictions
@@ -174,12 +174,20 @@ def train(
         model_cfg = model.cfg
     else:
         model = build_predictor(model_cfg)
-        model.head.init_prior([p.response_len for p in train_pairs], model_cfg)
-    tok = load_tokenizer(model_cfg.backbone)
-    pad_id = pad_id_of(tok)
     pairs = list(train_pairs)
+    if train_cfg.val_fraction > 0:
+        # The validation slice stands in for `eval_pairs`, which then stay
+        # unseen. It does not depend on the training seed, so runs of other
+        # seeds are scored on the same pairs.
+        pairs, eval_pairs = split_validation(pairs, train_cfg.val_fraction, seed=0)
+    if init_from is None:
+        model.head.init_prior([p.response_len for p in pairs], model_cfg)
     if train_cfg.max_train_samples is not None:
         pairs = pairs[: train_cfg.max_train_samples]
+    dev = torch.device(train_cfg.device)
+    model.to(dev)
+    tok = load_tokenizer(model_cfg.backbone)
+    pad_id = pad_id_of(tok)
     eval_subset = list(eval_pairs)[: train_cfg.eval_samples]
     enc = encode_pairs_for(tok, pairs, model_cfg)
     enc_eval = encode_pairs_for(tok, eval_subset, model_cfg)
@@ -216,6 +224,7 @@ def train(
     losses: list[float] = []
     batches: list[list[int]] = []
     cur_epoch = -1
+    final: dict[str, Any] = {}
     bar = tqdm(total=total, initial=step, desc="train", disable=not progress)
     end = min(total, stop_at) if stop_at is not None else total
     while step < end:
@@ -225,11 +234,11 @@ def train(
             cur_epoch = epoch
         idx = batches[step % steps_per_epoch]
         ids = [enc.ids[i] for i in idx]
-        input_ids, mask = collate(ids, pad_id)
-        pt = torch.tensor([enc.prompt_tokens[i] for i in idx])
-        y = torch.tensor([enc.lengths[i] for i in idx])
+        input_ids, mask = (t.to(dev) for t in collate(ids, pad_id))
+        pt = torch.tensor([enc.prompt_tokens[i] for i in idx], device=dev)
+        y = torch.tensor([enc.lengths[i] for i in idx], device=dev)
         if cache is not None:
-            with injected(model.backbone, cache.k, cache.batch(ids)):
+            with injected(model.backbone, cache.k, cache.batch(ids, dev)):
                 loss = model.loss(model(input_ids, mask, pt, return_members=True), y)
         else:
             loss = model.loss(model(input_ids, mask, pt, return_members=True), y)
@@ -254,6 +263,7 @@ def train(
                     "loss_ema": ema,
                     **quick_eval(model, enc_eval, pad_id, cache),
                 }
+                final = point
                 with curve_path.open("a") as f:
                     f.write(json.dumps(point) + "\n")
                 bar.write(json.dumps(point))
@@ -266,6 +276,12 @@ def train(
     summary = {
         "steps": step,
         "n_train": len(pairs),
+        "device": str(dev),
+        # What the curve and `final` score: a validation slice of the training
+        # split (prompt-disjoint), or the first test pairs.
+        "eval_on": "validation" if train_cfg.val_fraction > 0 else "test",
+        "n_eval": len(eval_subset),
+        "final": {k: final[k] for k in ("mae", "acc50", "acc100")} if final else None,
         "train_seconds": elapsed,
         "prefix_cache_seconds": t_cache,
         "tokens_per_second": tokens / elapsed if elapsed > 0 else 0.0,

@@ -8,12 +8,15 @@ from pathlib import Path
 
 from predictor.config import DatasetConfig
 from predictor.dataset import (
+    LengthPair,
     build_pairs,
     encode_prompts,
+    is_validation_prompt,
     load_tokenizer,
     read_served_completions,
     split_pairs,
     split_served,
+    split_validation,
 )
 
 from .conftest import synthetic_records
@@ -39,6 +42,20 @@ def test_split_is_deterministic_exact_and_prompt_disjoint() -> None:
     assert all(b[j] == a[i] for j, i in enumerate(order))
     # Another seed gives another split.
     assert split_pairs(prompts, 300, 0.3, 1) != a
+
+
+def test_validation_slice_keeps_repeated_prompts_together() -> None:
+    assert is_validation_prompt("continue", 0.5, 0) == is_validation_prompt("  continue ", 0.5, 0)
+    share = sum(is_validation_prompt(f"prompt {i}", 0.2, 0) for i in range(2000)) / 2000
+    assert 0.15 < share < 0.25
+    rng = random.Random(2)
+    pairs = [LengthPair(id=str(i), prompt=f"q{rng.randint(0, 300)}", prompt_tokens=3, response_len=9)
+             for i in range(1200)]
+    fit, val = split_validation(pairs, 0.2, seed=0)
+    assert len(fit) + len(val) == len(pairs) and val
+    assert not {p.prompt for p in fit} & {p.prompt for p in val}
+    # Another seed draws another slice.
+    assert split_validation(pairs, 0.2, seed=1)[1] != val
 
 
 def test_build_pairs_filters_and_splits(tiny_opt: Path) -> None:

@@ -9,7 +9,7 @@ import torch
 from predictor.config import DatasetConfig, ModelConfig
 from predictor.dataset import build_pairs, load_tokenizer
 from predictor.model import load_backbone
-from predictor.probe import ProbeConfig, _is_val, features, render_probe, run_probe
+from predictor.probe import ProbeConfig, features, render_probe, run_probe
 
 from .conftest import synthetic_records
 
@@ -26,12 +26,6 @@ def test_features_are_the_pooled_layer_outputs(tiny_llama: Path) -> None:
     # Last = the state at the prompt's last real token, mean = over real tokens.
     assert not torch.allclose(f[(4, "last")][1], f[(4, "mean")][1])
     assert not torch.allclose(f[(2, "mean")], f[(4, "mean")])
-
-
-def test_validation_slice_keeps_repeated_prompts_together() -> None:
-    assert _is_val("continue", 0.5, 0) == _is_val("  continue ", 0.5, 0)
-    share = sum(_is_val(f"prompt {i}", 0.2, 0) for i in range(2000)) / 2000
-    assert 0.15 < share < 0.25
 
 
 def test_probe_reports_every_feature_set(tiny_llama: Path) -> None:

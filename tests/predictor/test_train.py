@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
+from pydantic import ValidationError
 
 from predictor.config import DatasetConfig, ModelConfig, TrainConfig
-from predictor.dataset import build_pairs, load_tokenizer
+from predictor.dataset import build_pairs, load_tokenizer, split_validation
 from predictor.evaluate import evaluate_model
 from predictor.model import load_predictor
 from predictor.train import CHECKPOINT_SUBDIR, STATE_FILE, train
@@ -62,3 +64,43 @@ def test_checkpoint_resume_restores_step_and_weights(tiny_opt: Path, tmp_path: P
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert na == nb
         assert torch.allclose(pa, pb, atol=1e-6), na
+
+
+def test_validation_slice_replaces_the_test_pairs(tiny_opt: Path, tmp_path: Path) -> None:
+    s = _pairs(tiny_opt)
+    fit, val = split_validation(s.train, 0.25, seed=0)
+    tc = TrainConfig(batch_size=8, max_steps=3, warmup_steps=0, eval_samples=1000, checkpoint_every=0,
+                     val_fraction=0.25, seed=3)
+    summary = train(_cfg(tiny_opt), tc, s.train, s.test, tmp_path, progress=False)
+    # Trained on the fit part only, scored on the whole slice (not on the test pairs).
+    assert summary["eval_on"] == "validation"
+    assert (summary["n_train"], summary["n_eval"]) == (len(fit), len(val))
+    curve = [json.loads(x) for x in (tmp_path / "curve.jsonl").read_text().splitlines()]
+    assert summary["final"] == {k: curve[-1][k] for k in ("mae", "acc50", "acc100")}
+    model = load_predictor(tmp_path)
+    again = evaluate_model(model, fit, val, progress=False)["model"]
+    assert abs(again["mae"] - summary["final"]["mae"]) < 1e-6
+
+
+def test_device_is_checked_at_config_time() -> None:
+    with pytest.raises(ValidationError, match="device"):
+        TrainConfig(device="tpu")
+    assert TrainConfig(device="cuda:1").device == "cuda:1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_on_cuda_matches_the_host(tiny_opt: Path, tmp_path: Path) -> None:
+    s = _pairs(tiny_opt)
+    kw = dict(batch_size=8, max_steps=6, warmup_steps=0, eval_samples=16, checkpoint_every=3)
+    gpu = train(_cfg(tiny_opt), TrainConfig(device="cuda", **kw), s.train, s.test, tmp_path / "gpu",
+                progress=False)
+    cpu = train(_cfg(tiny_opt), TrainConfig(**kw), s.train, s.test, tmp_path / "cpu", progress=False)
+    assert gpu["device"].startswith("cuda")
+    # Same seed, same batches: the two runs agree to float32 rounding (TF32 off).
+    assert max(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"])) < 1e-3
+    # The saved adapter loads and scores the same on either device.
+    model = load_predictor(tmp_path / "gpu")
+    on_cpu = evaluate_model(model, s.train, s.test, progress=False)["model"]["mae"]
+    on_gpu = evaluate_model(model.to("cuda"), s.train, s.test, progress=False)["model"]["mae"]
+    assert abs(on_cpu - on_gpu) < 1.0
