@@ -49,7 +49,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         from deployments.predictor import Predictor
 
         predictor = Predictor.options(
-            ray_actor_options={"num_cpus": cfg.predictor.num_cpus},
-        ).bind(cfg.predictor.adapter, cfg.predictor.padding_ratio)
+            ray_actor_options={"num_cpus": cfg.predictor.num_cpus, "num_gpus": cfg.predictor.num_gpus},
+        ).bind(cfg.predictor.adapter, cfg.predictor.padding_ratio, device=cfg.predictor.device)
     return Ingress.options(ray_actor_options={"num_cpus": 0.05}).bind(
         config, scheduler, engine, predictor)

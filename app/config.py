@@ -24,6 +24,21 @@ class PredictorSettings(BaseModel):
     adapter: str | None = None
     padding_ratio: float = Field(0.15, ge=0.0, le=4.0)
     num_cpus: float = Field(1.0, gt=0)
+    # "cuda" runs the predictor on a GPU share of `num_gpus` (e.g. 0.1 beside
+    # the engines): the adapter trained on 1,024-token prompts over all 30
+    # layers (predictor/adapters/smollm2-sharegpt-long) costs seconds per
+    # prediction on a CPU core and milliseconds on a GPU.
+    device: Literal["cpu", "cuda"] = "cpu"
+    num_gpus: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _gpu_share_for_cuda(self) -> "PredictorSettings":
+        if self.device == "cuda" and self.num_gpus <= 0:
+            raise ValueError("predictor.num_gpus: must be > 0 with predictor.device 'cuda' "
+                             "(the GPU share Ray reserves for each predictor replica)")
+        if self.device == "cpu" and self.num_gpus > 0:
+            raise ValueError("predictor.num_gpus: a GPU share needs predictor.device 'cuda'")
+        return self
 
 
 class AppConfig(BaseModel):

@@ -46,6 +46,7 @@ class Predictor:
         padding_ratio: float = 0.15,
         backbone: str | None = None,
         num_threads: int = 1,
+        device: str = "cpu",
     ) -> None:
         from predictor.service import PredictorService
 
@@ -55,6 +56,7 @@ class Predictor:
             padding_ratio=padding_ratio,
             max_batch_size=MAX_BATCH_SIZE,
             num_threads=num_threads,
+            device=device,
         )
 
     @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_TIMEOUT_S)

@@ -230,7 +230,7 @@ def cmd_bench_latency(a: argparse.Namespace) -> None:
     from predictor.dataset import load_sharegpt_splits
     from predictor.service import PredictorService, bench_latency
 
-    svc = PredictorService(a.adapter, padding_ratio=0.15, max_batch_size=max(a.batch_sizes))
+    svc = PredictorService(a.adapter, padding_ratio=0.15, max_batch_size=max(a.batch_sizes), device=a.device)
     prompts = [p.prompt for p in load_sharegpt_splits().serve[: max(64, max(a.batch_sizes) * (a.reps + 1))]]
     rows = bench_latency(svc, prompts, a.batch_sizes, a.reps)
     for r in rows:
@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--device", default="cpu",
-                    help="where train / evaluate / retrain run: cpu, cuda or cuda:<n> (default cpu)")
+                    help="where train, evaluate, retrain, capacity and bench-latency run: cpu, cuda or "
+                         "cuda:<n> (default cpu)")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("build-dataset", help="build / cache the ShareGPT (prompt, RL) splits")

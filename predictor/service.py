@@ -46,6 +46,7 @@ class PredictorService:
         num_threads: int | None = None,
         merge_lora: bool = True,
         max_tokens_per_forward: int = 512,
+        device: str = "cpu",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -56,7 +57,8 @@ class PredictorService:
         model = load_any(self.adapter_dir, backbone=backbone)
         if merge_lora:
             model.merge_lora()
-        self.model = model.eval()
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
         self.cfg = model.cfg
         self.tokenizer = load_tokenizer(self.cfg.backbone)
         self.pad_id = pad_id_of(self.tokenizer)
@@ -82,8 +84,8 @@ class PredictorService:
                 _, prompt_tokens = encode_prompts(self.length_tokenizer, prompts, 1, 0)
         out = [0] * len(ids)
         for chunk in self._chunks([len(x) for x in ids]):
-            input_ids, mask = collate([ids[i] for i in chunk], self.pad_id)
-            pt = torch.tensor([int(prompt_tokens[i]) for i in chunk])
+            input_ids, mask = (t.to(self.device) for t in collate([ids[i] for i in chunk], self.pad_id))
+            pt = torch.tensor([int(prompt_tokens[i]) for i in chunk], device=self.device)
             head = self.model(input_ids, mask, pt)
             for i, x in zip(chunk, decode(head, self.cfg).tolist()):
                 out[i] = max(1, int(round(x)))
@@ -126,6 +128,7 @@ class PredictorService:
     def info(self) -> dict[str, Any]:
         return {
             "adapter": str(self.adapter_dir),
+            "device": str(self.device),
             "padding_ratio": self.padding_ratio,
             "max_batch_size": self.max_batch_size,
             "model": self.cfg.model_dump(),
@@ -165,6 +168,7 @@ def bench_latency(
                 "min_batch_ms": 1000 * times[0],
                 "max_batch_ms": 1000 * times[-1],
                 "threads": torch.get_num_threads(),
+                "device": str(service.device),
                 "mean_input_tokens": sum(len(x) for x in ids) / max(1, len(ids)),
                 "loadavg_1m": os.getloadavg()[0],  # other work on the machine inflates these
             }

@@ -213,9 +213,14 @@ def train(
     step = 0
     if resume and (ckpt / STATE_FILE).is_file():
         step = _load_checkpoint(model, opt, sched, ckpt)
+    start_step = step
     curve_path = out_dir / CURVE_FILE
-    if step == 0 and curve_path.exists():
-        curve_path.unlink()
+    kept: list[dict[str, Any]] = []
+    if curve_path.exists():
+        # Points past the checkpoint are recomputed by the resumed run.
+        kept = [json.loads(x) for x in curve_path.read_text().splitlines() if x.strip()]
+        kept = [p for p in kept if p["step"] <= step]
+        curve_path.write_text("".join(json.dumps(p) + "\n" for p in kept))
 
     model.train()
     t0 = time.perf_counter()
@@ -224,7 +229,8 @@ def train(
     losses: list[float] = []
     batches: list[list[int]] = []
     cur_epoch = -1
-    final: dict[str, Any] = {}
+    # A run resumed at its last step still reports the point it scored there.
+    final: dict[str, Any] = kept[-1] if step and kept and kept[-1]["step"] == step else {}
     bar = tqdm(total=total, initial=step, desc="train", disable=not progress)
     end = min(total, stop_at) if stop_at is not None else total
     while step < end:
@@ -282,6 +288,8 @@ def train(
         "eval_on": "validation" if train_cfg.val_fraction > 0 else "test",
         "n_eval": len(eval_subset),
         "final": {k: final[k] for k in ("mae", "acc50", "acc100")} if final else None,
+        # A resumed run times only its own segment, from `start_step`.
+        "start_step": start_step,
         "train_seconds": elapsed,
         "prefix_cache_seconds": t_cache,
         "tokens_per_second": tokens / elapsed if elapsed > 0 else 0.0,

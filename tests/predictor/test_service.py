@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 
 from predictor.config import ModelConfig
 from predictor.model import build_predictor, save_predictor
@@ -66,8 +67,9 @@ def test_deployment_batches_without_a_cluster(adapter: Path, monkeypatch: pytest
     assert prediction_if_ready(None) is None
 
 
-def test_shipped_adapter_serves_what_evaluation_scored() -> None:
-    """The shipped adapter loads, and the service frames and truncates prompts
+@pytest.mark.parametrize("name", ["smollm2-sharegpt", "smollm2-sharegpt-long"])
+def test_shipped_adapter_serves_what_evaluation_scored(name: str) -> None:
+    """Each shipped adapter loads, and the service frames and truncates prompts
     exactly as training and evaluation did (same prediction on both paths)."""
     from engine.model_source import ModelSourceError, resolve_model
     from predictor.dataset import LengthPair, encode_prompts
@@ -78,7 +80,7 @@ def test_shipped_adapter_serves_what_evaluation_scored() -> None:
         resolve_model("embedded:smollm2")
     except ModelSourceError as e:
         pytest.skip(f"embedded SmolLM2 unavailable: {e}")
-    svc = PredictorService(DEFAULT_ADAPTER, padding_ratio=0.15)
+    svc = PredictorService(DEFAULT_ADAPTER.parent / name, padding_ratio=0.15)
     prompts = ["hi", "Write a Python function that parses a CSV file and sums each column. " * 12]
     served = svc.predict_lengths(prompts)
     pairs = [LengthPair(id=str(i), prompt=p, prompt_tokens=n, response_len=1)
@@ -87,3 +89,13 @@ def test_shipped_adapter_serves_what_evaluation_scored() -> None:
     # LoRA is merged for serving: float rounding may move a prediction by a token.
     assert all(abs(a - max(1, round(b))) <= 1 for a, b in zip(served, scored))
     assert all(1 <= n <= svc.cfg.max_len for n in served)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_service_on_cuda_predicts_what_the_host_does(adapter: Path) -> None:
+    prompts = ["write a poem", "explain quantum computing " * 30] + ["hi"] * 5
+    host = PredictorService(adapter, max_batch_size=4).predict_lengths(prompts)
+    gpu = PredictorService(adapter, max_batch_size=4, device="cuda")
+    assert gpu.info()["device"].startswith("cuda")
+    assert all(abs(a - b) <= 1 for a, b in zip(gpu.predict_lengths(prompts), host))

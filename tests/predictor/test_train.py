@@ -57,8 +57,18 @@ def test_checkpoint_resume_restores_step_and_weights(tiny_opt: Path, tmp_path: P
     train(cfg, TrainConfig(max_steps=4, **kw), s.train, s.test, part, progress=False, stop_at=2)
     state = torch.load(part / CHECKPOINT_SUBDIR / STATE_FILE, weights_only=False)
     assert state["step"] == 2
+    # A run killed between a curve point and its next checkpoint left a point past it.
+    with (part / "curve.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "mae": -1.0}) + "\n")
     summary = train(cfg, TrainConfig(max_steps=4, **kw), s.train, s.test, part, resume=True, progress=False)
     assert summary["steps"] == 4 and len(summary["losses"]) == 2  # only steps 3 and 4 ran
+    assert summary["start_step"] == 2
+    curve = [json.loads(x) for x in (part / "curve.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in curve] == [2, 4] and curve[-1]["mae"] >= 0
+    # Resumed at its last step (killed before its summary was written): nothing
+    # runs, and the summary still carries the last point.
+    again = train(cfg, TrainConfig(max_steps=4, **kw), s.train, s.test, part, resume=True, progress=False)
+    assert again["losses"] == [] and again["final"] == {k: curve[-1][k] for k in ("mae", "acc50", "acc100")}
     assert json.loads((part / "predictor_config.json").read_text())["step"] == 4
     a, b = load_predictor(full), load_predictor(part)
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
@@ -90,15 +100,20 @@ def test_device_is_checked_at_config_time() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_training_on_cuda_matches_the_host(tiny_opt: Path, tmp_path: Path) -> None:
-    s = _pairs(tiny_opt)
+def test_training_on_cuda_matches_the_host(tiny_llama: Path, tmp_path: Path) -> None:
+    s = _pairs(tiny_llama)
     kw = dict(batch_size=8, max_steps=6, warmup_steps=0, eval_samples=16, checkpoint_every=3)
-    gpu = train(_cfg(tiny_opt), TrainConfig(device="cuda", **kw), s.train, s.test, tmp_path / "gpu",
+    # No dropout anywhere (OPT has some inside its layers, the Llama none): the
+    # host and the GPU draw their masks from different generators.
+    cfg = _cfg(tiny_llama).model_copy(update={"lora_dropout": 0.0, "head_dropout": 0.0})
+    gpu = train(cfg, TrainConfig(device="cuda", **kw), s.train, s.test, tmp_path / "gpu",
                 progress=False)
-    cpu = train(_cfg(tiny_opt), TrainConfig(**kw), s.train, s.test, tmp_path / "cpu", progress=False)
+    cpu = train(cfg, TrainConfig(**kw), s.train, s.test, tmp_path / "cpu", progress=False)
     assert gpu["device"].startswith("cuda")
-    # Same seed, same batches: the two runs agree to float32 rounding (TF32 off).
-    assert max(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"])) < 1e-3
+    # Same seed, same weights, same batches: the first loss agrees to float32
+    # rounding; later ones drift only as far as the kernels' summation order.
+    assert abs(gpu["losses"][0] - cpu["losses"][0]) < 1e-4
+    assert max(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"])) < 2e-2
     # The saved adapter loads and scores the same on either device.
     model = load_predictor(tmp_path / "gpu")
     on_cpu = evaluate_model(model, s.train, s.test, progress=False)["model"]["mae"]
