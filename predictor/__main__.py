@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pairs", default=None, help="splits JSONL passed on to train / evaluate")
     p.add_argument("--select-only", action="store_true", help="train the selection runs only")
     p.add_argument("--report-only", action="store_true", help="do not train, report what is there")
-    p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt")
+    p.add_argument("--out", default="predictor/adapters/smollm2-sharegpt-long")
     p.set_defaults(func=cmd_capacity)
 
     p = sub.add_parser(

@@ -245,7 +245,7 @@ def decode(out: torch.Tensor, cfg: ModelConfig, how: str | None = None) -> torch
     if cfg.head == "log":
         return out.exp().clamp(1.0, float(cfg.max_len))
     how = how or cfg.decode
-    probs = torch.softmax(out.float(), dim=-1)
+    probs = torch.softmax(out, dim=-1)
     w = float(cfg.bin_width)
     if how == "mean":
         centres = (torch.arange(cfg.n_bins, dtype=torch.float32) + 0.5) * w
