@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from predictor.train import read_curve
+
 VAL_FRACTION = 0.15
 # Shared by every variant: the shipped adapter's input, head, decoder and rates.
 COMMON_ARGS = (
@@ -124,7 +126,7 @@ def selection_rows(runs_dir: Path) -> list[dict[str, Any]]:
         if not _finished(run):
             continue
         s = json.loads((run / "train_summary.json").read_text())
-        curve = [json.loads(x) for x in (run / "curve.jsonl").read_text().splitlines() if x.strip()]
+        curve = read_curve(run)
         rows.append({"name": v.name, "what": v.what, "args": list(v.args), **s["final"],
                      "n_train": s["n_train"], "n_val": s["n_eval"], "steps": s["steps"],
                      "start_step": s.get("start_step"), "train_seconds": s["train_seconds"],

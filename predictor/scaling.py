@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from predictor.train import read_curve
+
 _BATCH = 16
 # Shared by every variant: the shipped adapter's head, decoder and rates.
 BASE_ARGS = [
@@ -86,11 +88,6 @@ def run_variants(runs_dir: Path, names: Sequence[str] | None, threads: int) -> N
         subprocess.run(cmd, check=True)
 
 
-def _curve(run: Path) -> list[dict[str, Any]]:
-    lines = (run / "curve.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines if x.strip()]
-
-
 def fit_log2(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares y = a + b·log2(x); returns (a, b)."""
     lx = [math.log2(x) for x in xs]
@@ -114,7 +111,7 @@ def collect(runs_dir: Path) -> list[dict[str, Any]]:
         run = runs_dir / v.name
         if not (run / "train_summary.json").is_file():
             continue
-        curve = _curve(run)
+        curve = read_curve(run)
         summary = json.loads((run / "train_summary.json").read_text())
         rows.append({
             "name": v.name, "axis": v.axis, "value": v.value, "ref": v.ref,

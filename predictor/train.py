@@ -48,6 +48,14 @@ STATE_FILE = "train_state.pt"
 CURVE_FILE = "curve.jsonl"
 
 
+def read_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """The learning-curve points a run wrote (none if it wrote no curve yet)."""
+    path = Path(run_dir) / CURVE_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -215,11 +223,9 @@ def train(
         step = _load_checkpoint(model, opt, sched, ckpt)
     start_step = step
     curve_path = out_dir / CURVE_FILE
-    kept: list[dict[str, Any]] = []
+    # Points past the checkpoint are recomputed by the resumed run.
+    kept = [p for p in read_curve(out_dir) if p["step"] <= step]
     if curve_path.exists():
-        # Points past the checkpoint are recomputed by the resumed run.
-        kept = [json.loads(x) for x in curve_path.read_text().splitlines() if x.strip()]
-        kept = [p for p in kept if p["step"] <= step]
         curve_path.write_text("".join(json.dumps(p) + "\n" for p in kept))
 
     model.train()
