@@ -121,7 +121,12 @@ def now_s() -> int:
 
 
 class GenerateRequest(BaseModel):
-    """What the ingress asks an engine replica to generate."""
+    """What the ingress asks an engine replica to generate.
+
+    `n` > 1 asks for that many independent choices of one prompt: the
+    engine runs them as `n` jobs that share the prompt's KV blocks (one
+    prefill), choice `i` seeded `seed + i` when a seed is given.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -134,14 +139,37 @@ class GenerateRequest(BaseModel):
     stop_token_ids: list[int]
     ignore_eos: bool
     min_tokens: int
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    n: int = 1
+    # vLLM's meaning: lower runs first; 0 is the default.
+    priority: int = 0
     job_class: Literal["online", "offline"] = "online"
     arrival_time: float
+    # The client's end-user id (OpenAI `user`), for logs.
+    user: str | None = None
+
+
+class WireLogprob(BaseModel):
+    """`scheduler.plan.TokenLogprob` on the wire."""
+
+    logprob: float
+    top: list[tuple[int, float]] = Field(default_factory=list)
 
 
 class GenerateDelta(BaseModel):
-    """New output of one request since the last delta it was sent."""
+    """New output of one choice (`index`) since the last delta it was sent."""
 
+    index: int = 0
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     metrics: JobMetrics | None = None
+    # One entry per token id, when the request asked for logprobs.
+    logprobs: list[WireLogprob] | None = None
+    # Once, with the choice's first token, when it asked for prompt logprobs.
+    prompt_logprobs: list[WireLogprob | None] | None = None

@@ -26,6 +26,23 @@ class SamplingParams(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+    # OpenAI's penalties on the generated tokens so far (vLLM's semantics):
+    # logit -= frequency_penalty * count + presence_penalty * (count > 0).
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # CTRL / Hugging Face multiplicative penalty on every token seen in the
+    # prompt or the output: positive logits divided by it, negative ones
+    # multiplied.  1 = off.
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    # Added to the logits of these token ids before sampling (OpenAI:
+    # -100 bans a token, 100 forces it).
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    # Return the sampled token's logprob and this many most likely
+    # alternatives (0: only the sampled token's); None: no logprobs.
+    logprobs: int | None = Field(None, ge=0)
+    # The same for every prompt token (`echo` with `logprobs`); delivered
+    # with the first sampled token.
+    prompt_logprobs: int | None = Field(None, ge=0)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -51,6 +68,15 @@ class SamplingParams(BaseModel):
             raise ValueError("stop_token_ids must be non-negative token ids")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float]) -> dict[int, float]:
+        if any(t < 0 for t in v):
+            raise ValueError("logit_bias keys must be non-negative token ids")
+        if any(not -100.0 <= b <= 100.0 for b in v.values()):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        return v
+
     @model_validator(mode="after")
     def _min_le_max(self) -> "SamplingParams":
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -66,3 +92,8 @@ class SamplingParams(BaseModel):
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)

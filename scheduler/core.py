@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from scheduler.blocks import BlockManager
 from scheduler.config import SchedulerConfig
 from scheduler.job import Job, JobState
-from scheduler.plan import BlockOpKind, Plan, StepResult
+from scheduler.plan import BlockOpKind, Plan, StepResult, TokenLogprob
 from scheduler.policies import policy_class
 from scheduler.cost import CostEstimator
 from scheduler.policy import Clock
@@ -28,6 +28,8 @@ class JobEvent:
     text: str
     finished: bool
     finish_reason: str | None
+    logprobs: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
@@ -139,9 +141,8 @@ class SchedulerCore:
                 reason = "length"
             if reason is not None:
                 self._finish(job, reason, now)
-            events.append(
-                JobEvent(job.job_id, out.token_id, out.text, reason is not None, reason)
-            )
+            events.append(JobEvent(job.job_id, out.token_id, out.text, reason is not None,
+                                   reason, out.logprobs, out.prompt_logprobs))
         self.policy.on_step_done(plan, result.iteration_time)
         return events
 

@@ -85,6 +85,18 @@ class Plan:
 
 
 @dataclass(slots=True)
+class TokenLogprob:
+    """Log-probability of one token under the model's raw next-token
+    distribution (before penalties, logit bias and temperature), and the
+    most likely alternatives at that position."""
+
+    logprob: float
+    # (token id, logprob) of the `k` most likely tokens, most likely first;
+    # empty when the request asked for 0 alternatives.
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class JobOutput:
     job_id: str
     # The token sampled this iteration, or None for a non-final prefill chunk.
@@ -95,6 +107,11 @@ class JobOutput:
     # Detokenized text this token adds to the response (may be empty while
     # a possible stop string or a partial UTF-8 sequence is held back).
     text: str = ""
+    # The sampled token's logprob, when the request asked for logprobs.
+    logprobs: TokenLogprob | None = None
+    # On a request's first sampled token, when it asked for prompt logprobs:
+    # one entry per prompt token (None for the first, which has no context).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
