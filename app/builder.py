@@ -33,7 +33,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     resolve_model(cfg.model)
     config = cfg.model_dump()
 
-    scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind()
+    scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind(config)
     engine = Engine.options(
         num_replicas=cfg.num_engine_replicas,
         # The replica actor itself takes no CPU: its bundle's CPUs are the

@@ -6,12 +6,23 @@ field named (pydantic's error lists the path, e.g. `engine.block_size`).
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from scheduler.config import MLFQConfig, SchedulerConfig
 from scheduler.policies import POLICIES
+
+# Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
+API_KEY_ENV = "PREEMPT_SERVE_API_KEY"
 
 
 class PredictorSettings(BaseModel):
@@ -39,6 +50,20 @@ class PredictorSettings(BaseModel):
         if self.device == "cpu" and self.num_gpus > 0:
             raise ValueError("predictor.num_gpus: a GPU share needs predictor.device 'cuda'")
         return self
+
+
+class AdmissionSettings(BaseModel):
+    """Admission control (scheduler/admission.py): a bound on each engine
+    replica's queued work in tokens; requests beyond it get a 429."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # The time to first token an admitted request should get; the default
+    # bound is this times the replica's measured tokens/s at a full batch.
+    ttft_slo_s: float = Field(2.0, gt=0)
+    # A fixed bound per replica instead of the derived one.
+    max_queued_tokens: int | None = Field(None, ge=1)
 
 
 class AppConfig(BaseModel):
@@ -70,6 +95,7 @@ class AppConfig(BaseModel):
     reserve_blocks: int | None = Field(None, ge=0)
     mlfq: MLFQConfig = MLFQConfig()
     predictor: PredictorSettings = PredictorSettings()
+    admission: AdmissionSettings = AdmissionSettings()
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     # Engine replicas (one model instance each) and the CPUs each one takes.
@@ -77,12 +103,27 @@ class AppConfig(BaseModel):
     engine_num_cpus: float = Field(1.0, gt=0)
     # Intra-op threads of the forward pass; default: the engine's CPUs.
     num_threads: int | None = Field(None, ge=1)
+    # Bearer key every route but /health requires; None (and no
+    # PREEMPT_SERVE_API_KEY in the environment): no authentication.
+    api_key: SecretStr | None = Field(None, validate_default=True)
+    # Largest request body accepted (413 beyond it), counted as it arrives.
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
 
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}; choose one of {sorted(POLICIES)}")
+        return v
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _key_from_env(cls, v: Any) -> Any:
+        if v is None:
+            v = os.environ.get(API_KEY_ENV) or None
+        secret = v.get_secret_value() if isinstance(v, SecretStr) else v
+        if isinstance(secret, str) and not secret.strip():
+            raise ValueError("must not be empty or blank")
         return v
 
     @field_validator("tensor_parallel_size", "pipeline_parallel_size")

@@ -1,8 +1,11 @@
-"""OpenAI-compatible wire messages (the subset we serve) and our own
-engine-facing request/stream messages.
+"""OpenAI-compatible wire messages and our own engine-facing messages.
 
-Unknown fields are ignored rather than rejected, as OpenAI-compatible
-servers do, so clients that send newer parameters keep working.
+Requests are strict, as OpenAI's own API is: a field we implement is
+validated to OpenAI's documented range; an OpenAI field (or a vLLM
+extension) we do not implement is accepted only with the value that means
+"off" and otherwise rejected with a 400 naming it (`app/unsupported.py`);
+a field nobody defines is rejected as unrecognized.  Nothing a client sends
+is silently ignored.
 """
 
 from __future__ import annotations
@@ -11,32 +14,64 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from app.unsupported import UnsupportedFields
+
+# OpenAI's integer fields are 64-bit; the engine's seed stream and token
+# arithmetic assume it (vLLM bounds `seed` the same way).
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_I32_MAX = 2**31 - 1
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Strict(BaseModel):
+    # Strict types as OpenAI's API: "5" is not an integer, true is not 1.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM's extension; only its "off" value is served.
+    continuous_usage_stats: Literal[False] = False
 
 
-class _SamplingFields(_Lenient):
+class _SamplingFields(UnsupportedFields):
     model: str | None = None
-    max_tokens: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, gt=0, le=_I32_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    n: int = Field(1, ge=1, le=1)
-    seed: int | None = None
+    n: int = Field(1, ge=1, le=128)
+    seed: int | None = Field(None, ge=_I64_MIN, le=_I64_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
     stream: bool = False
+    # Declared after `stream`: its validator reads it.
     stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # Token id (as a JSON string key) -> bias in [-100, 100].
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # Extensions with vLLM's names and meanings.
+    top_k: int = Field(-1, ge=-1, le=_I32_MAX)
+    min_tokens: int = Field(0, ge=0, le=_I32_MAX)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)
+    # Lower runs first (vLLM's priority scheduling); every policy orders by it.
+    priority: int = Field(0, ge=-_I32_MAX, le=_I32_MAX)
+    # Logprobs of every prompt token (vLLM's extension): 0..20 alternatives.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    # Batch (offline) or interactive (online) work; carried to the engine's
+    # jobs.  No policy treats the classes differently yet (ConServe is
+    # planned).
+    job_class: Literal["online", "offline"] = "online"
 
     @field_validator("stop")
     @classmethod
@@ -48,33 +83,183 @@ class _SamplingFields(_Lenient):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
 
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(not 0 <= t <= _I32_MAX for t in v):
+            raise ValueError("stop_token_ids must be token ids (non-negative)")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return None
+        for key, bias in v.items():
+            if not key.isdigit() or int(key) > _I32_MAX:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias[{key}] = {bias} is outside [-100, 100]")
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _needs_stream(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream", False):
+            raise ValueError("only allowed when stream is true")
+        return v
+
+    def bias_by_id(self) -> dict[int, float]:
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
+
+
+Prompt = str | list[int] | list[str] | list[list[int]]
+
 
 class CompletionRequest(_SamplingFields):
-    # A string, or a list of token ids; batches of prompts (n>1) are not served.
-    prompt: str | list[int]
+    # A string or token ids, or a batch of either: each prompt gets `n`
+    # choices, indexed prompt-major as OpenAI does.
+    prompt: Prompt
     echo: bool = False
+    # OpenAI: the sampled token's logprob and up to 5 alternatives.
+    logprobs: int | None = Field(None, ge=0, le=5)
+    # Served only when it adds nothing to `n` (OpenAI: best_of >= n).
+    best_of: int | None = Field(None, ge=1, le=128)
+    suffix: str | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and v < n:
+            raise ValueError(f"must be at least n ({n})")
+        if v is not None and v != n and v != 1:
+            raise ValueError("only best_of equal to n is served: ranking extra samples "
+                             "server-side is not supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("not supported by this server (no insertion mode)")
+        return v
 
     @field_validator("prompt")
     @classmethod
-    def _non_empty(cls, v: str | list[int]) -> str | list[int]:
+    def _non_empty(cls, v: Prompt) -> Prompt:
+        if isinstance(v, str) or (v and isinstance(v[0], int)):
+            if len(v) == 0:
+                raise ValueError("prompt must not be empty")
+            return v
         if len(v) == 0:
             raise ValueError("prompt must not be empty")
+        if any(len(p) == 0 for p in v):  # type: ignore[arg-type]
+            raise ValueError("no prompt of a batch may be empty")
         return v
 
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The batch of prompts (one element for a single prompt)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return p  # type: ignore[return-value]
 
-class ChatMessage(_Lenient):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]]
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+def _text_parts(v: Any) -> Any:
+    """Clear errors for content parts: this model reads text only."""
+    if isinstance(v, list):
+        for i, part in enumerate(v):
+            if not isinstance(part, dict):
+                raise ValueError(f"content[{i}] must be an object")
+            if part.get("type") != "text":
+                raise ValueError(f"content[{i}].type {part.get('type')!r} is not supported: "
+                                 "this model reads text only")
+    return v
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[ContentPart]
+    # Passed to the chat template, which may use it.
+    name: str | None = None
+    # Tool calling is not served: only the empty values are accepted.
+    tool_calls: list[Any] | None = None
+    refusal: None = None
+
+    _parts = field_validator("content", mode="before")(classmethod(
+        lambda cls, v: _text_parts(v)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tools(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            if v.get("role") in ("tool", "function"):
+                raise ValueError(f"role {v['role']!r} is not supported: this server "
+                                 "does not do tool calling")
+            if v.get("tool_calls"):
+                raise ValueError("tool_calls: this server does not do tool calling")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return "".join(p.text for p in self.content)
+
+    def template_dict(self) -> dict[str, str]:
+        d = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            d["name"] = self.name
+        return d
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, gt=0)
+    # Declared after max_tokens (in the base) and logprobs: validators read them.
+    max_completion_tokens: int | None = Field(None, gt=0, le=_I32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # vLLM's chat extension; only "off" is served.
+    echo: bool | None = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_limit(cls, v: int | None, info: ValidationInfo) -> int | None:
+        other = info.data.get("max_tokens")
+        if v is not None and other is not None and v != other:
+            raise ValueError(f"conflicts with max_tokens={other}; send one of them")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not info.data.get("logprobs", False):
+            raise ValueError("requires logprobs to be true")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("not supported for chat completions (use /v1/completions)")
+        return v
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs are on (OpenAI: top_logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class Usage(BaseModel):
@@ -96,6 +281,17 @@ class JobMetrics(BaseModel):
     num_preemptions: int
     # The predictor's response-length estimate, if it landed in time.
     predicted_output_len: int | None = None
+
+
+class Admission(BaseModel):
+    """The Scheduler deployment's answer to "may this request run, where?"."""
+
+    admitted: bool
+    # The engine replica chosen (None: no replica has reported yet; any).
+    replica: str | None = None
+    # When refused: seconds after which the queued work should fit again.
+    retry_after_s: float | None = None
+    message: str | None = None
 
 
 class ErrorBody(BaseModel):
@@ -162,8 +358,10 @@ class WireLogprob(BaseModel):
 
 
 class GenerateDelta(BaseModel):
-    """New output of one choice (`index`) since the last delta it was sent."""
+    """New output of one choice since the last delta it was sent: choice
+    `index` of the call's prompt number `prompt`."""
 
+    prompt: int = 0
     index: int = 0
     token_ids: list[int]
     text: str

@@ -13,6 +13,15 @@ Commands:
   merge           one system's run / sweep files as one sweep (interleaved runs)
   compare         a metric of two results side by side (live vs simulated)
   profile         measure our engine's iteration cost; write a cost table
+  profile-live    a cost table from the iterations a running server recorded
+  trace-live      the plans a running server's engine recorded
+  trace-summary   compare plan traces (live and simulated)
+  overload        offer a multiple of the server's capacity (open loop): 429
+                  share, admitted TTFT / TPOT, server RSS over the run
+  disconnects     open many streams and drop them all; check that every KV
+                  block and host-tier byte comes back
+  soak            a long mixed run: RSS growth (MB/hour), errors by kind,
+                  429s, leaked KV blocks and host bytes
 """
 
 from __future__ import annotations
@@ -26,17 +35,14 @@ from typing import Any, Callable, Sequence
 
 from bench.metrics import SLOSpec, summarize
 from bench.results import RunMeta, RunResult, as_sweep, load_result
-from bench.workload import (
-    ArrivalSpec,
-    LengthSpec,
-    StreamSpec,
-    Workload,
-    WorkloadSpec,
-    build_workload,
-)
+from bench.workload import Workload, WorkloadSpec
 from bench.cli_output import _emit, _finish_sweep
+from bench.cli_workload import _client_config, _PoolCache, _workload_spec
 from bench.cli_profile import add_profile_parsers
 from bench.cli_trace import add_trace_parsers, write_trace
+from bench.disconnects import add_disconnects_parser
+from bench.overload import add_overload_parser
+from bench.soak import add_soak_parser
 from bench.cli_args import (
     _add_live_args,
     _add_output_args,
@@ -45,7 +51,6 @@ from bench.cli_args import (
     _add_sweep_args,
     _add_workload_args,
 )
-from bench.dataset import LengthFilter, ShareGPTPool, load_pool
 from bench.oracle import register as _register_oracles
 
 # The simulator may also run the clairvoyant orders (bench/oracle.py).
@@ -54,87 +59,12 @@ _register_oracles()
 # ----------------------------------------------------------------- arguments
 
 
-def _workload_spec(a: argparse.Namespace) -> WorkloadSpec:
-    if a.workload_spec is not None:
-        data = json.loads(a.workload_spec.read_text())
-        if data.get("kind") == "run":  # replay the workload of a recorded run
-            data = data["meta"]["workload"]
-        elif data.get("kind") == "sweep":
-            data = data["points"][0]["meta"]["workload"]
-        return WorkloadSpec.model_validate(data)
-    flt = LengthFilter(min_len=a.min_len, max_prompt_len=a.max_prompt_len, max_total_len=a.max_total_len)
-
-    def arrivals(rate: float, cv: float) -> ArrivalSpec:
-        return ArrivalSpec(process="poisson" if cv == 1.0 else "gamma", rate=rate, cv=cv)
-
-    streams = [
-        StreamSpec(
-            name="online",
-            job_class="online",
-            num_requests=a.num_requests,
-            lengths=LengthSpec(dataset=a.dataset, input_len=a.input_len, output_len=a.output_len,
-                               io_ratio=a.io_ratio, filter=flt),
-            arrivals=arrivals(a.rate, a.cv),
-        )
-    ]
-    if a.offline_num_requests:
-        streams.append(
-            StreamSpec(
-                name="offline",
-                job_class="offline",
-                num_requests=a.offline_num_requests,
-                lengths=LengthSpec(dataset=a.offline_dataset, input_len=a.offline_input_len,
-                                   output_len=a.offline_output_len, filter=flt),
-                arrivals=ArrivalSpec(rate=a.offline_rate),
-            )
-        )
-    return WorkloadSpec(seed=a.seed, streams=streams)
-
-
-class _PoolCache:
-    """Loads the ShareGPT pool once per filter (lengths cached on disk)."""
-
-    def __init__(self, tokenizer: str, need_text: bool) -> None:
-        self.tokenizer = tokenizer
-        self.need_text = need_text
-        self._pools: dict[LengthFilter, ShareGPTPool] = {}
-
-    def build(self, spec: WorkloadSpec) -> Workload:
-        flts = {s.lengths.filter for s in spec.streams if s.lengths.dataset == "sharegpt"}
-        if len(flts) > 1:
-            raise SystemExit("all ShareGPT streams must share one length filter")
-        pool = None
-        if flts:
-            flt = next(iter(flts))
-            if flt not in self._pools:
-                self._pools[flt] = load_pool(tokenizer=self.tokenizer, length_filter=flt,
-                                             need_text=self.need_text)
-            pool = self._pools[flt]
-        return build_workload(spec, pool)
-
-
 def _slo(a: argparse.Namespace) -> SLOSpec | None:
     slo = SLOSpec(ttft=a.slo_ttft, tpot=a.slo_tpot, e2e=a.slo_e2e, normalized_latency=a.slo_normalized)
     return None if slo.empty else slo
 
 
 # ------------------------------------------------------------------ live
-
-
-def _client_config(a: argparse.Namespace) -> Any:
-    from bench.client import ClientConfig
-
-    return ClientConfig(
-        base_url=a.base_url,
-        endpoint=a.endpoint,
-        model=a.model,
-        api_key=a.api_key,
-        ignore_eos=not a.no_ignore_eos,
-        send_min_tokens=not a.no_min_tokens,
-        max_concurrency=a.max_concurrency,
-        request_timeout=a.request_timeout,
-        max_duration=a.max_duration,
-    )
 
 
 def _live_once(wl: Workload, a: argparse.Namespace, slo: SLOSpec | None, rate: float | None) -> RunResult:
@@ -466,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_profile_parsers(sub)
     add_trace_parsers(sub)
+    add_overload_parser(sub)
+    add_disconnects_parser(sub)
+    add_soak_parser(sub)
     return p
 
 

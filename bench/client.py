@@ -16,6 +16,16 @@ under one of `METRICS_KEYS` (top level or inside `usage`), with any of the
 fields in `_METRIC_FIELDS` (queueing / execution / swap time, preemptions,
 swap bytes): these fill the latency breakdown (FastServe Figures 1, 15b).
 
+Admission control: an HTTP 429 answer is recorded as a rejection (with the
+server's Retry-After, in seconds), not as an error.
+
+Per-request variants (`RequestVariant`, by request id) change one request's
+body (n > 1, stop strings, logprobs) or make the client hang up on purpose
+at a given phase: right after the request is written (before any response),
+once the response headers arrived (before the first token), or after a
+number of token chunks.  Hanging up closes the connection, as a user
+closing a tab would; the record says where (`RequestRecord.dropped`).
+
 Bounded: the number of requests is the workload's; `max_duration` stops
 sending and cuts off streams at a deadline; `request_timeout` bounds each
 request; `max_concurrency` caps requests in flight.
@@ -24,15 +34,17 @@ request; `max_concurrency` caps requests in flight.
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
+import email.utils
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.records import RequestRecord
+from bench.records import DropPhase, RequestRecord
 from bench.workload import RequestSpec
 
 METRICS_KEYS = ("metrics", "x_metrics", "server_metrics")
@@ -74,6 +86,61 @@ class ClientConfig(BaseModel):
     )
 
 
+class RequestVariant(BaseModel):
+    """How one request departs from the run's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Merged into the JSON body last (e.g. {"n": 2}, {"stop": ["."]}).
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    # Body fields to leave out (min_tokens would keep a stop string from
+    # ending the request).
+    drop_keys: list[str] = Field(default_factory=list)
+    # Hang up at this phase; mid_stream after `drop_after_chunks` tokens.
+    drop: DropPhase | None = None
+    drop_after_chunks: int = Field(1, ge=1)
+
+
+class HTTPStatusError(RuntimeError):
+    """A non-200 answer other than 429."""
+
+
+class StreamError(RuntimeError):
+    """An error event inside a 200 stream."""
+
+
+class IncompleteStream(RuntimeError):
+    """The stream closed before `data: [DONE]`."""
+
+
+class _Rejected(Exception):
+    def __init__(self, retry_after: float | None) -> None:
+        super().__init__("rejected")
+        self.retry_after = retry_after
+
+
+class _Dropped(Exception):
+    def __init__(self, phase: DropPhase) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> float | None:
+    """Retry-After in seconds: delta-seconds, or an HTTP date (RFC 9110)."""
+    if value is None or not value.strip():
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return max((when - now).total_seconds(), 0.0)
+
+
 @dataclass
 class _Progress:
     token_times: list[float] = field(default_factory=list)
@@ -86,7 +153,8 @@ def _url(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
-def request_body(cfg: ClientConfig, model: str, req: RequestSpec) -> dict[str, Any]:
+def request_body(cfg: ClientConfig, model: str, req: RequestSpec,
+                 variant: RequestVariant | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": req.output_tokens,
@@ -106,6 +174,10 @@ def request_body(cfg: ClientConfig, model: str, req: RequestSpec) -> dict[str, A
         body["min_tokens"] = req.output_tokens
     body.update(cfg.extra_body)
     body.update(cfg.class_extra_body.get(req.job_class, {}))
+    if variant is not None:
+        for k in variant.drop_keys:
+            body.pop(k, None)
+        body.update(variant.extra_body)
     return body
 
 
@@ -149,7 +221,7 @@ def handle_event(data: str, prog: _Progress, now: float, chat: bool) -> None:
     obj = json.loads(data)
     if "error" in obj and not obj.get("choices"):
         err = obj["error"]
-        raise RuntimeError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+        raise StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
     for choice in obj.get("choices") or []:
         if _is_token_chunk(choice, chat):
             prog.token_times.append(now)
@@ -166,22 +238,44 @@ async def _stream(
     req: RequestSpec,
     prog: _Progress,
     clock: Callable[[], float],
+    variant: RequestVariant | None = None,
 ) -> None:
     path = "chat/completions" if cfg.endpoint == "chat" else "completions"
     chat = cfg.endpoint == "chat"
+    drop = variant.drop if variant is not None else None
+    extensions: dict[str, Any] = {}
+    if drop == "after_send":
+        extensions["trace"] = _hang_up_after_send
     async with client.stream(
-        "POST", _url(cfg.base_url, path), json=request_body(cfg, model, req)
+        "POST", _url(cfg.base_url, path), json=request_body(cfg, model, req, variant),
+        extensions=extensions,
     ) as resp:
+        if resp.status_code == 429:
+            await resp.aread()
+            raise _Rejected(parse_retry_after(resp.headers.get("retry-after")))
         if resp.status_code != 200:
             body = (await resp.aread()).decode(errors="replace")[:300]
-            raise RuntimeError(f"HTTP {resp.status_code}: {body}")
+            raise HTTPStatusError(f"HTTP {resp.status_code}: {body}")
+        if drop == "before_first_chunk":
+            raise _Dropped("before_first_chunk")
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
                 continue
             handle_event(line[5:].strip(), prog, clock(), chat)
             if prog.done:
                 return
-    raise RuntimeError("stream ended without [DONE]")
+            if (drop == "mid_stream" and variant is not None
+                    and len(prog.token_times) >= variant.drop_after_chunks):
+                raise _Dropped("mid_stream")
+    raise IncompleteStream("stream ended without [DONE]")
+
+
+async def _hang_up_after_send(event: str, info: dict[str, Any]) -> None:
+    """httpcore trace hook: abort once the request body is written, before
+    any answer is read; httpcore then closes the connection (a request cut
+    off mid-exchange is never put back in the pool)."""
+    if event == "http11.send_request_body.complete":
+        raise _Dropped("after_send")
 
 
 async def _one(
@@ -191,6 +285,7 @@ async def _one(
     req: RequestSpec,
     t0: float,
     sem: asyncio.Semaphore | None,
+    variant: RequestVariant | None = None,
 ) -> RequestRecord:
     clock = lambda: time.perf_counter() - t0  # noqa: E731
     rec = RequestRecord(
@@ -216,7 +311,14 @@ async def _one(
             timeout = min(timeout, max(cfg.max_duration - clock(), 0.001))
         rec.send_time = clock()
         # wait_for rather than asyncio.timeout: Python 3.10 has no timeout().
-        await asyncio.wait_for(_stream(client, cfg, model, req, prog, clock), timeout)
+        await asyncio.wait_for(_stream(client, cfg, model, req, prog, clock, variant), timeout)
+        rec.end_time = clock()
+    except _Rejected as e:
+        rec.rejected = True
+        rec.retry_after = e.retry_after
+        rec.end_time = clock()
+    except _Dropped as e:
+        rec.dropped = e.phase
         rec.end_time = clock()
     except asyncio.TimeoutError:
         rec.error = "timeout"
@@ -252,7 +354,9 @@ class LiveRun:
 
 
 async def run_requests_async(
-    requests: Sequence[RequestSpec], cfg: ClientConfig
+    requests: Sequence[RequestSpec],
+    cfg: ClientConfig,
+    variants: Mapping[str, RequestVariant] | None = None,
 ) -> LiveRun:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.max_concurrency, max_keepalive_connections=64)
@@ -263,14 +367,19 @@ async def run_requests_async(
         model = cfg.model or await discover_model(client, cfg.base_url)
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         t0 = time.perf_counter()
+        var = variants or {}
         records = await asyncio.gather(
-            *(_one(client, cfg, model, r, t0, sem) for r in requests)
+            *(_one(client, cfg, model, r, t0, sem, var.get(r.request_id)) for r in requests)
         )
         return LiveRun(records=list(records), model=model, wall_time=time.perf_counter() - t0)
 
 
-def run_requests(requests: Sequence[RequestSpec], cfg: ClientConfig) -> LiveRun:
-    return asyncio.run(run_requests_async(requests, cfg))
+def run_requests(
+    requests: Sequence[RequestSpec],
+    cfg: ClientConfig,
+    variants: Mapping[str, RequestVariant] | None = None,
+) -> LiveRun:
+    return asyncio.run(run_requests_async(requests, cfg, variants))
 
 
 def scrape_prometheus(url: str, timeout: float = 5.0) -> dict[str, float]:

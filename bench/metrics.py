@@ -21,6 +21,13 @@ measured by the same code.  Definitions follow vLLM's `benchmark_serving.py`
   goodput: such requests per second of duration (vLLM's request goodput).
   FastServe Figure 13's "P95 goodput" is the highest rate whose attainment
   is >= 95%, a sweep-level figure (bench/sweep.py).
+- Admission control: a request the server refused with HTTP 429 is
+  "rejected", neither completed nor failed; the rejected share is over
+  all requests, and every latency above is over admitted requests that
+  completed.  Rejection latency is how long the refusal took (a server
+  protecting itself says no at once); Retry-After is what it asked for.
+  Requests the client dropped on purpose (disconnect tests) are counted
+  apart as well.  Failures are grouped by kind (`error_kind`).
 - Latency breakdown (FastServe Figures 1 and 15b): queueing, execution and
   swapping time, from server metadata or the simulator (when a server
   reports only queueing and swap time, execution is the rest of E2E);
@@ -32,6 +39,7 @@ linear-interpolation percentiles, as vLLM).  All times in seconds.
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -106,7 +114,12 @@ class MetricsSummary(BaseModel):
 
     num_requests: int
     num_completed: int
+    # Errors only: neither refusals (429) nor drops by the client.
     num_failed: int
+    num_rejected: int = 0
+    rejected_share: float = 0.0
+    num_dropped: int = 0
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
     duration: float
     request_throughput: float
     output_token_throughput: float
@@ -123,7 +136,25 @@ class MetricsSummary(BaseModel):
     num_preemptions: int | None = None
     swap_bytes: int | None = None
     breakdown: LatencyBreakdown | None = None
+    # Of rejected requests: time to the 429, and the Retry-After asked for.
+    rejection_latency: Dist = Field(default_factory=Dist)
+    retry_after: Dist = Field(default_factory=Dist)
     by_class: dict[str, "MetricsSummary"] = Field(default_factory=dict)
+
+
+_HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+
+
+def error_kind(error: str) -> str:
+    """A failure's kind, for counting: "HTTP 500", "timeout", the exception
+    class ("ReadError", "RemoteProtocolError"), "not sent", ..."""
+    m = _HTTP_STATUS.search(error)
+    if m:
+        return f"HTTP {m.group(1)}"
+    if error.startswith("not sent"):
+        return "not sent"
+    head, sep, _ = error.partition(":")
+    return head.strip() if sep and " " not in head.strip() else error[:60]
 
 
 def tpot(r: RequestRecord) -> float | None:
@@ -218,6 +249,13 @@ def summarize(
 ) -> MetricsSummary:
     """All metrics of one run.  `duration` overrides the records' span."""
     done = [r for r in records if r.ok]
+    rejected = [r for r in records if r.rejected]
+    num_dropped = sum(r.dropped is not None for r in records)
+    kinds: dict[str, int] = {}
+    for r in records:
+        if r.error is not None:
+            k = error_kind(r.error)
+            kinds[k] = kinds.get(k, 0) + 1
     dur = duration_of(records) if duration is None else duration
     rate = (lambda x: x / dur) if dur > 0 else (lambda x: 0.0)
     out_tokens = sum(r.output_tokens for r in done)
@@ -225,7 +263,11 @@ def summarize(
     s = MetricsSummary(
         num_requests=len(records),
         num_completed=len(done),
-        num_failed=len(records) - len(done),
+        num_failed=len(records) - len(done) - len(rejected) - num_dropped,
+        num_rejected=len(rejected),
+        rejected_share=len(rejected) / len(records) if records else 0.0,
+        num_dropped=num_dropped,
+        errors_by_kind=dict(sorted(kinds.items())),
         duration=dur,
         request_throughput=rate(len(done)),
         output_token_throughput=rate(out_tokens),
@@ -240,6 +282,8 @@ def summarize(
         num_preemptions=_sum_known(r.num_preemptions for r in records),
         swap_bytes=_sum_known(r.swap_bytes for r in records),
         breakdown=breakdown_of(records),
+        rejection_latency=Dist.of(x for r in rejected if (x := r.e2e) is not None),
+        retry_after=Dist.of(r.retry_after for r in rejected if r.retry_after is not None),
     )
     if slo is not None and not slo.empty:
         met = sum(meets_slo(r, slo) for r in records)
@@ -266,6 +310,14 @@ def format_summary(s: MetricsSummary, title: str = "") -> str:
         lines.append(f"{name:<44}{value:>14}")
 
     row("Requests (completed / failed):", f"{s.num_completed} / {s.num_failed}")
+    if s.num_rejected:
+        row("Rejected (429):", f"{s.num_rejected} ({100 * s.rejected_share:.1f}%)")
+        if s.retry_after.mean is not None:
+            row("Mean Retry-After (s):", f"{s.retry_after.mean:.2f}")
+    if s.num_dropped:
+        row("Dropped by the client:", s.num_dropped)
+    for kind, n in s.errors_by_kind.items():
+        row(f"  error {kind[:34]}:", n)
     row("Duration (s):", f"{s.duration:.2f}")
     row("Request throughput (req/s):", f"{s.request_throughput:.3f}")
     row("Output token throughput (tok/s):", f"{s.output_token_throughput:.1f}")

@@ -11,11 +11,16 @@ All times are seconds on the run's own clock: 0 is the start of the run
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 JobClassName = Literal["online", "offline"]
+# Where a client hung up on purpose (bench/disconnects.py, soak mixes):
+# right after the request was written, after the response headers but
+# before the first token, or after one or more tokens.
+DropPhase = Literal["after_send", "before_first_chunk", "mid_stream"]
+DROP_PHASES: tuple[DropPhase, ...] = get_args(DropPhase)
 
 
 class RequestRecord(BaseModel):
@@ -30,13 +35,20 @@ class RequestRecord(BaseModel):
     # Arrival time of each streamed output token (one per SSE chunk that
     # carries a token; all tokens of one simulated iteration share a time).
     token_times: list[float] = Field(default_factory=list)
-    # When the response ended ([DONE] received, or the job finished).
+    # When the response ended ([DONE] received, the job finished, the
+    # server's refusal arrived or the client hung up).
     end_time: float | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0
     # Output length the workload asked for (max_tokens with ignore_eos).
     expected_output_tokens: int | None = None
     error: str | None = None
+    # Refused by admission control (HTTP 429): not an error, the server
+    # protecting itself; `retry_after` is its Retry-After header (seconds).
+    rejected: bool = False
+    retry_after: float | None = None
+    # The client hung up on purpose at this phase (not an error either).
+    dropped: DropPhase | None = None
 
     # Reported by our server (response metadata) or by the simulator;
     # None when the system under test does not say (FastServe Figs. 1, 15b).
@@ -48,7 +60,9 @@ class RequestRecord(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.end_time is not None
+        """Admitted and served to the end."""
+        return (self.error is None and self.end_time is not None and not self.rejected
+                and self.dropped is None)
 
     @property
     def e2e(self) -> float | None:

@@ -5,6 +5,17 @@ Each replica owns a placement group (a CPU bundle here, GPU bundles with
 `SchedulerCore` running the configured policy.  `generate` streams a job's
 output; tokens from one iteration are handed to the asyncio side in one
 call.  A cancelled stream (client gone) aborts its job and frees its blocks.
+
+Its host KV tier is the application's directory, which the Scheduler
+deployment owns (`Scheduler.kv_directory`); without a scheduler the replica
+makes a directory of its own.
+
+Shutdown: `stop_serving(reason)` (called for every replica by
+`Scheduler.shutdown_engines` before the CLI stops Serve) and `__del__`
+(which Serve calls once a replica stopping gracefully has drained) end the
+iteration loop: each job still running ends its stream with
+`EngineStopped(reason)`, later requests get the same at once, and the KV
+tier's copy thread stops.
 """
 
 from __future__ import annotations
@@ -17,9 +28,10 @@ from typing import Any, AsyncIterator
 from ray import serve
 
 from app.config import AppConfig
-from app.protocol import GenerateDelta, GenerateRequest
-from deployments.engine_loop import Delivery, EngineLoop
+from app.protocol import GenerateDelta, GenerateRequest, WireLogprob
+from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
+from scheduler.admission import AdmissionBound, queued_work
 from scheduler.core import SchedulerCore
 
 log = logging.getLogger("ray.serve")
@@ -27,20 +39,47 @@ log = logging.getLogger("ray.serve")
 REPORT_INTERVAL_S = 0.5
 
 
-def _sampling_params(req: GenerateRequest):  # type: ignore[no-untyped-def]
+def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
+    """Choice `index`'s parameters: seeded `seed + index` (vLLM's rule), so
+    the choices differ yet each is reproducible."""
     from engine.sampling_params import SamplingParams
 
     return SamplingParams(
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,
-        seed=req.seed,
+        seed=None if req.seed is None else req.seed + index,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
         max_tokens=req.max_tokens,
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=req.logit_bias,
+        logprobs=req.logprobs,
+        prompt_logprobs=req.prompt_logprobs,
     )
+
+
+class _StoppedJobLogs(logging.Filter):
+    """Serve logs every exception a request raises as "Request failed." with
+    its traceback.  A job ended on purpose by a shutdown is not a failure:
+    its record keeps one line, at INFO, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, EngineStopped):
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "Request ended by the engine replica stopping: %s", (exc,)
+        return True
+
+
+def _wire(lp: Any) -> dict[str, Any]:
+    return {"logprob": lp.logprob, "top": lp.top}
 
 
 @serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10)
@@ -61,11 +100,21 @@ class Engine:
             max_model_len=sched_cfg.max_model_len,
             num_threads=self.cfg.threads,
         )
+        if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
+            log.addFilter(_StoppedJobLogs())
+        # Set when this replica is deliberately stopped (stop_serving, __del__).
+        self._closing = False
+        self.kv_tier: Any = None
         if sched_cfg.host_kv_blocks:
-            from kvstore.tier import ObjectStoreTier
+            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks, scheduler)
+            self.runner.set_kv_tier(self.kv_tier)
+        from engine.profiler import full_batch_throughput
 
-            self.runner.set_kv_tier(ObjectStoreTier(
-                sched_cfg.host_kv_blocks * self.runner.kv_block_bytes))
+        # Admission's speed until the loop measures one under real load.
+        self.start_tokens_per_s = full_batch_throughput(
+            self.runner, sched_cfg.block_size, sched_cfg.max_batch_size)
+        adm = self.cfg.admission
+        self.bound = AdmissionBound(adm.ttft_slo_s, adm.max_queued_tokens)
         cost = None
         if self.cfg.policy != "fcfs":
             from engine.profiler import estimate_cost
@@ -76,7 +125,8 @@ class Engine:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.scheduler = scheduler
         self._aio = asyncio.get_running_loop()
-        self._streams: dict[str, asyncio.Queue[Delivery]] = {}
+        # Job id -> (its call's delivery queue, prompt number, choice index).
+        self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
@@ -88,41 +138,70 @@ class Engine:
 
     def _dispatch(self, items: list[Delivery]) -> None:
         for d in items:
-            q = self._streams.get(d.event.job_id)
-            if q is not None:
-                q.put_nowait(d)
+            target = self._streams.get(d.event.job_id)
+            if target is not None:
+                target[0].put_nowait(d)
 
-    async def generate(self, request: dict[str, Any], replica: str | None = None
-                       ) -> AsyncIterator[dict[str, Any]]:
-        req = GenerateRequest(**request)
-        req.arrival_time = time.monotonic()
-        rid = req.request_id
+    async def generate(self, requests: list[dict[str, Any]], replica: str | None = None
+                       ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Stream the output of one client request: its prompts (one
+        `GenerateRequest` each) with their `n` choices.  Each item lists, per
+        choice with news since the last item, a `GenerateDelta` dump.
+
+        One call per client request, whatever its number of prompts: Serve
+        did not dispatch a second concurrent call from the same parent
+        request to the same replica (ingress → engine, Ray 2.60)."""
+        reqs = [GenerateRequest(**r) for r in requests]
         q: asyncio.Queue[Delivery] = asyncio.Queue()
-        self._streams[rid] = q
-        done = False
+        running: set[str] = set()
+        for p, req in enumerate(reqs):
+            req.arrival_time = time.monotonic()
+            for i, job_id in enumerate(choice_job_ids(req.request_id, req.n)):
+                self._streams[job_id] = (q, p, i)
+                running.add(job_id)
+        jobs = list(running)
         try:
-            self.loop.submit(req)
-            while not done:
+            for req in reqs:
+                self.loop.submit(req)
+            while running:
                 items = [await q.get()]
                 while not q.empty():
                     items.append(q.get_nowait())
-                delta = GenerateDelta(token_ids=[], text="")
+                deltas: dict[tuple[int, int], GenerateDelta] = {}
                 for d in items:
                     if d.error is not None:
-                        done = True
-                        raise ValueError(d.error)
-                    if d.event.token_id is not None:
-                        delta.token_ids.append(d.event.token_id)
-                    delta.text += d.event.text
-                    if d.event.finished:
-                        done = True
-                        delta.finish_reason = d.event.finish_reason
+                        # ValueError: the request was refused (the client's
+                        # 400); the others are this replica's failures.
+                        kind = (EngineStopped if d.stopped
+                                else RuntimeError if d.internal else ValueError)
+                        raise kind(d.error)
+                    ev = d.event
+                    _, p, index = self._streams[ev.job_id]
+                    delta = deltas.get((p, index))
+                    if delta is None:
+                        delta = deltas[p, index] = GenerateDelta(
+                            prompt=p, index=index, token_ids=[], text="")
+                    if ev.token_id is not None:
+                        delta.token_ids.append(ev.token_id)
+                        if ev.logprobs is not None:
+                            delta.logprobs = (delta.logprobs or []) + [
+                                WireLogprob.model_validate(_wire(ev.logprobs))]
+                    if ev.prompt_logprobs is not None:
+                        delta.prompt_logprobs = [
+                            None if x is None else WireLogprob.model_validate(_wire(x))
+                            for x in ev.prompt_logprobs]
+                    delta.text += ev.text
+                    if ev.finished:
+                        running.discard(ev.job_id)
+                        delta.finish_reason = ev.finish_reason
                         delta.metrics = d.metrics
-                yield delta.model_dump()
+                yield [dl.model_dump() for dl in deltas.values()]
         finally:
-            self._streams.pop(rid, None)
-            if not done:  # cancelled: the client went away
-                self.loop.abort(rid)
+            for job_id in jobs:
+                self._streams.pop(job_id, None)
+            if running:  # cancelled (the client went away) or failed
+                for req in reqs:
+                    self.loop.abort(req.request_id)
 
     async def set_prediction(self, request_id: str, predicted_len: int,
                              replica: str | None = None) -> None:
@@ -153,6 +232,8 @@ class Engine:
             "num_preemptions": s.num_preemptions,
             "num_finished": s.num_finished,
             "num_aborted": s.num_aborted,
+            "shared_prompt_tokens": s.num_shared_prompt_tokens,
+            "admission": self._admission_figures(list(self.core.jobs.values())),
             "iterations": ls.iterations,
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
@@ -170,6 +251,13 @@ class Engine:
             "policy": self._policy_stats(),
         }
 
+    def _admission_figures(self, jobs: list[Any]) -> dict[str, Any]:
+        mean_out = self.loop.mean_output.value
+        tps = self.loop.stats.full_batch_tokens_per_s or self.start_tokens_per_s or None
+        return {"waiting_tokens": queued_work(jobs, self.core.batch, mean_out),
+                "capacity_tokens": self.bound.capacity(tps),
+                "tokens_per_s": tps, "mean_output_len": mean_out}
+
     def _policy_stats(self) -> dict[str, Any]:
         pol = self.core.policy
         out: dict[str, Any] = {"name": pol.name}
@@ -179,7 +267,7 @@ class Engine:
         return out
 
     async def _report_loop(self) -> None:
-        while True:
+        while self.loop.closed is None:
             try:
                 snap = self._snapshot()
                 self.metrics.update(snap)
@@ -190,12 +278,60 @@ class Engine:
                     queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
                     await self.scheduler.report_load.remote(
                         self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
-                        len(jobs))
+                        len(jobs), self._admission_figures(jobs))
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)
 
+    async def stop_serving(self, reason: str = "the server is shutting down",
+                           replica: str | None = None) -> int:
+        """End every job here with an error carrying `reason` and stop the
+        loop; later requests are refused the same way (`replica` is for the
+        request router).  Returns the number of jobs ended.  (Not named
+        `shutdown`: a DeploymentHandle has a method of that name.)"""
+        # Off the event loop: the loop thread may be inside a forward pass,
+        # and the streams need this event loop to receive their errors.
+        return await asyncio.to_thread(self._close, reason)
+
+    def check_health(self) -> None:
+        # A loop thread that died on its own has ended its jobs, but every
+        # later request would fail: let Serve replace the replica.
+        if not self.loop.alive and not self._closing:
+            raise RuntimeError(f"the engine loop stopped: {self.loop.closed}")
+
+    def _close(self, reason: str) -> int:
+        self._closing = True
+        ended = self.loop.shutdown(reason)
+        if self.kv_tier is not None:
+            self.kv_tier.close(wait=False)
+        return ended
+
     def __del__(self) -> None:
-        loop = getattr(self, "loop", None)
-        if loop is not None:
-            loop.stop()
+        # Serve calls this on a graceful replica shutdown, once the replica
+        # has drained; the checks cover a constructor that failed midway.
+        if getattr(self, "loop", None) is None:
+            return
+        reporter = getattr(self, "_reporter", None)
+        if reporter is not None and not reporter.done():
+            try:
+                reporter.cancel()
+            except RuntimeError:  # its event loop is already closed
+                pass
+        self._close("the engine replica is shutting down")
+
+
+async def _host_tier(blocks: int, scheduler: Any) -> Any:
+    """The object-store tier on the application's directory, which the
+    scheduler owns; a directory of this replica's own without a scheduler."""
+    import ray
+
+    from kvstore.directory import DirectoryRef, KVDirectory
+    from kvstore.tier import ObjectStoreTier
+
+    if scheduler is not None:
+        raw = await scheduler.kv_directory.remote()
+        if raw is not None:
+            ref = DirectoryRef.model_validate(raw)
+            return ObjectStoreTier(ray.get_actor(ref.name, namespace=ref.namespace),
+                                   name=ref.name, namespace=ref.namespace)
+    return ObjectStoreTier(KVDirectory.remote(blocks))

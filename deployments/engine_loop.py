@@ -5,6 +5,12 @@ replica's asyncio loop; requests and aborts reach the loop through a
 thread-safe inbox and are applied between iterations, and the tokens of an
 iteration leave in one batch (ARCHITECTURE.md: once per iteration per
 replica).  No Ray here: the loop is tested with a fake runner.
+
+`shutdown(reason)` ends the loop for good: every job in flight, and every
+request submitted from then on, ends at once with an error delivery that
+carries the reason (`Delivery.stopped`), so no client's stream is left
+waiting on a replica that is going away.  The same happens, with a generic
+reason, if the loop thread dies of an unexpected error.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from app.protocol import GenerateRequest, JobMetrics
+from scheduler.admission import MeanOutput
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, StepResult
@@ -37,6 +44,16 @@ class Delivery:
     event: JobEvent
     metrics: JobMetrics | None  # set on the job's last event
     error: str | None = None
+    # The error is the replica stopping, not the request: the same request
+    # may succeed on another replica.
+    stopped: bool = False
+    # The error is ours (an iteration failed), not a refusal of the request.
+    internal: bool = False
+
+
+class EngineStopped(RuntimeError):
+    """A job ended because its engine replica shut down (not the request's
+    fault: retry elsewhere)."""
 
 
 @dataclass(slots=True)
@@ -57,10 +74,20 @@ class LoopStats:
     # Every plan that did something, for comparing a live run with its
     # simulation step by step (`python -m bench trace-summary`).
     recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
+    # Tokens/s of whole iterations when the batch was (nearly) full: the
+    # replica's speed under load, which bounds its queued work
+    # (scheduler/admission.py).  None until such an iteration ran.
+    full_batch_tokens_per_s: float | None = None
 
 
 Deliver = Callable[[list[Delivery]], None]
-MakeParams = Callable[[GenerateRequest], object]
+# Sampling parameters of choice `index` of a request.
+MakeParams = Callable[[GenerateRequest, int], object]
+
+
+def choice_job_ids(request_id: str, n: int) -> list[str]:
+    """Job ids of a request's `n` choices; the first is the request's own."""
+    return [request_id] + [f"{request_id}#{i}" for i in range(1, n)]
 
 
 class EngineLoop:
@@ -78,25 +105,72 @@ class EngineLoop:
         self.deliver = deliver
         self.clock = clock
         self.stats = LoopStats()
+        # Output lengths of finished jobs: the expected answer of a job whose
+        # length is unknown (admission control).
+        self.mean_output = MeanOutput(initial=min(256.0, core.config.max_model_len / 4))
         self._jobs: dict[str, Job] = {}
+        # Request id -> job ids of its choices still in the core.
+        self._groups: dict[str, list[str]] = {}
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._stop = False
+        # Set once, by shutdown() or by the loop thread dying: the reason
+        # every job ends with from then on.  Guarded by _lock so that no
+        # request slips into the inbox after the last drain.
+        self._lock = threading.Lock()
+        self._closed: str | None = None
+        self._closed_out = threading.Event()
+        self.num_stopped_jobs = 0
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop = True
+    @property
+    def closed(self) -> str | None:
+        """The shutdown reason, or None while the loop serves."""
+        return self._closed
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self, reason: str, timeout: float = 30.0) -> int:
+        """End every job in flight with an error delivery carrying `reason`
+        and stop the loop thread; later submissions are refused the same
+        way.  Idempotent and thread-safe.  Returns the number of jobs ended.
+
+        The loop thread finishes the iteration it is in (a forward pass is
+        not interruptible), then ends the jobs; this waits up to `timeout`
+        seconds for that."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = reason
         self._wake.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    log.warning("engine loop still in an iteration after %.0f s; its jobs "
+                                "end when it returns", timeout)
+        elif not self._closed_out.is_set():
+            # Never started, or already gone: nobody else will end the jobs.
+            self._close_out()
+        return self.num_stopped_jobs
+
+    def stop(self) -> None:
+        """Stop the loop (tests, replica teardown); see `shutdown`."""
+        self.shutdown("the engine replica stopped", timeout=10)
 
     # Thread-safe entry points -----------------------------------------
 
     def submit(self, req: GenerateRequest) -> None:
-        self._inbox.put(("add", req))
-        self._wake.set()
+        with self._lock:
+            reason = self._closed
+            if reason is None:
+                self._inbox.put(("add", req))
+                self._wake.set()
+                return
+        self._deliver_safely(self._refusals(req, reason))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -117,9 +191,7 @@ class EngineLoop:
                 return rejected
             if kind == "add":
                 assert isinstance(payload, GenerateRequest)
-                err = self._add(payload)
-                if err is not None:
-                    rejected.append(err)
+                rejected += self._add(payload)
             elif kind == "predict":
                 rid, n = payload  # type: ignore[misc]
                 job = self.core.jobs.get(rid)
@@ -127,30 +199,57 @@ class EngineLoop:
                     job.predicted_output_len = n
             else:
                 assert isinstance(payload, str)
-                self._jobs.pop(payload, None)
-                if self.core.abort(payload):
-                    self.runner.remove_request(payload)
+                for job_id in self._groups.pop(payload, [payload]):
+                    self._drop(job_id)
 
-    def _add(self, req: GenerateRequest) -> Delivery | None:
-        job = Job(
-            job_id=req.request_id,
-            prompt_token_ids=list(req.prompt_token_ids),
-            max_tokens=req.max_tokens,
-            arrival_time=req.arrival_time,
-            job_class=JobClass(req.job_class),
-        )
+    def _drop(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+        if self.core.abort(job_id):
+            self.runner.remove_request(job_id)
+
+    def _add(self, req: GenerateRequest) -> list[Delivery]:
+        """Add the request's `n` choices as jobs; the first prefills the
+        prompt and the others share its KV blocks (scheduler/core.py), unless
+        each must compute the prompt itself for its prompt logprobs."""
+        ids = choice_job_ids(req.request_id, req.n)
+        share = req.prompt_logprobs is None
         try:
-            self.core.add(job)
-            self.runner.add_request(job.job_id, self.make_params(req), job.prompt_token_ids)
+            for i, job_id in enumerate(ids):
+                job = Job(
+                    job_id=job_id,
+                    prompt_token_ids=list(req.prompt_token_ids),
+                    max_tokens=req.max_tokens,
+                    arrival_time=req.arrival_time,
+                    job_class=JobClass(req.job_class),
+                    priority=req.priority,
+                )
+                if i > 0 and share:
+                    self.core.add(job, share_prompt_with=ids[0])
+                else:
+                    self.core.add(job)
+                self._jobs[job_id] = job
+                self.runner.add_request(job_id, self.make_params(req, i), job.prompt_token_ids)
         except Exception as e:  # a bad request must not take the loop down
             log.warning("rejected %s: %s", req.request_id, e)
-            self.core.abort(job.job_id)
-            return Delivery(JobEvent(job.job_id, None, "", True, "error"), None, str(e))
-        self._jobs[job.job_id] = job
-        return None
+            for job_id in ids:
+                self._drop(job_id)
+            return [Delivery(JobEvent(j, None, "", True, "error"), None, str(e)) for j in ids]
+        self._groups[req.request_id] = ids
+        return []
 
     def _run(self) -> None:
-        while not self._stop:
+        try:
+            self._serve()
+        except BaseException:  # any escape would leave every stream hanging
+            log.exception("engine loop failed; ending its jobs")
+            with self._lock:
+                if self._closed is None:
+                    self._closed = "internal error in the engine"
+        finally:
+            self._close_out()
+
+    def _serve(self) -> None:
+        while self._closed is None:
             if not self._busy() and self._inbox.empty():
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
@@ -163,6 +262,61 @@ class EngineLoop:
             if deliveries:
                 self.deliver(deliveries)
             self.stats.loop_time += time.perf_counter() - t0
+
+    def _refusals(self, req: GenerateRequest, reason: str) -> list[Delivery]:
+        return [Delivery(JobEvent(j, None, "", True, "error"), None, reason, stopped=True)
+                for j in choice_job_ids(req.request_id, req.n)]
+
+    def _deliver_safely(self, items: list[Delivery]) -> None:
+        if not items:
+            return
+        try:
+            self.deliver(items)
+        except Exception:  # the receiving side is itself going away
+            log.exception("could not deliver %d shutdown errors", len(items))
+
+    def _close_out(self) -> None:
+        """End everything with the shutdown reason: the requests still in
+        the inbox, then every job in flight, then free their host copies.
+        Runs once, on the loop thread (or on the caller's if the thread
+        never ran)."""
+        if self._closed_out.is_set():
+            return
+        self._closed_out.set()
+        reason = self._closed or "the engine replica stopped"
+        out: list[Delivery] = []
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                assert isinstance(payload, GenerateRequest)
+                out += self._refusals(payload, reason)
+            elif kind == "abort":
+                assert isinstance(payload, str)
+                for job_id in self._groups.pop(payload, [payload]):
+                    self._drop(job_id)
+        ended = list(self._jobs) + [j for j in list(self.core.jobs) if j not in self._jobs]
+        for job_id in ended:
+            try:
+                self._drop(job_id)
+            except Exception:  # keep ending the others
+                log.exception("aborting %s at shutdown failed", job_id)
+            out.append(Delivery(JobEvent(job_id, None, "", True, "error"), None, reason,
+                                stopped=True))
+        self._groups.clear()
+        self.num_stopped_jobs = len(ended)
+        self._deliver_safely(out)
+        # The aborted jobs' host copies are dropped by block ops, which ride
+        # on plans; a few chunkless iterations carry them out.
+        try:
+            for _ in range(4):
+                if not self.core.swap.pending_ops:
+                    break
+                self._iterate()
+        except Exception:  # the directory goes with the application anyway
+            log.warning("dropping host KV copies at shutdown failed", exc_info=True)
 
     def _busy(self) -> bool:
         # Drops of finished jobs' host copies also need a plan to ride on.
@@ -192,9 +346,11 @@ class EngineLoop:
         if StepTrace.eventful(plan, result):
             self.stats.recent_plans.append(StepTrace.of(t_plan, plan, result))
         if plan.chunks:
+            elapsed = time.perf_counter() - t0
             self.stats.recent_iterations.append((
                 tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),
-                result.iteration_time, time.perf_counter() - t0))
+                result.iteration_time, elapsed))
+            self._measure_speed(plan, elapsed)
         out: list[Delivery] = []
         for ev in events:
             self.stats.tokens_out += ev.token_id is not None
@@ -202,21 +358,42 @@ class EngineLoop:
             if ev.finished:
                 self.runner.remove_request(ev.job_id)
                 metrics = self._metrics(ev.job_id)
+                self._forget(ev.job_id)
             out.append(Delivery(ev, metrics))
         return out
+
+    def _measure_speed(self, plan: Plan, elapsed: float) -> None:
+        cfg = self.core.config
+        full = (len(plan.chunks) >= 0.75 * cfg.max_batch_size
+                or plan.num_tokens >= 0.75 * cfg.max_batch_tokens)
+        if not full or elapsed <= 0:
+            return
+        sample = plan.num_tokens / elapsed
+        prev = self.stats.full_batch_tokens_per_s
+        self.stats.full_batch_tokens_per_s = sample if prev is None else prev + 0.1 * (sample - prev)
+
+    def _forget(self, job_id: str) -> None:
+        """A finished choice leaves its request's group."""
+        rid = job_id.split("#", 1)[0]
+        group = self._groups.get(rid)
+        if group is not None and job_id in group:
+            group.remove(job_id)
+            if not group:
+                del self._groups[rid]
 
     def _fail(self, job_id: str) -> Delivery:
         self._jobs.pop(job_id, None)
         self.core.abort(job_id)
         self.runner.remove_request(job_id)
-        return Delivery(
-            JobEvent(job_id, None, "", True, "error"), None, "internal error in the engine"
-        )
+        self._forget(job_id)
+        return Delivery(JobEvent(job_id, None, "", True, "error"), None,
+                        "internal error in the engine", internal=True)
 
     def _metrics(self, job_id: str) -> JobMetrics | None:
         job = self._jobs.pop(job_id, None)
         if job is None:
             return None
+        self.mean_output.add(job.num_output_tokens)
         arrival = job.arrival_time
         return JobMetrics(
             queue_time=(job.first_scheduled_time or arrival) - arrival,

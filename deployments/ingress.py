@@ -11,26 +11,39 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
 from ray import serve
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.auth import BearerKeyAuth
 from app.config import AppConfig
 from app.errors import APIError, validation_error
+from app.http import (
+    JSONServerErrors,
+    api_error_handler,
+    http_exception_handler,
+    read_json_object,
+)
+from app.logprobs import TokenText
+from app.openapi import build_openapi, openapi_endpoint
 from app.protocol import (
+    Admission,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
-    Usage,
     new_id,
     now_s,
 )
+from app.responses import PromptInput, ResponseBuilder
 
 log = logging.getLogger("ray.serve")
 
@@ -47,22 +60,37 @@ class Ingress:
         self.cfg = AppConfig(**config)
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model))
         self.vocab_size = len(self.tokenizer)
+        self.token_text = TokenText(self.tokenizer)
         self.scheduler = scheduler
         self.engine = engine.options(stream=True)
         self.engine_calls = engine
         self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
+        # Built from the request models now, so it always matches them.
+        self.openapi = build_openapi(auth=self.cfg.api_key is not None)
+        if self.cfg.api_key is not None:
+            log.info("every route but /health requires the API key")
 
     def __serve_build_asgi_app__(self) -> Starlette:
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
+                Route("/openapi.json", openapi_endpoint(self.openapi), methods=["GET"]),
             ],
-            exception_handlers={APIError: _api_error},
+            middleware=[
+                # Outermost: whatever escapes below still answers JSON.
+                Middleware(JSONServerErrors),
+                Middleware(BearerKeyAuth, api_key=self.cfg.api_key),
+            ],
+            exception_handlers={APIError: api_error_handler,
+                                HTTPException: http_exception_handler},
         )
+        # `/v1/models/` is a 404 like any unknown path, not a redirect.
+        app.router.redirect_slashes = False
+        return app
 
     # Endpoints ------------------------------------------------------------
 
@@ -83,40 +111,47 @@ class Ingress:
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
-        text: str | None = None  # token-id prompts are decoded only if predicted
-        if isinstance(req.prompt, str):
-            ids = self.tokenizer(req.prompt)["input_ids"]
-            text = req.prompt
-        else:
-            ids = list(req.prompt)
-            if any(not 0 <= t < self.vocab_size for t in ids):
-                raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-        return await self._serve(req, ids, chat=False, text=text)
+        prompts: list[PromptInput] = []
+        for p in req.prompts():
+            if isinstance(p, str):
+                prompts.append(PromptInput(self._encode(p, "prompt"), p))
+            else:
+                ids = list(p)
+                if any(not 0 <= t < self.vocab_size for t in ids):
+                    raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})",
+                                   "prompt")
+                # Decoded only where echo or the predictor reads it.
+                prompts.append(PromptInput(ids, ""))
+        if req.echo or self.predictor is not None:
+            for pi in prompts:
+                pi.text = pi.text or self.tokenizer.decode(pi.token_ids)
+        return await self._serve(req, prompts, chat=False, predict_texts=[
+            pi.text for pi in prompts])
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        messages = [m.template_dict() for m in req.messages]
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # a template may reject a role order
             raise APIError(400, f"messages do not fit the chat template: {e}", "messages")
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if req.max_completion_tokens is not None and req.max_tokens is None:
-            req.max_tokens = req.max_completion_tokens
+        ids = self._encode(text, "messages", add_special_tokens=False)
         users = [m["content"] for m in messages if m["role"] == "user"]
-        return await self._serve(req, ids, chat=True, text=users[-1] if users else text)
+        return await self._serve(req, [PromptInput(ids, text)], chat=True,
+                                 predict_texts=[users[-1] if users else text])
+
+    def _encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        except Exception as e:  # e.g. text the tokenizer cannot encode
+            raise APIError(400, f"{param} cannot be tokenized: {e}", param)
 
     # Plumbing -------------------------------------------------------------
 
     async def _parse(self, request: Request, model: type) -> Any:
-        body = await request.body()
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"request body is not valid JSON: {e}")
-        if not isinstance(data, dict):
-            raise APIError(400, "request body must be a JSON object")
+        # Bounded, strict JSON (app/http.py): a 4xx for every malformed body.
+        data = await read_json_object(request, self.cfg.max_request_bytes)
         try:
             req = model.model_validate(data)
         except ValidationError as e:
@@ -126,39 +161,81 @@ class Ingress:
                            f"serves {self.cfg.model_name!r}", "model", "model_not_found")
         return req
 
-    def _generate_request(self, req: Any, ids: list[int]) -> GenerateRequest:
+    def _generate_request(self, req: Any, prompt: PromptInput, request_id: str,
+                          chat: bool) -> GenerateRequest:
+        """The engine request for one prompt of `req` (all its `n` choices);
+        a 400 for anything the engine could not serve."""
+        ids = prompt.token_ids
         limit = self.cfg.max_model_len
+        param = "messages" if chat else "prompt"
         if len(ids) >= limit:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's maximum "
-                           f"context length is {limit} tokens", "messages" if hasattr(req, "messages") else "prompt")
-        max_tokens = req.max_tokens if req.max_tokens is not None else limit - len(ids)
+                           f"context length is {limit} tokens", param)
+        asked = req.token_limit if chat else req.max_tokens
+        max_tokens = asked if asked is not None else limit - len(ids)
         if len(ids) + max_tokens > limit:
             raise APIError(400, f"this model's maximum context length is {limit} tokens, "
                            f"but {len(ids)} prompt tokens + max_tokens={max_tokens} exceed it",
-                           "max_tokens")
+                           "max_completion_tokens" if chat and req.max_completion_tokens
+                           else "max_tokens")
         if req.min_tokens > max_tokens:
             raise APIError(400, f"min_tokens={req.min_tokens} exceeds max_tokens={max_tokens}",
                            "min_tokens")
+        bias = req.bias_by_id()
+        if any(t >= self.vocab_size for t in bias):
+            raise APIError(400, f"logit_bias keys must be token ids below {self.vocab_size}",
+                           "logit_bias")
+        stop_ids = req.stop_token_ids or []
+        if any(t >= self.vocab_size for t in stop_ids):
+            raise APIError(400, f"stop_token_ids must be below {self.vocab_size}",
+                           "stop_token_ids")
+        logprobs = req.num_logprobs if chat else req.logprobs
+        prompt_logprobs = req.prompt_logprobs
+        if not chat and req.echo and logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs or 0, logprobs)
         return GenerateRequest(
-            request_id=new_id("cmpl"), prompt_token_ids=ids, max_tokens=max_tokens,
+            request_id=request_id, prompt_token_ids=ids, max_tokens=max_tokens,
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-            stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, arrival_time=time.time())
+            stop=req.stop or [], stop_token_ids=stop_ids, ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
+            job_class=req.job_class, arrival_time=time.time(),
+            user=req.user or req.safety_identifier)
 
-    async def _serve(self, req: Any, ids: list[int], chat: bool, text: str | None) -> Response:
-        gen = self._generate_request(req, ids)
-        replica = await self.scheduler.admit.remote(
-            gen.request_id, len(ids), gen.max_tokens, gen.job_class)
-        stream = self.engine.generate.remote(gen.model_dump(), replica=replica)
+    async def _serve(self, req: Any, prompts: list[PromptInput], chat: bool,
+                     predict_texts: list[str]) -> Response:
+        request_id = new_id("chatcmpl" if chat else "cmpl")
+        gens = [self._generate_request(req, p, request_id if len(prompts) == 1
+                                       else f"{request_id}-{i}", chat)
+                for i, p in enumerate(prompts)]
+        replica = await self._admit(request_id, gens)
+        stream = self.engine.generate.remote([g.model_dump() for g in gens], replica=replica)
         if self.predictor is not None:
-            self._predict(gen.request_id, text if text is not None else self.tokenizer.decode(ids),
-                          replica)
+            for g, text in zip(gens, predict_texts):
+                self._predict(g.request_id, text, replica)
+        logprobs = (req.logprobs if chat else req.logprobs is not None)
+        builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
+                                  req.n, self.token_text, logprobs=bool(logprobs),
+                                  echo=bool(getattr(req, "echo", False)))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                self._sse(gen, stream, chat, include_usage, len(ids)),
-                media_type="text/event-stream")
-        return await self._collect(gen, stream, chat, len(ids))
+            return StreamingResponse(self._sse(builder, stream, include_usage),
+                                     media_type="text/event-stream")
+        return await self._collect(builder, stream)
+
+    async def _admit(self, request_id: str, gens: list[GenerateRequest]) -> str | None:
+        """Admission control (scheduler/admission.py): the whole request,
+        all its prompts and choices, runs on one replica or gets a 429."""
+        adm = Admission.model_validate(await self.scheduler.admit.remote(
+            request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,
+            gens[0].job_class, len(gens) * gens[0].n))
+        if not adm.admitted:
+            retry = max(1, math.ceil(adm.retry_after_s or 1.0))
+            raise APIError(429, adm.message or "the server is at capacity; retry later",
+                           type_="rate_limit_error", headers={"Retry-After": str(retry)})
+        return adm.replica
 
     def _predict(self, request_id: str, text: str, replica: str | None) -> None:
         """Ask for the response length beside the job, never before it
@@ -186,90 +263,100 @@ class Ingress:
     def _release(self, request_id: str, outcome: str) -> None:
         self._background_call(self.scheduler.release.remote(request_id, outcome))
 
-    async def _collect(self, gen: GenerateRequest, stream: Any, chat: bool, n_prompt: int) -> Response:
-        text, n_out, finish, metrics = [], 0, None, None
+    def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
+        stream.cancel()
+        self._release(builder.request_id, outcome)
+
+    async def _collect(self, builder: ResponseBuilder, stream: Any) -> Response:
         outcome = "aborted"
         try:
-            async for d in stream:
-                text.append(d["text"])
-                n_out += len(d["token_ids"])
-                if d["finish_reason"] is not None:
-                    finish, metrics = d["finish_reason"], d["metrics"]
-            outcome = finish or "aborted"
-        except ValueError as e:
+            async for delta in _engine_deltas(stream):
+                builder.apply(delta, emit=False)
+            outcome = "finished" if builder.done else "aborted"
+        except EngineRefused as e:
             outcome = "error"
-            raise APIError(400, str(e))
+            raise APIError(400, str(e.__cause__))
+        except EngineFailed as e:
+            outcome = "error"
+            log.warning("request %s failed in the engine: %r", builder.request_id, e.__cause__)
+            raise _engine_failure(e)
         finally:
-            stream.cancel()
-            self._release(gen.request_id, outcome)
-        usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_out,
-                      total_tokens=n_prompt + n_out).model_dump()
-        body_text = "".join(text)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": body_text},
-                      "finish_reason": finish, "logprobs": None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": body_text, "finish_reason": finish, "logprobs": None}
-            obj = "text_completion"
-        return JSONResponse({
-            "id": gen.request_id, "object": obj, "created": now_s(),
-            "model": self.cfg.model_name, "choices": [choice], "usage": usage,
-            "metrics": metrics,
-        })
+            self._finish(builder, stream, outcome)
+        return JSONResponse(builder.response())
 
-    async def _sse(self, gen: GenerateRequest, stream: Any, chat: bool,
-                   include_usage: bool, n_prompt: int) -> AsyncIterator[str]:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        created = now_s()
-        n_out = 0
+    async def _sse(self, builder: ResponseBuilder, stream: Any,
+                   include_usage: bool) -> AsyncIterator[str]:
         outcome = "aborted"
-
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False,
-                  extra: dict[str, Any] | None = None) -> str:
-            if chat:
-                delta: dict[str, Any] = {}
-                if role:
-                    delta["role"] = "assistant"
-                if delta_text is not None:
-                    delta["content"] = delta_text
-                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "finish_reason": finish,
-                          "logprobs": None}
-            body = {"id": gen.request_id, "object": obj, "created": created,
-                    "model": self.cfg.model_name, "choices": [choice]}
-            if extra:
-                body.update(extra)
-            return f"data: {json.dumps(body)}\n\n"
-
         try:
-            if chat:
-                yield chunk("", None, role=True)
-            async for d in stream:
-                n_out += len(d["token_ids"])
-                finish = d["finish_reason"]
-                if d["text"] or finish is None:
-                    yield chunk(d["text"], None)
-                if finish is not None:
-                    outcome = finish
-                    yield chunk(None if chat else "", finish,
-                                extra={"metrics": d["metrics"]})
+            for c in builder.opening_chunks():
+                yield _event(c)
+            async for delta in _engine_deltas(stream):
+                for c in builder.apply(delta):
+                    yield _event(c)
             if include_usage:
-                usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_out,
-                              total_tokens=n_prompt + n_out).model_dump()
-                yield (f"data: {json.dumps({'id': gen.request_id, 'object': obj, 'created': created, 'model': self.cfg.model_name, 'choices': [], 'usage': usage})}\n\n")
+                yield _event(builder.usage_chunk())
+            outcome = "finished" if builder.done else "aborted"
             yield "data: [DONE]\n\n"
-        except ValueError as e:
+        except Exception as e:
+            # The stream has started (status 200 sent): the error goes in
+            # the stream, and the stream still ends, so no client hangs.
             outcome = "error"
-            err = {"error": {"message": str(e), "type": "invalid_request_error", "code": 400}}
-            yield f"data: {json.dumps(err)}\n\n"
+            if isinstance(e, EngineRefused):
+                err = APIError(400, str(e.__cause__))
+            elif isinstance(e, EngineFailed):
+                log.warning("stream %s failed in the engine: %r", builder.request_id,
+                            e.__cause__)
+                err = _engine_failure(e)
+            else:
+                log.exception("stream %s failed", builder.request_id)
+                err = APIError(500, "internal server error")
+            yield _event(err.body())
             yield "data: [DONE]\n\n"
         finally:
-            stream.cancel()
-            self._release(gen.request_id, outcome)
+            self._finish(builder, stream, outcome)
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, APIError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+class EngineRefused(Exception):
+    """The engine refused the request (its error is the cause)."""
+
+
+class EngineFailed(Exception):
+    """The engine replica failed or went away mid-request (cause attached)."""
+
+
+def _engine_failure(e: "EngineFailed") -> APIError:
+    """503 (retry: another replica, or this one once restarted), with the
+    replica's reason when it stopped deliberately."""
+    from deployments.engine_loop import EngineStopped
+
+    reason = "the engine serving this request failed or shut down"
+    cause = e.__cause__
+    if isinstance(cause, EngineStopped):
+        # Through Ray the cause is a dual RayTaskError whose first argument
+        # is the original exception.
+        why: Any = cause
+        while isinstance(why, BaseException) and why.args:
+            why = why.args[0]
+        reason = f"the engine serving this request stopped: " \
+                 f"{why if isinstance(why, str) else 'shutting down'}"
+    return APIError(503, f"{reason}; retry", type_="service_unavailable")
+
+
+async def _engine_deltas(stream: Any) -> AsyncIterator[dict[str, Any]]:
+    """The engine stream's choice deltas, its failures told apart from ours:
+    a ValueError is the engine refusing the request; anything else, the
+    replica failing."""
+    try:
+        async for items in stream:
+            for d in items:
+                yield d
+    except ValueError as e:
+        raise EngineRefused() from e
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        raise EngineFailed() from e
+
+
+def _event(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

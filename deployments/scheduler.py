@@ -4,53 +4,135 @@ Stateful, one replica.  Engine replicas report their load to it; the
 ingress asks it where a job goes and tells it when the job ended.  The
 iteration-level decisions are not made here but in each engine replica
 (ARCHITECTURE.md, "Why two levels").
+
+It also owns the application's host KV tier directory (kvstore/directory.py):
+created at start, named after the application, sized `host_kv_tokens` per
+engine replica times `num_engine_replicas`, and gone with this replica, so
+a restart starts clean.  Engines look it up through `kv_directory()`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
 from ray import serve
 
+from app.config import AppConfig
+from app.protocol import Admission
 from scheduler.placement import Placement
+
+log = logging.getLogger("ray.serve")
 
 
 # Access logs off: engines report their load twice a second.
 @serve.deployment(name="Scheduler", num_replicas=1, max_ongoing_requests=10_000,
                   logging_config={"enable_access_log": False})
 class Scheduler:
-    def __init__(self, stale_after_s: float = 10.0) -> None:
+    def __init__(self, config: dict[str, Any] | None = None,
+                 stale_after_s: float = 10.0) -> None:
+        self.cfg = AppConfig(**(config or {}))
         self.placement = Placement(stale_after_s=stale_after_s)
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, int] = {}
+        self.num_rejected = 0
+        self.app_name = serve.get_replica_context().app_name
+        self._kv_ref: Any = None
+        self._kv_directory: Any = None
+        per_replica = self.cfg.scheduler_config().host_kv_blocks
+        if per_replica:
+            from kvstore.directory import DirectoryRef, create_directory, directory_name
+
+            self._kv_ref = DirectoryRef(
+                name=directory_name(self.app_name),
+                capacity_blocks=per_replica * self.cfg.num_engine_replicas)
+            # Owned by this replica: it goes away with the application.
+            self._kv_directory = create_directory(self._kv_ref.name,
+                                                  self._kv_ref.capacity_blocks)
 
     async def report_load(self, replica_id: str, num_blocks: int, free_blocks: int,
-                          queued_tokens: int, num_jobs: int) -> None:
+                          queued_tokens: int, num_jobs: int,
+                          admission: dict[str, Any] | None = None) -> None:
+        """A replica's load; `admission` holds its queued work, the bound on
+        it and its measured speed (scheduler/admission.py)."""
         self.placement.report(replica_id, num_blocks, free_blocks, queued_tokens,
-                              num_jobs, time.monotonic())
+                              num_jobs, time.monotonic(), **(admission or {}))
 
     async def admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
-                    job_class: str = "online") -> str | None:
-        replica = self.placement.place(request_id, prompt_tokens + max_tokens,
-                                       time.monotonic())
+                    job_class: str = "online", n: int = 1) -> dict[str, Any]:
+        """Where the request runs, or a refusal when every replica's queued
+        work is at its bound (the ingress answers 429)."""
+        now = time.monotonic()
+        if self.cfg.admission.enabled:
+            res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now)
+        else:
+            res = None
+        if res is not None and not res.admitted:
+            self.num_rejected += 1
+            return Admission(
+                admitted=False, retry_after_s=res.retry_after_s,
+                message=("the server is at capacity: its queued work would delay this "
+                         f"request past its {self.cfg.admission.ttft_slo_s:g} s TTFT "
+                         "objective; retry later")).model_dump()
+        replica = res.replica if res is not None else self.placement.place(
+            request_id, prompt_tokens + n * max_tokens, now)
         self.jobs[request_id] = {"class": job_class, "replica": replica,
                                  "admitted_at": time.time()}
-        return replica
+        return Admission(admitted=True, replica=replica).model_dump()
 
     async def release(self, request_id: str, outcome: str) -> None:
         self.placement.release(request_id)
         self.jobs.pop(request_id, None)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
+    async def kv_directory(self) -> dict[str, Any] | None:
+        """The application's KV directory as a `kvstore.directory.DirectoryRef`
+        dump (engines look the actor up by its name); None: no host tier."""
+        return None if self._kv_ref is None else self._kv_ref.model_dump()
+
+    async def shutdown_engines(self, reason: str) -> dict[str, Any]:
+        """End every job on every live engine replica with an error carrying
+        `reason`; the replicas refuse new jobs from then on.  Called before
+        `serve.shutdown()` (app/cli.py), while the HTTP proxy still runs, so
+        that open streams end with an error event instead of being cut off.
+        Returns, per replica, the number of jobs ended or the call's error."""
+        # The name given in deployments/engine.py (importing it would load torch here).
+        engine = serve.get_deployment_handle("Engine", self.app_name)
+        ids = [r.replica_id for r in self.placement.live(time.monotonic())]
+        # `replica=` routes each call to that replica (deployments/routing.py).
+        done = await asyncio.gather(
+            *(engine.stop_serving.remote(reason, replica=rid) for rid in ids),
+            return_exceptions=True)
+        out = {rid: (repr(r) if isinstance(r, BaseException) else r)
+               for rid, r in zip(ids, done)}
+        log.info("engines shut down (%s): %s", reason, out)
+        return out
+
+    async def _kv_tier_stats(self) -> dict[str, Any] | None:
+        if self._kv_directory is None:
+            return None
+        try:
+            st = await self._kv_directory.stats.remote()
+        except Exception as e:  # the directory died; say so instead of failing stats
+            return {"name": self._kv_ref.name, "error": repr(e)}
+        return {"name": self._kv_ref.name, **st}
+
     async def stats(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
+            "kv_tier": await self._kv_tier_stats(),
             "active_jobs": len(self.jobs),
+            "rejected": self.num_rejected,
             "outcomes": dict(self.outcomes),
             "replicas": {
                 r.replica_id: {"free_blocks": r.free_blocks, "num_blocks": r.num_blocks,
-                               "queued_tokens": r.queued_tokens, "num_jobs": r.num_jobs}
+                               "queued_tokens": r.queued_tokens, "num_jobs": r.num_jobs,
+                               "waiting_tokens": r.waiting_tokens,
+                               "capacity_tokens": r.capacity_tokens,
+                               "tokens_per_s": r.tokens_per_s,
+                               "mean_output_len": r.mean_output_len}
                 for r in self.placement.live(now)
             },
         }

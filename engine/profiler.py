@@ -68,3 +68,39 @@ def estimate_cost(runner: Any, block_size: int, short: int = 16, long: int = 256
     base = max(1e-4, t_short - per_token * short)
     per_seq = max(0.0, decode - base)
     return LinearCost(base_s=base, prefill_per_token_s=per_token, decode_per_seq_s=per_seq)
+
+
+def full_batch_throughput(runner: Any, block_size: int, batch_size: int, prompt_len: int = 8,
+                          decode_steps: int = 3, repeats: int = 1) -> float:
+    """Tokens/s of a decode iteration with `batch_size` jobs (the fastest
+    of the timed steps): the replica's speed when its batch is full, which
+    bounds its queued work (scheduler/admission.py) until the loop has
+    measured its speed under real load."""
+    from engine.sampling_params import SamplingParams
+
+    per_job = -(-(prompt_len + decode_steps + 2) // block_size)
+    cfg = SchedulerConfig(block_size=block_size, num_blocks=per_job * batch_size,
+                          max_batch_size=batch_size,
+                          max_batch_tokens=max(prompt_len * batch_size, batch_size),
+                          max_model_len=per_job * block_size)
+    best = float("inf")
+    for r in range(repeats):
+        core = SchedulerCore(cfg, time.monotonic)
+        ids = [f"throughput-{r}-{i}" for i in range(batch_size)]
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=decode_steps + 1)
+        for i, job_id in enumerate(ids):
+            prompt = [10 + (i + k) % 1000 for k in range(prompt_len)]
+            core.add(Job(job_id, prompt, decode_steps + 1, 0.0))
+            runner.add_request(job_id, params, prompt)
+        try:
+            while core.has_work:
+                plan = core.schedule()
+                res = runner.execute(plan)
+                if plan.chunks and all(c.num_tokens == 1 for c in plan.chunks) \
+                        and len(plan.chunks) == batch_size:
+                    best = min(best, res.iteration_time)
+                core.complete(plan, res)
+        finally:
+            for job_id in ids:
+                runner.remove_request(job_id)
+    return batch_size / best if best < float("inf") else 0.0

@@ -4,7 +4,8 @@ It lives from `add_request` to `remove_request` and deliberately survives
 preemption: a preempted job's KV is dropped and recomputed, but its sampled
 tokens, its detokenizer (what text was already streamed) and its seed
 stream position are kept, so the client never sees text twice and seeded
-sampling continues where it left off.
+sampling continues where it left off.  So are the prompt logprobs computed
+so far: a recomputed prompt does not compute or deliver them again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+from scheduler.plan import TokenLogprob
 
 
 @dataclass(eq=False)
@@ -27,6 +29,16 @@ class RequestState:
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # While prompt logprobs are owed: entry p for prompt token p (entry 0,
+    # which has no context, is None), as far as computed.  None when not
+    # asked for or already delivered.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    def __post_init__(self) -> None:
+        # A request resumed with outputs (migration) delivered them where
+        # its first token was sampled.
+        if self.params.prompt_logprobs is not None and not self.output_token_ids:
+            self.prompt_logprobs = [None]
 
     @property
     def num_tokens(self) -> int:
@@ -37,6 +49,38 @@ class RequestState:
         if len(self.output_token_ids) < self.params.min_tokens:
             return tuple(sorted(self.stop_token_ids))
         return ()
+
+    def prompt_logprob_positions(self, start: int, end: int) -> range:
+        """Positions q in `[start, end)` whose next-token logits give a
+        prompt logprob not yet computed (that of prompt token q + 1)."""
+        owed = self.prompt_logprobs
+        num_prompt = len(self.prompt_token_ids)
+        if owed is None or len(owed) == num_prompt:
+            return range(0)
+        next_pos = len(owed) - 1
+        if start > next_pos:
+            # Positions before `start` were computed elsewhere (a prompt
+            # whose KV is shared from a sibling choice): their logits never
+            # existed here, and a partial list would silently mislead.
+            raise ValueError(
+                f"job {self.job_id}: prompt_logprobs need the logits at prompt position "
+                f"{next_pos}, but its KV starts at position {start} (computed by another "
+                "request); ask prompt_logprobs on the request that prefills the prompt"
+            )
+        return range(next_pos, min(end, num_prompt - 1))
+
+    def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """The complete prompt logprobs, once (on the first sampled token)."""
+        owed = self.prompt_logprobs
+        if owed is None:
+            return None
+        if len(owed) != len(self.prompt_token_ids):
+            raise RuntimeError(
+                f"job {self.job_id}: sampling with {len(owed)} of "
+                f"{len(self.prompt_token_ids)} prompt logprobs computed"
+            )
+        self.prompt_logprobs = None
+        return owed
 
     def append(self, token_id: int, max_model_len: int) -> tuple[str, str | None]:
         """Record a sampled token; returns (text delta, finish reason or None)."""

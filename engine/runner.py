@@ -5,12 +5,16 @@ state.  Each `execute` runs all of the plan's chunks as one flattened batch
 through one forward pass (decodes first, then prefill chunks), samples the
 chunks that reach their sequence's last known token, applies the stop
 conditions the engine owns (EOS, stop tokens, stop strings, max_tokens) and
-returns one `JobOutput` per chunk.
+returns one `JobOutput` per chunk, with the logprobs the request asked for:
+those of its sampled tokens, and of its prompt tokens (computed chunk by
+chunk from the extra logits rows of the prefill, delivered with the first
+sampled token).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +28,31 @@ from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
 from engine.request import RequestState
-from engine.sampling import SampleRequest, Sampler
+from engine.sampling import SampleRequest, Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.swapper import BlockSwapper, HostKVTier
 from engine.threads import pin_threads
 from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
 from engine.weights import iter_weights
-from scheduler.plan import BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult
+from scheduler.plan import (
+    BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult, TokenLogprob,
+)
+
+
+@dataclass(slots=True)
+class _PromptRows:
+    """Logits rows that give `state` the prompt logprobs of tokens q + 1 for
+    q in `positions`."""
+
+    state: RequestState
+    positions: range
+
+
+@dataclass(slots=True)
+class _Prepared:
+    batch: ForwardBatch
+    sampled: list[tuple[ScheduledChunk, RequestState]]
+    prompt_rows: list[_PromptRows]
 
 
 class ModelRunner:
@@ -131,6 +153,12 @@ class ModelRunner:
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
         outputs = list(output_token_ids or [])
+        out_of_vocab = [t for t in params.logit_bias if t >= self.vocab_size]
+        if out_of_vocab:
+            raise ValueError(
+                f"logit_bias token ids {out_of_vocab} are outside the vocabulary "
+                f"(size {self.vocab_size})"
+            )
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
@@ -197,30 +225,75 @@ class ModelRunner:
             return StepResult(plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed)
 
         start = time.perf_counter()
-        batch, sampled = self._prepare(plan)
+        prepared = self._prepare(plan)
+        sampled = prepared.sampled
         with torch.inference_mode():
-            hidden = self.model(batch, self.kv_cache)
+            hidden = self.model(prepared.batch, self.kv_cache)
             tokens: list[int] = []
-            if sampled:
+            logprobs: dict[int, TokenLogprob] = {}
+            if prepared.batch.logits_indices.numel():
                 logits = self.model.compute_logits(hidden)
+                sample_logits = logits[: len(sampled)]
                 tokens = self.sampler.sample(
-                    logits,
+                    sample_logits,
                     [
-                        SampleRequest(s.params, c.output_index, s.banned_token_ids())
+                        SampleRequest(s.params, c.output_index, s.banned_token_ids(),
+                                      s.prompt_token_ids, s.output_token_ids)
                         for c, s in sampled
                     ],
                 )
+                logprobs = self._sampled_logprobs(sample_logits, sampled, tokens)
+                self._record_prompt_logprobs(logits[len(sampled):], prepared.prompt_rows)
         iteration_time = time.perf_counter() - start
 
         results: dict[str, JobOutput] = {}
-        for (chunk, state), token in zip(sampled, tokens):
+        for i, ((chunk, state), token) in enumerate(zip(sampled, tokens)):
+            prompt_lps = state.take_prompt_logprobs() if chunk.output_index == 0 else None
             text, reason = state.append(token, self.max_model_len)
-            results[chunk.job_id] = JobOutput(chunk.job_id, token, reason, text)
+            results[chunk.job_id] = JobOutput(
+                chunk.job_id, token, reason, text, logprobs.get(i), prompt_lps
+            )
         outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
         done, failed = self._poll_swaps(0.0)
         return StepResult(
             plan.step, outputs, iteration_time, swaps_in_done=done, swaps_in_failed=failed
         )
+
+    @staticmethod
+    def _sampled_logprobs(
+        logits: torch.Tensor,
+        sampled: list[tuple[ScheduledChunk, RequestState]],
+        tokens: list[int],
+    ) -> dict[int, TokenLogprob]:
+        """Raw logprobs of the sampled tokens, by row, for the rows that asked."""
+        rows = [i for i, (_, s) in enumerate(sampled) if s.params.logprobs is not None]
+        if not rows:
+            return {}
+        found = token_logprobs(
+            logits[rows], [tokens[i] for i in rows],
+            [sampled[i][1].params.logprobs or 0 for i in rows],
+        )
+        return dict(zip(rows, found))
+
+    @staticmethod
+    def _record_prompt_logprobs(logits: torch.Tensor, rows: list[_PromptRows]) -> None:
+        """Append each request's newly computed prompt logprobs; `logits`
+        holds their rows in `rows` order."""
+        if not rows:
+            return
+        targets: list[int] = []
+        num_top: list[int] = []
+        for r in rows:
+            prompt = r.state.prompt_token_ids
+            targets.extend(prompt[q + 1] for q in r.positions)
+            num_top.extend([r.state.params.prompt_logprobs or 0] * len(r.positions))
+        found = token_logprobs(logits, targets, num_top)
+        offset = 0
+        for r in rows:
+            owed = r.state.prompt_logprobs
+            assert owed is not None and len(owed) - 1 == r.positions.start
+            owed.extend(found[offset : offset + len(r.positions)])
+            offset += len(r.positions)
 
     def _poll_swaps(self, wait_s: float) -> tuple[list[str], list[str]]:
         if self.swapper is None:
@@ -234,23 +307,29 @@ class ModelRunner:
         neither samples nor changes any request's state: for tests and
         profiling.
         """
-        batch, sampled = self._prepare(plan)
+        prepared = self._prepare(plan)
         with torch.inference_mode():
-            logits = self.model.compute_logits(self.model(batch, self.kv_cache))
-        row = {c.job_id: i for i, (c, _) in enumerate(sampled)}
+            hidden = self.model(prepared.batch, self.kv_cache)
+            logits = self.model.compute_logits(hidden)
+        row = {c.job_id: i for i, (c, _) in enumerate(prepared.sampled)}
         return logits[[row[c.job_id] for c in plan.chunks if c.sample]]
 
-    def _prepare(
-        self, plan: Plan
-    ) -> tuple[ForwardBatch, list[tuple[ScheduledChunk, RequestState]]]:
+    def _prepare(self, plan: Plan) -> _Prepared:
         """Flatten the plan's chunks (decodes first: the attention backend
-        batches them in one call) into one forward batch."""
+        batches them in one call) into one forward batch.
+
+        The logits rows are the sampling chunks' last tokens, in `sampled`
+        order, then the prompt positions whose logprobs are owed.  Nothing
+        is recorded in any request's state: that happens after the forward
+        pass succeeded."""
         ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
         sampled: list[tuple[ScheduledChunk, RequestState]] = []
+        prompt_rows: list[_PromptRows] = []
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
         logits_indices: list[int] = []
+        prompt_indices: list[int] = []
         for chunk in ordered:
             state = self._state(chunk)
             end = chunk.start_pos + chunk.num_tokens
@@ -258,6 +337,11 @@ class ModelRunner:
                 raise ValueError(
                     f"job {chunk.job_id}: position {end} exceeds max_model_len {self.max_model_len}"
                 )
+            owed = state.prompt_logprob_positions(chunk.start_pos, end)
+            if owed:
+                base = len(input_ids) - chunk.start_pos
+                prompt_indices.extend(range(base + owed.start, base + owed.stop))
+                prompt_rows.append(_PromptRows(state, owed))
             input_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_pos, end))
             spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table))
@@ -270,9 +354,11 @@ class ModelRunner:
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
             positions=torch.tensor(positions, dtype=torch.long, device=dev),
             attn_metadata=self.attn.build_metadata(spans),
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
+            logits_indices=torch.tensor(
+                logits_indices + prompt_indices, dtype=torch.long, device=dev
+            ),
         )
-        return batch, sampled
+        return _Prepared(batch, sampled, prompt_rows)
 
     def _state(self, chunk: ScheduledChunk) -> RequestState:
         try:

@@ -1,4 +1,12 @@
-"""Batched next-token sampling: greedy, temperature, top-k, top-p, seeds.
+"""Batched next-token sampling: logit bias, penalties, greedy, temperature,
+top-k, top-p, seeds; and the logprobs of chosen tokens.
+
+The logits of a row pass through, in vLLM's order: logit_bias, the
+min_tokens bans, the repetition penalty (over prompt and output), the
+presence / frequency penalties (over the output), then temperature, top-k
+and top-p.  Greedy rows take the argmax after bias and penalties.  Each
+stage touches only the rows that use it, and a batch where no row does
+skips them all.
 
 Sampling draws one exponential variate per vocabulary entry and takes
 `argmax(probs / noise)` (the exponential race, equivalent to drawing from
@@ -12,14 +20,20 @@ rows share one global generator.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 
 import torch
 
 from engine.sampling_params import SamplingParams
+from scheduler.plan import TokenLogprob
 
-__all__ = ["SampleRequest", "Sampler", "SamplingParams", "stream_seed"]
+__all__ = [
+    "SampleRequest", "Sampler", "SamplingParams", "adjust_logits", "stream_seed",
+    "token_logprobs",
+]
 
 _M64 = (1 << 64) - 1
 
@@ -48,6 +62,16 @@ class SampleRequest:
     # Tokens that must not be sampled now (EOS and stop tokens before
     # min_tokens is reached).
     banned_token_ids: Sequence[int] = field(default_factory=tuple)
+    # The row's history, for the penalties (the request's own lists, not
+    # copies: read only while the batch is sampled).
+    prompt_token_ids: Sequence[int] = field(default_factory=tuple)
+    output_token_ids: Sequence[int] = field(default_factory=tuple)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """True when bias, bans or penalties change this row's logits."""
+        p = self.params
+        return bool(self.banned_token_ids or p.logit_bias or p.has_penalties)
 
 
 def apply_top_k_top_p(
@@ -71,6 +95,125 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def _long_tensor(values: Iterable[int], device: torch.device) -> torch.Tensor:
+    # Through a typed array: about 4x faster than torch.tensor(list) on
+    # Python ints, and the histories of long requests run to thousands.
+    buf = array("q", values)
+    if not buf:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.frombuffer(buf, dtype=torch.long).to(device)
+
+
+def _pairs(
+    rows: Sequence[int], seqs: Sequence[Sequence[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token id) index tensors: every token of `seqs[j]` paired with
+    `rows[j]` (flattened in C by itertools, no per-token Python code)."""
+    row_ids = chain.from_iterable(repeat(r, len(s)) for r, s in zip(rows, seqs))
+    return _long_tensor(row_ids, device), _long_tensor(chain.from_iterable(seqs), device)
+
+
+def _unique_cells(
+    rows: torch.Tensor, ids: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct flat indices `row * vocab + id` and how often each occurs."""
+    return torch.unique(rows * vocab + ids, return_counts=True)
+
+
+def _add_logit_bias(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    biased = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
+    if not biased:
+        return
+    rows, ids = _pairs([i for i, _ in biased], [list(b) for _, b in biased], logits.device)
+    values = torch.tensor(
+        list(chain.from_iterable(b.values() for _, b in biased)),
+        dtype=logits.dtype, device=logits.device,
+    )
+    # accumulate=True adds the bias to the logit instead of replacing it.
+    logits.index_put_((rows, ids), values, accumulate=True)
+
+
+def _ban_tokens(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    banned = [(i, r.banned_token_ids) for i, r in enumerate(reqs) if r.banned_token_ids]
+    if not banned:
+        return
+    rows, ids = _pairs([i for i, _ in banned], [b for _, b in banned], logits.device)
+    logits[rows, ids] = float("-inf")
+
+
+def _repetition_penalty(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    sel = [i for i, r in enumerate(reqs) if r.params.repetition_penalty != 1.0]
+    if not sel:
+        return
+    seqs = [reqs[i].prompt_token_ids for i in sel] + [reqs[i].output_token_ids for i in sel]
+    rows, ids = _pairs(sel + sel, seqs, logits.device)
+    vocab = logits.shape[-1]
+    # Deduplicated so that each seen logit is penalised once, however often
+    # the token occurred; only the seen cells are touched (O(history), not
+    # O(rows * vocab)).
+    cells, _ = _unique_cells(rows, ids, vocab)
+    penalty = torch.tensor(
+        [r.params.repetition_penalty for r in reqs], dtype=logits.dtype, device=logits.device
+    )[cells // vocab]
+    flat = logits.view(-1)
+    seen = flat[cells]
+    flat[cells] = torch.where(seen > 0, seen / penalty, seen * penalty)
+
+
+def _presence_frequency_penalties(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    sel = [
+        i for i, r in enumerate(reqs)
+        if (r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0)
+        and r.output_token_ids
+    ]
+    if not sel:
+        return
+    rows, ids = _pairs(sel, [reqs[i].output_token_ids for i in sel], logits.device)
+    vocab = logits.shape[-1]
+    cells, counts = _unique_cells(rows, ids, vocab)
+    row = cells // vocab
+    dev, dt = logits.device, logits.dtype
+    presence = torch.tensor([r.params.presence_penalty for r in reqs], dtype=dt, device=dev)
+    frequency = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=dt, device=dev)
+    logits.view(-1).index_add_(0, cells, -(frequency[row] * counts.to(dt) + presence[row]))
+
+
+def adjust_logits(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    """Apply logit_bias, the min_tokens bans and the penalties in place to
+    the contiguous float logits `[rows, vocab]`, in vLLM's order."""
+    if logits.shape[0] != len(reqs):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(reqs)} requests")
+    if not logits.is_contiguous():
+        raise ValueError("adjust_logits needs contiguous logits (it indexes the flat view)")
+    _add_logit_bias(logits, reqs)
+    _ban_tokens(logits, reqs)
+    _repetition_penalty(logits, reqs)
+    _presence_frequency_penalties(logits, reqs)
+
+
+def token_logprobs(
+    logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]
+) -> list[TokenLogprob]:
+    """Log-probability of `token_ids[i]` under row i of the raw `logits`
+    `[rows, vocab]`, with the row's `num_top[i]` most likely tokens, most
+    likely first.  One log_softmax and one top-k for all rows."""
+    if not token_ids:
+        return []
+    logp = logits.float().log_softmax(dim=-1)
+    ids = torch.tensor(token_ids, dtype=torch.long, device=logp.device)
+    chosen: list[float] = logp.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
+    k = min(max(num_top), logp.shape[-1])
+    if k <= 0:
+        return [TokenLogprob(c) for c in chosen]
+    top_values, top_ids = logp.topk(k, dim=-1)
+    values: list[list[float]] = top_values.tolist()
+    tids: list[list[int]] = top_ids.tolist()
+    return [
+        TokenLogprob(c, list(zip(tids[i][:n], values[i][:n])))
+        for i, (c, n) in enumerate(zip(chosen, num_top))
+    ]
+
+
 class Sampler:
     def __init__(self, seed: int | None = None, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -81,30 +224,32 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
-        """One token per row of float32 `logits` `[rows, vocab]`."""
+        """One token per row of float32 `logits` `[rows, vocab]` (left unchanged)."""
         if logits.shape[0] != len(requests):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(requests)} requests")
         if not requests:
             return []
-        if any(r.banned_token_ids for r in requests):
-            logits = logits.clone()
-            for i, r in enumerate(requests):
-                if r.banned_token_ids:
-                    logits[i, list(r.banned_token_ids)] = float("-inf")
-
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         if greedy:
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
+            _greedy_into(tokens, logits, greedy, requests)
         rand = [i for i, r in enumerate(requests) if not r.params.greedy]
         if rand:
-            tokens[rand] = self._sample_random(logits[rand], [requests[i] for i in rand])
+            tokens[rand] = self._sample_random(logits, rand, requests)
         return tokens.tolist()
 
-    def _sample_random(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tensor:
+    def _sample_random(
+        self, logits: torch.Tensor, rows: list[int], requests: Sequence[SampleRequest]
+    ) -> torch.Tensor:
+        reqs = [requests[i] for i in rows]
+        # A copy (list indexing) that is adjusted and scaled in place: the
+        # caller's logits stay raw, for logprobs.
+        logits = logits[rows]
+        if any(r.adjusts_logits for r in reqs):
+            adjust_logits(logits, reqs)
         vocab = logits.shape[-1]
         temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
-        logits = logits / temps.unsqueeze(1)
+        logits.div_(temps.unsqueeze(1))
         top_k = top_p = None
         if any(r.params.top_k_enabled for r in reqs):
             top_k = torch.tensor(
@@ -130,3 +275,21 @@ class Sampler:
         # A zero variate would turn a zero-probability token into 0/0.
         noise.clamp_(min=torch.finfo(noise.dtype).tiny)
         return (probs / noise).argmax(dim=-1)
+
+
+def _greedy_into(
+    tokens: torch.Tensor, logits: torch.Tensor, rows: list[int],
+    requests: Sequence[SampleRequest],
+) -> None:
+    """Argmax of rows `rows` into `tokens`, after the adjustments of the rows
+    that ask for them.  Only those rows are copied: the others' argmax reads
+    the caller's logits in place (an argmax over every row reads no more
+    than copying the greedy rows out would)."""
+    adjusted = [i for i in rows if requests[i].adjusts_logits]
+    if len(adjusted) < len(rows):
+        plain = [i for i in rows if not requests[i].adjusts_logits]
+        tokens[plain] = logits.argmax(dim=-1)[plain]
+    if adjusted:
+        sub = logits[adjusted]
+        adjust_logits(sub, [requests[i] for i in adjusted])
+        tokens[adjusted] = sub.argmax(dim=-1)

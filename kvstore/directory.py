@@ -1,11 +1,28 @@
-"""The KV block directory: a detached Ray actor that owns host KV blocks.
+"""The KV block directory: the Ray actor that owns an application's host KV blocks.
 
 Blocks are stored in Ray's object store as objects put by this actor, so
 this actor, not the engine replica that offloaded them, is their owner: a
 block outlives the replica that wrote it (a replica killed mid-generation
 leaves its jobs' swapped KV fetchable by another replica).  Blocks are
-addressed by (job id, block index); the directory counts bytes against a
-host capacity and refuses a put that would exceed it.
+addressed by (job id, block index); the directory counts blocks against a
+capacity and refuses a put that would exceed it.
+
+One directory per Serve application.  The application's Scheduler replica
+creates it at start (`create_directory`), named after the application
+(`directory_name`), and owns it, so:
+
+- it is sized by that application's configuration: `host_kv_tokens` per
+  engine replica, summed over `num_engine_replicas`, counted in blocks (the
+  scheduler does not load the model, so it cannot know a block's bytes;
+  the engines of one application share one block shape);
+- it goes away with the application (`serve shutdown`, `serve.delete`,
+  Ctrl-C of `serve run`): Ray destroys an actor when its owner dies, so
+  the next start gets a fresh, empty directory with its own capacity;
+- two applications on one cluster never share one.
+
+Engines find it by name through the scheduler (`DirectoryRef`).  An engine
+without a scheduler (tests, a bare engine) creates an unnamed directory of
+its own.
 
 Calls from one engine reach the actor in submission order (Ray orders the
 tasks of one caller to one actor), so a fetch issued after an offload of
@@ -14,38 +31,67 @@ the same job always sees it.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import ray
+from pydantic import BaseModel, ConfigDict, Field
 
-DIRECTORY_NAME = "kv-directory"
+log = logging.getLogger(__name__)
+
 DIRECTORY_NAMESPACE = "preempt-serve"
+
+
+def directory_name(app_name: str) -> str:
+    """The directory actor's name for a Serve application."""
+    return f"kv-directory:{app_name}"
+
+
+class DirectoryRef(BaseModel):
+    """How an engine replica finds its application's directory (sent by the
+    scheduler; an actor handle is not sent, so the reply is plain data)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str = DIRECTORY_NAMESPACE
+    capacity_blocks: int = Field(ge=0)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class KVDirectory:
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity = capacity_bytes
-        self.used = 0
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.used_blocks = 0
+        self.used_bytes = 0
         # job -> block index -> (ref, nbytes)
         self.blocks: dict[str, dict[int, tuple[ray.ObjectRef, int]]] = {}
+        # Bytes of one block as the engines send it; None until the first put.
+        self.block_bytes: int | None = None
         self.bytes_in = 0
         self.bytes_out = 0
         self.rejected = 0
 
     def put(self, job_id: str, blocks: dict[int, Any]) -> bool:
-        """Store `blocks` (index -> array); all or nothing."""
+        """Store `blocks` (index -> array); all or nothing.  A block already
+        held for the job is replaced and does not count twice."""
         sizes = {i: int(getattr(a, "nbytes", 0)) for i, a in blocks.items()}
         old = self.blocks.get(job_id, {})
-        delta = sum(sizes.values()) - sum(old[i][1] for i in sizes if i in old)
-        if self.used + delta > self.capacity:
+        new_blocks = sum(1 for i in sizes if i not in old)
+        if self.used_blocks + new_blocks > self.capacity_blocks:
             self.rejected += 1
             return False
         entry = self.blocks.setdefault(job_id, {})
         for i, a in blocks.items():
+            if i in entry:
+                self.used_bytes -= entry[i][1]
             entry[i] = (ray.put(a), sizes[i])
-        self.used += delta
+        self.used_blocks += new_blocks
+        self.used_bytes += sum(sizes.values())
         self.bytes_in += sum(sizes.values())
+        if sizes and self.block_bytes is None:
+            self.block_bytes = max(sizes.values())
         return True
 
     def get_refs(self, job_id: str, indices: list[int]) -> list[list[ray.ObjectRef]] | None:
@@ -58,28 +104,62 @@ class KVDirectory:
         return [[entry[i][0]] for i in indices]
 
     def drop(self, job_id: str) -> int:
+        """Forget the job's blocks; returns the bytes freed."""
         entry = self.blocks.pop(job_id, {})
         freed = sum(n for _, n in entry.values())
-        self.used -= freed
+        self.used_blocks -= len(entry)
+        self.used_bytes -= freed
         return freed
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | None]:
         return {
-            "capacity_bytes": self.capacity,
-            "used_bytes": self.used,
+            "capacity_blocks": self.capacity_blocks,
+            # Known once an engine has stored a block.
+            "capacity_bytes": (None if self.block_bytes is None
+                               else self.capacity_blocks * self.block_bytes),
+            "block_bytes": self.block_bytes,
+            "used_blocks": self.used_blocks,
+            "used_bytes": self.used_bytes,
             "jobs": len(self.blocks),
-            "blocks": sum(len(e) for e in self.blocks.values()),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "rejected": self.rejected,
         }
 
 
-def get_or_create_directory(capacity_bytes: int) -> Any:
-    """The cluster's directory actor, created detached on first use."""
-    return KVDirectory.options(
-        name=DIRECTORY_NAME,
-        namespace=DIRECTORY_NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-    ).remote(capacity_bytes)
+def create_directory(name: str, capacity_blocks: int, *,
+                     namespace: str = DIRECTORY_NAMESPACE,
+                     replace_timeout_s: float = 30.0) -> Any:
+    """Create the named directory, owned by the calling worker.
+
+    Called from the Scheduler replica, the directory lives exactly as long
+    as that replica.  A directory already registered under the name is
+    never reused, since its capacity and blocks belong to another run: it
+    is killed and replaced.  That happens when a previous scheduler replica
+    of the application is still being torn down, or when an earlier
+    version of this code left a detached directory behind.
+    """
+    deadline = time.monotonic() + replace_timeout_s
+    warned = False
+    while True:
+        try:
+            stale = ray.get_actor(name, namespace=namespace)
+        except ValueError:  # no actor holds the name
+            stale = None
+        if stale is None:
+            try:
+                return KVDirectory.options(name=name, namespace=namespace).remote(
+                    capacity_blocks)
+            except ValueError:  # taken between the lookup and the creation
+                pass
+        else:
+            if not warned:
+                log.warning("replacing a stale KV directory %r left by an earlier run", name)
+                warned = True
+            ray.kill(stale, no_restart=True)
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the KV directory name {name!r} is still taken after "
+                f"{replace_timeout_s:g} s")
+        # The name is released once the GCS sees the old actor dead.
+        time.sleep(0.1)

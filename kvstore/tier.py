@@ -7,12 +7,17 @@ polls for fetches that have landed.
 
 - `LocalHostTier`: host memory of this process (tests, single replica
   without Ray).
-- `ObjectStoreTier`: Ray's object store through the detached `KVDirectory`
-  (kvstore/directory.py), so blocks survive the replica.
+- `ObjectStoreTier`: Ray's object store through the application's
+  `KVDirectory` (kvstore/directory.py), so blocks survive the replica.
+
+A copy that fails (the directory went away with its application, or is
+being replaced) counts as a refused offload or a lost fetch, never as an
+exception on the worker thread: the scheduler already handles both.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -21,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,7 +58,13 @@ class HostKVTier(ABC):
 
     def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]:
         fut = self._pool.submit(self._fetch_sync, job_id, indices)
-        fut.add_done_callback(lambda f: self._landed.put((job_id, f.result())))
+
+        def landed(f: Future[torch.Tensor | None]) -> None:
+            # Cancelled by close(): nobody polls any more.
+            if not f.cancelled():
+                self._landed.put((job_id, None if f.exception() else f.result()))
+
+        fut.add_done_callback(landed)
         return fut
 
     def drop(self, job_id: str) -> None:
@@ -70,14 +83,20 @@ class HostKVTier(ABC):
         """Wait for every queued copy (tests, shutdown)."""
         self._pool.submit(lambda: None).result()
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """Stop the worker thread.  `wait=False` (replica shutdown) drops
+        the copies not started yet instead of running them."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
     def _offload_sync(self, job_id: str, indices: list[int], data: torch.Tensor) -> bool:
         import time
 
         t0 = time.perf_counter()
-        ok = self._put(job_id, dict(zip(indices, data.unbind(0))))
+        try:
+            ok = self._put(job_id, dict(zip(indices, data.unbind(0))))
+        except Exception as e:  # the directory is gone: a refused offload
+            log.warning("offload of %s failed: %r", job_id, e)
+            ok = False
         self.stats.swap_out_s += time.perf_counter() - t0
         if ok:
             self.stats.offloads += 1
@@ -90,7 +109,11 @@ class HostKVTier(ABC):
         import time
 
         t0 = time.perf_counter()
-        got = self._get(job_id, indices)
+        try:
+            got = self._get(job_id, indices)
+        except Exception as e:  # the directory is gone: the blocks are lost
+            log.warning("fetch of %s failed: %r", job_id, e)
+            got = None
         self.stats.swap_in_s += time.perf_counter() - t0
         if got is None:
             self.stats.fetch_failures += 1
@@ -101,7 +124,10 @@ class HostKVTier(ABC):
         return out
 
     def _drop_sync(self, job_id: str) -> None:
-        self._remove(job_id)
+        try:
+            self._remove(job_id)
+        except Exception as e:  # nothing left to free
+            log.warning("drop of %s failed: %r", job_id, e)
 
     @abstractmethod
     def _put(self, job_id: str, blocks: dict[int, torch.Tensor]) -> bool: ...
@@ -148,31 +174,51 @@ class LocalHostTier(HostKVTier):
 
 
 class ObjectStoreTier(HostKVTier):
-    """Blocks in Ray's object store, owned by the detached directory."""
+    """Blocks in Ray's object store, owned by a `KVDirectory` actor.
 
-    def __init__(self, capacity_bytes: int, directory: Any | None = None) -> None:
+    With `name`, the directory is looked up again by name when the handle
+    stops working: a restarted Scheduler replica creates a new directory of
+    the same name, and this replica goes on with it (the old one's blocks
+    are lost with it, which the scheduler treats as a lost fetch)."""
+
+    def __init__(self, directory: Any, name: str | None = None,
+                 namespace: str | None = None) -> None:
         super().__init__()
-        from kvstore.directory import get_or_create_directory
+        from kvstore.directory import DIRECTORY_NAMESPACE
 
-        self.directory = directory or get_or_create_directory(capacity_bytes)
+        self.directory = directory
+        self.name = name
+        self.namespace = namespace or DIRECTORY_NAMESPACE
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            return ray.get(getattr(self.directory, method).remote(*args))
+        except RayActorError:
+            if self.name is None:
+                raise
+            self.directory = ray.get_actor(self.name, namespace=self.namespace)
+            return ray.get(getattr(self.directory, method).remote(*args))
 
     def _put(self, job_id: str, blocks: dict[int, torch.Tensor]) -> bool:
-        import ray
-
         # numpy views travel zero-copy through the object store; bf16 has
         # no numpy dtype, so blocks go as raw bytes with dtype and shape.
         payload = {i: _to_wire(t) for i, t in blocks.items()}
-        return bool(ray.get(self.directory.put.remote(job_id, payload)))
+        return bool(self._call("put", job_id, payload))
 
     def _get(self, job_id: str, indices: list[int]) -> list[torch.Tensor] | None:
         import ray
 
-        wrapped = ray.get(self.directory.get_refs.remote(job_id, indices))
+        wrapped = self._call("get_refs", job_id, indices)
         if wrapped is None:
             return None
         return [_from_wire(a) for a in ray.get([w[0] for w in wrapped])]
 
     def _remove(self, job_id: str) -> None:
+        # Fire and forget: the directory applies it in order after this
+        # replica's earlier puts.
         self.directory.drop.remote(job_id)
 
 

@@ -1,14 +1,23 @@
-"""KV block accounting: which device blocks are free and which job owns each.
+"""KV block accounting: which device blocks are free and which jobs hold each.
 
 Pure bookkeeping (FastServe §4.2 and vLLM's paged KV): the engine holds the
 tensors; this holds the numbers.  Every allocation and free goes through
 here, so a leak or a double free shows up as a broken invariant rather than
 as silent KV corruption.
+
+A block may be held by several jobs at once: siblings of one request
+(OpenAI `n` > 1) read the full blocks of their common prompt from the same
+device blocks (vLLM's prefix sharing, reference-counted as in nano-vllm's
+block manager).  A block goes back to the pool when its last holder lets
+go.  Shared blocks are read-only by construction: they cover only whole
+blocks of prompt positions that every holder has already computed, and a
+job only ever writes positions at or past its own computed tokens.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 
 from scheduler.job import BlockLocation, Job
 
@@ -28,7 +37,12 @@ class BlockManager:
         # FIFO reuse keeps recently freed blocks cold, which makes a stale
         # block table show up in tests instead of reading lucky data.
         self._free: deque[int] = deque(range(num_blocks))
-        self._owner: dict[int, str] = {}
+        # Held block -> ids of the jobs whose block tables list it.
+        self._holders: dict[int, set[str]] = {}
+        # Job id -> how many of its blocks other jobs hold too; absent for
+        # the common job that shares nothing, so that "what would evicting
+        # this job free" stays O(1) (`num_exclusive`).
+        self._num_shared: dict[str, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -36,7 +50,7 @@ class BlockManager:
 
     @property
     def num_used(self) -> int:
-        return len(self._owner)
+        return len(self._holders)
 
     @property
     def utilization(self) -> float:
@@ -59,45 +73,174 @@ class BlockManager:
         n = self.blocks_needed(job, num_new_tokens)
         if n > len(self._free):
             return False
-        for _ in range(n):
-            b = self._free.popleft()
-            self._owner[b] = job.job_id
-            job.block_table.append(b)
-            job.block_locations.append(BlockLocation.DEVICE)
+        self._take(job, n)
         return True
 
     def allocate_for(self, job: Job, n: int) -> None:
         """Give a job with an empty block table `n` fresh blocks (swap-in)."""
         assert not job.block_table and n <= len(self._free)
+        self._take(job, n)
+
+    def _take(self, job: Job, n: int) -> None:
         for _ in range(n):
             b = self._free.popleft()
-            self._owner[b] = job.job_id
+            self._holders[b] = {job.job_id}
             job.block_table.append(b)
             job.block_locations.append(BlockLocation.DEVICE)
 
+    def share(self, job: Job, source: Job, num_blocks: int) -> None:
+        """Let `job` (no blocks yet) hold the first `num_blocks` of
+        `source`'s blocks too.  The caller guarantees those blocks are full
+        and computed, and that both jobs have the same tokens there."""
+        if job.block_table:
+            raise BlockAccountingError(f"{job.job_id} already holds blocks")
+        if num_blocks > len(source.block_table):
+            raise BlockAccountingError(
+                f"{source.job_id} holds {len(source.block_table)} blocks, "
+                f"cannot share {num_blocks}")
+        for b in source.block_table[:num_blocks]:
+            holders = self._holders.get(b)
+            if holders is None or source.job_id not in holders:
+                raise BlockAccountingError(f"block {b} is not held by {source.job_id}")
+            if len(holders) == 1:  # the source's exclusive block becomes shared
+                self._num_shared[source.job_id] = self._num_shared.get(source.job_id, 0) + 1
+            holders.add(job.job_id)
+            job.block_table.append(b)
+            job.block_locations.append(BlockLocation.DEVICE)
+        if num_blocks:
+            self._num_shared[job.job_id] = num_blocks
+
     def free(self, job: Job) -> int:
-        """Return all of `job`'s device blocks to the pool."""
+        """Drop all of `job`'s references; returns how many blocks went back
+        to the pool (those no other job holds)."""
+        jid = job.job_id
+        freed = 0
         for b in job.block_table:
-            if self._owner.get(b) != job.job_id:
+            holders = self._holders.get(b)
+            if holders is None or jid not in holders:
                 raise BlockAccountingError(
-                    f"block {b} freed by {job.job_id} but owned by {self._owner.get(b)}"
-                )
-            del self._owner[b]
-            self._free.append(b)
-        n = len(job.block_table)
+                    f"block {b} freed by {jid} but held by {sorted(holders or ())}")
+            holders.discard(jid)
+            if not holders:
+                del self._holders[b]
+                self._free.append(b)
+                freed += 1
+            elif len(holders) == 1:  # its last other holder now has it alone
+                (last,) = holders
+                left = self._num_shared[last] - 1
+                if left:
+                    self._num_shared[last] = left
+                else:
+                    del self._num_shared[last]
+        self._num_shared.pop(jid, None)
         job.block_table.clear()
         job.block_locations.clear()
-        return n
+        return freed
+
+    # Queries ----------------------------------------------------------
+
+    @property
+    def has_shared(self) -> bool:
+        """Whether any block has more than one holder."""
+        return bool(self._num_shared)
+
+    def num_exclusive(self, job: Job) -> int:
+        """Blocks only `job` holds: what evicting it alone gives back."""
+        return len(job.block_table) - self._num_shared.get(job.job_id, 0)
+
+    def num_holders(self, block: int) -> int:
+        holders = self._holders.get(block)
+        return len(holders) if holders is not None else 0
+
+    def holders(self, block: int) -> frozenset[str]:
+        return frozenset(self._holders.get(block, ()))
 
     def owned_by(self, job_id: str) -> list[int]:
-        return [b for b, o in self._owner.items() if o == job_id]
+        return [b for b, h in self._holders.items() if job_id in h]
 
-    def check(self) -> None:
-        """Invariant: every block is either free or owned, never both."""
+    def check(self, jobs: Iterable[Job] | None = None) -> None:
+        """Invariants: every block is free or held, never both, none leaks;
+        the per-job shared counts match the holder sets.  Given the live
+        `jobs`, also: the holders of every block are exactly the jobs whose
+        block tables list it."""
         free = set(self._free)
         if len(free) != len(self._free):
             raise BlockAccountingError("a block is in the free list twice")
-        if free & self._owner.keys():
-            raise BlockAccountingError("a block is both free and owned")
-        if len(free) + len(self._owner) != self.num_blocks:
+        if free & self._holders.keys():
+            raise BlockAccountingError("a block is both free and held")
+        if len(free) + len(self._holders) != self.num_blocks:
             raise BlockAccountingError("blocks leaked")
+        shared: Counter[str] = Counter()
+        for b, holders in self._holders.items():
+            if not holders:
+                raise BlockAccountingError(f"block {b} is held by nobody")
+            if len(holders) > 1:
+                shared.update(holders)
+        if dict(shared) != self._num_shared:
+            raise BlockAccountingError(
+                f"shared counts {self._num_shared} disagree with holders {dict(shared)}")
+        if jobs is None:
+            return
+        listed: dict[int, set[str]] = {}
+        for job in jobs:
+            if len(set(job.block_table)) != len(job.block_table):
+                raise BlockAccountingError(f"{job.job_id} lists a block twice")
+            for b in job.block_table:
+                listed.setdefault(b, set()).add(job.job_id)
+        if listed != self._holders:
+            raise BlockAccountingError("block tables disagree with the holders")
+
+
+class ReleaseTally:
+    """How many blocks a growing set of jobs would return to the pool if
+    they all let go: each one's exclusive blocks, plus every shared block
+    whose holders are all in the set.  Victim selection adds candidates one
+    by one until enough would be freed (FastServe §4.2), several times per
+    plan, so a set without shared blocks costs no more than a sum of
+    block-table lengths."""
+
+    __slots__ = ("_blocks", "_dropped", "freed")
+
+    def __init__(self, blocks: BlockManager) -> None:
+        self._blocks = blocks
+        # Shared block -> holders in the set; created on the first one.
+        self._dropped: dict[int, int] | None = None
+        self.freed = 0
+
+    def take(self, job: Job) -> int:
+        """Add `job` if that adds to `freed`; returns what it added."""
+        if not self._blocks._num_shared.get(job.job_id):  # the common case
+            n = len(job.block_table)
+            self.freed += n
+            return n
+        dropped = self._dropped or {}
+        gain = self._blocks.num_exclusive(job) + sum(
+            1 for b in job.block_table
+            if dropped.get(b, 0) + 1 == self._blocks.num_holders(b) > 1)
+        if gain:
+            self.add(job)
+        return gain
+
+    def frees_any(self, job: Job) -> bool:
+        """Whether some block of `job` (in the set) would go back to the
+        pool: one of its own, or a shared one all of whose holders are in."""
+        if self._blocks.num_exclusive(job):
+            return True
+        dropped = self._dropped or {}
+        return any(dropped.get(b, 0) == self._blocks.num_holders(b) for b in job.block_table)
+
+    def add(self, job: Job) -> None:
+        """Add `job` whatever it frees now: the rest of its co-holders may
+        follow."""
+        exclusive = self._blocks.num_exclusive(job)
+        self.freed += exclusive
+        if exclusive == len(job.block_table):
+            return
+        if self._dropped is None:
+            self._dropped = {}
+        for b in job.block_table:
+            holders = self._blocks.num_holders(b)
+            if holders > 1:
+                n = self._dropped[b] = self._dropped.get(b, 0) + 1
+                if n == holders:
+                    self.freed += 1

@@ -7,6 +7,7 @@ tokens, finishing and freeing.  Deterministic given its clock.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from scheduler.blocks import BlockManager
@@ -16,6 +17,7 @@ from scheduler.plan import BlockOpKind, Plan, StepResult, TokenLogprob
 from scheduler.policies import policy_class
 from scheduler.cost import CostEstimator
 from scheduler.policy import Clock
+from scheduler.sharing import PromptSharing
 from scheduler.swap import SwapManager
 
 
@@ -41,6 +43,9 @@ class CoreStats:
     num_preemptions: int
     num_finished: int
     num_aborted: int
+    # Cumulative prompt tokens that siblings (OpenAI `n` > 1) took from
+    # their leader's KV instead of computing them.
+    num_shared_prompt_tokens: int = 0
 
 
 class SchedulerCore:
@@ -51,7 +56,12 @@ class SchedulerCore:
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self.swap = SwapManager(self.blocks, config.host_kv_blocks)
         self.policy = policy_class(config.policy)(config, self.blocks, clock, self.swap, cost)
+        self.sharing = PromptSharing(self.blocks)
         self.jobs: dict[str, Job] = {}
+        self._arrivals = itertools.count()
+        # Jobs in the latest plan's batch: everyone else is queued
+        # (admission control counts their work, scheduler/admission.py).
+        self.batch: frozenset[str] = frozenset()
         self._step = 0
         self.num_preemptions = 0
         self.num_finished = 0
@@ -59,7 +69,11 @@ class SchedulerCore:
 
     # Lifecycle ----------------------------------------------------------
 
-    def add(self, job: Job) -> None:
+    def add(self, job: Job, share_prompt_with: str | None = None) -> None:
+        """Admit `job`.  With `share_prompt_with`, `job` is a sibling of that
+        already-added job (same prompt, another completion of one request):
+        it reuses the prompt's KV blocks instead of prefilling them
+        (`scheduler/sharing.py`)."""
         if job.job_id in self.jobs:
             raise ValueError(f"duplicate job id {job.job_id}")
         if job.num_prompt_tokens == 0:
@@ -69,7 +83,20 @@ class SchedulerCore:
                 f"prompt of {job.num_prompt_tokens} tokens leaves no room under "
                 f"max_model_len={self.config.max_model_len}"
             )
+        leader = None
+        if share_prompt_with is not None:
+            leader = self.jobs.get(share_prompt_with)
+            if leader is None:
+                raise ValueError(f"cannot share the prompt of unknown job {share_prompt_with}")
+            if leader.prompt_token_ids != job.prompt_token_ids:
+                raise ValueError(
+                    f"{job.job_id} and {share_prompt_with} have different prompts")
+            if job.num_computed_tokens or job.block_table:
+                raise ValueError(f"{job.job_id} already has KV")
+        job.arrival_seq = next(self._arrivals)
         self.jobs[job.job_id] = job
+        if leader is not None and self.sharing.attach(job, leader):
+            return  # held until its leader has computed the shared blocks
         self.policy.add(job)
 
     def abort(self, job_id: str) -> bool:
@@ -77,9 +104,11 @@ class SchedulerCore:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return False
-        self.blocks.free(job)
-        self.swap.release_host(job)
-        self.policy.remove(job)
+        if not self.sharing.drop(job):
+            self.blocks.free(job)
+            self.swap.release_host(job)
+            self.policy.remove(job)
+            self._release_siblings(self.sharing.on_gone(job))
         job.transition(JobState.ABORTED)
         job.finish_reason = "abort"
         job.finish_time = self.clock()
@@ -95,6 +124,8 @@ class SchedulerCore:
     def schedule(self) -> Plan:
         self._step += 1
         plan = self.policy.schedule(self._step)
+        self.batch = frozenset(c.job_id for c in plan.chunks)
+        self._release_siblings(self.sharing.release_evicted())
         if plan.block_ops:
             now = self.clock()
             for op in plan.block_ops:
@@ -127,6 +158,7 @@ class SchedulerCore:
                 continue
             job.num_computed_tokens += chunk.num_tokens
             job.attained_service += result.iteration_time
+            self._release_siblings(self.sharing.on_computed(job))
             out = outputs.get(chunk.job_id)
             if not chunk.sample or out is None or out.token_id is None:
                 continue
@@ -146,10 +178,15 @@ class SchedulerCore:
         self.policy.on_step_done(plan, result.iteration_time)
         return events
 
+    def _release_siblings(self, siblings: list[Job]) -> None:
+        for s in siblings:
+            self.policy.add(s)
+
     def _finish(self, job: Job, reason: str, now: float) -> None:
         self.blocks.free(job)
         self.swap.release_host(job)
         self.policy.remove(job)
+        self._release_siblings(self.sharing.on_gone(job))
         job.transition(JobState.FINISHED)
         job.finish_reason = reason
         job.finish_time = now
@@ -158,11 +195,12 @@ class SchedulerCore:
 
     def stats(self) -> CoreStats:
         return CoreStats(
-            num_waiting=self.policy.num_waiting(),
+            num_waiting=self.policy.num_waiting() + self.sharing.num_held,
             num_running=self.policy.num_running(),
             num_free_blocks=self.blocks.num_free,
             num_blocks=self.blocks.num_blocks,
             num_preemptions=self.num_preemptions,
             num_finished=self.num_finished,
             num_aborted=self.num_aborted,
+            num_shared_prompt_tokens=self.sharing.num_shared_tokens,
         )

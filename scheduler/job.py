@@ -62,11 +62,17 @@ class Job:
     max_tokens: int
     arrival_time: float
     job_class: JobClass = JobClass.ONLINE
+    # vLLM's meaning: a lower value runs first.  Policies order by it
+    # before anything else and evict the largest value first.
     priority: int = 0
     deadline: float | None = None
     predicted_output_len: int | None = None
 
     state: JobState = JobState.WAITING
+    # Order of arrival at its scheduler core (stamped by `SchedulerCore.add`):
+    # FCFS breaks priority ties by it, so a job keeps its place in line
+    # however late it reaches the policy (a held sibling, a preempted job).
+    arrival_seq: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens (prompt + output) whose KV is in the device cache.
     num_computed_tokens: int = 0

@@ -3,7 +3,10 @@
 Bookkeeping only.  A swap-out emits SWAP_OUT ops and frees the job's device
 blocks at once: the engine copies them out before anything of the same plan
 writes to the cache (the contract in `scheduler/plan.py`), and ships the
-copy to the host tier off the critical path.  A swap-in allocates device
+copy to the host tier off the critical path.  The host copy is the job's
+own, all of its blocks; prompt blocks it shares with a sibling
+(`scheduler/sharing.py`) stay on the device for the sibling, and the job
+comes back into fresh blocks of its own.  A swap-in allocates device
 blocks and emits SWAP_IN ops; the job becomes runnable only when the engine
 reports the copy landed (`StepResult.swaps_done`), so a slow fetch delays
 that job alone.  Host capacity is counted in blocks; when the host tier is full the
@@ -54,7 +57,8 @@ class SwapManager:
         )
 
     def swap_out(self, job: Job) -> list[BlockOp]:
-        """Copy all of `job`'s device blocks to the host and free them."""
+        """Copy all of `job`'s device blocks to the host and drop its
+        references (blocks a sibling shares stay with the sibling)."""
         assert self.can_swap_out(job), f"cannot swap out {job.job_id}"
         ops = [BlockOp(BlockOpKind.SWAP_OUT, job.job_id, i, b)
                for i, b in enumerate(job.block_table)]

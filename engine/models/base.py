@@ -29,7 +29,8 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] long, position of each token in its sequence
     attn_metadata: AttentionMetadata
     # Rows of the batch whose next-token logits are wanted (last token of
-    # each sampling chunk); the final norm and lm_head run on these only.
+    # each sampling chunk, then prompt positions whose logprobs are asked
+    # for); the final norm and lm_head run on these only.
     logits_indices: torch.Tensor  # [S] long
 
 

@@ -1,22 +1,119 @@
 """FCFS with iteration-level scheduling and run-to-completion (vLLM's policy).
 
-The baseline every seed paper beats.  Running jobs keep their place in
-arrival order; new jobs join at the tail when the batch has room; when the
-KV cache runs out, the most recently admitted running job is preempted:
-its KV is dropped and recomputed when it is admitted again (`swap_mode:
-recompute`, vLLM v1), or swapped to the host tier and swapped back in when
-its turn comes (`reactive`, vLLM v0's swap; FCFS has no notion of "ahead of
-its turn", so `proactive` behaves as `reactive` here).  Prompts are prefilled in chunks that share the
+The baseline every seed paper beats.  Jobs are served by priority first
+(vLLM v1's `priority` scheduling: a lower value runs first), then first come
+first served; with every priority equal this is plain FCFS.  Running jobs
+keep their place in admission order within their priority; waiting jobs
+join in arrival order and are admitted when the batch has room; when the KV
+cache runs out, the running job of the largest priority value is preempted,
+the most recently admitted one among equals.  A preempted job goes back to
+the head of its priority's waiting line (vLLM v1 prepends it), so it is the
+first of its priority to be admitted again.  Its KV is dropped and
+recomputed then (`swap_mode: recompute`, vLLM v1), or swapped to the host
+tier and swapped back in when its turn comes (`reactive`, vLLM v0's swap;
+FCFS has no notion of "ahead of its turn", so `proactive` behaves as
+`reactive` here).  Prompts are prefilled in chunks that share the
 iteration's token budget with decodes (chunked prefill).
+
+The one kind of waiting job that holds KV is a sibling that adopted its
+leader's prompt blocks (`scheduler/sharing.py`).  Once no running job holds
+those blocks too (the leader finished or was evicted), it is evicted before
+any running job: it is not running, and nothing else would ever reclaim
+that memory.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from scheduler.job import Job
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policy import Policy
+
+
+def _priority(job: Job) -> int:
+    return job.priority
+
+
+def _later_arrival_first(job: Job) -> int:
+    return -job.arrival_seq
+
+
+@dataclass(eq=False)
+class _Line:
+    """The waiting jobs of one priority."""
+
+    # Preempted, most recently preempted first.
+    requeued: deque[Job] = field(default_factory=deque)
+    # Not yet run, latest arrival first, so that the next one pops off the
+    # end and a sibling released late still lands at its arrival place.
+    fresh: list[Job] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.requeued) + len(self.fresh)
+
+
+class _Waiting:
+    """Waiting lines by priority, the lowest value served first."""
+
+    def __init__(self) -> None:
+        self._lines: dict[int, _Line] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Job]:
+        for p in sorted(self._lines):
+            line = self._lines[p]
+            yield from line.requeued
+            yield from reversed(line.fresh)
+
+    def _line(self, job: Job) -> _Line:
+        line = self._lines.get(job.priority)
+        if line is None:
+            line = self._lines[job.priority] = _Line()
+        return line
+
+    def add(self, job: Job) -> None:
+        insort(self._line(job).fresh, job, key=_later_arrival_first)
+        self._len += 1
+
+    def requeue(self, job: Job) -> None:
+        self._line(job).requeued.appendleft(job)
+        self._len += 1
+
+    def head(self) -> Job:
+        line = self._lines[min(self._lines)]
+        return line.requeued[0] if line.requeued else line.fresh[-1]
+
+    def pop_head(self) -> Job:
+        p = min(self._lines)
+        line = self._lines[p]
+        job = line.requeued.popleft() if line.requeued else line.fresh.pop()
+        self._dropped(p, line)
+        return job
+
+    def remove(self, job: Job) -> bool:
+        line = self._lines.get(job.priority)
+        if line is None:
+            return False
+        if job in line.requeued:
+            line.requeued.remove(job)
+        elif job in line.fresh:
+            line.fresh.remove(job)
+        else:
+            return False
+        self._dropped(job.priority, line)
+        return True
+
+    def _dropped(self, p: int, line: _Line) -> None:
+        self._len -= 1
+        if not line:
+            del self._lines[p]
 
 
 class FCFSPolicy(Policy):
@@ -24,20 +121,36 @@ class FCFSPolicy(Policy):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self.waiting: deque[Job] = deque()
+        self._waiting = _Waiting()
+        # By priority, admission order within one: served front to back,
+        # preempted from the back.
         self.running: list[Job] = []
+        # Waiting jobs that hold device blocks: siblings that adopted a prompt.
+        self._holding: list[Job] = []
+
+    @property
+    def waiting(self) -> list[Job]:
+        """Waiting jobs, next to admit first."""
+        return list(self._waiting)
 
     def add(self, job: Job) -> None:
-        self.waiting.append(job)
+        self._waiting.add(job)
+        if job.block_table:
+            self._holding.append(job)
 
     def remove(self, job: Job) -> None:
         if job in self.running:
             self.running.remove(job)
-        elif job in self.waiting:
-            self.waiting.remove(job)
+        else:
+            self._waiting.remove(job)
+            self._forget_holding(job)
+
+    def _forget_holding(self, job: Job) -> None:
+        if self._holding and job in self._holding:
+            self._holding.remove(job)
 
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self._waiting)
 
     def num_running(self) -> int:
         return len(self.running)
@@ -54,13 +167,17 @@ class FCFSPolicy(Policy):
                 i += 1
                 continue
             n = min(job.num_uncomputed_tokens, budget)
-            while not self.blocks.grow(job, n):
-                victim = self._newest_evictable()
+            # Evict until the blocks fit: a victim holding blocks that a
+            # sibling holds too gives back only its own (`BlockManager`).
+            # The victim is never one already served this iteration: it
+            # is the last evictable job, and `job` itself is evictable.
+            while not self._grow_reclaiming(job, n, plan):
+                victim = self._last_evictable()
                 if victim is None:
                     break  # only in-flight swap-ins hold memory: wait for them
                 self.running.remove(victim)
                 self.evict(victim, plan.block_ops)
-                self.waiting.appendleft(victim)
+                self._waiting.requeue(victim)
                 plan.preempted.append(victim.job_id)
                 if victim is job:
                     break
@@ -76,30 +193,66 @@ class FCFSPolicy(Policy):
         # or the preempted job would be overtaken by later arrivals.
         if not plan.preempted:
             while (
-                self.waiting
+                self._waiting
                 and budget > 0
                 and len(self.running) < self.config.max_batch_size
             ):
-                job = self.waiting[0]
+                job = self._waiting.head()
                 if job.num_host_blocks:
+                    while not self.blocks.can_allocate(job.num_host_blocks):
+                        if not self._evict_waiting(job, plan):
+                            break
                     ops = self.swap.swap_in(job)
                     if ops is None:
                         break
                     plan.block_ops += ops
-                    self.running.append(self.waiting.popleft())
+                    insort(self.running, self._waiting.pop_head(), key=_priority)
                     continue  # it runs once the copy lands
                 n = min(job.num_uncomputed_tokens, budget)
-                if not self.blocks.grow(job, n):
+                if not self._grow_reclaiming(job, n, plan):
                     break
-                self.waiting.popleft()
-                self.running.append(job)
+                self._waiting.pop_head()
+                self._forget_holding(job)
+                insort(self.running, job, key=_priority)
                 chunks.append(self.chunk_for(job, n))
                 budget -= n
 
         plan.chunks = chunks
         return plan
 
-    def _newest_evictable(self) -> Job | None:
+    def _grow_reclaiming(self, job: Job, n: int, plan: Plan) -> bool:
+        """`BlockManager.grow`, evicting waiting jobs' blocks if that is
+        what it takes (they are not running: they lose a prompt they can
+        recompute, and nothing else would ever reclaim those blocks)."""
+        while not self.blocks.grow(job, n):
+            if not self._evict_waiting(job, plan):
+                return False
+        return True
+
+    def _evict_waiting(self, beside: Job, plan: Plan) -> bool:
+        victim = self._waiting_victim(beside)
+        if victim is None:
+            return False
+        self._forget_holding(victim)
+        self.evict(victim, plan.block_ops)
+        plan.preempted.append(victim.job_id)
+        return True
+
+    def _waiting_victim(self, beside: Job) -> Job | None:
+        """The least important waiting job other than `beside` holding
+        blocks that no running job holds too.  Evicting it, and if need be
+        the other waiting holders of the same blocks, gives room back;
+        blocks still shared with a running leader would not."""
+        if not self._holding:
+            return None
+        running = {j.job_id for j in self.running}
+        idle = [j for j in self._holding if j is not beside
+                and not any(self.blocks.holders(b) & running for b in j.block_table)]
+        return max(idle, key=lambda j: (j.priority, j.arrival_seq)) if idle else None
+
+    def _last_evictable(self) -> Job | None:
+        """The running job of the largest priority value, latest admitted
+        among equals, whose blocks may go (vLLM v1's preemption order)."""
         for job in reversed(self.running):
             if job.swap_pending is None:
                 return job

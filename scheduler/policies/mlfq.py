@@ -13,14 +13,19 @@ recompute`).
 
 `mlfq-naive` (everyone joins Q1) and `fixed-priority` (priority from input
 length, never demoted or promoted) are the paper's strawmen, for comparison.
+
+A job's `priority` (vLLM's meaning: lower runs first) makes strict classes
+above all of this: the MLFQ runs within a class, a class is served only
+when every more important one has been, and evictions take from the least
+important class first.  With one class this is FastServe as published.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 
-from scheduler.blocks import blocks_for
+from scheduler.blocks import BlockManager, ReleaseTally, blocks_for
 from scheduler.job import Job
 from scheduler.plan import BlockOp, Plan, ScheduledChunk
 from scheduler.policy import Policy
@@ -56,6 +61,8 @@ class MLFQPolicy(Policy):
         self.last_run: dict[str, float] = {}
         self.swapped_in_step: dict[str, int] = {}
         self.arrivals: deque[tuple[float, int]] = deque()
+        # Jobs per priority class; one class skips the class ordering.
+        self.class_sizes: Counter[int] = Counter()
         self.selected: list[Job] = []
         self.num_demotions = 0
         self.num_promotions = 0
@@ -79,7 +86,9 @@ class MLFQPolicy(Policy):
     # Queue membership ---------------------------------------------------
 
     def _predicted_first_iteration(self, job: Job) -> float:
-        n = min(job.num_prompt_tokens, self.config.max_batch_tokens)
+        # Uncomputed, not prompt, tokens: a sibling that adopted its
+        # leader's prompt blocks has only the tail to prefill.
+        n = min(job.num_uncomputed_tokens, self.config.max_batch_tokens)
         if self.cost is None:
             return self.quanta[0] * n / 64
         return self.cost.prefill_time(n)
@@ -96,14 +105,18 @@ class MLFQPolicy(Policy):
         lvl = 0 if self.variant == "naive" else self._join_level(
             self._predicted_first_iteration(job))
         self._enqueue(job, lvl)
+        self.class_sizes[job.priority] += 1
         self.last_run[job.job_id] = now
         self.arrivals.append((now, blocks_for(
-            min(job.num_prompt_tokens, self.config.max_batch_tokens), self.blocks.block_size)))
+            min(job.num_uncomputed_tokens, self.config.max_batch_tokens), self.blocks.block_size)))
 
     def remove(self, job: Job) -> None:
         lvl = self.level.pop(job.job_id, None)
         if lvl is not None:
             self.queues[lvl].remove(job)
+            self.class_sizes[job.priority] -= 1
+            if not self.class_sizes[job.priority]:
+                del self.class_sizes[job.priority]
         self.used.pop(job.job_id, None)
         self.last_run.pop(job.job_id, None)
         self.swapped_in_step.pop(job.job_id, None)
@@ -193,17 +206,36 @@ class MLFQPolicy(Policy):
         """Estimated next scheduled time of every job, relative to now.
 
         ENST(i) = min(T_promote(i), T_execute(i)), T_execute(i) =
-        (1/B) Σ_{j higher priority} Σ_{k from j's level to i's} q_k.
+        (1/B) Σ_{j ahead of i} Σ_{k from j's level to i's} q_k, where the
+        jobs ahead are those of i's class in higher queues and every job of
+        a more important class; one of those that is already at i's level
+        or lower still runs ahead for its current quantum.
         """
         prefix = [0.0]
         for q in self.quanta:
             prefix.append(prefix[-1] + q)
-        counts = [len(q) for q in self.queues]
+        n = len(self.queues)
+        counts: dict[int, list[int]] = {p: [0] * n for p in self.class_sizes}
+        if len(counts) == 1:
+            counts[next(iter(counts))] = [len(q) for q in self.queues]
+        else:
+            for lvl, q in enumerate(self.queues):
+                for job in q:
+                    counts[job.priority][lvl] += 1
         b = self.config.max_batch_size
-        t_exec = []
-        for lvl in range(len(self.queues)):
-            ahead = sum(counts[k] * (prefix[lvl] - prefix[k]) for k in range(lvl))
-            t_exec.append(ahead / b)
+        t_exec: dict[int, list[float]] = {}
+        above = [0] * n  # jobs of the more important classes, per level
+        for p in sorted(counts):
+            own = counts[p]
+            t_exec[p] = []
+            outranked = any(above)
+            for lvl in range(n):
+                ahead = sum(own[k] * (prefix[lvl] - prefix[k]) for k in range(lvl))
+                if outranked:
+                    ahead += sum(above[k] * (prefix[max(lvl, k + 1)] - prefix[k])
+                                 for k in range(n))
+                t_exec[p].append(ahead / b)
+            above = [a + c for a, c in zip(above, own)]
         out: dict[str, float] = {}
         for lvl, q in enumerate(self.queues):
             for pos, job in enumerate(q):
@@ -211,13 +243,17 @@ class MLFQPolicy(Policy):
                 if self.variant == "fixed" or lvl == 0:
                     t_promote = math.inf
                 # Position inside the level breaks ties: later in FIFO, later.
-                out[job.job_id] = min(t_promote, t_exec[lvl]) + pos * 1e-9
+                out[job.job_id] = min(t_promote, t_exec[job.priority][lvl]) + pos * 1e-9
         return out
 
     # Planning -------------------------------------------------------------
 
     def _order(self) -> list[Job]:
-        return [j for q in self.queues for j in q]
+        """The priority walk: by (priority, level, position in level)."""
+        order = [j for q in self.queues for j in q]
+        if len(self.class_sizes) > 1:
+            order.sort(key=_priority)  # stable: levels stay in order within a class
+        return order
 
     def reserve_target(self, now: float) -> int:
         """Free blocks kept for arrivals: those expected over the horizon."""
@@ -238,7 +274,7 @@ class MLFQPolicy(Policy):
         plan = Plan(step=step)
         order = self._order()
         enst = self.enst(now)
-        pool = _VictimPool(order, enst, self._step, self.swapped_in_step)
+        pool = _VictimPool(order, enst, self._step, self.swapped_in_step, self.blocks)
 
         selected: list[Job] = []
         chunks: list[ScheduledChunk] = []
@@ -324,22 +360,22 @@ class MLFQPolicy(Policy):
         iteration are capped so that the copies overlap the computation
         instead of saturating the link."""
         reserve = self.reserve_target(now)
-        idle = pool.settled_idle()  # largest ENST first
+        idle = pool.settled_idle()  # largest (priority, ENST) first
         while idle and self.blocks.num_free < reserve and self.swap.can_swap_out(idle[0]):
-            self._swap_out(idle.pop(0), plan.block_ops, pool)
+            self._swap_out_freeing(idle.pop(0), plan.block_ops, pool)
         budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
         host = [j for j in order
                 if j.num_host_blocks and j.swap_pending is None
                 and j.job_id not in pool.swapped_out]
-        host.sort(key=lambda j: pool.enst[j.job_id])
+        host.sort(key=pool.key)
         for h in host:
             n = h.num_host_blocks
             if n > budget and budget < self.blocks.num_blocks // _SWAP_IN_SHARE:
                 break  # (the first job always goes, however large)
             while (self.blocks.num_free - n < reserve and idle
-                   and pool.enst[idle[0].job_id] > pool.enst[h.job_id]
+                   and pool.key(idle[0]) > pool.key(h)
                    and self.swap.can_swap_out(idle[0])):
-                self._swap_out(idle.pop(0), plan.block_ops, pool)
+                self._swap_out_freeing(idle.pop(0), plan.block_ops, pool)
             if self.blocks.num_free - n < reserve:
                 break
             ops = self.swap.swap_in(h)
@@ -349,9 +385,33 @@ class MLFQPolicy(Policy):
             self.swapped_in_step[h.job_id] = self._step
             budget -= n
 
+    def _swap_out_freeing(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> None:
+        """Swap an idle job out for the room it gives back; one whose blocks
+        are all held by siblings too would give back none, so it stays."""
+        if self.blocks.num_exclusive(job):
+            self._swap_out(job, ops, pool)
+
+
+def _priority(job: Job) -> int:
+    return job.priority
+
+
+def _pick(group: list[Job], need: int) -> list[Job] | None:
+    """The first jobs of `group` whose blocks add up to `need`, when no
+    block is shared (each job frees its whole table); None if all do not."""
+    picked: list[Job] = []
+    freed = 0
+    for j in group:
+        if freed >= need:
+            break
+        picked.append(j)
+        freed += len(j.block_table)
+    return picked if freed >= need else None
+
 
 class _VictimPool:
-    """Device-holding jobs that one plan may evict, largest ENST first.
+    """Device-holding jobs that one plan may evict, least important class
+    first, largest ENST first within a class.
 
     Built once per plan (not per eviction) so planning stays linear in the
     number of jobs.  A job is a candidate once the priority walk has not yet
@@ -360,17 +420,22 @@ class _VictimPool:
     """
 
     def __init__(self, order: list[Job], enst: dict[str, float], step: int,
-                 swapped_in_step: dict[str, int]) -> None:
+                 swapped_in_step: dict[str, int], blocks: BlockManager) -> None:
         self.enst = enst
+        self.blocks = blocks
         self.visited: set[str] = set()
         self.taken: set[str] = set()
         self.swapped_out: set[str] = set()
         holders = [j for j in order if j.block_table and j.swap_pending is None]
-        holders.sort(key=lambda j: enst[j.job_id], reverse=True)
+        holders.sort(key=self.key, reverse=True)
         self._holders = holders
         self._settled = {j.job_id for j in holders
                          if step - swapped_in_step.get(j.job_id, -10**9)
                          >= _MIN_RESIDENCY_STEPS}
+
+    def key(self, job: Job) -> tuple[int, float]:
+        """When `job` is expected to run: by class, then ENST."""
+        return (job.priority, self.enst[job.job_id])
 
     def visit(self, job: Job) -> None:
         self.visited.add(job.job_id)
@@ -389,19 +454,42 @@ class _VictimPool:
         the only way; None if even all of them do not suffice."""
         cands = [j for j in self._live() if j.job_id not in self.visited]
         settled = [j for j in cands if j.job_id in self._settled]
+        pick = self._pick_sharing if self.blocks.has_shared else _pick
         for group in (settled, cands):
-            picked, freed = [], 0
-            for j in group:
-                if freed >= need:
-                    break
-                picked.append(j)
-                freed += len(j.block_table)
-            if freed >= need:
+            picked = pick(group, need)
+            if picked is not None:
                 return picked
         return None
 
+    def _pick_sharing(self, group: list[Job], need: int) -> list[Job] | None:
+        """`_pick` when some blocks are shared: a victim frees the blocks it
+        holds alone, and shared ones once all their holders are picked.  A
+        job that would free nothing by itself is considered last, and kept
+        only if evicting it with the others picked frees some block."""
+        picked: list[Job] = []
+        deferred: list[Job] = []
+        tally = ReleaseTally(self.blocks)
+        for j in group:
+            if tally.freed >= need:
+                break
+            if tally.take(j):
+                picked.append(j)
+            else:
+                deferred.append(j)
+        if tally.freed >= need:
+            return picked
+        for j in deferred:
+            if tally.freed >= need:
+                break
+            picked.append(j)
+            tally.add(j)
+        if tally.freed >= need:
+            return [j for j in picked if tally.frees_any(j)]
+        return None
+
     def settled_idle(self) -> list[Job]:
-        """Evictable jobs not swapped in recently, largest ENST first."""
+        """Evictable jobs not swapped in recently, largest (priority, ENST)
+        first."""
         return [j for j in self._live() if j.job_id in self._settled]
 
 

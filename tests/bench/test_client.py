@@ -112,3 +112,67 @@ def test_cli_live_run_and_sweep(server, tmp_path):
                  "--out", str(sweep)]) == 0
     sw = load_result(sweep)
     assert isinstance(sw, SweepResult) and sw.max_rate == 100
+
+
+def test_429_is_a_rejection_not_an_error(server):
+    live = run_requests([req("busy", 0.0, prompt="busy"), req("ok", 0.0)],
+                        ClientConfig(base_url=server.base_url, model="fake-model"))
+    busy, ok = live.records
+    assert busy.rejected and busy.retry_after == 2.0
+    assert busy.error is None and not busy.ok and busy.output_tokens == 0
+    assert busy.end_time is not None and busy.end_time >= busy.send_time
+    assert ok.ok and not ok.rejected
+    s = summarize(live.records)
+    assert (s.num_completed, s.num_rejected, s.num_failed) == (1, 1, 0)
+    assert s.rejected_share == 0.5 and s.retry_after.mean == 2.0
+    assert s.ttft.count == 1  # latency of the admitted request only
+
+
+def test_parse_retry_after():
+    import datetime as dt
+
+    from bench.client import parse_retry_after
+
+    now = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+    assert parse_retry_after("3") == 3.0 and parse_retry_after(" 1.5 ") == 1.5
+    assert parse_retry_after("Wed, 01 Jan 2025 12:00:07 GMT", now) == 7.0
+    assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now) == 0.0  # in the past
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+
+
+def test_hang_up_at_each_phase():
+    """The client drops where it was told to, and the server sees it go."""
+    import time
+
+    from bench.client import RequestVariant
+    from tests.bench.fake_openai import FakeEngine, FakeServer
+
+    eng = FakeEngine()
+    with FakeServer(eng) as srv:
+        reqs = [req(f"r{i}", 0.0, out=200) for i in range(4)]
+        variants = {"r0": RequestVariant(drop="after_send"),
+                    "r1": RequestVariant(drop="before_first_chunk"),
+                    "r2": RequestVariant(drop="mid_stream", drop_after_chunks=3),
+                    "r3": RequestVariant(extra_body={"n": 2, "stop": ["."]},
+                                         drop_keys=["min_tokens"])}
+        cfg = ClientConfig(base_url=srv.base_url, model="fake-model")
+        live = run_requests(reqs[:3], cfg, variants)
+        r0, r1, r2 = live.records
+        assert (r0.dropped, r1.dropped, r2.dropped) == ("after_send", "before_first_chunk",
+                                                        "mid_stream")
+        assert [len(r.token_times) for r in live.records] == [0, 0, 3]
+        assert all(r.error is None and not r.ok and r.end_time is not None for r in live.records)
+        # Each hang-up ends well before the 200 tokens (2 s) would have.
+        assert max(r.end_time for r in live.records) < 1.0
+        s = summarize(live.records)
+        assert (s.num_dropped, s.num_failed, s.num_completed) == (3, 0, 0)
+        deadline = time.monotonic() + 5
+        while eng.active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Streams that had started generating ended as disconnects.
+        assert eng.active == 0 and eng.ended.get("completed", 0) == 0
+        assert eng.ended.get("disconnected", 0) >= 1
+        # A variant's body changes reach the server.
+        run_requests([reqs[3].model_copy(update={"output_tokens": 2})], cfg, variants)
+        body = srv.bodies[-1]
+        assert body["n"] == 2 and body["stop"] == ["."] and "min_tokens" not in body

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from bench.metrics import Dist, SLOSpec, meets_slo, summarize, tpot
+from bench.metrics import Dist, SLOSpec, error_kind, format_summary, meets_slo, summarize, tpot
 from bench.records import RequestRecord
 
 
@@ -97,3 +99,59 @@ def test_no_server_metadata_means_no_breakdown():
     plain = rec("p", 0.0, [1.0], 1.0)
     s = summarize([plain])
     assert s.breakdown is None and s.num_preemptions is None and s.swap_bytes is None
+
+
+def test_rejections_and_drops_are_apart_from_admitted_latency():
+    # R: refused with 429 after 0.01 s, asked to retry in 2 s; D: the client
+    # hung up after one token; C failed; A and B completed.
+    R = RequestRecord(request_id="r", scheduled_time=0.5, send_time=0.5, end_time=0.51,
+                      rejected=True, retry_after=2.0)
+    R2 = RequestRecord(request_id="r2", scheduled_time=0.6, send_time=0.6, end_time=0.63,
+                       rejected=True, retry_after=4.0)
+    D = rec("d", 0.0, [9.0], 9.5, dropped="mid_stream")
+    s = summarize([A, B, C, R, R2, D])
+    assert (s.num_requests, s.num_completed, s.num_failed) == (6, 2, 1)
+    assert (s.num_rejected, s.num_dropped) == (2, 1)
+    assert s.rejected_share == pytest.approx(2 / 6)
+    assert s.errors_by_kind == {"HTTP 500": 1}
+    # Percentiles over A and B only, as without R, R2, C and D.
+    ref = summarize([A, B])
+    assert s.ttft == ref.ttft and s.tpot == ref.tpot and s.e2e == ref.e2e
+    assert s.itl == ref.itl and s.normalized_latency == ref.normalized_latency
+    assert s.rejection_latency.count == 2
+    assert s.rejection_latency.mean == pytest.approx(0.02)
+    assert s.retry_after.mean == pytest.approx(3.0) and s.retry_after.max == 4.0
+    assert not R.ok and not D.ok
+    # Refusals are SLO misses: attainment is over every request.
+    assert summarize([A, R], SLOSpec(ttft=5.0)).slo_attainment == 0.5
+    text = format_summary(s)
+    assert "Rejected (429):" in text and "33.3%" in text and "HTTP 500" in text
+
+
+def test_error_kinds():
+    assert error_kind("HTTPStatusError: HTTP 503: overloaded") == "HTTP 503"
+    assert error_kind("timeout") == "timeout"
+    assert error_kind("ReadError: ") == "ReadError"
+    assert error_kind("not sent: past max_duration") == "not sent"
+    assert error_kind("IncompleteStream: stream ended without [DONE]") == "IncompleteStream"
+
+
+def test_results_written_before_admission_control_still_load(tmp_path):
+    from bench.results import RunMeta, RunResult, load_result
+    from bench.workload import WorkloadSpec
+
+    run = RunResult(meta=RunMeta(mode="live", system="old", workload=WorkloadSpec()),
+                    summary=summarize([A, B, C]), records=[A, B, C])
+    data = run.model_dump(mode="json")
+    for key in ("num_rejected", "rejected_share", "num_dropped", "errors_by_kind",
+                "rejection_latency", "retry_after"):
+        del data["summary"][key]
+    for r in data["records"]:
+        for key in ("rejected", "retry_after", "dropped"):
+            del r[key]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_result(tmp_path / "old.json")
+    assert isinstance(old, RunResult)
+    assert old.summary.num_rejected == 0 and old.summary.num_failed == 1
+    assert [r.ok for r in old.records] == [True, True, False]
+    assert summarize(old.records) == run.summary

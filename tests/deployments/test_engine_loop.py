@@ -70,7 +70,7 @@ def make_loop(runner: FakeRunner, **kw) -> tuple[EngineLoop, Collector, Schedule
     cfg.update(kw)
     core = SchedulerCore(SchedulerConfig(**cfg), time.monotonic)
     sink = Collector()
-    loop = EngineLoop(runner, core, lambda r: "bad" if r.request_id.startswith("bad") else "ok", sink)
+    loop = EngineLoop(runner, core, lambda r, i: "bad" if r.request_id.startswith("bad") else "ok", sink)
     loop.start()
     return loop, sink, core
 
@@ -153,5 +153,47 @@ def test_prediction_reaches_a_running_job_and_is_ignored_after_it_ends():
         loop.set_prediction("p", 5)  # too late: no job, no error
         loop.submit(req("q", max_tokens=2))
         sink.wait_finished({"q"})
+    finally:
+        loop.stop()
+
+
+def test_n_choices_run_as_jobs_sharing_the_prompt_and_abort_together():
+    runner = FakeRunner(step_s=0.005)
+    loop, sink, core = make_loop(runner, max_batch_tokens=8)
+    try:
+        r = req("multi", n_prompt=13, max_tokens=4).model_copy(update={"n": 3})
+        loop.submit(r)
+        ids = {"multi", "multi#1", "multi#2"}
+        sink.wait_finished(ids)
+        per_job = {j: [d.event.token_id for d in sink.items if d.event.job_id == j] for j in ids}
+        assert all(toks == [7, 8, 9, 10] for toks in per_job.values())
+        # The siblings took the leader's 3 full blocks (12 tokens) each.
+        assert core.stats().num_shared_prompt_tokens == 2 * 12
+        assert core.blocks.num_free == core.blocks.num_blocks and runner.requests == {}
+
+        loop.submit(req("gone", n_prompt=13, max_tokens=60).model_copy(update={"n": 2}))
+        deadline = time.monotonic() + 5
+        while not {"gone", "gone#1"} <= {d.event.job_id for d in sink.items}:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        loop.abort("gone")  # the request's id aborts every choice
+        deadline = time.monotonic() + 5
+        while core.has_work or runner.requests:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert core.num_aborted == 2 and core.blocks.num_free == core.blocks.num_blocks
+    finally:
+        loop.stop()
+
+
+def test_an_iteration_failure_is_internal_and_a_refusal_is_not():
+    runner = FakeRunner(fail_on="doomed")
+    loop, sink, core = make_loop(runner)
+    try:
+        loop.submit(req("bad-2"))
+        loop.submit(req("doomed"))
+        sink.wait_finished({"bad-2", "doomed"})
+        kinds = {d.event.job_id: d.internal for d in sink.items if d.error is not None}
+        assert kinds == {"bad-2": False, "doomed": True}
     finally:
         loop.stop()

@@ -13,6 +13,7 @@ from engine.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job
+from scheduler.plan import TokenLogprob
 
 # Random prompts draw from this id range: ordinary tokens of the SmolLM2
 # tokenizer that the tiny models reuse, all inside their small vocabulary.
@@ -61,6 +62,54 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], num_tokens: int) -> lis
     return out
 
 
+def reference_adjust(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    prompt: list[int],
+    output: list[int],
+    banned: tuple[int, ...] = (),
+) -> torch.Tensor:
+    """One row of logits `[vocab]` after logit bias, bans and penalties, in
+    vLLM's order: HF's processor for the repetition penalty, OpenAI's
+    formula for presence / frequency (a copy; the input is left as is)."""
+    from collections import Counter
+
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    row = logits.clone().unsqueeze(0)
+    for tok, bias in params.logit_bias.items():
+        row[0, tok] += bias
+    for tok in banned:
+        row[0, tok] = float("-inf")
+    if params.repetition_penalty != 1.0:
+        history = torch.tensor([list(prompt) + list(output)])
+        row = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(history, row)
+    for tok, count in Counter(output).items():
+        row[0, tok] -= params.frequency_penalty * count + params.presence_penalty
+    return row[0]
+
+
+@torch.inference_mode()
+def hf_adjusted_greedy(
+    model: torch.nn.Module, prompt: list[int], params: SamplingParams, num_tokens: int
+) -> list[int]:
+    """Greedy decoding with HF's full forward (no cache) and `reference_adjust`
+    before each argmax, one sequence at a time, ignoring EOS."""
+    out: list[int] = []
+    for _ in range(num_tokens):
+        logits = model(input_ids=torch.tensor([prompt + out])).logits[0, -1].float()
+        out.append(int(reference_adjust(logits, params, prompt, out).argmax()))
+    return out
+
+
+@torch.inference_mode()
+def hf_logprobs(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """`[len(tokens), vocab]`: row q is the float32 log-distribution of the
+    token after `tokens[: q + 1]`, from one full HF forward."""
+    logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
+    return logits.log_softmax(dim=-1)
+
+
 def random_prompts(lengths: list[int], seed: int, vocab: int = TINY_VOCAB) -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return {
@@ -74,9 +123,15 @@ class DriveResult:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     text: dict[str, str] = field(default_factory=dict)
     finish: dict[str, str | None] = field(default_factory=dict)
+    # Per sampled token, when the request asked for logprobs.
+    logprobs: dict[str, list[TokenLogprob | None]] = field(default_factory=dict)
+    # Delivered once, with the first token, when asked for.
+    prompt_logprobs: dict[str, list[TokenLogprob | None]] = field(default_factory=dict)
     num_preemptions: int = 0
     # Preemptions of jobs that had already sampled tokens (mid-generation).
     num_mid_generation_preemptions: int = 0
+    # Preemptions of jobs part-way through their prompt (some of it computed).
+    num_mid_prompt_preemptions: int = 0
     num_steps: int = 0
     core: SchedulerCore | None = None
 
@@ -117,7 +172,9 @@ def drive(
         runner.add_request(job_id, p, prompt)
         result.tokens[job_id] = []
         result.text[job_id] = ""
+        result.logprobs[job_id] = []
     while core.has_work:
+        computed = {j: job.num_computed_tokens for j, job in core.jobs.items()}
         plan = core.schedule()
         if not plan.chunks:  # only swaps in flight: the runner waits for them
             swapper = runner.swapper
@@ -127,12 +184,20 @@ def drive(
         result.num_mid_generation_preemptions += sum(
             1 for j in plan.preempted if core.jobs[j].num_output_tokens > 0
         )
+        result.num_mid_prompt_preemptions += sum(
+            1 for j in plan.preempted if 0 < computed[j] < core.jobs[j].num_prompt_tokens
+        )
         step = runner.execute(plan)
         assert step.iteration_time > 0 or not plan.chunks
         for ev in core.complete(plan, step):
             assert ev.token_id is not None
             result.tokens[ev.job_id].append(ev.token_id)
             result.text[ev.job_id] += ev.text
+            result.logprobs[ev.job_id].append(ev.logprobs)
+            if ev.prompt_logprobs is not None:
+                assert len(result.tokens[ev.job_id]) == 1, "prompt logprobs after the first token"
+                assert ev.job_id not in result.prompt_logprobs, "prompt logprobs delivered twice"
+                result.prompt_logprobs[ev.job_id] = ev.prompt_logprobs
             if ev.finished:
                 result.finish[ev.job_id] = ev.finish_reason
                 runner.remove_request(ev.job_id)

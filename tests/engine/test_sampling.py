@@ -7,6 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from engine.sampling import SampleRequest, Sampler, SamplingParams, apply_top_k_top_p
+from tests.engine.helpers import reference_adjust
 
 VOCAB = 500
 
@@ -105,3 +106,135 @@ def test_banned_tokens_are_never_sampled() -> None:
     got = Sampler().sample(logits, reqs)
     assert all(g != t for g, t in zip(got, top))
     assert got == logits.scatter(1, torch.tensor(top)[:, None], float("-inf")).argmax(-1).tolist()
+
+
+# Penalties, logit bias, logprobs ------------------------------------------
+
+
+def _history(seed: int, n: int) -> list[int]:
+    # A small id range so that tokens repeat and prompt / output overlap.
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 40, (n,), generator=gen).tolist()
+
+
+def _reference_adjust(logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tensor:
+    return torch.stack([
+        reference_adjust(logits[i], r.params, list(r.prompt_token_ids),
+                         list(r.output_token_ids), tuple(r.banned_token_ids))
+        for i, r in enumerate(reqs)
+    ])
+
+
+def _penalised_requests() -> list[SampleRequest]:
+    params = [
+        SamplingParams(temperature=0.0, repetition_penalty=1.7),
+        SamplingParams(temperature=0.8, presence_penalty=1.5),
+        SamplingParams(temperature=0.0),  # nothing to adjust
+        SamplingParams(temperature=1.0, frequency_penalty=-0.7, presence_penalty=-0.3,
+                       repetition_penalty=0.6),
+        SamplingParams(temperature=0.0, frequency_penalty=2.0, logit_bias={5: -100.0, 7: 3.5}),
+        SamplingParams(temperature=1.0, repetition_penalty=1.3, logit_bias={39: 100.0}),
+    ]
+    return [
+        SampleRequest(p, output_index=len(_history(100 + i, 3 * i)),
+                      banned_token_ids=(2, 9) if i == 4 else (),
+                      prompt_token_ids=_history(i, 7 + i),
+                      output_token_ids=_history(100 + i, 3 * i))
+        for i, p in enumerate(params)
+    ]
+
+
+def test_adjust_logits_matches_hf_and_formula() -> None:
+    from engine.sampling import adjust_logits
+
+    reqs = _penalised_requests()
+    logits = _logits(len(reqs), seed=3)
+    want = _reference_adjust(logits, reqs)
+    got = logits.clone()
+    adjust_logits(got, reqs)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    # The rows the test relies on were really changed, the plain row not.
+    changed = (got != logits).any(dim=-1).tolist()
+    assert changed == [True, True, False, True, True, True]
+    # Presence / frequency count outputs only: a prompt-only token of row 1
+    # keeps its logit.
+    prompt_only = set(reqs[1].prompt_token_ids) - set(reqs[1].output_token_ids)
+    assert prompt_only
+    for tok in prompt_only:
+        assert got[1, tok] == logits[1, tok]
+
+
+def test_sampler_applies_adjustments_before_greedy_and_keeps_input_raw() -> None:
+    reqs = _penalised_requests()
+    logits = _logits(len(reqs), seed=4)
+    raw = logits.clone()
+    got = Sampler(seed=0).sample(logits, reqs)
+    assert torch.equal(logits, raw)
+    want = _reference_adjust(logits, reqs).argmax(-1).tolist()
+    for i, r in enumerate(reqs):
+        if r.params.greedy:
+            assert got[i] == want[i]
+    assert got[5] == 39  # forced by +100 through temperature sampling
+
+
+def test_logit_bias_bans_and_forces_tokens() -> None:
+    logits = _logits(64, seed=5)
+    top = logits.argmax(-1).tolist()
+    s = Sampler(seed=1)
+    for temperature in (0.0, 1.0):
+        banned = [SampleRequest(SamplingParams(temperature=temperature,
+                                               logit_bias={t: -100.0}), 0) for t in top]
+        assert all(g != t for g, t in zip(s.sample(logits, banned), top))
+        forced = [SampleRequest(SamplingParams(temperature=temperature, seed=k,
+                                               logit_bias={(7 * k) % VOCAB: 100.0}), k)
+                  for k in range(64)]
+        assert s.sample(logits, forced) == [(7 * k) % VOCAB for k in range(64)]
+
+
+def test_seeded_penalised_rows_are_batch_independent() -> None:
+    reqs = [r for r in _penalised_requests() if not r.params.greedy]
+    seeded = [SampleRequest(r.params.model_copy(update={"seed": 7 + i}), r.output_index,
+                            r.banned_token_ids, r.prompt_token_ids, r.output_token_ids)
+              for i, r in enumerate(reqs)]
+    logits = _logits(len(seeded), seed=6)
+    alone = [Sampler().sample(logits[i : i + 1], [r])[0] for i, r in enumerate(seeded)]
+    crowd = [SampleRequest(SamplingParams(temperature=1.2), 0)] * 5
+    rows = torch.cat([_logits(5, seed=8), logits.flip(0)])
+    batched = Sampler(seed=3).sample(rows, crowd + seeded[::-1])[5:]
+    assert batched[::-1] == alone
+
+
+def test_token_logprobs_match_log_softmax() -> None:
+    from engine.sampling import token_logprobs
+
+    logits = _logits(5, seed=9)
+    ids = [3, 499, 0, 250, 17]
+    num_top = [0, 1, 4, 7, 2]
+    got = token_logprobs(logits, ids, num_top)
+    ref = logits.double().log_softmax(-1)
+    for i, (tok, k) in enumerate(zip(ids, num_top)):
+        assert got[i].logprob == pytest.approx(ref[i, tok].item(), abs=1e-5)
+        order = ref[i].argsort(descending=True)[:k].tolist()
+        assert [t for t, _ in got[i].top] == order
+        assert [lp for _, lp in got[i].top] == pytest.approx(ref[i, order].tolist(), abs=1e-5)
+    # More alternatives than the vocabulary: all of it, most likely first.
+    (whole,) = token_logprobs(logits[:1], [0], [VOCAB + 10])
+    assert len(whole.top) == VOCAB
+    assert token_logprobs(logits[:0], [], []) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(frequency_penalty=-2.1), "frequency_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(logit_bias={3: 101.0}), r"\[-100, 100\]"),
+        (dict(logit_bias={-1: 1.0}), "non-negative"),
+        (dict(logprobs=-1), "logprobs"),
+        (dict(prompt_logprobs=-1), "prompt_logprobs"),
+    ],
+)
+def test_surface_validation_messages(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        SamplingParams(**kwargs)

@@ -72,6 +72,9 @@ MLFQ_CONFIG = {
     "max_model_len": 512,
     "host_kv_tokens": 16384,
     "mlfq": {"starvation_s": 2.0},
+    # The burst is meant to overflow the cache and force swaps, not to be
+    # refused by admission control.
+    "admission": {"enabled": False},
     # The length predictor beside it, with the shipped adapter.
     "predictor": {"enabled": True, "num_cpus": 0.5},
 }
@@ -118,3 +121,36 @@ def wait_engine_idle(handle, timeout: float = 30.0) -> dict:
             return s
         assert time.monotonic() < deadline, f"engine did not go idle: {s}"
         time.sleep(0.2)
+
+
+TIGHT_CONFIG = {
+    **SMALL_CONFIG,
+    # Two batch slots and a bound of 200 queued tokens: a burst of 16
+    # requests of ~45 tokens each must be partly refused.
+    "max_batch_size": 2,
+    "admission": {"max_queued_tokens": 200},
+}
+
+
+@pytest.fixture(scope="session")
+def tight_server(server):
+    """A third application with a tight admission bound, on /tight."""
+    import httpx
+    from ray import serve
+
+    from app.builder import build_app
+
+    serve.run(build_app(TIGHT_CONFIG), name="tight", route_prefix="/tight")
+    base = f"{server}/tight"
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{base}/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "tight app did not come up"
+        time.sleep(0.5)
+    yield base
+
+
+@pytest.fixture(scope="session")
+def tight_engine(tight_server):
+    from ray import serve
+
+    return serve.get_deployment_handle("Engine", app_name="tight")

@@ -87,16 +87,16 @@ def test_aborted_stream_frees_its_blocks(server, engine_handle):
     ("path", "body", "status", "param"),
     [
         ("/v1/completions", b"{not json", 400, None),
-        ("/v1/chat/completions", {"model": "smollm2"}, 422, "messages"),
-        ("/v1/completions", {"model": "smollm2"}, 422, "prompt"),
-        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 422, "max_tokens"),
-        ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 422, "max_tokens"),
-        ("/v1/completions", {"prompt": "hi", "temperature": -1}, 422, "temperature"),
+        ("/v1/chat/completions", {"model": "smollm2"}, 400, "messages"),
+        ("/v1/completions", {"model": "smollm2"}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
         ("/v1/completions", {"prompt": "hi " * 1100, "max_tokens": 5}, 400, "prompt"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": [1, 2, 10**9]}, 400, "prompt"),
         ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
-        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 422, None),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
     ],
 )
 def test_bad_requests_get_openai_errors_and_server_keeps_serving(

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import torch
 
 from kvstore.tier import LocalHostTier, ObjectStoreTier
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def blocks(n: int, seed: int = 0, dtype=torch.bfloat16) -> torch.Tensor:
@@ -39,25 +34,12 @@ def test_local_tier_refuses_past_capacity():
     assert tier.used == 0 and tier.stats.offload_failures == 1
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    # The integration tests may have started Ray in this session already.
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if owned:
-        ray.shutdown()
-
-
 def test_object_store_blocks_survive_the_writer(ray_cluster):
     ray = ray_cluster
     from kvstore.directory import DIRECTORY_NAMESPACE, KVDirectory
 
     directory = KVDirectory.options(name="kv-directory-test", lifetime="detached",
-                                    namespace=DIRECTORY_NAMESPACE).remote(10**8)
+                                    namespace=DIRECTORY_NAMESPACE).remote(100)
 
     @ray.remote(num_cpus=0)
     class Writer:
@@ -66,7 +48,7 @@ def test_object_store_blocks_survive_the_writer(ray_cluster):
 
             from kvstore.tier import ObjectStoreTier
 
-            t = ObjectStoreTier(10**8, directory=directory)
+            t = ObjectStoreTier(directory)
             g = torch.Generator().manual_seed(seed)
             data = torch.randn(5, 2, 3, 4, 2, 8, generator=g).to(torch.bfloat16)
             assert t.offload("job-a", list(range(5)), data).result()
@@ -76,23 +58,69 @@ def test_object_store_blocks_survive_the_writer(ray_cluster):
     written = ray.get(w.write.remote(directory, 7))
     ray.kill(w)  # the replica that offloaded the blocks dies
 
-    reader = ObjectStoreTier(10**8, directory=directory)
+    reader = ObjectStoreTier(directory)
     got = reader.fetch("job-a", list(range(5))).result()
     assert got is not None and torch.equal(got, blocks(5, seed=7))
     assert reader.stats.bytes_fetched == written
     stats = ray.get(directory.stats.remote())
     assert stats["used_bytes"] == written and stats["bytes_out"] == written
+    assert stats["used_blocks"] == 5 and stats["jobs"] == 1
+    assert stats["capacity_bytes"] == 100 * stats["block_bytes"] == 100 * written // 5
     reader.drop("job-a")
     reader.flush()
-    assert ray.get(directory.stats.remote())["used_bytes"] == 0
+    after = ray.get(directory.stats.remote())
+    assert after["used_bytes"] == after["used_blocks"] == after["jobs"] == 0
     ray.kill(directory)
 
 
-def test_object_store_capacity_refusal(ray_cluster):
+def test_object_store_capacity_is_counted_in_blocks(ray_cluster):
+    ray = ray_cluster
     from kvstore.directory import KVDirectory
 
-    small = KVDirectory.remote(100)
-    tier = ObjectStoreTier(100, directory=small)
-    assert not tier.offload("big", [0, 1], blocks(2)).result()
+    small = KVDirectory.remote(3)
+    tier = ObjectStoreTier(small)
+    assert not tier.offload("big", [0, 1, 2, 3], blocks(4)).result()
     assert tier.stats.offload_failures == 1
     assert tier.fetch("big", [0]).result() is None
+    assert tier.offload("a", [0, 1], blocks(2)).result()
+    # Rewriting a block the job already has takes no new room.
+    assert tier.offload("a", [1], blocks(1, seed=3)).result()
+    assert tier.offload("b", [0], blocks(1)).result()
+    assert not tier.offload("c", [0], blocks(1)).result()
+    st = ray.get(small.stats.remote())
+    assert st["used_blocks"] == 3 and st["rejected"] == 2
+    assert st["used_bytes"] == 3 * blocks(1).numel() * 2
+    assert torch.equal(tier.fetch("a", [1]).result(), blocks(1, seed=3))
+
+
+def test_a_dead_directory_is_a_refused_offload_and_a_lost_fetch(ray_cluster):
+    ray = ray_cluster
+    from kvstore.directory import KVDirectory
+
+    directory = KVDirectory.remote(10)
+    tier = ObjectStoreTier(directory)
+    assert tier.offload("j", [0], blocks(1)).result()
+    ray.kill(directory)
+    # No exception escapes the copy thread; the scheduler sees a refusal
+    # and a lost fetch, which it already handles.
+    assert tier.offload("j", [1], blocks(1)).result() is False
+    assert tier.fetch("j", [0]).result() is None
+    assert [got for jid, got in tier.landed()] == [None]
+    tier.drop("j")
+    tier.close()
+
+
+def test_a_named_tier_follows_a_replaced_directory(ray_cluster):
+    ray = ray_cluster
+    from kvstore.directory import create_directory
+
+    first = create_directory("kv-directory-follow", 10)
+    tier = ObjectStoreTier(first, name="kv-directory-follow")
+    assert tier.offload("j", [0], blocks(1)).result()
+    ray.kill(first)
+    second = create_directory("kv-directory-follow", 10)
+    # The old blocks went with the old directory; new ones go to the new one.
+    assert tier.fetch("j", [0]).result() is None
+    assert tier.offload("k", [0], blocks(1)).result()
+    assert ray.get(second.stats.remote())["used_blocks"] == 1
+    ray.kill(second)

@@ -21,3 +21,66 @@ def test_stale_replicas_are_dropped_and_none_without_replicas():
     assert p.place("k", 10, now=2.0) is None
     p.release("j")
     assert "j" not in p.job_replica
+
+
+def _report(p, rid, waiting, capacity, tps=100.0, now=0.0, mean_out=50.0):
+    p.report(rid, num_blocks=100, free_blocks=100, queued_tokens=waiting, num_jobs=1, now=now,
+             waiting_tokens=waiting, capacity_tokens=capacity, tokens_per_s=tps,
+             mean_output_len=mean_out)
+
+
+def test_admission_refuses_beyond_the_bound_with_the_wait_until_it_fits():
+    p = Placement()
+    _report(p, "a", waiting=150, capacity=200, tps=10.0)
+    # 10 prompt + min(max_tokens, mean output 50) = 60 > 200 - 150.
+    r = p.admit("j1", prompt_tokens=10, max_tokens=500, n=1, now=0.1)
+    assert not r.admitted and r.replica is None
+    assert r.retry_after_s == (150 + 60 - 200) / 10.0
+    # A short answer still fits: the bound is on tokens, not requests.
+    assert p.admit("j2", prompt_tokens=10, max_tokens=20, n=1, now=0.1).replica == "a"
+    # What was admitted counts until the next report.
+    assert not p.admit("j3", prompt_tokens=10, max_tokens=20, n=1, now=0.1).admitted
+    _report(p, "a", waiting=0, capacity=200, tps=10.0, now=0.2)
+    assert p.admit("j4", prompt_tokens=10, max_tokens=500, n=3, now=0.3).admitted
+
+
+def test_an_idle_replica_admits_any_request_and_overflow_spills_to_another():
+    p = Placement()
+    _report(p, "a", waiting=0, capacity=100)
+    big = p.admit("big", prompt_tokens=900, max_tokens=2000, n=1, now=0.1)
+    assert big.admitted and big.replica == "a"
+    _report(p, "b", waiting=0, capacity=100)
+    # a now holds the big job's backlog; the next one goes to b.
+    assert p.admit("j", prompt_tokens=10, max_tokens=10, n=1, now=0.1).replica == "b"
+
+
+def test_no_bound_before_the_replica_measured_its_speed():
+    from scheduler.admission import AdmissionBound
+
+    assert AdmissionBound(2.0).capacity(None) == float("inf")
+    assert AdmissionBound(2.0).capacity(150.0) == 300.0
+    assert AdmissionBound(2.0, max_queued_tokens=64).capacity(150.0) == 64.0
+
+
+def test_queued_work_counts_jobs_outside_the_batch_with_their_expected_output():
+    from scheduler.admission import MeanOutput, queued_work
+    from scheduler.job import Job
+
+    waiting = Job("w", [1] * 30, max_tokens=100, arrival_time=0.0)
+    predicted = Job("p", [1] * 10, max_tokens=100, arrival_time=0.0, predicted_output_len=20)
+    short = Job("s", [1] * 10, max_tokens=5, arrival_time=0.0)
+    running = Job("r", [1] * 10, max_tokens=100, arrival_time=0.0)
+    preempted = Job("x", [1] * 10, max_tokens=100, arrival_time=0.0)
+    preempted.output_token_ids = [5] * 30
+    jobs = [waiting, predicted, short, running, preempted]
+    # 30 + 50 (mean) | 10 + 20 (predicted) | 10 + 5 (max_tokens) | in the
+    # batch: 0 | preempted: 40 tokens to recompute + (50 - 30) of its output.
+    assert queued_work(jobs, {"r"}, mean_output_len=50) == 80 + 30 + 15 + 0 + 60
+
+    mean = MeanOutput(initial=256)
+    for n in (10, 10, 10):
+        mean.add(n)
+    assert mean.value == 10  # the first samples replace the prior
+    for _ in range(200):
+        mean.add(100)
+    assert 95 < mean.value <= 100

@@ -1,0 +1,107 @@
+"""Logprobs in OpenAI's two response formats, from the engine's token ids.
+
+The engine returns ids and numbers (`WireLogprob`); the strings a client
+sees are made here, where the tokenizer lives.  A token's string is its
+own decoding (as vLLM gives it: a token holding part of a UTF-8 character
+decodes to U+FFFD), and its `bytes` are the exact bytes it stands for, so
+a client can reassemble split characters as OpenAI's format intends.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from app.protocol import WireLogprob
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-printable-character map (byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTES = _byte_decoder()
+
+
+class TokenText:
+    """Each token id's string and bytes, cached per id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+        self.text = lru_cache(maxsize=65536)(self._text)
+        self.bytes = lru_cache(maxsize=65536)(self._bytes)
+
+    def _text(self, token_id: int) -> str:
+        return self._tok.decode([token_id])
+
+    def _bytes(self, token_id: int) -> tuple[int, ...]:
+        piece = self._tok.convert_ids_to_tokens(token_id)
+        if piece is None:
+            return tuple(self.text(token_id).encode())
+        if piece in self._special:
+            return tuple(piece.encode())
+        m = _BYTE_TOKEN.match(piece)  # sentencepiece byte fallback
+        if m:
+            return (int(m.group(1), 16),)
+        if all(c in _BYTES for c in piece):  # byte-level BPE
+            return tuple(_BYTES[c] for c in piece)
+        return tuple(piece.replace("\u2581", " ").encode())
+
+
+Entry = tuple[int, WireLogprob | None]
+
+
+def completion_logprobs(entries: list[Entry], tt: TokenText, offset: int = 0
+                        ) -> tuple[dict[str, Any], int]:
+    """The completions format for `(token id, logprob)` entries, and the
+    text offset after them (`text_offset` counts characters of the text
+    returned so far, echoed prompt included).  A prompt's first token has
+    no logprob (None)."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                           "text_offset": []}
+    for token_id, lp in entries:
+        text = tt.text(token_id)
+        out["tokens"].append(text)
+        out["text_offset"].append(offset)
+        offset += len(text)
+        if lp is None:
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+            continue
+        out["token_logprobs"].append(lp.logprob)
+        # As vLLM: the sampled token is always listed beside the top ones.
+        top = {tt.text(t): v for t, v in lp.top}
+        top.setdefault(text, lp.logprob)
+        out["top_logprobs"].append(top)
+    return out, offset
+
+
+def chat_logprobs(entries: list[Entry], tt: TokenText) -> dict[str, Any]:
+    """The chat format: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
+    content = []
+    for token_id, lp in entries:
+        if lp is None:
+            continue
+        content.append({
+            "token": tt.text(token_id),
+            "logprob": lp.logprob,
+            "bytes": list(tt.bytes(token_id)),
+            "top_logprobs": [
+                {"token": tt.text(t), "logprob": v, "bytes": list(tt.bytes(t))}
+                for t, v in lp.top
+            ],
+        })
+    return {"content": content}

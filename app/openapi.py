@@ -1,0 +1,155 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 description of the served API.
+
+The request bodies are the JSON Schemas of the protocol's pydantic models,
+generated when the ingress starts, so a field added to `app/protocol.py`
+appears here with no edit.  Every 4xx/5xx is described by `ErrorResponse`,
+the one error body the server sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from app.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+
+_REF = "#/components/schemas/{model}"
+
+# Statuses each kind of operation may answer with an error body.
+_POST_ERRORS = {
+    "400": "the body is not a JSON object, a field is invalid or out of range, "
+           "or the request cannot be served (e.g. longer than the context)",
+    "401": "the API key is missing or wrong (when the server requires one)",
+    "404": "the `model` is not served",
+    "413": "the body is larger than the server's limit",
+    "415": "the Content-Type is not JSON",
+    "429": "the server is at capacity; retry after `Retry-After` seconds",
+    "500": "an internal error",
+}
+_GET_ERRORS = {
+    "401": _POST_ERRORS["401"],
+    "500": _POST_ERRORS["500"],
+}
+
+_COMPLETION_RESPONSE: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": ["object", "null"]},
+    },
+}
+
+# One server-sent event: `data` is a JSON chunk (or an error body), then
+# the literal `[DONE]`.
+_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+
+_MODEL_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {
+            "type": "object",
+            "required": ["id", "object", "owned_by"],
+            "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                           "owned_by": {"type": "string"}},
+        }},
+    },
+}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("preempt-serve")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def _errors(statuses: dict[str, str], error_ref: dict[str, Any]) -> dict[str, Any]:
+    return {code: {"description": why, "content": {"application/json": {"schema": error_ref}}}
+            for code, why in statuses.items()}
+
+
+def _completion_op(summary: str, request_ref: dict[str, Any],
+                   error_ref: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": request_ref}}},
+        "responses": {
+            "200": {
+                "description": "the completion, or with `stream: true` its server-sent events",
+                "content": {"application/json": {"schema": _COMPLETION_RESPONSE},
+                            "text/event-stream": {"schema": _EVENT}},
+            },
+            **_errors(_POST_ERRORS, error_ref),
+        },
+    }
+
+
+def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str, Any]:
+    """The document; `auth` marks every operation but /health as needing
+    the bearer key."""
+    models: list[tuple[type[BaseModel], Any]] = [
+        (CompletionRequest, "validation"),
+        (ChatCompletionRequest, "validation"),
+        (ErrorResponse, "serialization"),
+    ]
+    refs, top = models_json_schema(models, ref_template=_REF)
+    completion_ref = refs[(CompletionRequest, "validation")]
+    chat_ref = refs[(ChatCompletionRequest, "validation")]
+    error_ref = refs[(ErrorResponse, "serialization")]
+    paths: dict[str, Any] = {
+        "/v1/models": {"get": {
+            "summary": "The served model",
+            "responses": {
+                "200": {"description": "the model list",
+                        "content": {"application/json": {"schema": _MODEL_LIST}}},
+                **_errors(_GET_ERRORS, error_ref),
+            },
+        }},
+        "/v1/completions": {"post": _completion_op("Text completion", completion_ref, error_ref)},
+        "/v1/chat/completions": {"post": _completion_op("Chat completion", chat_ref, error_ref)},
+        "/health": {"get": {
+            "summary": "Liveness: 200 while the ingress serves (never needs a key)",
+            "security": [],
+            "responses": {"200": {"description": "serving"},
+                          "500": _errors(_GET_ERRORS, error_ref)["500"]},
+        }},
+    }
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": _version(),
+                 "description": "OpenAI-compatible completions served by preempt-serve."},
+        "paths": paths,
+        "components": {"schemas": top.get("$defs", {})},
+    }
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+def openapi_endpoint(doc: dict[str, Any]) -> Callable[[Request], Awaitable[Response]]:
+    """A route endpoint serving `doc`, rendered once."""
+    body = JSONResponse(doc).body
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(body, media_type="application/json")
+
+    return openapi_json

@@ -1,0 +1,178 @@
+"""OpenAI responses assembled from the engine's per-choice deltas.
+
+One `ResponseBuilder` per HTTP request.  The engine streams
+`GenerateDelta`s per prompt of the request, each tagged with its choice's
+index among that prompt's `n`; here they become OpenAI choices, indexed
+prompt-major (choice = prompt * n + index) as OpenAI indexes a batch, then
+either stream chunks or one final response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs
+from app.protocol import Usage, WireLogprob
+
+
+@dataclass(slots=True)
+class PromptInput:
+    token_ids: list[int]
+    # What `echo` returns: the prompt string, or the decoded token ids.
+    text: str
+
+
+@dataclass(slots=True)
+class _Choice:
+    index: int
+    prompt: int
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    logprobs: list[Entry] = field(default_factory=list)
+    finish_reason: str | None = None
+    metrics: dict[str, Any] | None = None
+    started: bool = False
+    text_offset: int = 0
+
+
+class ResponseBuilder:
+    def __init__(self, request_id: str, model: str, created: int, chat: bool,
+                 prompts: list[PromptInput], n: int, tokens: TokenText,
+                 logprobs: bool = False, echo: bool = False) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self.chat = chat
+        self.prompts = prompts
+        self.n = n
+        self.tokens = tokens
+        self.want_logprobs = logprobs
+        self.echo = echo and not chat
+        self.choices = [_Choice(p * n + i, p) for p in range(len(prompts)) for i in range(n)]
+
+    @property
+    def object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    @property
+    def done(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
+    def usage(self) -> dict[str, Any]:
+        prompt = sum(len(p.token_ids) for p in self.prompts)
+        completion = sum(c.num_tokens for c in self.choices)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion).model_dump()
+
+    # Streaming ------------------------------------------------------------
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        """Chat streams open each choice with the assistant role."""
+        if not self.chat:
+            return []
+        return [self._chunk({"index": c.index, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}) for c in self.choices]
+
+    def apply(self, delta: dict[str, Any], emit: bool = True) -> list[dict[str, Any]]:
+        """Record one engine delta; returns the stream chunks it makes
+        (none unless `emit`)."""
+        prompt = delta.get("prompt", 0)
+        c = self.choices[prompt * self.n + delta["index"]]
+        text: str = delta["text"]
+        entries = self._entries(delta["token_ids"], delta.get("logprobs"))
+        if not c.started:
+            c.started = True
+            if self.echo:
+                echo_entries = self._prompt_entries(prompt, delta.get("prompt_logprobs"))
+                text = self.prompts[prompt].text + text
+                entries = echo_entries + entries
+        c.text.append(text)
+        c.num_tokens += len(delta["token_ids"])
+        c.logprobs += entries
+        chunks: list[dict[str, Any]] = []
+        finish = delta.get("finish_reason")
+        if not emit:
+            if finish is not None:
+                c.finish_reason = finish
+                c.metrics = delta.get("metrics")
+            return chunks
+        if text or entries or finish is None:
+            chunks.append(self._chunk(self._stream_choice(c, text, entries, None)))
+        if finish is not None:
+            c.finish_reason = finish
+            c.metrics = delta.get("metrics")
+            last = self._stream_choice(c, None if self.chat else "", [], finish)
+            chunks.append(self._chunk(last, metrics=c.metrics))
+        return chunks
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {"id": self.request_id, "object": self.object, "created": self.created,
+                "model": self.model, "choices": [], "usage": self.usage()}
+
+    def _stream_choice(self, c: _Choice, text: str | None, entries: list[Entry],
+                       finish: str | None) -> dict[str, Any]:
+        logprobs = None
+        if self.want_logprobs and entries:
+            logprobs = self._logprobs(c, entries)
+        if self.chat:
+            delta = {} if text is None else {"content": text}
+            return {"index": c.index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": finish}
+        return {"index": c.index, "text": text or "", "logprobs": logprobs,
+                "finish_reason": finish}
+
+    def _chunk(self, choice: dict[str, Any], metrics: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.request_id, "object": self.object,
+                                "created": self.created, "model": self.model,
+                                "choices": [choice]}
+        if metrics is not None:
+            body["metrics"] = metrics
+        return body
+
+    # Whole response -------------------------------------------------------
+
+    def response(self) -> dict[str, Any]:
+        choices = []
+        for c in self.choices:
+            logprobs = None
+            if self.want_logprobs:
+                c.text_offset = 0
+                logprobs = self._logprobs(c, c.logprobs)
+            text = "".join(c.text)
+            if self.chat:
+                choices.append({"index": c.index,
+                                "message": {"role": "assistant", "content": text},
+                                "logprobs": logprobs, "finish_reason": c.finish_reason})
+            else:
+                choices.append({"index": c.index, "text": text, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason})
+        return {"id": self.request_id, "object": "chat.completion" if self.chat
+                else "text_completion", "created": self.created, "model": self.model,
+                "choices": choices, "usage": self.usage(),
+                "metrics": self.choices[0].metrics}
+
+    # Logprobs -------------------------------------------------------------
+
+    def _logprobs(self, c: _Choice, entries: list[Entry]) -> dict[str, Any]:
+        if self.chat:
+            return chat_logprobs(entries, self.tokens)
+        out, c.text_offset = completion_logprobs(entries, self.tokens, c.text_offset)
+        return out
+
+    def _entries(self, token_ids: list[int], logprobs: list[dict[str, Any]] | None
+                 ) -> list[Entry]:
+        if not self.want_logprobs or logprobs is None:
+            return []
+        return [(t, WireLogprob.model_validate(lp)) for t, lp in zip(token_ids, logprobs)]
+
+    def _prompt_entries(self, prompt: int, plps: list[dict[str, Any] | None] | None
+                        ) -> list[Entry]:
+        if not self.want_logprobs:
+            return []
+        ids = self.prompts[prompt].token_ids
+        if plps is None:
+            raise RuntimeError("echo with logprobs needs the prompt's logprobs")
+        return [(t, None if lp is None else WireLogprob.model_validate(lp))
+                for t, lp in zip(ids, plps)]

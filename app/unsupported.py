@@ -1,0 +1,127 @@
+"""OpenAI fields (and vLLM extensions) this server does not implement.
+
+Each is accepted only with a value that asks for nothing (its default, or
+the value that means "off"), so a client that spells out defaults keeps
+working; any other value is a 400 naming the field.  Serving the request
+while ignoring it would hand the client something it did not ask for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+# field -> the values that ask for nothing, and why anything else is refused
+_OFF: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "tool calling is not supported"),
+    "tool_choice": ((None, "none"), "tool calling is not supported"),
+    "functions": ((None, []), "function calling is not supported"),
+    "function_call": ((None, "none"), "function calling is not supported"),
+    # Only meaningful with tools, which are refused above.
+    "parallel_tool_calls": ((None, True, False), ""),
+    "response_format": ((None, {"type": "text"}), "structured output is not supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "modalities": ((None, ["text"]), "only text output is supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "reasoning_effort": ((None,), "this model does not reason"),
+    "verbosity": ((None,), "verbosity control is not supported"),
+    "store": ((None, False), "completions are not stored"),
+    "metadata": ((None,), "completions are not stored, so metadata has no use"),
+    "service_tier": ((None, "auto", "default"), "service tiers are not offered"),
+    "prompt_cache_key": ((None,), "there is no prompt cache to key"),
+    # vLLM extensions.
+    "min_p": ((None, 0, 0.0), "min_p sampling is not supported"),
+    "use_beam_search": ((None, False), "beam search is not supported"),
+    "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search only"),
+    "include_stop_str_in_output": ((None, False), "stop strings are never included"),
+    "skip_special_tokens": ((None, True), "special tokens are always skipped"),
+    "spaces_between_special_tokens": ((None, True), "not configurable"),
+    "add_generation_prompt": ((None, True), "the generation prompt is always added"),
+    "continue_final_message": ((None, False), "continuing a final message is not supported"),
+    "chat_template": ((None,), "the model's own chat template is used"),
+    "chat_template_kwargs": ((None, {}), "the chat template takes no arguments"),
+    "truncate_prompt_tokens": ((None,), "prompts are never truncated"),
+    "guided_json": ((None,), "structured output is not supported"),
+    "guided_regex": ((None,), "structured output is not supported"),
+    "guided_choice": ((None,), "structured output is not supported"),
+    "guided_grammar": ((None,), "structured output is not supported"),
+    "structured_outputs": ((None,), "structured output is not supported"),
+    "return_tokens_as_token_ids": ((None, False), "not supported"),
+    "return_token_ids": ((None, False), "not supported"),
+    "request_id": ((None,), "request ids are assigned by the server"),
+    "cache_salt": ((None,), "there is no prompt cache to salt"),
+    "documents": ((None,), "documents are not supported"),
+    "mm_processor_kwargs": ((None,), "this model reads text only"),
+    "kv_transfer_params": ((None,), "KV transfer is not supported"),
+    "vllm_xargs": ((None,), "not supported"),
+}
+
+UNSUPPORTED_FIELDS = frozenset(_OFF)
+
+
+def _is_off(value: Any, allowed: tuple[Any, ...]) -> bool:
+    # `True == 1` in Python: compare types too, so `min_p: true` is refused.
+    return any(value == a and type(value) is type(a) for a in allowed if a is not None) \
+        or value is None
+
+
+class UnsupportedFields(BaseModel):
+    """Base of the request models: declares every unsupported field, so an
+    "on" value is a validation error at that field (400, `param` set)."""
+
+    # Strict types as OpenAI's API: "5" is not an integer, true is not 1.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    min_p: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    spaces_between_special_tokens: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    truncate_prompt_tokens: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    request_id: Any = None
+    cache_salt: Any = None
+    documents: Any = None
+    mm_processor_kwargs: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
+    # OpenAI's end-user identifier for abuse monitoring: kept with `user`.
+    safety_identifier: str | None = None
+
+    @field_validator(*_OFF, mode="before")
+    @classmethod
+    def _refuse_on(cls, v: Any, info: ValidationInfo) -> Any:
+        allowed, why = _OFF[info.field_name]  # type: ignore[index]
+        if not _is_off(v, allowed):
+            raise ValueError(f"not supported by this server ({why})" if why
+                             else "not supported by this server")
+        return v

@@ -1,0 +1,86 @@
+"""What the robustness commands (`overload`, `disconnects`, `soak`) share:
+time-bounded workloads, the model name resolved once, a last request that
+proves the server still answers, and how results are written."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import math
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.client import ClientConfig, discover_model, run_requests
+from bench.workload import RequestSpec, WorkloadSpec, filler_prompt
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class CheckResult(BaseModel):
+    """What every robustness result starts with (its `kind` set by each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = 1
+    created: str = Field(default_factory=now_iso)
+    base_url: str
+    model: str
+
+
+def spec_for_duration(spec: WorkloadSpec, rate: float, duration: float) -> WorkloadSpec:
+    """The workload with its first stream at `rate` and enough requests that
+    arrivals cover `duration` seconds (cut with `within`): the Poisson count
+    over the window plus a margin of several standard deviations."""
+    expected = rate * duration
+    n = int(math.ceil(expected + 6 * math.sqrt(expected) + 20))
+    spec = spec.with_rate(rate)
+    streams = list(spec.streams)
+    streams[0] = streams[0].model_copy(update={"num_requests": n})
+    return spec.model_copy(update={"streams": streams})
+
+
+def within(requests: Sequence[RequestSpec], duration: float) -> list[RequestSpec]:
+    """The requests that arrive before `duration`."""
+    return [r for r in requests if r.arrival_time < duration]
+
+
+def with_model(cfg: ClientConfig) -> ClientConfig:
+    """`cfg` naming the served model (asked once, not in every phase)."""
+    if cfg.model is not None:
+        return cfg
+
+    async def ask() -> str:
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        async with httpx.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as c:
+            return await discover_model(c, cfg.base_url)
+
+    return cfg.model_copy(update={"model": asyncio.run(ask())})
+
+
+def still_serves(cfg: ClientConfig, timeout_s: float = 60.0) -> str | None:
+    """Send one short request; None if it completed, else what went wrong."""
+    req = RequestSpec(request_id="health-check", arrival_time=0.0, prompt=filler_prompt(8),
+                      prompt_tokens=8, output_tokens=4)
+    rec = run_requests([req], cfg.model_copy(update={"request_timeout": timeout_s,
+                                                     "max_duration": None,
+                                                     "max_concurrency": None})).records[0]
+    if rec.ok:
+        return None
+    return "rejected (429)" if rec.rejected else (rec.error or "did not complete")
+
+
+def save_json(result: BaseModel, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(result.model_dump_json(indent=1), encoding="utf-8")
+
+
+def plot_path(out: Path | None, plot: Path | None, default: Path) -> Path:
+    """Where the plot goes: `--plot`, else beside `--out`, else `default`."""
+    if plot is not None:
+        return plot
+    return out.with_suffix(".png") if out is not None else default

@@ -1,0 +1,37 @@
+"""One ingress app per session for each configuration the tests need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.app.harness import Harness, harness
+
+API_KEY = "sk-test-0123456789abcdef"
+# Small, so oversized bodies cost little and long prompts overflow often.
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_MODEL_LEN = 256
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[Harness]:
+    with harness(max_request_bytes=MAX_REQUEST_BYTES, max_model_len=MAX_MODEL_LEN) as h:
+        yield h
+
+
+@pytest.fixture(scope="session")
+def keyed() -> Iterator[Harness]:
+    with harness(api_key=API_KEY, max_request_bytes=MAX_REQUEST_BYTES,
+                 max_model_len=MAX_MODEL_LEN) as h:
+        yield h
+
+
+@pytest.fixture
+def refusing(served: Harness) -> Iterator[Harness]:
+    """`served` while its scheduler refuses every admission (429)."""
+    served.scheduler.reject = True
+    try:
+        yield served
+    finally:
+        served.scheduler.reject = False

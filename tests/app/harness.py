@@ -1,0 +1,219 @@
+"""The real Ingress ASGI app in process, without Ray.
+
+`Harness` instantiates the undecorated `Ingress` class with fake Serve
+handles and drives its Starlette app with Starlette's TestClient.  The fakes
+answer in the shapes the real deployments do:
+
+- scheduler: `admit.remote(request_id, prompt_tokens, max_tokens,
+  job_class, n)` awaits to an `Admission` dict (admitted, or refused with
+  `retry_after_s` for a 429 when `reject` is set); `release.remote(
+  request_id, outcome)` awaits to None.
+- engine: `.options(stream=True).generate.remote(requests, replica=...)`
+  (one `GenerateRequest` dump per prompt of the client's request) returns
+  an async iterator with `cancel()` that yields lists of `GenerateDelta`
+  dumps, one per choice with new output (its `prompt` and `index`), the
+  last delta of each choice carrying its `finish_reason` and `JobMetrics`;
+  `set_prediction.remote(...)` awaits to None.
+
+The tokenizer is the real one (`embedded:smollm2`), so prompts, chat
+templates and token ids go through the code a server runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from app.config import API_KEY_ENV
+from app.protocol import GenerateDelta, GenerateRequest, JobMetrics, WireLogprob
+
+# What every fake choice "generates", cycled to the token count it needs.
+_OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
+
+
+class _Method:
+    """`handle.method` of a fake handle: `.remote(...)` calls `fn`."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self._fn = fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+
+@dataclass
+class FakeScheduler:
+    reject: bool = False
+    admitted: list[tuple[str, int, int, str, int]] = field(default_factory=list)
+    released: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.admit = _Method(self._admit)
+        self.release = _Method(self._release)
+
+    async def _admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
+                     job_class: str = "online", n: int = 1) -> dict[str, Any]:
+        if self.reject:
+            return {"admitted": False, "retry_after_s": 2.0,
+                    "message": "the server is at capacity; retry in 2 s"}
+        self.admitted.append((request_id, prompt_tokens, max_tokens, job_class, n))
+        return {"admitted": True, "replica": None}
+
+    async def _release(self, request_id: str, outcome: str) -> None:
+        self.released[request_id] = outcome
+
+
+class FakeStream:
+    """What `generate.remote` returns on a streaming handle."""
+
+    def __init__(self, items: list[list[dict[str, Any]]]) -> None:
+        self._items = items
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[list[dict[str, Any]]]:
+        for item in self._items:
+            if self.cancelled:
+                return
+            yield item
+
+
+@dataclass
+class _EngineState:
+    """Shared by a handle and the views `options()` makes of it."""
+
+    tokenizer: Any = None
+    # Every request the ingress sent, validated as the real engine does.
+    requests: list[GenerateRequest] = field(default_factory=list)
+    streams: list[FakeStream] = field(default_factory=list)
+
+
+class FakeEngine:
+    def __init__(self, state: _EngineState | None = None, stream: bool = False) -> None:
+        self.state = state or _EngineState()
+        self.stream = stream
+        self.generate = _Method(self._generate)
+        self.set_prediction = _Method(self._set_prediction)
+
+    @property
+    def requests(self) -> list[GenerateRequest]:
+        return self.state.requests
+
+    @property
+    def streams(self) -> list[FakeStream]:
+        return self.state.streams
+
+    def options(self, stream: bool = False) -> "FakeEngine":
+        return FakeEngine(self.state, stream)
+
+    async def _set_prediction(self, request_id: str, predicted_len: int,
+                              replica: str | None = None) -> None:
+        return None
+
+    def _generate(self, requests: list[dict[str, Any]], replica: str | None = None
+                  ) -> FakeStream:
+        assert self.stream, "generate is only called on the stream=True handle"
+        reqs = [GenerateRequest(**r) for r in requests]  # raises as the real engine would
+        self.requests.extend(reqs)
+        per_prompt = [self._deltas(p, req) for p, req in enumerate(reqs)]
+        # The prompts' wake-ups interleave, as their jobs share iterations.
+        items = [sum((d[k] for d in per_prompt if k < len(d)), [])
+                 for k in range(max(len(d) for d in per_prompt))]
+        stream = FakeStream(items)
+        self.streams.append(stream)
+        return stream
+
+    def _logprob(self, token: int, k: int) -> dict[str, Any]:
+        top = [(token, -0.25)] + [((token + j) % 1000, -1.0 - j) for j in range(1, k)]
+        return WireLogprob(logprob=-0.25, top=top[:k]).model_dump()
+
+    def _deltas(self, prompt: int, req: GenerateRequest) -> list[list[dict[str, Any]]]:
+        count = min(req.max_tokens, max(3, min(req.min_tokens, 16)))
+        finish = "length" if count == req.max_tokens else "stop"
+        tok = self.state.tokenizer
+        output = tok(_OUTPUT_TEXT, add_special_tokens=False)["input_ids"]
+        tokens = [output[i % len(output)] for i in range(count)]
+        metrics = JobMetrics(queue_time=0.001, ttft=0.01, e2e=0.02, execution_time=0.015,
+                             swap_wait_time=0.0, num_preemptions=0).model_dump()
+
+        def delta(index: int, ids: list[int], first: bool, last: bool) -> dict[str, Any]:
+            d = GenerateDelta(prompt=prompt, index=index, token_ids=ids,
+                              text="".join(tok.decode([t]) for t in ids))
+            if req.logprobs is not None:
+                d.logprobs = [WireLogprob.model_validate(self._logprob(t, req.logprobs))
+                              for t in ids]
+            if first and req.prompt_logprobs is not None:
+                d.prompt_logprobs = [None] + [
+                    WireLogprob.model_validate(self._logprob(t, req.prompt_logprobs))
+                    for t in req.prompt_token_ids[1:]]
+            if last:
+                d.finish_reason, d.metrics = finish, JobMetrics.model_validate(metrics)
+            return d.model_dump()
+
+        # One engine wake-up with every choice's first token, one with the rest.
+        first = [delta(i, tokens[:1], True, count == 1) for i in range(req.n)]
+        if count == 1:
+            return [first]
+        return [first, [delta(i, tokens[1:], False, True) for i in range(req.n)]]
+
+
+def undecorated_ingress() -> type:
+    """The user class under Serve's `@serve.deployment` and `@serve.ingress`."""
+    from deployments.ingress import Ingress
+
+    wrapper = Ingress.func_or_class
+    return next(c for c in wrapper.__mro__ if "__serve_build_asgi_app__" in vars(c))
+
+
+@contextmanager
+def _no_env_key() -> Iterator[None]:
+    saved = os.environ.pop(API_KEY_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[API_KEY_ENV] = saved
+
+
+@dataclass
+class Harness:
+    ingress: Any
+    app: Starlette
+    client: TestClient
+    scheduler: FakeScheduler
+    engine: FakeEngine
+    model_name: str
+
+
+@contextmanager
+def harness(api_key: str | None = None, max_request_bytes: int = 64 * 1024,
+            **config: Any) -> Iterator[Harness]:
+    """A started ingress app; `api_key` None means no authentication, whatever
+    the environment holds."""
+    from app.config import AppConfig
+
+    cfg = {"model": "embedded:smollm2", "max_request_bytes": max_request_bytes,
+           "api_key": api_key, **config}
+    with _no_env_key():
+        AppConfig(**cfg)  # a bad harness config fails here, not in the ingress
+        scheduler = FakeScheduler()
+        engine = FakeEngine()
+        ingress = undecorated_ingress()(cfg, scheduler, engine)
+    # The engine detokenizes with the model's tokenizer, as the real one does.
+    engine.state.tokenizer = ingress.tokenizer
+    app = ingress.__serve_build_asgi_app__()
+    # Exceptions after a response started re-raise in the test: a stream that
+    # breaks mid-way fails loudly instead of looking merely short.
+    with TestClient(app, raise_server_exceptions=True) as client:
+        yield Harness(ingress, app, client, scheduler, engine, ingress.cfg.model_name)

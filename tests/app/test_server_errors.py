@@ -1,0 +1,71 @@
+"""An unexpected exception still answers OpenAI's JSON error, never
+Starlette's plain-text 500, and never leaks the exception's text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from app.http import JSONServerErrors
+from tests.app.harness import Harness
+from tests.app.shapes import assert_error
+
+
+@pytest.fixture
+def broken_scheduler(served: Harness) -> Iterator[Harness]:
+    real = served.scheduler.admit
+
+    class Broken:
+        def remote(self, *args: Any) -> Any:
+            raise RuntimeError("secret internal detail")
+
+    served.scheduler.admit = Broken()  # type: ignore[assignment]
+    try:
+        yield served
+    finally:
+        served.scheduler.admit = real
+
+
+def test_unexpected_exception_is_a_json_500(broken_scheduler: Harness) -> None:
+    r = broken_scheduler.client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 500
+    body = r.json()
+    assert body == {"error": {"message": "internal server error", "type": "server_error",
+                              "param": None, "code": 500}}
+    assert "secret" not in r.text
+
+
+def test_an_exception_after_the_stream_started_propagates() -> None:
+    # Nothing valid can be sent once the status is out: the server must see it.
+    async def events() -> Any:
+        yield "data: 1\n\n"
+        raise RuntimeError("mid-stream")
+
+    async def endpoint(request: Any) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = JSONServerErrors(Starlette(routes=[Route("/s", endpoint)]))
+    with TestClient(app) as client, pytest.raises(RuntimeError, match="mid-stream"):
+        client.get("/s")
+
+
+def test_non_http_scopes_pass_through() -> None:
+    seen: list[str] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    asyncio.run(JSONServerErrors(inner)({"type": "lifespan"}, None, None))  # type: ignore[arg-type]
+    assert seen == ["lifespan"]
+
+
+def test_plain_starlette_errors_become_json(served: Harness) -> None:
+    assert_error(served.client.get("/missing"), 404)
+    assert_error(served.client.post("/health"), 405)
