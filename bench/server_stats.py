@@ -76,6 +76,9 @@ class KVSnapshot(BaseModel):
     # The host tier's used bytes (Scheduler stats "kv_tier"); None when the
     # server does not report it.
     host_used_bytes: int | None = None
+    # Requests the Scheduler deployment still holds as admitted ("active_jobs");
+    # None when the server does not report it.
+    scheduler_jobs: int | None = None
 
     @property
     def idle(self) -> bool:
@@ -104,7 +107,9 @@ def read_snapshot(source: StatsSource, t: float = 0.0) -> KVSnapshot:
     sched = source.scheduler() or {}
     tier = sched.get("kv_tier")
     used = tier.get("used_bytes") if isinstance(tier, dict) else None
-    return KVSnapshot(t=t, engines=engines, host_used_bytes=int(used) if used is not None else None)
+    jobs = sched.get("active_jobs")
+    return KVSnapshot(t=t, engines=engines, host_used_bytes=int(used) if used is not None else None,
+                      scheduler_jobs=int(jobs) if jobs is not None else None)
 
 
 class LeakReport(BaseModel):
@@ -121,6 +126,8 @@ class LeakReport(BaseModel):
     leaked_blocks: dict[str, int] = Field(default_factory=dict)
     leaked_host_blocks: dict[str, int] = Field(default_factory=dict)
     leaked_host_bytes: int | None = None
+    # Admitted requests the Scheduler never heard the end of.
+    leaked_scheduler_jobs: int | None = None
     missing_replicas: list[str] = Field(default_factory=list)
     new_replicas: list[str] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
@@ -159,6 +166,11 @@ def compare(before: KVSnapshot, after: KVSnapshot, waited_s: float = 0.0,
         rep.leaked_host_bytes = max(after.host_used_bytes - before.host_used_bytes, 0)
         if rep.leaked_host_bytes:
             rep.problems.append(f"host KV tier: {rep.leaked_host_bytes} bytes still used")
+    if before.scheduler_jobs is not None and after.scheduler_jobs is not None:
+        rep.leaked_scheduler_jobs = max(after.scheduler_jobs - before.scheduler_jobs, 0)
+        if rep.leaked_scheduler_jobs:
+            rep.problems.append(f"scheduler: {rep.leaked_scheduler_jobs} admitted requests "
+                                "never released")
     return rep
 
 

@@ -9,6 +9,7 @@ away cancels the engine stream, which aborts the job and frees its blocks.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
@@ -261,7 +262,17 @@ class Ingress:
         task.add_done_callback(self._background.discard)
 
     def _release(self, request_id: str, outcome: str) -> None:
-        self._background_call(self.scheduler.release.remote(request_id, outcome))
+        """Tell the Scheduler the request ended, from outside the HTTP
+        request's context: Serve cancels the pending calls a request made
+        when its client disconnects (which a client does right after the
+        last event, too), and a lost release would leak the Scheduler's
+        record of the job (8 % of requests in an overload run did)."""
+        async def release() -> None:
+            await self.scheduler.release.remote(request_id, outcome)
+
+        task = asyncio.get_running_loop().create_task(release(), context=contextvars.Context())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
         stream.cancel()

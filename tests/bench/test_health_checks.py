@@ -111,6 +111,12 @@ def test_leak_check_waits_for_idle_and_compares_every_replica():
     assert rep.leaked_host_bytes == 128
     no_tier = read_snapshot(_Scripted([([_eng("a", 100), _eng("b", 90)], {})]))
     assert no_tier.host_used_bytes is None and compare(before, no_tier).ok
+    # Admitted requests the Scheduler never saw end are a leak too.
+    counted = read_snapshot(_Scripted([([_eng("a", 100), _eng("b", 90)], {"active_jobs": 0})]))
+    unreleased = read_snapshot(_Scripted([([_eng("a", 100), _eng("b", 90)],
+                                           {"active_jobs": 5})]))
+    rep = compare(counted, unreleased)
+    assert rep.leaked_scheduler_jobs == 5 and not rep.ok
     # A replica that died is a problem; one that appeared idle is not.
     gone = KVSnapshot(engines={"a": EngineKV(free_blocks=100, num_blocks=100),
                                "c": EngineKV(free_blocks=100, num_blocks=100)})

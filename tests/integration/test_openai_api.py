@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -81,6 +82,14 @@ def test_aborted_stream_frees_its_blocks(server, engine_handle):
                     break  # leaving the block closes the connection mid-stream
     stats = wait_engine_idle(engine_handle)
     assert stats["num_aborted"] >= 1
+    # The Scheduler hears of the end too, though the client left mid-stream.
+    from ray import serve
+
+    scheduler = serve.get_deployment_handle("Scheduler", app_name="llm")
+    deadline = time.monotonic() + 10
+    while scheduler.stats.remote().result()["active_jobs"]:
+        assert time.monotonic() < deadline, "the scheduler never released the job"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(
