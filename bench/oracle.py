@@ -17,9 +17,12 @@ lengths, not of the mechanics:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from scheduler.job import Job
 from scheduler.policies import POLICIES
 from scheduler.policies.mlfq import MLFQPolicy
+from scheduler.policies.walk import Walk
 
 
 class _OraclePolicy(MLFQPolicy):
@@ -29,12 +32,40 @@ class _OraclePolicy(MLFQPolicy):
     def key(self, job: Job) -> float:
         raise NotImplementedError
 
-    def _order(self) -> list[Job]:
-        return sorted((j for q in self.queues for j in q), key=self.key)
+    def _positions(self) -> tuple[list[Job], dict[str, int]]:
+        order = sorted(self.jobs(), key=self.key)
+        return order, {j.job_id: i for i, j in enumerate(order)}
+
+    def walk(self) -> Walk:
+        order, pos = self._positions()
+        return Walk(order, lambda j: pos[j.job_id])
+
+    def _ranking(self, now: float) -> "_OrderRanking":
+        # Swap victims and prefetches follow the same order as the batch.
+        return _OrderRanking(self._positions()[1])
 
     def enst(self, now: float) -> dict[str, float]:
-        # Swap victims and prefetches follow the same order as the batch.
-        return {j.job_id: float(i) for i, j in enumerate(self._order())}
+        return {jid: float(i) for jid, i in self._positions()[1].items()}
+
+
+class _OrderRanking:
+    """The clairvoyant order in place of ENST (`scheduler/policies/enst.py`):
+    not the walk's rank, so jobs holding KV are sorted by it in full."""
+
+    walk_order = False
+    single_class = False
+
+    def __init__(self, pos: dict[str, int]) -> None:
+        self._pos = pos
+
+    def value(self, job: Job) -> float:
+        return float(self._pos[job.job_id])
+
+    def key(self, job: Job) -> tuple[int, float]:
+        return (job.priority, float(self._pos[job.job_id]))
+
+    def ascending(self, jobs: Iterable[Job]) -> list[Job]:
+        return sorted(jobs, key=self.key)
 
 
 class ShortestRemainingPolicy(_OraclePolicy):

@@ -43,6 +43,9 @@ class BlockManager:
         # the common job that shares nothing, so that "what would evicting
         # this job free" stays O(1) (`num_exclusive`).
         self._num_shared: dict[str, int] = {}
+        # Jobs holding at least one device block, so that a policy finds
+        # its eviction candidates without scanning every queued job.
+        self.holding: dict[str, Job] = {}
 
     @property
     def num_free(self) -> int:
@@ -82,6 +85,8 @@ class BlockManager:
         self._take(job, n)
 
     def _take(self, job: Job, n: int) -> None:
+        if n:
+            self.holding[job.job_id] = job
         for _ in range(n):
             b = self._free.popleft()
             self._holders[b] = {job.job_id}
@@ -109,6 +114,7 @@ class BlockManager:
             job.block_locations.append(BlockLocation.DEVICE)
         if num_blocks:
             self._num_shared[job.job_id] = num_blocks
+            self.holding[job.job_id] = job
 
     def free(self, job: Job) -> int:
         """Drop all of `job`'s references; returns how many blocks went back
@@ -133,6 +139,7 @@ class BlockManager:
                 else:
                     del self._num_shared[last]
         self._num_shared.pop(jid, None)
+        self.holding.pop(jid, None)
         job.block_table.clear()
         job.block_locations.clear()
         return freed
@@ -179,6 +186,11 @@ class BlockManager:
         if dict(shared) != self._num_shared:
             raise BlockAccountingError(
                 f"shared counts {self._num_shared} disagree with holders {dict(shared)}")
+        held_by = {jid for holders in self._holders.values() for jid in holders}
+        if held_by != self.holding.keys():
+            raise BlockAccountingError(
+                f"jobs holding blocks {sorted(held_by)} disagree with the index "
+                f"{sorted(self.holding)}")
         if jobs is None:
             return
         listed: dict[int, set[str]] = {}

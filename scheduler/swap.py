@@ -38,6 +38,8 @@ class SwapManager:
         self.host_capacity = host_capacity_blocks
         self.host_used = 0
         self.pending_ops: list[BlockOp] = []
+        # Jobs with a copy in the host tier (what proactive swap-in ranks).
+        self.on_host: dict[str, Job] = {}
         self.num_swap_out = 0
         self.num_swap_in = 0
         self.blocks_out = 0
@@ -66,6 +68,7 @@ class SwapManager:
         self.blocks.free(job)
         self.host_used += n
         job.num_host_blocks = n
+        self.on_host[job.job_id] = job
         self.num_swap_out += 1
         self.blocks_out += n
         return ops
@@ -85,6 +88,7 @@ class SwapManager:
                 for i, b in enumerate(job.block_table)]
 
     def swap_in_done(self, job: Job) -> None:
+        self.on_host.pop(job.job_id, None)
         self.host_used -= job.num_host_blocks
         job.num_host_blocks = 0
         job.swap_pending = None
@@ -92,6 +96,7 @@ class SwapManager:
 
     def swap_in_failed(self, job: Job) -> None:
         """The host copy is gone: drop everything, recompute from scratch."""
+        self.on_host.pop(job.job_id, None)
         self.host_used -= job.num_host_blocks
         job.num_host_blocks = 0
         job.swap_pending = None
@@ -101,6 +106,7 @@ class SwapManager:
 
     def release_host(self, job: Job) -> None:
         """Forget `job`'s host copy (finished, aborted or dropped)."""
+        self.on_host.pop(job.job_id, None)
         if job.num_host_blocks:
             self.host_used -= job.num_host_blocks
             self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))

@@ -24,18 +24,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Iterator
 
-from scheduler.blocks import BlockManager, ReleaseTally, blocks_for
+from scheduler.blocks import blocks_for
 from scheduler.job import Job
 from scheduler.plan import BlockOp, Plan, ScheduledChunk
+from scheduler.policies.enst import EnstRanking, execute_times
+from scheduler.policies.ranked import RankedSet
+from scheduler.policies.victims import VictimPool
+from scheduler.policies.walk import Walk
 from scheduler.policy import Policy
 from scheduler.swap import SwapMode
 
 # Default q1 when no cost estimate is given: a small model's decode step.
 _DEFAULT_Q1_S = 0.02
-# A job swapped in is not swapped out again for this many steps unless
-# memory for a higher-priority job leaves no other choice (no ping-pong).
-_MIN_RESIDENCY_STEPS = 4
 # Window and horizon of the burst reserve (FastServe §4.2).
 _ARRIVAL_WINDOW_S = 10.0
 _RESERVE_HORIZON_S = 1.0
@@ -44,9 +46,20 @@ _RESERVE_CAP = 0.25
 _SWAP_IN_SHARE = 8
 
 
+
 class MLFQPolicy(Policy):
+    """Planning costs what one iteration touches, not what is queued: the
+    queues are insertion-ordered dicts per (class, level), walked lazily
+    until the batch is full; starvation is found from the front of a
+    last-run order; ENST is computed for the jobs that need it (those
+    holding device or host KV) from per-level counts; and eviction
+    candidates come from the block manager's index of holders."""
+
     name = "mlfq"
     variant = "skip-join"
+    # Skip walk jobs that cannot get their blocks (see `schedule`); off
+    # only in the from-scratch reference the tests compare against.
+    skip_hopeless = True
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -55,15 +68,27 @@ class MLFQPolicy(Policy):
         q1 = mc.base_quantum_s if mc.base_quantum_s is not None else decode1
         self.quanta = [q1 * mc.quantum_ratio**i for i in range(self._num_queues())]
         self.alpha = self._starvation_threshold(decode1)
-        self.queues: list[deque[Job]] = [deque() for _ in self.quanta]
+        # Priority class -> per level, job id -> job in FIFO order.
+        self._levels: dict[int, list[dict[str, Job]]] = {}
         self.level: dict[str, int] = {}
+        # Job id -> (priority, level, order of entry into the level): the
+        # priority walk's order, and ENST's wherever starvation is not near.
+        self._rank: dict[str, tuple[int, int, int]] = {}
+        self._next_seq = 0
         self.used: dict[str, float] = {}
+        # Job id -> when it last ran, least recent first.
         self.last_run: dict[str, float] = {}
         self.swapped_in_step: dict[str, int] = {}
         self.arrivals: deque[tuple[float, int]] = deque()
+        self._arrival_blocks = 0  # Σ of the blocks in `arrivals`
         # Jobs per priority class; one class skips the class ordering.
         self.class_sizes: Counter[int] = Counter()
         self.selected: list[Job] = []
+        # This policy's jobs holding device blocks / a host copy, in ENST
+        # order across plans (synced with the block and swap managers at
+        # the start of each plan).
+        self._resident = RankedSet()
+        self._host = RankedSet()
         self.num_demotions = 0
         self.num_promotions = 0
         self._step = 0
@@ -104,33 +129,64 @@ class MLFQPolicy(Policy):
         now = self.clock()
         lvl = 0 if self.variant == "naive" else self._join_level(
             self._predicted_first_iteration(job))
+        if job.priority not in self._levels:
+            self._levels[job.priority] = [{} for _ in self.quanta]
         self._enqueue(job, lvl)
         self.class_sizes[job.priority] += 1
-        self.last_run[job.job_id] = now
-        self.arrivals.append((now, blocks_for(
-            min(job.num_uncomputed_tokens, self.config.max_batch_tokens), self.blocks.block_size)))
+        self._ran(job.job_id, now)
+        first = blocks_for(min(job.num_uncomputed_tokens, self.config.max_batch_tokens),
+                           self.blocks.block_size)
+        self.arrivals.append((now, first))
+        self._arrival_blocks += first
 
     def remove(self, job: Job) -> None:
-        lvl = self.level.pop(job.job_id, None)
+        jid = job.job_id
+        lvl = self.level.pop(jid, None)
         if lvl is not None:
-            self.queues[lvl].remove(job)
+            del self._levels[job.priority][lvl][jid]
             self.class_sizes[job.priority] -= 1
             if not self.class_sizes[job.priority]:
                 del self.class_sizes[job.priority]
-        self.used.pop(job.job_id, None)
-        self.last_run.pop(job.job_id, None)
-        self.swapped_in_step.pop(job.job_id, None)
+                del self._levels[job.priority]
+        self._rank.pop(jid, None)
+        self._resident.discard(jid)
+        self._host.discard(jid)
+        self.used.pop(jid, None)
+        self.last_run.pop(jid, None)
+        self.swapped_in_step.pop(jid, None)
         if job in self.selected:
             self.selected.remove(job)
 
     def _enqueue(self, job: Job, lvl: int) -> None:
         self.level[job.job_id] = lvl
         self.used[job.job_id] = 0.0
-        self.queues[lvl].append(job)
+        self._rank[job.job_id] = (job.priority, lvl, self._next_seq)
+        self._next_seq += 1
+        self._reranked(job.job_id)
+        self._levels[job.priority][lvl][job.job_id] = job
 
     def _move(self, job: Job, lvl: int) -> None:
-        self.queues[self.level[job.job_id]].remove(job)
+        del self._levels[job.priority][self.level[job.job_id]][job.job_id]
         self._enqueue(job, lvl)
+
+    def _ran(self, job_id: str, now: float) -> None:
+        """`job_id` ran (or arrived, or was promoted) at `now`: it goes to
+        the back of the last-run order, which stays sorted by time."""
+        self.last_run.pop(job_id, None)
+        self.last_run[job_id] = now
+        self._reranked(job_id)
+
+    def _reranked(self, job_id: str) -> None:
+        if job_id in self._resident or job_id in self._host:
+            rank, t = self._rank[job_id], self.last_run[job_id]
+            self._resident.update(job_id, rank, t)
+            self._host.update(job_id, rank, t)
+
+    def jobs(self) -> Iterator[Job]:
+        """Every job in priority-walk order: (priority, level, FIFO)."""
+        for p in sorted(self._levels):
+            for q in self._levels[p]:
+                yield from q.values()
 
     def num_waiting(self) -> int:
         return len(self.level) - len(self.selected)
@@ -139,7 +195,8 @@ class MLFQPolicy(Policy):
         return len(self.selected)
 
     def queue_lengths(self) -> list[int]:
-        return [len(q) for q in self.queues]
+        return [sum(len(levels[i]) for levels in self._levels.values())
+                for i in range(len(self.quanta))]
 
     # Feedback -------------------------------------------------------------
 
@@ -152,13 +209,13 @@ class MLFQPolicy(Policy):
             lvl = self.level.get(jid)
             if lvl is None:  # finished this step
                 continue
-            self.last_run[jid] = now
+            self._ran(jid, now)
             self.used[jid] += iteration_time
             if self.used[jid] >= self.quanta[lvl] and lvl < len(self.quanta) - 1:
                 # Demote by the next iteration's time (Algorithm 1, line 17):
                 # at least one level, further if that iteration alone would
                 # overrun the next quantum.
-                job = next(j for j in self.queues[lvl] if j.job_id == jid)
+                job = self._job(jid)
                 nxt = self._next_iteration_time(job, len(plan.chunks))
                 new = max(lvl + 1, self._join_level(nxt))
                 self._move(job, min(new, len(self.quanta) - 1))
@@ -191,80 +248,76 @@ class MLFQPolicy(Policy):
         return nl_slo * self.config.max_model_len
 
     def _promote_starved(self, now: float) -> None:
+        """Jobs idle for α go back to Q1 (Algorithm 1, line 20), found from
+        the front of the last-run order: only the starved are touched.  A
+        starved job already in Q1 stays there with its clock restarted,
+        which changes nothing it is ranked by (Q1 is never promoted)."""
         if self.variant == "fixed":
             return
-        for lvl in range(1, len(self.queues)):
-            for job in list(self.queues[lvl]):
-                if now - self.last_run[job.job_id] >= self.alpha:
-                    self._move(job, 0)
-                    self.last_run[job.job_id] = now  # starveTime ← 0
-                    self.num_promotions += 1
+        starved: list[str] = []
+        for jid, t in self.last_run.items():
+            if now - t < self.alpha:
+                break
+            starved.append(jid)
+        if not starved:
+            return
+        # Promote in queue order, so that Q1 receives them as a scan of
+        # the queues from Q2 down would have.
+        starved.sort(key=lambda jid: self._rank[jid][1:])
+        for jid in starved:
+            job = self._job(jid)
+            if self.level[jid] > 0:
+                self._move(job, 0)
+                self.num_promotions += 1
+            self._ran(jid, now)  # starveTime ← 0
+
+    def _job(self, job_id: str) -> Job:
+        lvl = self.level[job_id]
+        for levels in self._levels.values():
+            job = levels[lvl].get(job_id)
+            if job is not None:
+                return job
+        raise KeyError(job_id)
 
     # ENST (FastServe §4.2) --------------------------------------------------
 
-    def enst(self, now: float) -> dict[str, float]:
-        """Estimated next scheduled time of every job, relative to now.
+    def _ranking(self, now: float) -> EnstRanking:
+        counts = {p: [len(q) for q in levels] for p, levels in self._levels.items()}
+        return EnstRanking(execute_times(counts, self.quanta, self.config.max_batch_size),
+                           self._rank, self.last_run, self.alpha, now,
+                           promotes=self.variant != "fixed")
 
-        ENST(i) = min(T_promote(i), T_execute(i)), T_execute(i) =
-        (1/B) Σ_{j ahead of i} Σ_{k from j's level to i's} q_k, where the
-        jobs ahead are those of i's class in higher queues and every job of
-        a more important class; one of those that is already at i's level
-        or lower still runs ahead for its current quantum.
-        """
-        prefix = [0.0]
-        for q in self.quanta:
-            prefix.append(prefix[-1] + q)
-        n = len(self.queues)
-        counts: dict[int, list[int]] = {p: [0] * n for p in self.class_sizes}
-        if len(counts) == 1:
-            counts[next(iter(counts))] = [len(q) for q in self.queues]
-        else:
-            for lvl, q in enumerate(self.queues):
-                for job in q:
-                    counts[job.priority][lvl] += 1
-        b = self.config.max_batch_size
-        t_exec: dict[int, list[float]] = {}
-        above = [0] * n  # jobs of the more important classes, per level
-        for p in sorted(counts):
-            own = counts[p]
-            t_exec[p] = []
-            outranked = any(above)
-            for lvl in range(n):
-                ahead = sum(own[k] * (prefix[lvl] - prefix[k]) for k in range(lvl))
-                if outranked:
-                    ahead += sum(above[k] * (prefix[max(lvl, k + 1)] - prefix[k])
-                                 for k in range(n))
-                t_exec[p].append(ahead / b)
-            above = [a + c for a, c in zip(above, own)]
+    def enst(self, now: float) -> dict[str, float]:
+        """Estimated next scheduled time of every job, relative to now (for
+        inspection and tests; planning ranks only the jobs it needs with
+        `EnstRanking`).  Position inside the level breaks ties."""
+        ranking = self._ranking(now)
         out: dict[str, float] = {}
-        for lvl, q in enumerate(self.queues):
-            for pos, job in enumerate(q):
-                t_promote = max(0.0, self.alpha - (now - self.last_run[job.job_id]))
-                if self.variant == "fixed" or lvl == 0:
-                    t_promote = math.inf
-                # Position inside the level breaks ties: later in FIFO, later.
-                out[job.job_id] = min(t_promote, t_exec[job.priority][lvl]) + pos * 1e-9
+        for levels in self._levels.values():
+            for q in levels:
+                for pos, job in enumerate(q.values()):
+                    out[job.job_id] = ranking.value(job) + pos * 1e-9
         return out
 
     # Planning -------------------------------------------------------------
 
-    def _order(self) -> list[Job]:
+    def walk(self) -> Walk:
         """The priority walk: by (priority, level, position in level)."""
-        order = [j for q in self.queues for j in q]
-        if len(self.class_sizes) > 1:
-            order.sort(key=_priority)  # stable: levels stay in order within a class
-        return order
+        return Walk(self.jobs(), self._walk_rank)
+
+    def _walk_rank(self, job: Job) -> tuple[int, int, int]:
+        return self._rank[job.job_id]
 
     def reserve_target(self, now: float) -> int:
         """Free blocks kept for arrivals: those expected over the horizon."""
         if self.config.reserve_blocks is not None:
             return self.config.reserve_blocks
         while self.arrivals and now - self.arrivals[0][0] > _ARRIVAL_WINDOW_S:
-            self.arrivals.popleft()
+            self._arrival_blocks -= self.arrivals.popleft()[1]
         if not self.arrivals:
             return 0
         window = max(now - self.arrivals[0][0], 1e-3, _RESERVE_HORIZON_S)
-        blocks = sum(b for _, b in self.arrivals) * _RESERVE_HORIZON_S / window
+        blocks = self._arrival_blocks * _RESERVE_HORIZON_S / window
         return min(math.ceil(blocks), int(self.blocks.num_blocks * _RESERVE_CAP))
 
     def schedule(self, step: int) -> Plan:
@@ -272,9 +325,12 @@ class MLFQPolicy(Policy):
         now = self.clock()
         self._promote_starved(now)
         plan = Plan(step=step)
-        order = self._order()
-        enst = self.enst(now)
-        pool = _VictimPool(order, enst, self._step, self.swapped_in_step, self.blocks)
+        ranking = self._ranking(now)
+        self._resident.sync(self.blocks.holding, self._rank, self.last_run)
+        self._host.sync(self.swap.on_host, self._rank, self.last_run)
+        pool = VictimPool(self._resident.descending(ranking, _not_in_flight), self._step,
+                          self.swapped_in_step, self.blocks)
+        walk = self.walk()
 
         selected: list[Job] = []
         chunks: list[ScheduledChunk] = []
@@ -284,10 +340,16 @@ class MLFQPolicy(Policy):
         # batches can run; a promoted job that would not be reached stays on
         # the host instead of evicting someone for nothing (no thrashing).
         slots = self.config.max_batch_size
-        for job in order:
-            pool.visit(job)
+        # Fewest new blocks that a job failed to get: the free blocks plus
+        # what the walk may still evict only shrink, so any later job that
+        # needs as many fails too.  Once no block can be had, only jobs that
+        # already hold KV can run, and the walk narrows to them.
+        fail = math.inf
+        for job in walk:
             if slots <= 0 or budget <= 0:
                 break
+            if job.block_table:  # only holders can be victims
+                pool.visit(job)
             if job.swap_pending is not None:
                 slots -= 1
                 continue
@@ -297,11 +359,21 @@ class MLFQPolicy(Policy):
                 # ENST-ordered prefetch below, which bounds swap traffic.
                 if (self.swap_mode is SwapMode.REACTIVE
                         and job.job_id not in pool.swapped_out
-                        and self._swap_in(job, plan.block_ops, pool)):
-                    slots -= 1
+                        and job.num_host_blocks < fail):
+                    if self._swap_in(job, plan.block_ops, pool):
+                        slots -= 1
+                    elif self.skip_hopeless:
+                        fail = min(fail, job.num_host_blocks)
                 continue
             n = min(job.num_uncomputed_tokens, budget)
+            need = self.blocks.blocks_needed(job, n)
+            if need >= fail:
+                continue
             if not self._make_room(job, n, plan, pool):
+                if self.skip_hopeless:
+                    fail = need
+                    if fail <= 1:
+                        walk.narrow(job, self.blocks.holding.values())
                 continue
             selected.append(job)
             pool.taken.add(job.job_id)
@@ -310,12 +382,12 @@ class MLFQPolicy(Policy):
             slots -= 1
 
         if self.swap_mode is SwapMode.PROACTIVE:
-            self._proactive(plan, order, pool, now)
+            self._proactive(plan, pool, ranking, now)
         plan.chunks = chunks
         self.selected = selected
         return plan
 
-    def _evict_for(self, need: int, ops: list[BlockOp], pool: "_VictimPool",
+    def _evict_for(self, need: int, ops: list[BlockOp], pool: VictimPool,
                    preempted: list[str] | None) -> bool:
         """Free device blocks until `need` are free, from lower-priority idle
         jobs, largest ENST first (FastServe §4.2); all or nothing.  Victims
@@ -331,18 +403,18 @@ class MLFQPolicy(Policy):
                 preempted.append(v.job_id)
         return self.blocks.num_free >= need
 
-    def _swap_out(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> None:
+    def _swap_out(self, job: Job, ops: list[BlockOp], pool: VictimPool) -> None:
         self.evict(job, ops)
         pool.evicted(job)
 
-    def _make_room(self, job: Job, n: int, plan: Plan, pool: "_VictimPool") -> bool:
+    def _make_room(self, job: Job, n: int, plan: Plan, pool: VictimPool) -> bool:
         if self.blocks.grow(job, n):
             return True
         need = self.blocks.blocks_needed(job, n)
         return (self._evict_for(need, plan.block_ops, pool, plan.preempted)
                 and self.blocks.grow(job, n))
 
-    def _swap_in(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> bool:
+    def _swap_in(self, job: Job, ops: list[BlockOp], pool: VictimPool) -> bool:
         if not self._evict_for(job.num_host_blocks, ops, pool, preempted=None):
             return False
         new_ops = self.swap.swap_in(job)
@@ -352,7 +424,8 @@ class MLFQPolicy(Policy):
         self.swapped_in_step[job.job_id] = self._step
         return True
 
-    def _proactive(self, plan: Plan, order: list[Job], pool: "_VictimPool", now: float) -> None:
+    def _proactive(self, plan: Plan, pool: VictimPool, ranking: EnstRanking,
+                   now: float) -> None:
         """ENST-ordered residency (FastServe §4.2, Figure 9): keep the burst
         reserve free by swapping out the largest-ENST idle jobs, and bring
         the smallest-ENST swapped jobs back ahead of their turn, trading
@@ -361,21 +434,20 @@ class MLFQPolicy(Policy):
         instead of saturating the link."""
         reserve = self.reserve_target(now)
         idle = pool.settled_idle()  # largest (priority, ENST) first
-        while idle and self.blocks.num_free < reserve and self.swap.can_swap_out(idle[0]):
-            self._swap_out_freeing(idle.pop(0), plan.block_ops, pool)
+        while (idle.head is not None and self.blocks.num_free < reserve
+               and self.swap.can_swap_out(idle.head)):
+            self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
         budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
-        host = [j for j in order
-                if j.num_host_blocks and j.swap_pending is None
-                and j.job_id not in pool.swapped_out]
-        host.sort(key=pool.key)
+        host = self._host.ascending(ranking, lambda j: j.swap_pending is None
+                                    and j.job_id not in pool.swapped_out)
         for h in host:
             n = h.num_host_blocks
             if n > budget and budget < self.blocks.num_blocks // _SWAP_IN_SHARE:
                 break  # (the first job always goes, however large)
-            while (self.blocks.num_free - n < reserve and idle
-                   and pool.key(idle[0]) > pool.key(h)
-                   and self.swap.can_swap_out(idle[0])):
-                self._swap_out_freeing(idle.pop(0), plan.block_ops, pool)
+            while (self.blocks.num_free - n < reserve and idle.head is not None
+                   and ranking.key(idle.head) > ranking.key(h)
+                   and self.swap.can_swap_out(idle.head)):
+                self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
             if self.blocks.num_free - n < reserve:
                 break
             ops = self.swap.swap_in(h)
@@ -385,112 +457,15 @@ class MLFQPolicy(Policy):
             self.swapped_in_step[h.job_id] = self._step
             budget -= n
 
-    def _swap_out_freeing(self, job: Job, ops: list[BlockOp], pool: "_VictimPool") -> None:
+    def _swap_out_freeing(self, job: Job, ops: list[BlockOp], pool: VictimPool) -> None:
         """Swap an idle job out for the room it gives back; one whose blocks
         are all held by siblings too would give back none, so it stays."""
         if self.blocks.num_exclusive(job):
             self._swap_out(job, ops, pool)
 
 
-def _priority(job: Job) -> int:
-    return job.priority
-
-
-def _pick(group: list[Job], need: int) -> list[Job] | None:
-    """The first jobs of `group` whose blocks add up to `need`, when no
-    block is shared (each job frees its whole table); None if all do not."""
-    picked: list[Job] = []
-    freed = 0
-    for j in group:
-        if freed >= need:
-            break
-        picked.append(j)
-        freed += len(j.block_table)
-    return picked if freed >= need else None
-
-
-class _VictimPool:
-    """Device-holding jobs that one plan may evict, least important class
-    first, largest ENST first within a class.
-
-    Built once per plan (not per eviction) so planning stays linear in the
-    number of jobs.  A job is a candidate once the priority walk has not yet
-    reached it (lower priority than every job being served) and it is
-    neither taken into the batch nor already evicted.
-    """
-
-    def __init__(self, order: list[Job], enst: dict[str, float], step: int,
-                 swapped_in_step: dict[str, int], blocks: BlockManager) -> None:
-        self.enst = enst
-        self.blocks = blocks
-        self.visited: set[str] = set()
-        self.taken: set[str] = set()
-        self.swapped_out: set[str] = set()
-        holders = [j for j in order if j.block_table and j.swap_pending is None]
-        holders.sort(key=self.key, reverse=True)
-        self._holders = holders
-        self._settled = {j.job_id for j in holders
-                         if step - swapped_in_step.get(j.job_id, -10**9)
-                         >= _MIN_RESIDENCY_STEPS}
-
-    def key(self, job: Job) -> tuple[int, float]:
-        """When `job` is expected to run: by class, then ENST."""
-        return (job.priority, self.enst[job.job_id])
-
-    def visit(self, job: Job) -> None:
-        self.visited.add(job.job_id)
-
-    def evicted(self, job: Job) -> None:
-        self.taken.add(job.job_id)
-        if job.num_host_blocks:
-            self.swapped_out.add(job.job_id)
-
-    def _live(self) -> list[Job]:
-        return [j for j in self._holders if j.job_id not in self.taken and j.block_table]
-
-    def victims(self, need: int) -> list[Job] | None:
-        """Enough lower-priority idle jobs to free `need` blocks: settled
-        ones first (no ping-pong), freshly swapped-in ones only if that is
-        the only way; None if even all of them do not suffice."""
-        cands = [j for j in self._live() if j.job_id not in self.visited]
-        settled = [j for j in cands if j.job_id in self._settled]
-        pick = self._pick_sharing if self.blocks.has_shared else _pick
-        for group in (settled, cands):
-            picked = pick(group, need)
-            if picked is not None:
-                return picked
-        return None
-
-    def _pick_sharing(self, group: list[Job], need: int) -> list[Job] | None:
-        """`_pick` when some blocks are shared: a victim frees the blocks it
-        holds alone, and shared ones once all their holders are picked.  A
-        job that would free nothing by itself is considered last, and kept
-        only if evicting it with the others picked frees some block."""
-        picked: list[Job] = []
-        deferred: list[Job] = []
-        tally = ReleaseTally(self.blocks)
-        for j in group:
-            if tally.freed >= need:
-                break
-            if tally.take(j):
-                picked.append(j)
-            else:
-                deferred.append(j)
-        if tally.freed >= need:
-            return picked
-        for j in deferred:
-            if tally.freed >= need:
-                break
-            picked.append(j)
-            tally.add(j)
-        if tally.freed >= need:
-            return [j for j in picked if tally.frees_any(j)]
-        return None
-
-    def settled_idle(self) -> list[Job]:
-        """Evictable jobs not swapped in recently, largest (priority, ENST)
-        first."""
-        return [j for j in self._live() if j.job_id in self._settled]
+def _not_in_flight(job: Job) -> bool:
+    return job.swap_pending is None
 
 
 class NaiveMLFQPolicy(MLFQPolicy):

@@ -1,0 +1,218 @@
+"""How long one `SchedulerCore.schedule()` takes with many queued jobs.
+
+On a GPU a decode step lasts a few milliseconds, so planning the next
+iteration must take far less (issue "Engine speed", point 4: ≤ 200 µs with
+1,000 queued jobs, and growth well below linear in the queue).  This drives
+the real scheduler core with an instant engine, on a virtual clock, and
+times `schedule()` alone:
+
+- a steady state of `--queued` jobs: each one that finishes is replaced by
+  a new arrival, so the queue never drains;
+- prompt and output lengths drawn uniformly (seeded), so jobs prefill in
+  chunks, decode, get demoted, preempted and swapped as they would live;
+- swap-ins land at once (a synchronous engine), every iteration lasts the
+  cost model's time, so MLFQ quanta, demotion and ENST behave as live.
+
+    python -m bench.plan_time --out bench/results/plan_time/plan_time.json \\
+        --plot bench/results/plan_time/plan_time.png
+
+Writes the median / P90 / P99 of the timed calls per (policy, queue size),
+and the mean batch the plans carried (a plan that schedules nothing is
+fast for the wrong reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.cost import LinearCost
+from scheduler.job import Job
+from scheduler.plan import BlockOpKind, JobOutput, StepResult
+
+# An iteration of a small model on a GPU: 5 ms + 20 µs per token.
+_COST = LinearCost(base_s=0.005, prefill_per_token_s=2e-5, decode_per_seq_s=2e-5)
+
+
+class PlanTimeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str
+    queued: int
+    max_batch_size: int = 64
+    max_batch_tokens: int = 2048
+    block_size: int = 16
+    num_blocks: int = 4096
+    host_kv_blocks: int = 16384
+    swap_mode: str = "proactive"
+    max_model_len: int = 2048
+    prompt_len: tuple[int, int] = (16, 1024)
+    output_len: tuple[int, int] = (16, 512)
+    warmup: int = 200
+    steps: int = 1000
+    seed: int = 0
+
+
+class PlanTime(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: PlanTimeConfig
+    median_us: float
+    p90_us: float
+    p99_us: float
+    mean_us: float
+    mean_batch: float
+    mean_waiting: float
+    num_preemptions: int
+    num_finished: int
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _iteration_time(plan: Any) -> float:
+    prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)
+    decodes = sum(1 for c in plan.chunks if c.is_decode)
+    if not plan.chunks:
+        return _COST.base_s
+    return _COST.base_s + _COST.prefill_per_token_s * prefill + _COST.decode_per_seq_s * decodes
+
+
+def measure(cfg: PlanTimeConfig) -> PlanTime:
+    rng = random.Random(cfg.seed)
+    clock = _Clock()
+    sc = SchedulerConfig(
+        policy=cfg.policy, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
+        max_batch_size=cfg.max_batch_size, max_batch_tokens=cfg.max_batch_tokens,
+        max_model_len=cfg.max_model_len, swap_mode=cfg.swap_mode,  # type: ignore[arg-type]
+        host_kv_blocks=cfg.host_kv_blocks,
+    )
+    core = SchedulerCore(sc, clock, cost=_COST)
+    counter = 0
+
+    def arrive() -> None:
+        nonlocal counter
+        p = rng.randint(*cfg.prompt_len)
+        o = min(rng.randint(*cfg.output_len), cfg.max_model_len - p - 1)
+        core.add(Job(job_id=f"j{counter}", prompt_token_ids=[7] * p,
+                     max_tokens=max(1, o), arrival_time=clock.t))
+        counter += 1
+
+    for _ in range(cfg.queued):
+        arrive()
+    times: list[float] = []
+    batches: list[int] = []
+    waiting: list[int] = []
+    gc.collect()
+    for step in range(cfg.warmup + cfg.steps):
+        t0 = time.perf_counter_ns()
+        plan = core.schedule()
+        dt = time.perf_counter_ns() - t0
+        if step >= cfg.warmup:
+            times.append(dt / 1000)
+            batches.append(len(plan.chunks))
+            waiting.append(core.stats().num_waiting)
+        swapped_in = sorted({op.job_id for op in plan.block_ops
+                             if op.kind is BlockOpKind.SWAP_IN})
+        outputs = [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks]
+        it = _iteration_time(plan)
+        clock.t += it
+        before = len(core.jobs)
+        core.complete(plan, StepResult(plan.step, outputs, it, swaps_in_done=swapped_in))
+        for _ in range(before - len(core.jobs)):
+            arrive()
+    times.sort()
+    q = statistics.quantiles(times, n=100)
+    return PlanTime(
+        config=cfg, median_us=statistics.median(times), p90_us=q[89], p99_us=q[98],
+        mean_us=statistics.fmean(times), mean_batch=statistics.fmean(batches),
+        mean_waiting=statistics.fmean(waiting), num_preemptions=core.num_preemptions,
+        num_finished=core.num_finished)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.plan_time", description=__doc__.split("\n")[0])
+    p.add_argument("--policies", default="mlfq,fcfs")
+    p.add_argument("--queued", type=_ints, default=[100, 1000, 5000])
+    p.add_argument("--steps", type=int, default=1000, help="timed schedule() calls per point")
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--swap-mode", default="proactive",
+                   choices=["recompute", "reactive", "proactive"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def _plot(points: list[PlanTime], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in dict.fromkeys(p.config.policy for p in points):
+        mine = [p for p in points if p.config.policy == policy]
+        xs = [p.config.queued for p in mine]
+        ax.plot(xs, [p.median_us for p in mine], marker="o", label=f"{policy} median")
+        ax.plot(xs, [p.p99_us for p in mine], marker="x", linestyle="--", label=f"{policy} P99")
+    ax.axhline(200, color="grey", linewidth=0.8, linestyle=":", label="200 µs target")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("jobs in the scheduler")
+    ax.set_ylabel("schedule() time (µs)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    points: list[PlanTime] = []
+    t0 = time.time()
+    for policy in a.policies.split(","):
+        for n in a.queued:
+            r = measure(PlanTimeConfig(policy=policy, queued=n, steps=a.steps,
+                                       warmup=a.warmup, swap_mode=a.swap_mode, seed=a.seed))
+            points.append(r)
+            print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
+                  f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "
+                  f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}", flush=True)
+    doc = {
+        "meta": {"python": platform.python_version(), "machine": platform.machine(),
+                 "processor": platform.processor(), "wall_s": round(time.time() - t0, 1),
+                 "cost_model": _COST.__dict__},
+        "results": [p.model_dump(mode="json") for p in points],
+    }
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {a.out}")
+    if a.plot:
+        _plot(points, a.plot)
+        print(f"wrote {a.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""ENST, the estimated next scheduled time (FastServe §4.2), as one plan
+ranks jobs by it: swap victims largest first, prefetches smallest first.
+
+ENST(i) = min(T_promote(i), T_execute(i)).  T_execute depends on a job's
+class and level only (how much service the jobs ahead of it will take), and
+grows with the level within a class; T_promote on when the job last ran.
+So while no job is close enough to its starvation promotion for T_promote
+to be the smaller, ENST orders jobs exactly as the priority walk does
+(class, level, entry into the level), which the policy keeps per job: a
+plan then ranks the few hundred jobs holding KV by a stored tuple instead
+of computing every job's ENST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler.job import Job
+
+# (priority class, ENST, level, entry order): equal ENSTs (jobs that last
+# ran in the same iteration reach T_promote together) in the walk's order.
+EnstKey = tuple[int, float, int, int]
+Rank = tuple[int, int, int]
+
+
+def execute_times(class_level_counts: dict[int, list[int]], quanta: list[float],
+                  batch: int) -> dict[int, list[float]]:
+    """T_execute per (class, level): (1/B) Σ_{j ahead} Σ_{k from j's level
+    to this one} q_k, where the jobs ahead are those of the class in higher
+    queues and every job of a more important class; one of those already at
+    this level or lower still runs ahead for its current quantum.
+    O(classes × levels) with running sums over the quanta's prefix sums."""
+    n = len(quanta)
+    prefix = [0.0]
+    for q in quanta:
+        prefix.append(prefix[-1] + q)
+    out: dict[int, list[float]] = {}
+    above = [0] * n  # jobs of the more important classes, per level
+    for p in sorted(class_level_counts):
+        own = class_level_counts[p]
+        outranked = any(above)
+        tail = [0.0] * (n + 1)  # Σ_{k ≥ lvl} above[k] · q_k
+        if outranked:
+            for k in range(n - 1, -1, -1):
+                tail[k] = tail[k + 1] + above[k] * quanta[k]
+        row: list[float] = []
+        s0 = s1 = a0 = a1 = 0.0
+        for lvl in range(n):
+            ahead = prefix[lvl] * s0 - s1
+            if outranked:
+                ahead += prefix[lvl] * a0 - a1 + tail[lvl]
+            row.append(ahead / batch)
+            s0 += own[lvl]
+            s1 += own[lvl] * prefix[lvl]
+            a0 += above[lvl]
+            a1 += above[lvl] * prefix[lvl]
+        out[p] = row
+        above = [a + c for a, c in zip(above, own)]
+    return out
+
+
+class EnstRanking:
+    """One plan's view: T_execute frozen from the queue lengths at its start.
+
+    `promotes` is False for the variants that never promote (T_promote is
+    then infinite for every job)."""
+
+    def __init__(self, exec_times: dict[int, list[float]], rank: dict[str, Rank],
+                 last_run: dict[str, float], alpha: float, now: float, promotes: bool) -> None:
+        self._exec = exec_times
+        self._rank = rank
+        self._last_run = last_run
+        self._alpha = alpha
+        self._now = now
+        # Whether any job may have T_promote < T_execute: the least
+        # recently run job (first in `last_run`) is the closest to
+        # promotion, and no T_execute exceeds the largest.
+        oldest = next(iter(last_run.values()), now)
+        t_max = max((max(row) for row in exec_times.values()), default=0.0)
+        self.walk_order = not promotes or alpha - (now - oldest) >= t_max
+        self.single_class = len(exec_times) <= 1
+        self._only_class = next(iter(exec_times), 0)
+        self._promotes = promotes
+
+    def value(self, job: Job) -> float:
+        return self.key(job)[1]
+
+    def key(self, job: Job) -> EnstKey:
+        jid = job.job_id
+        p, lvl, seq = self._rank[jid]
+        t = self._exec[p][lvl]
+        if self._promotes and lvl:  # Q1 is never promoted
+            tp = self._alpha - (self._now - self._last_run[jid])
+            if tp < t:
+                t = tp if tp > 0.0 else 0.0
+        return (p, t, lvl, seq)
+
+    def exec_key(self, rank: Rank) -> EnstKey:
+        """The key a job of this rank would have if T_execute were its ENST."""
+        p, lvl, seq = rank
+        return (p, self._exec[p][lvl], lvl, seq)
+
+    def promote_key(self, last_run: float, lvl: int, seq: int) -> EnstKey:
+        """The key of a job of the only class that last ran then, if
+        T_promote were its ENST (`single_class` rankings)."""
+        tp = self._alpha - (self._now - last_run)
+        return (self._only_class, tp if tp > 0.0 else 0.0, lvl, seq)
+
+    def ascending(self, jobs: Iterable[Job]) -> list[Job]:
+        """`jobs` by ENST key, smallest first."""
+        if self.walk_order:
+            rank = self._rank
+            return sorted(jobs, key=lambda j: rank[j.job_id])
+        return sorted(jobs, key=self.key)

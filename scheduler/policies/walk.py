@@ -1,0 +1,43 @@
+"""The priority walk of one MLFQ plan: jobs in queue order until the batch
+is full (FastServe §4.1, the highest-priority ready jobs each iteration)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from scheduler.job import Job
+
+
+class Walk:
+    """An iteration's walk over the jobs in priority order, lazy so that a
+    plan that fills its batch early never touches the rest of the queue.
+    `narrow(job, candidates)` restricts the rest of the walk to those of
+    `candidates` that rank after `job`."""
+
+    def __init__(self, jobs: Iterable[Job], rank: Callable[[Job], Any]) -> None:
+        self._jobs = jobs
+        self._rank = rank
+        self._rest: list[Job] | None = None
+
+    def narrow(self, job: Job, candidates: Iterable[Job]) -> None:
+        if self._rest is not None:
+            return
+        here = self._rank(job)
+        rest = []
+        for j in candidates:
+            try:
+                r = self._rank(j)
+            except KeyError:  # holds blocks but is not this policy's (a held sibling)
+                continue
+            if r > here:
+                rest.append((r, j))
+        rest.sort(key=lambda rj: rj[0])
+        self._rest = [j for _, j in rest]
+
+    def __iter__(self) -> Iterator[Job]:
+        for job in self._jobs:
+            yield job
+            if self._rest is not None:
+                yield from self._rest
+                return

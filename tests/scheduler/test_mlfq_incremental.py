@@ -1,0 +1,130 @@
+"""The MLFQ's incremental planning structures against planning from scratch.
+
+`MLFQPolicy` keeps jobs holding KV in ENST order across plans
+(`scheduler/policies/ranked.py`), walks the queues lazily, skips jobs that
+cannot get blocks and narrows the walk to resident jobs once no block can be
+had.  The reference below re-sorts every holder by its full ENST key each
+plan and walks every job: the two must produce the very same plans.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from scheduler.config import MLFQConfig, SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.cost import LinearCost
+from scheduler.job import Job
+from scheduler.policies import POLICIES
+from scheduler.policies.enst import EnstRanking
+from scheduler.policies.mlfq import MLFQPolicy
+from scheduler.policies.walk import Walk
+from tests.scheduler.conftest import FakeEngine, make_job
+
+COST = LinearCost(base_s=0.010, prefill_per_token_s=0.001, decode_per_seq_s=0.001)
+
+
+class _SortedEachPlan:
+    """A `RankedSet` stand-in: members sorted by the full key every time."""
+
+    def __init__(self, members: Callable[[], dict[str, Job]], policy: MLFQPolicy) -> None:
+        self._members = members
+        self._policy = policy
+        self._snapshot: list[Job] = []
+
+    def sync(self, *args: object) -> None:
+        self._snapshot = [j for j in self._members().values() if j.job_id in self._policy.level]
+
+    def __contains__(self, job_id: object) -> bool:
+        return False
+
+    def discard(self, job_id: str) -> None:
+        pass
+
+    def ascending(self, ranking: EnstRanking, keep: Callable[[Job], bool]) -> Iterator[Job]:
+        return iter([j for j in sorted(self._snapshot, key=ranking.key) if keep(j)])
+
+    def descending(self, ranking: EnstRanking, keep: Callable[[Job], bool]) -> Iterator[Job]:
+        return iter([j for j in sorted(self._snapshot, key=ranking.key, reverse=True)
+                     if keep(j)])
+
+
+class ReferenceMLFQ(MLFQPolicy):
+    name = "mlfq-from-scratch"
+    skip_hopeless = False
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._resident = _SortedEachPlan(lambda: self.blocks.holding, self)  # type: ignore[assignment]
+        self._host = _SortedEachPlan(lambda: self.swap.on_host, self)  # type: ignore[assignment]
+
+    def walk(self) -> Walk:
+        return Walk(sorted(self.jobs(), key=self._walk_rank), self._walk_rank)
+
+
+@pytest.fixture(autouse=True)
+def _register() -> Iterator[None]:
+    POLICIES[ReferenceMLFQ.name] = ReferenceMLFQ
+    yield
+    POLICIES.pop(ReferenceMLFQ.name, None)
+
+
+def _core(clock, policy: str, mode: str, starvation_s: float | None) -> SchedulerCore:
+    cfg = SchedulerConfig(policy=policy, block_size=4, num_blocks=96, max_batch_size=6,
+                          max_batch_tokens=64, max_model_len=192, swap_mode=mode,
+                          host_kv_blocks=160, mlfq=MLFQConfig(starvation_s=starvation_s))
+    return SchedulerCore(cfg, clock, cost=COST)
+
+
+def _fingerprint(plan) -> tuple:
+    return (
+        [(c.job_id, c.start_pos, c.num_tokens, tuple(c.block_table), c.sample) for c in plan.chunks],
+        [(op.kind.value, op.job_id, op.block_index, op.device_block) for op in plan.block_ops],
+        list(plan.preempted),
+    )
+
+
+def _run(policy: str, mode: str, seed: int, starvation_s: float | None,
+         classes: list[int]) -> tuple[list[tuple], list[str]]:
+    from tests.scheduler.conftest import FakeClock
+
+    rng = random.Random(seed)
+    clock = FakeClock()
+    core = _core(clock, policy, mode, starvation_s)
+    engine = FakeEngine(clock, step_time=0.011, swap_delay=rng.choice([0, 1, 2]))
+    prints: list[tuple] = []
+    finished: list[str] = []
+    n = 0
+    for step in range(1200):
+        if step < 600 and rng.random() < 0.35:
+            core.add(make_job(rng.randint(2, 90), rng.randint(1, 70), job_id=f"s{seed}-{n}",
+                              priority=rng.choice(classes)))
+            n += 1
+        if core.jobs and rng.random() < 0.01:
+            core.abort(rng.choice(sorted(core.jobs)))
+        if not core.has_work:
+            break
+        plan = core.schedule()
+        prints.append(_fingerprint(plan))
+        events = core.complete(plan, engine.execute(plan))
+        finished += [e.job_id for e in events if e.finished]
+        core.blocks.check(core.jobs.values())
+        assert set(core.swap.on_host) == {j.job_id for j in core.jobs.values()
+                                          if j.num_host_blocks}
+    return prints, finished
+
+
+@pytest.mark.parametrize("mode", ["proactive", "reactive", "recompute"])
+@pytest.mark.parametrize("starvation_s", [None, 0.3])
+@pytest.mark.parametrize("classes", [[0], [0, 1, 3]])
+def test_incremental_plans_equal_plans_from_scratch(mode, starvation_s, classes):
+    for seed in range(3):
+        ours, ours_done = _run("mlfq", mode, seed, starvation_s, classes)
+        ref, ref_done = _run(ReferenceMLFQ.name, mode, seed, starvation_s, classes)
+        assert len(ours) == len(ref)
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            assert a == b, f"seed {seed}: plans differ at step {i}"
+        assert ours_done == ref_done
