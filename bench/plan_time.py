@@ -62,6 +62,9 @@ class PlanTimeConfig(BaseModel):
     warmup: int = 200
     steps: int = 1000
     seed: int = 0
+    # "wall": perf_counter; "cpu": this thread's CPU time, which leaves out
+    # the time other processes took the core (steadier A/B on a shared box).
+    clock: str = "wall"
 
 
 class PlanTime(BaseModel):
@@ -120,10 +123,11 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
     batches: list[int] = []
     waiting: list[int] = []
     gc.collect()
+    tick = time.thread_time_ns if cfg.clock == "cpu" else time.perf_counter_ns
     for step in range(cfg.warmup + cfg.steps):
-        t0 = time.perf_counter_ns()
+        t0 = tick()
         plan = core.schedule()
-        dt = time.perf_counter_ns() - t0
+        dt = tick() - t0
         if step >= cfg.warmup:
             times.append(dt / 1000)
             batches.append(len(plan.chunks))
@@ -159,6 +163,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--swap-mode", default="proactive",
                    choices=["recompute", "reactive", "proactive"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall time, or this thread's CPU time (steadier on a shared machine)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     return p.parse_args(argv)
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     for policy in a.policies.split(","):
         for n in a.queued:
             r = measure(PlanTimeConfig(policy=policy, queued=n, steps=a.steps,
-                                       warmup=a.warmup, swap_mode=a.swap_mode, seed=a.seed))
+                                       warmup=a.warmup, swap_mode=a.swap_mode, seed=a.seed,
+                                       clock=a.clock))
             points.append(r)
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "

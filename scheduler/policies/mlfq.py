@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from itertools import chain
 from collections.abc import Iterator
 
 from scheduler.blocks import blocks_for
@@ -184,9 +185,8 @@ class MLFQPolicy(Policy):
 
     def jobs(self) -> Iterator[Job]:
         """Every job in priority-walk order: (priority, level, FIFO)."""
-        for p in sorted(self._levels):
-            for q in self._levels[p]:
-                yield from q.values()
+        return chain.from_iterable(q.values() for p in sorted(self._levels)
+                                   for q in self._levels[p])
 
     def num_waiting(self) -> int:
         return len(self.level) - len(self.selected)
@@ -345,10 +345,18 @@ class MLFQPolicy(Policy):
         # needs as many fails too.  Once no block can be had, only jobs that
         # already hold KV can run, and the walk narrows to them.
         fail = math.inf
+        bs = self.blocks.block_size
         for job in walk:
             if slots <= 0 or budget <= 0:
                 break
-            if job.block_table:  # only holders can be victims
+            if not job.block_table:
+                if not job.num_host_blocks and job.swap_pending is None:
+                    # No KV anywhere (most of a long queue): the cheap test
+                    # of whether it can get its blocks comes first.
+                    n = min(job.num_tokens - job.num_computed_tokens, budget)
+                    if -(-(job.num_computed_tokens + n) // bs) >= fail:
+                        continue
+            else:  # only holders can be victims
                 pool.visit(job)
             if job.swap_pending is not None:
                 slots -= 1

@@ -69,11 +69,26 @@ class RankedSet:
         del self._by_run[bisect.bisect_left(self._by_run, ru)]
 
     def update(self, job_id: str, rank: Rank, last_run: float) -> None:
-        """A member changed level or ran."""
-        job = self._jobs.get(job_id)
-        if job is not None:
-            self.discard(job_id)
-            self._insert(job, rank, last_run)
+        """A member changed level or ran.  Only the order whose key changed
+        moves; a job that just ran goes to the end of the last-run order,
+        which is an append since no member ran later."""
+        entries = self._entries.get(job_id)
+        if entries is None:
+            return
+        old_re, old_ru = entries
+        re: _RankEntry = (rank, job_id)
+        ru: _RunEntry = (last_run, rank[1], rank[2], job_id)
+        if re != old_re:
+            del self._by_rank[bisect.bisect_left(self._by_rank, old_re)]
+            bisect.insort(self._by_rank, re)
+        if ru != old_ru:
+            by_run = self._by_run
+            del by_run[bisect.bisect_left(by_run, old_ru)]
+            if not by_run or ru >= by_run[-1]:
+                by_run.append(ru)
+            else:
+                bisect.insort(by_run, ru)
+        self._entries[job_id] = (re, ru)
 
     # Orders ---------------------------------------------------------------
 

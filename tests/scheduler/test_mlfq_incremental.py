@@ -128,3 +128,29 @@ def test_incremental_plans_equal_plans_from_scratch(mode, starvation_s, classes)
         for i, (a, b) in enumerate(zip(ours, ref)):
             assert a == b, f"seed {seed}: plans differ at step {i}"
         assert ours_done == ref_done
+
+
+def test_ranked_set_keeps_both_orders_sorted_through_updates():
+    from scheduler.policies.ranked import RankedSet
+
+    rng = random.Random(7)
+    rs = RankedSet()
+    jobs = {f"j{i}": make_job(4, 4, job_id=f"j{i}") for i in range(60)}
+    rank = {jid: (0, rng.randint(0, 5), i) for i, jid in enumerate(jobs)}
+    last_run = {jid: rng.random() for jid in jobs}
+    members = dict(list(jobs.items())[:40])
+    rs.sync(members, rank, last_run)
+    t = 1.0
+    for step in range(500):
+        jid = rng.choice(list(jobs))
+        if rng.random() < 0.5:
+            t += rng.random()
+            last_run[jid] = t  # ran: later than everyone
+        else:
+            rank[jid] = (0, rng.randint(0, 5), 1000 + step)  # moved level
+        rs.update(jid, rank[jid], last_run[jid])
+        if rng.random() < 0.1:
+            members = {k: jobs[k] for k in rng.sample(list(jobs), 40)}
+            rs.sync(members, rank, last_run)
+        assert rs._by_rank == sorted((rank[k], k) for k in members)
+        assert rs._by_run == sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members)
