@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import random
 import statistics
@@ -35,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from bench.report import machine_meta, write_report
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
@@ -206,16 +206,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "
                   f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}", flush=True)
-    doc = {
-        "meta": {"python": platform.python_version(), "machine": platform.machine(),
-                 "processor": platform.processor(), "wall_s": round(time.time() - t0, 1),
-                 "cost_model": _COST.__dict__},
-        "results": [p.model_dump(mode="json") for p in points],
-    }
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {a.out}")
+    meta = {**machine_meta(), "processor": platform.processor(),
+            "wall_s": round(time.time() - t0, 1), "cost_model": _COST.__dict__}
+    write_report({"meta": meta, "results": [p.model_dump(mode="json") for p in points]}, a.out)
     if a.plot:
         _plot(points, a.plot)
         print(f"wrote {a.plot}")

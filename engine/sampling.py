@@ -8,14 +8,17 @@ and top-p.  Greedy rows take the argmax after bias and penalties.  Each
 stage touches only the rows that use it, and a batch where no row does
 skips them all.
 
-Sampling draws one exponential variate per vocabulary entry and takes
-`argmax(probs / noise)` (the exponential race, equivalent to drawing from
-`probs`).  Its randomness is one vector per row, so a seeded row's noise can
-come from its own generator, seeded from `(seed, output_index)`: the k-th
-output token of a seeded request depends only on its logits, its seed and k,
-not on which other requests share the batch, nor on whether the request was
-preempted and recomputed in between (preemption transparency).  Unseeded
-rows share one global generator.
+Sampling inverts each row's cumulative distribution: one uniform variate
+per row, located by binary search in the float64 running sum of `probs`.
+That draws exactly from `probs` (up to float64 rounding) with one random
+number per row; the exponential race (`argmax(probs / noise)`, one
+exponential variate per vocabulary entry) cost 46 ms a step at batch 32 and
+a 49k vocabulary on a CPU core, against 6.5 ms for this.  A seeded row's
+variate comes from its own generator, seeded from `(seed, output_index)`:
+the k-th output token of a seeded request depends only on its logits, its
+seed and k, not on which other requests share the batch, nor on whether the
+request was preempted and recomputed in between (preemption transparency).
+Unseeded rows share one global generator.
 """
 
 from __future__ import annotations
@@ -74,13 +77,90 @@ class SampleRequest:
         return bool(self.banned_token_ids or p.logit_bias or p.has_penalties)
 
 
+# Candidates read per row, widened for the rows whose kept set may reach
+# past them, before a full sort: a nucleus or a top-k list is nearly always
+# far shorter than the vocabulary.
+_TOP_WIDTHS = (256, 4096)
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
     """Mask logits outside each row's top-k and nucleus with -inf.
 
     top_k: `[rows]` long (vocab size = off); top_p: `[rows]` float (1 = off).
+    A token survives top-k if its logit is at least the k-th largest (ties
+    kept), then top-p if the mass of the surviving tokens ranked above it is
+    below `top_p` (the most likely token always survives).
+
+    Each row is first cut to its 256 largest logits (`topk`, not a sort of
+    the vocabulary: a full sort of 32 rows of a 49k vocabulary cost ~180 ms
+    on a CPU core); a row whose kept set might reach past them (a flat
+    distribution, a large k, ties at the edge) is cut to 4,096, then sorted
+    in full.
     """
+    active = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    if top_k is not None:
+        active |= top_k < logits.shape[-1]
+    if top_p is not None:
+        active |= top_p < 1.0
+    out = logits.clone()
+    rows = active.nonzero().squeeze(1)
+    for width in _TOP_WIDTHS:
+        if not rows.numel():
+            return out
+        cut, fits = _top_k_top_p_candidates(
+            logits[rows], None if top_k is None else top_k[rows],
+            None if top_p is None else top_p[rows], width)
+        out[rows[fits]] = cut[fits]
+        rows = rows[~fits]
+    if rows.numel():
+        out[rows] = _top_k_top_p_sorted(
+            logits[rows], None if top_k is None else top_k[rows],
+            None if top_p is None else top_p[rows])
+    return out
+
+
+def _top_k_top_p_candidates(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_top_k_top_p` over each row's `width` largest logits, and
+    whether each row's kept set surely lies among them."""
+    rows, vocab = logits.shape
+    width = min(vocab, width)
+    vals, idx = logits.topk(width, dim=-1)  # descending
+    keep = torch.ones_like(vals, dtype=torch.bool)
+    fits = torch.ones(rows, dtype=torch.bool, device=logits.device)
+    k_on = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    if top_k is not None:
+        k = top_k.clamp(1, vocab)
+        k_on = k < vocab
+        kth = vals.gather(1, (k.clamp(max=width) - 1).unsqueeze(1))
+        keep &= ~k_on.unsqueeze(1) | (vals >= kth)
+        # k past the candidates, or ties with the k-th running past them.
+        fits &= ~k_on | ((k <= width) & ((vals[:, -1] < kth.squeeze(1)) | (width == vocab)))
+    if top_p is not None:
+        p_on = top_p < 1.0
+        kept_vals = vals.masked_fill(~keep, float("-inf"))
+        # Normaliser: the kept candidates under top-k, else the whole row.
+        log_z = torch.where(k_on, kept_vals.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+        mass = (kept_vals - log_z.unsqueeze(1)).exp()
+        before = mass.cumsum(dim=-1) - mass
+        nucleus = before < top_p.unsqueeze(1)
+        nucleus[:, 0] = True
+        keep &= ~p_on.unsqueeze(1) | nucleus
+        # Without top-k, the nucleus ends inside the candidates only if
+        # their mass reaches top_p.
+        fits &= ~p_on | k_on | (mass.sum(dim=-1) >= top_p) | (width == vocab)
+    out = torch.full_like(logits, float("-inf")).scatter_(
+        -1, idx, vals.masked_fill(~keep, float("-inf")))
+    return out, fits
+
+
+def _top_k_top_p_sorted(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """`apply_top_k_top_p` by a full sort of each row (the general case)."""
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1)  # ascending
     if top_k is not None:
@@ -260,21 +340,23 @@ class Sampler:
             top_p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        probs = logits.softmax(dim=-1)
+        cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
 
-        noise = torch.empty_like(probs)
+        u = torch.empty((len(reqs), 1), dtype=torch.float64, device=cdf.device)
         unseeded = [j for j, r in enumerate(reqs) if r.params.seed is None]
         if unseeded:
-            draw = torch.empty((len(unseeded), vocab), device=probs.device)
-            noise[unseeded] = draw.exponential_(generator=self.generator)
+            u[unseeded] = torch.rand((len(unseeded), 1), dtype=torch.float64,
+                                     device=cdf.device, generator=self.generator)
         for j, r in enumerate(reqs):
             if r.params.seed is not None:
-                gen = torch.Generator(device=probs.device)
+                gen = torch.Generator(device=cdf.device)
                 gen.manual_seed(stream_seed(r.params.seed, r.output_index))
-                noise[j].exponential_(generator=gen)
-        # A zero variate would turn a zero-probability token into 0/0.
-        noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-        return (probs / noise).argmax(dim=-1)
+                u[j] = torch.rand(1, dtype=torch.float64, device=cdf.device, generator=gen)
+        # The first entry whose running sum exceeds u·total: u < 1 keeps it
+        # inside the row, and a zero-probability token (a flat step of the
+        # sum) is never the first to exceed it.
+        picked = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)
+        return picked.squeeze(1).clamp_(max=vocab - 1)
 
 
 def _greedy_into(

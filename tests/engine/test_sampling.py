@@ -7,6 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from engine.sampling import SampleRequest, Sampler, SamplingParams, apply_top_k_top_p
+from engine.sampling import _top_k_top_p_sorted
 from tests.engine.helpers import reference_adjust
 
 VOCAB = 500
@@ -84,6 +85,55 @@ def test_seed_stream_depends_on_output_index() -> None:
     assert [Sampler().sample(logits, [SampleRequest(other, k)])[0] for k in range(20)] != [
         Sampler().sample(logits, [SampleRequest(p, k)])[0] for k in range(20)
     ]
+
+
+def test_samples_follow_the_distribution_and_skip_zero_probabilities() -> None:
+    # Probabilities 0.4 / 0.3 / 0.2 / 0.1 over four tokens, -inf elsewhere
+    # (including between them: a flat step of the running sum).
+    probs = torch.tensor([0.4, 0.0, 0.3, 0.2, 0.0, 0.1])
+    logits = torch.full((1, VOCAB), float("-inf"))
+    logits[0, : len(probs)] = probs.log()
+    n = 20_000
+    s = Sampler(seed=3)
+    draws = s.sample(logits.repeat(n, 1), [SampleRequest(SamplingParams(temperature=1.0), 0)] * n)
+    counts = torch.bincount(torch.tensor(draws), minlength=VOCAB).double()
+    assert counts[len(probs):].sum() == 0 and counts[1] == 0 and counts[4] == 0
+    expected = probs.double() * n
+    nz = expected > 0
+    chi2 = (((counts[: len(probs)][nz] - expected[nz]) ** 2) / expected[nz]).sum().item()
+    assert chi2 < 16.3  # 3 degrees of freedom, p = 0.001
+
+
+@pytest.mark.parametrize("case", ["peaked", "flat", "ties", "large_k", "mixed_off"])
+def test_top_k_top_p_matches_the_full_sort(case: str) -> None:
+    """The candidate cut gives the full sort's result, falling back to the
+    sort where the kept set may reach past the candidates."""
+    g = torch.Generator().manual_seed(len(case))
+    # "flat": some nuclei reach past both candidate widths (256, 4,096).
+    rows, vocab = 24, 6000 if case == "flat" else 3000
+    scale = {"peaked": 4.0, "flat": 0.05}.get(case, 2.0)
+    logits = torch.randn(rows, vocab, generator=g) * scale
+    if case == "ties":
+        logits = logits.round()  # many equal logits around every k-th value
+    top_k = torch.randint(1, 400, (rows,), generator=g)
+    if case == "large_k":
+        top_k = torch.randint(200, vocab + 1, (rows,), generator=g)
+    top_p = torch.rand(rows, generator=g) * 0.98 + 0.01
+    if case == "mixed_off":
+        top_k[::3] = vocab
+        top_p[1::3] = 1.0
+    combos = [(top_k, None), (None, top_p), (top_k, top_p)]
+    if case == "ties":
+        # Which of several equal logits at the nucleus edge stays depends
+        # on the order a sort leaves them in; top-k keeps every tie.
+        combos = combos[:1]
+    for k, p in combos:
+        got = apply_top_k_top_p(logits.clone(), k, p)
+        want = _top_k_top_p_sorted(logits.clone(), k, p)
+        # Rows whose nucleus edge is within float rounding of top_p may
+        # differ by that one token; none of these cases has one that close.
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), case
+        assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(got)])
 
 
 def test_top_k_top_p_support() -> None:

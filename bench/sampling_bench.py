@@ -1,0 +1,87 @@
+"""Sampler cost per step: our sampler against the textbook methods it
+replaced, in one run.
+
+For a batch of random logits (`--scale` sets how peaked they are), times
+`Sampler.sample` with temperature alone, with top-p, with top-k and with a
+seed, and beside it the same step done the textbook way: the exponential
+race over the whole vocabulary (`argmax(probs / Exp(1))`) for the draw, and
+a full sort of every row for top-k / top-p.
+
+    python -m bench.sampling_bench --out bench/results/sampling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from bench.report import machine_meta, write_report
+from engine.sampling import SampleRequest, Sampler, SamplingParams, _top_k_top_p_sorted
+
+_CASES: dict[str, dict[str, Any]] = {
+    "temperature": dict(temperature=0.8),
+    "top_p": dict(temperature=0.8, top_p=0.9),
+    "top_k": dict(temperature=0.8, top_k=50),
+    "seeded": dict(temperature=0.8, seed=1),
+}
+
+
+def _textbook(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+    x = logits / params.temperature
+    vocab = x.shape[-1]
+    if params.top_k_enabled or params.top_p < 1.0:
+        rows = x.shape[0]
+        k = torch.full((rows,), params.top_k if params.top_k_enabled else vocab)
+        p = torch.full((rows,), params.top_p) if params.top_p < 1.0 else None
+        x = _top_k_top_p_sorted(x, k if params.top_k_enabled else None, p)
+    probs = x.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_(generator=gen)
+    return (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+
+
+def _median_ms(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.sampling_bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary")
+    ap.add_argument("--scales", type=float, nargs="+", default=[3.0, 8.0],
+                    help="logits = randn * scale (larger: more peaked)")
+    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    results = []
+    for scale in a.scales:
+        logits = torch.randn(a.batch, a.vocab, generator=torch.Generator().manual_seed(0)) * scale
+        for name, kw in _CASES.items():
+            params = SamplingParams(**kw)
+            reqs = [SampleRequest(params, 5)] * a.batch
+            sampler = Sampler(seed=0)
+            gen = torch.Generator().manual_seed(0)
+            ours = _median_ms(lambda: sampler.sample(logits, reqs), a.reps)
+            ref = _median_ms(lambda: _textbook(logits, params, gen), a.reps)
+            results.append({"scale": scale, "case": name, "ours_ms": round(ours, 2),
+                            "textbook_ms": round(ref, 2), "speedup": round(ref / ours, 2)})
+            print(f"scale {scale:>4}: {name:<12} ours {ours:7.1f} ms   textbook {ref:7.1f} ms   "
+                  f"x{ref / ours:.1f}", flush=True)
+    meta = {"batch": a.batch, "vocab": a.vocab, "threads": a.threads, **machine_meta()}
+    write_report({"meta": meta, "results": results}, a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Where one decode step's CPU time goes: matmuls, attention, the rest.
+
+Drives our `ModelRunner` through `execute(Plan)` (greedy, `--batch`
+sequences sharing a `--context`-token prefix, as `bench/engine_bench.py`
+does) under `torch.profiler`, and groups the ops' self CPU time:
+
+- matmul: `aten::mm` / `addmm` / `bmm` (the linear layers and lm_head);
+- attention: scaled-dot-product attention kernels;
+- kv gather: `aten::index_select` (reading each sequence's paged KV blocks
+  into one padded tensor) and `aten::index_copy_` (writing new K/V);
+- everything else (norms, rotary, activations, sampling, copies, Python).
+
+    python -m bench.step_profile --out bench/results/step_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from torch.profiler import ProfilerActivity, profile
+
+from bench.report import machine_meta, write_report
+from bench.engine_bench import OursBench, parse_args as engine_args
+
+_GROUPS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "aten::_scaled_dot_product_attention_math",
+                  "aten::_scaled_dot_product_efficient_attention",
+                  "aten::_scaled_dot_product_flash_attention"),
+    "kv gather / write": ("aten::index_select", "aten::index_copy_"),
+}
+
+
+def _group(name: str) -> str:
+    for g, names in _GROUPS.items():
+        if name in names:
+            return g
+    return "other"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    ea = engine_args(["--decode-context", str(a.context), "--decode-steps", str(a.steps + 3),
+                      "--warmup", "0", "--threads", str(a.threads),
+                      "--decode-batches", str(a.batch), "--prefill-lens", str(a.context)])
+    ours = OursBench(ea, a.dtype)
+    step = ours.start_decode(list(range(100, 100 + a.context)), a.batch)
+    for _ in range(2):
+        step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(a.steps):
+            step()
+    wall = (time.perf_counter() - t0) / a.steps
+    by_group: dict[str, float] = defaultdict(float)
+    total = 0.0
+    for ev in prof.key_averages():
+        by_group[_group(ev.key)] += ev.self_cpu_time_total
+        total += ev.self_cpu_time_total
+    shares = {g: round(v / total, 4) for g, v in sorted(by_group.items(), key=lambda kv: -kv[1])}
+    ms = {g: round(v / 1000 / a.steps, 2) for g, v in by_group.items()}
+    for g, sh in shares.items():
+        print(f"{g:<18} {sh * 100:5.1f} %   {ms[g]:8.2f} ms/step")
+    print(f"profiled step (wall, with profiler overhead): {wall * 1000:.1f} ms")
+    meta = {"batch": a.batch, "context": a.context, "dtype": a.dtype, "threads": a.threads,
+            "steps": a.steps, **machine_meta()}
+    write_report({"meta": meta, "share": shares, "ms_per_step": ms,
+                  "profiled_step_ms": round(wall * 1000, 1)}, a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""The decode-step profile groups real op time of our engine."""
+
+from __future__ import annotations
+
+import json
+
+from bench.step_profile import _group, main
+
+
+def test_groups_name_the_ops():
+    assert _group("aten::mm") == "matmul"
+    assert _group("aten::index_select") == "kv gather / write"
+    assert _group("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert _group("aten::silu") == "other"
+
+
+def test_profile_of_a_small_step(tmp_path):
+    out = tmp_path / "p.json"
+    main(["--batch", "2", "--context", "32", "--steps", "1", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert abs(sum(doc["share"].values()) - 1.0) < 0.01
+    assert doc["share"]["matmul"] > 0.1  # a forward pass is mostly linear layers
