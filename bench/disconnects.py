@@ -30,7 +30,7 @@ from bench.client import ClientConfig, RequestVariant, run_requests
 from bench.metrics import summarize
 from bench.records import DROP_PHASES, RequestRecord
 from bench.server_stats import (
-    LeakReport, StatsSource, add_stats_args, stats_source, wait_for_idle,
+    LeakReport, StatsSource, add_stats_args, idle_start, stats_source, wait_for_idle,
 )
 from bench.workload import RequestSpec, filler_prompt
 
@@ -103,12 +103,8 @@ def run_disconnects(dc: DisconnectConfig, cfg: ClientConfig,
                     stats: StatsSource | None) -> DisconnectResult:
     cfg = with_model(cfg)
     problems: list[str] = []
-    before = None
-    if stats is not None:
-        start = wait_for_idle(stats, None, dc.idle_timeout)
-        if not start.ok:
-            raise SystemExit(f"the server is not idle before the storm: {start.problems}")
-        before = start.after
+    before = idle_start(stats, dc.idle_timeout, "storm")
+    if before is not None:
         tier = ("not reported" if before.host_used_bytes is None
                 else f"{before.host_used_bytes} bytes used")
         print(f"idle before: {before.num_blocks - before.used_blocks}/{before.num_blocks} "

@@ -192,6 +192,17 @@ def wait_for_idle(
         time.sleep(poll_s)
 
 
+def idle_start(source: StatsSource | None, timeout_s: float, before_what: str) -> KVSnapshot | None:
+    """The server's idle state a run's leak check compares against (None
+    without a stats source); exits when the server does not go idle."""
+    if source is None:
+        return None
+    start = wait_for_idle(source, None, timeout_s)
+    if not start.ok:
+        raise SystemExit(f"the server is not idle before the {before_what}: {start.problems}")
+    return start.after
+
+
 class RayStatsSource:
     """Stats of the Serve application `app` on the Ray cluster at `address`."""
 

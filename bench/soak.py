@@ -40,6 +40,7 @@ from bench.records import DROP_PHASES, RequestRecord
 from bench.rss import PeriodicSampler, RssSampler, RssSeries, check_pid
 from bench.server_stats import (
     KVSnapshot, LeakReport, StatsSource, add_stats_args, read_snapshot, stats_source,
+    idle_start,
     wait_for_idle,
 )
 from bench.workload import RequestSpec, Workload, WorkloadSpec
@@ -166,12 +167,7 @@ def run_soak(spec: WorkloadSpec, build: Callable[[WorkloadSpec], Workload], cfg:
     reqs = within(build(run_spec).requests, sc.duration)
     variants, counts = mix_variants(reqs, sc.mix, cfg.endpoint, spec.seed)
     problems: list[str] = []
-    before = None
-    if stats is not None:
-        start = wait_for_idle(stats, None, sc.idle_timeout)
-        if not start.ok:
-            raise SystemExit(f"the server is not idle before the soak: {start.problems}")
-        before = start.after
+    before = idle_start(stats, sc.idle_timeout, "soak")
     kv_samples: list[KVSnapshot] = []
     lock = threading.Lock()
 
