@@ -17,8 +17,6 @@ lengths, not of the mechanics:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from scheduler.job import Job
 from scheduler.policies import POLICIES
 from scheduler.policies.mlfq import MLFQPolicy
@@ -63,9 +61,6 @@ class _OrderRanking:
 
     def key(self, job: Job) -> tuple[int, float]:
         return (job.priority, float(self._pos[job.job_id]))
-
-    def ascending(self, jobs: Iterable[Job]) -> list[Job]:
-        return sorted(jobs, key=self.key)
 
 
 class ShortestRemainingPolicy(_OraclePolicy):

@@ -13,8 +13,6 @@ of computing every job's ENST.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from scheduler.job import Job
 
 # (priority class, ENST, level, entry order): equal ENSTs (jobs that last
@@ -105,10 +103,3 @@ class EnstRanking:
         T_promote were its ENST (`single_class` rankings)."""
         tp = self._alpha - (self._now - last_run)
         return (self._only_class, tp if tp > 0.0 else 0.0, lvl, seq)
-
-    def ascending(self, jobs: Iterable[Job]) -> list[Job]:
-        """`jobs` by ENST key, smallest first."""
-        if self.walk_order:
-            rank = self._rank
-            return sorted(jobs, key=lambda j: rank[j.job_id])
-        return sorted(jobs, key=self.key)
