@@ -23,6 +23,18 @@ def engine_bundles(cfg: AppConfig) -> list[dict[str, float]]:
     return [{"CPU": cfg.engine_num_cpus}]
 
 
+def engine_actor_options(cfg: AppConfig) -> dict[str, float]:
+    """What the Engine replica actor itself asks of its (first) bundle.
+
+    On cpu, nothing: the bundle's CPUs are the forward pass's, and Ray pins
+    OMP threads to them.  On cuda, the bundle's GPU: Ray makes a GPU visible
+    to an actor (CUDA_VISIBLE_DEVICES) only when the actor requests it, so a
+    replica asking for none could not use the GPU its bundle reserves."""
+    if cfg.device == "cuda":
+        return {"num_cpus": 0, "num_gpus": 1.0}
+    return {"num_cpus": 0}
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     from deployments.engine import Engine
     from deployments.ingress import Ingress
@@ -36,9 +48,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind(config)
     engine = Engine.options(
         num_replicas=cfg.num_engine_replicas,
-        # The replica actor itself takes no CPU: its bundle's CPUs are the
-        # forward pass's, and Ray pins OMP threads to them.
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options=engine_actor_options(cfg),
         placement_group_bundles=engine_bundles(cfg),
         placement_group_strategy="STRICT_PACK",
         request_router_config=RequestRouterConfig(
