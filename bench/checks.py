@@ -74,9 +74,15 @@ def still_serves(cfg: ClientConfig, timeout_s: float = 60.0) -> str | None:
     return "rejected (429)" if rec.rejected else (rec.error or "did not complete")
 
 
-def save_json(result: BaseModel, path: Path) -> None:
+def save_check(result: BaseModel, path: Path | None, keep_records: bool) -> None:
+    """Write a robustness result (without its per-request records unless
+    asked: they are most of its size) and say where."""
+    if path is None:
+        return
+    kept = result if keep_records else result.model_copy(update={"records": None})
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.model_dump_json(indent=1), encoding="utf-8")
+    path.write_text(kept.model_dump_json(indent=1), encoding="utf-8")
+    print(f"wrote {path}")
 
 
 def plot_path(out: Path | None, plot: Path | None, default: Path) -> Path:

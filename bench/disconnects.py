@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bench.checks import CheckResult, save_json, still_serves, with_model
+from bench.checks import CheckResult, save_check, still_serves, with_model
 from bench.cli_args import _add_live_args
 from bench.client import ClientConfig, RequestVariant, run_requests
 from bench.metrics import summarize
@@ -162,9 +162,7 @@ def cmd_disconnects(a: argparse.Namespace) -> int:
                           idle_timeout=a.idle_timeout)
     res = run_disconnects(dc, _client_config(a), stats_source(a))
     print(format_disconnects(res))
-    if a.out is not None:
-        save_json(res if a.save_records else res.model_copy(update={"records": None}), a.out)
-        print(f"wrote {a.out}")
+    save_check(res, a.out, a.save_records)
     return 0 if res.ok else 1
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.checks import CheckResult, plot_path, save_json, spec_for_duration, with_model, within
+from bench.checks import CheckResult, plot_path, save_check, spec_for_duration, with_model, within
 from bench.cli_args import _add_live_args, _add_output_args, _add_workload_args
 from bench.client import ClientConfig, run_requests
 from bench.metrics import MetricsSummary, format_summary, summarize
@@ -223,9 +223,7 @@ def cmd_overload(a: argparse.Namespace) -> int:
     res = run_overload(_workload_spec(a), pools.build, _client_config(a), oc, a.system)
     print(format_summary(res.summary, f"overload x{oc.factor:g}"))
     print(format_overload(res))
-    if a.out is not None:
-        save_json(res if a.save_records else res.model_copy(update={"records": None}), a.out)
-        print(f"wrote {a.out}")
+    save_check(res, a.out, a.save_records)
     png = overload_plot(res.timeline, res.rss_series, plot_path(
         a.out, a.plot, Path("bench/results/tmp/overload.png")),
         offered=res.offered_rate, capacity=res.capacity_req_per_s,

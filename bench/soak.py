@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bench.checks import (
-    CheckResult, plot_path, save_json, spec_for_duration, still_serves, with_model, within,
+    CheckResult, plot_path, save_check, spec_for_duration, still_serves, with_model, within,
 )
 from bench.cli_args import _add_live_args, _add_output_args, _add_workload_args
 from bench.client import ClientConfig, RequestVariant, run_requests
@@ -249,9 +249,7 @@ def cmd_soak(a: argparse.Namespace) -> int:
                    a.system)
     print(format_summary(res.summary, f"soak {sc.duration:g} s"))
     print(format_soak(res))
-    if a.out is not None:
-        save_json(res if a.save_records else res.model_copy(update={"records": None}), a.out)
-        print(f"wrote {a.out}")
+    save_check(res, a.out, a.save_records)
     png = soak_plot(res.rss_series, res.kv_samples,
                     plot_path(a.out, a.plot, Path("bench/results/tmp/soak.png")),
                     warmup_s=sc.warmup, slope_mb_per_hour=res.rss.slope_mb_per_hour,

@@ -80,21 +80,27 @@ MLFQ_CONFIG = {
 }
 
 
-@pytest.fixture(scope="session")
-def mlfq_server(server):
-    """A second application, MLFQ with proactive swapping, on /mlfq."""
+def _deploy(server: str, name: str, config: dict) -> str:
+    """Run one more application on /<name> beside the default one; its URL
+    once its /health answers."""
     import httpx
     from ray import serve
 
     from app.builder import build_app
 
-    serve.run(build_app(MLFQ_CONFIG), name="mlfq", route_prefix="/mlfq")
-    base = f"{server}/mlfq"
+    serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+    base = f"{server}/{name}"
     deadline = time.monotonic() + 120
     while httpx.get(f"{base}/health", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "mlfq app did not come up"
+        assert time.monotonic() < deadline, f"{name} app did not come up"
         time.sleep(0.5)
-    yield base
+    return base
+
+
+@pytest.fixture(scope="session")
+def mlfq_server(server):
+    """A second application, MLFQ with proactive swapping, on /mlfq."""
+    yield _deploy(server, "mlfq", MLFQ_CONFIG)
 
 
 @pytest.fixture(scope="session")
@@ -135,18 +141,7 @@ TIGHT_CONFIG = {
 @pytest.fixture(scope="session")
 def tight_server(server):
     """A third application with a tight admission bound, on /tight."""
-    import httpx
-    from ray import serve
-
-    from app.builder import build_app
-
-    serve.run(build_app(TIGHT_CONFIG), name="tight", route_prefix="/tight")
-    base = f"{server}/tight"
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{base}/health", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "tight app did not come up"
-        time.sleep(0.5)
-    yield base
+    yield _deploy(server, "tight", TIGHT_CONFIG)
 
 
 @pytest.fixture(scope="session")
