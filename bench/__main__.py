@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("plot", help="PNG plots from result JSON files")
     q.add_argument("results", type=Path, nargs="+", help="run or sweep JSON files")
-    q.add_argument("--out-dir", type=Path, default=Path("bench/results/tmp/plots"))
+    q.add_argument("--out-dir", type=Path, default=Path("runs/plots"))
     q.add_argument("--slo", type=float, default=None, help="SLO line (s/token)")
     q.add_argument("--prefix", default="")
     q.set_defaults(func=cmd_plot)

@@ -72,7 +72,7 @@ def add_profile_parsers(sub: Any) -> None:
     q.add_argument("--decode-batches", type=int, nargs="+", default=None)
     q.add_argument("--contexts", type=int, nargs="+", default=None)
     q.add_argument("--quick", action="store_true", help="small grid")
-    q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table.json"))
+    q.add_argument("--out", type=Path, default=Path("runs/cost_table.json"))
     q.set_defaults(func=cmd_profile)
 
     q = sub.add_parser("profile-live", help="a cost table from the iterations a running server "
@@ -81,5 +81,5 @@ def add_profile_parsers(sub: Any) -> None:
     _add_engine_args(q)
     q.add_argument("--swaps-from", type=Path, default=None,
                    help="take the swap measurements of this cost table (`profile`)")
-    q.add_argument("--out", type=Path, default=Path("bench/results/tmp/cost_table_live.json"))
+    q.add_argument("--out", type=Path, default=Path("runs/cost_table_live.json"))
     q.set_defaults(func=cmd_profile_live)

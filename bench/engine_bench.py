@@ -16,7 +16,7 @@ cache is repeated along the batch.  Decode cost does not depend on the KV
 values, and this keeps a bf16 run on a CPU without native bf16 inside the
 time budget.
 
-    python -m bench.engine_bench --out bench/results/engine.json
+    python -m bench.engine_bench --out studies/engine_cpu/engine.json
 """
 
 from __future__ import annotations

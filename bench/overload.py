@@ -225,7 +225,7 @@ def cmd_overload(a: argparse.Namespace) -> int:
     print(format_overload(res))
     save_check(res, a.out, a.save_records)
     png = overload_plot(res.timeline, res.rss_series, plot_path(
-        a.out, a.plot, Path("bench/results/tmp/overload.png")),
+        a.out, a.plot, Path("runs/overload.png")),
         offered=res.offered_rate, capacity=res.capacity_req_per_s,
         title=f"{res.system}: x{oc.factor:g} capacity for {oc.duration:g} s")
     print(f"wrote {png}")

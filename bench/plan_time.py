@@ -13,8 +13,8 @@ times `schedule()` alone:
 - swap-ins land at once (a synchronous engine), every iteration lasts the
   cost model's time, so MLFQ quanta, demotion and ENST behave as live.
 
-    python -m bench.plan_time --out bench/results/plan_time/plan_time.json \\
-        --plot bench/results/plan_time/plan_time.png
+    python -m bench.plan_time --out studies/plan_time/plan_time.json \\
+        --plot studies/plan_time/plan_time.png
 
 Writes the median / P90 / P99 of the timed calls per (policy, queue size),
 and the mean batch the plans carried (a plan that schedules nothing is

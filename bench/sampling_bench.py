@@ -7,7 +7,7 @@ seed, and beside it the same step done the textbook way: the exponential
 race over the whole vocabulary (`argmax(probs / Exp(1))`) for the draw, and
 a full sort of every row for top-k / top-p.
 
-    python -m bench.sampling_bench --out bench/results/sampling.json
+    python -m bench.sampling_bench --out studies/engine_cpu/sampling.json
 """
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ def cmd_soak(a: argparse.Namespace) -> int:
     print(format_soak(res))
     save_check(res, a.out, a.save_records)
     png = soak_plot(res.rss_series, res.kv_samples,
-                    plot_path(a.out, a.plot, Path("bench/results/tmp/soak.png")),
+                    plot_path(a.out, a.plot, Path("runs/soak.png")),
                     warmup_s=sc.warmup, slope_mb_per_hour=res.rss.slope_mb_per_hour,
                     title=f"{res.system}: soak at {res.workload.streams[0].arrivals.rate:g} "
                           f"req/s for {sc.duration:g} s")

@@ -10,7 +10,7 @@ does) under `torch.profiler`, and groups the ops' self CPU time:
   into one padded tensor) and `aten::index_copy_` (writing new K/V);
 - everything else (norms, rotary, activations, sampling, copies, Python).
 
-    python -m bench.step_profile --out bench/results/step_profile.json
+    python -m bench.step_profile --out studies/engine_cpu/step_profile.json
 """
 
 from __future__ import annotations

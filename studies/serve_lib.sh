@@ -1,7 +1,7 @@
 # Sourced by the live benchmark scripts: start a Serve config in the
 # background and wait for /health; stop it for sure before the next one.
 #   start_server CONFIG LOG ; … ; stop_server
-# LIVE_SIM_ARGS: bench/configs/{fcfs,mlfq}.yaml as simulator settings, in
+# LIVE_SIM_ARGS: studies/configs/{fcfs,mlfq}.yaml as simulator settings, in
 # blocks of 16 tokens (kv_cache_tokens 2048, host_kv_tokens 65536); the
 # engine's swap copies run on a side thread, hence --overlap-swap.
 LIVE_SIM_ARGS=(--num-blocks 128 --block-size 16 --max-batch-size 32 --max-batch-tokens 512

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Replay every run of bench/fastserve_live.sh in the simulator, with the
+# Replay every run of studies/fastserve_live/fastserve_live.sh in the simulator, with the
 # cost table measured in place and the live server's settings, and lay each
 # beside its live run: mean normalized latency (python -m bench compare)
 # and the plan traces (python -m bench trace-summary).
-# Usage: bash bench/fastserve_replay.sh [RATE...]   (after bench/fastserve_live.sh;
+# Usage: bash studies/fastserve_live/fastserve_replay.sh [RATE...]   (after studies/fastserve_live/fastserve_live.sh;
 # env RUNS: its runs/ folder, TABLE: the cost table)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 RATES=${*:-0.3 0.5 0.8}
-RUNS=${RUNS:-bench/results/fastserve_live/runs}
-TABLE=${TABLE:-bench/results/validation/cost_table_live.json}
-source bench/serve_lib.sh
+RUNS=${RUNS:-studies/fastserve_live/runs}
+TABLE=${TABLE:-studies/validation/cost_table_live.json}
+source studies/serve_lib.sh
 for policy in fcfs mlfq; do
   for rate in $RATES; do
     run=$RUNS/${policy}_$rate

@@ -2,9 +2,9 @@
 study over the workload's length cap and the starvation threshold α, with
 the clairvoyant orders of bench/oracle.py as the bound of any order.
 
-    python bench/results/fastserve_live/skew/run.py          # ~4 min, writes skew.json, skew.md, skew.png
+    python -m studies.fastserve_live.skew.run          # ~4 min, writes skew.json, skew.md, skew.png
 
-The first live comparison (bench/fastserve_live.sh with its default
+The first live comparison (studies/fastserve_live/fastserve_live.sh with its default
 MAX_TOTAL) keeps ShareGPT conversations whose prompt + answer fit 320
 tokens, so that a run takes minutes on this CPU.  That filter also shapes
 the answer lengths: most of what is left is
@@ -12,9 +12,9 @@ the answer lengths: most of what is left is
 job's length, approximates least-attained-service order; that order beats
 FCFS on mean latency only when a job that has run long is likely to run
 much longer (a decreasing hazard, as in the uncut ShareGPT tail).  This
-study replays the live server's configuration (bench/configs/*.yaml, its
+study replays the live server's configuration (studies/configs/*.yaml, its
 cost table measured in place) in the simulator, which agrees with the live
-server within 3-14 % (bench/results/validation, trace/summary.txt), for
+server within 3-14 % (studies/validation, trace/summary.txt), for
 several caps and α, each at 1x, 1.5x and 2x FCFS's saturated throughput;
 a ratio is of mean normalized latencies averaged over three workload seeds.
 
@@ -30,19 +30,15 @@ from __future__ import annotations
 import json
 import shlex
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT))
-
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser  # noqa: E402
-from bench.metrics import summarize  # noqa: E402
-from bench.simulator import SimOptions, measure_capacity, simulate  # noqa: E402
+from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.metrics import summarize
+from bench.simulator import SimOptions, measure_capacity, simulate
 
 OUT = Path(__file__).resolve().parent
-TABLE = "bench/results/validation/cost_table_live.json"
+TABLE = "studies/validation/cost_table_live.json"
 N = 100
 # Three workloads (arrival and length draws) per point: 100 requests is
 # what a live run holds, and one draw of them is noisy.
@@ -59,7 +55,7 @@ ALPHAS: dict[str, float | None] = {"default": None, "2.5 s for all": 2.5, "10 s"
 COLUMNS: dict[str, tuple[str, float | None]] = {
     **{f"MLFQ α {k}": ("mlfq", v) for k, v in ALPHAS.items()},
     "oracle SRPT": ("oracle-srpt", None), "oracle SJF": ("oracle-sjf", None)}
-# bench/configs/{fcfs,mlfq}.yaml in 16-token blocks.
+# studies/configs/{fcfs,mlfq}.yaml in 16-token blocks.
 LIVE = ["--cost-model", TABLE, "--num-blocks", "128", "--block-size", "16",
         "--max-batch-size", "32", "--max-batch-tokens", "512", "--max-model-len", "1024",
         "--sched-opt", 'swap_mode="proactive"', "--sched-opt", "host_kv_blocks=4096",

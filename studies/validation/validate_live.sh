@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # Live-vs-simulated validation in one server session (FCFS, this machine):
-#   1. start `serve run bench/configs/fcfs.yaml`;
+#   1. start `serve run studies/configs/fcfs.yaml`;
 #   2. a calibration run on another workload (seed 1) so that the engine
 #      records iterations of the deployed replica;
 #   3. `profile-live`: a cost table from those recorded iterations;
 #   4. the live FCFS sweep to validate (seed 0);
 #   5. stop the server, replay the sweep in the simulator with that table
-#      (bench/validate_sim.sh) and compare mean normalized latency.
-# Usage: bash bench/validate_live.sh [N] [RATE...]   (writes bench/results/validation/)
+#      (studies/validation/validate_sim.sh) and compare mean normalized latency.
+# Usage: bash studies/validation/validate_live.sh [N] [RATE...]   (writes studies/validation/)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled
 N=${1:-60}; shift || true
 RATES=${*:-0.2 0.3}
 MAX_TOTAL=${MAX_TOTAL:-320}
-OUT=bench/results/validation
+OUT=studies/validation
 URL=http://127.0.0.1:8000/v1
 mkdir -p "$OUT"
-source bench/serve_lib.sh
+source studies/serve_lib.sh
 trap stop_server EXIT
-start_server bench/configs/fcfs.yaml "$OUT/fcfs.server.log"
+start_server studies/configs/fcfs.yaml "$OUT/fcfs.server.log"
 python -m bench run --base-url "$URL" --system fcfs --dataset sharegpt -n 40 \
   --max-total-len "$MAX_TOTAL" --seed 1 --rate 0.5 --max-duration 900 \
   --out "$OUT/calibration_run.json"
@@ -30,4 +30,4 @@ python -m bench sweep --base-url "$URL" --system fcfs --dataset sharegpt -n "$N"
   --out "$OUT/fcfs_live.json"
 stop_server
 trap - EXIT
-TABLE="$OUT/cost_table_live.json" bash bench/validate_sim.sh "$OUT/fcfs_live.json" $RATES
+TABLE="$OUT/cost_table_live.json" bash studies/validation/validate_sim.sh "$OUT/fcfs_live.json" $RATES

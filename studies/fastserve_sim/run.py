@@ -1,9 +1,9 @@
-"""FastServe paper-scale simulated experiments (docs/results-fastserve.md).
+"""FastServe paper-scale simulated experiments (studies/fastserve_sim/README.md).
 
-    python bench/results/fastserve/run.py exp1 --gpu a100-40gb   # max rate under the SLO
-    python bench/results/fastserve/run.py exp2 --gpu a100-40gb   # Fig. 14, I/O ratio sweep
-    python bench/results/fastserve/run.py exp3 --gpu a100-40gb   # Fig. 15, swap modes
-    python bench/results/fastserve/run.py plots
+    python -m studies.fastserve_sim.run exp1 --gpu a100-40gb   # max rate under the SLO
+    python -m studies.fastserve_sim.run exp2 --gpu a100-40gb   # Fig. 14, I/O ratio sweep
+    python -m studies.fastserve_sim.run exp3 --gpu a100-40gb   # Fig. 15, swap modes
+    python -m studies.fastserve_sim.run plots
 
 Every point is exactly `python -m bench simulate <args>` (the args are
 stored with each point as `cmd`): the same argument parser, workload
@@ -21,18 +21,14 @@ import argparse
 import json
 import math
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser  # noqa: E402
-from bench.metrics import summarize  # noqa: E402
-from bench.simulator import CostEstimatorAdapter, SimOptions, SLOAbort, measure_capacity, simulate  # noqa: E402
-from bench.costmodel import AnalyticCostModel  # noqa: E402
+from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.metrics import summarize
+from bench.simulator import CostEstimatorAdapter, SimOptions, SLOAbort, measure_capacity, simulate
+from bench.costmodel import AnalyticCostModel
 
 OUT = Path(__file__).resolve().parent
 N = 1000
@@ -250,7 +246,7 @@ def main() -> None:
         exp3(a.gpu, a.rates, a.systems or ["mlfq-proactive", "mlfq-reactive", "mlfq-recompute"],
              a.extra, a.tag)
     else:
-        from plots import main as plots_main  # type: ignore[import-not-found]
+        from studies.fastserve_sim.plots import main as plots_main
 
         plots_main(OUT)
 

@@ -11,7 +11,7 @@ compares, over the same window:
 - the run's wall time against its summed forward time: all that is not a
   forward pass, end to end.
 
-    python -m bench.serve_overhead --batch 32 --out bench/results/serve_overhead.json
+    python -m studies.engine_cpu.serve_overhead --batch 32 --out studies/engine_cpu/serve_overhead.json
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/serve_overhead.json"))
+    ap.add_argument("--out", type=Path, default=Path("studies/engine_cpu/serve_overhead.json"))
     args = ap.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

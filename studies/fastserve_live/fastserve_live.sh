@@ -6,22 +6,22 @@
 # by rate (fcfs, mlfq at the first rate, then the second, …), each run on a
 # freshly started server, so that the drift of a shared machine falls on
 # both alike.  Writes
-# bench/results/fastserve_live/{fcfs,mlfq}.json (+ runs/ and plots).
-# Usage: bash bench/fastserve_live.sh [N] [RATE...]   (env MAX_TOTAL: length cap,
+# studies/fastserve_live/{fcfs,mlfq}.json (+ runs/ and plots).
+# Usage: bash studies/fastserve_live/fastserve_live.sh [N] [RATE...]   (env MAX_TOTAL: length cap,
 # OUT: output folder)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled
 N=${1:-60}; shift || true
 RATES=${*:-0.3 0.5 0.8}
 MAX_TOTAL=${MAX_TOTAL:-320}
-OUT=${OUT:-bench/results/fastserve_live}
+OUT=${OUT:-studies/fastserve_live}
 mkdir -p "$OUT/runs"
-source bench/serve_lib.sh
+source studies/serve_lib.sh
 trap stop_server EXIT
 for rate in $RATES; do
   for policy in fcfs mlfq; do
-    start_server "bench/configs/$policy.yaml" "$OUT/$policy.server.log"
+    start_server "studies/configs/$policy.yaml" "$OUT/$policy.server.log"
     python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$policy" \
       --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
       --rate "$rate" --max-duration 1800 --request-timeout 1800 \
