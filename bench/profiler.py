@@ -14,10 +14,11 @@ decode context) with its time:
   engine supports block ops (it raises NotImplementedError until the KV tier
   is wired; the table then has no swap entries).
 
-The measured time of an iteration is the wall time of schedule + execute +
-complete (what the server's loop spends per iteration, less token
-delivery); the engine's own forward time is kept beside it.  The fitted
-table (`CostTable.fitted`) is what `TableCostModel` and the simulator use.
+The measured time of an iteration is the wall time of one
+`scheduler.iteration.IterationDriver` step, schedule + execute + complete,
+the very step the server's loop runs (less token delivery); the engine's
+own forward time is kept beside it.  The fitted table (`CostTable.fitted`)
+is what `TableCostModel` and the simulator use.
 
 The engine is imported lazily: bench/ never depends on engine internals at
 import time (ARCHITECTURE.md).
@@ -37,6 +38,7 @@ from bench.costmodel import BatchShape
 from bench.costtable import CostTable, Measurement, SwapMeasurement
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
+from scheduler.iteration import IterationDriver, OnWallClock
 from scheduler.job import Job
 from scheduler.plan import BlockOp, BlockOpKind, Plan
 
@@ -82,6 +84,7 @@ class _Driver:
             max_model_len=cfg.max_model_len,
         )
         self.core = SchedulerCore(sc, time.perf_counter)
+        self.driver = IterationDriver(self.core, OnWallClock(runner))
         self.rng = random.Random(cfg.seed)
         self.vocab = int(getattr(runner, "vocab_size", 32000))
         self._n = 0
@@ -100,15 +103,10 @@ class _Driver:
         self.runner.remove_request(jid)
 
     def step(self) -> tuple[Plan, float, float]:
+        """(plan, wall seconds of the step, engine seconds)."""
         t0 = time.perf_counter()
-        plan = self.core.schedule()
-        res = self.runner.execute(plan)
-        events = self.core.complete(plan, res)
-        dt = time.perf_counter() - t0
-        for ev in events:
-            if ev.finished:
-                self.runner.remove_request(ev.job_id)
-        return plan, dt, res.iteration_time
+        it = self.driver.step()
+        return it.plan, time.perf_counter() - t0, it.result.iteration_time
 
 
 def _measurement(plan: Plan, wall: float, engine: float) -> Measurement:

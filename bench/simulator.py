@@ -1,41 +1,28 @@
 """The simulator: the very same scheduler code on a virtual clock.
 
-ARCHITECTURE.md, "Time is injected": the server's engine driver and this
-simulator both run `scheduler.core.SchedulerCore` with a policy from
-`scheduler/policies/`; here the clock is virtual and each iteration lasts
-what a cost model (bench/costmodel.py) says -- the analytic OPT/A100 model
-for paper-scale results, or the table fitted by the profiler to our engine.
+ARCHITECTURE.md, "Time is injected": the server's engine loop and this
+simulator both step `scheduler.core.SchedulerCore`, with a policy from
+`scheduler/policies/`, through the same `scheduler.iteration.IterationDriver`;
+here the clock is virtual and each iteration lasts what a cost model
+(bench/costmodel.py) says -- the analytic OPT/A100 model for paper-scale
+results, or the table fitted by the profiler to our engine.
 
 The loop, per iteration:
   1. admit every request whose arrival time is <= now;
-  2. plan = core.schedule();
-  3. iteration time = cost(plan's batch shape) + the swap time of its block
-     copies, modelled two ways (PCIe 4.0 x16, `cost.swap_time`):
-       * default (reactive swapping, FastServe Fig. 9a): every copy of the
-         plan, out and in, runs on the critical path before the forward
-         pass: the iteration lasts compute + copy time, and the plan's
-         swap-ins have landed when it ends;
-       * `overlap_swap` (proactive swapping, FastServe §4.2 / Fig. 9b): the
-         copies run on side streams, one per PCIe direction.  Swap-outs
-         (device -> host) overlap the forward pass, but the iteration cannot
-         end before they are done (their blocks were freed for reuse), so
-         only the part longer than the compute is exposed.  Swap-ins
-         (host -> device) queue on their own lane and land after their copy
-         time, possibly iterations later, without stalling the batch; the
-         scheduler learns of them through `StepResult.swaps_in_done` at the
-         first iteration boundary after they land.  If nothing is runnable
-         meanwhile the clock jumps to the next landing (or arrival);
-  4. advance the clock, sample one token (an arbitrary id) per chunk that
-     samples, core.complete(); the core finishes a job when it reaches its
-     max_tokens, which is the request's output length (ignore_eos);
-  5. when nothing is runnable, jump to the next arrival (or swap-in landing).
+  2. one step of the server's iteration driver (scheduler/iteration.py):
+     plan = core.schedule(), run it on `SimulatedExecutor`
+     (bench/sim_executor.py: the cost model and the swap lanes, reactive or
+     overlapped, which advance the clock by the iteration's time and report
+     landed swap-ins), core.complete(); one token (an arbitrary id) is
+     sampled per chunk that samples, and the core finishes a job when it
+     reaches its max_tokens, which is the request's output length
+     (ignore_eos).  A plan that computes nothing while jobs remain takes
+     the driver's swap-wait rule: the clock jumps to the next swap-in
+     landing (or arrival);
+  3. when nothing is runnable, jump to the next arrival.
 
-Each job's E2E latency splits into execution (compute time of the
-iterations it was part of), swapping (the exposed copy time of those
-iterations, plus the time from the issue of its own swap-in to the
-iteration boundary that reports it landed: "blocked by the swapping
-mechanism", an upper bound since the job might not have been scheduled
-earlier anyway) and queueing (the rest: waiting for admission and time spent
+Each job's E2E latency splits into execution and swapping, as the executor
+accounts them, and queueing (the rest: waiting for admission and time spent
 preempted) -- FastServe Figures 1 and 15b.
 
 Output: the same `RequestRecord`s a live run produces, so metrics and plots
@@ -44,7 +31,6 @@ are computed by the same code.
 
 from __future__ import annotations
 
-import heapq
 import inspect
 import math
 import time
@@ -55,14 +41,14 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.costmodel import BatchShape, CostModel
 from bench.records import RequestRecord
+from bench.sim_executor import DeviceTotals, SimulatedExecutor, VirtualClock
 from bench.workload import RequestSpec
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
+from scheduler.iteration import IterationDriver
 from scheduler.job import Job, JobClass
-from scheduler.plan import BlockOpKind, JobOutput, StepResult
+from scheduler.plan import BlockOpKind
 from scheduler.trace import StepTrace
-
-SAMPLED_TOKEN_ID = 1
 
 
 class SimulationError(RuntimeError):
@@ -83,16 +69,6 @@ class SLOAbort(SimulationError):
         self.at = at
         self.finished = finished
         self.total = total
-
-
-class VirtualClock:
-    """The injected clock: a callable returning simulated seconds."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CostEstimatorAdapter:
@@ -166,6 +142,15 @@ class SimStats:
     finished_at_last_backlog: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def take(self, device: DeviceTotals) -> None:
+        """The simulated device's sums over the run."""
+        self.busy_time = device.busy_time
+        self.exposed_swap_time = device.exposed_swap_time
+        self.swap_in_lane_busy = device.swap_in_lane_busy
+        self.swap_in_blocks = device.swap_in_blocks
+        self.swap_out_blocks = device.swap_out_blocks
+        self.swap_blocks = device.swap_in_blocks + device.swap_out_blocks
+
     @property
     def saturated_throughput(self) -> float | None:
         if self.last_backlog_time <= 0 or self.finished_at_last_backlog == 0:
@@ -224,15 +209,14 @@ def simulate(
     n = len(reqs)
     jobs: dict[str, Job] = {}
     token_times: dict[str, list[float]] = {}
-    exec_time: dict[str, float] = {}
-    swap_time: dict[str, float] = {}
-    swap_blocks: dict[str, int] = {}
     errors: dict[str, str] = {}
     block_bytes = _block_bytes(cost)
     stats = SimStats()
-    policy = core.policy
     i = 0
     idle_plans = 0  # consecutive plans that only drop host copies
+    device = SimulatedExecutor(cost, clock, opts.overlap_swap,
+                               lambda: reqs[i].arrival_time if i < n else None)
+    driver = IterationDriver(core, device)
 
     def admit() -> None:
         nonlocal i
@@ -256,16 +240,8 @@ def simulate(
                 continue
             jobs[r.request_id] = job
             token_times[r.request_id] = []
-            exec_time[r.request_id] = 0.0
-            swap_time[r.request_id] = 0.0
 
-    # Swap-ins in flight (overlap mode): (landing time, seq, job id).
     trace: list[StepTrace] = []
-    in_flight: list[tuple[float, int, str]] = []
-    issued_at: dict[str, float] = {}
-    in_lane_free = 0.0  # host -> device copy lane
-    seq = 0
-
     abort_nl = opts.abort_mean_normalized_latency
     nl_done = 0.0  # Σ E2E / output over finished jobs
     counted: set[str] = set()
@@ -284,17 +260,6 @@ def simulate(
         if bound > abort_nl:
             raise SLOAbort(bound, now, core.num_finished, n)
 
-    def landed_by(t: float) -> list[str]:
-        done: list[str] = []
-        while in_flight and in_flight[0][0] <= t + 1e-12:
-            _, _, jid = heapq.heappop(in_flight)
-            done.append(jid)
-            t0 = issued_at.pop(jid, None)
-            if t0 is not None and jid in swap_time:
-                # Blocked on its own swap-in from issue to the report.
-                swap_time[jid] += clock.now - t0
-        return done
-
     while True:
         admit()
         if not core.has_work:
@@ -304,102 +269,39 @@ def simulate(
             continue
         if opts.max_iterations is not None and stats.iterations >= opts.max_iterations:
             raise SimulationError(f"stopped after max_iterations={opts.max_iterations}")
-        plan_t = clock.now
-        plan = core.schedule()
+        it = driver.step()
+        plan = it.plan
+        if opts.trace and (rec := it.trace()) is not None:
+            trace.append(rec)
         if plan.is_empty:
-            if in_flight:
-                # Idle until a swap-in lands (or a request arrives).
-                nxt = in_flight[0][0]
-                if i < n:
-                    nxt = min(nxt, reqs[i].arrival_time)
-                clock.now = max(clock.now, nxt)
-                done = landed_by(clock.now)
-                if done:
-                    result = StepResult(plan.step, [], 0.0, swaps_in_done=done)
-                    core.complete(plan, result)
-                    if opts.trace:
-                        trace.append(StepTrace.of(plan_t, plan, result))
-                continue
-            if i < n:
-                clock.now = max(clock.now, reqs[i].arrival_time)
-                continue
-            raise SimulationError(
-                f"scheduler made no progress at t={clock.now:.3f} with "
-                f"{len(core.jobs)} jobs left (KV too small for one of them?)"
-            )
-        shape = BatchShape.of(plan)
-        if not plan.chunks and not shape.swap_blocks:
+            # The wait moved the clock to a landing or an arrival; with
+            # neither to come, nothing ever will.
+            if not it.result.swaps_in_done and not device.swaps_in_flight and i >= n:
+                raise SimulationError(
+                    f"scheduler made no progress at t={clock.now:.3f} with "
+                    f"{len(core.jobs)} jobs left (KV too small for one of them?)"
+                )
+            continue
+        if not plan.chunks and all(op.kind is BlockOpKind.DROP for op in plan.block_ops):
             idle_plans += 1
             if idle_plans > 1000:
-                raise SimulationError(f"scheduler spins without work at t={clock.now:.3f}")
+                raise SimulationError(f"scheduler spins without work at t={it.planned_at:.3f}")
         else:
             idle_plans = 0
-        compute = cost.iteration_time(shape)
-        ins: dict[str, int] = {}  # job -> blocks, in op order
-        n_out = 0
-        for op in plan.block_ops:
-            if op.kind is BlockOpKind.SWAP_IN:
-                ins[op.job_id] = ins.get(op.job_id, 0) + 1
-            elif op.kind is not BlockOpKind.DROP:
-                n_out += 1
-        n_in = sum(ins.values())
-        start = clock.now
-        if opts.overlap_swap:
-            out_t = cost.swap_time(n_out) if n_out else 0.0
-            exposed_swap = max(0.0, out_t - compute)
-            dt = compute + exposed_swap
-            for jid, nb in ins.items():
-                lane_start = max(in_lane_free, start)
-                in_lane_free = lane_start + cost.swap_time(nb)
-                stats.swap_in_lane_busy += in_lane_free - lane_start
-                seq += 1
-                heapq.heappush(in_flight, (in_lane_free, seq, jid))
-                issued_at[jid] = start
-        else:
-            swap = cost.swap_time(n_in + n_out) if (n_in + n_out) else 0.0
-            exposed_swap = swap
-            dt = compute + swap
-            for jid in ins:
-                seq += 1
-                heapq.heappush(in_flight, (start + dt, seq, jid))
-                issued_at[jid] = start
-        # Jobs left waiting by this plan: the batch runs saturated.
-        backlog = policy.num_waiting() > 0
-        clock.now += dt
         stats.iterations += 1
-        stats.busy_time += dt
-        stats.exposed_swap_time += exposed_swap
         stats.num_preemptions += len(plan.preempted)
         stats.sum_batch_size += len(plan.chunks)
-        stats.sum_batch_tokens += shape.num_tokens
-        if n_in or n_out:
-            stats.swap_blocks += n_in + n_out
-            stats.swap_in_blocks += n_in
-            stats.swap_out_blocks += n_out
-            for op in plan.block_ops:
-                if op.kind is not BlockOpKind.DROP:
-                    swap_blocks[op.job_id] = swap_blocks.get(op.job_id, 0) + 1
-        for c in plan.chunks:
-            exec_time[c.job_id] += compute
-            if exposed_swap:
-                swap_time[c.job_id] += exposed_swap
-        outputs = [JobOutput(c.job_id, SAMPLED_TOKEN_ID) for c in plan.chunks if c.sample]
-        result = StepResult(plan.step, outputs, dt)
-        done = landed_by(clock.now)
-        if done:
-            result.swaps_in_done = done
-        events = core.complete(plan, result)
-        if opts.trace:
-            trace.append(StepTrace.of(plan_t, plan, result))
+        stats.sum_batch_tokens += plan.num_tokens
         now = clock.now
-        for ev in events:
+        for ev in it.events:
             token_times[ev.job_id].append(now)
-        if backlog:
+        if it.num_waiting > 0:  # jobs left waiting by this plan: the batch ran saturated
             stats.last_backlog_time = now
             stats.finished_at_last_backlog = core.num_finished
         if abort_nl is not None and stats.iterations % 64 == 0:
             _check_abort(now)
 
+    stats.take(device.totals)
     stats.swap_bytes = stats.swap_blocks * block_bytes
     stats.wall_time = time.perf_counter() - wall0
     records: list[RequestRecord] = []
@@ -421,7 +323,7 @@ def simulate(
             continue
         end = job.finish_time
         e2e = (end - r.arrival_time) if end is not None else math.nan
-        ex, sw = exec_time[rid], swap_time[rid]
+        ex, sw = device.exec_time.get(rid, 0.0), device.swap_time.get(rid, 0.0)
         # model_construct: these values are ours, skip re-validating
         # thousands of token-time lists.
         records.append(
@@ -440,7 +342,7 @@ def simulate(
                 queueing_time=max(0.0, e2e - ex - sw) if end is not None else None,
                 execution_time=ex,
                 swap_time=sw,
-                swap_bytes=swap_blocks.get(rid, 0) * block_bytes,
+                swap_bytes=device.swap_blocks.get(rid, 0) * block_bytes,
             )
         )
     return SimOutput(records=records, stats=stats, end_time=clock.now, trace=trace)

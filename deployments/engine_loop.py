@@ -4,7 +4,10 @@ Forward passes block for milliseconds to seconds, so they run off the
 replica's asyncio loop; requests and aborts reach the loop through a
 thread-safe inbox and are applied between iterations, and the tokens of an
 iteration leave in one batch (ARCHITECTURE.md: once per iteration per
-replica).  No Ray here: the loop is tested with a fake runner.
+replica).  Each iteration is one step of `scheduler.iteration.IterationDriver`,
+the step the simulator runs too, with the runner on the wall clock
+(`OnWallClock`: waiting on a swap-in sleeps a millisecond).  No Ray here:
+the loop is tested with a fake runner.
 
 `shutdown(reason)` ends the loop for good: every job in flight, and every
 request submitted from then on, ends at once with an error delivery that
@@ -26,6 +29,7 @@ from typing import Callable, Protocol
 from app.protocol import GenerateRequest, JobMetrics
 from scheduler.admission import MeanOutput
 from scheduler.core import JobEvent, SchedulerCore
+from scheduler.iteration import IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, StepResult
 from scheduler.trace import StepTrace
@@ -97,13 +101,12 @@ class EngineLoop:
         core: SchedulerCore,
         make_params: MakeParams,
         deliver: Deliver,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runner = runner
         self.core = core
+        self.driver = IterationDriver(core, OnWallClock(runner))
         self.make_params = make_params
         self.deliver = deliver
-        self.clock = clock
         self.stats = LoopStats()
         # Output lengths of finished jobs: the expected answer of a job whose
         # length is unknown (admission control).
@@ -324,39 +327,30 @@ class EngineLoop:
 
     def _iterate(self) -> list[Delivery]:
         t0 = time.perf_counter()
-        t_plan = self.clock()
-        plan = self.core.schedule()
         try:
-            # A plan without chunks still carries block ops, and its result
-            # reports swap-ins that landed meanwhile.
-            result = self.runner.execute(plan)
-        except Exception:
-            log.exception("iteration %d failed; aborting its jobs", plan.step)
-            return [self._fail(c.job_id) for c in plan.chunks]
-        if not plan.chunks:
-            # Everything runnable waits on a swap-in: let the copy land
-            # instead of spinning.
-            if self.core.has_work:
-                time.sleep(0.001)
-        else:
+            it = self.driver.step()
+        except IterationFailed as e:
+            log.exception("iteration %d failed; aborting its jobs", e.plan.step)
+            return [self._fail(c.job_id) for c in e.plan.chunks]
+        plan, result = it.plan, it.result
+        # Planning to completion, finished jobs' runner state dropped.
+        elapsed = time.perf_counter() - t0
+        if plan.chunks:
             self.stats.iterations += 1
             self.stats.forward_time += result.iteration_time
             self.stats.recent_forward.append(result.iteration_time)
-        events = self.core.complete(plan, result)
-        if StepTrace.eventful(plan, result):
-            self.stats.recent_plans.append(StepTrace.of(t_plan, plan, result))
-        if plan.chunks:
-            elapsed = time.perf_counter() - t0
             self.stats.recent_iterations.append((
                 tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),
                 result.iteration_time, elapsed))
             self._measure_speed(plan, elapsed)
+        trace = it.trace()
+        if trace is not None:
+            self.stats.recent_plans.append(trace)
         out: list[Delivery] = []
-        for ev in events:
+        for ev in it.events:
             self.stats.tokens_out += ev.token_id is not None
             metrics = None
-            if ev.finished:
-                self.runner.remove_request(ev.job_id)
+            if ev.finished:  # the driver dropped it from the runner
                 metrics = self._metrics(ev.job_id)
                 self._forget(ev.job_id)
             out.append(Delivery(ev, metrics))

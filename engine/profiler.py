@@ -4,7 +4,9 @@ FastServe §4.1 relies on iteration time being predictable: skip-join needs
 the prefill time of a prompt, and q1 is the minimum iteration time.  At
 start the engine replica times a few real iterations of its own model
 (prefill at two lengths, a batch-1 decode) and fits `LinearCost`.  The
-fuller profile for the simulator is `python -m bench profile`.
+fuller profile for the simulator is `python -m bench profile`.  The
+iterations are the server's own: planned by `SchedulerCore` and run by the
+loop's `IterationDriver` step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
+from scheduler.iteration import IterationDriver, OnWallClock
 from scheduler.job import Job
 
 
@@ -32,15 +35,14 @@ def _time_iterations(runner: Any, prompt_len: int, decode_steps: int,
     runner.add_request(job.job_id, SamplingParams(temperature=0.0, ignore_eos=True,
                                                   max_tokens=decode_steps + 1),
                        job.prompt_token_ids)
+    driver = IterationDriver(core, OnWallClock(runner))
     times: list[float] = []
     try:
         while core.has_work:
-            plan = core.schedule()
-            res = runner.execute(plan)
-            times.append(res.iteration_time)
-            core.complete(plan, res)
+            times.append(driver.step().result.iteration_time)
     finally:
-        runner.remove_request(job.job_id)
+        if job.job_id in core.jobs:  # else the driver removed it when it finished
+            runner.remove_request(job.job_id)
     return times[0], min(times[1:]) if len(times) > 1 else times[0]
 
 
@@ -86,6 +88,7 @@ def full_batch_throughput(runner: Any, block_size: int, batch_size: int, prompt_
     best = float("inf")
     for r in range(repeats):
         core = SchedulerCore(cfg, time.monotonic)
+        driver = IterationDriver(core, OnWallClock(runner))
         ids = [f"throughput-{r}-{i}" for i in range(batch_size)]
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=decode_steps + 1)
         for i, job_id in enumerate(ids):
@@ -94,13 +97,13 @@ def full_batch_throughput(runner: Any, block_size: int, batch_size: int, prompt_
             runner.add_request(job_id, params, prompt)
         try:
             while core.has_work:
-                plan = core.schedule()
-                res = runner.execute(plan)
-                if plan.chunks and all(c.num_tokens == 1 for c in plan.chunks) \
-                        and len(plan.chunks) == batch_size:
-                    best = min(best, res.iteration_time)
-                core.complete(plan, res)
+                it = driver.step()
+                chunks = it.plan.chunks
+                if chunks and all(c.num_tokens == 1 for c in chunks) \
+                        and len(chunks) == batch_size:
+                    best = min(best, it.result.iteration_time)
         finally:
             for job_id in ids:
-                runner.remove_request(job_id)
+                if job_id in core.jobs:  # else the driver removed it when it finished
+                    runner.remove_request(job_id)
     return batch_size / best if best < float("inf") else 0.0

@@ -1,0 +1,121 @@
+"""The simulated device (bench/sim_executor.py) and the simulator's use of
+the server's iteration driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import bench.simulator as simulator
+from bench.sim_executor import SimulatedExecutor, VirtualClock
+from scheduler.iteration import Iteration, IterationDriver
+from scheduler.plan import BlockOp, BlockOpKind, Plan, ScheduledChunk
+from tests.bench.test_simulator import UnitCost, _three_jobs_in_six_blocks, by_id
+
+
+def decode(job_id: str) -> ScheduledChunk:
+    return ScheduledChunk(job_id, [5], 9, [0, 1, 2], sample=True, output_index=1)
+
+
+def swap_in(job_id: str, n: int) -> list[BlockOp]:
+    return [BlockOp(BlockOpKind.SWAP_IN, job_id, i, i) for i in range(n)]
+
+
+def test_reactive_copies_stall_the_iteration_and_land_with_it():
+    clock = VirtualClock(10.0)
+    dev = SimulatedExecutor(UnitCost(), clock, overlap_swap=False, next_arrival=lambda: None)
+    res = dev.execute(Plan(step=1, chunks=[decode("a")], block_ops=swap_in("b", 2)))
+    # 1 s compute + 2 blocks x 0.5 s on the critical path.
+    assert res.iteration_time == 2.0 and clock.now == 12.0
+    assert res.swaps_in_done == ["b"] and dev.swaps_in_flight == 0
+    assert dev.exec_time == {"a": 1.0}
+    assert dev.swap_time == {"a": 1.0, "b": 2.0}  # exposed copy; b blocked from issue
+    assert (dev.totals.busy_time, dev.totals.exposed_swap_time) == (2.0, 1.0)
+
+
+def test_overlapped_swap_in_lands_later_and_the_wait_jumps_to_it():
+    clock = VirtualClock()
+    dev = SimulatedExecutor(UnitCost(), clock, overlap_swap=True, next_arrival=lambda: None)
+    res = dev.execute(Plan(step=1, chunks=[decode("a")], block_ops=swap_in("b", 4)))
+    # The 2 s copy runs beside the 1 s forward pass: not landed yet.
+    assert res.iteration_time == 1.0 and res.swaps_in_done == [] and dev.swaps_in_flight == 1
+    empty = Plan(step=2)
+    res = dev.execute(empty)
+    assert res.iteration_time == 0.0 and clock.now == 1.0
+    res = dev.wait_for_swaps(empty, res)
+    assert clock.now == 2.0 and res.swaps_in_done == ["b"]
+    assert dev.swap_time == {"b": 2.0} and dev.totals.swap_in_lane_busy == 2.0
+    assert dev.totals.busy_time == 1.0  # waiting is not busy
+
+
+def test_the_wait_stops_at_an_arrival():
+    clock = VirtualClock()
+    dev = SimulatedExecutor(UnitCost(), clock, overlap_swap=True, next_arrival=lambda: 0.5)
+    dev.execute(Plan(step=1, block_ops=swap_in("b", 4)))
+    res = dev.wait_for_swaps(Plan(step=2), dev.execute(Plan(step=2)))
+    assert clock.now == 1.0 and res.swaps_in_done == []  # past the arrival already
+    dev2 = SimulatedExecutor(UnitCost(), VirtualClock(), overlap_swap=True,
+                             next_arrival=lambda: 1.5)
+    dev2.execute(Plan(step=1, chunks=[decode("a")], block_ops=swap_in("b", 4)))
+    res = dev2.wait_for_swaps(Plan(step=2), dev2.execute(Plan(step=2)))
+    assert dev2.clock.now == 1.5 and res.swaps_in_done == [] and dev2.swaps_in_flight == 1
+
+
+def test_a_plan_of_copies_alone_is_an_iteration_not_a_wait():
+    clock = VirtualClock()
+    dev = SimulatedExecutor(UnitCost(), clock, overlap_swap=False, next_arrival=lambda: 9.0)
+    plan = Plan(step=1, block_ops=swap_in("b", 1))
+    res = dev.execute(plan)
+    assert clock.now == 1.5
+    assert dev.wait_for_swaps(plan, res) is res and clock.now == 1.5
+
+
+class CountingDriver(IterationDriver):
+    steps: list[Iteration] = []
+
+    def step(self) -> Iteration:
+        it = super().step()
+        CountingDriver.steps.append(it)
+        return it
+
+
+class SlowCopy(UnitCost):
+    """Copies of 3 s a block: an overlapped swap-in outlasts an iteration."""
+
+    def swap_time(self, num_blocks: int) -> float:
+        return 3.0 * num_blocks
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_simulator_runs_the_server_step(monkeypatch: Any, overlap: bool):
+    CountingDriver.steps = []
+    monkeypatch.setattr(simulator, "IterationDriver", CountingDriver)
+    reqs, config = _three_jobs_in_six_blocks()
+    out = simulator.simulate(reqs, config, SlowCopy(), simulator.SimOptions(overlap_swap=overlap))
+    steps = CountingDriver.steps
+    assert all(x.ok and x.output_tokens == 8 for x in out.records)
+    assert out.stats.swap_in_blocks > 0
+    # Every iteration the simulator counted was a driver step.
+    executed = [it for it in steps if not it.plan.is_empty]
+    assert len(executed) == out.stats.iterations
+    assert sum(len(it.plan.chunks) for it in executed) == out.stats.sum_batch_size
+    # The swap-in is issued by a plan of copies alone: the driver's wait
+    # rule applies, but that plan is an iteration of its own (1 s, plus the
+    # 6 s copy when it is on the critical path).
+    issue = next(it for it in steps if any(op.kind is BlockOpKind.SWAP_IN
+                                           for op in it.plan.block_ops))
+    assert issue.waited and not issue.plan.chunks
+    assert issue.result.iteration_time == (1.0 if overlap else 7.0)
+    idle = [it for it in steps if it.plan.is_empty]
+    if overlap:
+        # Issued at 13, 6 s on its lane: the next, empty plan waits, and the
+        # clock jumps to the landing at 19, where j2 runs again.
+        assert issue.planned_at == 13.0
+        assert [(it.planned_at, it.result.swaps_in_done) for it in idle] == [(14.0, ["j2"])]
+        assert steps[steps.index(idle[0]) + 1].planned_at == 19.0
+        assert by_id(out)["j2"].swap_time == pytest.approx(6.0)
+    else:
+        # Reactive: the copy lands with the plan that issued it.
+        assert idle == [] and issue.result.swaps_in_done == ["j2"]
+    assert all(it.waited for it in idle)
