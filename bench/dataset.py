@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.sharegpt import dataset_file, load_sharegpt
+from workloads.sharegpt import dataset_file, load_sharegpt
 
 DEFAULT_TOKENIZER = "embedded:smollm2"
 

@@ -148,7 +148,7 @@ def split_pairs(
 
 def sharegpt_records() -> list[tuple[str, str, str]]:
     """(id, prompt, answer) of each conversation's first exchange."""
-    from bench.sharegpt import load_sharegpt
+    from workloads.sharegpt import load_sharegpt
 
     out: list[tuple[str, str, str]] = []
     for conv in load_sharegpt().conversations:
@@ -184,7 +184,7 @@ def build_pairs(
 
 
 def _dataset_path(cfg: DatasetConfig) -> Path:
-    from bench.sharegpt import dataset_file
+    from workloads.sharegpt import dataset_file
     from engine.model_source import resolve_model
 
     src = dataset_file()
