@@ -8,8 +8,7 @@ from predictor.__main__ import main
 
 
 @pytest.mark.parametrize(
-    "cmd", [[], ["build-dataset"], ["train"], ["evaluate"], ["retrain"], ["bench-latency"], ["collect-completions"],
-            ["scaling"], ["probe"], ["ceiling"], ["make-ensemble"]]
+    "cmd", [[], ["build-dataset"], ["train"], ["evaluate"], ["retrain"], ["bench-latency"]]
 )
 def test_help(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
