@@ -37,8 +37,8 @@ class PredictorSettings(BaseModel):
     num_cpus: float = Field(1.0, gt=0)
     # "cuda" runs the predictor on a GPU share of `num_gpus` (e.g. 0.1 beside
     # the engines): the adapter trained on 1,024-token prompts over all 30
-    # layers (predictor/adapters/smollm2-sharegpt-long) costs seconds per
-    # prediction on a CPU core and milliseconds on a GPU.
+    # layers (studies/predictor/smollm2-sharegpt-long, in the repository only)
+    # costs seconds per prediction on a CPU core and milliseconds on a GPU.
     device: Literal["cpu", "cuda"] = "cpu"
     num_gpus: float = Field(0.0, ge=0)
 

@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from bench.dataset import DEFAULT_TOKENIZER
+from workloads.sharegpt import DEFAULT_TOKENIZER
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")

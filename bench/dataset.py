@@ -1,10 +1,10 @@
-"""ShareGPT requests: first exchange, token lengths (cached), vLLM's filters.
+"""ShareGPT request pools: token lengths (cached) and vLLM's filters.
 
 A ShareGPT request is the first human turn of a conversation as the prompt
 and the token count of the assistant turn that answers it as the reference
-output length (FastServe §6.1, vLLM's `benchmark_serving.py`).  Lengths are
-counted with our model's tokenizer (`embedded:smollm2`, a GPT-2-style BPE of
-49k tokens, close to OPT's GPT-2 BPE), without special tokens.
+output length (FastServe §6.1, vLLM's `benchmark_serving.py`); reading the
+dataset and counting tokens is workloads/sharegpt.py's, shared with the
+response-length predictor.
 
 Tokenizing all 17k conversations takes ~25 s on the 2-core machines, so the
 lengths are cached (one JSON per dataset file and tokenizer) under the
@@ -23,17 +23,18 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.sharegpt import dataset_file, load_sharegpt
-
-DEFAULT_TOKENIZER = "embedded:smollm2"
-
-# Counts the tokens of each text of a batch.
-TokenCounter = Callable[[Sequence[str]], list[int]]
+from workloads.sharegpt import (
+    DEFAULT_TOKENIZER,
+    TokenCounter,
+    dataset_file,
+    first_exchanges,
+    load_sharegpt,
+    token_counter,
+)
 
 
 class LengthFilter(BaseModel):
@@ -79,28 +80,6 @@ class ShareGPTPool:
         }
 
 
-def hf_token_counter(tokenizer: str = DEFAULT_TOKENIZER) -> TokenCounter:
-    """A counter backed by a Hugging Face tokenizer (no hub access)."""
-    from transformers import AutoTokenizer
-
-    if tokenizer.startswith("embedded:"):
-        from engine.model_source import resolve_model
-
-        path: str | Path = resolve_model(tokenizer)
-    else:
-        path = tokenizer
-    tok = AutoTokenizer.from_pretrained(path)
-
-    def count(texts: Sequence[str]) -> list[int]:
-        out: list[int] = []
-        for i in range(0, len(texts), 1024):
-            ids = tok(list(texts[i : i + 1024]), add_special_tokens=False)["input_ids"]
-            out.extend(len(x) for x in ids)
-        return out
-
-    return count
-
-
 def _cache_dir() -> Path:
     base = os.environ.get("PREEMPT_SERVE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "preempt-serve"
@@ -119,13 +98,13 @@ def _all_lengths(
 ) -> tuple[dict[str, int], list[tuple[int, int]], list[str]]:
     """Lengths of every record's first exchange ((-1, -1) when it has none)."""
     load = load_sharegpt(path)
-    pairs = [c.first_exchange() for c in load.conversations]
+    pairs = first_exchanges(load)
     have = [p for p in pairs if p is not None]
-    plen = counter([p[0] for p in have])
-    olen = counter([p[1] for p in have])
+    plen = counter([p[1] for p in have])
+    olen = counter([p[2] for p in have])
     it = iter(zip(plen, olen))
     lengths = [next(it) if p is not None else (-1, -1) for p in pairs]
-    prompts = [p[0] if p is not None else "" for p in pairs]
+    prompts = [p[1] if p is not None else "" for p in pairs]
     meta = {
         "num_records": len(load.conversations),
         "truncated_bytes": load.truncated_bytes,
@@ -157,7 +136,7 @@ def load_pool(
         data = json.loads(cache.read_text())
         meta, lengths = data["meta"], data["lengths"]
     else:
-        meta, lengths, prompts = _all_lengths(path, counter or hf_token_counter(tokenizer))
+        meta, lengths, prompts = _all_lengths(path, counter or token_counter(tokenizer))
         if cacheable:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(".tmp")
@@ -167,11 +146,7 @@ def load_pool(
     keep = (arr[:, 0] >= 0) & flt.mask(arr[:, 0], arr[:, 1])
     idx = np.flatnonzero(keep)
     if need_text and prompts is None:
-        load = load_sharegpt(path)
-        prompts = []
-        for c in load.conversations:
-            ex = c.first_exchange()
-            prompts.append(ex[0] if ex is not None else "")
+        prompts = [p[1] if p is not None else "" for p in first_exchanges(load_sharegpt(path))]
     return ShareGPTPool(
         num_records=int(meta["num_records"]),
         truncated_bytes=int(meta["truncated_bytes"]),

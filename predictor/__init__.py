@@ -7,13 +7,12 @@ train.py       seeded, resumable fine-tuning loop with a learning curve
 evaluate.py    MAE / Acc-50 / Acc-100 / padding figures against two baselines
 metrics.py     the metric and baseline definitions
 retrain.py     online retraining on served completions, before/after report
-collect.py     served-completion records produced with the served model
 service.py     inference wrapper used by deployments/predictor.py (CPU or CUDA)
 ensemble.py    adapters of other seeds on one shared frozen prefix, averaged
-prompt_format.py  chat frame and the length-perception instruction
-probe.py       heads on frozen features: which layers and prompt format carry RL
-scaling.py     CPU scaling study (depth, LoRA layers, prompt length, epochs, data)
-capacity.py    GPU capacity study: variants chosen on a validation slice, winner tested
-ceiling.py     same-prompt ceiling of ShareGPT's recorded answers
+prompt_format.py  the chat frame around a truncated prompt
+cli_args.py    argument groups of the command line
 __main__.py    `python -m predictor --help`
+adapters/      the shipped adapter (the files the server loads)
+
+The studies that chose the shipped recipe live in studies/predictor/ (repository only).
 """

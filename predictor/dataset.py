@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from predictor.config import DatasetConfig, ModelConfig, cache_dir
+from workloads.sharegpt import dataset_file, first_exchanges, load_sharegpt, load_tokenizer, token_lengths
 
 Split = Literal["train", "test", "serve"]
 
@@ -54,22 +55,8 @@ class DatasetSplits(BaseModel):
 
 # ---------------------------------------------------------------- tokenizer
 
-
-def load_tokenizer(spec: str) -> Any:
-    """The fast tokenizer of `spec` ("embedded:<name>" or a local HF folder)."""
-    from transformers import AutoTokenizer
-
-    from engine.model_source import resolve_model
-
-    return AutoTokenizer.from_pretrained(str(resolve_model(spec)))
-
-
-def token_lengths(tokenizer: Any, texts: Sequence[str], batch: int = 512) -> list[int]:
-    out: list[int] = []
-    for i in range(0, len(texts), batch):
-        enc = tokenizer(list(texts[i : i + batch]), add_special_tokens=False)["input_ids"]
-        out.extend(len(x) for x in enc)
-    return out
+# `load_tokenizer` and `token_lengths` are workloads/sharegpt.py's: the lengths
+# trained on are the lengths the benchmark replays.
 
 
 def encode_prompts(
@@ -148,14 +135,7 @@ def split_pairs(
 
 def sharegpt_records() -> list[tuple[str, str, str]]:
     """(id, prompt, answer) of each conversation's first exchange."""
-    from bench.sharegpt import load_sharegpt
-
-    out: list[tuple[str, str, str]] = []
-    for conv in load_sharegpt().conversations:
-        ex = conv.first_exchange()
-        if ex is not None:
-            out.append((conv.id, ex[0], ex[1]))
-    return out
+    return [ex for ex in first_exchanges(load_sharegpt()) if ex is not None]
 
 
 def build_pairs(
@@ -184,7 +164,6 @@ def build_pairs(
 
 
 def _dataset_path(cfg: DatasetConfig) -> Path:
-    from bench.sharegpt import dataset_file
     from engine.model_source import resolve_model
 
     src = dataset_file()

@@ -8,17 +8,19 @@ prefix once and only each member's top layers per member: with 16 frozen and
 distributions are averaged, like the heads inside one adapter
 (`LengthHead.combine`), which removes what a fine-tune owes to its seed.  On
 the shipped recipe the seeds agree and three members gain 0.1 token of MAE
-(predictor/adapters/smollm2-sharegpt/seed_ensemble.md), so the shipped
+(studies/predictor/smollm2-sharegpt/seed_ensemble.md), so the shipped
 predictor is one adapter; an ensemble pays off for members that differ.
 
 On disk an ensemble is a folder holding `ensemble.json` (the member folders,
-relative to it) and the members, each a folder `save_predictor` wrote.
+relative to it) and the members, each a folder `save_predictor` wrote.  The
+server and `evaluate` load one wherever they take an adapter, and `retrain`
+retrains each member; `python -m studies.predictor make-ensemble` assembles one
+from adapters trained with other seeds.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,7 @@ from torch import nn
 
 from predictor.config import ModelConfig
 from predictor.model import (
-    ADAPTER_SUBDIR,
     CONFIG_FILE,
-    HEAD_FILE,
     LengthPredictor,
     decoder_layers,
     frozen_prefix,
@@ -188,28 +188,3 @@ def train_commands(path: Path) -> list[str]:
     if is_ensemble(Path(path)):
         out += read_spec(Path(path)).commands
     return out
-
-
-# What `save_predictor` and `train` leave in an adapter folder (not checkpoints).
-_MEMBER_FILES = (ADAPTER_SUBDIR, HEAD_FILE, CONFIG_FILE, "curve.jsonl", "train_summary.json")
-
-
-def gather_members(sources: Sequence[Path], out: Path) -> list[str]:
-    """Copy adapter folders into `out/seed<N>` (N: the seed each was trained with)."""
-    names: list[str] = []
-    for src in sources:
-        meta = json.loads((Path(src) / CONFIG_FILE).read_text())
-        name = f"seed{meta.get('train_config', {}).get('seed', len(names))}"
-        if name in names:
-            raise ValueError(f"{src}: two members trained with the same seed ({name})")
-        names.append(name)
-        dst = Path(out) / name
-        if Path(src).resolve() == dst.resolve():
-            continue
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in _MEMBER_FILES:
-            if (Path(src) / f).is_dir():
-                shutil.copytree(Path(src) / f, dst / f, dirs_exist_ok=True)
-            elif (Path(src) / f).is_file():
-                shutil.copy2(Path(src) / f, dst / f)
-    return names

@@ -27,21 +27,3 @@ def chat_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
     before, after = text.split(_PLACEHOLDER)
     enc = tokenizer([before, after], add_special_tokens=False)["input_ids"]
     return list(enc[0]), list(enc[1])
-
-
-# "Perception in advance" (Zheng et al. 2023, "Response Length Perception and
-# Sequence Scheduling", the source of the Acc-50/100 targets): the prompt is
-# followed by an instruction to state the answer's length instead of answering.
-# Their Vicuna-7B follows it; whether a small backbone's state there carries
-# more of the length is measured by `python -m predictor probe --formats perception`.
-PERCEPTION_INSTRUCTION = (
-    "\n\nDon't output the response for the above instruction. Instead, you need to predict "
-    "the number of tokens in your response. Output only one number."
-)
-
-
-def perception_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """`chat_frame` with the perception instruction closing the user message."""
-    before, after = chat_frame(tokenizer)
-    instruction = tokenizer(PERCEPTION_INSTRUCTION, add_special_tokens=False)["input_ids"]
-    return before, list(instruction) + after

@@ -25,6 +25,8 @@ from predictor.metrics import allocation
 from predictor.ensemble import adapter_meta, load_any
 from predictor.model import collate, decode, pad_id_of
 
+# Only the files the server loads ship in the package (pyproject package-data);
+# how it was trained and scored: studies/predictor/smollm2-sharegpt, in the repository.
 DEFAULT_ADAPTER = Path(__file__).parent / "adapters" / "smollm2-sharegpt"
 DEFAULT_PADDING = 0.15  # EconoServe's ShareGPT sweet spot (§2.3, Fig. 4)
 

@@ -2,12 +2,13 @@
 
 Nothing is downloaded: the tokenizer is a small BPE trained here with
 `tokenizers`, the models are random `OPTConfig` / `LlamaConfig` saved with
-`save_pretrained`.
+`save_pretrained`.  tests/studies/predictor uses the same fixtures.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,42 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     LlamaForCausalLM(cfg).save_pretrained(str(path))
     _tokenizer(path)
     return path
+
+
+@pytest.fixture()
+def tiny_llama_chat(tiny_llama: Path, tmp_path: Path) -> Path:
+    from predictor.dataset import load_tokenizer
+
+    path = tmp_path / "tiny-llama-chat"
+    shutil.copytree(tiny_llama, path)
+    tok = load_tokenizer(str(path))
+    tok.chat_template = (
+        "{% for m in messages %}</s> {{ m['role'] }} : {{ m['content'] }} </s>{% endfor %}"
+        "{% if add_generation_prompt %} assistant :{% endif %}"
+    )
+    tok.save_pretrained(str(path))
+    return path
+
+
+def save_member(backbone: Path, out: Path, seed: int, **kw: object) -> Path:
+    """A trained-looking adapter (random LoRA updates and heads) saved as `train` would."""
+    from predictor.config import ModelConfig
+    from predictor.model import build_predictor, save_predictor
+
+    torch.manual_seed(seed)
+    base: dict[str, object] = dict(
+        backbone=str(backbone), lora_layers=2, head="bins", max_len=256, head_hidden=16,
+        pool_layers=(2, 4), pooling="mean+last", decode="median",
+    )
+    base.update(kw)
+    model = build_predictor(ModelConfig.model_validate(base))
+    # Non-zero LoRA updates and heads that disagree, so members differ.
+    for name, p in model.named_parameters():
+        if "lora_B" in name or "nets" in name:
+            torch.nn.init.normal_(p, std=0.3)
+    save_predictor(model, out, {"length_tokenizer": str(backbone), "commands": [f"train --seed {seed}"],
+                                "train_config": {"seed": seed}})
+    return out
 
 
 @pytest.fixture(autouse=True)

@@ -8,37 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from predictor.config import ModelConfig, TrainConfig
+from predictor.config import TrainConfig
 from predictor.ensemble import PredictorEnsemble, load_any, run_on_prefix, train_commands, write_ensemble
-from predictor.model import build_predictor, collate, decoder_layers, load_predictor, save_predictor
+from predictor.model import collate, decoder_layers, load_predictor
 from predictor.prefix_cache import prefix_states
 from predictor.retrain import retrain
 from predictor.service import PredictorService
 
-
-def _member(backbone: Path, out: Path, seed: int, **kw: object) -> Path:
-    torch.manual_seed(seed)
-    base: dict[str, object] = dict(
-        backbone=str(backbone), lora_layers=2, head="bins", max_len=256, head_hidden=16,
-        pool_layers=(2, 4), pooling="mean+last", decode="median",
-    )
-    base.update(kw)
-    cfg = ModelConfig.model_validate(base)
-    model = build_predictor(cfg)
-    # Trained-looking members: non-zero LoRA updates and heads that disagree.
-    for name, p in model.named_parameters():
-        if "lora_B" in name or "nets" in name:
-            torch.nn.init.normal_(p, std=0.3)
-    save_predictor(model, out, {"length_tokenizer": str(backbone), "commands": [f"train --seed {seed}"],
-                                "train_config": {"seed": seed}})
-    return out
+from .conftest import save_member
 
 
 @pytest.fixture()
 def ensemble_dir(tiny_llama: Path, tmp_path: Path) -> Path:
     root = tmp_path / "ens"
-    _member(tiny_llama, root / "seed0", 0)
-    _member(tiny_llama, root / "seed1", 1, n_heads=2)  # members may differ in their heads
+    save_member(tiny_llama, root / "seed0", 0)
+    save_member(tiny_llama, root / "seed1", 1, n_heads=2)  # members may differ in their heads
     write_ensemble(root, ["seed0", "seed1"], ["make-ensemble seed0 seed1"])
     return root
 
@@ -73,27 +57,12 @@ def test_ensemble_averages_members_run_alone(ensemble_dir: Path) -> None:
 
 
 def test_members_must_share_the_input_and_the_bins(tiny_llama: Path, tmp_path: Path) -> None:
-    a = load_predictor(_member(tiny_llama, tmp_path / "a", 0))
-    b = load_predictor(_member(tiny_llama, tmp_path / "b", 1, prompt_head=12))
+    a = load_predictor(save_member(tiny_llama, tmp_path / "a", 0))
+    b = load_predictor(save_member(tiny_llama, tmp_path / "b", 1, prompt_head=12))
     with pytest.raises(ValueError, match="prompt_head"):
         PredictorEnsemble([a, b])
     with pytest.raises(ValueError, match="without predictor_config.json"):
         write_ensemble(tmp_path, ["a", "missing"])
-
-
-def test_make_ensemble_copies_members_named_by_seed(tiny_llama: Path, tmp_path: Path) -> None:
-    from predictor.__main__ import main
-
-    a = _member(tiny_llama, tmp_path / "runs" / "a" / "adapter", 3)
-    b = _member(tiny_llama, tmp_path / "runs" / "b" / "adapter", 5)
-    out = tmp_path / "shipped"
-    main(["make-ensemble", "--out", str(out), str(a), str(b)])
-    ens = load_any(out)
-    assert isinstance(ens, PredictorEnsemble)
-    assert sorted(p.name for p in out.iterdir()) == ["ensemble.json", "seed3", "seed5"]
-    assert train_commands(out)[:2] == ["train --seed 3", "train --seed 5"]
-    with pytest.raises(ValueError, match="same seed"):
-        main(["make-ensemble", "--out", str(tmp_path / "dup"), str(a), str(a)])
 
 
 def test_service_serves_an_ensemble(ensemble_dir: Path) -> None:
@@ -106,7 +75,7 @@ def test_service_serves_an_ensemble(ensemble_dir: Path) -> None:
     assert svc.length_tokenizer is svc.tokenizer  # provenance read from the first member
 
 
-def test_retrain_retrains_every_member(ensemble_dir: Path, tmp_path: Path) -> None:
+def test_retrain_retrains_everysave_member(ensemble_dir: Path, tmp_path: Path) -> None:
     rows = [{"prompt": f"write {i} short lines about the sea", "output_len": 20 + 7 * (i % 9)} for i in range(40)]
     completions = tmp_path / "served.jsonl"
     completions.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from predictor.model import (
     load_predictor,
     save_predictor,
 )
-from predictor.prompt_format import PERCEPTION_INSTRUCTION, chat_frame, perception_frame
+from predictor.prompt_format import chat_frame
 from predictor.train import train
 
 from .conftest import synthetic_records
@@ -89,19 +88,6 @@ def test_adapter_saved_with_a_single_net_still_loads(tiny_opt: Path, tmp_path: P
         assert torch.equal(again.head.state_dict()[k], v)
 
 
-@pytest.fixture()
-def tiny_llama_chat(tiny_llama: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "tiny-llama-chat"
-    shutil.copytree(tiny_llama, path)
-    tok = load_tokenizer(str(path))
-    tok.chat_template = (
-        "{% for m in messages %}</s> {{ m['role'] }} : {{ m['content'] }} </s>{% endfor %}"
-        "{% if add_generation_prompt %} assistant :{% endif %}"
-    )
-    tok.save_pretrained(str(path))
-    return path
-
-
 def test_chat_frame_wraps_the_truncated_prompt(tiny_llama_chat: Path) -> None:
     tok = load_tokenizer(str(tiny_llama_chat))
     before, after = chat_frame(tok)
@@ -115,10 +101,6 @@ def test_chat_frame_wraps_the_truncated_prompt(tiny_llama_chat: Path) -> None:
     # On a short prompt the frame is the template's own tokenization.
     whole = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert framed[1] == tok(whole, add_special_tokens=False)["input_ids"]
-    # The perception frame closes the user message with the length instruction.
-    pb, pa = perception_frame(tok)
-    assert pb == before and pa[len(pa) - len(after):] == after
-    assert pa[: len(pa) - len(after)] == tok(PERCEPTION_INSTRUCTION, add_special_tokens=False)["input_ids"]
     tok.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
         chat_frame(tok)

@@ -67,20 +67,18 @@ def test_deployment_batches_without_a_cluster(adapter: Path, monkeypatch: pytest
     assert prediction_if_ready(None) is None
 
 
-@pytest.mark.parametrize("name", ["smollm2-sharegpt", "smollm2-sharegpt-long"])
-def test_shipped_adapter_serves_what_evaluation_scored(name: str) -> None:
-    """Each shipped adapter loads, and the service frames and truncates prompts
-    exactly as training and evaluation did (same prediction on both paths)."""
+def check_serves_what_evaluation_scored(adapter: Path) -> None:
+    """The adapter loads, and the service frames and truncates prompts exactly
+    as training and evaluation did (same prediction on both paths)."""
     from engine.model_source import ModelSourceError, resolve_model
     from predictor.dataset import LengthPair, encode_prompts
     from predictor.evaluate import predict_pairs
-    from predictor.service import DEFAULT_ADAPTER
 
     try:
         resolve_model("embedded:smollm2")
     except ModelSourceError as e:
         pytest.skip(f"embedded SmolLM2 unavailable: {e}")
-    svc = PredictorService(DEFAULT_ADAPTER.parent / name, padding_ratio=0.15)
+    svc = PredictorService(adapter, padding_ratio=0.15)
     prompts = ["hi", "Write a Python function that parses a CSV file and sums each column. " * 12]
     served = svc.predict_lengths(prompts)
     pairs = [LengthPair(id=str(i), prompt=p, prompt_tokens=n, response_len=1)
@@ -89,6 +87,29 @@ def test_shipped_adapter_serves_what_evaluation_scored(name: str) -> None:
     # LoRA is merged for serving: float rounding may move a prediction by a token.
     assert all(abs(a - max(1, round(b))) <= 1 for a, b in zip(served, scored))
     assert all(1 <= n <= svc.cfg.max_len for n in served)
+
+
+def test_shipped_adapter_serves_what_evaluation_scored() -> None:
+    from predictor.service import DEFAULT_ADAPTER
+
+    check_serves_what_evaluation_scored(DEFAULT_ADAPTER)
+
+
+def test_the_wheel_ships_the_whole_default_adapter_and_nothing_else() -> None:
+    """package-data lists exactly the files in the adapter folder, so the
+    test above, which loads that folder, proves the installed adapter works."""
+    tomllib = pytest.importorskip("tomllib")
+    from predictor.service import DEFAULT_ADAPTER
+
+    root = Path(__file__).resolve().parents[2]
+    pkg = root / "predictor"
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["predictor"]
+    shipped = {f for pat in patterns for f in pkg.glob(pat) if f.is_file()}
+    present = {f for f in (pkg / "adapters").rglob("*") if f.is_file() and "__pycache__" not in f.parts}
+    assert shipped == present
+    assert {f.relative_to(DEFAULT_ADAPTER).as_posix() for f in present} == {
+        "predictor_config.json", "head.safetensors", "lora/adapter_config.json", "lora/adapter_model.safetensors",
+    }
 
 
 @pytest.mark.gpu

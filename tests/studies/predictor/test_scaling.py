@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor.scaling import collect, fit_log2, needed, render, trends
+from studies.predictor.scaling import collect, fit_log2, needed, render, trends
 
 
 def test_fit_log2_recovers_a_line_in_log2():
@@ -58,7 +58,7 @@ def test_trends_per_axis_from_runs(tmp_path: Path):
     assert depth["fits"]["acc50"]["needed"] > 1e6
     # Epochs come from the 3-epoch run's curve, one point per epoch.
     assert [p[0] for p in by_axis["epochs"]["points"]] == [1, 2, 3]
-    report = {"command": "python -m predictor scaling", "eval_samples": 600,
+    report = {"command": "python -m studies.predictor scaling", "eval_samples": 600,
               "baselines": {"bucket_median": {"mae": 175.0, "acc50": 0.2, "acc100": 0.4}},
               "targets": targets, "runs": rows, "trends": trends(rows, targets)}
     md = render(report)

@@ -6,7 +6,7 @@ prompt format ("raw" prompt or framed in the chat template), keeps the mean
 and the last-token state of chosen decoder layers, and trains one bins head
 (the shipped head, `predictor.model.LengthHead`) per feature set.  It is how
 the shipped adapter's `prompt_format`, `pool_layers` and `pooling` were
-chosen; `python -m predictor probe` reproduces the table.
+chosen; `python -m studies.predictor probe` reproduces the table.
 
 Early stopping uses a validation slice of the training pairs, taken by prompt
 (a repeated prompt never sits on both sides); the test pairs are scored once,
@@ -37,7 +37,25 @@ from predictor.model import (
     pad_id_of,
     pool,
 )
-from predictor.prompt_format import perception_frame
+from predictor.prompt_format import chat_frame
+
+# "Perception in advance" (Zheng et al. 2023, "Response Length Perception and
+# Sequence Scheduling", the source of the Acc-50/100 targets): the prompt is
+# followed by an instruction to state the answer's length instead of answering.
+# Their Vicuna-7B follows it; the "perception" format measures whether a small
+# backbone's state there carries more of the length (it does not, so the
+# format stays out of `ModelConfig`).
+PERCEPTION_INSTRUCTION = (
+    "\n\nDon't output the response for the above instruction. Instead, you need to predict "
+    "the number of tokens in your response. Output only one number."
+)
+
+
+def perception_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """`chat_frame` with the perception instruction closing the user message."""
+    before, after = chat_frame(tokenizer)
+    instruction = tokenizer(PERCEPTION_INSTRUCTION, add_special_tokens=False)["input_ids"]
+    return before, list(instruction) + after
 
 
 class ProbeConfig(BaseModel):
@@ -45,7 +63,7 @@ class ProbeConfig(BaseModel):
 
     backbone: str = "embedded:smollm2"
     # "raw" prompt, "chat" template, or "perception": the chat template with an
-    # instruction to state the answer's length (predictor/prompt_format.py).
+    # instruction to state the answer's length (`perception_frame`).
     formats: tuple[Literal["raw", "chat", "perception"], ...] = ("raw", "chat")
     layers: tuple[int, ...] = (4, 8, 16, 24, 30)
     # Sets of layers whose mean and last states are concatenated.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from predictor import capacity
-from predictor.__main__ import main
 from predictor.config import DatasetConfig
 from predictor.dataset import build_pairs, load_tokenizer, write_jsonl
+from studies.predictor import capacity
+from studies.predictor.__main__ import main
 
 from .conftest import synthetic_records
 

@@ -1,6 +1,6 @@
 """Capacity study of the RL predictor: the whole backbone, long prompts, more epochs.
 
-The CPU scaling study (`predictor/scaling.py`) could only afford 1-epoch runs
+The CPU scaling study (`studies/predictor/scaling.py`) could only afford 1-epoch runs
 on 3,000 pairs, cut to a few layers.  On a GPU the embedded backbone trains
 whole, on every training pair, in minutes, so this study asks the issue's
 question at full size: does LoRA on all 30 layers, a prompt of 512 or 1,024
@@ -155,7 +155,8 @@ def finish(runs_dir: Path, names: Sequence[str], device: str, parallel: int,
     run_parallel(cmds, parallel)
     evals = [
         (n, [sys.executable, "-m", "predictor", "--device", device, "evaluate",
-             "--adapter", str(runs_dir / f"final-{n}"), *extra], runs_dir / f"final-{n}.eval.log")
+             "--adapter", str(runs_dir / f"final-{n}"), "--out", str(runs_dir / f"final-{n}"), *extra],
+         runs_dir / f"final-{n}.eval.log")
         for n in names if not (runs_dir / f"final-{n}" / "eval_report.json").is_file()
     ]
     run_parallel(evals, parallel)

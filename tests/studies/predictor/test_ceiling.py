@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.ceiling import same_prompt_ceiling
+from studies.predictor.ceiling import same_prompt_ceiling
 from predictor.dataset import LengthPair
 
 

@@ -9,7 +9,15 @@ import torch
 from predictor.config import DatasetConfig, ModelConfig
 from predictor.dataset import build_pairs, load_tokenizer
 from predictor.model import load_backbone
-from predictor.probe import ProbeConfig, features, render_probe, run_probe
+from predictor.prompt_format import chat_frame
+from studies.predictor.probe import (
+    PERCEPTION_INSTRUCTION,
+    ProbeConfig,
+    features,
+    perception_frame,
+    render_probe,
+    run_probe,
+)
 
 from .conftest import synthetic_records
 
@@ -39,6 +47,14 @@ def test_probe_reports_every_feature_set(tiny_llama: Path) -> None:
     assert report["n_fit"] + report["n_val"] == len(s.train) and report["n_test"] == len(s.test)
     for r in report["rows"]:
         assert r["mae"] > 0 and 0 <= r["acc50"] <= r["acc100"] <= 1 and 1 <= r["epochs"] <= 3
-    md = render_probe(report, "python -m predictor probe")
+    md = render_probe(report, "python -m studies.predictor probe")
     assert "'perception'" in md
     assert "L2+4 mean+last" in md and "bucket median" in md
+
+
+def test_perception_frame_closes_the_user_message_with_the_instruction(tiny_llama_chat: Path) -> None:
+    tok = load_tokenizer(str(tiny_llama_chat))
+    before, after = chat_frame(tok)
+    pb, pa = perception_frame(tok)
+    assert pb == before and pa[len(pa) - len(after):] == after
+    assert pa[: len(pa) - len(after)] == tok(PERCEPTION_INSTRUCTION, add_special_tokens=False)["input_ids"]
