@@ -12,7 +12,7 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from app.config import AppConfig
+from api.config import AppConfig
 
 
 def engine_bundles(cfg: AppConfig) -> list[dict[str, float]]:

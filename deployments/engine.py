@@ -27,8 +27,8 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
-from app.config import AppConfig
-from app.protocol import GenerateDelta, GenerateRequest, WireLogprob
+from api.config import AppConfig
+from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, queued_work

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from app.protocol import GenerateRequest, JobMetrics
+from api.protocol import GenerateRequest, JobMetrics
 from scheduler.admission import MeanOutput
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.iteration import IterationDriver, IterationFailed, OnWallClock

@@ -25,18 +25,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.auth import BearerKeyAuth
-from app.config import AppConfig
-from app.errors import APIError, validation_error
-from app.http import (
+from api.auth import BearerKeyAuth
+from api.config import AppConfig
+from api.errors import APIError, validation_error
+from api.http import (
     JSONServerErrors,
     api_error_handler,
     http_exception_handler,
     read_json_object,
 )
-from app.logprobs import TokenText
-from app.openapi import build_openapi, openapi_endpoint
-from app.protocol import (
+from api.logprobs import TokenText
+from api.openapi import build_openapi, openapi_endpoint
+from api.protocol import (
     Admission,
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,7 +44,7 @@ from app.protocol import (
     new_id,
     now_s,
 )
-from app.responses import PromptInput, ResponseBuilder
+from api.responses import PromptInput, ResponseBuilder
 
 log = logging.getLogger("ray.serve")
 
@@ -151,7 +151,7 @@ class Ingress:
     # Plumbing -------------------------------------------------------------
 
     async def _parse(self, request: Request, model: type) -> Any:
-        # Bounded, strict JSON (app/http.py): a 4xx for every malformed body.
+        # Bounded, strict JSON (api/http.py): a 4xx for every malformed body.
         data = await read_json_object(request, self.cfg.max_request_bytes)
         try:
             req = model.model_validate(data)

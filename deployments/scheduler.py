@@ -20,8 +20,8 @@ from typing import Any
 
 from ray import serve
 
-from app.config import AppConfig
-from app.protocol import Admission
+from api.config import AppConfig
+from api.protocol import Admission
 from scheduler.placement import Placement
 
 log = logging.getLogger("ray.serve")

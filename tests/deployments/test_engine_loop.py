@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from app.protocol import GenerateRequest
+from api.protocol import GenerateRequest
 from deployments.engine_loop import Delivery, EngineLoop
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.app.harness import Harness, harness
+from tests.api.harness import Harness, harness
 
 API_KEY = "sk-test-0123456789abcdef"
 # Small, so oversized bodies cost little and long prompts overflow often.

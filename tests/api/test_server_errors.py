@@ -13,9 +13,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from app.http import JSONServerErrors
-from tests.app.harness import Harness
-from tests.app.shapes import assert_error
+from api.http import JSONServerErrors
+from tests.api.harness import Harness
+from tests.api.shapes import assert_error
 
 
 @pytest.fixture

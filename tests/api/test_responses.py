@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.logprobs import TokenText
-from app.responses import PromptInput, ResponseBuilder
+from api.logprobs import TokenText
+from api.responses import PromptInput, ResponseBuilder
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx2
 
-from app.protocol import ChatCompletionRequest, CompletionRequest
+from api.protocol import ChatCompletionRequest, CompletionRequest
 
 _ERROR_KEYS = {"message", "type", "param", "code"}
 _FINISH = {"stop", "length"}

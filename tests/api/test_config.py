@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.config import AppConfig
+from api.config import AppConfig
 
 
 def test_predictor_runs_on_cpu_by_default() -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs
-from app.protocol import Usage, WireLogprob
+from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs
+from api.protocol import Usage, WireLogprob
 
 
 @dataclass(slots=True)

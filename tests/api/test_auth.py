@@ -8,11 +8,11 @@ import logging
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from app.auth import BearerKeyAuth, bearer_token
-from app.config import API_KEY_ENV, AppConfig
-from tests.app.conftest import API_KEY
-from tests.app.harness import Harness, harness, undecorated_ingress
-from tests.app.shapes import assert_completion, assert_error
+from api.auth import BearerKeyAuth, bearer_token
+from api.config import API_KEY_ENV, AppConfig
+from tests.api.conftest import API_KEY
+from tests.api.harness import Harness, harness, undecorated_ingress
+from tests.api.shapes import assert_completion, assert_error
 
 OK = {"prompt": "Hello", "max_tokens": 2}
 

@@ -9,11 +9,11 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-from app.openapi import build_openapi
-from app.protocol import ChatCompletionRequest, CompletionRequest
-from tests.app.conftest import API_KEY
-from tests.app.harness import Harness
-from tests.app.shapes import assert_error
+from api.openapi import build_openapi
+from api.protocol import ChatCompletionRequest, CompletionRequest
+from tests.api.conftest import API_KEY
+from tests.api.harness import Harness
+from tests.api.shapes import assert_error
 
 PATHS = {"/v1/models": "get", "/v1/completions": "post", "/v1/chat/completions": "post",
          "/health": "get"}

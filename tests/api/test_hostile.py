@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from app.errors import APIError
-from app.http import MAX_JSON_DEPTH, is_json_media_type, parse_json_object, read_json_object
-from app.protocol import ChatCompletionRequest, CompletionRequest
-from tests.app.conftest import MAX_REQUEST_BYTES
-from tests.app.harness import Harness
-from tests.app.shapes import assert_completion, assert_error
+from api.errors import APIError
+from api.http import MAX_JSON_DEPTH, is_json_media_type, parse_json_object, read_json_object
+from api.protocol import ChatCompletionRequest, CompletionRequest
+from tests.api.conftest import MAX_REQUEST_BYTES
+from tests.api.harness import Harness
+from tests.api.shapes import assert_completion, assert_error
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

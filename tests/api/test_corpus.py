@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.app.conftest import API_KEY
-from tests.app.harness import Harness
-from tests.app.shapes import assert_completion, assert_error
-from tests.app.strategies import (
+from tests.api.conftest import API_KEY
+from tests.api.harness import Harness
+from tests.api.shapes import assert_completion, assert_error
+from tests.api.strategies import (
     CHAT,
     COMPLETIONS,
     CONTENT_TYPES,

@@ -1,7 +1,7 @@
 """Hypothesis strategies for requests a hostile or careless client may send.
 
 Field names come from the request models themselves, so a field added to
-`app/protocol.py` is fuzzed with no edit here.  Values are of every JSON
+`api/protocol.py` is fuzzed with no edit here.  Values are of every JSON
 type: null, booleans, ints far beyond 64 bits, floats, strings with control
 characters and lone surrogates, nested lists and objects.  Requests are
 built around a valid one, so many are served and the response side is
@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from app.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ContentPart
+from api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ContentPart
 
 VOCAB = 49152  # SmolLM2's tokenizer
 COMPLETIONS = "/v1/completions"

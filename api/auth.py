@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import APIError
+from api.errors import APIError
 
 PUBLIC_PATHS = frozenset({"/health"})
 

@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from app.protocol import WireLogprob
+from api.protocol import WireLogprob
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 from app.builder import engine_actor_options, engine_bundles
-from app.config import AppConfig
+from api.config import AppConfig
 
 
 def test_cuda_replica_takes_the_first_bundles_gpu():
@@ -33,7 +33,7 @@ _PROBE = textwrap.dedent("""
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     from app.builder import engine_actor_options, engine_bundles
-    from app.config import AppConfig
+    from api.config import AppConfig
 
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR")
     cfg = AppConfig(device="cuda")

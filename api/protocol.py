@@ -3,7 +3,7 @@
 Requests are strict, as OpenAI's own API is: a field we implement is
 validated to OpenAI's documented range; an OpenAI field (or a vLLM
 extension) we do not implement is accepted only with the value that means
-"off" and otherwise rejected with a 400 naming it (`app/unsupported.py`);
+"off" and otherwise rejected with a 400 naming it (`api/unsupported.py`);
 a field nobody defines is rejected as unrecognized.  Nothing a client sends
 is silently ignored.
 """
@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.unsupported import UnsupportedFields
+from api.unsupported import UnsupportedFields
 
 # OpenAI's integer fields are 64-bit; the engine's seed stream and token
 # arithmetic assume it (vLLM bounds `seed` the same way).

@@ -30,8 +30,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from app.config import API_KEY_ENV
-from app.protocol import GenerateDelta, GenerateRequest, JobMetrics, WireLogprob
+from api.config import API_KEY_ENV
+from api.protocol import GenerateDelta, GenerateRequest, JobMetrics, WireLogprob
 
 # What every fake choice "generates", cycled to the token count it needs.
 _OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
@@ -201,7 +201,7 @@ def harness(api_key: str | None = None, max_request_bytes: int = 64 * 1024,
             **config: Any) -> Iterator[Harness]:
     """A started ingress app; `api_key` None means no authentication, whatever
     the environment holds."""
-    from app.config import AppConfig
+    from api.config import AppConfig
 
     cfg = {"model": "embedded:smollm2", "max_request_bytes": max_request_bytes,
            "api_key": api_key, **config}

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from app.protocol import ErrorBody, ErrorResponse
+from api.protocol import ErrorBody, ErrorResponse
 
 # OpenAI's `type` for each status; anything unlisted at 5xx is a server error.
 _TYPES = {

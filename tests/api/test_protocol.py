@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.errors import validation_error
-from app.protocol import ChatCompletionRequest, CompletionRequest
-from app.unsupported import UNSUPPORTED_FIELDS
+from api.errors import validation_error
+from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.unsupported import UNSUPPORTED_FIELDS
 
 MSG = [{"role": "user", "content": "hi"}]
 

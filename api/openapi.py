@@ -1,7 +1,7 @@
 """`GET /openapi.json`: an OpenAPI 3.1 description of the served API.
 
 The request bodies are the JSON Schemas of the protocol's pydantic models,
-generated when the ingress starts, so a field added to `app/protocol.py`
+generated when the ingress starts, so a field added to `api/protocol.py`
 appears here with no edit.  Every 4xx/5xx is described by `ErrorResponse`,
 the one error body the server sends.
 """
@@ -17,7 +17,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from app.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 _REF = "#/components/schemas/{model}"
 
