@@ -108,7 +108,7 @@ class ModelRunner:
 
     def set_kv_tier(self, tier: HostKVTier) -> None:
         """Enable SWAP_OUT / SWAP_IN / CHECKPOINT / DROP block ops through
-        `tier` (a `kvstore.tier.HostKVTier`)."""
+        `tier` (e.g. `kvstore.tier.ObjectStoreTier`)."""
         self.swapper = BlockSwapper(self.kv_cache, tier)
 
     @property

@@ -16,8 +16,9 @@ The scheduler decides, this copies (the contract in `scheduler/plan.py`):
   a move: the host copy is dropped once fetched, as the scheduler's
   `SwapManager.swap_in_done` already counts its host blocks free.
 
-The tier is duck-typed (`HostKVTier` below, implemented by
-`kvstore.tier`), so the engine does not import the KV store package.
+The engine states what it needs of a tier (`HostKVTier` below) and the KV
+store implements it (`kvstore.tier`), so the engine never imports the KV
+store package, nor Ray through it: it runs, and is tested, without Ray.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from scheduler.plan import BlockOp, BlockOpKind
 
 
 class HostKVTier(Protocol):
-    """What the engine needs from a host tier (see kvstore/tier.py)."""
+    """What the engine needs from a host tier: per-job blocks, `blocks` a
+    tensor [n_blocks, ...] in block order.  Copies run off the iteration's
+    critical path; `landed` lists the fetches completed since the last call
+    (None: the blocks were lost)."""
 
     def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor) -> Future[bool]: ...
 

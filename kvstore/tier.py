@@ -1,9 +1,9 @@
-"""The host KV tier as the engine sees it: offload, fetch, drop.
+"""Host KV tiers: the engine's `HostKVTier` (engine/swapper.py) implemented.
 
-`HostKVTier` is the interface the model runner uses.  Copies never run on
-the iteration's critical path: offloads and fetches go to one worker thread
-(FIFO, so a fetch after an offload of the same job sees it) and the runner
-polls for fetches that have landed.
+Copies never run on the iteration's critical path: in a `ThreadedHostTier`
+offloads and fetches go to one worker thread (FIFO, so a fetch after an
+offload of the same job sees it) and the runner polls for fetches that have
+landed.
 
 - `LocalHostTier`: host memory of this process (tests, single replica
   without Ray).
@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from engine.swapper import HostKVTier
+
 log = logging.getLogger(__name__)
 
 
@@ -43,8 +45,9 @@ class TierStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class HostKVTier(ABC):
-    """Per-job blocks: `blocks` is a tensor [n_blocks, ...] in block order."""
+class ThreadedHostTier(HostKVTier, ABC):
+    """A `HostKVTier` whose copies run on one worker thread; a subclass
+    says where the blocks are kept (`_put`, `_get`, `_remove`)."""
 
     def __init__(self) -> None:
         self.stats = TierStats()
@@ -139,7 +142,7 @@ class HostKVTier(ABC):
     def _remove(self, job_id: str) -> None: ...
 
 
-class LocalHostTier(HostKVTier):
+class LocalHostTier(ThreadedHostTier):
     def __init__(self, capacity_bytes: int) -> None:
         super().__init__()
         self.capacity = capacity_bytes
@@ -173,7 +176,7 @@ class LocalHostTier(HostKVTier):
                 self.used -= t.numel() * t.element_size()
 
 
-class ObjectStoreTier(HostKVTier):
+class ObjectStoreTier(ThreadedHostTier):
     """Blocks in Ray's object store, owned by a `KVDirectory` actor.
 
     With `name`, the directory is looked up again by name when the handle

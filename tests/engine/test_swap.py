@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,13 @@ from engine.swapper import BlockSwapper
 from kvstore.tier import LocalHostTier
 from scheduler.plan import BlockOp, BlockOpKind, Plan
 from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts
+
+
+def test_engine_and_local_tier_import_without_ray() -> None:
+    # The engine owns `HostKVTier` and kvstore.tier implements it; neither
+    # may pull Ray in, as the GPU test machines have none.
+    code = "import sys, engine.runner, kvstore.tier; sys.exit('ray' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_read_write_blocks_roundtrip() -> None:
