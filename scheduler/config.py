@@ -1,10 +1,15 @@
-"""Configuration of the per-replica scheduling core."""
+"""Configuration of the per-replica scheduling core.
+
+`SchedulingSettings` states each scheduling field and its bounds once: the
+application's config (`api.config.AppConfig`) derives from it, so the YAML
+a user writes and the simulator's configs are checked by the same rules.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class MLFQConfig(BaseModel):
@@ -29,31 +34,54 @@ class MLFQConfig(BaseModel):
     slo_normalized_s: float | None = Field(None, gt=0)
 
 
-class SchedulerConfig(BaseModel):
+class SchedulingSettings(BaseModel):
+    """The scheduling fields a user sets as they are.  The KV sizes are not
+    here: the scheduler counts them in blocks, a user in tokens."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # A name in `scheduler.policies.POLICIES`.
     policy: str = "fcfs"
-    block_size: int = Field(16, ge=1, le=1024)
-    num_blocks: int = Field(..., ge=1)
-    max_batch_size: int = Field(32, ge=1)
+    block_size: int = Field(16, ge=1, le=256)
+    max_batch_size: int = Field(32, ge=1, le=4096)
     # Token budget of one iteration: decodes count one each, prefill chunks
     # their length (chunked prefill, as in vLLM / Sarathi).
     max_batch_tokens: int = Field(512, ge=1)
+    # A prompt token and one output token at least (the engine's minimum).
     max_model_len: int = Field(2048, ge=2)
-    # What preemption does with KV (scheduler/swap.py).
+    # What preemption does with KV (scheduler/swap.py): drop it and
+    # recompute, or swap it to the host tier (FastServe §4.2).  `reactive`
+    # swaps when memory runs out or a job must run; `proactive` also keeps a
+    # burst reserve and prefetches.
     swap_mode: Literal["recompute", "reactive", "proactive"] = "recompute"
-    # Host KV tier capacity in blocks (0: no host tier, always recompute).
-    host_kv_blocks: int = Field(0, ge=0)
     # Proactive mode: free blocks kept for arrivals.  None: sized from the
     # recent arrival rate (FastServe §4.2, "handling a burst").
     reserve_blocks: int | None = Field(None, ge=0)
     mlfq: MLFQConfig = MLFQConfig()
 
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        # Imported here: the policies import this module.  Looked up at
+        # validation, so a policy registered later (bench/oracle.py) counts.
+        from scheduler.policies import policy_class
+
+        policy_class(v)
+        return v
+
+
+class SchedulerConfig(SchedulingSettings):
+    # Device KV cache in blocks.
+    num_blocks: int = Field(..., ge=1)
+    # Host KV tier capacity in blocks (0: no host tier, always recompute).
+    host_kv_blocks: int = Field(0, ge=0)
+
     @model_validator(mode="after")
     def _fits(self) -> "SchedulerConfig":
         if self.num_blocks * self.block_size < self.max_model_len:
             raise ValueError(
-                f"num_blocks * block_size = {self.num_blocks * self.block_size} tokens "
-                f"cannot hold one sequence of max_model_len = {self.max_model_len}"
+                f"a KV cache of {self.num_blocks * self.block_size} tokens "
+                f"({self.num_blocks} blocks of {self.block_size}) cannot hold one "
+                f"sequence of max_model_len = {self.max_model_len}"
             )
         return self

@@ -1,4 +1,4 @@
-"""Application config: a bad predictor placement fails at start with the field named."""
+"""Application config: a bad value fails at start with the field named."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.config import AppConfig
+from scheduler.config import SchedulerConfig, SchedulingSettings
 
 
 def test_predictor_runs_on_cpu_by_default() -> None:
@@ -22,3 +23,29 @@ def test_predictor_on_cuda_takes_a_gpu_share() -> None:
         AppConfig(predictor={"num_gpus": 0.5})
     with pytest.raises(ValidationError, match="device"):
         AppConfig(predictor={"device": "tpu"})
+
+
+def test_scheduler_fields_are_the_schedulers_own() -> None:
+    # One statement of each scheduling field: the same bounds refuse the
+    # same values in the application's config and in the scheduler's.
+    base = {"num_blocks": 4096}
+    for field, bad in (("block_size", 257), ("max_batch_size", 4097), ("max_batch_tokens", 0),
+                       ("max_model_len", 1), ("swap_mode", "never"), ("reserve_blocks", -1),
+                       ("policy", "nope"), ("mlfq", {"quantum_ratio": 1.0})):
+        for build in (lambda: AppConfig(**{field: bad}),
+                      lambda: SchedulerConfig(**base, **{field: bad})):
+            with pytest.raises(ValidationError, match=field):
+                build()
+    cfg = AppConfig(policy="mlfq", block_size=32, kv_cache_tokens=4100, max_model_len=1024,
+                    swap_mode="proactive", host_kv_tokens=100, mlfq={"num_queues": 4})
+    sc = cfg.scheduler_config()
+    assert (sc.num_blocks, sc.host_kv_blocks) == (128, 3)
+    assert {k: getattr(sc, k) for k in SchedulingSettings.model_fields} == {
+        k: getattr(cfg, k) for k in SchedulingSettings.model_fields}
+
+
+def test_a_cache_too_small_names_kv_cache_tokens() -> None:
+    with pytest.raises(ValidationError, match=r"kv_cache_tokens: .*max_model_len = 2048"):
+        AppConfig(kv_cache_tokens=2000)
+    with pytest.raises(ValidationError, match=r"kv_cache_tokens \(num_blocks = 0\)"):
+        AppConfig(kv_cache_tokens=16, block_size=32, max_model_len=16)
