@@ -54,12 +54,11 @@ log = logging.getLogger("ray.serve")
 class Ingress:
     def __init__(self, config: dict[str, Any], scheduler: Any, engine: Any,
                  predictor: Any = None) -> None:
-        from transformers import AutoTokenizer
-
         from engine.model_source import resolve_model
+        from engine.tokenizer import load_tokenizer
 
         self.cfg = AppConfig(**config)
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model))
+        self.tokenizer = load_tokenizer(resolve_model(self.cfg.model))
         self.vocab_size = len(self.tokenizer)
         self.token_text = TokenText(self.tokenizer)
         self.scheduler = scheduler
@@ -130,21 +129,28 @@ class Ingress:
             pi.text for pi in prompts])
 
     async def chat_completions(self, request: Request) -> Response:
+        from engine.tokenizer import render_chat
+
         req = await self._parse(request, ChatCompletionRequest)
         messages = [m.template_dict() for m in req.messages]
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False)
+            text = render_chat(self.tokenizer, messages)
         except Exception as e:  # a template may reject a role order
             raise APIError(400, f"messages do not fit the chat template: {e}", "messages")
-        ids = self._encode(text, "messages", add_special_tokens=False)
+        ids = self._encode(text, "messages", chat=True)
         users = [m["content"] for m in messages if m["role"] == "user"]
         return await self._serve(req, [PromptInput(ids, text)], chat=True,
                                  predict_texts=[users[-1] if users else text])
 
-    def _encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    def _encode(self, text: str, param: str, chat: bool = False) -> list[int]:
+        """`chat`: `text` is a rendered chat template, which carries its own
+        special tokens."""
+        from engine.tokenizer import encode_chat_text
+
         try:
-            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+            if chat:
+                return encode_chat_text(self.tokenizer, text)
+            return list(self.tokenizer(text)["input_ids"])
         except Exception as e:  # e.g. text the tokenizer cannot encode
             raise APIError(400, f"{param} cannot be tokenized: {e}", param)
 

@@ -2,7 +2,10 @@
 
 Light on purpose (no model weights, no torch tensors): the ingress uses it
 to apply the chat template and count prompt tokens, the runner to
-detokenize.  `local_files_only` everywhere: no hub access.
+detokenize, the length predictor to frame its prompts.  The chat template
+is applied here and nowhere else (`render_chat`), so a chat prompt is the
+same token ids wherever it is built.  `local_files_only` everywhere: no hub
+access.
 """
 
 from __future__ import annotations
@@ -43,6 +46,32 @@ def chat_template(tokenizer: PreTrainedTokenizerBase) -> str | None:
     return getattr(tokenizer, "chat_template", None)
 
 
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> str:
+    """The prompt text of a chat conversation in the model's template; with
+    `add_generation_prompt` it ends where the assistant's answer begins."""
+    if not chat_template(tokenizer):
+        raise ValueError("the model's tokenizer has no chat template")
+    text = tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **template_kwargs,
+    )
+    return str(text)
+
+
+def encode_chat_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of text `render_chat` produced.  No special tokens are
+    added: the template already wrote those the model expects (a second BOS
+    would change the prompt)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def encode_chat(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
@@ -50,13 +79,5 @@ def encode_chat(
     **template_kwargs: Any,
 ) -> list[int]:
     """Prompt token ids of a chat conversation, via the model's template."""
-    if chat_template(tokenizer) is None:
-        raise ValueError("this model's tokenizer has no chat template; use completions")
-    ids = tokenizer.apply_chat_template(
-        messages,
-        add_generation_prompt=add_generation_prompt,
-        tokenize=True,
-        return_dict=False,
-        **template_kwargs,
-    )
-    return list(ids)
+    text = render_chat(tokenizer, messages, add_generation_prompt, **template_kwargs)
+    return encode_chat_text(tokenizer, text)

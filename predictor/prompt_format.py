@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.tokenizer import chat_template, render_chat
+
 _PLACEHOLDER = "\x00PROMPT\x00"
 
 
 def chat_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
     """Token ids before and after the user message in the chat template."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not chat_template(tokenizer):
         raise ValueError("prompt_format 'chat' needs a tokenizer with a chat template")
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _PLACEHOLDER}], add_generation_prompt=True, tokenize=False
-    )
+    # Rendered as the ingress renders a served chat request, so the frame is
+    # what serving puts around a lone user message.
+    text = render_chat(tokenizer, [{"role": "user", "content": _PLACEHOLDER}])
     if text.count(_PLACEHOLDER) != 1:
         raise ValueError("the chat template does not place the user message verbatim")
     before, after = text.split(_PLACEHOLDER)

@@ -155,3 +155,20 @@ def test_model_facts_for_the_ingress(smollm2_runner: ModelRunner) -> None:
     ids = r.apply_chat_template([{"role": "user", "content": "hi"}])
     assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
     assert r.tokenizer.decode(ids).rstrip().endswith("assistant")
+
+
+def test_chat_prompt_is_the_templates_own_tokenization(smollm2_path: Path) -> None:
+    # The ingress renders then encodes (it keeps the text); the runner
+    # encodes at once: both are transformers' tokenized template.
+    from engine.tokenizer import encode_chat, encode_chat_text, load_tokenizer, render_chat
+
+    tok = load_tokenizer(smollm2_path)
+    messages = [{"role": "system", "content": "Be brief. <|im_start|>"},
+                {"role": "user", "content": "hi", "name": "bob"}]
+    ids = encode_chat(tok, messages)
+    assert encode_chat_text(tok, render_chat(tok, messages)) == ids
+    assert ids == list(tok.apply_chat_template(messages, add_generation_prompt=True,
+                                               tokenize=True, return_dict=False))
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        render_chat(tok, messages)
