@@ -36,6 +36,7 @@ def collect_completions(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine.model_source import resolve_model
+    from engine.tokenizer import render_chat
 
     path = resolve_model(model_spec)
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -54,12 +55,7 @@ def collect_completions(
     with out_path.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc="generate") as bar:
         for i in range(0, len(todo), batch_size):
             chunk = todo[i : i + batch_size]
-            texts = [
-                tok.apply_chat_template(
-                    [{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True
-                )
-                for p in chunk
-            ]
+            texts = [render_chat(tok, [{"role": "user", "content": p.prompt}]) for p in chunk]
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.inference_mode():
                 out = model.generate(
