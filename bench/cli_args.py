@@ -30,6 +30,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offline-input-len", type=int, default=512)
     g.add_argument("--offline-output-len", type=int, default=512)
     g.add_argument("--offline-rate", type=float, default=math.inf)
+    g.add_argument("--offline-priority", type=int, default=0,
+                   help="the offline requests' priority (lower runs first; online ones have 0)")
     g.add_argument("--workload-spec", type=Path, default=None,
                    help="a WorkloadSpec JSON file, or a result JSON whose workload to replay "
                         "(overrides the options above)")
@@ -67,7 +69,8 @@ def _add_sweep_args(p: argparse.ArgumentParser, loads: bool) -> None:
 def _add_sim_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost model")
     g.add_argument("--cost-model", default="opt-13b",
-                   help="opt-13b | opt-66b | opt-175b (analytic A100) or a cost table JSON (profile)")
+                   help="opt-13b | opt-66b | opt-175b | llama-2-7b (analytic A100) "
+                        "or a cost table JSON (profile)")
     g.add_argument("--gpu", choices=["a100-80gb", "a100-40gb"], default="a100-80gb")
     g.add_argument("--tp", type=int, default=None, help="tensor parallel degree (preset default)")
     g.add_argument("--pp", type=int, default=None, help="pipeline parallel degree (preset default)")

@@ -47,6 +47,7 @@ def _workload_spec(a: argparse.Namespace) -> WorkloadSpec:
             StreamSpec(
                 name="offline",
                 job_class="offline",
+                priority=a.offline_priority,
                 num_requests=a.offline_num_requests,
                 lengths=LengthSpec(dataset=a.offline_dataset, input_len=a.offline_input_len,
                                    output_len=a.offline_output_len, filter=flt),

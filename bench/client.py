@@ -174,6 +174,8 @@ def request_body(cfg: ClientConfig, model: str, req: RequestSpec,
         body["min_tokens"] = req.output_tokens
     body.update(cfg.extra_body)
     body.update(cfg.class_extra_body.get(req.job_class, {}))
+    if req.priority:
+        body["priority"] = req.priority
     if variant is not None:
         for k in variant.drop_keys:
             body.pop(k, None)

@@ -4,15 +4,19 @@ The simulator (bench/simulator.py) asks a cost model for the duration of
 each `Plan` the scheduler emits.  Two models:
 
 1. `AnalyticCostModel` -- OPT-13B / 66B / 175B (FastServe Table 1 shapes)
-   on NVIDIA A100s, a per-layer roofline.  Assumptions:
+   and Llama-2-7B (ConServe's model) on NVIDIA A100s, a per-layer
+   roofline.  Assumptions:
 
    - FP16 weights and KV cache (FastServe §6.1), OPT layer = QKV, output
      projection, two FFN matrices (4h): 12·h² weights and 13·h biases per
      layer; vocabulary 50272, 2048 positions.  OPT-13B comes out at 12.9 B
-     parameters (25.7 GB), 66B at 65.7 B, 175B at 174.6 B.
+     parameters (25.7 GB), 66B at 65.7 B, 175B at 174.6 B.  Llama-2-7B:
+     a gated MLP of width 11,008 (three matrices), rotary positions, an
+     untied LM head and vocabulary 32,000: 6.74 B parameters.
    - Per GPU and per layer, each operator group costs
      max(FLOPs / (peak · compute_eff), bytes / (HBM · memory_eff)):
-       * the linear layers: 2·12h²·T/tp FLOPs for T batched tokens, reading
+       * the linear layers: 2·W·T/tp FLOPs for T batched tokens and W
+         matmul weights per layer (12h² for OPT), reading
          the layer's weights once per iteration (all jobs of the batch share
          one read) plus activations (16h values per token);
        * attention: 4·h/tp FLOPs per (query, key) pair -- a decode token
@@ -45,7 +49,7 @@ each `Plan` the scheduler emits.  Two models:
      gpu_memory_utilization) minus the weights' share and 1 GiB of
      activations, divided by the block's bytes per GPU.
    Presets follow FastServe Figure 11: OPT-13B on 1 GPU, OPT-66B on 4
-   (tp 4), OPT-175B on 16 (tp 8 × pp 2).
+   (tp 4), OPT-175B on 16 (tp 8 × pp 2); Llama-2-7B on 1 (ConServe §6.1).
 
 2. `TableCostModel` (bench/costtable.py) -- fitted to our engine's measurements by the profiler
    (bench/profiler.py): decode time interpolated in the measured (batch
@@ -164,18 +168,32 @@ class ModelShape(BaseModel):
     num_heads: int
     hidden: int
     vocab: int = 50272
+    # Learned position embeddings (OPT); 0 for rotary ones (Llama).
     max_positions: int = 2048
     dtype_bytes: int = 2
+    # MLP width (None: 4 x hidden, OPT) and whether it is gated (SwiGLU:
+    # three matrices instead of two, Llama).
+    ffn_hidden: int | None = None
+    gated_ffn: bool = False
+    # The LM head shares the embedding's weights (OPT) or has its own (Llama).
+    tied_head: bool = True
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Weights of one layer's matmuls: QKV and output (4h²) and the MLP."""
+        h = self.hidden
+        f = self.ffn_hidden or 4 * h
+        return 4 * h * h + (3 if self.gated_ffn else 2) * h * f
 
     @property
     def params_per_layer(self) -> int:
-        h = self.hidden
-        return 12 * h * h + 13 * h
+        return self.linear_params_per_layer + 13 * self.hidden
 
     @property
     def num_params(self) -> int:
         h = self.hidden
-        return self.num_layers * self.params_per_layer + (self.vocab + self.max_positions) * h + 2 * h
+        embeddings = self.vocab * (1 if self.tied_head else 2) + self.max_positions
+        return self.num_layers * self.params_per_layer + embeddings * h + 2 * h
 
     @property
     def weight_bytes(self) -> int:
@@ -187,11 +205,16 @@ class ModelShape(BaseModel):
         return 2 * self.num_layers * self.hidden * self.dtype_bytes
 
 
-# FastServe Table 1.
-OPT_MODELS: dict[str, ModelShape] = {
+MODELS: dict[str, ModelShape] = {
+    # FastServe Table 1.
     "opt-13b": ModelShape(name="OPT-13B", num_layers=40, num_heads=40, hidden=5120),
     "opt-66b": ModelShape(name="OPT-66B", num_layers=64, num_heads=72, hidden=9216),
     "opt-175b": ModelShape(name="OPT-175B", num_layers=96, num_heads=96, hidden=12288),
+    # ConServe's evaluation model (§6.1): 6.74 B parameters, multi-head
+    # attention (its KV per token is 2 x 32 x 4,096 x 2 bytes, 0.5 MiB).
+    "llama-2-7b": ModelShape(name="Llama-2-7B", num_layers=32, num_heads=32, hidden=4096,
+                             vocab=32000, max_positions=0, ffn_hidden=11008,
+                             gated_ffn=True, tied_head=False),
 }
 
 
@@ -219,6 +242,7 @@ PRESET_PARALLELISM: dict[str, tuple[int, int]] = {
     "opt-13b": (1, 1),
     "opt-66b": (4, 1),
     "opt-175b": (8, 2),
+    "llama-2-7b": (1, 1),
 }
 
 
@@ -248,7 +272,7 @@ class AnalyticCostModel(BaseModel):
         tp, pp = PRESET_PARALLELISM[model]
         kw.setdefault("tp", tp)
         kw.setdefault("pp", pp)
-        return cls(model=OPT_MODELS[model], gpu=GPUS[gpu], **kw)
+        return cls(model=MODELS[model], gpu=GPUS[gpu], **kw)
 
     # Capacity -------------------------------------------------------
 
@@ -279,7 +303,7 @@ class AnalyticCostModel(BaseModel):
         h, b = m.hidden, m.dtype_bytes
         T = shape.num_tokens
         lin = self._roofline(
-            2.0 * 12 * h * h * T / tp,
+            2.0 * m.linear_params_per_layer * T / tp,
             b * (m.params_per_layer + 16 * h * T) / tp,
         )
         pairs = shape.prefill_attn + shape.decode_context
@@ -327,8 +351,9 @@ def make_cost_model(
     gpu: str = "a100-80gb",
     **overrides: Any,
 ) -> AnalyticCostModel | TableCostModel:
-    """`opt-13b` / `opt-66b` / `opt-175b`, or the path of a cost table JSON."""
-    if spec in OPT_MODELS:
+    """A preset of `MODELS` (`opt-13b`, `llama-2-7b`, …), or the path of a
+    cost table JSON."""
+    if spec in MODELS:
         return AnalyticCostModel.preset(spec, gpu, **overrides)
     path = Path(spec)
     if path.is_file():
@@ -336,5 +361,5 @@ def make_cost_model(
 
         return TableCostModel.load(path, **overrides)
     raise ValueError(
-        f"cost model {spec!r} is neither one of {sorted(OPT_MODELS)} nor a cost table file"
+        f"cost model {spec!r} is neither one of {sorted(MODELS)} nor a cost table file"
     )

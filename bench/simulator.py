@@ -232,6 +232,7 @@ def simulate(
                 max_tokens=r.output_tokens,
                 arrival_time=r.arrival_time,
                 job_class=JobClass(r.job_class),
+                priority=r.priority,
             )
             try:
                 core.add(job)

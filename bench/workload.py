@@ -63,6 +63,8 @@ class StreamSpec(BaseModel):
 
     name: str = "main"
     job_class: JobClassName = "online"
+    # vLLM's meaning (lower runs first), sent as the request's `priority`.
+    priority: int = 0
     num_requests: int = Field(100, ge=0)
     lengths: LengthSpec = LengthSpec()
     arrivals: ArrivalSpec = ArrivalSpec()
@@ -93,6 +95,7 @@ class RequestSpec(BaseModel):
 
     request_id: str
     job_class: JobClassName = "online"
+    priority: int = 0
     arrival_time: float
     prompt_tokens: int
     output_tokens: int
@@ -200,6 +203,7 @@ def build_workload(
                 RequestSpec(
                     request_id=f"{prefix}-{i}",
                     job_class=s.job_class,
+                    priority=s.priority,
                     arrival_time=float(t[i]),
                     prompt_tokens=int(p[i]),
                     output_tokens=int(o[i]),

@@ -34,6 +34,21 @@ class MLFQConfig(BaseModel):
     slo_normalized_s: float | None = Field(None, gt=0)
 
 
+class ConserveConfig(BaseModel):
+    """Co-serving knobs (ConServe §4.2, §4.5; `policy: conserve`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The online objectives the offline budget protects.  None: 10x (TTFT)
+    # and 3x (TPOT) the cost estimate's batch-1 decode iteration.
+    ttft_slo_s: float | None = Field(None, gt=0)
+    tpot_slo_s: float | None = Field(None, gt=0)
+    # Offline batching mode (no online work present): batch limits that
+    # replace max_batch_size / max_batch_tokens.  None: those limits.
+    offline_max_batch_size: int | None = Field(None, ge=1, le=4096)
+    offline_max_batch_tokens: int | None = Field(None, ge=1)
+
+
 class SchedulingSettings(BaseModel):
     """The scheduling fields a user sets as they are.  The KV sizes are not
     here: the scheduler counts them in blocks, a user in tokens."""
@@ -58,6 +73,7 @@ class SchedulingSettings(BaseModel):
     # recent arrival rate (FastServe §4.2, "handling a burst").
     reserve_blocks: int | None = Field(None, ge=0)
     mlfq: MLFQConfig = MLFQConfig()
+    conserve: ConserveConfig = ConserveConfig()
 
     @field_validator("policy")
     @classmethod

@@ -1,0 +1,170 @@
+"""Co-serving (ConServe §4.2, §4.5) on a fake clock: online work never waits
+behind offline work, offline tokens stay within the SLO budget while online
+work is present, offline batching mode when it is not, and preempted
+offline jobs lose neither tokens nor KV integrity."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.cost import LinearCost
+from scheduler.job import Job, JobClass
+from scheduler.plan import Plan
+from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job
+
+# An iteration of n tokens costs 10 ms + 1 ms per token; a batch-1 decode 11 ms.
+COST = LinearCost(base_s=0.010, prefill_per_token_s=0.001, decode_per_seq_s=0.001)
+
+
+def core_for(clock: FakeClock, **kw) -> SchedulerCore:
+    conserve = kw.pop("conserve", {})
+    cfg = dict(policy="conserve", block_size=4, num_blocks=64, max_batch_size=8,
+               max_batch_tokens=64, max_model_len=64, conserve=conserve)
+    cfg.update(kw)
+    return SchedulerCore(SchedulerConfig(**cfg), clock, cost=COST)
+
+
+def offline(prompt_len: int, max_tokens: int, t: float = 0.0) -> Job:
+    job = make_job(prompt_len, max_tokens, t)
+    job.job_class = JobClass.OFFLINE
+    return job
+
+
+def classes(core: SchedulerCore, plan: Plan) -> dict[JobClass, int]:
+    """Tokens of each class in `plan` (before it completes)."""
+    out = {JobClass.ONLINE: 0, JobClass.OFFLINE: 0}
+    for c in plan.chunks:
+        out[core.jobs[c.job_id].job_class] += c.num_tokens
+    return out
+
+
+def step(core: SchedulerCore, engine: FakeEngine) -> tuple[Plan, dict[JobClass, int]]:
+    plan = core.schedule()
+    tokens = classes(core, plan)
+    core.complete(plan, engine.execute(plan))
+    core.blocks.check(core.jobs.values())
+    return plan, tokens
+
+
+def test_budget_is_the_most_tokens_within_the_objective(clock: FakeClock) -> None:
+    core = core_for(clock, conserve={"ttft_slo_s": 0.05, "tpot_slo_s": 0.03})
+    policy = core.policy
+    assert policy.budget(0.05) == 40  # 10 ms + 40 x 1 ms
+    assert policy.budget(0.03) == 20
+    assert policy.budget(0.005) == 0  # not even an empty iteration fits
+    assert policy.budget(10.0) == 64  # max_batch_tokens still bounds it
+    # Derived objectives: 10x and 3x the batch-1 decode iteration (11 ms).
+    assert core_for(clock).policy.slo() == pytest.approx((0.11, 0.033))
+
+
+def test_offline_batching_mode_ignores_the_budget(clock: FakeClock) -> None:
+    core = core_for(clock, max_batch_tokens=16, num_blocks=128, max_model_len=128,
+                    conserve={"tpot_slo_s": 0.015, "offline_max_batch_tokens": 96,
+                              "offline_max_batch_size": 12})
+    engine = FakeEngine(clock)
+    jobs = [offline(8, 4) for _ in range(12)]
+    for job in jobs:
+        core.add(job)
+    plan, _ = step(core, engine)
+    assert not core.policy.coserving
+    assert plan.num_tokens == 96 and len(plan.chunks) == 12  # 12 prompts of 8
+    drain(core, engine)
+    assert all(j.output_token_ids == [1000, 1001, 1002, 1003] for j in jobs)
+
+
+def test_online_work_never_waits_behind_offline_work(clock: FakeClock) -> None:
+    core = core_for(clock, max_batch_size=32,
+                    conserve={"ttft_slo_s": 0.05, "tpot_slo_s": 0.025,
+                              "offline_max_batch_size": 16})
+    engine = FakeEngine(clock)
+    offs = [offline(2, 10) for _ in range(16)]
+    for j in offs:
+        core.add(j)
+    step(core, engine)
+    step(core, engine)  # 16 offline jobs decoding, in offline batching mode
+    on = make_job(30, 5, clock.t)
+    core.add(on)
+    plan, tokens = step(core, engine)
+    # The online prompt is planned first and in full; offline tokens only
+    # fill what the TTFT budget (40 tokens) leaves: 10 of the 16 decode.
+    assert plan.chunks[0].job_id == on.job_id and plan.chunks[0].num_tokens == 30
+    assert tokens[JobClass.OFFLINE] == 40 - 30
+    assert core.policy.coserving and core.policy.offline_paused == 6
+    # Now the online job decodes: the TPOT budget (15 tokens) holds.
+    plan, tokens = step(core, engine)
+    assert tokens == {JobClass.ONLINE: 1, JobClass.OFFLINE: 14}
+    assert core.policy.offline_paused == 2
+    drain(core, engine)
+    for job in offs + [on]:
+        assert job.output_token_ids == [1000 + i for i in range(job.max_tokens)]
+
+
+def test_online_takes_the_memory_of_offline_jobs(clock: FakeClock) -> None:
+    """KV full of offline work: the online job's blocks come from offline
+    jobs at once, and everyone's tokens come out intact."""
+    for mode, host in (("recompute", 0), ("reactive", 64)):
+        core = core_for(clock, num_blocks=16, max_model_len=32, swap_mode=mode,
+                        host_kv_blocks=host, conserve={"tpot_slo_s": 0.05})
+        engine = FakeEngine(clock)
+        offs = [offline(12, 12) for _ in range(4)]
+        for j in offs:
+            core.add(j)
+        for _ in range(3):
+            step(core, engine)
+        assert core.blocks.num_free < 4
+        on = make_job(16, 4, clock.t)
+        core.add(on)
+        plan, _ = step(core, engine)
+        assert plan.chunks[0].job_id == on.job_id, mode
+        assert plan.preempted and all(core.jobs[j].job_class is JobClass.OFFLINE
+                                      for j in plan.preempted)
+        drain(core, engine)
+        for job in offs + [on]:
+            assert job.output_token_ids == [1000 + i for i in range(job.max_tokens)], mode
+
+
+@pytest.mark.parametrize("mode", ["recompute", "reactive"])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_mix_drains_with_online_first(seed: int, mode: str) -> None:
+    rng = random.Random(seed)
+    clock = FakeClock()
+    core = core_for(clock, num_blocks=24, max_model_len=48, max_batch_size=6,
+                    max_batch_tokens=32, swap_mode=mode,
+                    host_kv_blocks=0 if mode == "recompute" else 48,
+                    conserve={"tpot_slo_s": 0.025, "offline_max_batch_size": 8})
+    engine = FakeEngine(clock, swap_delay=rng.randint(0, 2))
+    jobs: list[Job] = []
+    for i in range(40):
+        if i % 2:
+            job = offline(rng.randint(1, 20), rng.randint(1, 20))
+        else:
+            job = make_job(rng.randint(1, 20), rng.randint(1, 20))
+        jobs.append(job)
+    pending = list(jobs)
+    steps = 0
+    while pending or core.has_work:
+        if pending and rng.random() < 0.4:
+            core.add(pending.pop(0))
+        if not core.has_work:
+            continue
+        plan, tokens = step(core, engine)
+        steps += 1
+        assert steps < 5000
+        policy = core.policy
+        if tokens[JobClass.OFFLINE] and policy.coserving:
+            # Offline tokens only where online work could not use them.
+            online_blocked = (
+                tokens[JobClass.ONLINE] >= core.config.max_batch_tokens
+                or len(policy.running(JobClass.ONLINE)) >= core.config.max_batch_size
+                or not policy.waiting(JobClass.ONLINE)
+            )
+            assert online_blocked, plan
+            ttft, tpot = policy.slo()
+            assert plan.num_tokens <= max(tokens[JobClass.ONLINE], policy.budget(ttft))
+    for job in jobs:
+        assert job.output_token_ids == [1000 + i for i in range(job.max_tokens)]
+    assert core.blocks.num_free == core.config.num_blocks
