@@ -94,6 +94,15 @@ class CostEstimatorAdapter:
             BatchShape(decode_tokens=b, decode_context=b * self.decode_context, num_sampled=b)
         )
 
+    def batch_time(self, decodes: int, decode_context: int, prefill_tokens: int,
+                   prefill_attn: int) -> float:
+        # A prefill chunk reads about its own tokens' KV (its context is
+        # counted in `prefill_attn`); one sampled row per decode and chunk.
+        return self.cost.iteration_time(BatchShape(
+            prefill_tokens=prefill_tokens, prefill_chunks=1 if prefill_tokens else 0,
+            prefill_attn=prefill_attn, prefill_kv=prefill_tokens, decode_tokens=decodes,
+            decode_context=decode_context, num_sampled=decodes + (1 if prefill_tokens else 0)))
+
 
 def make_core(config: SchedulerConfig, clock: VirtualClock, cost: CostModel) -> SchedulerCore:
     """The scheduler core, handed the cost model when it takes one."""

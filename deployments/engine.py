@@ -31,7 +31,7 @@ from api.config import AppConfig
 from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
-from scheduler.admission import AdmissionBound, queued_work
+from scheduler.admission import AdmissionBound, bounded, queued_work
 from scheduler.core import SchedulerCore
 
 log = logging.getLogger("ray.serve")
@@ -238,6 +238,8 @@ class Engine:
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
             "tokens_out": ls.tokens_out,
+            "tokens_by_class": dict(ls.tokens_by_class),
+            "preemptions_by_class": dict(ls.preemptions_by_class),
             "recent_forward_s": list(ls.recent_forward),
             "open_streams": len(self._streams),
             "swap": {
@@ -252,6 +254,7 @@ class Engine:
         }
 
     def _admission_figures(self, jobs: list[Any]) -> dict[str, Any]:
+        jobs = [j for j in jobs if bounded(j.job_class.value, self.cfg.policy)]
         mean_out = self.loop.mean_output.value
         tps = self.loop.stats.full_batch_tokens_per_s or self.start_tokens_per_s or None
         return {"waiting_tokens": queued_work(jobs, self.core.batch, mean_out),
@@ -264,6 +267,8 @@ class Engine:
         if hasattr(pol, "queue_lengths"):
             out.update(queue_lengths=pol.queue_lengths(), demotions=pol.num_demotions,
                        promotions=pol.num_promotions, quanta=pol.quanta)
+        if hasattr(pol, "coserving"):
+            out.update(coserving=pol.coserving, offline_paused=pol.offline_paused)
         return out
 
     async def _report_loop(self) -> None:
@@ -271,6 +276,9 @@ class Engine:
             try:
                 snap = self._snapshot()
                 self.metrics.update(snap)
+                done = self.loop.stats.finished_latencies
+                # popleft is atomic: the loop thread may append meanwhile.
+                self.metrics.observe([done.popleft() for _ in range(len(done))])
                 if self.scheduler is not None:
                     # list() copies the dict under the GIL; the loop thread
                     # may add or drop jobs meanwhile.

@@ -68,6 +68,14 @@ class LoopStats:
     # forward_time is the control overhead (planning, bookkeeping, delivery).
     loop_time: float = 0.0
     tokens_out: int = 0
+    # Per job class ("online" / "offline"): tokens generated, preemptions
+    # (ConServe: offline work's tokens/s and how often it gave way).
+    tokens_by_class: dict[str, int] = field(default_factory=dict)
+    preemptions_by_class: dict[str, int] = field(default_factory=dict)
+    # (class, TTFT, TPOT or None) of finished jobs, until the replica's
+    # reporter hands them to the dashboard's histograms.
+    finished_latencies: deque[tuple[str, float, float | None]] = field(
+        default_factory=lambda: deque(maxlen=100_000))
     # Forward times of the latest iterations, for steady-state figures.
     recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     # The latest iterations as run here: ((start_pos, num_tokens) of each
@@ -346,9 +354,19 @@ class EngineLoop:
         trace = it.trace()
         if trace is not None:
             self.stats.recent_plans.append(trace)
+        by_class = self.stats.preemptions_by_class
+        for job_id in plan.preempted:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                by_class[job.job_class.value] = by_class.get(job.job_class.value, 0) + 1
         out: list[Delivery] = []
+        tokens = self.stats.tokens_by_class
         for ev in it.events:
-            self.stats.tokens_out += ev.token_id is not None
+            if ev.token_id is not None:
+                self.stats.tokens_out += 1
+                job = self._jobs.get(ev.job_id)
+                if job is not None:
+                    tokens[job.job_class.value] = tokens.get(job.job_class.value, 0) + 1
             metrics = None
             if ev.finished:  # the driver dropped it from the runner
                 metrics = self._metrics(ev.job_id)
@@ -389,6 +407,11 @@ class EngineLoop:
             return None
         self.mean_output.add(job.num_output_tokens)
         arrival = job.arrival_time
+        if job.first_token_time is not None and job.finish_time is not None:
+            n = job.num_output_tokens
+            tpot = (job.finish_time - job.first_token_time) / (n - 1) if n > 1 else None
+            self.stats.finished_latencies.append(
+                (job.job_class.value, job.first_token_time - arrival, tpot))
         return JobMetrics(
             queue_time=(job.first_scheduled_time or arrival) - arrival,
             ttft=(job.first_token_time or arrival) - arrival,

@@ -28,6 +28,11 @@ _COUNTERS = {
 }
 
 
+# Seconds; the dashboard's percentiles interpolate within these buckets.
+_TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300]
+_TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]
+
+
 class EngineMetrics:
     def __init__(self, replica: str) -> None:
         tags = {"replica": replica}
@@ -35,9 +40,29 @@ class EngineMetrics:
         self.counters = {k: metrics.Counter(n, d, tag_keys=("replica",)) for k, (n, d) in _COUNTERS.items()}
         self.queues = metrics.Gauge("engine_mlfq_queue_length", "Jobs per MLFQ queue",
                                     tag_keys=("replica", "queue"))
-        for m in (*self.gauges.values(), *self.counters.values(), self.queues):
+        # Per job class (online / offline: ConServe co-serving).
+        by_class = ("replica", "job_class")
+        self.class_tokens = metrics.Counter(
+            "engine_class_generated_tokens", "Tokens generated, by job class", tag_keys=by_class)
+        self.class_preemptions = metrics.Counter(
+            "engine_class_preemptions", "Jobs preempted, by job class", tag_keys=by_class)
+        self.ttft = metrics.Histogram("engine_ttft_seconds", "Time to first token of finished "
+                                      "jobs, by job class", _TTFT_BUCKETS, tag_keys=by_class)
+        self.tpot = metrics.Histogram("engine_tpot_seconds", "Time per output token after the "
+                                      "first, of finished jobs, by job class", _TPOT_BUCKETS,
+                                      tag_keys=by_class)
+        for m in (*self.gauges.values(), *self.counters.values(), self.queues, self.class_tokens,
+                  self.class_preemptions, self.ttft, self.tpot):
             m.set_default_tags(tags)
         self._last: dict[str, float] = {}
+
+    def observe(self, finished: list[tuple[str, float, float | None]]) -> None:
+        """Latencies of finished jobs: (class, TTFT, TPOT or None)."""
+        for job_class, ttft, tpot in finished:
+            tags = {"job_class": job_class}
+            self.ttft.observe(ttft, tags=tags)
+            if tpot is not None:
+                self.tpot.observe(tpot, tags=tags)
 
     def update(self, snapshot: dict[str, Any]) -> None:
         """From `Engine.stats()`'s snapshot, the one source of these figures."""
@@ -66,5 +91,13 @@ class EngineMetrics:
             if delta > 0:
                 counter.inc(delta)
             self._last[key] = value
+        for kind, counter in (("tokens_by_class", self.class_tokens),
+                              ("preemptions_by_class", self.class_preemptions)):
+            for job_class, value in (snapshot.get(kind) or {}).items():
+                key = f"{kind}:{job_class}"
+                delta = value - self._last.get(key, 0)
+                if delta > 0:
+                    counter.inc(delta, tags={"job_class": job_class})
+                self._last[key] = value
         for i, n in enumerate(policy.get("queue_lengths") or []):
             self.queues.set(n, tags={"queue": str(i + 1)})

@@ -22,6 +22,7 @@ from ray import serve
 
 from api.config import AppConfig
 from api.protocol import Admission
+from scheduler.admission import bounded
 from scheduler.placement import Placement
 
 log = logging.getLogger("ray.serve")
@@ -65,7 +66,7 @@ class Scheduler:
         """Where the request runs, or a refusal when every replica's queued
         work is at its bound (the ingress answers 429)."""
         now = time.monotonic()
-        if self.cfg.admission.enabled:
+        if self.cfg.admission.enabled and bounded(job_class, self.cfg.policy):
             res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now)
         else:
             res = None

@@ -17,6 +17,10 @@ landed, otherwise the replica's mean output length, never more than
 have started and wait preempted in lower queues.  A replica
 with nothing queued admits any request, however large, so that no request
 is refused forever.
+
+Under co-serving (`policy: conserve`) offline work is neither bounded nor
+counted: it has no TTFT objective, and every online job runs ahead of it
+(ConServe §4.2), so a backlog of batch work delays no online request.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from scheduler.job import Job
+from scheduler.job import Job, JobClass
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ class AdmissionBound:
         if not tokens_per_s:
             return math.inf  # not measured yet: nothing to bound by
         return self.ttft_slo_s * tokens_per_s
+
+
+def bounded(job_class: str, policy: str) -> bool:
+    """Whether a job of `job_class` is subject to the bound, and counts in
+    queued work, under `policy`."""
+    return not (policy == "conserve" and job_class == JobClass.OFFLINE.value)
 
 
 def expected_output(job: Job, mean_output_len: float) -> float:

@@ -20,6 +20,14 @@ class CostEstimator(Protocol):
         """Seconds of an iteration that decodes `batch_size` jobs."""
         ...
 
+    def batch_time(self, decodes: int, decode_context: int, prefill_tokens: int,
+                   prefill_attn: int) -> float:
+        """Seconds of a mixed iteration: `decodes` one-token chunks over
+        `decode_context` context tokens in all, and prefill chunks of
+        `prefill_tokens` tokens with `prefill_attn` (query, key) pairs
+        (the co-serving budget, ConServe §4.5)."""
+        ...
+
 
 @dataclass(frozen=True)
 class LinearCost:
@@ -34,3 +42,9 @@ class LinearCost:
 
     def decode_time(self, batch_size: int) -> float:
         return self.base_s + self.decode_per_seq_s * batch_size
+
+    def batch_time(self, decodes: int, decode_context: int, prefill_tokens: int,
+                   prefill_attn: int) -> float:
+        # Measured at short contexts: the context terms are not in the fit.
+        return (self.base_s + self.decode_per_seq_s * decodes
+                + self.prefill_per_token_s * prefill_tokens)

@@ -12,10 +12,11 @@ every iteration afresh, in this order:
    dropped for recompute, per `swap_mode`), the most recently admitted
    first; only then does an online job evict another online one.
 2. **The SLO-aware budget** (§4.5).  While online work is present
-   (co-serving mode) the iteration may hold at most the tokens whose cost,
-   by the replica's cost estimate, stays within the online TPOT objective
-   (the batch decodes online jobs) or the TTFT objective (it only
-   prefills them).  Offline tokens fill what the online ones leave of it.
+   (co-serving mode), offline chunks join the iteration only while the
+   replica's cost estimate of the whole batch (its decodes and its prefill
+   tokens) stays within the online TPOT objective (the batch decodes online
+   jobs) or the TTFT objective (it only prefills them); a prefill chunk is
+   cut to the largest size that fits.
 3. **Offline batching mode** (§4.2).  With no online job present, offline
    jobs batch up to `conserve.offline_max_batch_size` /
    `offline_max_batch_tokens`, ignoring the budget.
@@ -33,6 +34,7 @@ top).
 from __future__ import annotations
 
 from bisect import insort
+from dataclasses import dataclass
 
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, ScheduledChunk
@@ -46,6 +48,24 @@ def _priority(job: Job) -> int:
     return job.priority
 
 
+@dataclass(frozen=True, slots=True)
+class IterationShape:
+    """What the cost estimate needs of a batch (`CostEstimator.batch_time`)."""
+
+    decodes: int = 0
+    decode_context: int = 0
+    prefill_tokens: int = 0
+    prefill_attn: int = 0
+
+    def plus(self, start: int, n: int) -> "IterationShape":
+        """With a chunk of `n` tokens at position `start` added."""
+        if n == 1:
+            return IterationShape(self.decodes + 1, self.decode_context + start + 1,
+                          self.prefill_tokens, self.prefill_attn)
+        return IterationShape(self.decodes, self.decode_context, self.prefill_tokens + n,
+                      self.prefill_attn + n * start + n * (n + 1) // 2)
+
+
 class ConservePolicy(Policy):
     name = "conserve"
 
@@ -56,7 +76,6 @@ class ConservePolicy(Policy):
         self._running: dict[JobClass, list[Job]] = {ONLINE: [], OFFLINE: []}
         # Waiting jobs that hold device blocks: siblings that adopted a prompt.
         self._holding: list[Job] = []
-        self._budget_cache: dict[float, int] = {}
         # This plan's jobs by id, and whether it evicted an online job.
         self._by_id: dict[str, Job] = {}
         self._evicted_online = False
@@ -106,25 +125,25 @@ class ConservePolicy(Policy):
         tpot = cc.tpot_slo_s if cc.tpot_slo_s is not None else (3 * one if one else None)
         return ttft, tpot
 
-    def budget(self, slo_s: float | None) -> int:
-        """Most tokens an iteration may hold and still take ≤ `slo_s`,
-        by the cost estimate (an iteration of n tokens costs about what a
-        prefill of n tokens does).  No estimate or objective: no bound
-        beyond `max_batch_tokens`."""
-        cap = self.config.max_batch_tokens
-        if slo_s is None or self.cost is None:
-            return cap
-        hit = self._budget_cache.get(slo_s)
-        if hit is not None:
-            return hit
-        lo, hi = 0, cap  # largest n in [0, cap] with prefill_time(n) <= slo
+    def estimate(self, shape: "IterationShape") -> float:
+        """Seconds of an iteration of `shape`, by the cost estimate."""
+        assert self.cost is not None
+        return self.cost.batch_time(shape.decodes, shape.decode_context,
+                                    shape.prefill_tokens, shape.prefill_attn)
+
+    def _fit(self, shape: "IterationShape", job: Job, want: int, slo_s: float) -> int:
+        """How many of `want` more tokens of `job` (one decode, or a prefill
+        chunk) keep an iteration of `shape` within `slo_s`."""
+        start = job.num_computed_tokens
+        if want == 1 and start >= job.num_prompt_tokens:
+            return want if self.estimate(shape.plus(start, 1)) <= slo_s else 0
+        lo, hi = 0, want  # the largest chunk that fits: cost grows with it
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.cost.prefill_time(mid) <= slo_s:
+            if self.estimate(shape.plus(start, mid)) <= slo_s:
                 lo = mid
             else:
                 hi = mid - 1
-        self._budget_cache[slo_s] = lo
         return lo
 
     # Planning -----------------------------------------------------------
@@ -136,21 +155,20 @@ class ConservePolicy(Policy):
         self._by_id.clear()
         self._evicted_online = False
         tokens = self._plan_online(plan, served, cfg.max_batch_tokens)
-        online_tokens = cfg.max_batch_tokens - tokens
         self.coserving = bool(self._running[ONLINE] or self._waiting[ONLINE])
+        slo: float | None = None
         if self.coserving:
             ttft, tpot = self.slo()
-            decodes = any(c.start_pos >= self._job_prompt_len(c) for c in plan.chunks)
-            room = max(0, min(tokens, self.budget(tpot if decodes else ttft) - online_tokens))
+            slo = tpot if any(self._is_decode(c) for c in plan.chunks) else ttft
             max_seqs = cfg.max_batch_size
         else:
-            room = cfg.conserve.offline_max_batch_tokens or cfg.max_batch_tokens
+            tokens = cfg.conserve.offline_max_batch_tokens or cfg.max_batch_tokens
             max_seqs = cfg.conserve.offline_max_batch_size or cfg.max_batch_size
-        self._plan_offline(plan, served, room, max_seqs)
+        self._plan_offline(plan, served, tokens, max_seqs, slo)
         return plan
 
-    def _job_prompt_len(self, chunk: ScheduledChunk) -> int:
-        return self._by_id[chunk.job_id].num_prompt_tokens
+    def _is_decode(self, chunk: ScheduledChunk) -> bool:
+        return chunk.start_pos >= self._by_id[chunk.job_id].num_prompt_tokens
 
     def _plan_online(self, plan: Plan, served: set[str], tokens: int) -> int:
         """Online chunks into `plan`; returns the tokens left."""
@@ -164,7 +182,7 @@ class ConservePolicy(Policy):
             n = min(job.num_uncomputed_tokens, tokens)
             # Victims come after `job` (those before it are served or wait
             # on a swap-in), so the walk's index stays valid.
-            if self._make_room(job, n, plan, served, evict_online=True):
+            if self._make_room(job, n, plan, served, (OFFLINE, ONLINE)):
                 tokens -= self._add_chunk(plan, served, job, n)
         # vLLM's rule: an iteration that had to evict an online job admits
         # no new one, or the evicted job would be overtaken.
@@ -173,50 +191,70 @@ class ConservePolicy(Policy):
                and len(running) < self.config.max_batch_size):
             job = waiting.head()
             if job.num_host_blocks:
-                if not self._swap_in(job, plan, served, evict_online=False):
+                if not self._swap_in(job, plan, served, (OFFLINE,)):
                     break
-                insort(running, waiting.pop_head(), key=_priority)
+                waiting.remove(job)  # evictions may have requeued others ahead
+                insort(running, job, key=_priority)
                 continue  # it runs once the copy lands
             n = min(job.num_uncomputed_tokens, tokens)
-            if not self._make_room(job, n, plan, served, evict_online=False):
+            if not self._make_room(job, n, plan, served, (OFFLINE,)):
                 break
-            waiting.pop_head()
+            waiting.remove(job)
             self._forget_holding(job)
             insort(running, job, key=_priority)
             tokens -= self._add_chunk(plan, served, job, n)
         return tokens
 
-    def _plan_offline(self, plan: Plan, served: set[str], room: int, max_seqs: int) -> None:
+    def _plan_offline(self, plan: Plan, served: set[str], tokens: int, max_seqs: int,
+                      slo_s: float | None) -> None:
+        """Offline chunks into `plan`, within `tokens` and, in co-serving
+        mode, within `slo_s` by the cost estimate of the whole iteration."""
+        shape = IterationShape()
+        for c in plan.chunks:
+            shape = shape.plus(c.start_pos, c.num_tokens)
+
+        def fit(job: Job) -> int:
+            n = min(job.num_uncomputed_tokens, tokens)
+            if n <= 0 or len(plan.chunks) >= max_seqs:
+                return 0
+            if slo_s is None or self.cost is None:
+                return n
+            return self._fit(shape, job, n, slo_s)
+
+        def add(job: Job, n: int) -> None:
+            nonlocal tokens, shape
+            shape = shape.plus(job.num_computed_tokens, n)
+            self._add_chunk(plan, served, job, n)
+            tokens -= n
+
         running = self._running[OFFLINE]
         paused = 0
         for job in list(running):
             if not job.is_resident:
                 continue
-            n = min(job.num_uncomputed_tokens, room)
-            if n <= 0 or len(plan.chunks) >= max_seqs:
+            n = fit(job)
+            if n <= 0 or not self._make_room(job, n, plan, served, (OFFLINE,)):
                 paused += 1
                 continue
-            if not self._make_room(job, n, plan, served, evict_online=False):
-                paused += 1
-                continue
-            room -= self._add_chunk(plan, served, job, n)
+            add(job, n)
         self.offline_paused = paused
         waiting = self._waiting[OFFLINE]
-        while (waiting and room > 0 and not plan.preempted
-               and len(running) < max_seqs and len(plan.chunks) < max_seqs):
+        while waiting and not plan.preempted and len(running) < max_seqs:
             job = waiting.head()
+            # A waiting offline job takes only free blocks: evicting running
+            # offline work to admit more would only churn.
             if job.num_host_blocks:
-                if not self._swap_in(job, plan, served, evict_online=False):
+                if not self._swap_in(job, plan, served, ()):
                     break
                 running.append(waiting.pop_head())
                 continue
-            n = min(job.num_uncomputed_tokens, room)
-            if not self._make_room(job, n, plan, served, evict_online=False):
+            n = fit(job)
+            if n <= 0 or not self._make_room(job, n, plan, served, ()):
                 break
             waiting.pop_head()
             self._forget_holding(job)
             running.append(job)
-            room -= self._add_chunk(plan, served, job, n)
+            add(job, n)
 
     def _add_chunk(self, plan: Plan, served: set[str], job: Job, n: int) -> int:
         plan.chunks.append(self.chunk_for(job, n))
@@ -226,9 +264,9 @@ class ConservePolicy(Policy):
 
     # Memory ---------------------------------------------------------------
 
-    def _swap_in(self, job: Job, plan: Plan, served: set[str], evict_online: bool) -> bool:
+    def _swap_in(self, job: Job, plan: Plan, served: set[str], victims: tuple[JobClass, ...]) -> bool:
         while not self.blocks.can_allocate(job.num_host_blocks):
-            if not self._evict_one(job, plan, served, evict_online):
+            if not self._evict_one(job, plan, served, victims):
                 return False
         ops = self.swap.swap_in(job)
         if ops is None:
@@ -237,31 +275,27 @@ class ConservePolicy(Policy):
         return True
 
     def _make_room(self, job: Job, n: int, plan: Plan, served: set[str],
-                   evict_online: bool) -> bool:
+                   victims: tuple[JobClass, ...]) -> bool:
         """Grow `job` by `n` tokens' blocks, evicting what may go: waiting
-        holders, offline jobs (an online job's blocks come before any
-        offline job's), then, if `evict_online`, later online jobs."""
+        holders, then running jobs of `victims`' classes in that order (an
+        online job's blocks come before any offline job's)."""
         while not self.blocks.grow(job, n):
-            if not self._evict_one(job, plan, served, evict_online and job.job_class is ONLINE):
+            if not self._evict_one(job, plan, served, victims):
                 return False
         return True
 
-    def _evict_one(self, beside: Job, plan: Plan, served: set[str], evict_online: bool) -> bool:
+    def _evict_one(self, beside: Job, plan: Plan, served: set[str],
+                   victims: tuple[JobClass, ...]) -> bool:
         holder = self._waiting_victim(beside)
         if holder is not None:
             self._forget_holding(holder)
             self.evict(holder, plan.block_ops)
             plan.preempted.append(holder.job_id)
             return True
-        classes = [OFFLINE] if beside.job_class is OFFLINE else [OFFLINE, ONLINE]
-        for cls in classes:
-            if cls is ONLINE and not evict_online:
-                break
+        for cls in victims:
             running = self._running[cls]
             for victim in reversed(running):
-                if victim.job_id in served or victim.swap_pending is not None:
-                    continue
-                if cls is ONLINE and victim is beside:
+                if victim is beside or victim.job_id in served or victim.swap_pending is not None:
                     continue
                 running.remove(victim)
                 self.evict(victim, plan.block_ops)

@@ -197,3 +197,28 @@ def test_an_iteration_failure_is_internal_and_a_refusal_is_not():
         assert kinds == {"bad-2": False, "doomed": True}
     finally:
         loop.stop()
+
+
+def test_counts_tokens_preemptions_and_latencies_by_job_class():
+    """What the dashboard's per-class figures come from (ConServe)."""
+    runner = FakeRunner()
+    # Room for one job's KV at a time: the online job takes the offline one's.
+    loop, sink, core = make_loop(runner, policy="conserve", num_blocks=4, max_model_len=16)
+    try:
+        off = req("off", n_prompt=4, max_tokens=10).model_copy(update={"job_class": "offline"})
+        loop.submit(off)
+        deadline = time.monotonic() + 5
+        while loop.stats.tokens_by_class.get("offline", 0) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        loop.submit(req("on", n_prompt=9, max_tokens=3))
+        sink.wait_finished({"on", "off"})
+        stats = loop.stats
+        assert stats.tokens_by_class == {"online": 3, "offline": 10}
+        assert stats.preemptions_by_class.get("offline", 0) >= 1
+        assert "online" not in stats.preemptions_by_class
+        latencies = {c: (ttft, tpot) for c, ttft, tpot in stats.finished_latencies}
+        assert set(latencies) == {"online", "offline"}
+        assert all(ttft > 0 and tpot is not None and tpot > 0 for ttft, tpot in latencies.values())
+    finally:
+        loop.stop()

@@ -14,6 +14,7 @@ from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan
+from scheduler.policies.conserve import IterationShape
 from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job
 
 # An iteration of n tokens costs 10 ms + 1 ms per token; a batch-1 decode 11 ms.
@@ -50,15 +51,28 @@ def step(core: SchedulerCore, engine: FakeEngine) -> tuple[Plan, dict[JobClass, 
     return plan, tokens
 
 
-def test_budget_is_the_most_tokens_within_the_objective(clock: FakeClock) -> None:
-    core = core_for(clock, conserve={"ttft_slo_s": 0.05, "tpot_slo_s": 0.03})
-    policy = core.policy
-    assert policy.budget(0.05) == 40  # 10 ms + 40 x 1 ms
-    assert policy.budget(0.03) == 20
-    assert policy.budget(0.005) == 0  # not even an empty iteration fits
-    assert policy.budget(10.0) == 64  # max_batch_tokens still bounds it
+def test_objectives_and_the_iteration_estimate(clock: FakeClock) -> None:
+    policy = core_for(clock, conserve={"ttft_slo_s": 0.05, "tpot_slo_s": 0.03}).policy
+    assert policy.slo() == (0.05, 0.03)
     # Derived objectives: 10x and 3x the batch-1 decode iteration (11 ms).
     assert core_for(clock).policy.slo() == pytest.approx((0.11, 0.033))
+    # The fixed 10 ms counts once in a mixed batch of 4 decodes and a
+    # 20-token prefill.
+    shape = IterationShape()
+    for i in range(4):
+        shape = shape.plus(10 + i, 1)
+    assert policy.estimate(shape) == pytest.approx(0.014)
+    assert policy.estimate(shape.plus(0, 20)) == pytest.approx(0.034)
+    # The largest prefill chunk within 30 ms beside the 4 decodes: 16 tokens.
+    prompt = make_job(64, 4)
+    assert policy._fit(shape, prompt, 64, 0.030) == 16
+    decoding = make_job(4, 4)
+    decoding.num_computed_tokens = 4
+    decoding.output_token_ids = [7]
+    for i in range(15):
+        shape = shape.plus(10, 1)
+    assert policy._fit(shape, decoding, 1, 0.030) == 1  # 20 decodes: 30 ms
+    assert policy._fit(shape.plus(10, 1), decoding, 1, 0.030) == 0
 
 
 def test_offline_batching_mode_ignores_the_budget(clock: FakeClock) -> None:
@@ -89,12 +103,14 @@ def test_online_work_never_waits_behind_offline_work(clock: FakeClock) -> None:
     on = make_job(30, 5, clock.t)
     core.add(on)
     plan, tokens = step(core, engine)
-    # The online prompt is planned first and in full; offline tokens only
-    # fill what the TTFT budget (40 tokens) leaves: 10 of the 16 decode.
+    # The online prompt is planned first and in full (40 ms); offline
+    # decodes join while the iteration stays within the TTFT objective
+    # (50 ms: 10 ms + 30 prefill tokens + 10 decodes): 10 of the 16.
     assert plan.chunks[0].job_id == on.job_id and plan.chunks[0].num_tokens == 30
-    assert tokens[JobClass.OFFLINE] == 40 - 30
+    assert tokens[JobClass.OFFLINE] == 10
     assert core.policy.coserving and core.policy.offline_paused == 6
-    # Now the online job decodes: the TPOT budget (15 tokens) holds.
+    # Now the online job decodes: within the TPOT objective (25 ms: 10 ms
+    # + 15 decodes), 14 offline decodes join it.
     plan, tokens = step(core, engine)
     assert tokens == {JobClass.ONLINE: 1, JobClass.OFFLINE: 14}
     assert core.policy.offline_paused == 2
@@ -145,6 +161,7 @@ def test_random_mix_drains_with_online_first(seed: int, mode: str) -> None:
             job = make_job(rng.randint(1, 20), rng.randint(1, 20))
         jobs.append(job)
     pending = list(jobs)
+    online_ids = {j.job_id for j in jobs if j.job_class is JobClass.ONLINE}
     steps = 0
     while pending or core.has_work:
         if pending and rng.random() < 0.4:
@@ -163,8 +180,15 @@ def test_random_mix_drains_with_online_first(seed: int, mode: str) -> None:
                 or not policy.waiting(JobClass.ONLINE)
             )
             assert online_blocked, plan
-            ttft, tpot = policy.slo()
-            assert plan.num_tokens <= max(tokens[JobClass.ONLINE], policy.budget(ttft))
+            # The whole iteration within the TTFT objective (the larger).
+            ttft, _ = policy.slo()
+            online, whole = IterationShape(), IterationShape()
+            for c in plan.chunks:
+                whole = whole.plus(c.start_pos, c.num_tokens)
+                if c.job_id in online_ids:
+                    online = online.plus(c.start_pos, c.num_tokens)
+            if policy.estimate(online) <= ttft:
+                assert policy.estimate(whole) <= ttft + 1e-9
     for job in jobs:
         assert job.output_token_ids == [1000 + i for i in range(job.max_tokens)]
     assert core.blocks.num_free == core.config.num_blocks

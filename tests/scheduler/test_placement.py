@@ -84,3 +84,12 @@ def test_queued_work_counts_jobs_outside_the_batch_with_their_expected_output():
     for _ in range(200):
         mean.add(100)
     assert 95 < mean.value <= 100
+
+
+def test_offline_work_is_outside_the_bound_only_under_co_serving():
+    from scheduler.admission import bounded
+
+    assert not bounded("offline", "conserve")
+    assert bounded("online", "conserve")
+    # Elsewhere offline jobs run beside online ones and delay them alike.
+    assert bounded("offline", "fcfs") and bounded("offline", "mlfq")
