@@ -34,6 +34,7 @@ earlier anyway).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,17 +65,27 @@ class DeviceTotals:
     swap_in_lane_busy: float = 0.0
     swap_in_blocks: int = 0
     swap_out_blocks: int = 0
+    # Passes cut between layers, and the compute they threw away.
+    cut_passes: int = 0
+    cut_time: float = 0.0
 
 
 class SimulatedExecutor:
     def __init__(self, cost: CostModel, clock: VirtualClock, overlap_swap: bool,
-                 next_arrival: Callable[[], float | None]) -> None:
+                 next_arrival: Callable[[], float | None],
+                 next_online_after: Callable[[float], float | None] | None = None) -> None:
         self.cost = cost
         self.clock = clock
         self.overlap_swap = overlap_swap
         # When the next request arrives (None: no more): waiting for a
         # swap-in ends there too, so that the request is admitted on time.
         self.next_arrival = next_arrival
+        # The first online arrival after a time: it cuts a pass the plan
+        # marks `preemptible_at_layers` at the next layer boundary (ConServe
+        # §4.3), if the cost model knows its layers.
+        self.next_online_after = next_online_after
+        model = getattr(cost, "model", None)
+        self.num_layers: int | None = getattr(model, "num_layers", None)
         self.totals = DeviceTotals()
         # Per job: compute seconds, swap seconds, blocks copied.
         self.exec_time: dict[str, float] = {}
@@ -120,6 +131,14 @@ class SimulatedExecutor:
             dt = compute + swap
             for jid in ins:
                 self._issue(jid, start + dt, start)
+        cut = self._cut(plan, start + (0.0 if self.overlap_swap else exposed_swap), compute)
+        if cut is not None:
+            # Cut at a layer boundary: the compute so far is thrown away,
+            # but the plan's copies went ahead (their lanes are as above).
+            spent = cut - start
+            dt = max(spent, dt - compute) if self.overlap_swap else spent
+            t.cut_passes += 1
+            t.cut_time += spent
         self.clock.now += dt
         t.busy_time += dt
         t.exposed_swap_time += exposed_swap
@@ -129,6 +148,12 @@ class SimulatedExecutor:
             for op in plan.block_ops:
                 if op.kind is not BlockOpKind.DROP:
                     self.swap_blocks[op.job_id] = self.swap_blocks.get(op.job_id, 0) + 1
+        if cut is not None:
+            result = StepResult(plan.step, [], dt, interrupted=True)
+            done = self._landed()
+            if done:
+                result.swaps_in_done = done
+            return result
         for c in plan.chunks:
             self.exec_time[c.job_id] = self.exec_time.get(c.job_id, 0.0) + compute
             if exposed_swap:
@@ -139,6 +164,20 @@ class SimulatedExecutor:
         if done:
             result.swaps_in_done = done
         return result
+
+    def _cut(self, plan: Plan, forward_start: float, compute: float) -> float | None:
+        """When the forward pass of `plan` ends cut, or None if it runs whole."""
+        if (not plan.preemptible_at_layers or self.next_online_after is None
+                or not self.num_layers or compute <= 0):
+            return None
+        arrival = self.next_online_after(self.clock.now)
+        if arrival is None or arrival >= forward_start + compute:
+            return None
+        layer = compute / self.num_layers
+        done = max(1, math.ceil((arrival - forward_start) / layer - 1e-9))
+        if done >= self.num_layers:
+            return None  # it arrived during the last layer: the pass completes
+        return forward_start + done * layer
 
     def remove_request(self, job_id: str) -> None:
         """Nothing to forget: a job finishes only once its copies landed."""

@@ -31,6 +31,8 @@ are computed by the same code.
 
 from __future__ import annotations
 
+import bisect
+
 import inspect
 import math
 import time
@@ -145,6 +147,10 @@ class SimStats:
     swap_in_lane_busy: float = 0.0
     sum_batch_size: int = 0
     sum_batch_tokens: int = 0
+    # Passes cut between layers for an online arrival (ConServe §4.3) and
+    # the compute they threw away.
+    cut_passes: int = 0
+    cut_time: float = 0.0
     # Saturated throughput: requests finished while the waiting queue was
     # non-empty, over the time it last was (measures capacity, rate = inf).
     last_backlog_time: float = 0.0
@@ -159,6 +165,8 @@ class SimStats:
         self.swap_in_blocks = device.swap_in_blocks
         self.swap_out_blocks = device.swap_out_blocks
         self.swap_blocks = device.swap_in_blocks + device.swap_out_blocks
+        self.cut_passes = device.cut_passes
+        self.cut_time = device.cut_time
 
     @property
     def saturated_throughput(self) -> float | None:
@@ -182,6 +190,8 @@ class SimStats:
             "mean_batch_size": self.sum_batch_size / it,
             "mean_batch_tokens": self.sum_batch_tokens / it,
             "saturated_throughput": self.saturated_throughput,
+            "cut_passes": self.cut_passes,
+            "cut_time": self.cut_time,
             **self.extra,
         }
 
@@ -223,8 +233,15 @@ def simulate(
     stats = SimStats()
     i = 0
     idle_plans = 0  # consecutive plans that only drop host copies
+    online_times = [r.arrival_time for r in reqs if r.job_class == "online"]
+
+    def next_online_after(t: float) -> float | None:
+        k = bisect.bisect_right(online_times, t)
+        return online_times[k] if k < len(online_times) else None
+
     device = SimulatedExecutor(cost, clock, opts.overlap_swap,
-                               lambda: reqs[i].arrival_time if i < n else None)
+                               lambda: reqs[i].arrival_time if i < n else None,
+                               next_online_after)
     driver = IterationDriver(core, device)
 
     def admit() -> None:
@@ -298,6 +315,8 @@ def simulate(
                 raise SimulationError(f"scheduler spins without work at t={it.planned_at:.3f}")
         else:
             idle_plans = 0
+        if it.result.interrupted:
+            continue  # the device totals keep its thrown-away time
         stats.iterations += 1
         stats.num_preemptions += len(plan.preempted)
         stats.sum_batch_size += len(plan.chunks)

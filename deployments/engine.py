@@ -238,6 +238,7 @@ class Engine:
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
             "tokens_out": ls.tokens_out,
+            "interrupted_passes": ls.interrupted,
             "tokens_by_class": dict(ls.tokens_by_class),
             "preemptions_by_class": dict(ls.preemptions_by_class),
             "recent_forward_s": list(ls.recent_forward),

@@ -68,6 +68,9 @@ class LoopStats:
     # forward_time is the control overhead (planning, bookkeeping, delivery).
     loop_time: float = 0.0
     tokens_out: int = 0
+    # Passes cut between layers for an online arrival, and their seconds.
+    interrupted: int = 0
+    interrupted_time: float = 0.0
     # Per job class ("online" / "offline"): tokens generated, preemptions
     # (ConServe: offline work's tokens/s and how often it gave way).
     tokens_by_class: dict[str, int] = field(default_factory=dict)
@@ -180,6 +183,12 @@ class EngineLoop:
             if reason is None:
                 self._inbox.put(("add", req))
                 self._wake.set()
+                if req.job_class == JobClass.ONLINE.value:
+                    # Cut a pure-offline pass under way (ConServe §4.3): the
+                    # runner honours it only for a plan marked preemptible.
+                    flag = getattr(self.runner, "preempt_flag", None)
+                    if flag is not None:
+                        flag.set()
                 return
         self._deliver_safely(self._refusals(req, reason))
 
@@ -343,6 +352,10 @@ class EngineLoop:
         plan, result = it.plan, it.result
         # Planning to completion, finished jobs' runner state dropped.
         elapsed = time.perf_counter() - t0
+        if result.interrupted:
+            self.stats.interrupted += 1
+            self.stats.interrupted_time += result.iteration_time
+            return []
         if plan.chunks:
             self.stats.iterations += 1
             self.stats.forward_time += result.iteration_time

@@ -27,6 +27,7 @@ from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
+from engine.preemption import ForwardPreempted, PreemptFlag
 from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
@@ -103,6 +104,9 @@ class ModelRunner:
         # How long an iteration with no chunks waits for a swap-in to land
         # (so that a loop with nothing runnable does not spin).
         self.swap_wait_s = 0.05
+        # Set from another thread to cut a pass the plan marks preemptible
+        # between layers (ConServe §4.3; engine/preemption.py).
+        self.preempt_flag = PreemptFlag()
 
     # KV tier --------------------------------------------------------------
 
@@ -192,6 +196,19 @@ class ModelRunner:
 
     # Iteration ------------------------------------------------------------
 
+    def _forward(self, plan: Plan, batch: Any) -> torch.Tensor:
+        """The model's forward pass; for a plan the scheduler marked
+        `preemptible_at_layers`, cut between layers (`ForwardPreempted`)
+        once `preempt_flag` is set, even if it was set before the pass."""
+        # A request that set the flag during a pass that may not be cut is
+        # in the next plan anyway: the flag is spent either way.
+        self.model.preempt = self.preempt_flag if plan.preemptible_at_layers else None
+        try:
+            return self.model(batch, self.kv_cache)
+        finally:
+            self.model.preempt = None
+            self.preempt_flag.clear()
+
     def execute(self, plan: Plan) -> StepResult:
         """Run one iteration: all chunks in one forward pass, then sampling.
 
@@ -228,7 +245,12 @@ class ModelRunner:
         prepared = self._prepare(plan)
         sampled = prepared.sampled
         with torch.inference_mode():
-            hidden = self.model(prepared.batch, self.kv_cache)
+            try:
+                hidden = self._forward(plan, prepared.batch)
+            except ForwardPreempted:
+                done, failed = self._poll_swaps(0.0)
+                return StepResult(plan.step, [], time.perf_counter() - start, swaps_in_done=done,
+                                  swaps_in_failed=failed, interrupted=True)
             tokens: list[int] = []
             logprobs: dict[int, TokenLogprob] = {}
             if prepared.batch.logits_indices.numel():

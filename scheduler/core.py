@@ -64,6 +64,8 @@ class SchedulerCore:
         self.batch: frozenset[str] = frozenset()
         self._step = 0
         self.num_preemptions = 0
+        # Forward passes cut between layers (StepResult.interrupted).
+        self.num_interrupted = 0
         self.num_finished = 0
         self.num_aborted = 0
 
@@ -150,6 +152,10 @@ class SchedulerCore:
             lost = self.jobs.get(job_id)
             if lost is not None and lost.swap_pending is not None:
                 self.swap.swap_in_failed(lost)
+        if result.interrupted:
+            # Nothing was computed: each job plans the same tokens again.
+            self.num_interrupted += 1
+            return []
         outputs = {o.job_id: o for o in result.outputs}
         events: list[JobEvent] = []
         for chunk in plan.chunks:

@@ -127,3 +127,6 @@ class StepResult:
     # Jobs whose host copy could not be fetched (host tier full at offload
     # time, or lost): the scheduler falls back to recomputing them.
     swaps_in_failed: list[str] = field(default_factory=list)
+    # The forward pass was cut between layers (ConServe §4.3, a plan with
+    # `preemptible_at_layers`): no chunk was computed; its block ops were.
+    interrupted: bool = False

@@ -19,6 +19,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.models.linear import LinearFn, linear_for
+from engine.preemption import PreemptFlag
 
 
 @dataclass(slots=True)
@@ -69,6 +70,13 @@ class CausalLM(nn.Module, ABC):
         self.linear: LinearFn = linear_for(dtype, device)
         # Backend chosen by the runner (`set_attention_backend`) before use.
         self.attn: AttentionBackend | None = None
+        # Armed by the runner for a pass that may be cut between layers
+        # (engine/preemption.py); checked at the end of each layer.
+        self.preempt: PreemptFlag | None = None
+
+    def safepoint(self, layer: int) -> None:
+        if self.preempt is not None:
+            self.preempt.check(layer)
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         self.attn = backend

@@ -165,6 +165,7 @@ class LlamaForCausalLM(CausalLM):
             gate = self.act(self.linear(h, layer.gate, layer.gate_bias))
             up = self.linear(h, layer.up, layer.up_bias)
             x = x + self.linear(gate * up, layer.down, layer.down_bias)
+            self.safepoint(i)
         return rms_norm(x[batch.logits_indices], self.norm, self.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

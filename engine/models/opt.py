@@ -184,6 +184,7 @@ class OPTForCausalLM(CausalLM):
             x = residual + self.linear(x, layer.fc2, layer.fc2_bias)
             if not self.pre_norm:
                 x = layer.ffn_norm(x)
+            self.safepoint(i)
         x = x[batch.logits_indices]
         if self.final_norm is not None:
             x = self.final_norm(x)

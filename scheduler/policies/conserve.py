@@ -20,10 +20,12 @@ every iteration afresh, in this order:
 3. **Offline batching mode** (§4.2).  With no online job present, offline
    jobs batch up to `conserve.offline_max_batch_size` /
    `offline_max_batch_tokens`, ignoring the budget.
-4. **Preemption at iteration granularity** (Algorithm 1,
-   PreemptOverBudgetOffline).  Since each plan is made anew, offline jobs
-   over the budget leave the batch the moment online work arrives.  They
-   keep their KV (paused) until an online job needs the memory.
+4. **Preemption** (Algorithm 1, PreemptOverBudgetOffline; §4.3).  Since
+   each plan is made anew, offline jobs over the budget leave the batch the
+   moment online work arrives; they keep their KV (paused) until an online
+   job needs the memory.  A plan made in offline batching mode is marked
+   `preemptible_at_layers`: an online arrival cuts its forward pass between
+   layers (engine/preemption.py) and the next plan serves the online job.
 
 Online ordering is FCFS by priority here; ordering the online class by
 skip-join MLFQ instead is planned (the online class would be planned by an
@@ -165,6 +167,9 @@ class ConservePolicy(Policy):
             tokens = cfg.conserve.offline_max_batch_tokens or cfg.max_batch_tokens
             max_seqs = cfg.conserve.offline_max_batch_size or cfg.max_batch_size
         self._plan_offline(plan, served, tokens, max_seqs, slo)
+        # Offline batching mode: the whole pass is offline work, which an
+        # online arrival may cut between layers (§4.3).
+        plan.preemptible_at_layers = not self.coserving and bool(plan.chunks)
         return plan
 
     def _is_decode(self, chunk: ScheduledChunk) -> bool:

@@ -119,3 +119,50 @@ def test_the_simulator_runs_the_server_step(monkeypatch: Any, overlap: bool):
         # Reactive: the copy lands with the plan that issued it.
         assert idle == [] and issue.result.swaps_in_done == ["j2"]
     assert all(it.waited for it in idle)
+
+
+class FourLayers(UnitCost):
+    """1 s passes of four 0.25 s layers."""
+
+    class model:
+        num_layers = 4
+
+
+def test_an_online_arrival_cuts_a_preemptible_pass_at_the_next_layer():
+    clock = VirtualClock(10.0)
+    dev = SimulatedExecutor(FourLayers(), clock, overlap_swap=False, next_arrival=lambda: None,
+                            next_online_after=lambda t: 10.3)
+    plan = Plan(step=1, chunks=[decode("a")], preemptible_at_layers=True)
+    res = dev.execute(plan)
+    # Arrival 0.3 s into the pass: it stops at the end of the second layer.
+    assert res.interrupted and res.outputs == [] and clock.now == pytest.approx(10.5)
+    assert dev.totals.cut_passes == 1 and dev.totals.cut_time == pytest.approx(0.5)
+    assert dev.exec_time == {}  # the thrown-away compute is no job's execution
+    # Not marked preemptible, or no online arrival within it: it runs whole.
+    for plan, after in ((Plan(step=2, chunks=[decode("a")]), 10.6),
+                        (Plan(step=3, chunks=[decode("a")], preemptible_at_layers=True), 99.0)):
+        dev.next_online_after = lambda t, after=after: after
+        res = dev.execute(plan)
+        assert not res.interrupted and res.outputs
+    assert clock.now == pytest.approx(12.5)
+
+
+def test_conserve_in_the_simulator_cuts_offline_passes_for_online_arrivals():
+    from bench.costmodel import AnalyticCostModel
+    from bench.workload import RequestSpec
+
+    reqs = [RequestSpec(request_id=f"off{i}", job_class="offline", arrival_time=0.0,
+                        prompt_tokens=1500, output_tokens=50) for i in range(8)]
+    reqs += [RequestSpec(request_id=f"on{i}", arrival_time=0.5 + i, prompt_tokens=20,
+                         output_tokens=5) for i in range(3)]
+    cfg = simulator.SchedulerConfig(policy="conserve", num_blocks=2000, block_size=16,
+                                    max_batch_size=16, max_batch_tokens=8192,
+                                    max_model_len=2048)
+    out = simulator.simulate(reqs, cfg, AnalyticCostModel.preset("llama-2-7b", "a100-80gb"))
+    assert out.stats.cut_passes >= 1
+    recs = {r.request_id: r for r in out.records}
+    assert all(recs[r.request_id].end_time is not None for r in reqs)
+    # An online request waits for a layer of the offline pass under way
+    # (8,192 tokens: ~0.6 s, ~18 ms a layer), then one co-serving iteration
+    # (within the 93 ms TTFT objective), not for the whole pass.
+    assert max(recs[f"on{i}"].token_times[0] - (0.5 + i) for i in range(3)) < 0.15

@@ -80,6 +80,12 @@ MLFQ_CONFIG = {
 }
 
 
+def _engine_handle(app: str):
+    from ray import serve
+
+    return serve.get_deployment_handle("Engine", app_name=app)
+
+
 def _deploy(server: str, name: str, config: dict) -> str:
     """Run one more application on /<name> beside the default one; its URL
     once its /health answers."""
@@ -105,16 +111,12 @@ def mlfq_server(server):
 
 @pytest.fixture(scope="session")
 def mlfq_engine(mlfq_server):
-    from ray import serve
-
-    return serve.get_deployment_handle("Engine", app_name="mlfq")
+    return _engine_handle("mlfq")
 
 
 @pytest.fixture(scope="session")
 def engine_handle(server):
-    from ray import serve
-
-    return serve.get_deployment_handle("Engine", app_name="llm")
+    return _engine_handle("llm")
 
 
 def wait_engine_idle(handle, timeout: float = 30.0) -> dict:
@@ -146,6 +148,24 @@ def tight_server(server):
 
 @pytest.fixture(scope="session")
 def tight_engine(tight_server):
-    from ray import serve
+    return _engine_handle("tight")
 
-    return serve.get_deployment_handle("Engine", app_name="tight")
+
+CONSERVE_CONFIG = {
+    **SMALL_CONFIG,
+    "policy": "conserve",
+    "max_batch_size": 4,
+    # A bound that online requests would hit; offline ones are outside it.
+    "admission": {"max_queued_tokens": 64},
+}
+
+
+@pytest.fixture(scope="session")
+def conserve_server(server):
+    """Online/offline co-serving, on /conserve."""
+    yield _deploy(server, "conserve", CONSERVE_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def conserve_engine(conserve_server):
+    return _engine_handle("conserve")

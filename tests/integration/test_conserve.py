@@ -1,0 +1,56 @@
+"""Co-serving live (`policy: conserve`): a backlog of offline requests and
+online requests that arrive behind it.  Offline requests are outside the
+admission bound; online ones overtake them; every answer is the one the
+FCFS application gives the same prompt (greedy, float32), though offline
+passes were cut between layers; the replica counts tokens by class."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import wait_engine_idle
+
+pytestmark = pytest.mark.integration
+
+OFFLINE = [f"Write a long story about a {thing}." for thing in
+           ("dragon", "robot", "lighthouse", "forest", "city", "river")]
+ONLINE = ["What is the capital of France?", "Name three colors."]
+
+
+def body(prompt: str, n: int, job_class: str) -> dict:
+    return {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+            "job_class": job_class}
+
+
+async def _run(base: str) -> tuple[list[tuple[dict, float]], list[tuple[dict, float]]]:
+    async with httpx.AsyncClient(timeout=600) as c:
+        async def one(prompt: str, n: int, job_class: str) -> tuple[dict, float]:
+            r = await c.post(f"{base}/v1/completions", json=body(prompt, n, job_class))
+            assert r.status_code == 200, r.text
+            return r.json(), time.monotonic()
+
+        offline = [asyncio.create_task(one(p, 48, "offline")) for p in OFFLINE]
+        await asyncio.sleep(2.0)  # the backlog is running
+        online = [asyncio.create_task(one(p, 8, "online")) for p in ONLINE]
+        return await asyncio.gather(*offline), await asyncio.gather(*online)
+
+
+def test_online_requests_overtake_an_offline_backlog(server, conserve_server, conserve_engine):
+    offline, online = asyncio.run(_run(conserve_server))
+    stats = wait_engine_idle(conserve_engine, timeout=120)
+    assert stats["policy"]["name"] == "conserve"
+    assert stats["tokens_by_class"] == {"offline": 48 * len(OFFLINE), "online": 8 * len(ONLINE)}
+    # The online requests arrived while the backlog ran in offline batching
+    # mode: the pass under way was cut between layers for them.
+    assert stats["interrupted_passes"] >= 1
+    # The online requests, sent last, finished while the backlog still ran.
+    assert max(t for _, t in online) < max(t for _, t in offline)
+    for prompts, n, results in ((OFFLINE, 48, offline), (ONLINE, 8, online)):
+        for p, (got, _) in zip(prompts, results):
+            ref = httpx.post(f"{server}/v1/completions", timeout=300, json={
+                "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True}).json()
+            assert got["choices"][0]["text"] == ref["choices"][0]["text"], p
