@@ -209,6 +209,20 @@ def duration_of(records: Sequence[RequestRecord]) -> float:
     return max(max(ends) - start, 0.0)
 
 
+def tokens_per_s_while(records: Sequence[RequestRecord], job_class: str,
+                       end: float) -> tuple[float, float]:
+    """(tokens/s, window) of `job_class`'s streamed tokens from the run's
+    start to `end`, or to its last token if that comes first: batch work's
+    throughput while the online stream lasts (ConServe §6.2), without the
+    tail where it runs alone."""
+    times = [t for r in records if r.job_class == job_class for t in r.token_times]
+    if not times:
+        return 0.0, 0.0
+    window = min(end, max(times))
+    n = sum(1 for t in times if t <= window)
+    return (n / window if window > 0 else 0.0), window
+
+
 def breakdown_of(records: Sequence[RequestRecord]) -> LatencyBreakdown | None:
     rows = []
     for r in records:

@@ -23,6 +23,13 @@ Either way a landed swap-in is reported through `StepResult.swaps_in_done`
 at the first iteration boundary after it lands; when nothing is runnable
 meanwhile, `wait_for_swaps` jumps the clock to the next landing (or arrival).
 
+A plan marked `preemptible_at_layers` (co-serving's offline batching mode)
+is cut at the first layer boundary after an online arrival, as the server's
+model cuts it (ConServe §4.3): the iteration lasts until that boundary and
+computes nothing.  Layer times are the pass's time split evenly over the
+cost model's layers; a cost model that does not know its layers (a measured
+table) runs such passes whole.
+
 It also splits each job's time (FastServe Figures 1 and 15b): execution is
 the compute time of the iterations it was part of; swapping is the exposed
 copy time of those iterations plus the time from the issue of its own

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
-from bench.metrics import summarize
+from bench.metrics import summarize, tokens_per_s_while
 from bench.simulator import SimOptions, simulate
 
 OUT = Path(__file__).resolve().parent
@@ -73,12 +73,9 @@ def point(system: str, rate: float) -> dict[str, Any]:
                          "tpot_p99": s.tpot.p99}
     offline = [r for r in out.records if r.job_class == "offline"]
     if offline:
-        # Until the span ends, or the backlog does if it runs out first.
-        last = max((t for r in offline for t in r.token_times), default=t_end)
-        window = min(t_end, last)
-        tokens = sum(sum(1 for t in r.token_times if t <= window) for r in offline)
-        res["offline"] = {"tokens_in_window": tokens, "window_s": window,
-                          "tokens_per_s": tokens / window,
+        rate_s, window = tokens_per_s_while(offline, "offline", t_end)
+        res["offline"] = {"tokens_in_window": round(rate_s * window), "window_s": window,
+                          "tokens_per_s": rate_s,
                           "preemptions": sum(r.num_preemptions or 0 for r in offline)}
     res["iterations"] = out.stats.iterations
     print(f"  {system:16s} rate {rate:g}: " + json.dumps(

@@ -155,3 +155,21 @@ def test_results_written_before_admission_control_still_load(tmp_path):
     assert old.summary.num_rejected == 0 and old.summary.num_failed == 1
     assert [r.ok for r in old.records] == [True, True, False]
     assert summarize(old.records) == run.summary
+
+
+def test_tokens_per_s_while_the_online_stream_lasts():
+    from bench.metrics import tokens_per_s_while
+    from bench.records import RequestRecord
+
+    def rec(rid: str, cls: str, times: list[float]) -> RequestRecord:
+        return RequestRecord(request_id=rid, job_class=cls, scheduled_time=0.0, send_time=0.0,
+                             token_times=times, end_time=times[-1], prompt_tokens=4,
+                             output_tokens=len(times), expected_output_tokens=len(times))
+
+    off = [rec("a", "offline", [1.0, 2.0, 3.0, 9.0]), rec("b", "offline", [4.0, 5.0])]
+    on = [rec("c", "online", [0.5, 6.0])]
+    # Five offline tokens by t = 5, the end of the window.
+    assert tokens_per_s_while(off + on, "offline", 5.0) == (1.0, 5.0)
+    # A backlog that runs out first: its own span.
+    assert tokens_per_s_while(off, "offline", 20.0) == (6 / 9.0, 9.0)
+    assert tokens_per_s_while(on, "offline", 5.0) == (0.0, 0.0)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Co-serving live on this machine (embedded SmolLM2, one engine core): an
+# online ShareGPT stream at RATE req/s beside a backlog of OFF offline
+# requests (job_class offline, all sent at t = 0), prompt + answer <= CAP
+# tokens, ignore_eos.  Four runs, each on a freshly started server:
+#   online-only   the online stream alone, FCFS
+#   offline-only  the backlog alone, FCFS
+#   vllm++        both, FCFS with the offline requests at priority 1
+#   conserve      both, policy: conserve (default objectives)
+# then the comparison (summary.py).  Writes $OUT/{name}.json and summary.{json,md}.
+# Usage: bash studies/conserve_live/run.sh   (env N, RATE, OFF, CAP, OUT)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export RAY_AUTH_MODE=disabled
+N=${N:-60}; RATE=${RATE:-0.35}; OFF=${OFF:-40}; CAP=${CAP:-320}
+OUT=${OUT:-studies/conserve_live}
+source studies/serve_lib.sh
+trap stop_server EXIT
+common=(--base-url http://127.0.0.1:8000/v1 --dataset sharegpt --max-total-len "$CAP" --seed 0
+        --rate "$RATE" --max-duration 1800 --request-timeout 1800)
+run() {
+  local name=$1 cfg=$2; shift 2
+  start_server "studies/configs/$cfg.yaml" "$OUT/$name.server.log"
+  python -m bench run "${common[@]}" --system "$name" "$@" --save-records --out "$OUT/$name.json"
+  stop_server
+}
+run online-only coserve_fcfs -n "$N"
+run offline-only coserve_fcfs -n 0 --offline-num-requests "$OFF"
+run vllm++ coserve_fcfs -n "$N" --offline-num-requests "$OFF" --offline-priority 1
+run conserve coserve_conserve -n "$N" --offline-num-requests "$OFF"
+python -m studies.conserve_live.summary "$OUT"
