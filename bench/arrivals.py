@@ -18,11 +18,13 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ArrivalSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # An infinite rate is written as JSON's non-standard `Infinity` (which
+    # Python's json and pydantic read back), not as null.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     process: Literal["poisson", "gamma"] = "poisson"
     # Requests per second; math.inf means all at `start`.
@@ -30,6 +32,12 @@ class ArrivalSpec(BaseModel):
     # Coefficient of variation of the inter-arrival time (gamma only).
     cv: float = Field(1.0, gt=0)
     start: float = Field(0.0, ge=0)
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _null_is_all_at_once(cls, v: object) -> object:
+        # Results written before the rate kept its infinity hold null there.
+        return math.inf if v is None else v
 
     @model_validator(mode="after")
     def _poisson_cv(self) -> "ArrivalSpec":

@@ -47,7 +47,7 @@ def _time_iterations(runner: Any, prompt_len: int, decode_steps: int,
 
 
 def estimate_cost(runner: Any, block_size: int, short: int = 16, long: int = 256,
-                  decode_steps: int = 4, repeats: int = 3) -> LinearCost:
+                  decode_steps: int = 4, repeats: int = 3, decode_batch: int = 8) -> LinearCost:
     """Fit `LinearCost` from the fastest of `repeats` timings of each shape.
 
     The fastest, not one sample or a mean: on a shared machine noise only
@@ -68,8 +68,16 @@ def estimate_cost(runner: Any, block_size: int, short: int = 16, long: int = 256
     t_short, decode, t_long = min(shorts), min(decodes), min(longs)
     per_token = max(0.0, (t_long - t_short) / (long - short))
     base = max(1e-4, t_short - per_token * short)
-    per_seq = max(0.0, decode - base)
-    return LinearCost(base_s=base, prefill_per_token_s=per_token, decode_per_seq_s=per_seq)
+    # What each more sequence adds to a decode iteration, from the fastest
+    # decode at batch `decode_batch` against batch 1: the co-serving budget
+    # (ConServe §4.5) adds offline decodes by it.  The decode line goes
+    # through the batch-1 time, so q1 (FastServe §4.1) stays what it was.
+    per_seq = 0.0
+    tps = full_batch_throughput(runner, block_size, decode_batch, repeats=repeats)
+    if tps > 0:
+        per_seq = max(0.0, (decode_batch / tps - decode) / (decode_batch - 1))
+    return LinearCost(base_s=base, prefill_per_token_s=per_token, decode_per_seq_s=per_seq,
+                      decode_base_s=decode - per_seq)
 
 
 def full_batch_throughput(runner: Any, block_size: int, batch_size: int, prompt_len: int = 8,

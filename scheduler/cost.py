@@ -31,20 +31,27 @@ class CostEstimator(Protocol):
 
 @dataclass(frozen=True)
 class LinearCost:
-    """t = base + per_token * tokens (prefill); base + per_seq * batch (decode)."""
+    """t = base + per_token * tokens (prefill); decode_base + per_seq * batch
+    (decode; decode_base defaults to base)."""
 
     base_s: float
     prefill_per_token_s: float
     decode_per_seq_s: float
+    # The fixed cost of a decode iteration, when measured apart from the
+    # prefill fit's intercept (engine/profiler.py fits both).
+    decode_base_s: float | None = None
 
     def prefill_time(self, num_tokens: int) -> float:
         return self.base_s + self.prefill_per_token_s * num_tokens
 
     def decode_time(self, batch_size: int) -> float:
-        return self.base_s + self.decode_per_seq_s * batch_size
+        base = self.base_s if self.decode_base_s is None else self.decode_base_s
+        return base + self.decode_per_seq_s * batch_size
 
     def batch_time(self, decodes: int, decode_context: int, prefill_tokens: int,
                    prefill_attn: int) -> float:
         # Measured at short contexts: the context terms are not in the fit.
+        if not prefill_tokens:
+            return self.decode_time(decodes)
         return (self.base_s + self.decode_per_seq_s * decodes
                 + self.prefill_per_token_s * prefill_tokens)

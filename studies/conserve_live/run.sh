@@ -8,7 +8,8 @@
 #   vllm++        both, FCFS with the offline requests at priority 1
 #   conserve      both, policy: conserve (default objectives)
 # then the comparison (summary.py).  Writes $OUT/{name}.json and summary.{json,md}.
-# Usage: bash studies/conserve_live/run.sh   (env N, RATE, OFF, CAP, OUT)
+# Usage: bash studies/conserve_live/run.sh   (env N, RATE, OFF, CAP, OUT; SYSTEMS:
+# the runs to make, default all four)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled
@@ -18,8 +19,10 @@ source studies/serve_lib.sh
 trap stop_server EXIT
 common=(--base-url http://127.0.0.1:8000/v1 --dataset sharegpt --max-total-len "$CAP" --seed 0
         --rate "$RATE" --max-duration 1800 --request-timeout 1800)
+SYSTEMS=${SYSTEMS:-online-only offline-only vllm++ conserve}
 run() {
   local name=$1 cfg=$2; shift 2
+  case " $SYSTEMS " in *" $name "*) ;; *) return 0 ;; esac
   start_server "studies/configs/$cfg.yaml" "$OUT/$name.server.log"
   python -m bench run "${common[@]}" --system "$name" "$@" --save-records --out "$OUT/$name.json"
   stop_server

@@ -162,3 +162,21 @@ def test_with_rate_changes_only_rate():
     s = spec(0).with_rate(9.0)
     assert s.streams[0].arrivals.rate == 9.0
     assert s.streams[0].num_requests == 20
+
+
+def test_a_run_with_an_offline_backlog_reads_back(tmp_path):
+    """An infinite rate (a backlog sent at once) survives JSON, and results
+    written with null there still load."""
+    import json
+    import math
+
+    from bench.arrivals import ArrivalSpec
+    from bench.workload import StreamSpec, WorkloadSpec
+
+    spec = WorkloadSpec(streams=[StreamSpec(), StreamSpec(name="offline", job_class="offline",
+                                                          arrivals=ArrivalSpec(rate=math.inf))])
+    text = spec.model_dump_json()
+    assert WorkloadSpec.model_validate_json(text) == spec
+    legacy = json.loads(text)
+    legacy["streams"][1]["arrivals"]["rate"] = None
+    assert WorkloadSpec.model_validate(legacy).streams[1].arrivals.rate == math.inf

@@ -12,8 +12,9 @@ from tests.scheduler.conftest import FakeClock, FakeEngine
 
 
 class ScriptedRunner:
-    """Iterations cost 0.1 s + 3 ms per prefill token + 2 ms per decode; the
-    iterations listed in `slow` (by call number) take 0.6 s longer."""
+    """Iterations cost 0.1 s + 3 ms per prefill token + 2 ms per decoding
+    sequence; the iterations listed in `slow` (by call number) take 0.6 s
+    longer."""
 
     def __init__(self, slow: set[int]) -> None:
         self.engine = FakeEngine(FakeClock())
@@ -29,8 +30,8 @@ class ScriptedRunner:
     def execute(self, plan: Plan) -> StepResult:
         self.calls += 1
         res = self.engine.execute(plan)
-        c = plan.chunks[0]
-        t = 0.1 + (0.003 * c.num_tokens if c.num_tokens > 1 else 0.002)
+        t = 0.1 + sum(0.003 * c.num_tokens if c.num_tokens > 1 else 0.002
+                      for c in plan.chunks)
         if self.calls in self.slow:
             t += 0.6
         return replace(res, iteration_time=t)
@@ -41,6 +42,9 @@ def test_fit_recovers_the_cost_model():
     assert cost.prefill_time(16) == pytest.approx(0.148)
     assert cost.prefill_time(256) == pytest.approx(0.868)
     assert cost.decode_time(1) == pytest.approx(0.102)
+    assert cost.decode_time(8) == pytest.approx(0.116)
+    assert cost.batch_time(8, 800, 0, 0) == pytest.approx(0.116)
+    assert cost.batch_time(4, 400, 16, 136) == pytest.approx(0.1 + 0.048 + 0.008)
 
 
 @pytest.mark.parametrize("slow", [{3}, {4, 8}, {9}])
