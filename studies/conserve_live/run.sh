@@ -7,6 +7,8 @@
 #   offline-only  the backlog alone, FCFS
 #   vllm++        both, FCFS with the offline requests at priority 1
 #   conserve      both, policy: conserve (default objectives)
+#   conserve-tpot300  both, policy: conserve with objectives for this CPU
+#                 (TTFT 1 s, TPOT 0.3 s)
 # then the comparison (summary.py).  Writes $OUT/{name}.json and summary.{json,md}.
 # Usage: bash studies/conserve_live/run.sh   (env N, RATE, OFF, CAP, OUT; SYSTEMS:
 # the runs to make, default all four)
@@ -19,7 +21,7 @@ source studies/serve_lib.sh
 trap stop_server EXIT
 common=(--base-url http://127.0.0.1:8000/v1 --dataset sharegpt --max-total-len "$CAP" --seed 0
         --rate "$RATE" --max-duration 1800 --request-timeout 1800)
-SYSTEMS=${SYSTEMS:-online-only offline-only vllm++ conserve}
+SYSTEMS=${SYSTEMS:-online-only offline-only vllm++ conserve conserve-tpot300}
 run() {
   local name=$1 cfg=$2; shift 2
   case " $SYSTEMS " in *" $name "*) ;; *) return 0 ;; esac
@@ -31,4 +33,5 @@ run online-only coserve_fcfs -n "$N"
 run offline-only coserve_fcfs -n 0 --offline-num-requests "$OFF"
 run vllm++ coserve_fcfs -n "$N" --offline-num-requests "$OFF" --offline-priority 1
 run conserve coserve_conserve -n "$N" --offline-num-requests "$OFF"
+run conserve-tpot300 coserve_conserve_tpot300 -n "$N" --offline-num-requests "$OFF"
 python -m studies.conserve_live.summary "$OUT"
