@@ -63,9 +63,9 @@ class IterationShape:
         """With a chunk of `n` tokens at position `start` added."""
         if n == 1:
             return IterationShape(self.decodes + 1, self.decode_context + start + 1,
-                          self.prefill_tokens, self.prefill_attn)
+                                  self.prefill_tokens, self.prefill_attn)
         return IterationShape(self.decodes, self.decode_context, self.prefill_tokens + n,
-                      self.prefill_attn + n * start + n * (n + 1) // 2)
+                              self.prefill_attn + n * start + n * (n + 1) // 2)
 
 
 class ConservePolicy(Policy):
@@ -127,13 +127,13 @@ class ConservePolicy(Policy):
         tpot = cc.tpot_slo_s if cc.tpot_slo_s is not None else (3 * one if one else None)
         return ttft, tpot
 
-    def estimate(self, shape: "IterationShape") -> float:
+    def estimate(self, shape: IterationShape) -> float:
         """Seconds of an iteration of `shape`, by the cost estimate."""
         assert self.cost is not None
         return self.cost.batch_time(shape.decodes, shape.decode_context,
                                     shape.prefill_tokens, shape.prefill_attn)
 
-    def _fit(self, shape: "IterationShape", job: Job, want: int, slo_s: float) -> int:
+    def _fit(self, shape: IterationShape, job: Job, want: int, slo_s: float) -> int:
         """How many of `want` more tokens of `job` (one decode, or a prefill
         chunk) keep an iteration of `shape` within `slo_s`."""
         start = job.num_computed_tokens
