@@ -160,12 +160,16 @@ CONSERVE_CONFIG = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def conserve_server(server):
-    """Online/offline co-serving, on /conserve."""
+    """Online/offline co-serving, on /conserve, for one module: the test
+    session's Ray has room for three 1-CPU engine bundles at a time."""
+    from ray import serve
+
     yield _deploy(server, "conserve", CONSERVE_CONFIG)
+    serve.delete("conserve")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def conserve_engine(conserve_server):
     return _engine_handle("conserve")
