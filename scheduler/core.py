@@ -64,8 +64,6 @@ class SchedulerCore:
         self.batch: frozenset[str] = frozenset()
         self._step = 0
         self.num_preemptions = 0
-        # Forward passes cut between layers (StepResult.interrupted).
-        self.num_interrupted = 0
         self.num_finished = 0
         self.num_aborted = 0
 
@@ -154,7 +152,6 @@ class SchedulerCore:
                 self.swap.swap_in_failed(lost)
         if result.interrupted:
             # Nothing was computed: each job plans the same tokens again.
-            self.num_interrupted += 1
             return []
         outputs = {o.job_id: o for o in result.outputs}
         events: list[JobEvent] = []

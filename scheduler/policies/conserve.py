@@ -78,7 +78,8 @@ class ConservePolicy(Policy):
         self._running: dict[JobClass, list[Job]] = {ONLINE: [], OFFLINE: []}
         # Waiting jobs that hold device blocks: siblings that adopted a prompt.
         self._holding: list[Job] = []
-        # This plan's jobs by id, and whether it evicted an online job.
+        # The jobs this plan computes, by id (never evicted by it), and
+        # whether it evicted an online job.
         self._by_id: dict[str, Job] = {}
         self._evicted_online = False
         # What the latest plan did, for metrics and tests.
@@ -153,10 +154,9 @@ class ConservePolicy(Policy):
     def schedule(self, step: int) -> Plan:
         cfg = self.config
         plan = Plan(step=step)
-        served: set[str] = set()
         self._by_id.clear()
         self._evicted_online = False
-        tokens = self._plan_online(plan, served, cfg.max_batch_tokens)
+        tokens = self._plan_online(plan, cfg.max_batch_tokens)
         self.coserving = bool(self._running[ONLINE] or self._waiting[ONLINE])
         slo: float | None = None
         if self.coserving:
@@ -166,7 +166,7 @@ class ConservePolicy(Policy):
         else:
             tokens = cfg.conserve.offline_max_batch_tokens or cfg.max_batch_tokens
             max_seqs = cfg.conserve.offline_max_batch_size or cfg.max_batch_size
-        self._plan_offline(plan, served, tokens, max_seqs, slo)
+        self._plan_offline(plan, tokens, max_seqs, slo)
         # Offline batching mode: the whole pass is offline work, which an
         # online arrival may cut between layers (§4.3).
         plan.preemptible_at_layers = not self.coserving and bool(plan.chunks)
@@ -175,7 +175,7 @@ class ConservePolicy(Policy):
     def _is_decode(self, chunk: ScheduledChunk) -> bool:
         return chunk.start_pos >= self._by_id[chunk.job_id].num_prompt_tokens
 
-    def _plan_online(self, plan: Plan, served: set[str], tokens: int) -> int:
+    def _plan_online(self, plan: Plan, tokens: int) -> int:
         """Online chunks into `plan`; returns the tokens left."""
         running = self._running[ONLINE]
         i = 0
@@ -187,8 +187,8 @@ class ConservePolicy(Policy):
             n = min(job.num_uncomputed_tokens, tokens)
             # Victims come after `job` (those before it are served or wait
             # on a swap-in), so the walk's index stays valid.
-            if self._make_room(job, n, plan, served, (OFFLINE, ONLINE)):
-                tokens -= self._add_chunk(plan, served, job, n)
+            if self._make_room(job, n, plan, (OFFLINE, ONLINE)):
+                tokens -= self._add_chunk(plan, job, n)
         # vLLM's rule: an iteration that had to evict an online job admits
         # no new one, or the evicted job would be overtaken.
         waiting = self._waiting[ONLINE]
@@ -196,21 +196,21 @@ class ConservePolicy(Policy):
                and len(running) < self.config.max_batch_size):
             job = waiting.head()
             if job.num_host_blocks:
-                if not self._swap_in(job, plan, served, (OFFLINE,)):
+                if not self._swap_in(job, plan, (OFFLINE,)):
                     break
                 waiting.remove(job)  # evictions may have requeued others ahead
                 insort(running, job, key=_priority)
                 continue  # it runs once the copy lands
             n = min(job.num_uncomputed_tokens, tokens)
-            if not self._make_room(job, n, plan, served, (OFFLINE,)):
+            if not self._make_room(job, n, plan, (OFFLINE,)):
                 break
             waiting.remove(job)
             self._forget_holding(job)
             insort(running, job, key=_priority)
-            tokens -= self._add_chunk(plan, served, job, n)
+            tokens -= self._add_chunk(plan, job, n)
         return tokens
 
-    def _plan_offline(self, plan: Plan, served: set[str], tokens: int, max_seqs: int,
+    def _plan_offline(self, plan: Plan, tokens: int, max_seqs: int,
                       slo_s: float | None) -> None:
         """Offline chunks into `plan`, within `tokens` and, in co-serving
         mode, within `slo_s` by the cost estimate of the whole iteration."""
@@ -229,7 +229,7 @@ class ConservePolicy(Policy):
         def add(job: Job, n: int) -> None:
             nonlocal tokens, shape
             shape = shape.plus(job.num_computed_tokens, n)
-            self._add_chunk(plan, served, job, n)
+            self._add_chunk(plan, job, n)
             tokens -= n
 
         running = self._running[OFFLINE]
@@ -238,7 +238,7 @@ class ConservePolicy(Policy):
             if not job.is_resident:
                 continue
             n = fit(job)
-            if n <= 0 or not self._make_room(job, n, plan, served, (OFFLINE,)):
+            if n <= 0 or not self._make_room(job, n, plan, (OFFLINE,)):
                 paused += 1
                 continue
             add(job, n)
@@ -249,29 +249,28 @@ class ConservePolicy(Policy):
             # A waiting offline job takes only free blocks: evicting running
             # offline work to admit more would only churn.
             if job.num_host_blocks:
-                if not self._swap_in(job, plan, served, ()):
+                if not self._swap_in(job, plan, ()):
                     break
                 running.append(waiting.pop_head())
                 continue
             n = fit(job)
-            if n <= 0 or not self._make_room(job, n, plan, served, ()):
+            if n <= 0 or not self._make_room(job, n, plan, ()):
                 break
             waiting.pop_head()
             self._forget_holding(job)
             running.append(job)
             add(job, n)
 
-    def _add_chunk(self, plan: Plan, served: set[str], job: Job, n: int) -> int:
+    def _add_chunk(self, plan: Plan, job: Job, n: int) -> int:
         plan.chunks.append(self.chunk_for(job, n))
-        served.add(job.job_id)
         self._by_id[job.job_id] = job
         return n
 
     # Memory ---------------------------------------------------------------
 
-    def _swap_in(self, job: Job, plan: Plan, served: set[str], victims: tuple[JobClass, ...]) -> bool:
+    def _swap_in(self, job: Job, plan: Plan, victims: tuple[JobClass, ...]) -> bool:
         while not self.blocks.can_allocate(job.num_host_blocks):
-            if not self._evict_one(job, plan, served, victims):
+            if not self._evict_one(job, plan, victims):
                 return False
         ops = self.swap.swap_in(job)
         if ops is None:
@@ -279,17 +278,17 @@ class ConservePolicy(Policy):
         plan.block_ops += ops
         return True
 
-    def _make_room(self, job: Job, n: int, plan: Plan, served: set[str],
+    def _make_room(self, job: Job, n: int, plan: Plan,
                    victims: tuple[JobClass, ...]) -> bool:
         """Grow `job` by `n` tokens' blocks, evicting what may go: waiting
         holders, then running jobs of `victims`' classes in that order (an
         online job's blocks come before any offline job's)."""
         while not self.blocks.grow(job, n):
-            if not self._evict_one(job, plan, served, victims):
+            if not self._evict_one(job, plan, victims):
                 return False
         return True
 
-    def _evict_one(self, beside: Job, plan: Plan, served: set[str],
+    def _evict_one(self, beside: Job, plan: Plan,
                    victims: tuple[JobClass, ...]) -> bool:
         holder = self._waiting_victim(beside)
         if holder is not None:
@@ -300,7 +299,7 @@ class ConservePolicy(Policy):
         for cls in victims:
             running = self._running[cls]
             for victim in reversed(running):
-                if victim is beside or victim.job_id in served or victim.swap_pending is not None:
+                if victim is beside or victim.job_id in self._by_id or victim.swap_pending is not None:
                     continue
                 running.remove(victim)
                 self.evict(victim, plan.block_ops)
