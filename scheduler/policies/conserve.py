@@ -299,7 +299,8 @@ class ConservePolicy(Policy):
         for cls in victims:
             running = self._running[cls]
             for victim in reversed(running):
-                if victim is beside or victim.job_id in self._by_id or victim.swap_pending is not None:
+                busy = victim.job_id in self._by_id or victim.swap_pending is not None
+                if victim is beside or busy:
                     continue
                 running.remove(victim)
                 self.evict(victim, plan.block_ops)
