@@ -19,6 +19,10 @@ x16, `cost.swap_time`), modelled two ways:
   and land after their copy time, possibly iterations later, without
   stalling the batch.
 
+Checkpoint copies (ConServe §4.4) always run on a side lane of their own:
+the blocks stay in use, so nothing waits for them; `checkpoint_lane_busy`
+says how much of the run that lane was busy.  A PREFETCH is a swap-in.
+
 Either way a landed swap-in is reported through `StepResult.swaps_in_done`
 at the first iteration boundary after it lands; when nothing is runnable
 meanwhile, `wait_for_swaps` jumps the clock to the next landing (or arrival).
@@ -72,6 +76,8 @@ class DeviceTotals:
     swap_in_lane_busy: float = 0.0
     swap_in_blocks: int = 0
     swap_out_blocks: int = 0
+    checkpoint_blocks: int = 0
+    checkpoint_lane_busy: float = 0.0
     # Passes cut between layers, and the compute they threw away.
     cut_passes: int = 0
     cut_time: float = 0.0
@@ -102,6 +108,7 @@ class SimulatedExecutor:
         self._in_flight: list[tuple[float, int, str]] = []
         self._issued_at: dict[str, float] = {}
         self._in_lane_free = 0.0  # host -> device copy lane
+        self._ckpt_lane_free = 0.0  # device -> host, checkpoints
         self._seq = 0
 
     @property
@@ -115,14 +122,21 @@ class SimulatedExecutor:
         cost, t = self.cost, self.totals
         compute = cost.iteration_time(BatchShape.of(plan))
         ins: dict[str, int] = {}  # job -> blocks, in op order
-        n_out = 0
+        n_out = n_ckpt = 0
         for op in plan.block_ops:
-            if op.kind is BlockOpKind.SWAP_IN:
+            if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
                 ins[op.job_id] = ins.get(op.job_id, 0) + 1
-            elif op.kind is not BlockOpKind.DROP:
+            elif op.kind is BlockOpKind.SWAP_OUT:
                 n_out += 1
+            elif op.kind is BlockOpKind.CHECKPOINT:
+                n_ckpt += 1
         n_in = sum(ins.values())
         start = self.clock.now
+        if n_ckpt:
+            lane_start = max(self._ckpt_lane_free, start)
+            self._ckpt_lane_free = lane_start + cost.swap_time(n_ckpt)
+            t.checkpoint_lane_busy += self._ckpt_lane_free - lane_start
+            t.checkpoint_blocks += n_ckpt
         if self.overlap_swap:
             out_t = cost.swap_time(n_out) if n_out else 0.0
             exposed_swap = max(0.0, out_t - compute)
@@ -149,7 +163,7 @@ class SimulatedExecutor:
         self.clock.now += dt
         t.busy_time += dt
         t.exposed_swap_time += exposed_swap
-        if n_in or n_out:
+        if n_in or n_out or n_ckpt:
             t.swap_in_blocks += n_in
             t.swap_out_blocks += n_out
             for op in plan.block_ops:

@@ -151,6 +151,16 @@ class SimStats:
     # the compute they threw away.
     cut_passes: int = 0
     cut_time: float = 0.0
+    # Incremental checkpointing (ConServe §4.4): blocks copied, the busy
+    # time of their lane, preemptions that discarded to a checkpoint and
+    # the computed tokens those gave up; computed tokens dropped by
+    # preemptions to recompute; resumes that found no host copy.
+    checkpoint_blocks: int = 0
+    checkpoint_lane_busy: float = 0.0
+    checkpoint_discards: int = 0
+    tokens_discarded: int = 0
+    tokens_dropped: int = 0
+    recompute_fallbacks: int = 0
     # Saturated throughput: requests finished while the waiting queue was
     # non-empty, over the time it last was (measures capacity, rate = inf).
     last_backlog_time: float = 0.0
@@ -167,6 +177,8 @@ class SimStats:
         self.swap_blocks = device.swap_in_blocks + device.swap_out_blocks
         self.cut_passes = device.cut_passes
         self.cut_time = device.cut_time
+        self.checkpoint_blocks = device.checkpoint_blocks
+        self.checkpoint_lane_busy = device.checkpoint_lane_busy
 
     @property
     def saturated_throughput(self) -> float | None:
@@ -192,6 +204,12 @@ class SimStats:
             "saturated_throughput": self.saturated_throughput,
             "cut_passes": self.cut_passes,
             "cut_time": self.cut_time,
+            "checkpoint_blocks": self.checkpoint_blocks,
+            "checkpoint_lane_busy": self.checkpoint_lane_busy,
+            "checkpoint_discards": self.checkpoint_discards,
+            "tokens_discarded": self.tokens_discarded,
+            "tokens_dropped": self.tokens_dropped,
+            "recompute_fallbacks": self.recompute_fallbacks,
             **self.extra,
         }
 
@@ -331,6 +349,10 @@ def simulate(
             _check_abort(now)
 
     stats.take(device.totals)
+    stats.checkpoint_discards = core.swap.num_checkpoint_discards
+    stats.tokens_discarded = core.swap.tokens_discarded
+    stats.tokens_dropped = core.swap.tokens_dropped
+    stats.recompute_fallbacks = core.swap.num_recompute_fallbacks
     stats.swap_bytes = stats.swap_blocks * block_bytes
     stats.wall_time = time.perf_counter() - wall0
     records: list[RequestRecord] = []

@@ -250,6 +250,9 @@ class Engine:
                 "blocks_in": self.core.swap.blocks_in,
                 "recompute_fallbacks": self.core.swap.num_recompute_fallbacks,
                 "host_used_blocks": self.core.swap.host_used,
+                "checkpoint_blocks": self.core.swap.blocks_checkpointed,
+                "checkpoint_discards": self.core.swap.num_checkpoint_discards,
+                "tokens_discarded": self.core.swap.tokens_discarded,
             },
             "policy": self._policy_stats(),
         }

@@ -23,6 +23,12 @@ _COUNTERS = {
     "blocks_in": ("engine_swap_in_blocks", "KV blocks swapped back in"),
     "recompute_fallbacks": ("engine_recompute_fallbacks",
                             "Preemptions that recomputed because the host tier was full"),
+    "checkpoint_blocks": ("engine_checkpoint_blocks",
+                          "KV blocks checkpointed to the host tier (ConServe)"),
+    "checkpoint_discards": ("engine_checkpoint_discards",
+                            "Preemptions back to a checkpoint, with no copy"),
+    "tokens_discarded": ("engine_checkpoint_discarded_tokens",
+                         "Computed tokens past a checkpoint given up by preemptions"),
     "demotions": ("engine_mlfq_demotions", "MLFQ demotions"),
     "promotions": ("engine_mlfq_promotions", "MLFQ starvation promotions"),
 }
@@ -77,6 +83,9 @@ class EngineMetrics:
             "blocks_out": swap["blocks_out"],
             "blocks_in": swap["blocks_in"],
             "recompute_fallbacks": swap["recompute_fallbacks"],
+            "checkpoint_blocks": swap.get("checkpoint_blocks"),
+            "checkpoint_discards": swap.get("checkpoint_discards"),
+            "tokens_discarded": swap.get("tokens_discarded"),
             "demotions": policy.get("demotions"),
             "promotions": policy.get("promotions"),
         }

@@ -9,12 +9,14 @@ The scheduler decides, this copies (the contract in `scheduler/plan.py`):
   CHECKPOINT leaves the device blocks in use (ConServe's incremental
   checkpoint), which changes nothing here.
 - DROP: the tier forgets the job's host copy.
-- SWAP_IN: a fetch is started; when it lands, the blocks are written into
-  the device blocks the op names and the job is reported in
+- SWAP_IN and PREFETCH: a fetch is started; when it lands, the blocks are
+  written into the device blocks the op names and the job is reported in
   `StepResult.swaps_in_done` (or `swaps_in_failed` if the host copy is
   gone), usually a later iteration than the one that asked.  A swap-in is
   a move: the host copy is dropped once fetched, as the scheduler's
-  `SwapManager.swap_in_done` already counts its host blocks free.
+  `SwapManager.swap_in_done` already counts its host blocks free.  A
+  prefetch restores a checkpoint, which stays on the host until the job
+  ends (DROP).
 
 The engine states what it needs of a tier (`HostKVTier` below) and the KV
 store implements it (`kvstore.tier`), so the engine never imports the KV
@@ -54,6 +56,8 @@ class HostKVTier(Protocol):
 class _Fetch:
     future: Future[torch.Tensor | None]
     device_blocks: list[int]
+    # A swap-in moves the host copy; a prefetch keeps it.
+    keep_host_copy: bool = False
 
 
 class BlockSwapper:
@@ -88,10 +92,11 @@ class BlockSwapper:
             # not land in blocks that may already belong to another job.
             self._fetches.pop(job_id, None)
             self.tier.drop(job_id)
-        elif kind is BlockOpKind.SWAP_IN:
+        elif kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
             if job_id in self._fetches:
                 raise RuntimeError(f"job {job_id}: a swap-in is already in flight")
-            self._fetches[job_id] = _Fetch(self.tier.fetch(job_id, indices), device_blocks)
+            self._fetches[job_id] = _Fetch(self.tier.fetch(job_id, indices), device_blocks,
+                                           kind is BlockOpKind.PREFETCH)
         else:  # pragma: no cover - exhaustive over BlockOpKind
             raise ValueError(f"unknown block op {kind}")
 
@@ -114,7 +119,8 @@ class BlockSwapper:
                 continue
             del self._fetches[job_id]
             data = self._result(fetch.future)
-            self.tier.drop(job_id)
+            if not fetch.keep_host_copy:
+                self.tier.drop(job_id)
             if data is None or data.shape[0] != len(fetch.device_blocks):
                 failed.append(job_id)
                 continue

@@ -47,6 +47,15 @@ class ConserveConfig(BaseModel):
     # replace max_batch_size / max_batch_tokens.  None: those limits.
     offline_max_batch_size: int | None = Field(None, ge=1, le=4096)
     offline_max_batch_tokens: int | None = Field(None, ge=1)
+    # Incremental checkpointing of running offline jobs' KV to the host
+    # tier (§4.4), so that preempting one frees its blocks with no copy.
+    # Needs a host tier (`host_kv_tokens`).  It starts once this fraction
+    # of the device blocks is in use, and covers more of the offline jobs
+    # as use grows (§4.5, adaptive checkpointing).
+    checkpoint: bool = True
+    checkpoint_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    # Blocks copied per iteration at most (the I/O budget); the rest wait.
+    checkpoint_max_blocks: int = Field(32, ge=1)
 
 
 class SchedulingSettings(BaseModel):

@@ -21,6 +21,9 @@ from scheduler.sharing import PromptSharing
 from scheduler.swap import SwapManager
 
 
+_FETCHES = (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH)
+
+
 @dataclass(slots=True)
 class JobEvent:
     """What a client's stream learns after one iteration."""
@@ -129,7 +132,7 @@ class SchedulerCore:
         if plan.block_ops:
             now = self.clock()
             for op in plan.block_ops:
-                if op.kind is BlockOpKind.SWAP_IN and op.block_index == 0:
+                if op.kind in _FETCHES and op.block_index == 0:
                     self.jobs[op.job_id].swap_in_issued_at = now
         # Drops of finished / aborted jobs' host copies go first.
         if self.swap.pending_ops:

@@ -80,8 +80,12 @@ class Job:
     # [i*block_size, (i+1)*block_size).
     block_table: list[int] = field(default_factory=list)
     block_locations: list[BlockLocation] = field(default_factory=list)
-    # Blocks of this job's KV held in the host tier (FastServe §4.2 swap).
+    # Blocks of this job's KV held in the host tier only (FastServe §4.2
+    # swap, or a preemption back to its checkpoint): fetched before it runs.
     num_host_blocks: int = 0
+    # Leading blocks with a host copy taken while they stayed on the device
+    # (ConServe §4.4, incremental checkpointing); kept until the job ends.
+    num_checkpointed_blocks: int = 0
     # A swap in flight: "swap_out" or "swap_in" until the engine reports it
     # done; the job is not runnable meanwhile.
     swap_pending: str | None = None

@@ -46,7 +46,12 @@ class ScheduledChunk:
 class BlockOpKind(str, enum.Enum):
     SWAP_OUT = "swap_out"
     SWAP_IN = "swap_in"
+    # ConServe §4.4: copy a running job's newly filled blocks to the host
+    # tier; the device blocks stay in use.
     CHECKPOINT = "checkpoint"
+    # Copy a job's checkpointed blocks back into device blocks, keeping the
+    # host copy (a SWAP_IN is a move: its host copy is dropped once fetched).
+    PREFETCH = "prefetch"
     DROP = "drop"
 
 
@@ -64,8 +69,9 @@ class Plan:
     """One iteration.  The engine applies `block_ops` in order before the
     forward pass writes to the cache: SWAP_OUT copies read blocks that the
     scheduler has already freed and may hand to a chunk of this very plan;
-    DROP forgets a job's host copy; SWAP_IN fills freshly allocated blocks
-    and may complete in a later iteration."""
+    CHECKPOINT copies blocks the job keeps; DROP forgets a job's host copy;
+    SWAP_IN and PREFETCH fill freshly allocated blocks and may complete in a
+    later iteration."""
 
     step: int
     chunks: list[ScheduledChunk] = field(default_factory=list)
@@ -121,7 +127,7 @@ class StepResult:
     # Measured (or, in the simulator, modelled) seconds of the forward pass.
     iteration_time: float
     # Jobs whose swap-in copies landed since the last result (all of that
-    # job's SWAP_IN blocks).  A synchronous engine reports the plan's own
+    # job's SWAP_IN or PREFETCH blocks).  A synchronous engine reports the plan's own
     # swap-ins here; an asynchronous one reports them when they land.
     swaps_in_done: list[str] = field(default_factory=list)
     # Jobs whose host copy could not be fetched (host tier full at offload

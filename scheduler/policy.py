@@ -61,14 +61,22 @@ class Policy(ABC):
         """Preempt by dropping the job's KV; it is re-prefilled later."""
         self.blocks.free(job)
         self.swap.release_host(job)
+        self.swap.tokens_dropped += job.num_computed_tokens
         job.num_computed_tokens = 0
         job.num_preemptions += 1
         if job.state is JobState.RUNNING:
             job.transition(JobState.PREEMPTED)
 
     def evict(self, job: Job, ops: list[BlockOp]) -> None:
-        """Take `job`'s KV off the device: swap it out when the mode and the
-        host tier allow, else drop it for recomputation."""
+        """Take `job`'s KV off the device: back to its checkpoint when it has
+        one (ConServe §4.4: nothing to copy), else swap it out when the mode
+        and the host tier allow, else drop it for recomputation."""
+        if job.num_checkpointed_blocks and job.is_resident:
+            self.swap.discard_to_checkpoint(job)
+            job.num_preemptions += 1
+            if job.state is JobState.RUNNING:
+                job.transition(JobState.PREEMPTED)
+            return
         if self.swap_mode is not SwapMode.RECOMPUTE and job.swap_pending is None:
             if self.swap.can_swap_out(job):
                 ops += self.swap.swap_out(job)

@@ -11,6 +11,15 @@ blocks and emits SWAP_IN ops; the job becomes runnable only when the engine
 reports the copy landed (`StepResult.swaps_done`), so a slow fetch delays
 that job alone.  Host capacity is counted in blocks; when the host tier is full the
 caller falls back to recomputation, and `num_recompute_fallbacks` says so.
+
+Checkpoints (ConServe §4.4) are host copies of a running job's full blocks,
+taken a few at a time while the job keeps computing.  Preempting a job
+with a checkpoint is a discard: its device blocks are free at once, with
+no copy on the critical path, and only the tokens past the checkpoint are
+computed again.  Resuming it fetches the checkpoint with PREFETCH, which
+keeps the host copy, so a job preempted again loses nothing already
+checkpointed.  A job's host footprint is the larger of its checkpoint and
+its swapped-out blocks (`host_blocks`).
 """
 
 from __future__ import annotations
@@ -45,15 +54,63 @@ class SwapManager:
         self.blocks_out = 0
         self.blocks_in = 0
         self.num_recompute_fallbacks = 0
+        self.blocks_checkpointed = 0
+        self.num_checkpoint_discards = 0
+        # Computed tokens given up by discards (past their checkpoint), and
+        # by preemptions that dropped all of a job's KV (to recompute).
+        self.tokens_discarded = 0
+        self.tokens_dropped = 0
 
     @property
     def host_free(self) -> int:
         return self.host_capacity - self.host_used
 
+    @staticmethod
+    def host_blocks(job: Job) -> int:
+        """Blocks of `job` in the host tier, whether or not also on the device."""
+        return max(job.num_host_blocks, job.num_checkpointed_blocks)
+
+    # Checkpoints (ConServe §4.4) -------------------------------------------
+
+    def checkpointable(self, job: Job) -> int:
+        """Full, computed blocks of `job` without a host copy yet."""
+        if not job.is_resident:
+            return 0
+        full = min(job.num_computed_tokens // self.blocks.block_size, len(job.block_table))
+        return max(0, full - job.num_checkpointed_blocks)
+
+    def checkpoint(self, job: Job, max_blocks: int) -> list[BlockOp]:
+        """Copy up to `max_blocks` of `job`'s next full blocks to the host,
+        as far as the host tier has room."""
+        n = min(self.checkpointable(job), max_blocks, self.host_free)
+        if n <= 0:
+            return []
+        k = job.num_checkpointed_blocks
+        ops = [BlockOp(BlockOpKind.CHECKPOINT, job.job_id, i, job.block_table[i])
+               for i in range(k, k + n)]
+        job.num_checkpointed_blocks = k + n
+        self.host_used += n
+        self.blocks_checkpointed += n
+        return ops
+
+    def discard_to_checkpoint(self, job: Job) -> None:
+        """Preempt `job` by freeing its device blocks; it resumes from its
+        checkpoint, recomputing only the tokens past it."""
+        assert job.num_checkpointed_blocks and job.is_resident, job.job_id
+        k = job.num_checkpointed_blocks
+        kept = min(job.num_computed_tokens, k * self.blocks.block_size)
+        self.tokens_discarded += job.num_computed_tokens - kept
+        self.blocks.free(job)
+        job.num_computed_tokens = kept
+        job.num_host_blocks = k
+        self.on_host[job.job_id] = job
+        self.num_checkpoint_discards += 1
+
     def can_swap_out(self, job: Job) -> bool:
         return (
             job.swap_pending is None
             and job.num_host_blocks == 0
+            and job.num_checkpointed_blocks == 0
             and bool(job.block_table)
             and len(job.block_table) <= self.host_free
         )
@@ -74,22 +131,24 @@ class SwapManager:
         return ops
 
     def swap_in(self, job: Job) -> list[BlockOp] | None:
-        """Start copying `job`'s host blocks back; None if no device room."""
+        """Start copying `job`'s host blocks back; None if no device room.
+        A checkpoint comes back by PREFETCH and stays on the host."""
         assert job.swap_pending is None and job.num_host_blocks > 0
         n = job.num_host_blocks
         if not self.blocks.can_allocate(n):
             return None
         # Allocate exactly the blocks holding its computed tokens.
         self.blocks.allocate_for(job, n)
-        job.swap_pending = BlockOpKind.SWAP_IN.value
+        kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
+        job.swap_pending = kind.value
         self.num_swap_in += 1
         self.blocks_in += n
-        return [BlockOp(BlockOpKind.SWAP_IN, job.job_id, i, b)
-                for i, b in enumerate(job.block_table)]
+        return [BlockOp(kind, job.job_id, i, b) for i, b in enumerate(job.block_table)]
 
     def swap_in_done(self, job: Job) -> None:
         self.on_host.pop(job.job_id, None)
-        self.host_used -= job.num_host_blocks
+        if not job.num_checkpointed_blocks:  # a move: the host copy is gone
+            self.host_used -= job.num_host_blocks
         job.num_host_blocks = 0
         job.swap_pending = None
         job.block_locations = [BlockLocation.DEVICE] * len(job.block_table)
@@ -97,8 +156,9 @@ class SwapManager:
     def swap_in_failed(self, job: Job) -> None:
         """The host copy is gone: drop everything, recompute from scratch."""
         self.on_host.pop(job.job_id, None)
-        self.host_used -= job.num_host_blocks
+        self.host_used -= self.host_blocks(job)
         job.num_host_blocks = 0
+        job.num_checkpointed_blocks = 0
         job.swap_pending = None
         self.blocks.free(job)
         job.num_computed_tokens = 0
@@ -107,10 +167,12 @@ class SwapManager:
     def release_host(self, job: Job) -> None:
         """Forget `job`'s host copy (finished, aborted or dropped)."""
         self.on_host.pop(job.job_id, None)
-        if job.num_host_blocks:
-            self.host_used -= job.num_host_blocks
+        held = self.host_blocks(job)
+        if held:
+            self.host_used -= held
             self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
         job.num_host_blocks = 0
+        job.num_checkpointed_blocks = 0
         job.swap_pending = None
 
     def take_pending(self) -> list[BlockOp]:

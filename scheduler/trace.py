@@ -30,7 +30,7 @@ class StepTrace:
     @classmethod
     def of(cls, t: float, plan: Plan, result: StepResult) -> "StepTrace":
         ins = dict.fromkeys(op.job_id for op in plan.block_ops
-                            if op.kind is BlockOpKind.SWAP_IN)
+                            if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH))
         outs = dict.fromkeys(op.job_id for op in plan.block_ops
                              if op.kind is BlockOpKind.SWAP_OUT)
         return cls(t, plan.step, tuple(c.job_id for c in plan.chunks), plan.num_tokens,

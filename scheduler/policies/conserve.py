@@ -26,6 +26,13 @@ every iteration afresh, in this order:
    job needs the memory.  A plan made in offline batching mode is marked
    `preemptible_at_layers`: an online arrival cuts its forward pass between
    layers (engine/preemption.py) and the next plan serves the online job.
+5. **Incremental checkpointing** (§4.4, `scheduler/checkpoint.py`).
+   Under memory pressure each plan also copies newly filled blocks of
+   running offline jobs to the host tier (CHECKPOINT ops, off the critical
+   path); evicting a checkpointed job then frees its blocks with no copy,
+   and it resumes from its checkpoint (PREFETCH) while others compute,
+   recomputing only the tokens past it.  Checkpointed jobs are evicted
+   before others.
 
 Online ordering is FCFS by priority here; ordering the online class by
 skip-join MLFQ instead is planned (the online class would be planned by an
@@ -38,6 +45,7 @@ from __future__ import annotations
 from bisect import insort
 from dataclasses import dataclass
 
+from scheduler.checkpoint import plan_checkpoints
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.lines import WaitingLines
@@ -170,6 +178,8 @@ class ConservePolicy(Policy):
         # Offline batching mode: the whole pass is offline work, which an
         # online arrival may cut between layers (§4.3).
         plan.preemptible_at_layers = not self.coserving and bool(plan.chunks)
+        plan.block_ops += plan_checkpoints(
+            self.swap, reversed(self._running[OFFLINE]), cfg.conserve)
         return plan
 
     def _is_decode(self, chunk: ScheduledChunk) -> bool:
@@ -298,16 +308,19 @@ class ConservePolicy(Policy):
             return True
         for cls in victims:
             running = self._running[cls]
-            for victim in reversed(running):
-                busy = victim.job_id in self._by_id or victim.swap_pending is not None
-                if victim is beside or busy:
-                    continue
-                running.remove(victim)
-                self.evict(victim, plan.block_ops)
-                self._waiting[cls].requeue(victim)
-                plan.preempted.append(victim.job_id)
-                self._evicted_online |= cls is ONLINE
-                return True
+            idle = [v for v in reversed(running) if v is not beside
+                    and v.job_id not in self._by_id and v.swap_pending is None]
+            if not idle:
+                continue
+            # The latest admitted goes first, a checkpointed job before any
+            # other (§4.4: its preemption copies nothing).
+            victim = next((v for v in idle if v.num_checkpointed_blocks), idle[0])
+            running.remove(victim)
+            self.evict(victim, plan.block_ops)
+            self._waiting[cls].requeue(victim)
+            plan.preempted.append(victim.job_id)
+            self._evicted_online |= cls is ONLINE
+            return True
         return False
 
     def _waiting_victim(self, beside: Job) -> Job | None:

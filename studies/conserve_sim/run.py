@@ -65,21 +65,28 @@ def point(system: str, rate: float) -> dict[str, Any]:
     t_end = max(r.arrival_time for r in span_wl.requests if r.job_class == "online")
     res: dict[str, Any] = {"cmd": "python -m bench simulate " + shlex.join(args),
                            "system": system, "rate": rate, "span_s": t_end}
-    online = [r for r in out.records if r.job_class == "online"]
+    res.update(class_figures(out.records, t_end))
+    res["iterations"] = out.stats.iterations
+    print(f"  {system:16s} rate {rate:g}: " + json.dumps(
+        {k: v for k, v in res.items() if k in ("online", "offline")}), flush=True)
+    return res
+
+
+def class_figures(records: list[Any], t_end: float) -> dict[str, Any]:
+    """Online latency percentiles and offline tokens/s until `t_end`."""
+    res: dict[str, Any] = {}
+    online = [r for r in records if r.job_class == "online"]
     if online:
         s = summarize(online)
         res["online"] = {"completed": s.num_completed, "ttft_p50": s.ttft.median,
                          "ttft_p99": s.ttft.p99, "tpot_p50": s.tpot.median,
                          "tpot_p99": s.tpot.p99}
-    offline = [r for r in out.records if r.job_class == "offline"]
+    offline = [r for r in records if r.job_class == "offline"]
     if offline:
         rate_s, window = tokens_per_s_while(offline, "offline", t_end)
         res["offline"] = {"tokens_in_window": round(rate_s * window), "window_s": window,
                           "tokens_per_s": rate_s,
                           "preemptions": sum(r.num_preemptions or 0 for r in offline)}
-    res["iterations"] = out.stats.iterations
-    print(f"  {system:16s} rate {rate:g}: " + json.dumps(
-        {k: v for k, v in res.items() if k in ("online", "offline")}), flush=True)
     return res
 
 

@@ -166,3 +166,48 @@ def test_conserve_in_the_simulator_cuts_offline_passes_for_online_arrivals():
     # (8,192 tokens: ~0.6 s, ~18 ms a layer), then one co-serving iteration
     # (within the 93 ms TTFT objective), not for the whole pass.
     assert max(recs[f"on{i}"].token_times[0] - (0.5 + i) for i in range(3)) < 0.15
+
+
+def test_checkpoints_never_stall_and_a_prefetch_is_a_swap_in():
+    clock = VirtualClock()
+    dev = SimulatedExecutor(UnitCost(), clock, overlap_swap=False, next_arrival=lambda: None)
+    ckpt = [BlockOp(BlockOpKind.CHECKPOINT, "a", i, i) for i in range(6)]
+    res = dev.execute(Plan(step=1, chunks=[decode("a")], block_ops=ckpt))
+    # Even with copies on the critical path, a checkpoint's 3 s copy runs
+    # on its own lane beside the 1 s forward pass.
+    assert res.iteration_time == 1.0 and dev.totals.exposed_swap_time == 0.0
+    assert dev.totals.checkpoint_blocks == 6 and dev.totals.checkpoint_lane_busy == 3.0
+    # Its lane is still busy: the next checkpoint queues behind.
+    dev.execute(Plan(step=2, chunks=[decode("a")], block_ops=ckpt[:2]))
+    assert dev.totals.checkpoint_lane_busy == 4.0
+    prefetch = [BlockOp(BlockOpKind.PREFETCH, "b", i, i) for i in range(2)]
+    res = dev.execute(Plan(step=3, chunks=[decode("a")], block_ops=prefetch))
+    assert res.iteration_time == 2.0 and res.swaps_in_done == ["b"]
+
+
+def test_conserve_checkpoints_under_memory_pressure_in_the_simulator():
+    """Offline work fills a small KV cache; online bursts evict it.  With
+    a host tier the victims are checkpointed and discarded, and give up
+    far fewer computed tokens than recomputation does."""
+    from bench.costmodel import AnalyticCostModel
+    from bench.workload import RequestSpec
+
+    reqs = [RequestSpec(request_id=f"off{i}", job_class="offline", arrival_time=0.0,
+                        prompt_tokens=600, output_tokens=300) for i in range(12)]
+    reqs += [RequestSpec(request_id=f"on{i}", arrival_time=2.0 + 0.5 * i, prompt_tokens=900,
+                         output_tokens=20) for i in range(6)]
+    cost = AnalyticCostModel.preset("llama-2-7b", "a100-80gb")
+    got = {}
+    for name, host, ckpt in (("recompute", 0, False), ("checkpoint", 4096, True)):
+        cfg = simulator.SchedulerConfig(
+            policy="conserve", num_blocks=400, block_size=16, max_batch_size=32,
+            max_batch_tokens=2048, max_model_len=2048, host_kv_blocks=host,
+            conserve={"checkpoint": ckpt})
+        out = simulator.simulate(reqs, cfg, cost, simulator.SimOptions(overlap_swap=True))
+        assert all(r.end_time is not None for r in out.records), name
+        got[name] = out.stats
+    assert got["recompute"].checkpoint_blocks == 0 and got["recompute"].num_preemptions > 0
+    ck = got["checkpoint"]
+    assert ck.checkpoint_blocks > 0 and ck.checkpoint_discards > 0
+    assert ck.swap_out_blocks == 0
+    assert ck.tokens_discarded < 16 * ck.checkpoint_discards

@@ -134,3 +134,35 @@ def test_block_ops_without_tier_and_profiler_probe(swap_runner: ModelRunner) -> 
     finally:
         swap_runner.swapper = None
     assert swap_runner.kv_block_bytes == swap_runner.kv_cache.bytes_per_block
+
+
+def _land(sw: BlockSwapper) -> list[str]:
+    done: list[str] = []
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        done, failed = sw.poll(wait_s=0.05)
+        assert not failed
+    return done
+
+
+def test_checkpoints_accumulate_and_prefetch_keeps_them() -> None:
+    """Blocks checkpointed over two iterations come back together; a
+    prefetch leaves the checkpoint on the host, so it can be restored
+    again; DROP forgets it."""
+    cache = KVCache(2, 8, 4, 2, 3, torch.float32, "cpu")
+    cache.data.copy_(torch.randn_like(cache.data))
+    before = cache.read_blocks([2, 5, 6]).clone()
+    tier = LocalHostTier(capacity_bytes=10**6)
+    sw = BlockSwapper(cache, tier)
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, 2)])
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 1, 5), BlockOp(BlockOpKind.CHECKPOINT, "j", 2, 6)])
+    for target in ([0, 1, 3], [7, 4, 1]):
+        cache.data.zero_()
+        sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", i, b) for i, b in enumerate(target)])
+        assert _land(sw) == ["j"]
+        assert torch.equal(cache.read_blocks(target), before)
+        tier.flush()
+        assert tier.used == before.numel() * before.element_size()
+    sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1)])
+    tier.flush()
+    assert tier.used == 0

@@ -154,9 +154,17 @@ def tight_engine(tight_server):
 CONSERVE_CONFIG = {
     **SMALL_CONFIG,
     "policy": "conserve",
-    "max_batch_size": 4,
+    "max_batch_size": 6,
     # A bound that online requests would hit; offline ones are outside it.
     "admission": {"max_queued_tokens": 64},
+    # 20 blocks (the start-up profiler's 256-token prefill needs 16) for 6
+    # running offline requests of up to 4 blocks each: growing ones evict
+    # others, which the host tier holds checkpoints of (ConServe §4.4)
+    # from the first block in use.
+    "kv_cache_tokens": 320,
+    "max_model_len": 320,
+    "host_kv_tokens": 4096,
+    "conserve": {"checkpoint_threshold": 0.0},
 }
 
 

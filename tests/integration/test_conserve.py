@@ -2,7 +2,8 @@
 online requests that arrive behind it.  Offline requests are outside the
 admission bound; online ones overtake them; every answer is the one the
 FCFS application gives the same prompt (greedy, float32), though offline
-passes were cut between layers; the replica counts tokens by class."""
+passes were cut between layers and offline requests were preempted back to
+their KV checkpoints; the replica counts tokens by class."""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ def test_online_requests_overtake_an_offline_backlog(server, conserve_server, co
     # The online requests arrived while the backlog ran in offline batching
     # mode: the pass under way was cut between layers for them.
     assert stats["interrupted_passes"] >= 1
+    # Offline requests that outgrew the cache were preempted back to their
+    # checkpoints in the object-store tier, and resumed from them.
+    swap = stats["swap"]
+    assert swap["checkpoint_blocks"] > 0 and swap["checkpoint_discards"] > 0, swap
+    assert swap["swap_ins"] >= swap["checkpoint_discards"]
+    assert swap["recompute_fallbacks"] == 0 and swap["host_used_blocks"] == 0
     # The online requests, sent last, finished while the backlog still ran.
     assert max(t for _, t in online) < max(t for _, t in offline)
     for prompts, n, results in ((OFFLINE, 48, offline), (ONLINE, 8, online)):

@@ -28,7 +28,8 @@ class FakeEngine:
     wrote it, so a test can tell that swapped blocks came back intact.  A
     sibling registered with `share_prompt` may also read the full prompt
     blocks that another job of its group wrote (same tokens, same KV).
-    Swap-ins land `swap_delay` steps after they were issued.
+    Checkpoints copy a block's label to the host and leave it on the device.
+    Swap-ins and prefetches land `swap_delay` steps after they were issued.
     """
 
     block_size = 4
@@ -42,6 +43,7 @@ class FakeEngine:
         self.in_flight: list[tuple[int, str]] = []
         self.swapped_in_blocks = 0
         self.swapped_out_blocks = 0
+        self.checkpointed_blocks = 0
         self._group: dict[str, str] = {}
         self._group_prompt_len: dict[str, int] = {}
         self._step = 0
@@ -63,11 +65,17 @@ class FakeEngine:
         self._step += 1
         landed_now: list[str] = []
         for op in plan.block_ops:
-            if op.kind is BlockOpKind.SWAP_OUT:
+            if op.kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
                 self.host[(op.job_id, op.block_index)] = self.device[op.device_block]
-                self.swapped_out_blocks += 1
-            elif op.kind is BlockOpKind.SWAP_IN:
-                self.device[op.device_block] = self.host.pop((op.job_id, op.block_index))
+                if op.kind is BlockOpKind.SWAP_OUT:
+                    self.swapped_out_blocks += 1
+                else:
+                    self.checkpointed_blocks += 1
+            elif op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
+                key = (op.job_id, op.block_index)
+                # A prefetch restores a checkpoint and keeps it.
+                self.device[op.device_block] = (self.host.pop(key) if op.kind is
+                                                BlockOpKind.SWAP_IN else self.host[key])
                 self.swapped_in_blocks += 1
                 if op.block_index == 0:
                     self.in_flight.append((self._step + self.swap_delay, op.job_id))

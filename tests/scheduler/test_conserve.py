@@ -35,6 +35,17 @@ def offline(prompt_len: int, max_tokens: int, t: float = 0.0) -> Job:
     return job
 
 
+def add_offline(core: SchedulerCore, engine: FakeEngine, count: int, prompt_len: int,
+                max_tokens: int, steps: int = 0) -> list[Job]:
+    """`count` offline jobs, then `steps` iterations."""
+    jobs = [offline(prompt_len, max_tokens) for _ in range(count)]
+    for j in jobs:
+        core.add(j)
+    for _ in range(steps):
+        step(core, engine)
+    return jobs
+
+
 def classes(core: SchedulerCore, plan: Plan) -> dict[JobClass, int]:
     """Tokens of each class in `plan` (before it completes)."""
     out = {JobClass.ONLINE: 0, JobClass.OFFLINE: 0}
@@ -126,11 +137,7 @@ def test_online_takes_the_memory_of_offline_jobs(clock: FakeClock) -> None:
         core = core_for(clock, num_blocks=16, max_model_len=32, swap_mode=mode,
                         host_kv_blocks=host, conserve={"tpot_slo_s": 0.05})
         engine = FakeEngine(clock)
-        offs = [offline(12, 12) for _ in range(4)]
-        for j in offs:
-            core.add(j)
-        for _ in range(3):
-            step(core, engine)
+        offs = add_offline(core, engine, 4, 12, 12, steps=3)
         assert core.blocks.num_free < 4
         on = make_job(16, 4, clock.t)
         core.add(on)

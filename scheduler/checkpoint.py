@@ -1,0 +1,49 @@
+"""Which KV blocks to checkpoint this iteration (ConServe §4.4–§4.5).
+
+Checkpointing pays off only for jobs that will be preempted, which happens
+only under memory pressure, so nothing is copied while device use stays
+under `checkpoint_threshold`.  Above it the share of offline jobs covered
+grows linearly with use, from one job at the threshold to all of them with
+a full cache (the paper's "gradually increase the number of offline
+requests to checkpoint", after random early detection).  Jobs are taken in
+the order they would be evicted, so the next victim is the first to be
+covered, and at most `checkpoint_max_blocks` blocks are copied per
+iteration (the I/O budget); the rest wait for a later one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from scheduler.config import ConserveConfig
+from scheduler.job import Job
+from scheduler.plan import BlockOp
+from scheduler.swap import SwapManager
+
+
+def jobs_to_cover(num_jobs: int, utilization: float, threshold: float) -> int:
+    """How many of `num_jobs` candidates to checkpoint at this device use."""
+    if num_jobs == 0 or utilization < threshold:
+        return 0
+    share = 1.0 if threshold >= 1.0 else (utilization - threshold) / (1.0 - threshold)
+    return max(1, min(num_jobs, math.ceil(share * num_jobs)))
+
+
+def plan_checkpoints(swap: SwapManager, victims_first: Iterable[Job],
+                     cfg: ConserveConfig) -> list[BlockOp]:
+    """CHECKPOINT ops for the jobs of `victims_first` (most likely to be
+    evicted first) that this iteration covers."""
+    if not cfg.checkpoint or swap.host_capacity == 0:
+        return []
+    candidates = [j for j in victims_first if j.block_table and j.is_resident]
+    n = jobs_to_cover(len(candidates), swap.blocks.utilization, cfg.checkpoint_threshold)
+    ops: list[BlockOp] = []
+    budget = cfg.checkpoint_max_blocks
+    for job in candidates[:n]:
+        if budget <= 0 or swap.host_free <= 0:
+            break
+        got = swap.checkpoint(job, budget)
+        budget -= len(got)
+        ops += got
+    return ops

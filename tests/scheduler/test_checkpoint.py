@@ -1,0 +1,206 @@
+"""Incremental KV checkpointing (ConServe §4.4–§4.5) on a fake clock: which
+blocks are copied and when, preemption of a checkpointed job (a discard:
+no copy, only the tokens past the checkpoint recomputed), resume by
+PREFETCH that keeps the host copy, and the host tier's accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.checkpoint import jobs_to_cover
+from scheduler.core import SchedulerCore
+from scheduler.job import Job, JobClass
+from scheduler.plan import BlockOpKind, Plan
+from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job
+from tests.scheduler.test_conserve import add_offline, core_for, offline, step
+
+
+def ops(plan: Plan, kind: BlockOpKind) -> list[tuple[str, int]]:
+    return [(op.job_id, op.block_index) for op in plan.block_ops if op.kind is kind]
+
+
+def ckpt_core(clock: FakeClock, **conserve) -> SchedulerCore:
+    """16 blocks of 4 tokens, a host tier of 64 blocks, checkpointing from
+    the first block in use."""
+    conserve = {"tpot_slo_s": 0.05, "checkpoint_threshold": 0.0, **conserve}
+    return core_for(clock, num_blocks=16, max_model_len=40, swap_mode="recompute",
+                    host_kv_blocks=64, conserve=conserve)
+
+
+def finish(core: SchedulerCore, engine: FakeEngine) -> list[Plan]:
+    """Drain, then run the plan that carries the last host-copy drops."""
+    plans = drain(core, engine)
+    if core.swap.pending_ops:
+        plans.append(step(core, engine)[0])
+    return plans
+
+
+def expected_outputs(job: Job) -> list[int]:
+    return [1000 + i for i in range(job.max_tokens)]
+
+
+def test_share_of_jobs_covered_grows_with_memory_use() -> None:
+    assert jobs_to_cover(8, 0.49, 0.5) == 0
+    assert jobs_to_cover(8, 0.5, 0.5) == 1  # one job at the threshold
+    assert jobs_to_cover(8, 0.75, 0.5) == 4
+    assert jobs_to_cover(8, 1.0, 0.5) == 8
+    assert jobs_to_cover(0, 1.0, 0.5) == 0
+    assert jobs_to_cover(3, 0.2, 0.0) == 1
+
+
+def test_only_full_computed_blocks_are_copied_once_each(clock: FakeClock) -> None:
+    core = ckpt_core(clock)
+    engine = FakeEngine(clock)
+    job = offline(6, 12)
+    core.add(job)
+    copied: list[tuple[str, int]] = []
+    for _ in range(8):
+        computed = job.num_computed_tokens
+        plan, _ = step(core, engine)
+        got = ops(plan, BlockOpKind.CHECKPOINT)
+        # Each copied block was full and computed when the plan was made.
+        assert all((idx + 1) * 4 <= computed for _, idx in got)
+        copied += got
+    assert len(copied) == len(set(copied)), "a block was checkpointed twice"
+    assert [i for _, i in copied] == list(range(len(copied)))
+    assert job.num_checkpointed_blocks == len(copied) >= 2
+    assert core.swap.host_used == job.num_checkpointed_blocks
+    # The device blocks stay in use: checkpointing frees nothing.
+    assert len(job.block_table) * 4 >= job.num_computed_tokens
+    finish(core, engine)
+    assert job.output_token_ids == expected_outputs(job)
+    assert core.swap.host_used == 0 and not engine.host, "the finished job's copy was kept"
+
+
+def test_nothing_is_copied_below_the_threshold(clock: FakeClock) -> None:
+    core = ckpt_core(clock, checkpoint_threshold=0.9)
+    engine = FakeEngine(clock)
+    core.add(offline(8, 8))
+    plans = finish(core, engine)
+    assert not any(ops(p, BlockOpKind.CHECKPOINT) for p in plans)
+
+
+def test_checkpointing_off_or_without_a_host_tier_copies_nothing(clock: FakeClock) -> None:
+    for core in (ckpt_core(clock, checkpoint=False),
+                 core_for(clock, num_blocks=16, max_model_len=40,
+                          conserve={"checkpoint_threshold": 0.0})):
+        engine = FakeEngine(clock)
+        core.add(offline(8, 8))
+        assert not any(ops(p, BlockOpKind.CHECKPOINT) for p in finish(core, engine))
+
+
+def test_copies_per_iteration_stay_within_the_budget(clock: FakeClock) -> None:
+    core = ckpt_core(clock, checkpoint_max_blocks=2)
+    engine = FakeEngine(clock)
+    add_offline(core, engine, 3, 12, 4)
+    plans = finish(core, engine)
+    per_plan = [len(ops(p, BlockOpKind.CHECKPOINT)) for p in plans]
+    assert max(per_plan) == 2
+    # The blocks left over went in later iterations.
+    assert sum(per_plan) >= 6
+
+
+def test_host_capacity_bounds_checkpoints(clock: FakeClock) -> None:
+    core = core_for(clock, num_blocks=16, max_model_len=40, host_kv_blocks=3,
+                    conserve={"checkpoint_threshold": 0.0})
+    engine = FakeEngine(clock)
+    jobs = add_offline(core, engine, 2, 12, 8)
+    for _ in range(6):
+        step(core, engine)
+        assert core.swap.host_used <= 3
+    assert sum(j.num_checkpointed_blocks for j in jobs) == 3
+    finish(core, engine)
+    assert all(j.output_token_ids == expected_outputs(j) for j in jobs)
+
+
+def test_preempting_a_checkpointed_job_copies_nothing(clock: FakeClock) -> None:
+    """KV full of offline work; an online job arrives: the checkpointed
+    victim's blocks are freed in the same plan with no SWAP_OUT, it resumes
+    by PREFETCH that keeps the host copy, recomputes only the tokens past
+    its checkpoint, and every job's tokens and KV come out intact."""
+    core = ckpt_core(clock)
+    engine = FakeEngine(clock)
+    offs = add_offline(core, engine, 4, 12, 12, steps=3)
+    assert core.blocks.num_free < 4
+    assert any(j.num_checkpointed_blocks for j in offs)
+    on = make_job(16, 4, clock.t)
+    core.add(on)
+    plan, _ = step(core, engine)
+    assert plan.chunks[0].job_id == on.job_id
+    assert plan.preempted
+    assert not ops(plan, BlockOpKind.SWAP_OUT)
+    victims = [core.jobs[j] for j in plan.preempted]
+    for v in victims:
+        assert v.job_class is JobClass.OFFLINE
+        assert v.num_checkpointed_blocks, "an uncheckpointed job went first"
+        assert v.num_host_blocks == v.num_checkpointed_blocks
+        assert v.num_computed_tokens == 4 * v.num_checkpointed_blocks
+        assert not v.block_table
+    assert core.swap.num_checkpoint_discards == len(victims)
+    plans = finish(core, engine)
+    resumed = {v.job_id for v in victims}
+    prefetched = {j for p in plans for j, _ in ops(p, BlockOpKind.PREFETCH)}
+    assert resumed <= prefetched
+    assert not any(ops(p, BlockOpKind.SWAP_IN) for p in plans)
+    for j in [*offs, on]:
+        assert j.output_token_ids == expected_outputs(j), j.job_id
+    assert core.swap.host_used == 0 and not engine.host
+    core.blocks.check([])
+
+
+def test_a_resumed_job_keeps_its_checkpoint(clock: FakeClock) -> None:
+    """Preempted twice: the second discard needs no copy of what the first
+    checkpoint held, and the blocks it restores are the ones it wrote."""
+    core = ckpt_core(clock)
+    engine = FakeEngine(clock)
+    job = offline(8, 20)
+    core.add(job)
+    for _ in range(4):
+        step(core, engine)
+    k = job.num_checkpointed_blocks
+    assert k >= 2
+    first: list[tuple[str, int]] = []
+    for round_ in range(2):
+        plan = Plan(step=0)
+        core.policy.remove(job)
+        core.policy.evict(job, plan.block_ops)
+        core.policy.add(job)
+        assert not plan.block_ops, "a discard copies nothing"
+        assert job.num_host_blocks == job.num_checkpointed_blocks
+        plan, _ = step(core, engine)
+        fetched = ops(plan, BlockOpKind.PREFETCH)
+        assert len(fetched) == job.num_checkpointed_blocks
+        if round_ == 0:
+            first = fetched
+        else:
+            assert fetched[:len(first)] == first
+        while not job.is_resident:
+            step(core, engine)
+        assert job.num_checkpointed_blocks >= k
+        assert core.swap.host_used == job.num_checkpointed_blocks
+        step(core, engine)
+    finish(core, engine)
+    assert job.output_token_ids == expected_outputs(job)
+    assert core.swap.host_used == 0
+
+
+@pytest.mark.parametrize("swap_delay", [0, 3])
+def test_abort_while_a_prefetch_is_in_flight_leaks_nothing(clock: FakeClock,
+                                                           swap_delay: int) -> None:
+    core = ckpt_core(clock)
+    engine = FakeEngine(clock, swap_delay=swap_delay)
+    job = offline(8, 20)
+    core.add(job)
+    for _ in range(4):
+        step(core, engine)
+    core.policy.remove(job)
+    core.policy.evict(job, [])
+    core.policy.add(job)
+    plan, _ = step(core, engine)
+    assert ops(plan, BlockOpKind.PREFETCH)
+    core.abort(job.job_id)
+    plan, _ = step(core, engine)
+    assert ops(plan, BlockOpKind.DROP) == [(job.job_id, -1)]
+    assert core.swap.host_used == 0 and not engine.host
+    core.blocks.check(core.jobs.values())
+    assert core.blocks.num_free == 16
