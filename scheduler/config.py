@@ -47,6 +47,11 @@ class ConserveConfig(BaseModel):
     # replace max_batch_size / max_batch_tokens.  None: those limits.
     offline_max_batch_size: int | None = Field(None, ge=1, le=4096)
     offline_max_batch_tokens: int | None = Field(None, ge=1)
+    # How online jobs are ordered among themselves: `fcfs` (priority, then
+    # arrival; a running job keeps its place) or `mlfq` (FastServe's
+    # skip-join MLFQ with the `mlfq` section's settings: preemption between
+    # online jobs after any token, so a long one never blocks short ones).
+    online_order: Literal["fcfs", "mlfq"] = "fcfs"
     # Incremental checkpointing of running offline jobs' KV to the host
     # tier (§4.4), so that preempting one frees its blocks with no copy.
     # Needs a host tier (`host_kv_tokens`).  It starts once this fraction

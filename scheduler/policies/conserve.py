@@ -34,10 +34,14 @@ every iteration afresh, in this order:
    recomputing only the tokens past it.  Checkpointed jobs are evicted
    before others.
 
-Online ordering is FCFS by priority here; ordering the online class by
-skip-join MLFQ instead is planned (the online class would be planned by an
-`MLFQPolicy` over the online jobs, with this policy's offline filling on
-top).
+Online jobs are ordered among themselves as `fcfs` orders them, or, with
+`conserve.online_order: mlfq`, by FastServe's skip-join MLFQ (§4.1): an
+`MLFQPolicy` is kept over the online jobs for its queues alone (skip-join
+on arrival, demotion by attained service, starvation promotion; it plans
+nothing), each plan walks online jobs in its order, and a running online
+job it does not reach this iteration is paused with its KV, as offline
+jobs are.  Memory still comes from offline jobs first, then from the
+online job the MLFQ ranks last.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from scheduler.checkpoint import plan_checkpoints
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.lines import WaitingLines
+from scheduler.policies.mlfq import MLFQPolicy
 from scheduler.policy import Policy
 
 ONLINE, OFFLINE = JobClass.ONLINE, JobClass.OFFLINE
@@ -93,6 +98,10 @@ class ConservePolicy(Policy):
         # What the latest plan did, for metrics and tests.
         self.coserving = False
         self.offline_paused = 0
+        # The online class's skip-join MLFQ queues (`online_order: mlfq`).
+        self.mlfq: MLFQPolicy | None = None
+        if self.config.conserve.online_order == "mlfq":
+            self.mlfq = MLFQPolicy(self.config, self.blocks, self.clock, self.swap, self.cost)
 
     # Queues -----------------------------------------------------------
 
@@ -100,8 +109,12 @@ class ConservePolicy(Policy):
         self._waiting[job.job_class].add(job)
         if job.block_table:
             self._holding.append(job)
+        if self.mlfq is not None and job.job_class is ONLINE:
+            self.mlfq.add(job)
 
     def remove(self, job: Job) -> None:
+        if self.mlfq is not None and job.job_class is ONLINE:
+            self.mlfq.remove(job)
         running = self._running[job.job_class]
         if job in running:
             running.remove(job)
@@ -185,8 +198,14 @@ class ConservePolicy(Policy):
     def _is_decode(self, chunk: ScheduledChunk) -> bool:
         return chunk.start_pos >= self._by_id[chunk.job_id].num_prompt_tokens
 
+    def on_step_done(self, plan: Plan, iteration_time: float) -> None:
+        if self.mlfq is not None:  # it knows only online jobs
+            self.mlfq.on_step_done(plan, iteration_time)
+
     def _plan_online(self, plan: Plan, tokens: int) -> int:
         """Online chunks into `plan`; returns the tokens left."""
+        if self.mlfq is not None:
+            return self._plan_online_mlfq(plan, tokens)
         running = self._running[ONLINE]
         i = 0
         while i < len(running) and tokens > 0:
@@ -194,10 +213,11 @@ class ConservePolicy(Policy):
             i += 1
             if not job.is_resident:  # a swap-in still in flight
                 continue
-            n = min(job.num_uncomputed_tokens, tokens)
+            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan,
+                               (OFFLINE, ONLINE))
             # Victims come after `job` (those before it are served or wait
             # on a swap-in), so the walk's index stays valid.
-            if self._make_room(job, n, plan, (OFFLINE, ONLINE)):
+            if n:
                 tokens -= self._add_chunk(plan, job, n)
         # vLLM's rule: an iteration that had to evict an online job admits
         # no new one, or the evicted job would be overtaken.
@@ -211,12 +231,51 @@ class ConservePolicy(Policy):
                 waiting.remove(job)  # evictions may have requeued others ahead
                 insort(running, job, key=_priority)
                 continue  # it runs once the copy lands
-            n = min(job.num_uncomputed_tokens, tokens)
-            if not self._make_room(job, n, plan, (OFFLINE,)):
+            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan, (OFFLINE,))
+            if not n:
                 break
             waiting.remove(job)
             self._forget_holding(job)
             insort(running, job, key=_priority)
+            tokens -= self._add_chunk(plan, job, n)
+        return tokens
+
+    def _plan_online_mlfq(self, plan: Plan, tokens: int) -> int:
+        """`_plan_online` in skip-join MLFQ order (FastServe §4.1): running
+        and waiting online jobs alike, highest queue first, up to the
+        iteration's limits; those not reached are paused."""
+        assert self.mlfq is not None
+        self.mlfq._promote_starved(self.clock())
+        running = self._running[ONLINE]
+        waiting = self._waiting[ONLINE]
+        admitted = {j.job_id for j in running}
+        for job in list(self.mlfq.jobs()):
+            if tokens <= 0 or len(plan.chunks) >= self.config.max_batch_size:
+                break
+            if job.job_id in plan.preempted:  # evicted by this plan: it waits a turn
+                continue
+            if job.job_id in admitted:
+                if not job.is_resident:  # a swap-in still in flight
+                    continue
+                n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan,
+                                   (OFFLINE, ONLINE))
+                if n:
+                    tokens -= self._add_chunk(plan, job, n)
+                continue
+            if job.num_host_blocks:
+                if self._swap_in(job, plan, (OFFLINE, ONLINE)):
+                    waiting.remove(job)
+                    insort(running, job, key=_priority)
+                    admitted.add(job.job_id)
+                continue
+            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan,
+                               (OFFLINE, ONLINE))
+            if not n:
+                continue
+            waiting.remove(job)
+            self._forget_holding(job)
+            insort(running, job, key=_priority)
+            admitted.add(job.job_id)
             tokens -= self._add_chunk(plan, job, n)
         return tokens
 
@@ -298,6 +357,20 @@ class ConservePolicy(Policy):
                 return False
         return True
 
+    def _room_for(self, job: Job, n: int, plan: Plan,
+                  victims: tuple[JobClass, ...]) -> int:
+        """Blocks for `n` more tokens of online `job`, evicting as
+        `_make_room` does; when even that leaves too few, a shorter prefill
+        chunk in what is free (chunked prefill), so that offline work never
+        takes blocks an online prompt could have used.  Returns the tokens
+        granted (0: none)."""
+        if self._make_room(job, n, plan, victims):
+            return n
+        fits = ((len(job.block_table) + self.blocks.num_free) * self.blocks.block_size
+                - job.num_computed_tokens)
+        m = min(n - 1, fits)
+        return m if m > 0 and self.blocks.grow(job, m) else 0
+
     def _evict_one(self, beside: Job, plan: Plan,
                    victims: tuple[JobClass, ...]) -> bool:
         holder = self._waiting_victim(beside)
@@ -312,6 +385,10 @@ class ConservePolicy(Policy):
                     and v.job_id not in self._by_id and v.swap_pending is None]
             if not idle:
                 continue
+            if cls is ONLINE and self.mlfq is not None:
+                # The online job the MLFQ would run last goes first.
+                rank = self.mlfq._rank
+                idle.sort(key=lambda v: rank[v.job_id], reverse=True)
             # The latest admitted goes first, a checkpointed job before any
             # other (§4.4: its preemption copies nothing).
             victim = next((v for v in idle if v.num_checkpointed_blocks), idle[0])

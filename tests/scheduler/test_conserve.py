@@ -150,15 +150,17 @@ def test_online_takes_the_memory_of_offline_jobs(clock: FakeClock) -> None:
             assert job.output_token_ids == [1000 + i for i in range(job.max_tokens)], mode
 
 
+@pytest.mark.parametrize("order", ["fcfs", "mlfq"])
 @pytest.mark.parametrize("mode", ["recompute", "reactive"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_mix_drains_with_online_first(seed: int, mode: str) -> None:
+def test_random_mix_drains_with_online_first(seed: int, mode: str, order: str) -> None:
     rng = random.Random(seed)
     clock = FakeClock()
     core = core_for(clock, num_blocks=24, max_model_len=48, max_batch_size=6,
                     max_batch_tokens=32, swap_mode=mode,
                     host_kv_blocks=0 if mode == "recompute" else 48,
-                    conserve={"tpot_slo_s": 0.025, "offline_max_batch_size": 8})
+                    conserve={"tpot_slo_s": 0.025, "offline_max_batch_size": 8,
+                              "online_order": order})
     engine = FakeEngine(clock, swap_delay=rng.randint(0, 2))
     jobs: list[Job] = []
     for i in range(40):
@@ -199,3 +201,46 @@ def test_random_mix_drains_with_online_first(seed: int, mode: str) -> None:
     for job in jobs:
         assert job.output_token_ids == [1000 + i for i in range(job.max_tokens)]
     assert core.blocks.num_free == core.config.num_blocks
+
+
+def _short_after_long(clock: FakeClock, order: str) -> tuple[Job, list[int], SchedulerCore]:
+    """A long online job holds the iteration's tokens; three short online
+    jobs arrive behind it, with offline work in the background."""
+    core = core_for(clock, num_blocks=64, max_model_len=128, max_batch_tokens=24,
+                    conserve={"tpot_slo_s": 0.05, "ttft_slo_s": 0.05, "online_order": order})
+    engine = FakeEngine(clock)
+    add_offline(core, engine, 2, 8, 20)
+    long = make_job(96, 12, clock.t)
+    core.add(long)
+    step(core, engine)
+    shorts = [make_job(4, 3, clock.t) for _ in range(3)]
+    for j in shorts:
+        core.add(j)
+    first: dict[str, int] = {}
+    n = 0
+    while core.has_work:
+        n += 1
+        step(core, engine)
+        for j in [long, *shorts]:
+            if j.output_token_ids and j.job_id not in first:
+                first[j.job_id] = n
+    for j in core.jobs.values():
+        raise AssertionError(f"{j.job_id} left over")
+    for j in [long, *shorts]:
+        assert j.output_token_ids == [1000 + i for i in range(j.max_tokens)]
+    return long, [first[j.job_id] for j in shorts], core
+
+
+def test_mlfq_order_lets_short_online_jobs_overtake_a_long_one(clock: FakeClock) -> None:
+    """`online_order: mlfq` (FastServe §4.1 within the online class): the
+    short jobs skip-join a higher queue than the long prompt and get their
+    first tokens while it is still prefilling; `fcfs` runs them after it."""
+    long, mlfq_first, core = _short_after_long(clock, "mlfq")
+    levels = core.policy.mlfq
+    assert levels is not None and levels.num_demotions > 0
+    _, fcfs_first, _ = _short_after_long(FakeClock(), "fcfs")
+    # The long prompt takes 4 iterations of 24 tokens; the short jobs'
+    # first tokens come in the first iteration after they arrive with
+    # `mlfq`, after the long prefill with `fcfs`.
+    assert max(mlfq_first) == 1
+    assert min(fcfs_first) >= 3
