@@ -213,12 +213,9 @@ class ConservePolicy(Policy):
             i += 1
             if not job.is_resident:  # a swap-in still in flight
                 continue
-            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan,
-                               (OFFLINE, ONLINE))
             # Victims come after `job` (those before it are served or wait
             # on a swap-in), so the walk's index stays valid.
-            if n:
-                tokens -= self._add_chunk(plan, job, n)
+            tokens -= self._run_online(plan, job, tokens, (OFFLINE, ONLINE))
         # vLLM's rule: an iteration that had to evict an online job admits
         # no new one, or the evicted job would be overtaken.
         waiting = self._waiting[ONLINE]
@@ -231,13 +228,10 @@ class ConservePolicy(Policy):
                 waiting.remove(job)  # evictions may have requeued others ahead
                 insort(running, job, key=_priority)
                 continue  # it runs once the copy lands
-            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan, (OFFLINE,))
+            n = self._run_online(plan, job, tokens, (OFFLINE,), admit=True)
             if not n:
                 break
-            waiting.remove(job)
-            self._forget_holding(job)
-            insort(running, job, key=_priority)
-            tokens -= self._add_chunk(plan, job, n)
+            tokens -= n
         return tokens
 
     def _plan_online_mlfq(self, plan: Plan, tokens: int) -> int:
@@ -257,10 +251,7 @@ class ConservePolicy(Policy):
             if job.job_id in admitted:
                 if not job.is_resident:  # a swap-in still in flight
                     continue
-                n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan,
-                                   (OFFLINE, ONLINE))
-                if n:
-                    tokens -= self._add_chunk(plan, job, n)
+                tokens -= self._run_online(plan, job, tokens, (OFFLINE, ONLINE))
                 continue
             if job.num_host_blocks:
                 if self._swap_in(job, plan, (OFFLINE, ONLINE)):
@@ -268,16 +259,25 @@ class ConservePolicy(Policy):
                     insort(running, job, key=_priority)
                     admitted.add(job.job_id)
                 continue
-            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan,
-                               (OFFLINE, ONLINE))
-            if not n:
-                continue
-            waiting.remove(job)
-            self._forget_holding(job)
-            insort(running, job, key=_priority)
-            admitted.add(job.job_id)
-            tokens -= self._add_chunk(plan, job, n)
+            n = self._run_online(plan, job, tokens, (OFFLINE, ONLINE), admit=True)
+            if n:
+                admitted.add(job.job_id)
+                tokens -= n
         return tokens
+
+    def _run_online(self, plan: Plan, job: Job, tokens: int,
+                    victims: tuple[JobClass, ...], admit: bool = False) -> int:
+        """Plan online `job`'s next chunk within `tokens`, if it gets blocks
+        (`_room_for`); `admit`: it comes from the waiting line.  Returns the
+        chunk's tokens (0: not planned)."""
+        n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan, victims)
+        if not n:
+            return 0
+        if admit:
+            self._waiting[ONLINE].remove(job)
+            self._forget_holding(job)
+            insort(self._running[ONLINE], job, key=_priority)
+        return self._add_chunk(plan, job, n)
 
     def _plan_offline(self, plan: Plan, tokens: int, max_seqs: int,
                       slo_s: float | None) -> None:
