@@ -28,7 +28,8 @@ at the first iteration boundary after it lands; when nothing is runnable
 meanwhile, `wait_for_swaps` jumps the clock to the next landing (or arrival).
 
 A plan marked `preemptible_at_layers` (co-serving's offline batching mode)
-is cut at the first layer boundary after an online arrival, as the server's
+is cut at the first layer boundary after an online arrival that the
+policy's `cut_wanted` (Algorithm 2) says should cut it, as the server's
 model cuts it (ConServe §4.3): the iteration lasts until that boundary and
 computes nothing.  Layer times are the pass's time split evenly over the
 cost model's layers; a cost model that does not know its layers (a measured
@@ -86,7 +87,8 @@ class DeviceTotals:
 class SimulatedExecutor:
     def __init__(self, cost: CostModel, clock: VirtualClock, overlap_swap: bool,
                  next_arrival: Callable[[], float | None],
-                 next_online_after: Callable[[float], float | None] | None = None) -> None:
+                 next_online_after: Callable[[float], tuple[float, int] | None] | None = None,
+                 cut_wanted: Callable[[Plan, float, int], bool] | None = None) -> None:
         self.cost = cost
         self.clock = clock
         self.overlap_swap = overlap_swap
@@ -97,6 +99,10 @@ class SimulatedExecutor:
         # marks `preemptible_at_layers` at the next layer boundary (ConServe
         # §4.3), if the cost model knows its layers.
         self.next_online_after = next_online_after
+        # The policy's decision (ConServe Algorithm 2): whether online
+        # prompts of n tokens, arrived t s into the pass, cut it.  None:
+        # the first online arrival does.
+        self.cut_wanted = cut_wanted
         model = getattr(cost, "model", None)
         self.num_layers: int | None = getattr(model, "num_layers", None)
         self.totals = DeviceTotals()
@@ -191,11 +197,19 @@ class SimulatedExecutor:
         if (not plan.preemptible_at_layers or self.next_online_after is None
                 or not self.num_layers or compute <= 0):
             return None
-        arrival = self.next_online_after(self.clock.now)
-        if arrival is None or arrival >= forward_start + compute:
-            return None
+        end = forward_start + compute
+        after, tokens = self.clock.now, 0
+        while True:
+            nxt = self.next_online_after(after)
+            if nxt is None or nxt[0] >= end:
+                return None
+            after, n = nxt
+            tokens += n
+            if self.cut_wanted is None or self.cut_wanted(
+                    plan, max(0.0, after - forward_start), tokens):
+                break
         layer = compute / self.num_layers
-        done = max(1, math.ceil((arrival - forward_start) / layer - 1e-9))
+        done = max(1, math.ceil((after - forward_start) / layer - 1e-9))
         if done >= self.num_layers:
             return None  # it arrived during the last layer: the pass completes
         return forward_start + done * layer

@@ -251,15 +251,22 @@ def simulate(
     stats = SimStats()
     i = 0
     idle_plans = 0  # consecutive plans that only drop host copies
-    online_times = [r.arrival_time for r in reqs if r.job_class == "online"]
+    online = [r for r in reqs if r.job_class == "online"]
+    online_times = [r.arrival_time for r in online]
 
-    def next_online_after(t: float) -> float | None:
+    def next_online_after(t: float) -> tuple[float, int] | None:
+        """The first online arrival after `t`, with the prompt tokens of
+        every online request arriving then."""
         k = bisect.bisect_right(online_times, t)
-        return online_times[k] if k < len(online_times) else None
+        if k == len(online_times):
+            return None
+        at = online_times[k]
+        last = bisect.bisect_right(online_times, at)
+        return at, sum(r.prompt_tokens for r in online[k:last])
 
     device = SimulatedExecutor(cost, clock, opts.overlap_swap,
                                lambda: reqs[i].arrival_time if i < n else None,
-                               next_online_after)
+                               next_online_after, getattr(core.policy, "cut_wanted", None))
     driver = IterationDriver(core, device)
 
     def admit() -> None:

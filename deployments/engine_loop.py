@@ -131,6 +131,9 @@ class EngineLoop:
         # every job ends with from then on.  Guarded by _lock so that no
         # request slips into the inbox after the last drain.
         self._lock = threading.Lock()
+        # (start of the preemptible pass under way, online prompt tokens
+        # that arrived during it): Algorithm 2 weighs them all.
+        self._cut_tally: tuple[float, int] = (0.0, 0)
         self._closed: str | None = None
         self._closed_out = threading.Event()
         self.num_stopped_jobs = 0
@@ -184,13 +187,32 @@ class EngineLoop:
                 self._inbox.put(("add", req))
                 self._wake.set()
                 if req.job_class == JobClass.ONLINE.value:
-                    # Cut a pure-offline pass under way (ConServe §4.3): the
-                    # runner honours it only for a plan marked preemptible.
-                    flag = getattr(self.runner, "preempt_flag", None)
-                    if flag is not None:
-                        flag.set()
+                    self._maybe_cut(len(req.prompt_token_ids) * max(1, req.n))
                 return
         self._deliver_safely(self._refusals(req, reason))
+
+    def _maybe_cut(self, prompt_tokens: int) -> None:
+        """An online request arrived: cut a pure-offline pass under way
+        (ConServe §4.3), unless the policy finds it ends soon enough for the
+        online prompts that arrived during it to meet their TTFT objective
+        after it (Algorithm 2).  With no pass under way the flag is set
+        anyway: the runner honours it only for a plan marked preemptible,
+        and spends it at the end of every pass."""
+        flag = getattr(self.runner, "preempt_flag", None)
+        if flag is None:
+            return
+        running = getattr(self.runner, "running_pass", None)
+        decide = getattr(self.core.policy, "cut_wanted", None)
+        if running is None or decide is None:
+            flag.set()
+            return
+        plan, started = running
+        if self._cut_tally[0] != started:
+            self._cut_tally = (started, 0)
+        tokens = self._cut_tally[1] + prompt_tokens
+        self._cut_tally = (started, tokens)
+        if decide(plan, time.monotonic() - started, tokens):
+            flag.set()
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

@@ -107,6 +107,8 @@ class ModelRunner:
         # Set from another thread to cut a pass the plan marks preemptible
         # between layers (ConServe §4.3; engine/preemption.py).
         self.preempt_flag = PreemptFlag()
+        # The preemptible pass under way, and when it started.
+        self.running_pass: tuple[Plan, float] | None = None
 
     # KV tier --------------------------------------------------------------
 
@@ -203,10 +205,14 @@ class ModelRunner:
         # A request that set the flag during a pass that may not be cut is
         # in the next plan anyway: the flag is spent either way.
         self.model.preempt = self.preempt_flag if plan.preemptible_at_layers else None
+        if plan.preemptible_at_layers:
+            # Read by the replica's request thread to decide a cut.
+            self.running_pass = (plan, time.monotonic())
         try:
             return self.model(batch, self.kv_cache)
         finally:
             self.model.preempt = None
+            self.running_pass = None
             self.preempt_flag.clear()
 
     def execute(self, plan: Plan) -> StepResult:

@@ -25,7 +25,9 @@ every iteration afresh, in this order:
    moment online work arrives; they keep their KV (paused) until an online
    job needs the memory.  A plan made in offline batching mode is marked
    `preemptible_at_layers`: an online arrival cuts its forward pass between
-   layers (engine/preemption.py) and the next plan serves the online job.
+   layers (engine/preemption.py) and the next plan serves the online job,
+   unless the pass would end soon enough for the online work to meet the
+   TTFT objective after it (Algorithm 2, `cut_wanted`).
 5. **Incremental checkpointing** (§4.4, `scheduler/checkpoint.py`).
    Under memory pressure each plan also copies newly filled blocks of
    running offline jobs to the host tier (CHECKPOINT ops, off the critical
@@ -194,6 +196,22 @@ class ConservePolicy(Policy):
         plan.block_ops += plan_checkpoints(
             self.swap, reversed(self._running[OFFLINE]), cfg.conserve)
         return plan
+
+    def cut_wanted(self, plan: Plan, elapsed_s: float, online_tokens: int) -> bool:
+        """Algorithm 2: whether online prompts of `online_tokens` tokens in
+        all, arrived `elapsed_s` into the pass of `plan`, should cut it.
+        Not when the rest of the pass plus their own prefill still fits the
+        TTFT objective; always without a cost estimate.  Called from the
+        engine replica's request thread: it reads only `plan` and settings."""
+        ttft, _ = self.slo()
+        if self.cost is None or ttft is None:
+            return True
+        whole = IterationShape()
+        for c in plan.chunks:
+            whole = whole.plus(c.start_pos, c.num_tokens)
+        left = max(0.0, self.estimate(whole) - elapsed_s)
+        n = min(online_tokens, self.config.max_batch_tokens)
+        return left + self.estimate(IterationShape().plus(0, n)) > ttft
 
     def _is_decode(self, chunk: ScheduledChunk) -> bool:
         return chunk.start_pos >= self._by_id[chunk.job_id].num_prompt_tokens

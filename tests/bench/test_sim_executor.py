@@ -131,7 +131,7 @@ class FourLayers(UnitCost):
 def test_an_online_arrival_cuts_a_preemptible_pass_at_the_next_layer():
     clock = VirtualClock(10.0)
     dev = SimulatedExecutor(FourLayers(), clock, overlap_swap=False, next_arrival=lambda: None,
-                            next_online_after=lambda t: 10.3)
+                            next_online_after=lambda t: (10.3, 1) if t < 10.3 else None)
     plan = Plan(step=1, chunks=[decode("a")], preemptible_at_layers=True)
     res = dev.execute(plan)
     # Arrival 0.3 s into the pass: it stops at the end of the second layer.
@@ -141,7 +141,7 @@ def test_an_online_arrival_cuts_a_preemptible_pass_at_the_next_layer():
     # Not marked preemptible, or no online arrival within it: it runs whole.
     for plan, after in ((Plan(step=2, chunks=[decode("a")]), 10.6),
                         (Plan(step=3, chunks=[decode("a")], preemptible_at_layers=True), 99.0)):
-        dev.next_online_after = lambda t, after=after: after
+        dev.next_online_after = lambda t, after=after: (after, 1) if t < after else None
         res = dev.execute(plan)
         assert not res.interrupted and res.outputs
     assert clock.now == pytest.approx(12.5)
@@ -211,3 +211,23 @@ def test_conserve_checkpoints_under_memory_pressure_in_the_simulator():
     assert ck.checkpoint_blocks > 0 and ck.checkpoint_discards > 0
     assert ck.swap_out_blocks == 0
     assert ck.tokens_discarded < 16 * ck.checkpoint_discards
+
+
+def test_the_policy_decides_which_arrival_cuts_the_pass():
+    """Arrivals at 10.1 s and 10.3 s of a 1 s pass; the policy lets the
+    first one wait for the pass and cuts for the second (both prompts)."""
+    clock = VirtualClock(10.0)
+    arrivals = [(10.1, 5), (10.3, 7)]
+    asked: list[tuple[float, int]] = []
+
+    def decide(plan: Plan, elapsed: float, tokens: int) -> bool:
+        asked.append((round(elapsed, 6), tokens))
+        return tokens > 5
+
+    dev = SimulatedExecutor(FourLayers(), clock, overlap_swap=False, next_arrival=lambda: None,
+                            next_online_after=lambda t: next((a for a in arrivals if a[0] > t),
+                                                             None),
+                            cut_wanted=decide)
+    res = dev.execute(Plan(step=1, chunks=[decode("a")], preemptible_at_layers=True))
+    assert asked == [(0.1, 5), (0.3, 12)]
+    assert res.interrupted and clock.now == pytest.approx(10.5)

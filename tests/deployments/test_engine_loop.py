@@ -222,3 +222,33 @@ def test_counts_tokens_preemptions_and_latencies_by_job_class():
         assert all(ttft > 0 and tpot is not None and tpot > 0 for ttft, tpot in latencies.values())
     finally:
         loop.stop()
+
+
+def test_an_online_arrival_cuts_a_long_offline_pass_but_not_one_about_to_end():
+    """ConServe Algorithm 2 at the replica: the preempt flag is set for an
+    online request when the pass under way would keep it past the TTFT
+    objective, and left alone when the pass ends soon enough."""
+    from engine.preemption import PreemptFlag
+    from scheduler.cost import LinearCost
+    from scheduler.plan import ScheduledChunk
+
+    runner = FakeRunner()
+    runner.preempt_flag = PreemptFlag()  # type: ignore[attr-defined]
+    core = SchedulerCore(SchedulerConfig(
+        policy="conserve", block_size=4, num_blocks=64, max_batch_size=8, max_batch_tokens=64,
+        max_model_len=64, conserve={"ttft_slo_s": 0.09}), time.monotonic,
+        cost=LinearCost(0.01, 0.001, 0.001))
+    loop = EngineLoop(runner, core, lambda r, i: "ok", Collector())
+    # A 60-token offline pass (70 ms by the estimate), 20 ms in; 20-token
+    # online prompts (30 ms each).
+    plan = Plan(1, [ScheduledChunk("off", list(range(60)), 0, list(range(15)), True, 0)],
+                preemptible_at_layers=True)
+    runner.running_pass = (plan, time.monotonic() - 0.02)  # type: ignore[attr-defined]
+    loop._maybe_cut(20)  # 50 + 30 <= 90: it waits for the pass
+    assert not runner.preempt_flag.is_set()  # type: ignore[attr-defined]
+    loop._maybe_cut(60)  # both prompts (64 tokens in an iteration): 50 + 74 > 90
+    assert runner.preempt_flag.is_set()  # type: ignore[attr-defined]
+    runner.preempt_flag.clear()  # type: ignore[attr-defined]
+    runner.running_pass = None  # type: ignore[attr-defined]
+    loop._maybe_cut(20)  # no pass under way: set, for the runner to spend
+    assert runner.preempt_flag.is_set()  # type: ignore[attr-defined]

@@ -244,3 +244,19 @@ def test_mlfq_order_lets_short_online_jobs_overtake_a_long_one(clock: FakeClock)
     # `mlfq`, after the long prefill with `fcfs`.
     assert max(mlfq_first) == 1
     assert min(fcfs_first) >= 3
+
+
+def test_a_pass_is_cut_only_when_waiting_for_it_would_miss_the_ttft(clock: FakeClock) -> None:
+    """Algorithm 2: an online arrival cuts an offline batching pass unless
+    the rest of the pass plus its own prefill fits the TTFT objective."""
+    core = core_for(clock, max_batch_tokens=64,
+                    conserve={"ttft_slo_s": 0.09, "offline_max_batch_tokens": 64})
+    add_offline(core, FakeEngine(clock), 1, 60, 4)
+    plan = core.schedule()
+    assert plan.preemptible_at_layers and plan.num_tokens == 60
+    policy = core.policy
+    # The pass: 10 ms + 60 x 1 ms = 70 ms; a 20-token online prompt: 30 ms.
+    assert policy.cut_wanted(plan, 0.0, 20)  # 70 + 30 > 90
+    assert not policy.cut_wanted(plan, 0.02, 20)  # 50 + 30 <= 90
+    assert policy.cut_wanted(plan, 0.02, 40)  # 50 + 50 > 90: the prompts add up
+    assert not policy.cut_wanted(plan, 1.0, 80)  # pass over; 64 tokens fit: 74 ms
