@@ -2,12 +2,16 @@
 
 The scheduler decides, this copies (the contract in `scheduler/plan.py`):
 
-- SWAP_OUT and CHECKPOINT: the job's device blocks are copied out *now*,
-  before the plan's forward pass may overwrite them (a swap-out's blocks are
-  already free in the scheduler's books and may be handed to a chunk of the
-  same plan); the copy then travels to the tier off the critical path.
-  CHECKPOINT leaves the device blocks in use (ConServe's incremental
-  checkpoint), which changes nothing here.
+- SWAP_OUT: the job's device blocks are copied out *now*, before the plan's
+  forward pass may overwrite them (they are already free in the scheduler's
+  books and may be handed to a chunk of the same plan); the copy then
+  travels to the tier off the critical path.
+- CHECKPOINT (ConServe §4.4): the blocks stay in use and no chunk of this
+  plan writes them, so on a GPU the copy runs on a side CUDA stream into
+  pinned host memory while the pass computes; the tier's thread waits for
+  it before storing, and the next plan's work waits for it on the device
+  (a block freed meanwhile may be handed out again).  On a CPU it is a
+  copy of a few blocks before the pass, as a swap-out is.
 - DROP: the tier forgets the job's host copy.
 - SWAP_IN and PREFETCH: a fetch is started; when it lands, the blocks are
   written into the device blocks the op names and the job is reported in
@@ -29,7 +33,7 @@ import concurrent.futures as cf
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -43,7 +47,11 @@ class HostKVTier(Protocol):
     critical path; `landed` lists the fetches completed since the last call
     (None: the blocks were lost)."""
 
-    def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor) -> Future[bool]: ...
+    def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor,
+                ready: Callable[[], None] | None = None) -> Future[bool]:
+        """`ready`, if given, blocks until `blocks` holds its data (a copy
+        still in flight on a side stream); called before storing it."""
+        ...
 
     def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]: ...
 
@@ -65,13 +73,26 @@ class BlockSwapper:
         self.kv_cache = kv_cache
         self.tier = tier
         self._fetches: dict[str, _Fetch] = {}
+        device = torch.device(kv_cache.device)
+        self._side: torch.cuda.Stream | None = (
+            torch.cuda.Stream(device) if device.type == "cuda" else None)
+        # Checkpoint copies issued on the side stream since the last plan.
+        self._copies: list[torch.cuda.Event] = []
 
     @property
     def num_in_flight(self) -> int:
         return len(self._fetches)
 
     def apply(self, ops: Sequence[BlockOp]) -> None:
-        """Run `ops` in plan order; copies out happen before this returns."""
+        """Run `ops` in plan order; copies out happen before this returns,
+        but for checkpoints on a GPU, which overlap this plan's pass."""
+        if self._copies:
+            # Blocks checkpointed by the last plan may have been freed and
+            # handed to this one's chunks: its work waits for those copies.
+            compute = torch.cuda.current_stream(self.kv_cache.device)
+            for done in self._copies:
+                compute.wait_event(done)
+            self._copies.clear()
         i = 0
         while i < len(ops):
             # Consecutive ops of one kind for one job become one transfer.
@@ -84,7 +105,9 @@ class BlockSwapper:
     def _apply_group(self, kind: BlockOpKind, job_id: str, ops: Sequence[BlockOp]) -> None:
         indices = [op.block_index for op in ops]
         device_blocks = [op.device_block for op in ops]
-        if kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
+        if kind is BlockOpKind.CHECKPOINT and self._side is not None:
+            self._checkpoint_on_side_stream(job_id, indices, device_blocks)
+        elif kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
             # A host copy: the tier serialises it on its own thread.
             self.tier.offload(job_id, indices, self.kv_cache.read_blocks(device_blocks).cpu())
         elif kind is BlockOpKind.DROP:
@@ -99,6 +122,23 @@ class BlockSwapper:
                                            kind is BlockOpKind.PREFETCH)
         else:  # pragma: no cover - exhaustive over BlockOpKind
             raise ValueError(f"unknown block op {kind}")
+
+    def _checkpoint_on_side_stream(self, job_id: str, indices: list[int],
+                                   device_blocks: list[int]) -> None:
+        """Gather and copy the blocks to pinned host memory on the side
+        stream, after what the compute stream has queued (the passes that
+        wrote them)."""
+        assert self._side is not None
+        compute = torch.cuda.current_stream(self.kv_cache.device)
+        self._side.wait_stream(compute)
+        with torch.cuda.stream(self._side):
+            gathered = self.kv_cache.read_blocks(device_blocks)
+            host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+            host.copy_(gathered, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._side)
+        self._copies.append(done)
+        self.tier.offload(job_id, indices, host, ready=done.synchronize)
 
     def poll(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
         """Install the fetches that have landed; returns (done, failed) jobs.

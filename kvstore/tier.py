@@ -23,7 +23,7 @@ import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -55,9 +55,11 @@ class ThreadedHostTier(HostKVTier, ABC):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-tier")
         self._landed: queue.SimpleQueue[tuple[str, torch.Tensor | None]] = queue.SimpleQueue()
 
-    def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor) -> Future[bool]:
-        data = blocks.contiguous()
-        return self._pool.submit(self._offload_sync, job_id, indices, data)
+    def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor,
+                ready: Callable[[], None] | None = None) -> Future[bool]:
+        # Copied now, unless a device copy is still filling it (`ready`).
+        data = blocks if ready is not None else blocks.contiguous()
+        return self._pool.submit(self._offload_sync, job_id, indices, data, ready)
 
     def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]:
         fut = self._pool.submit(self._fetch_sync, job_id, indices)
@@ -91,11 +93,14 @@ class ThreadedHostTier(HostKVTier, ABC):
         the copies not started yet instead of running them."""
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
-    def _offload_sync(self, job_id: str, indices: list[int], data: torch.Tensor) -> bool:
+    def _offload_sync(self, job_id: str, indices: list[int], data: torch.Tensor,
+                      ready: Callable[[], None] | None = None) -> bool:
         import time
 
         t0 = time.perf_counter()
         try:
+            if ready is not None:  # a device copy still in flight
+                ready()
             ok = self._put(job_id, dict(zip(indices, data.unbind(0))))
         except Exception as e:  # the directory is gone: a refused offload
             log.warning("offload of %s failed: %r", job_id, e)

@@ -166,3 +166,27 @@ def test_checkpoints_accumulate_and_prefetch_keeps_them() -> None:
     sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1)])
     tier.flush()
     assert tier.used == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_checkpoints_on_a_side_stream_hold_the_blocks_as_they_were() -> None:
+    """On a GPU a checkpoint is copied on a side stream while the compute
+    stream goes on; the next plan's work waits for it, so overwriting the
+    blocks after the next `apply` cannot change the copy."""
+    cache = KVCache(2, 8, 4, 2, 3, torch.float32, "cuda")
+    cache.data.copy_(torch.randn_like(cache.data))
+    before = cache.read_blocks([2, 5]).cpu()
+    tier = LocalHostTier(capacity_bytes=10**6)
+    sw = BlockSwapper(cache, tier)
+    assert sw._side is not None
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, 2), BlockOp(BlockOpKind.CHECKPOINT, "j", 1, 5)])
+    sw.apply([])  # the next plan: its work is ordered after the copy
+    cache.data.zero_()
+    sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", 0, 0), BlockOp(BlockOpKind.PREFETCH, "j", 1, 1)])
+    assert _land(sw) == ["j"]
+    assert torch.equal(cache.read_blocks([0, 1]).cpu(), before)
+
+
+def test_no_side_stream_on_a_cpu() -> None:
+    cache = KVCache(1, 4, 4, 1, 2, torch.float32, "cpu")
+    assert BlockSwapper(cache, LocalHostTier(capacity_bytes=10**4))._side is None

@@ -124,3 +124,23 @@ def test_a_named_tier_follows_a_replaced_directory(ray_cluster):
     assert tier.offload("k", [0], blocks(1)).result()
     assert ray.get(second.stats.remote())["used_blocks"] == 1
     ray.kill(second)
+
+
+def test_an_offload_waits_for_its_copy_to_be_ready() -> None:
+    """A checkpoint copied on a side stream: the tier stores the blocks
+    only after `ready` returns, and stores what they hold by then."""
+    import threading
+
+    tier = LocalHostTier(capacity_bytes=10**6)
+    data = torch.zeros(2, 3, 4)
+    filled = threading.Event()
+
+    def ready() -> None:
+        assert filled.wait(5)
+
+    fut = tier.offload("j", [0, 1], data, ready=ready)
+    data.copy_(torch.ones(2, 3, 4))  # the copy lands after offload returned
+    filled.set()
+    assert fut.result()
+    got = tier.fetch("j", [0, 1]).result()
+    assert got is not None and torch.equal(got, torch.ones(2, 3, 4))
