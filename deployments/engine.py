@@ -33,6 +33,7 @@ from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, queued_work
 from scheduler.core import SchedulerCore
+from scheduler.offline_pool import offline_load
 
 log = logging.getLogger("ray.serve")
 
@@ -223,6 +224,9 @@ class Engine:
     def _snapshot(self) -> dict[str, Any]:
         s = self.core.stats()
         ls = self.loop.stats
+        # list() copies the dict under the GIL; the loop thread may add or
+        # drop jobs meanwhile.
+        jobs = list(self.core.jobs.values())
         return {
             "replica": self.replica_id,
             "num_waiting": s.num_waiting,
@@ -233,7 +237,8 @@ class Engine:
             "num_finished": s.num_finished,
             "num_aborted": s.num_aborted,
             "shared_prompt_tokens": s.num_shared_prompt_tokens,
-            "admission": self._admission_figures(list(self.core.jobs.values())),
+            "admission": self._admission_figures(jobs),
+            "offline": self._offline_figures(jobs, s.num_free_blocks),
             "iterations": ls.iterations,
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
@@ -262,6 +267,19 @@ class Engine:
                 "capacity_tokens": self.bound.capacity(tps),
                 "tokens_per_s": tps, "mean_output_len": mean_out}
 
+    def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
+        """What the Scheduler's offline pool hands work by
+        (scheduler/offline_pool.py), counting the offline requests still in
+        the loop's inbox."""
+        inbox = list(self.loop.inbox_offline.values())
+        cfg = self.cfg
+        return offline_load(
+            jobs, self.core.batch, self.loop.mean_output.value,
+            batch_limit=cfg.conserve.offline_max_batch_size or cfg.max_batch_size,
+            free_blocks=free_blocks, block_size=cfg.block_size,
+            inbox_jobs=sum(n for n, _ in inbox), inbox_tokens=sum(t for _, t in inbox),
+        ).to_wire()
+
     def _policy_stats(self) -> dict[str, Any]:
         pol = self.core.policy
         out: dict[str, Any] = {"name": pol.name}
@@ -287,7 +305,7 @@ class Engine:
                     queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
                     await self.scheduler.report_load.remote(
                         self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
-                        len(jobs), self._admission_figures(jobs))
+                        len(jobs), self._admission_figures(jobs), offline=snap["offline"])
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)

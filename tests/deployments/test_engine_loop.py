@@ -222,3 +222,28 @@ def test_counts_tokens_preemptions_and_latencies_by_job_class():
         assert all(ttft > 0 and tpot is not None and tpot > 0 for ttft, tpot in latencies.values())
     finally:
         loop.stop()
+
+
+def test_offline_requests_in_the_inbox_count_until_drained():
+    # What the offline pool counts as this replica's queued work from the
+    # moment `submit` accepts a request (scheduler/offline_pool.py).
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=8,
+                                         max_batch_tokens=64, max_model_len=64,
+                                         policy="conserve"), time.monotonic)
+    sink = Collector()
+    loop = EngineLoop(FakeRunner(), core, lambda r, i: "ok", sink)
+    off = req("off", n_prompt=5, max_tokens=4).model_copy(update={"job_class": "offline", "n": 2})
+    loop.submit(off)
+    loop.submit(req("on"))
+    assert loop.inbox_offline == {"off": (2, 5 + 2 * 4)}
+    loop.start()
+    try:
+        sink.wait_finished({"off", "off#1", "on"})
+        assert loop.inbox_offline == {}
+    finally:
+        loop.stop()
+    # Still in the inbox at shutdown: refused, and no longer counted.
+    closing = EngineLoop(FakeRunner(), core, lambda r, i: "ok", Collector())
+    closing.submit(off)
+    closing.shutdown("bye")
+    assert closing.inbox_offline == {}
