@@ -33,6 +33,7 @@ from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, queued_work
 from scheduler.core import SchedulerCore
+from scheduler.job import JobClass
 from scheduler.offline_pool import offline_load
 
 log = logging.getLogger("ray.serve")
@@ -128,6 +129,8 @@ class Engine:
         self._aio = asyncio.get_running_loop()
         # Job id -> (its call's delivery queue, prompt number, choice index).
         self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}
+        # Offline `generate` calls accepted (scheduler/offline_pool.py).
+        self.offline_accepted = 0
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
@@ -153,6 +156,9 @@ class Engine:
         did not dispatch a second concurrent call from the same parent
         request to the same replica (ingress → engine, Ray 2.60)."""
         reqs = [GenerateRequest(**r) for r in requests]
+        if reqs and reqs[0].job_class == JobClass.OFFLINE.value:
+            # The offline pool's proof that a request it handed out arrived.
+            self.offline_accepted += 1
         q: asyncio.Queue[Delivery] = asyncio.Queue()
         running: set[str] = set()
         for p, req in enumerate(reqs):
@@ -278,6 +284,7 @@ class Engine:
             batch_limit=cfg.conserve.offline_max_batch_size or cfg.max_batch_size,
             free_blocks=free_blocks, block_size=cfg.block_size,
             inbox_jobs=sum(n for n, _ in inbox), inbox_tokens=sum(t for _, t in inbox),
+            accepted=self.offline_accepted,
         ).to_wire()
 
     def _policy_stats(self) -> dict[str, Any]:

@@ -133,7 +133,7 @@ class Scheduler:
         except asyncio.CancelledError:
             # The client went away: out of the pool, or, if it was just
             # handed out, its hand-out no longer counts against the replica.
-            self.pool.remove(request_id)
+            self.pool.cancel(request_id)
             self.num_pool_cancelled += 1
             raise
         finally:
@@ -146,7 +146,7 @@ class Scheduler:
         for request_id, replica in self.pool.assign(time.monotonic()):
             fut = self._pooled.get(request_id)
             if fut is None or fut.done():  # cancelled, its call not yet unwound
-                self.pool.remove(request_id)
+                self.pool.cancel(request_id)
             else:
                 fut.set_result(replica)
 
@@ -155,7 +155,7 @@ class Scheduler:
         self.jobs.pop(request_id, None)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if self.pool is not None:
-            self.pool.remove(request_id)
+            self.pool.release(request_id)
             self._hand_out()
 
     async def kv_directory(self) -> dict[str, Any] | None:

@@ -28,11 +28,15 @@ room for it:
   of any size, so nothing starves.
 
 Replicas report their load about twice a second (`OfflineLoad`, computed
-by `offline_load` on the replica).  A hand-out counts on top of its
-replica's reported figures until a report arrives `settle_s` after it, by
-when the replica's own figures include it (the replica counts a request
-from the moment its `generate` call accepts it).  Replicas that stop
-reporting are dropped, as `scheduler/placement.py` drops them.
+by `offline_load` on the replica), with a count of the offline requests
+they have accepted so far.  A hand-out counts on top of its replica's
+reported figures until that count shows it arrived (the replica's figures
+include a request from the moment its `generate` call accepts it), so a
+report sent while a hand-out is still on its way does not open room for it
+twice, however slow the way.  A hand-out that never arrives (its client
+went away between the two calls) stops counting after `lost_after_s`.
+Replicas that stop reporting are dropped, as `scheduler/placement.py`
+drops them.
 
 No Ray, no clock of its own: every call takes `now`, so the pool is
 deterministic and tested on a fake clock.
@@ -66,6 +70,8 @@ class OfflineLoad:
     running_jobs: int = 0
     # Offline jobs it could start at its next iteration.
     free_slots: int = 0
+    # Offline requests (`generate` calls) it has accepted since it started.
+    accepted: int = 0
 
     def to_wire(self) -> dict[str, int]:
         return asdict(self)
@@ -73,11 +79,12 @@ class OfflineLoad:
 
 def offline_load(jobs: Iterable[Job], batch: Collection[str], mean_output_len: float,
                  batch_limit: int, free_blocks: int, block_size: int,
-                 inbox_jobs: int = 0, inbox_tokens: int = 0) -> OfflineLoad:
+                 inbox_jobs: int = 0, inbox_tokens: int = 0,
+                 accepted: int = 0) -> OfflineLoad:
     """A replica's figures for the pool, from its jobs and its latest plan's
     `batch`.  `batch_limit`: its offline batch size (offline batching mode);
     `inbox_jobs` / `inbox_tokens`: offline jobs accepted and not yet in
-    `jobs`."""
+    `jobs`; `accepted`: its count of offline requests accepted."""
     online: list[Job] = []
     waiting: list[Job] = []
     running = 0
@@ -101,6 +108,7 @@ def offline_load(jobs: Iterable[Job], batch: Collection[str], mean_output_len: f
         queued_tokens=queued_work(waiting, batch, mean_output_len) + inbox_tokens,
         running_jobs=running,
         free_slots=slots,
+        accepted=accepted,
     )
 
 
@@ -120,7 +128,8 @@ class _HandOut:
     jobs: int
     tokens: int
     at: float
-    # Reflected in the replica's own figures (a report came settle_s later).
+    # Reflected in the replica's own figures (its count of accepted requests
+    # passed it), or given up as lost.
     settled: bool = False
 
 
@@ -136,10 +145,10 @@ class _Replica:
 
 class OfflinePool:
     def __init__(self, config: OfflinePoolConfig, stale_after_s: float = 10.0,
-                 settle_s: float = 0.5) -> None:
+                 lost_after_s: float = 10.0) -> None:
         self.config = config
         self.stale_after_s = stale_after_s
-        self.settle_s = settle_s
+        self.lost_after_s = lost_after_s
         # Priority -> its waiting requests in arrival order (insertion-
         # ordered dicts: a cancellation is O(1)); `_levels` sorted.
         self._queues: dict[int, dict[str, _Waiting]] = {}
@@ -149,6 +158,9 @@ class OfflinePool:
         # Handed out and not yet released, by request id.
         self.handed: dict[str, _HandOut] = {}
         self.num_handed_out = 0
+        # Per replica: arrivals its count will show of hand-outs already
+        # released (`release`), which settle no other hand-out.
+        self._owed: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -170,10 +182,10 @@ class OfflinePool:
                                      priority, now)
         self._where[request_id] = priority
 
-    def remove(self, request_id: str) -> str | None:
-        """Forget a request: one still waiting (its client went away) or one
-        handed out (it ended, or its client went away before it reached the
-        replica).  Returns "waiting", "handed_out", or None if unknown."""
+    def cancel(self, request_id: str) -> str | None:
+        """Forget a request whose client went away before it was sent to a
+        replica: still waiting, or handed out but never to arrive.  Returns
+        "waiting", "handed_out", or None if unknown."""
         priority = self._where.pop(request_id, None)
         if priority is not None:
             queue = self._queues[priority]
@@ -183,6 +195,14 @@ class OfflinePool:
                 self._levels.remove(priority)
             return "waiting"
         return "handed_out" if self.handed.pop(request_id, None) is not None else None
+
+    def release(self, request_id: str) -> None:
+        """Forget a request that was sent to its replica and ended there."""
+        h = self.handed.pop(request_id, None)
+        if h is not None and not h.settled:
+            # It arrived (it ended) though no report has counted it yet: the
+            # arrival the replica's count will show is not another's.
+            self._owed[h.replica_id] = self._owed.get(h.replica_id, 0) + 1
 
     def drain(self) -> list[str]:
         """Empty the pool (shutdown); the requests that were waiting, in order."""
@@ -196,16 +216,35 @@ class OfflinePool:
 
     def report(self, replica_id: str, load: OfflineLoad, free_blocks: int, num_blocks: int,
                tokens_per_s: float | None, now: float) -> None:
+        prev = self.replicas.get(replica_id)
         self.replicas[replica_id] = _Replica(replica_id, load, free_blocks, num_blocks,
                                              tokens_per_s, now)
-        for h in self.handed.values():
-            if h.replica_id == replica_id and h.at <= now - self.settle_s:
+        # Arrivals since its last report settle as many hand-outs, oldest
+        # first (which one arrived does not matter: they are counted, not
+        # named).  A replica new to the pool (or back after going stale)
+        # had nothing handed to it that its figures lack.
+        arrived = load.accepted - prev.load.accepted if prev is not None else None
+        if arrived is None:
+            self._owed.pop(replica_id, None)
+        elif arrived > 0:
+            owed = self._owed.pop(replica_id, 0)
+            if owed > arrived:
+                self._owed[replica_id] = owed - arrived
+            arrived = max(0, arrived - owed)
+        for h in self.handed.values():  # in hand-out order
+            if h.replica_id != replica_id or h.settled:
+                continue
+            if arrived is None or h.at < now - self.lost_after_s:
                 h.settled = True
+            elif arrived > 0:
+                h.settled = True
+                arrived -= 1
 
     def _live(self, now: float) -> list[_Replica]:
         """The replicas that reported lately; the others are forgotten."""
         self.replicas = {rid: r for rid, r in self.replicas.items()
                          if now - r.reported_at <= self.stale_after_s}
+        self._owed = {rid: n for rid, n in self._owed.items() if rid in self.replicas}
         return list(self.replicas.values())
 
     def _pending(self) -> dict[str, tuple[int, int]]:
@@ -255,7 +294,7 @@ class OfflinePool:
             if best is None:
                 break
             head = next(iter(self._queues[self._levels[0]].values()))
-            self.remove(head.request_id)
+            self.cancel(head.request_id)
             self.handed[head.request_id] = _HandOut(head.request_id, best.replica_id,
                                                     head.jobs, head.tokens, now)
             jobs, tokens = pending.get(best.replica_id, (0, 0))

@@ -15,7 +15,7 @@ IDLE = OfflineLoad(free_slots=4)
 
 def pool(queue_jobs: int = 2) -> OfflinePool:
     return OfflinePool(OfflinePoolConfig(replica_queue_jobs=queue_jobs), stale_after_s=5.0,
-                       settle_s=0.5)
+                       lost_after_s=5.0)
 
 
 def report(p: OfflinePool, rid: str, load: OfflineLoad, now: float, free_blocks: int = 100,
@@ -75,42 +75,72 @@ def test_a_replica_with_a_full_offline_queue_gets_nothing_until_it_drains():
     report(p, "a", OfflineLoad(queued_jobs=1, running_jobs=4), now=1.0)
     assert p.assign(now=1.0) == [("x", "a")]
     assert p.assign(now=1.1) == []
-    report(p, "a", OfflineLoad(queued_jobs=0, running_jobs=4), now=2.0)
+    report(p, "a", OfflineLoad(queued_jobs=0, running_jobs=4, accepted=1), now=2.0)
     assert p.assign(now=2.0) == [("y", "a")]
 
 
-def test_a_hand_out_counts_until_a_report_settle_s_later_shows_it():
+def test_a_hand_out_counts_until_the_replicas_count_shows_it_arrived():
     p = pool(queue_jobs=1)
     report(p, "a", OfflineLoad(), now=0.0)
     add(p, "x", "y")
     assert p.assign(now=0.0) == [("x", "a")]
-    # A report sent before "x" reached the replica: "x" still counts.
-    report(p, "a", OfflineLoad(), now=0.2)
-    assert p.assign(now=0.2) == []
-    # settle_s later the replica's own figures include it: counted once.
-    report(p, "a", OfflineLoad(queued_jobs=1), now=0.6)
-    assert p.assign(now=0.6) == []
-    report(p, "a", OfflineLoad(running_jobs=1), now=1.1)
-    assert p.assign(now=1.1) == [("y", "a")]
+    # Reports sent before "x" reached the replica, however late: "x" still
+    # counts, so its place is not given twice.
+    for t in (0.2, 5.0):
+        report(p, "a", OfflineLoad(), now=t)
+        assert p.assign(now=t) == []
+    # The replica accepted it: in its own figures now, counted once.
+    report(p, "a", OfflineLoad(queued_jobs=1, accepted=1), now=5.1)
+    assert p.assign(now=5.1) == []
+    report(p, "a", OfflineLoad(running_jobs=1, accepted=1), now=5.2)
+    assert p.assign(now=5.2) == [("y", "a")]
+    # "y" never arrives (its client went away between the two calls and its
+    # admit had returned): after lost_after_s it no longer counts.
+    add(p, "z")
+    report(p, "a", OfflineLoad(running_jobs=1, accepted=1), now=10.0)
+    assert p.assign(now=10.0) == []
+    report(p, "a", OfflineLoad(running_jobs=1, accepted=1), now=15.3)
+    assert p.assign(now=15.3) == [("z", "a")]
+
+
+def test_an_arrival_already_released_settles_no_other_hand_out():
+    p = pool(queue_jobs=1)
+    report(p, "a", OfflineLoad(), now=0.0)
+    add(p, "w", "v", "u")
+    assert p.assign(now=0.0) == [("w", "a")]
+    # "w" arrives and ends before any report counts it.
+    p.release("w")
+    assert p.assign(now=0.1) == [("v", "a")]
+    # The next report counts w's arrival, not v's: v, on its way, counts.
+    report(p, "a", OfflineLoad(accepted=1), now=0.5)
+    assert p.assign(now=0.5) == []
+    report(p, "a", OfflineLoad(queued_jobs=1, accepted=2), now=1.0)
+    assert p.assign(now=1.0) == []
+    report(p, "a", OfflineLoad(accepted=2), now=2.0)
+    assert p.assign(now=2.0) == [("u", "a")]
 
 
 def test_cancellation_of_waiting_and_handed_out_requests_leaves_nothing_behind():
     p = pool(queue_jobs=1)
     add(p, "a", "b", "c")
-    assert p.remove("b") == "waiting"
+    assert p.cancel("b") == "waiting"
     assert "b" not in p and len(p) == 2
     report(p, "r", OfflineLoad(), now=0.0)
     assert p.assign(now=0.0) == [("a", "r")]
-    # "a"'s client went away before it reached the replica: its room is back.
-    assert p.remove("a") == "handed_out"
+    # "a"'s client went away before it was sent on: its place is back.
+    assert p.cancel("a") == "handed_out"
     assert p.assign(now=0.1) == [("c", "r")]
-    assert p.remove("c") == "handed_out"  # released when it ended
-    assert p.remove("c") is None and p.remove("never") is None
+    report(p, "r", OfflineLoad(running_jobs=1, accepted=1), now=0.5)
+    p.release("c")  # it ended
+    assert p.cancel("c") is None and p.cancel("never") is None
+    p.release("never")
     assert len(p) == 0 and not p.handed and not p._queues and not p._levels
-    assert p.stats(now=0.2)["waiting"] == 0
+    assert not p._owed
+    assert p.stats(now=0.6)["waiting"] == 0
     # A cancelled id may come back (a retry with the same id).
     add(p, "b")
-    assert p.assign(now=0.3) == [("b", "r")]
+    report(p, "r", OfflineLoad(accepted=1), now=0.7)
+    assert p.assign(now=0.7) == [("b", "r")]
     with pytest.raises(ValueError):
         add(p, "b")
 
@@ -141,7 +171,7 @@ def test_nothing_starves_when_every_replica_is_busy():
     # replica with room takes it whole), and the rest follows in order.
     report(p, "b", OfflineLoad(online_tokens=1000), now=2.0)
     assert p.assign(now=2.0) == [("big", "b")]
-    report(p, "b", OfflineLoad(), now=3.0)
+    report(p, "b", OfflineLoad(accepted=1), now=3.0)
     assert p.assign(now=3.0) == [("small", "b")]
     assert len(p) == 0
 
