@@ -222,8 +222,9 @@ class EngineLoop:
                 return rejected
             if kind == "add":
                 assert isinstance(payload, GenerateRequest)
-                self.inbox_offline.pop(payload.request_id, None)
                 rejected += self._add(payload)
+                # After the add: in between, a snapshot would see it nowhere.
+                self.inbox_offline.pop(payload.request_id, None)
             elif kind == "predict":
                 rid, n = payload  # type: ignore[misc]
                 job = self.core.jobs.get(rid)
