@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -87,7 +88,7 @@ class Poller:
         self.thread.join(15)
 
 
-async def _burst(base: str, waiting: "callable") -> tuple[list[dict], int]:
+async def _burst(base: str, waiting: Callable[[], bool]) -> tuple[list[dict], int]:
     """The burst, and one more request whose client gives up while it waits
     in the pool; returns the burst's answers and that request's status (0:
     the client gave up)."""
