@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from scheduler.config import SchedulerConfig, SchedulingSettings
+from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
 API_KEY_ENV = "PREEMPT_SERVE_API_KEY"
@@ -88,6 +88,9 @@ class AppConfig(SchedulingSettings):
     host_kv_tokens: int = Field(0, ge=0)
     predictor: PredictorSettings = PredictorSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    # Under `policy: conserve`, where offline requests wait for a replica
+    # with room (the Scheduler deployment's pool, scheduler/offline_pool.py).
+    offline_pool: OfflinePoolConfig = OfflinePoolConfig()
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     # Engine replicas (one model instance each) and the CPUs each one takes.

@@ -33,6 +33,8 @@ from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, queued_work
 from scheduler.core import SchedulerCore
+from scheduler.job import JobClass
+from scheduler.offline_pool import offline_load
 
 log = logging.getLogger("ray.serve")
 
@@ -127,6 +129,8 @@ class Engine:
         self._aio = asyncio.get_running_loop()
         # Job id -> (its call's delivery queue, prompt number, choice index).
         self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}
+        # Offline `generate` calls accepted (scheduler/offline_pool.py).
+        self.offline_accepted = 0
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
@@ -152,6 +156,9 @@ class Engine:
         did not dispatch a second concurrent call from the same parent
         request to the same replica (ingress → engine, Ray 2.60)."""
         reqs = [GenerateRequest(**r) for r in requests]
+        if reqs and reqs[0].job_class == JobClass.OFFLINE.value:
+            # The offline pool's proof that a request it handed out arrived.
+            self.offline_accepted += 1
         q: asyncio.Queue[Delivery] = asyncio.Queue()
         running: set[str] = set()
         for p, req in enumerate(reqs):
@@ -223,6 +230,9 @@ class Engine:
     def _snapshot(self) -> dict[str, Any]:
         s = self.core.stats()
         ls = self.loop.stats
+        # list() copies the dict under the GIL; the loop thread may add or
+        # drop jobs meanwhile.
+        jobs = list(self.core.jobs.values())
         return {
             "replica": self.replica_id,
             "num_waiting": s.num_waiting,
@@ -233,7 +243,8 @@ class Engine:
             "num_finished": s.num_finished,
             "num_aborted": s.num_aborted,
             "shared_prompt_tokens": s.num_shared_prompt_tokens,
-            "admission": self._admission_figures(list(self.core.jobs.values())),
+            "admission": self._admission_figures(jobs),
+            "offline": self._offline_figures(jobs, s.num_free_blocks),
             "iterations": ls.iterations,
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
@@ -265,6 +276,20 @@ class Engine:
                 "capacity_tokens": self.bound.capacity(tps),
                 "tokens_per_s": tps, "mean_output_len": mean_out}
 
+    def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
+        """What the Scheduler's offline pool hands work by
+        (scheduler/offline_pool.py), counting the offline requests still in
+        the loop's inbox."""
+        inbox = list(self.loop.inbox_offline.values())
+        cfg = self.cfg
+        return offline_load(
+            jobs, self.core.batch, self.loop.mean_output.value,
+            batch_limit=cfg.conserve.offline_max_batch_size or cfg.max_batch_size,
+            free_blocks=free_blocks, block_size=cfg.block_size,
+            inbox_jobs=sum(n for n, _ in inbox), inbox_tokens=sum(t for _, t in inbox),
+            accepted=self.offline_accepted,
+        ).to_wire()
+
     def _policy_stats(self) -> dict[str, Any]:
         pol = self.core.policy
         out: dict[str, Any] = {"name": pol.name}
@@ -290,7 +315,7 @@ class Engine:
                     queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
                     await self.scheduler.report_load.remote(
                         self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
-                        len(jobs), self._admission_figures(jobs))
+                        len(jobs), self._admission_figures(jobs), offline=snap["offline"])
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)

@@ -126,6 +126,13 @@ class EngineLoop:
         # Request id -> job ids of its choices still in the core.
         self._groups: dict[str, list[str]] = {}
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        # Offline requests in the inbox: request id -> (jobs, prompt + n *
+        # max_tokens).  The cluster's offline pool counts them as this
+        # replica's queued work from the moment `submit` accepts them
+        # (scheduler/offline_pool.py), not only once the loop has drained
+        # them, which waits for the forward pass under way.  Distinct keys
+        # are set on the asyncio thread and popped on the loop thread.
+        self.inbox_offline: dict[str, tuple[int, int]] = {}
         self._wake = threading.Event()
         # Set once, by shutdown() or by the loop thread dying: the reason
         # every job ends with from then on.  Guarded by _lock so that no
@@ -184,6 +191,10 @@ class EngineLoop:
         with self._lock:
             reason = self._closed
             if reason is None:
+                if req.job_class == JobClass.OFFLINE.value:
+                    # Before the put: the loop thread pops it on draining.
+                    self.inbox_offline[req.request_id] = (
+                        req.n, len(req.prompt_token_ids) + req.n * req.max_tokens)
                 self._inbox.put(("add", req))
                 self._wake.set()
                 if req.job_class == JobClass.ONLINE.value:
@@ -234,6 +245,8 @@ class EngineLoop:
             if kind == "add":
                 assert isinstance(payload, GenerateRequest)
                 rejected += self._add(payload)
+                # After the add: in between, a snapshot would see it nowhere.
+                self.inbox_offline.pop(payload.request_id, None)
             elif kind == "predict":
                 rid, n = payload  # type: ignore[misc]
                 job = self.core.jobs.get(rid)
@@ -334,6 +347,7 @@ class EngineLoop:
                 break
             if kind == "add":
                 assert isinstance(payload, GenerateRequest)
+                self.inbox_offline.pop(payload.request_id, None)
                 out += self._refusals(payload, reason)
             elif kind == "abort":
                 assert isinstance(payload, str)

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
 from ray import serve
+from ray.exceptions import RayActorError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -235,9 +236,17 @@ class Ingress:
     async def _admit(self, request_id: str, gens: list[GenerateRequest]) -> str | None:
         """Admission control (scheduler/admission.py): the whole request,
         all its prompts and choices, runs on one replica or gets a 429."""
-        adm = Admission.model_validate(await self.scheduler.admit.remote(
-            request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,
-            gens[0].job_class, len(gens) * gens[0].n))
+        try:
+            raw = await self.scheduler.admit.remote(
+                request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,
+                gens[0].job_class, len(gens) * gens[0].n, priority=gens[0].priority)
+        except RayActorError as e:
+            # The Scheduler replica died or restarted, with offline requests
+            # waiting in its pool among others: retry.
+            log.warning("request %s: the scheduler failed: %r", request_id, e)
+            raise APIError(503, "the scheduler failed or restarted; retry",
+                           type_="service_unavailable")
+        adm = Admission.model_validate(raw)
         if not adm.admitted:
             retry = max(1, math.ceil(adm.retry_after_s or 1.0))
             raise APIError(429, adm.message or "the server is at capacity; retry later",

@@ -9,6 +9,17 @@ It also owns the application's host KV tier directory (kvstore/directory.py):
 created at start, named after the application, sized `host_kv_tokens` per
 engine replica times `num_engine_replicas`, and gone with this replica, so
 a restart starts clean.  Engines look it up through `kv_directory()`.
+
+Under `policy: conserve` it holds the offline pool (scheduler/offline_pool.py):
+an offline request's `admit` call waits here, on a future of its own, until
+the pool hands it to a replica with room (on a load report, a release or
+another arrival); then the call returns that replica, and the ingress goes
+on as for any request.  A client that goes away cancels the call (Serve
+cancels a disconnected request's calls), which takes the request out of
+the pool.  The pool lives in this replica: if it restarts, the waiting
+calls fail (the ingress answers 503) and the engines' next reports, half a
+second apart, tell the new pool what each replica holds.  Until a first
+report arrives, offline requests wait.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ from ray import serve
 from api.config import AppConfig
 from api.protocol import Admission
 from scheduler.admission import bounded
+from scheduler.job import JobClass
+from scheduler.offline_pool import OfflineLoad, OfflinePool
 from scheduler.placement import Placement
 
 log = logging.getLogger("ray.serve")
@@ -39,6 +52,14 @@ class Scheduler:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, int] = {}
         self.num_rejected = 0
+        self.pool: OfflinePool | None = None
+        if self.cfg.policy == "conserve" and self.cfg.offline_pool.enabled:
+            self.pool = OfflinePool(self.cfg.offline_pool, stale_after_s=stale_after_s)
+        # Request id -> the future its waiting `admit` call awaits.
+        self._pooled: dict[str, asyncio.Future[str | None]] = {}
+        self.num_pool_cancelled = 0
+        # Set by shutdown_engines: the pool hands nothing out any more.
+        self._stopping: str | None = None
         self.app_name = serve.get_replica_context().app_name
         self._kv_ref: Any = None
         self._kv_directory: Any = None
@@ -55,16 +76,32 @@ class Scheduler:
 
     async def report_load(self, replica_id: str, num_blocks: int, free_blocks: int,
                           queued_tokens: int, num_jobs: int,
-                          admission: dict[str, Any] | None = None) -> None:
+                          admission: dict[str, Any] | None = None,
+                          offline: dict[str, int] | None = None) -> None:
         """A replica's load; `admission` holds its queued work, the bound on
-        it and its measured speed (scheduler/admission.py)."""
+        it and its measured speed (scheduler/admission.py), `offline` its
+        figures for the offline pool (`OfflineLoad`)."""
+        now = time.monotonic()
         self.placement.report(replica_id, num_blocks, free_blocks, queued_tokens,
-                              num_jobs, time.monotonic(), **(admission or {}))
+                              num_jobs, now, **(admission or {}))
+        if self.pool is not None and offline is not None:
+            self.pool.report(replica_id, OfflineLoad(**offline), free_blocks, num_blocks,
+                             (admission or {}).get("tokens_per_s"), now)
+            self._hand_out()
 
     async def admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
-                    job_class: str = "online", n: int = 1) -> dict[str, Any]:
+                    job_class: str = "online", n: int = 1,
+                    priority: int = 0) -> dict[str, Any]:
         """Where the request runs, or a refusal when every replica's queued
-        work is at its bound (the ingress answers 429)."""
+        work is at its bound (the ingress answers 429).  An offline request
+        under `policy: conserve` is never refused: the call returns once
+        the offline pool hands it to a replica."""
+        if (self.pool is not None and job_class == JobClass.OFFLINE.value
+                and self._stopping is None):
+            replica = await self._from_pool(request_id, prompt_tokens, max_tokens, n, priority)
+            self.jobs[request_id] = {"class": job_class, "replica": replica,
+                                     "admitted_at": time.time()}
+            return Admission(admitted=True, replica=replica).model_dump()
         now = time.monotonic()
         if self.cfg.admission.enabled and bounded(job_class, self.cfg.policy):
             res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now)
@@ -83,10 +120,43 @@ class Scheduler:
                                  "admitted_at": time.time()}
         return Admission(admitted=True, replica=replica).model_dump()
 
+    async def _from_pool(self, request_id: str, prompt_tokens: int, max_tokens: int,
+                         n: int, priority: int) -> str | None:
+        """Wait in the offline pool; the replica it hands the request to."""
+        assert self.pool is not None
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self.pool.add(request_id, prompt_tokens, max_tokens, n, priority, time.monotonic())
+        self._pooled[request_id] = fut
+        try:
+            self._hand_out()
+            return await fut
+        except asyncio.CancelledError:
+            # The client went away: out of the pool, or, if it was just
+            # handed out, its hand-out no longer counts against the replica.
+            self.pool.cancel(request_id)
+            self.num_pool_cancelled += 1
+            raise
+        finally:
+            self._pooled.pop(request_id, None)
+
+    def _hand_out(self) -> None:
+        """Resolve the waiting calls of what the pool hands out now."""
+        if self.pool is None or self._stopping is not None:
+            return
+        for request_id, replica in self.pool.assign(time.monotonic()):
+            fut = self._pooled.get(request_id)
+            if fut is None or fut.done():  # cancelled, its call not yet unwound
+                self.pool.cancel(request_id)
+            else:
+                fut.set_result(replica)
+
     async def release(self, request_id: str, outcome: str) -> None:
         self.placement.release(request_id)
         self.jobs.pop(request_id, None)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if self.pool is not None:
+            self.pool.release(request_id)
+            self._hand_out()
 
     async def kv_directory(self) -> dict[str, Any] | None:
         """The application's KV directory as a `kvstore.directory.DirectoryRef`
@@ -99,6 +169,7 @@ class Scheduler:
         `serve.shutdown()` (app/cli.py), while the HTTP proxy still runs, so
         that open streams end with an error event instead of being cut off.
         Returns, per replica, the number of jobs ended or the call's error."""
+        self._stopping = reason
         # The name given in deployments/engine.py (importing it would load torch here).
         engine = serve.get_deployment_handle("Engine", self.app_name)
         ids = [r.replica_id for r in self.placement.live(time.monotonic())]
@@ -108,8 +179,21 @@ class Scheduler:
             return_exceptions=True)
         out = {rid: (repr(r) if isinstance(r, BaseException) else r)
                for rid, r in zip(ids, done)}
+        self._release_pool()
         log.info("engines shut down (%s): %s", reason, out)
         return out
+
+    def _release_pool(self) -> None:
+        """At shutdown, let every waiting offline request go on to an
+        engine (any: `replica` None), which, stopped, ends it with the
+        shutdown's reason: its client gets the same 503 as the requests that
+        were running, while the HTTP proxy still runs."""
+        if self.pool is None:
+            return
+        for request_id in self.pool.drain():
+            fut = self._pooled.get(request_id)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
     async def _kv_tier_stats(self) -> dict[str, Any] | None:
         if self._kv_directory is None:
@@ -127,6 +211,8 @@ class Scheduler:
             "active_jobs": len(self.jobs),
             "rejected": self.num_rejected,
             "outcomes": dict(self.outcomes),
+            "offline_pool": None if self.pool is None else {
+                **self.pool.stats(now), "cancelled": self.num_pool_cancelled},
             "replicas": {
                 r.replica_id: {"free_blocks": r.free_blocks, "num_blocks": r.num_blocks,
                                "queued_tokens": r.queued_tokens, "num_jobs": r.num_jobs,

@@ -115,3 +115,21 @@ class SchedulerConfig(SchedulingSettings):
                 f"sequence of max_model_len = {self.max_model_len}"
             )
         return self
+
+
+class OfflinePoolConfig(BaseModel):
+    """The cluster-level offline pool (scheduler/offline_pool.py): under
+    `policy: conserve`, offline requests wait in the Scheduler deployment
+    and engine replicas with spare capacity are handed them (ConServe §4.1:
+    the scheduler "continuously fetches" offline requests from a pool)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # False: offline requests are placed on a replica at once, as online
+    # ones are (outside admission control).
+    enabled: bool = True
+    # Offline jobs a replica may hold outside its running batch, beyond the
+    # batch slots it has free: enough to refill its offline batch as jobs
+    # finish between two load reports (0.5 s apart), few enough that work
+    # does not sit on a busy replica while another has idle capacity.
+    replica_queue_jobs: int = Field(4, ge=1, le=4096)

@@ -5,7 +5,7 @@ handles and drives its Starlette app with Starlette's TestClient.  The fakes
 answer in the shapes the real deployments do:
 
 - scheduler: `admit.remote(request_id, prompt_tokens, max_tokens,
-  job_class, n)` awaits to an `Admission` dict (admitted, or refused with
+  job_class, n, priority=...)` awaits to an `Admission` dict (admitted, or refused with
   `retry_after_s` for a 429 when `reject` is set); `release.remote(
   request_id, outcome)` awaits to None.
 - engine: `.options(stream=True).generate.remote(requests, replica=...)`
@@ -58,7 +58,7 @@ class FakeScheduler:
         self.release = _Method(self._release)
 
     async def _admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
-                     job_class: str = "online", n: int = 1) -> dict[str, Any]:
+                     job_class: str = "online", n: int = 1, priority: int = 0) -> dict[str, Any]:
         if self.reject:
             return {"admitted": False, "retry_after_s": 2.0,
                     "message": "the server is at capacity; retry in 2 s"}

@@ -23,7 +23,7 @@ def broken_scheduler(served: Harness) -> Iterator[Harness]:
     real = served.scheduler.admit
 
     class Broken:
-        def remote(self, *args: Any) -> Any:
+        def remote(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("secret internal detail")
 
     served.scheduler.admit = Broken()  # type: ignore[assignment]

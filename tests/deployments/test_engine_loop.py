@@ -252,3 +252,28 @@ def test_an_online_arrival_cuts_a_long_offline_pass_but_not_one_about_to_end():
     runner.running_pass = None  # type: ignore[attr-defined]
     loop._maybe_cut(20)  # no pass under way: set, for the runner to spend
     assert runner.preempt_flag.is_set()  # type: ignore[attr-defined]
+
+
+def test_offline_requests_in_the_inbox_count_until_drained():
+    # What the offline pool counts as this replica's queued work from the
+    # moment `submit` accepts a request (scheduler/offline_pool.py).
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=8,
+                                         max_batch_tokens=64, max_model_len=64,
+                                         policy="conserve"), time.monotonic)
+    sink = Collector()
+    loop = EngineLoop(FakeRunner(), core, lambda r, i: "ok", sink)
+    off = req("off", n_prompt=5, max_tokens=4).model_copy(update={"job_class": "offline", "n": 2})
+    loop.submit(off)
+    loop.submit(req("on"))
+    assert loop.inbox_offline == {"off": (2, 5 + 2 * 4)}
+    loop.start()
+    try:
+        sink.wait_finished({"off", "off#1", "on"})
+        assert loop.inbox_offline == {}
+    finally:
+        loop.stop()
+    # Still in the inbox at shutdown: refused, and no longer counted.
+    closing = EngineLoop(FakeRunner(), core, lambda r, i: "ok", Collector())
+    closing.submit(off)
+    closing.shutdown("bye")
+    assert closing.inbox_offline == {}

@@ -1,0 +1,61 @@
+"""The Scheduler replica failing under a waiting `admit` call (an offline
+request in its pool when it dies or restarts) is a 503 to retry, and the
+request's priority reaches the Scheduler (the offline pool orders by it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from tests.api.harness import Harness
+
+
+@pytest.fixture
+def dead_scheduler(served: Harness) -> Iterator[Harness]:
+    real = served.scheduler.admit
+
+    class Dead:
+        def remote(self, *args: Any, **kwargs: Any) -> Any:
+            async def fail() -> Any:
+                raise ActorDiedError()
+
+            return fail()
+
+    served.scheduler.admit = Dead()  # type: ignore[assignment]
+    try:
+        yield served
+    finally:
+        served.scheduler.admit = real
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_scheduler_that_died_is_a_503(dead_scheduler: Harness, stream: bool) -> None:
+    sent = len(dead_scheduler.engine.requests)  # the harness is shared
+    r = dead_scheduler.client.post("/v1/completions", json={
+        "prompt": "hi", "max_tokens": 2, "job_class": "offline", "stream": stream})
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["type"] == "service_unavailable" and "retry" in err["message"]
+    assert len(dead_scheduler.engine.requests) == sent  # nothing reached an engine
+
+
+def test_priority_reaches_the_scheduler(served: Harness) -> None:
+    seen: list[dict[str, Any]] = []
+    real = served.scheduler.admit
+
+    class Spy:
+        def remote(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs)
+            return real.remote(*args, **kwargs)
+
+    served.scheduler.admit = Spy()  # type: ignore[assignment]
+    try:
+        r = served.client.post("/v1/completions", json={
+            "prompt": "hi", "max_tokens": 2, "job_class": "offline", "priority": -3})
+    finally:
+        served.scheduler.admit = real
+    assert r.status_code == 200, r.text
+    assert seen == [{"priority": -3}]
