@@ -164,7 +164,9 @@ CONSERVE_CONFIG = {
     "kv_cache_tokens": 320,
     "max_model_len": 320,
     "host_kv_tokens": 4096,
-    "conserve": {"checkpoint_threshold": 0.0},
+    # A TTFT objective that no offline pass leaves room for: every online
+    # arrival cuts the pass under way (Algorithm 2 would let a short one end).
+    "conserve": {"checkpoint_threshold": 0.0, "ttft_slo_s": 0.02},
 }
 
 
