@@ -75,6 +75,7 @@ def _submit(ctx: _Context, args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise BatchCLIError(f"no file {args.file}")
+    ctx.batches.jobs.check()  # before the file is copied in
     try:
         input_file = ctx.batches.store.copy_input(path, ctx.settings.max_file_bytes)
     except TooLarge as e:

@@ -37,6 +37,9 @@ class JobsUnavailable(Exception):
 class Jobs(Protocol):
     """The Ray Jobs operations batches use (a fake in tests)."""
 
+    def check(self) -> None:
+        """Raise `JobsUnavailable` unless the API answers."""
+
     def submit(self, submission_id: str, entrypoint: str, metadata: dict[str, str]) -> None: ...
 
     def info(self, submission_id: str) -> JobView | None: ...
@@ -65,18 +68,16 @@ class RayJobs:
             if self._client is None:
                 from ray.job_submission import JobSubmissionClient
 
-                address = self.address
-                if address is None:
-                    import ray
-
-                    # The dashboard's URL is in the cluster's GCS.
-                    address = ray.get_runtime_context().gcs_address
+                address = self.address or _own_dashboard()
                 try:
                     self._client = JobSubmissionClient(address)
                 except Exception as e:
                     raise JobsUnavailable(f"the Ray Jobs API at {address} cannot be reached: "
                                           f"{type(e).__name__}: {e}") from e
             return self._client
+
+    def check(self) -> None:
+        self._connect()
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         client = self._connect()
@@ -103,6 +104,20 @@ class RayJobs:
 
     def stop(self, submission_id: str) -> None:
         self._call("stop_job", submission_id)
+
+
+def _own_dashboard() -> str:
+    """The dashboard URL of the cluster this process is connected to, read
+    once from its GCS (Ray's own lookup retries for 40 s when there is
+    none)."""
+    from ray._private import ray_constants
+    from ray.experimental import internal_kv
+
+    url = internal_kv._internal_kv_get(ray_constants.DASHBOARD_ADDRESS,
+                                       namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    if not url:
+        raise JobsUnavailable("this Ray cluster runs no dashboard, so no Ray Jobs API")
+    return f"http://{url.decode()}"
 
 
 def _view(details: Any) -> JobView:

@@ -31,6 +31,8 @@ class Batches:
                model: str | None = None) -> BatchRecord:
         """A new batch of `input_file`'s lines, its first run submitted.
         `endpoint` None: the url of the file's first well-formed line."""
+        # Before anything is written: no batch without a job to run it.
+        self.jobs.check()
         if endpoint is None:
             endpoint = first_endpoint(self.store.content_path(input_file).read_bytes())
         record = self.store.create_batch(input_file, endpoint, app, max_concurrency,
@@ -42,8 +44,13 @@ class Batches:
         # Recorded first: a job that starts must find itself in the record.
         record.jobs.append(submission_id)
         self.store.save_batch(record)
-        self.jobs.submit(submission_id, entrypoint(self.store.root, record.id),
-                         {"preempt_serve_batch": record.id, "app": record.app})
+        try:
+            self.jobs.submit(submission_id, entrypoint(self.store.root, record.id),
+                             {"preempt_serve_batch": record.id, "app": record.app})
+        except BaseException:
+            record.jobs.pop()
+            self.store.save_batch(record)
+            raise
         return record
 
     def latest_job(self, record: BatchRecord) -> JobView | None:

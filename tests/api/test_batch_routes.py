@@ -179,6 +179,8 @@ def test_cancel_stops_the_job(served: Harness) -> None:
 
 def test_without_the_jobs_api_batches_are_503(served: Harness) -> None:
     b = create(served).json()
+    file_id = upload(served, jsonl(CHAT)).json()["id"]
+    before = len(served.ingress.batches.store.batches())
     served.jobs.down = True
     try:
         for r in (create(served), served.client.get(f"/v1/batches/{b['id']}"),
@@ -186,6 +188,9 @@ def test_without_the_jobs_api_batches_are_503(served: Harness) -> None:
                   served.client.post(f"/v1/batches/{b['id']}/cancel")):
             assert r.status_code == 503, r.text
             assert r.json()["error"]["type"] == "service_unavailable"
+        assert create(served, input_file_id=file_id).status_code == 503
+        # No batch without a job to run it.
+        assert len(served.ingress.batches.store.batches()) == before
     finally:
         served.jobs.down = False
 

@@ -25,6 +25,9 @@ class FakeJobs:
         if self.down:
             raise JobsUnavailable("the Ray Jobs API at test cannot be reached")
 
+    def check(self) -> None:
+        self._check()
+
     def submit(self, submission_id: str, entrypoint: str, metadata: dict[str, str]) -> None:
         self._check()
         self.submitted.append((submission_id, entrypoint, metadata))

@@ -120,3 +120,15 @@ def test_user_errors_exit_2(tmp_path: Path, config: Path, jobs: FakeJobs,
                      "--max-concurrency", "0"]) == 2
     err = capsys.readouterr().err
     assert "no batch 'batch_nope'" in err and "config file not found" in err
+
+
+def test_without_a_jobs_api_the_command_fails_with_1(
+        tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "in.jsonl"
+    data.write_text(LINE + "\n")
+    # Nothing listens on the discard port of loopback.
+    assert cli.main(["submit", str(data), "--config", str(config),
+                     "--address", "http://127.0.0.1:9"]) == 1
+    assert "cannot be reached" in capsys.readouterr().err
+    # Nothing was stored for a batch that could not start.
+    assert not (tmp_path / "store").exists()

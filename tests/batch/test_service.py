@@ -139,3 +139,17 @@ def test_batches_are_listed_newest_first(batches: Batches) -> None:
     assert [b.id for b in batches.store.batches()] == [second.id, first.id]
     objs = batches.describe_all(batches.store.batches())
     assert [o.id for o in objs] == [second.id, first.id]
+
+
+def test_a_run_that_cannot_be_submitted_is_not_recorded(batches: Batches) -> None:
+    record = create(batches)
+    jobs: FakeJobs = batches.jobs  # type: ignore[assignment]
+    jobs.status[record.jobs[-1]] = "STOPPED"
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("the job server refused it")
+
+    jobs.submit = refuse  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        batches.resume(record)
+    assert batches.store.batch(record.id).jobs == [f"{record.id}-1"]
