@@ -219,23 +219,25 @@ def test_batch_job_stops_resumes_and_matches_online_answers(cluster: Cluster) ->
     lines, bodies = batch_lines()
     source = cluster.tmp / "batch.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    streams: list[Any] = []
-    chats = [threading.Thread(target=stream_chat, args=(cluster.base, streams, i))
-             for i in range(2)]
-    for t in chats:
-        t.start()
     status, out = cluster.cli("submit", str(source))
     assert status == 0, out
     batch_id = out.split()[1].rstrip(":")
     batch_dir = cluster.storage / "batches" / batch_id
     output, errors = batch_dir / "output.jsonl", batch_dir / "errors.jsonl"
 
-    # Stop the job once some answers are in, others not.
+    # Once the job runs, two chat streams beside it; then stop the job with
+    # some answers in and others not.
     jobs = cluster.jobs()
+    streams: list[Any] = []
+    chats = [threading.Thread(target=stream_chat, args=(cluster.base, streams, i))
+             for i in range(2)]
     deadline = time.monotonic() + 120
-    while len(records(output)) < 3:
-        assert time.monotonic() < deadline, jobs.get_job_logs(f"{batch_id}-1")[-3000:]
-        time.sleep(0.05)
+    for answers, then in ((1, chats), (3, [])):
+        while len(records(output)) < answers:
+            assert time.monotonic() < deadline, jobs.get_job_logs(f"{batch_id}-1")[-3000:]
+            time.sleep(0.05)
+        for t in then:
+            t.start()
     jobs.stop_job(f"{batch_id}-1")
     while jobs.get_job_status(f"{batch_id}-1").value != "STOPPED":
         time.sleep(0.2)
