@@ -45,6 +45,28 @@ CONFIG = {**SMALL_CONFIG, "policy": "conserve", "max_batch_size": 4,
           "admission": {"enabled": False}}
 
 
+DEPLOY = """
+import time
+
+import ray
+from ray import serve
+
+from app.builder import build_app
+
+deadline = time.monotonic() + 120
+while True:
+    try:
+        ray.init(address="{gcs}", log_to_driver=False)
+        break
+    except ConnectionError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(1)
+serve.start(http_options={{"host": "127.0.0.1", "port": {port}}})
+serve.run(build_app({args}), name={app}, route_prefix="/")
+"""
+
+
 class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -72,27 +94,23 @@ class Cluster:
         self.process = subprocess.Popen(args, env={**self.env, "RAY_ADDRESS": ""},
                                         stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-        self._until(lambda: httpx.get(f"{self.dashboard}/api/version", timeout=2)
-                    .status_code == 200, 90, "the dashboard did not come up")
-        args = {**CONFIG, "batch": {"storage_dir": str(self.storage), "max_concurrency": 2}}
+        app_args = {**CONFIG, "batch": {"storage_dir": str(self.storage),
+                                        "max_concurrency": 2}}
         self.config = self.tmp / "serve.yaml"
         self.config.write_text(yaml.safe_dump({"applications": [{
-            "name": APP, "import_path": "app.builder:build_app", "args": args}]}))
-        # A driver that deploys the application and exits; Serve keeps it.
-        deploy = (
-            "import ray; from ray import serve; from app.builder import build_app; "
-            f"ray.init(address='127.0.0.1:{ports['port']}', log_to_driver=False); "
-            f"serve.start(http_options={{'host': '127.0.0.1', "
-            f"'port': {self.base.rsplit(':', 1)[1]}}}); "
-            f"serve.run(build_app({args!r}), name={APP!r}, route_prefix='/')")
-        for attempt in range(2):  # a loaded machine may time a first GCS call out
-            out = subprocess.run([sys.executable, "-c", deploy], env=self.env, cwd=self.tmp,
-                                 capture_output=True, text=True, timeout=300)
-            if out.returncode == 0:
-                break
-        assert out.returncode == 0, out.stderr[-3000:]
-        self._until(lambda: httpx.get(f"{self.base}/health", timeout=2).status_code == 200,
-                    60, "the application did not come up")
+            "name": APP, "import_path": "app.builder:build_app", "args": app_args}]}))
+        # A driver that deploys the application and exits (Serve keeps it).
+        # Started at once, its imports overlap the cluster's start; it
+        # connects once the cluster takes it.
+        (self.tmp / "deploy.py").write_text(DEPLOY.format(
+            gcs=f"127.0.0.1:{ports['port']}", port=self.base.rsplit(":", 1)[1],
+            args=repr(app_args), app=repr(APP)))
+        deploy = subprocess.run([sys.executable, "deploy.py"], env=self.env, cwd=self.tmp,
+                                capture_output=True, text=True, timeout=300)
+        assert deploy.returncode == 0, deploy.stderr[-3000:]
+        for url in (f"{self.base}/health", f"{self.dashboard}/api/version"):
+            self._until(lambda: httpx.get(url, timeout=2).status_code == 200, 90,
+                        f"{url} does not answer")
 
     @staticmethod
     def _until(ok: Any, timeout: float, message: str) -> None:
@@ -255,7 +273,9 @@ def test_batch_job_stops_resumes_and_matches_online_answers(cluster: Cluster) ->
     assert f"output: {output}" in out and f"errors: {errors}" in out
     # The resumed run skipped every line the first one had written.
     skipped = len(done_before) + len(errors_before)
-    assert f"14 lines, {skipped} done before" in jobs.get_job_logs(f"{batch_id}-2")
+    logs = jobs.get_job_logs(f"{batch_id}-2")
+    assert f"14 lines, {skipped} done before" in logs
+    assert f"{batch_id}: 100%" in logs  # the progress bar, finished
     outputs, failures = records(output), records(errors)
     assert Counter(o["custom_id"] for o in outputs) == Counter(list(bodies)), \
         "missing or duplicated"
