@@ -7,6 +7,7 @@ field named (pydantic's error lists the path, e.g. `engine.block_size`).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -66,6 +67,35 @@ class AdmissionSettings(BaseModel):
     max_queued_tokens: int | None = Field(None, ge=1)
 
 
+class BatchSettings(BaseModel):
+    """Batch jobs: `preempt-serve batch`, `/v1/files` and `/v1/batches`
+    (batch/), run as Ray Jobs against this application."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Uploaded files, batch records and their output and error files.  The
+    # ingress, the batch jobs (which Ray runs on the head node) and the
+    # `preempt-serve batch` command all read and write here, so on a
+    # multi-node cluster it must be a filesystem every node mounts at this
+    # path.  None: `batches/` under the cache directory (PREEMPT_SERVE_CACHE,
+    # else ~/.cache/preempt-serve).
+    storage_dir: str | None = None
+    # Requests of one batch in flight at once (a batch's own setting wins).
+    max_concurrency: int = Field(8, ge=1, le=1024)
+    # Largest file `POST /v1/files` takes (OpenAI's limit: 200 MB).
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)
+    # Ray Jobs API (dashboard URL or cluster address) the ingress submits
+    # batch jobs to; None: the dashboard of the cluster it runs in.
+    jobs_address: str | None = None
+
+    def storage_path(self) -> Path:
+        from engine.model_source import cache_root
+
+        if self.storage_dir:
+            return Path(self.storage_dir).expanduser()
+        return cache_root() / "batches"
+
+
 class AppConfig(SchedulingSettings):
     """The application's fields, and the scheduler's (`policy`,
     `block_size`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
@@ -91,6 +121,7 @@ class AppConfig(SchedulingSettings):
     # Under `policy: conserve`, where offline requests wait for a replica
     # with room (the Scheduler deployment's pool, scheduler/offline_pool.py).
     offline_pool: OfflinePoolConfig = OfflinePoolConfig()
+    batch: BatchSettings = BatchSettings()
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     # Engine replicas (one model instance each) and the CPUs each one takes.

@@ -17,6 +17,8 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from api.openapi_batch import MODELS as BATCH_MODELS
+from api.openapi_batch import batch_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 _REF = "#/components/schemas/{model}"
@@ -109,6 +111,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         (CompletionRequest, "validation"),
         (ChatCompletionRequest, "validation"),
         (ErrorResponse, "serialization"),
+        *BATCH_MODELS,
     ]
     refs, top = models_json_schema(models, ref_template=_REF)
     completion_ref = refs[(CompletionRequest, "validation")]
@@ -131,11 +134,13 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
             "responses": {"200": {"description": "serving"},
                           "500": _errors(_GET_ERRORS, error_ref)["500"]},
         }},
+        **batch_paths(refs, error_ref),
     }
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": _version(),
-                 "description": "OpenAI-compatible completions served by preempt-serve."},
+                 "description": "OpenAI-compatible completions and batches served "
+                                "by preempt-serve."},
         "paths": paths,
         "components": {"schemas": top.get("$defs", {})},
     }

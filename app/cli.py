@@ -4,6 +4,7 @@
                                      (default serve_config.yaml) until Ctrl-C / SIGTERM
     preempt-serve bench ...          the benchmark harness (`python -m bench ...`)
     preempt-serve predictor ...      the response-length predictor (`python -m predictor ...`)
+    preempt-serve batch ...          batch files as Ray Jobs on a running cluster (batch/cli.py)
 
 `serve` starts the applications as `serve run CONFIG` does (a local Ray
 instance unless `--address` or RAY_ADDRESS names a cluster) and differs in
@@ -57,11 +58,19 @@ def _predictor(argv: list[str]) -> int:
     return 0
 
 
+def _batch(argv: list[str]) -> int:
+    from batch.cli import main
+
+    return main(argv)
+
+
 DELEGATES: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "bench": (_bench, "workloads, load client, simulator, profiler, reports "
                       "(`python -m bench`; `preempt-serve bench --help`)"),
     "predictor": (_predictor, "response-length predictor: dataset, training, evaluation "
                               "(`python -m predictor`; `preempt-serve predictor --help`)"),
+    "batch": (_batch, "OpenAI Batch files run as Ray Jobs: submit, status, resume, cancel "
+                      "(`preempt-serve batch --help`)"),
 }
 
 

@@ -4,6 +4,10 @@ Parses and validates requests, renders the chat template, tokenizes, asks
 the Scheduler deployment where the job goes, and streams the engine's output
 back as OpenAI responses (SSE when `stream` is true).  A client that goes
 away cancels the engine stream, which aborts the job and frees its blocks.
+
+Batch jobs (batch/job.py) send their lines through a handle to
+`batch_request`, which takes the HTTP routes' path without HTTP; the
+`/v1/files` and `/v1/batches` routes are batch/routes.py's.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from api.auth import BearerKeyAuth
+from api.batch import BATCH_ENDPOINTS, BatchResponse
 from api.config import AppConfig
 from api.errors import APIError, validation_error
 from api.http import (
     JSONServerErrors,
     api_error_handler,
+    check_json_tree,
     http_exception_handler,
     read_json_object,
 )
@@ -55,6 +61,10 @@ log = logging.getLogger("ray.serve")
 class Ingress:
     def __init__(self, config: dict[str, Any], scheduler: Any, engine: Any,
                  predictor: Any = None) -> None:
+        from batch.jobs import RayJobs
+        from batch.routes import BatchRoutes
+        from batch.service import Batches
+        from batch.store import BatchStore
         from engine.model_source import resolve_model
         from engine.tokenizer import load_tokenizer
 
@@ -69,6 +79,10 @@ class Ingress:
         self._background: set[asyncio.Task[Any]] = set()
         # Built from the request models now, so it always matches them.
         self.openapi = build_openapi(auth=self.cfg.api_key is not None)
+        self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
+                               RayJobs(self.cfg.batch.jobs_address))
+        self.batch_routes = BatchRoutes(self.batches, self.cfg.batch, _app_name,
+                                        self.cfg.model_name, self.cfg.max_request_bytes)
         if self.cfg.api_key is not None:
             log.info("every route but /health requires the API key")
 
@@ -80,6 +94,7 @@ class Ingress:
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/openapi.json", openapi_endpoint(self.openapi), methods=["GET"]),
+                *self.batch_routes.routes(),
             ],
             middleware=[
                 # Outermost: whatever escapes below still answers JSON.
@@ -112,6 +127,41 @@ class Ingress:
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
+        return await self._respond(req, await self._start_completion(req))
+
+    async def chat_completions(self, request: Request) -> Response:
+        req = await self._parse(request, ChatCompletionRequest)
+        return await self._respond(req, await self._start_chat(req))
+
+    async def batch_request(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One line of a batch job, through a Serve handle: `body` checked
+        as the route checks a body, run as offline work, not streamed.  A
+        `BatchResponse` dump, the OpenAI response or error body; never an
+        exception, whatever the line holds."""
+        try:
+            if url not in BATCH_ENDPOINTS:
+                raise APIError(404, f"no route {str(url)[:200]!r} for a batch", "url")
+            if not isinstance(body, dict):
+                raise APIError(400, "the request body must be a JSON object", "body")
+            check_json_tree(body)
+            chat = url == "/v1/chat/completions"
+            req = self._validate(body, ChatCompletionRequest if chat else CompletionRequest)
+            if req.stream:
+                raise APIError(400, "a batch request cannot be streamed", "stream")
+            # Whatever the line says: batch work is what `offline` is for.
+            req = req.model_copy(update={"job_class": "offline"})
+            started = await (self._start_chat(req) if chat else self._start_completion(req))
+            out = await self._collect(*started)
+            return BatchResponse(status_code=200, request_id=out["id"], body=out).model_dump()
+        except APIError as e:
+            return BatchResponse(status_code=e.status, body=e.body()).model_dump()
+        except Exception:
+            log.exception("batch request to %s failed", str(url)[:200])
+            return BatchResponse(status_code=500,
+                                 body=APIError(500, "internal server error").body()).model_dump()
+
+    async def _start_completion(self, req: CompletionRequest
+                                ) -> tuple[ResponseBuilder, Any]:
         prompts: list[PromptInput] = []
         for p in req.prompts():
             if isinstance(p, str):
@@ -126,13 +176,12 @@ class Ingress:
         if req.echo or self.predictor is not None:
             for pi in prompts:
                 pi.text = pi.text or self.tokenizer.decode(pi.token_ids)
-        return await self._serve(req, prompts, chat=False, predict_texts=[
+        return await self._start(req, prompts, chat=False, predict_texts=[
             pi.text for pi in prompts])
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def _start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
         from engine.tokenizer import render_chat
 
-        req = await self._parse(request, ChatCompletionRequest)
         messages = [m.template_dict() for m in req.messages]
         try:
             text = render_chat(self.tokenizer, messages)
@@ -140,7 +189,7 @@ class Ingress:
             raise APIError(400, f"messages do not fit the chat template: {e}", "messages")
         ids = self._encode(text, "messages", chat=True)
         users = [m["content"] for m in messages if m["role"] == "user"]
-        return await self._serve(req, [PromptInput(ids, text)], chat=True,
+        return await self._start(req, [PromptInput(ids, text)], chat=True,
                                  predict_texts=[users[-1] if users else text])
 
     def _encode(self, text: str, param: str, chat: bool = False) -> list[int]:
@@ -159,7 +208,10 @@ class Ingress:
 
     async def _parse(self, request: Request, model: type) -> Any:
         # Bounded, strict JSON (api/http.py): a 4xx for every malformed body.
-        data = await read_json_object(request, self.cfg.max_request_bytes)
+        return self._validate(await read_json_object(request, self.cfg.max_request_bytes),
+                              model)
+
+    def _validate(self, data: dict[str, Any], model: type) -> Any:
         try:
             req = model.model_validate(data)
         except ValidationError as e:
@@ -212,8 +264,9 @@ class Ingress:
             job_class=req.job_class, arrival_time=time.time(),
             user=req.user or req.safety_identifier)
 
-    async def _serve(self, req: Any, prompts: list[PromptInput], chat: bool,
-                     predict_texts: list[str]) -> Response:
+    async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
+                     predict_texts: list[str]) -> tuple[ResponseBuilder, Any]:
+        """Admit the request and open its engine stream."""
         request_id = new_id("chatcmpl" if chat else "cmpl")
         gens = [self._generate_request(req, p, request_id if len(prompts) == 1
                                        else f"{request_id}-{i}", chat)
@@ -227,11 +280,15 @@ class Ingress:
         builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
                                   req.n, self.token_text, logprobs=bool(logprobs),
                                   echo=bool(getattr(req, "echo", False)))
+        return builder, stream
+
+    async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:
+        builder, stream = started
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._sse(builder, stream, include_usage),
                                      media_type="text/event-stream")
-        return await self._collect(builder, stream)
+        return JSONResponse(await self._collect(builder, stream))
 
     async def _admit(self, request_id: str, gens: list[GenerateRequest]) -> str | None:
         """Admission control (scheduler/admission.py): the whole request,
@@ -293,7 +350,7 @@ class Ingress:
         stream.cancel()
         self._release(builder.request_id, outcome)
 
-    async def _collect(self, builder: ResponseBuilder, stream: Any) -> Response:
+    async def _collect(self, builder: ResponseBuilder, stream: Any) -> dict[str, Any]:
         outcome = "aborted"
         try:
             async for delta in _engine_deltas(stream):
@@ -308,7 +365,7 @@ class Ingress:
             raise _engine_failure(e)
         finally:
             self._finish(builder, stream, outcome)
-        return JSONResponse(builder.response())
+        return builder.response()
 
     async def _sse(self, builder: ResponseBuilder, stream: Any,
                    include_usage: bool) -> AsyncIterator[str]:
@@ -340,6 +397,12 @@ class Ingress:
             yield "data: [DONE]\n\n"
         finally:
             self._finish(builder, stream, outcome)
+
+
+def _app_name() -> str:
+    """The Serve application this ingress serves: the one its batches'
+    jobs send their requests to."""
+    return serve.get_replica_context().app_name
 
 
 class EngineRefused(Exception):

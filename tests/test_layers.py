@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # each may import.  Anything of ours not listed is an upward or sideways
 # import.
 OURS = {"scheduler", "engine", "kvstore", "api", "deployments", "app", "workloads",
-        "predictor", "bench", "studies", "tests"}
+        "predictor", "bench", "batch", "studies", "tests"}
 ALLOWED: dict[str, set[str]] = {
     "scheduler": set(),
     "engine": {"scheduler"},
@@ -30,10 +30,14 @@ ALLOWED: dict[str, set[str]] = {
     "workloads": {"engine"},
     "predictor": {"workloads", "engine"},
     "bench": {"workloads", "scheduler", "engine", "kvstore"},
-    "deployments": {"api", "scheduler", "engine", "kvstore", "predictor"},
+    # Batch files, their Ray Jobs and the /v1/files and /v1/batches routes:
+    # wire shapes and HTTP checks from api, nothing of the engines.
+    "batch": {"api"},
+    "deployments": {"api", "scheduler", "engine", "kvstore", "predictor", "batch"},
     # The composition root: builds the application, and its command line
     # dispatches to bench's and predictor's.
-    "app": {"api", "deployments", "scheduler", "engine", "kvstore", "predictor", "bench"},
+    "app": {"api", "deployments", "scheduler", "engine", "kvstore", "predictor", "bench",
+            "batch"},
 }
 # Third-party packages a layer must not need: the scheduler core runs in the
 # simulator and in millisecond tests; the engine runs where Ray is absent.

@@ -8,6 +8,9 @@ answer in the shapes the real deployments do:
   job_class, n, priority=...)` awaits to an `Admission` dict (admitted, or refused with
   `retry_after_s` for a 429 when `reject` is set); `release.remote(
   request_id, outcome)` awaits to None.
+- batch jobs (`ingress.batches.jobs`, batch/jobs.py's `Jobs`): `FakeJobs`,
+  which records submissions and answers with the state a test sets; files
+  and batch records go to a temporary storage directory.
 - engine: `.options(stream=True).generate.remote(requests, replica=...)`
   (one `GenerateRequest` dump per prompt of the client's request) returns
   an async iterator with `cancel()` that yields lists of `GenerateDelta`
@@ -22,6 +25,7 @@ templates and token ids go through the code a server runs.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ from starlette.testclient import TestClient
 
 from api.config import API_KEY_ENV
 from api.protocol import GenerateDelta, GenerateRequest, JobMetrics, WireLogprob
+from tests.batch.fakes import FakeJobs
 
 # What every fake choice "generates", cycled to the token count it needs.
 _OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog."
@@ -194,6 +199,7 @@ class Harness:
     scheduler: FakeScheduler
     engine: FakeEngine
     model_name: str
+    jobs: FakeJobs
 
 
 @contextmanager
@@ -203,17 +209,22 @@ def harness(api_key: str | None = None, max_request_bytes: int = 64 * 1024,
     the environment holds."""
     from api.config import AppConfig
 
-    cfg = {"model": "embedded:smollm2", "max_request_bytes": max_request_bytes,
-           "api_key": api_key, **config}
-    with _no_env_key():
-        AppConfig(**cfg)  # a bad harness config fails here, not in the ingress
-        scheduler = FakeScheduler()
-        engine = FakeEngine()
-        ingress = undecorated_ingress()(cfg, scheduler, engine)
-    # The engine detokenizes with the model's tokenizer, as the real one does.
-    engine.state.tokenizer = ingress.tokenizer
-    app = ingress.__serve_build_asgi_app__()
-    # Exceptions after a response started re-raise in the test: a stream that
-    # breaks mid-way fails loudly instead of looking merely short.
-    with TestClient(app, raise_server_exceptions=True) as client:
-        yield Harness(ingress, app, client, scheduler, engine, ingress.cfg.model_name)
+    with tempfile.TemporaryDirectory(prefix="batches-") as storage:
+        cfg = {"model": "embedded:smollm2", "max_request_bytes": max_request_bytes,
+               "api_key": api_key, "batch": {"storage_dir": storage}, **config}
+        with _no_env_key():
+            AppConfig(**cfg)  # a bad harness config fails here, not in the ingress
+            scheduler = FakeScheduler()
+            engine = FakeEngine()
+            ingress = undecorated_ingress()(cfg, scheduler, engine)
+        # The engine detokenizes with the model's tokenizer, as the real one does.
+        engine.state.tokenizer = ingress.tokenizer
+        jobs = FakeJobs()
+        ingress.batches.jobs = jobs
+        ingress.batch_routes.app = lambda: "test-app"
+        app = ingress.__serve_build_asgi_app__()
+        # Exceptions after a response started re-raise in the test: a stream
+        # that breaks mid-way fails loudly instead of looking merely short.
+        with TestClient(app, raise_server_exceptions=True) as client:
+            yield Harness(ingress, app, client, scheduler, engine, ingress.cfg.model_name,
+                          jobs)

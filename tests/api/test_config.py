@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -49,3 +51,14 @@ def test_a_cache_too_small_names_kv_cache_tokens() -> None:
         AppConfig(kv_cache_tokens=2000)
     with pytest.raises(ValidationError, match=r"kv_cache_tokens \(num_blocks = 0\)"):
         AppConfig(kv_cache_tokens=16, block_size=32, max_model_len=16)
+
+
+def test_batch_files_live_under_the_cache_unless_placed(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    monkeypatch.setenv("PREEMPT_SERVE_CACHE", str(tmp_path))
+    assert AppConfig().batch.storage_path() == tmp_path / "batches"
+    placed = AppConfig(batch={"storage_dir": "~/shared/batches"}).batch
+    assert placed.storage_path() == Path("~/shared/batches").expanduser()
+    for field, bad in (("max_concurrency", 0), ("max_file_bytes", 10), ("storage", "x")):
+        with pytest.raises(ValidationError, match=field):
+            AppConfig(batch={field: bad})

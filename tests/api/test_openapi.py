@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,38 +10,53 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
+from api.batch import BatchCreateRequest
 from api.openapi import build_openapi
 from api.protocol import ChatCompletionRequest, CompletionRequest
 from tests.api.conftest import API_KEY
 from tests.api.harness import Harness
 from tests.api.shapes import assert_error
 
-PATHS = {"/v1/models": "get", "/v1/completions": "post", "/v1/chat/completions": "post",
-         "/health": "get"}
+PATHS = {"/v1/models": {"get"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
+         "/health": {"get"}, "/v1/files": {"post"}, "/v1/files/{file_id}": {"get"},
+         "/v1/files/{file_id}/content": {"get"}, "/v1/batches": {"get", "post"},
+         "/v1/batches/{batch_id}": {"get"}, "/v1/batches/{batch_id}/cancel": {"post"}}
 
 
 def test_document_covers_the_api(served: Harness) -> None:
     doc = served.client.get("/openapi.json").json()
     assert doc["openapi"] == "3.1.0"
-    assert {p: set(ops) for p, ops in doc["paths"].items()} == {
-        p: {m} for p, m in PATHS.items()}
+    assert {p: set(ops) for p, ops in doc["paths"].items()} == PATHS
+    # Every route the app serves is described (but the document itself).
+    served_routes = {(r.path, m.lower()) for r in served.app.routes
+                     for m in getattr(r, "methods", None) or () if m != "HEAD"}
+    assert served_routes - {("/openapi.json", "get")} == {
+        (p, m) for p, ms in PATHS.items() for m in ms}
     schemas = doc["components"]["schemas"]
     for name, model in (("CompletionRequest", CompletionRequest),
-                        ("ChatCompletionRequest", ChatCompletionRequest)):
+                        ("ChatCompletionRequest", ChatCompletionRequest),
+                        ("BatchCreateRequest", BatchCreateRequest)):
         # Generated from the models: every field of theirs is documented.
         assert set(schemas[name]["properties"]) == set(model.model_fields), name
     assert set(schemas["ErrorBody"]["required"]) == {"message", "type", "code"}
-    for path, method in PATHS.items():
-        responses = doc["paths"][path][method]["responses"]
-        for status, response in responses.items():
-            if status.startswith(("4", "5")):
-                schema = response["content"]["application/json"]["schema"]
-                assert schema == {"$ref": "#/components/schemas/ErrorResponse"}
+    for path, methods in PATHS.items():
+        for method in methods:
+            responses = doc["paths"][path][method]["responses"]
+            for status, response in responses.items():
+                if status.startswith(("4", "5")):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorResponse"}
     post = doc["paths"]["/v1/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/CompletionRequest"}
     assert {"400", "404", "413", "415", "429"} <= set(post["responses"])
     assert "securitySchemes" not in doc["components"]
+    create = doc["paths"]["/v1/batches"]["post"]
+    assert create["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/BatchCreateRequest"}
+    assert {"400", "404", "503"} <= set(create["responses"])
+    upload = doc["paths"]["/v1/files"]["post"]["requestBody"]["content"]
+    assert upload["multipart/form-data"]["schema"]["required"] == ["file", "purpose"]
 
 
 def test_document_with_a_key_declares_bearer_auth(keyed: Harness) -> None:
@@ -76,7 +92,17 @@ def test_schemathesis(case: Any, served: Harness) -> None:
         kwargs.pop("cookies", None)
     if isinstance(kwargs.get("data"), (bytes, str)):
         kwargs["content"] = kwargs.pop("data")
+    if kwargs.get("files"):
+        # httpx renders text and bytes parts only: other generated values as
+        # a client would send them, in JSON.
+        kwargs["files"] = [(name, (part[0], _text(part[1]), *part[2:]))
+                           for name, part in kwargs["files"]]
     response = served.client.request(**kwargs)
+    response.request.read()  # a multipart body is streamed; the checks read it
     assert response.status_code < 500, response.text[:500]
     case.validate_response(response, transport_kwargs=kwargs,
                            excluded_checks=[positive_data_acceptance])
+
+
+def _text(value: Any) -> str | bytes:
+    return value if isinstance(value, (str, bytes)) else json.dumps(value)

@@ -31,7 +31,15 @@ def test_help_lists_the_subcommands():
     out = run(script(), "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: preempt-serve")
-    for command in ("serve", "bench", "predictor"):
+    for command in ("serve", "bench", "predictor", "batch"):
+        assert f"    {command}" in out.stdout
+
+
+def test_batch_help_is_the_batch_commands():
+    out = run(script(), "batch", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: preempt-serve batch")
+    for command in ("submit", "status", "resume", "cancel"):
         assert f"    {command}" in out.stdout
 
 

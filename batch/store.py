@@ -1,0 +1,197 @@
+"""Where batch files and records live: one directory (`batch.storage_dir`).
+
+    files/<file id>.json            the file's record (FileRecord)
+    files/<file id>.jsonl           an uploaded file's content
+    batches/<batch id>/batch.json   the batch's record (BatchRecord)
+    batches/<batch id>/output.jsonl and errors.jsonl
+                                    its results (batch/journal.py); their
+                                    file records point here
+
+Ids are checked against their pattern before they touch a path, so no id a
+client sends reaches outside the directory.  Records are replaced whole
+(written aside, then renamed), so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.batch import FileObject
+from batch.journal import complete_bytes
+from batch.lines import count_lines
+
+_FILE_ID = re.compile(r"file-[0-9a-f]{32}")
+_BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
+
+
+class TooLarge(ValueError):
+    """An upload over the size limit."""
+
+
+class FileRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    created_at: int
+    filename: str
+    purpose: Literal["batch", "batch_output"]
+    # The content, relative to the storage directory.
+    path: str
+    # An upload's size; results files are measured when asked.
+    bytes: int | None = None
+
+
+class BatchRecord(BaseModel):
+    """What a batch was created with, and the Ray Jobs that ran it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    created_at: int
+    endpoint: str
+    input_file_id: str
+    output_file_id: str
+    error_file_id: str
+    completion_window: str = "24h"
+    # The Serve application its requests go to, and its served model.
+    app: str
+    model: str | None = None
+    max_concurrency: int = Field(..., ge=1)
+    metadata: dict[str, str] | None = None
+    # Non-blank lines of the input file.
+    total: int
+    # Ray Job submission ids, oldest first; the last one is the batch's.
+    jobs: list[str] = Field(default_factory=list)
+    cancel_requested_at: int | None = None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class BatchStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    # Files ----------------------------------------------------------------
+
+    def _files(self) -> Path:
+        d = self.root / "files"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def add_file(self, source: BinaryIO, filename: str, max_bytes: int) -> FileRecord:
+        """Store an upload (purpose `batch`), copied in chunks; `TooLarge`
+        past `max_bytes`, leaving nothing behind."""
+        file_id = f"file-{uuid.uuid4().hex}"
+        content = self._files() / f"{file_id}.jsonl"
+        size = 0
+        try:
+            with open(content, "xb") as out:
+                while chunk := source.read(1 << 20):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise TooLarge(f"the file exceeds the limit of {max_bytes} bytes")
+                    out.write(chunk)
+        except BaseException:
+            content.unlink(missing_ok=True)
+            raise
+        record = FileRecord(id=file_id, created_at=int(time.time()), filename=filename,
+                            purpose="batch", path=str(content.relative_to(self.root)),
+                            bytes=size)
+        self._save_file(record)
+        return record
+
+    def _save_file(self, record: FileRecord) -> None:
+        _write_atomically(self._files() / f"{record.id}.json", record.model_dump_json())
+
+    def file(self, file_id: str) -> FileRecord | None:
+        if not _FILE_ID.fullmatch(file_id):
+            return None
+        try:
+            return FileRecord.model_validate_json(
+                (self.root / "files" / f"{file_id}.json").read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def content_path(self, record: FileRecord) -> Path:
+        return self.root / record.path
+
+    def content_size(self, record: FileRecord) -> int:
+        """Bytes of the content a reader gets: an upload's size, a results
+        file's complete lines."""
+        if record.bytes is not None:
+            return record.bytes
+        return len(complete_bytes(self.content_path(record)))
+
+    def file_object(self, record: FileRecord) -> FileObject:
+        return FileObject(id=record.id, bytes=self.content_size(record),
+                          created_at=record.created_at, filename=record.filename,
+                          purpose=record.purpose)
+
+    # Batches --------------------------------------------------------------
+
+    def batch_dir(self, batch_id: str) -> Path:
+        return self.root / "batches" / batch_id
+
+    def output_path(self, record: BatchRecord) -> Path:
+        return self.batch_dir(record.id) / "output.jsonl"
+
+    def errors_path(self, record: BatchRecord) -> Path:
+        return self.batch_dir(record.id) / "errors.jsonl"
+
+    def create_batch(self, input_file: FileRecord, endpoint: str, app: str,
+                     max_concurrency: int, metadata: dict[str, str] | None = None,
+                     model: str | None = None) -> BatchRecord:
+        batch_id = f"batch_{uuid.uuid4().hex}"
+        d = self.batch_dir(batch_id)
+        d.mkdir(parents=True)
+        now = int(time.time())
+        outputs = {}
+        for name, kind in (("output.jsonl", "output"), ("errors.jsonl", "errors")):
+            rec = FileRecord(id=f"file-{uuid.uuid4().hex}", created_at=now,
+                             filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output",
+                             path=str((d / name).relative_to(self.root)))
+            self._save_file(rec)
+            outputs[kind] = rec.id
+        record = BatchRecord(
+            id=batch_id, created_at=now, endpoint=endpoint, input_file_id=input_file.id,
+            output_file_id=outputs["output"], error_file_id=outputs["errors"], app=app,
+            model=model, max_concurrency=max_concurrency, metadata=metadata,
+            total=count_lines(self.content_path(input_file).read_bytes()))
+        self.save_batch(record)
+        return record
+
+    def save_batch(self, record: BatchRecord) -> None:
+        _write_atomically(self.batch_dir(record.id) / "batch.json", record.model_dump_json())
+
+    def batch(self, batch_id: str) -> BatchRecord | None:
+        if not _BATCH_ID.fullmatch(batch_id):
+            return None
+        try:
+            return BatchRecord.model_validate_json(
+                (self.batch_dir(batch_id) / "batch.json").read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def batches(self) -> list[BatchRecord]:
+        """Every batch, newest first."""
+        root = self.root / "batches"
+        found = [self.batch(d.name) for d in root.iterdir()] if root.is_dir() else []
+        return sorted((b for b in found if b is not None),
+                      key=lambda b: (b.created_at, b.id), reverse=True)
+
+    def copy_input(self, path: Path, max_bytes: int) -> FileRecord:
+        """Store a local file as an upload (`preempt-serve batch submit`)."""
+        with open(path, "rb") as f:
+            return self.add_file(f, path.name, max_bytes)
+
