@@ -84,6 +84,7 @@ def _tokens_at(samples: list[dict[str, Any]], t: float) -> float:
 def summarize(folder: Path) -> None:
     from bench.metrics import summarize as summarize_records
     from bench.results import load_result
+    from studies.conserve_live.summary import add_ratios
 
     span = max(r.send_time for r in load_result(folder / f"{SPAN_FROM}.json").records)
     run = load_result(folder / "conserve-batch.json")
@@ -99,14 +100,7 @@ def summarize(folder: Path) -> None:
         "ttft_p99_after_burst": later.ttft.p99, "tpot_p50": s.tpot.median,
         "tpot_p99": s.tpot.p99, "offline_tokens_per_s": tokens / span, "offline_window_s": span,
     }
-    base, ref = prior["online-only"], prior["vllm++"]
-    row["ttft_p99_vs_online_only"] = row["ttft_p99"] / base["ttft_p99"]
-    row["ttft_p99_after_burst_vs_online_only"] = (row["ttft_p99_after_burst"]
-                                                  / base["ttft_p99_after_burst"])
-    row["tpot_p99_vs_online_only"] = row["tpot_p99"] / base["tpot_p99"]
-    row["offline_vs_vllmpp"] = row["offline_tokens_per_s"] / ref["offline_tokens_per_s"]
-    row["offline_vs_offline_only"] = (row["offline_tokens_per_s"]
-                                      / prior["offline-only"]["offline_tokens_per_s"])
+    add_ratios(row, prior)
     outputs = [json.loads(x) for x in (folder / "conserve-batch.output.jsonl").read_text()
                .splitlines() if x.strip()]
     row["batch_lines_answered"] = sum(1 for o in outputs

@@ -25,6 +25,19 @@ COSERVED = ["vllm++", "conserve", "conserve-tpot300"]
 AFTER_BURST_S = 10.0
 
 
+def add_ratios(row: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
+    """A co-served run's figures against online-only's latency and vllm++'s
+    and offline-only's throughput (`rows`: the runs by name)."""
+    base, ref = rows["online-only"], rows["vllm++"]
+    row["ttft_p99_vs_online_only"] = row["ttft_p99"] / base["ttft_p99"]
+    row["ttft_p99_after_burst_vs_online_only"] = (row["ttft_p99_after_burst"]
+                                                  / base["ttft_p99_after_burst"])
+    row["tpot_p99_vs_online_only"] = row["tpot_p99"] / base["tpot_p99"]
+    row["offline_vs_vllmpp"] = row["offline_tokens_per_s"] / ref["offline_tokens_per_s"]
+    row["offline_vs_offline_only"] = (row["offline_tokens_per_s"]
+                                      / rows["offline-only"]["offline_tokens_per_s"])
+
+
 def main(folder: Path) -> None:
     runs = {s: load_result(folder / f"{s}.json") for s in SYSTEMS if (folder / f"{s}.json").exists()}
     span = max(r.send_time for r in runs["online-only"].records)
@@ -42,16 +55,8 @@ def main(folder: Path) -> None:
             rate, window = tokens_per_s_while(run.records, "offline", span)
             row.update(offline_tokens_per_s=rate, offline_window_s=window)
         rows[name] = row
-    base, ref = rows["online-only"], rows["vllm++"]
     for name in [n for n in COSERVED if n in rows]:
-        r = rows[name]
-        r["ttft_p99_vs_online_only"] = r["ttft_p99"] / base["ttft_p99"]
-        r["ttft_p99_after_burst_vs_online_only"] = (r["ttft_p99_after_burst"]
-                                                    / base["ttft_p99_after_burst"])
-        r["tpot_p99_vs_online_only"] = r["tpot_p99"] / base["tpot_p99"]
-        r["offline_vs_vllmpp"] = r["offline_tokens_per_s"] / ref["offline_tokens_per_s"]
-        r["offline_vs_offline_only"] = (r["offline_tokens_per_s"]
-                                        / rows["offline-only"]["offline_tokens_per_s"])
+        add_ratios(rows[name], rows)
     (folder / "summary.json").write_text(json.dumps({"span_s": span, "systems": rows}, indent=1))
     lines = ["| system | online P50 / P99 TTFT (s) | P99 TTFT sent after 10 s | "
              "online P50 / P99 TPOT (s) | offline tokens/s |",
