@@ -261,7 +261,9 @@ class ConservePolicy(Policy):
         running = self._running[ONLINE]
         waiting = self._waiting[ONLINE]
         admitted = {j.job_id for j in running}
-        for job in list(self.mlfq.jobs()):
+        # Lazily: the walk stops once the iteration is full (nothing in it
+        # changes the MLFQ's queues).
+        for job in self.mlfq.jobs():
             if tokens <= 0 or len(plan.chunks) >= self.config.max_batch_size:
                 break
             if job.job_id in plan.preempted:  # evicted by this plan: it waits a turn
