@@ -2,8 +2,8 @@
 online requests that arrive behind it.  Offline requests are outside the
 admission bound; online ones overtake them; every answer is the one the
 FCFS application gives the same prompt (greedy, float32), though offline
-passes were cut between layers and offline requests were preempted back to
-their KV checkpoints; the replica counts tokens by class."""
+requests were preempted back to their KV checkpoints (and offline passes
+may have been cut between layers); the replica counts tokens by class."""
 
 from __future__ import annotations
 
@@ -57,10 +57,9 @@ def test_online_requests_overtake_an_offline_backlog(server, conserve_server, co
     assert stats["policy"]["name"] == "conserve"
     assert stats["tokens_by_class"] == {"offline": OFFLINE_TOKENS * len(OFFLINE),
                                         "online": 8 * len(ONLINE)}
-    # The online requests arrived while the backlog ran in offline batching
-    # mode: a pass under way was cut between layers for them (one may land
-    # between two passes, not all three).
-    assert stats["interrupted_passes"] >= 1
+    # Whether an arrival cuts a pass depends on where it lands (between two
+    # passes it does not), so the cut is asserted where it is deterministic:
+    # tests/engine/test_layer_preemption.py and the engine loop's tests.
     # Offline requests that outgrew the cache were preempted back to their
     # checkpoints in the object-store tier, and resumed from them.
     swap = stats["swap"]
