@@ -69,9 +69,12 @@ class _SamplingFields(UnsupportedFields):
     # Logprobs of every prompt token (vLLM's extension): 0..20 alternatives.
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     # Batch (offline) or interactive (online) work; carried to the engine's
-    # jobs.  No policy treats the classes differently yet (ConServe is
-    # planned).
+    # jobs (`policy: conserve` serves them differently).
     job_class: Literal["online", "offline"] = "online"
+    # Seconds from arrival within which the request should complete (its
+    # JCT SLO); `policy: econoserve` orders by the deadline it gives.
+    # None: the policy's default (`econoserve.jct_slo_scale`).
+    jct_slo_s: float | None = Field(None, gt=0.0, le=86400.0)
 
     @field_validator("stop")
     @classmethod
@@ -345,6 +348,7 @@ class GenerateRequest(BaseModel):
     # vLLM's meaning: lower runs first; 0 is the default.
     priority: int = 0
     job_class: Literal["online", "offline"] = "online"
+    jct_slo_s: float | None = None
     arrival_time: float
     # The client's end-user id (OpenAI `user`), for logs.
     user: str | None = None

@@ -6,6 +6,7 @@ import argparse
 
 from bench.metrics import SLOSpec, format_summary
 from bench.results import RunResult, SweepResult, save_result
+from bench.sweep import completed_share, is_stable
 
 
 def _emit(res: RunResult, a: argparse.Namespace, title: str) -> None:
@@ -15,9 +16,16 @@ def _emit(res: RunResult, a: argparse.Namespace, title: str) -> None:
         print(f"wrote {a.out}")
 
 
+def _share(p: RunResult) -> str:
+    share = completed_share(p)
+    if share is None:
+        return "-"
+    return f"{100 * share:.0f}%" + ("" if is_stable(p) else "*")
+
+
 def _sweep_table(sweep: SweepResult) -> str:
-    lines = [f"{'rate':>8} {'load':>6} {'done':>6} {'thr':>7} {'mean NL':>9} {'p95 NL':>9} "
-             f"{'p99 TTFT':>9} {'queue%':>7} {'attain%':>8}"]
+    lines = [f"{'rate':>8} {'load':>6} {'done':>6} {'thr':>7} {'done/off':>9} {'mean NL':>9} "
+             f"{'p95 NL':>9} {'p99 TTFT':>9} {'queue%':>7} {'attain%':>8}"]
     for p in sweep.points:
         s = p.summary
         nl = s.normalized_latency
@@ -25,12 +33,13 @@ def _sweep_table(sweep: SweepResult) -> str:
         lines.append(
             f"{p.meta.rate or 0:8.3f} {p.meta.load if p.meta.load is not None else float('nan'):6.2f} "
             f"{s.num_completed:6d} {s.request_throughput:7.3f} "
-            f"{(nl.mean or 0):9.4f} {(nl.p95 or 0):9.4f} {(s.ttft.p99 or 0):9.3f} "
+            f"{_share(p):>9} {(nl.mean or 0):9.4f} {(nl.p95 or 0):9.4f} {(s.ttft.p99 or 0):9.3f} "
             f"{(100 * b.queueing_share if b else float('nan')):7.1f} "
             f"{(100 * s.slo_attainment if s.slo_attainment is not None else float('nan')):8.1f}"
         )
+    lines.append("* unstable: completed under 95% of the offered rate (never a max rate)")
     if sweep.criterion:
-        lines.append(f"max rate meeting {sweep.criterion}: {sweep.max_rate}")
+        lines.append(f"max rate meeting {sweep.criterion} (stable runs only): {sweep.max_rate}")
     if sweep.capacity:
         lines.append(f"capacity (load 1.0): {sweep.capacity:.3f} req/s")
     return "\n".join(lines)

@@ -67,6 +67,9 @@ class SweepResult(BaseModel):
     max_rate: float | None = None
     # Saturated throughput (req/s) that loads were measured against.
     capacity: float | None = None
+    # Rates whose run completed under 95 % of the offered rate
+    # (bench/sweep.py, `is_stable`): never a maximum rate.
+    unstable_rates: list[float] = Field(default_factory=list)
     created: str = Field(default_factory=_now)
 
 

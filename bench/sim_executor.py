@@ -92,6 +92,10 @@ class SimulatedExecutor:
         self.cost = cost
         self.clock = clock
         self.overlap_swap = overlap_swap
+        # Output length at which a job samples its end-of-sequence token,
+        # for jobs whose `max_tokens` is only a cap (the scheduler does not
+        # know when they end, as a server does not).
+        self.stop_lengths: dict[str, int] = {}
         # When the next request arrives (None: no more): waiting for a
         # swap-in ends there too, so that the request is admitted on time.
         self.next_arrival = next_arrival
@@ -185,7 +189,11 @@ class SimulatedExecutor:
             self.exec_time[c.job_id] = self.exec_time.get(c.job_id, 0.0) + compute
             if exposed_swap:
                 self.swap_time[c.job_id] = self.swap_time.get(c.job_id, 0.0) + exposed_swap
-        outputs = [JobOutput(c.job_id, SAMPLED_TOKEN_ID) for c in plan.chunks if c.sample]
+        stops = self.stop_lengths
+        outputs = [JobOutput(c.job_id, SAMPLED_TOKEN_ID,
+                             "stop" if stops and c.output_index + 1 >= stops.get(c.job_id, 1 << 62)
+                             else None)
+                   for c in plan.chunks if c.sample]
         result = StepResult(plan.step, outputs, dt)
         done = self._landed()
         if done:

@@ -16,7 +16,9 @@ The loop, per iteration:
      landed swap-ins), core.complete(); one token (an arbitrary id) is
      sampled per chunk that samples, and the core finishes a job when it
      reaches its max_tokens, which is the request's output length
-     (ignore_eos).  A plan that computes nothing while jobs remain takes
+     (ignore_eos), unless the request sets a larger cap (`RequestSpec.
+     max_tokens`): the executor then samples end-of-sequence at the
+     output length.  A plan that computes nothing while jobs remain takes
      the driver's swap-wait rule: the clock jumps to the next swap-in
      landing (or arrival);
   3. when nothing is runnable, jump to the next arrival.
@@ -39,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from bench.costmodel import BatchShape, CostModel
 from bench.records import RequestRecord
@@ -129,6 +131,9 @@ class SimOptions(BaseModel):
     # Keep every plan that did something as a `scheduler.trace.StepTrace`
     # (SimOutput.trace), as the live engine loop does.
     trace: bool = False
+    # The predictor's padding (EconoServe §2.3) on replayed predictions:
+    # `Job.allocated_output_len` = ceil(prediction * (1 + ratio)).
+    padding_ratio: float = Field(0.15, ge=0.0)
 
 
 @dataclass
@@ -147,6 +152,8 @@ class SimStats:
     swap_in_lane_busy: float = 0.0
     sum_batch_size: int = 0
     sum_batch_tokens: int = 0
+    # Σ over iterations of the share of device KV blocks in use.
+    sum_kv_utilization: float = 0.0
     # Passes cut between layers for an online arrival (ConServe §4.3) and
     # the compute they threw away.
     cut_passes: int = 0
@@ -201,6 +208,7 @@ class SimStats:
             "swap_in_lane_busy": self.swap_in_lane_busy,
             "mean_batch_size": self.sum_batch_size / it,
             "mean_batch_tokens": self.sum_batch_tokens / it,
+            "mean_kv_utilization": self.sum_kv_utilization / it,
             "saturated_throughput": self.saturated_throughput,
             "cut_passes": self.cut_passes,
             "cut_time": self.cut_time,
@@ -280,11 +288,18 @@ def simulate(
             job = Job(
                 job_id=r.request_id,
                 prompt_token_ids=[0] * r.prompt_tokens,
-                max_tokens=r.output_tokens,
+                max_tokens=r.max_tokens or r.output_tokens,
                 arrival_time=r.arrival_time,
                 job_class=JobClass(r.job_class),
                 priority=r.priority,
             )
+            if r.max_tokens is not None and r.max_tokens > r.output_tokens:
+                device.stop_lengths[r.request_id] = r.output_tokens
+            if r.predicted_output_tokens is not None:
+                job.predicted_output_len = r.predicted_output_tokens
+                # The predictor's rule (predictor/metrics.py, `allocation`).
+                job.allocated_output_len = max(1, math.ceil(
+                    r.predicted_output_tokens * (1.0 + opts.padding_ratio) - 1e-9))
             try:
                 core.add(job)
             except ValueError as e:
@@ -346,6 +361,7 @@ def simulate(
         stats.num_preemptions += len(plan.preempted)
         stats.sum_batch_size += len(plan.chunks)
         stats.sum_batch_tokens += plan.num_tokens
+        stats.sum_kv_utilization += core.blocks.utilization
         now = clock.now
         for ev in it.events:
             token_times[ev.job_id].append(now)
@@ -360,6 +376,9 @@ def simulate(
     stats.tokens_discarded = core.swap.tokens_discarded
     stats.tokens_dropped = core.swap.tokens_dropped
     stats.recompute_fallbacks = core.swap.num_recompute_fallbacks
+    counters = getattr(core.policy, "counters", None)
+    if counters is not None:
+        stats.extra.update(counters())
     stats.swap_bytes = stats.swap_blocks * block_bytes
     stats.wall_time = time.perf_counter() - wall0
     records: list[RequestRecord] = []

@@ -14,6 +14,12 @@ A sweep runs one system at a list of rates (live or simulated, through the
 same `evaluate(rate) -> RunResult` callback) and reports the highest rate of
 the grid below which every rate meets the criterion; with a simulator the
 boundary can be refined by bisection (`bisect_max_rate`).
+
+A rate counts only where the run was *stable*: it completed at least 95 %
+of the offered rate (completed requests per second of the run over the
+rate).  A finite run at several times its capacity can keep a mean under
+the SLO while its queue grows without bound; such points are listed as
+unstable and never give the maximum rate.
 """
 
 from __future__ import annotations
@@ -29,6 +35,22 @@ from bench.results import RunResult, SweepResult
 _CRIT = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
 
 Evaluate = Callable[[float], RunResult]
+
+# Completed / offered below this share: the queue grew during the run.
+STABLE_SHARE = 0.95
+
+
+def completed_share(point: RunResult) -> float | None:
+    """Completed requests per second over the offered rate (None: no rate)."""
+    rate = point.meta.rate
+    if not rate:
+        return None
+    return point.summary.request_throughput / rate
+
+
+def is_stable(point: RunResult) -> bool:
+    share = completed_share(point)
+    return share is None or share >= STABLE_SHARE
 
 
 class Criterion(BaseModel):
@@ -79,10 +101,11 @@ class Criterion(BaseModel):
 
 
 def max_rate_on_grid(points: Sequence[RunResult], criterion: Criterion) -> float | None:
-    """Highest rate r of the grid such that every rate <= r meets `criterion`."""
+    """Highest rate r of the grid such that every rate <= r meets `criterion`
+    and was stable."""
     best: float | None = None
     for p in sorted(points, key=lambda p: p.meta.rate or 0.0):
-        if not criterion.holds(p.summary):
+        if not criterion.holds(p.summary) or not is_stable(p):
             break
         best = p.meta.rate
     return best
@@ -111,6 +134,7 @@ def run_sweep(
         criterion=str(criterion) if criterion else None,
         max_rate=max_rate_on_grid(points, criterion) if criterion else None,
         capacity=capacity,
+        unstable_rates=[p.meta.rate for p in points if p.meta.rate and not is_stable(p)],
     )
 
 
@@ -125,7 +149,7 @@ def bisect_max_rate(
 ) -> tuple[float | None, list[RunResult]]:
     """Refine the highest rate meeting `criterion` between `lo` and `hi`.
 
-    Assumes the criterion gets harder with rate.  Returns (rate, the runs
+    Assumes the criterion gets harder with rate; an unstable run fails it.  Returns (rate, the runs
     made); rate None when even `lo` fails.  `hi` is doubled (at most 4
     times) until it fails.
     """
@@ -134,7 +158,7 @@ def bisect_max_rate(
     def ok(rate: float) -> bool:
         r = evaluate(rate)
         runs.append(r.without_records())
-        return criterion.holds(r.summary)
+        return criterion.holds(r.summary) and is_stable(r)
 
     if not ok(lo):
         return None, runs

@@ -101,6 +101,14 @@ class RequestSpec(BaseModel):
     output_tokens: int
     # None in simulator-only workloads (text is not needed there).
     prompt: str | None = None
+    # A response-length prediction replayed by the simulator (the trained
+    # predictor's, studies/econoserve_sim); None: the job has none.
+    predicted_output_tokens: int | None = None
+    # The client's cap on the answer, when it is not the answer's length:
+    # the job then ends by an end-of-sequence token at `output_tokens`,
+    # which the scheduler does not know beforehand.  None: max_tokens =
+    # output_tokens (ignore_eos).
+    max_tokens: int | None = None
 
 
 class Workload(BaseModel):

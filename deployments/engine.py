@@ -211,10 +211,11 @@ class Engine:
                     self.loop.abort(req.request_id)
 
     async def set_prediction(self, request_id: str, predicted_len: int,
-                             replica: str | None = None) -> None:
-        """The predictor's response-length estimate for a running job
-        (`replica` is for the request router: the job's own replica)."""
-        self.loop.set_prediction(request_id, predicted_len)
+                             replica: str | None = None, allocation: int | None = None) -> None:
+        """The predictor's response-length estimate for a running job, and
+        the KV it asks for (the estimate padded, EconoServe §2.3); `replica`
+        is for the request router: the job's own replica."""
+        self.loop.set_prediction(request_id, predicted_len, allocation)
 
     async def stats(self) -> dict[str, Any]:
         return self._snapshot()
@@ -293,6 +294,8 @@ class Engine:
     def _policy_stats(self) -> dict[str, Any]:
         pol = self.core.policy
         out: dict[str, Any] = {"name": pol.name}
+        if hasattr(pol, "counters"):  # econoserve
+            out.update(pol.counters())
         if hasattr(pol, "queue_lengths"):
             out.update(queue_lengths=pol.queue_lengths(), demotions=pol.num_demotions,
                        promotions=pol.num_promotions, quanta=pol.quanta)

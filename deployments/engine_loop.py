@@ -229,8 +229,9 @@ class EngineLoop:
         self._inbox.put(("abort", request_id))
         self._wake.set()
 
-    def set_prediction(self, request_id: str, predicted_len: int) -> None:
-        self._inbox.put(("predict", (request_id, predicted_len)))
+    def set_prediction(self, request_id: str, predicted_len: int,
+                       allocation: int | None = None) -> None:
+        self._inbox.put(("predict", (request_id, predicted_len, allocation)))
         self._wake.set()
 
     # Loop ---------------------------------------------------------------
@@ -248,10 +249,13 @@ class EngineLoop:
                 # After the add: in between, a snapshot would see it nowhere.
                 self.inbox_offline.pop(payload.request_id, None)
             elif kind == "predict":
-                rid, n = payload  # type: ignore[misc]
-                job = self.core.jobs.get(rid)
-                if job is not None:  # it may have finished already
-                    job.predicted_output_len = n
+                rid, n, alloc = payload  # type: ignore[misc]
+                # Every choice of the request answers the same prompt.
+                for job_id in self._groups.get(rid, [rid]):
+                    job = self.core.jobs.get(job_id)
+                    if job is not None:  # it may have finished already
+                        job.predicted_output_len = n
+                        job.allocated_output_len = alloc
             else:
                 assert isinstance(payload, str)
                 for job_id in self._groups.pop(payload, [payload]):
@@ -278,6 +282,10 @@ class EngineLoop:
                     job_class=JobClass(req.job_class),
                     priority=req.priority,
                 )
+                if req.jct_slo_s is not None:
+                    # On the core's clock (`arrival_time` is the client's),
+                    # from when the replica got it.
+                    job.deadline = self.core.clock() + req.jct_slo_s
                 if i > 0 and share:
                     self.core.add(job, share_prompt_with=ids[0])
                 else:

@@ -31,6 +31,12 @@ _COUNTERS = {
                          "Computed tokens past a checkpoint given up by preemptions"),
     "demotions": ("engine_mlfq_demotions", "MLFQ demotions"),
     "promotions": ("engine_mlfq_promotions", "MLFQ starvation promotions"),
+    "econoserve_gts_admitted": ("engine_econoserve_gts_admitted",
+                                "Generation tasks admitted to the batch (EconoServe)"),
+    "econoserve_overruns": ("engine_econoserve_overruns",
+                            "Generation tasks that reached their KV allocation unfinished"),
+    "econoserve_paused": ("engine_econoserve_paused",
+                          "Offload-free preemptions of generation tasks past their allocation"),
 }
 
 
@@ -88,6 +94,8 @@ class EngineMetrics:
             "tokens_discarded": swap.get("tokens_discarded"),
             "demotions": policy.get("demotions"),
             "promotions": policy.get("promotions"),
+            **{k: policy.get(k) for k in ("econoserve_gts_admitted", "econoserve_overruns",
+                                          "econoserve_paused")},
         }
         for key, gauge in self.gauges.items():
             if key in figures:

@@ -261,7 +261,7 @@ class Ingress:
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
-            job_class=req.job_class, arrival_time=time.time(),
+            job_class=req.job_class, jct_slo_s=req.jct_slo_s, arrival_time=time.time(),
             user=req.user or req.safety_identifier)
 
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
@@ -322,7 +322,8 @@ class Ingress:
             pred = None if t.cancelled() else t.result()
             if pred is not None:
                 self._background_call(self.engine_calls.set_prediction.remote(
-                    request_id, pred["predicted_len"], replica=replica))
+                    request_id, pred["predicted_len"], replica=replica,
+                    allocation=pred.get("allocation")))
 
         task.add_done_callback(landed)
         self._background.add(task)

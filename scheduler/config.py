@@ -63,6 +63,63 @@ class ConserveConfig(BaseModel):
     checkpoint_max_blocks: int = Field(32, ge=1)
 
 
+class EconoserveConfig(BaseModel):
+    """Predictor-driven scheduling knobs (EconoServe §3; `policy: econoserve`).
+
+    A generation task (GT) is allocated its predicted response length plus
+    padding; the padding is the predictor's (`predictor.padding_ratio`), so
+    it travels with each job as `Job.allocated_output_len`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Share of device blocks that only prompt tasks (PTs) and GTs that ran
+    # past their allocation may use (§3.3.1; 3 % for ShareGPT, §2.3).
+    pt_reserve: float = Field(0.03, ge=0.0, lt=1.0)
+    # KV pipelining (§3.2): GTs may use the unused tail of longer GTs'
+    # allocations.  False: exact allocation, each GT's whole allocation
+    # counted from the start.
+    pipelining: bool = True
+    # The buffer b of §3.2, as a share of a GT's allocation: a GT is
+    # assumed to hold its blocks this much longer than its allocation when
+    # another GT is admitted into its space (15 % for ShareGPT, §4).
+    pipeline_buffer: float = Field(0.15, ge=0.0, le=4.0)
+    # Time-synced batching (§3.3.2): GTs are admitted in groups of equal
+    # remaining allocation, when the batch loses a member.  False: one GT
+    # at a time, every iteration.
+    time_synced: bool = True
+    # Ordering (§3.4): by deadline range, then occupied KV, then length.
+    # False: arrival order in both queues.
+    ordering: bool = True
+    # Upper bounds (s of slack before the deadline) of the deadline ranges.
+    deadline_ranges_s: tuple[float, ...] = (0.2, 0.5, 2.0)
+    # Width (tokens) of the occupied-KV ranges.
+    kv_range_tokens: int = Field(128, ge=1)
+    # A job's deadline when its request sets none (`jct_slo_s`): arrival +
+    # scale * (prefill time + predicted RL * a loaded iteration's time),
+    # from the cost estimate (§4, SLO scale 2).  None: no deadline.
+    jct_slo_scale: float | None = Field(2.0, gt=0)
+    # The allocation of a GT whose prediction has not arrived: None, the
+    # mean output length of the jobs this replica finished (256 before any).
+    default_output_len: int | None = Field(None, ge=1)
+    # A GT that reaches its allocation unfinished gets this share of its
+    # generated length more (at least a block): in place when the reserve
+    # has room, else after an offload-free preemption (§3.3.2).
+    overrun_growth: float = Field(0.5, gt=0.0, le=4.0)
+    # What the offload-free preemption of such a GT does with its KV:
+    # drop it (recomputed when the GT is admitted again) or keep it on the
+    # device while it waits.  Dropping measured better with the shipped
+    # predictor (studies/econoserve_sim): kept KV of paused GTs starves
+    # the prompts behind them.
+    pause_keeps_kv: bool = False
+
+    @field_validator("deadline_ranges_s")
+    @classmethod
+    def _ascending(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if list(v) != sorted(v) or any(x <= 0 for x in v):
+            raise ValueError("deadline_ranges_s must be positive and ascending")
+        return v
+
+
 class SchedulingSettings(BaseModel):
     """The scheduling fields a user sets as they are.  The KV sizes are not
     here: the scheduler counts them in blocks, a user in tokens."""
@@ -88,6 +145,7 @@ class SchedulingSettings(BaseModel):
     reserve_blocks: int | None = Field(None, ge=0)
     mlfq: MLFQConfig = MLFQConfig()
     conserve: ConserveConfig = ConserveConfig()
+    econoserve: EconoserveConfig = EconoserveConfig()
 
     @field_validator("policy")
     @classmethod

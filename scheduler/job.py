@@ -67,6 +67,9 @@ class Job:
     priority: int = 0
     deadline: float | None = None
     predicted_output_len: int | None = None
+    # The KV the predictor asks for: the prediction plus its padding
+    # (EconoServe §2.3); `policy: econoserve` allocates it to the job.
+    allocated_output_len: int | None = None
 
     state: JobState = JobState.WAITING
     # Order of arrival at its scheduler core (stamped by `SchedulerCore.add`):

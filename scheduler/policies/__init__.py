@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from scheduler.policies.conserve import ConservePolicy
+from scheduler.policies.econoserve import EconoservePolicy
 from scheduler.policies.fcfs import FCFSPolicy
 from scheduler.policies.mlfq import FixedPriorityPolicy, MLFQPolicy, NaiveMLFQPolicy
 from scheduler.policy import Policy
 
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (FCFSPolicy, MLFQPolicy, NaiveMLFQPolicy, FixedPriorityPolicy,
-                             ConservePolicy)
+                             ConservePolicy, EconoservePolicy)
 }
 
 

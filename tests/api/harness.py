@@ -123,7 +123,7 @@ class FakeEngine:
         return FakeEngine(self.state, stream)
 
     async def _set_prediction(self, request_id: str, predicted_len: int,
-                              replica: str | None = None) -> None:
+                              replica: str | None = None, allocation: int | None = None) -> None:
         return None
 
     def _generate(self, requests: list[dict[str, Any]], replica: str | None = None

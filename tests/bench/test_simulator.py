@@ -276,3 +276,36 @@ def test_mlfq_proactive_beats_fcfs_without_swap_thrashing():
     assert m.normalized_latency.mean < f.normalized_latency.mean
     assert m.ttft.p99 < f.ttft.p99
     assert mlfq.stats.num_preemptions < 5 * len(reqs)
+
+
+def test_a_capped_request_ends_at_its_length_unknown_to_the_scheduler():
+    # max_tokens 40 is only the client's cap: the answer ends after 3
+    # tokens, by end-of-sequence, and the job's KV is freed then.
+    spec = RequestSpec(request_id="A", arrival_time=0.0, prompt_tokens=4, output_tokens=3,
+                       max_tokens=40)
+    out = simulate([spec], sc(), UnitCost())
+    a = by_id(out)["A"]
+    assert a.token_times == [1.0, 2.0, 3.0] and a.output_tokens == 3
+
+
+def test_replayed_predictions_reach_the_jobs_padded():
+    from scheduler.policies.econoserve import EconoservePolicy
+
+    seen: dict[str, tuple[int | None, int | None]] = {}
+    add = EconoservePolicy.add
+
+    def spy(self, job):  # type: ignore[no-untyped-def]
+        seen[job.job_id] = (job.predicted_output_len, job.allocated_output_len)
+        add(self, job)
+
+    EconoservePolicy.add = spy  # type: ignore[method-assign]
+    try:
+        reqs = [RequestSpec(request_id="A", arrival_time=0.0, prompt_tokens=4, output_tokens=9,
+                            max_tokens=40, predicted_output_tokens=10),
+                RequestSpec(request_id="B", arrival_time=0.0, prompt_tokens=4, output_tokens=5)]
+        out = simulate(reqs, sc(policy="econoserve"), UnitCost(), SimOptions(padding_ratio=0.5))
+    finally:
+        EconoservePolicy.add = add  # type: ignore[method-assign]
+    assert seen == {"A": (10, 15), "B": (None, None)}
+    assert [x.output_tokens for x in out.records] == [9, 5]
+    assert out.stats.as_dict()["econoserve_gts_admitted"] >= 2

@@ -13,18 +13,24 @@ from bench.records import RequestRecord
 from bench.results import (
     RunMeta, RunResult, SweepResult, as_sweep, load_result, merge_sweeps, save_result,
 )
-from bench.sweep import Criterion, bisect_max_rate, max_rate_on_grid, run_sweep
+from bench.sweep import (Criterion, bisect_max_rate, completed_share, is_stable,
+                         max_rate_on_grid, run_sweep)
 from bench.workload import WorkloadSpec
 
 
-def fake_run(rate: float) -> RunResult:
-    """Normalized latency 0.1 s/token below rate 4, then growing fast."""
+def fake_run(rate: float, completed_share: float = 1.0) -> RunResult:
+    """Normalized latency 0.1 s/token below rate 4, then growing fast; 1000
+    requests sent at `rate`, completed at `completed_share` of it."""
     nl = 0.1 if rate < 4 else 0.1 + (rate - 4) * 0.5
-    recs = [RequestRecord(request_id=f"r{i}", scheduled_time=i, send_time=i, token_times=[i + nl],
-                          end_time=i + 10 * nl, output_tokens=10, queueing_time=nl, execution_time=9 * nl)
-            for i in range(3)]
+    recs = [RequestRecord(request_id=f"r{i}", scheduled_time=i / rate, send_time=i / rate,
+                          token_times=[i / rate + nl], end_time=i / rate + 10 * nl,
+                          output_tokens=10, queueing_time=nl, execution_time=9 * nl)
+            for i in range(1000)]
+    summary = summarize(recs)
+    if completed_share < 1.0:
+        summary = summary.model_copy(update={"request_throughput": completed_share * rate})
     return RunResult(meta=RunMeta(mode="sim", system="fake", workload=WorkloadSpec(), rate=rate),
-                     summary=summarize(recs), records=recs)
+                     summary=summary, records=recs)
 
 
 def test_criterion():
@@ -48,6 +54,20 @@ def test_grid_and_bisection():
     assert rate == pytest.approx(4.4, abs=0.01)
     assert runs
     assert max_rate_on_grid(sweep.points, Criterion.parse("normalized_latency.mean<=0.01")) is None
+    assert sweep.unstable_rates == [6]  # a long tail stretches the run
+
+
+def test_an_unstable_run_never_gives_the_max_rate():
+    c = Criterion.parse("normalized_latency.mean<=0.3")
+    # Rate 3 keeps its latency but completes 80 % of what was offered.
+    sweep = run_sweep([1, 2, 3, 4], lambda r: fake_run(r, 0.8 if r == 3 else 1.0),
+                      system="fake", mode="sim", criterion=c)
+    assert sweep.max_rate == 2 and sweep.unstable_rates == [3]
+    assert completed_share(sweep.points[2]) == pytest.approx(0.8)
+    assert is_stable(sweep.points[3])
+    rate, _ = bisect_max_rate(lambda r: fake_run(r, 0.8 if r > 3 else 1.0), c, 2, 5,
+                              rel_tol=0.001, iterations=20)
+    assert rate == pytest.approx(3.0, abs=0.01)
 
 
 def test_result_json_round_trip(tmp_path):
@@ -55,7 +75,7 @@ def test_result_json_round_trip(tmp_path):
     save_result(run, tmp_path / "run.json")
     back = load_result(tmp_path / "run.json")
     assert isinstance(back, RunResult) and back.summary == run.summary
-    assert len(back.records) == 3
+    assert len(back.records) == 1000
     sweep = run_sweep([1, 5], fake_run, system="fake", mode="sim")
     save_result(sweep, tmp_path / "sweep.json")
     back2 = load_result(tmp_path / "sweep.json")

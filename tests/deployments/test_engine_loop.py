@@ -146,13 +146,36 @@ def test_prediction_reaches_a_running_job_and_is_ignored_after_it_ends():
         while "p" not in core.jobs:
             assert time.monotonic() < deadline
             time.sleep(0.002)
-        loop.set_prediction("p", 123)
+        loop.set_prediction("p", 123, 142)
+        deadline = time.monotonic() + 5
+        while core.jobs.get("p") is not None and core.jobs["p"].allocated_output_len is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        job = core.jobs.get("p")
+        assert job is None or job.allocated_output_len == 142
         sink.wait_finished({"p"})
         last = next(d for d in sink.items if d.event.finished)
         assert last.metrics.predicted_output_len == 123
         loop.set_prediction("p", 5)  # too late: no job, no error
         loop.submit(req("q", max_tokens=2))
         sink.wait_finished({"q"})
+    finally:
+        loop.stop()
+
+
+def test_a_jct_slo_sets_the_jobs_deadline_on_the_cores_clock():
+    runner = FakeRunner(step_s=0.01)
+    loop, sink, core = make_loop(runner)
+    try:
+        r = req("s", max_tokens=40).model_copy(update={"jct_slo_s": 5.0})
+        before = core.clock()
+        loop.submit(r)
+        deadline = time.monotonic() + 5
+        while "s" not in core.jobs:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        assert before + 5.0 <= core.jobs["s"].deadline <= core.clock() + 5.0
+        sink.wait_finished({"s"})
     finally:
         loop.stop()
 

@@ -10,6 +10,18 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# Eight chat prompts of a few dozen tokens each, for the policy tests.
+PROMPTS = [
+    "Write a short poem about the ocean.",
+    "List five fruits and their colors.",
+    "Explain what a CPU does in one paragraph.",
+    "Describe a sunny day at the beach.",
+    "Give three tips for learning to cook.",
+    "What is the tallest mountain on Earth?",
+    "Name the planets of the solar system.",
+    "Summarize the plot of Romeo and Juliet.",
+]
+
 # float32, not `auto`: the tests compare greedy outputs of runs with
 # different batch compositions (FCFS vs MLFQ with swaps, one request vs
 # many), and bf16 rounds differently with the batch, so on a CPU with

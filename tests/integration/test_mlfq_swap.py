@@ -12,20 +12,10 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.conftest import wait_engine_idle
+from tests.integration.conftest import PROMPTS, wait_engine_idle
 
 pytestmark = pytest.mark.integration
 
-PROMPTS = [
-    "Write a short poem about the ocean.",
-    "List five fruits and their colors.",
-    "Explain what a CPU does in one paragraph.",
-    "Describe a sunny day at the beach.",
-    "Give three tips for learning to cook.",
-    "What is the tallest mountain on Earth?",
-    "Name the planets of the solar system.",
-    "Summarize the plot of Romeo and Juliet.",
-]
 
 
 def body(prompt: str, n: int = 64) -> dict:
