@@ -42,6 +42,10 @@ class PredictorSettings(BaseModel):
     # costs seconds per prediction on a CPU core and milliseconds on a GPU.
     device: Literal["cpu", "cuda"] = "cpu"
     num_gpus: float = Field(0.0, ge=0)
+    # A folder where each Ingress replica appends the completions it served
+    # (deployments/served_log.py), for `python -m predictor retrain`.
+    # None: nothing is recorded.
+    record_dir: str | None = None
 
     @model_validator(mode="after")
     def _gpu_share_for_cuda(self) -> "PredictorSettings":

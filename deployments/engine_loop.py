@@ -256,6 +256,7 @@ class EngineLoop:
                     if job is not None:  # it may have finished already
                         job.predicted_output_len = n
                         job.allocated_output_len = alloc
+                        self.core.policy.on_prediction(job)
             else:
                 assert isinstance(payload, str)
                 for job_id in self._groups.pop(payload, [payload]):

@@ -52,6 +52,7 @@ from api.protocol import (
     now_s,
 )
 from api.responses import PromptInput, ResponseBuilder
+from deployments.served_log import ServedLog
 
 log = logging.getLogger("ray.serve")
 
@@ -77,6 +78,10 @@ class Ingress:
         self.engine_calls = engine
         self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
+        rec = self.cfg.predictor.record_dir
+        self.served_log = ServedLog(rec) if rec else None
+        # Request id -> the texts its completions are recorded under.
+        self._recording: dict[str, list[str]] = {}
         # Built from the request models now, so it always matches them.
         self.openapi = build_openapi(auth=self.cfg.api_key is not None)
         self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
@@ -173,7 +178,7 @@ class Ingress:
                                    "prompt")
                 # Decoded only where echo or the predictor reads it.
                 prompts.append(PromptInput(ids, ""))
-        if req.echo or self.predictor is not None:
+        if req.echo or self.predictor is not None or self.served_log is not None:
             for pi in prompts:
                 pi.text = pi.text or self.tokenizer.decode(pi.token_ids)
         return await self._start(req, prompts, chat=False, predict_texts=[
@@ -276,6 +281,8 @@ class Ingress:
         if self.predictor is not None:
             for g, text in zip(gens, predict_texts):
                 self._predict(g.request_id, text, replica)
+        if self.served_log is not None and not req.ignore_eos and not req.min_tokens:
+            self._recording[request_id] = predict_texts
         logprobs = (req.logprobs if chat else req.logprobs is not None)
         builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
                                   req.n, self.token_text, logprobs=bool(logprobs),
@@ -350,6 +357,12 @@ class Ingress:
     def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
         stream.cancel()
         self._release(builder.request_id, outcome)
+        texts = self._recording.pop(builder.request_id, None)
+        if texts is not None and outcome == "finished" and self.served_log is not None:
+            try:
+                self.served_log.write(ServedLog.rows(texts, builder))
+            except OSError as e:  # a full disk must not fail the request
+                log.warning("could not record served completions: %r", e)
 
     async def _collect(self, builder: ResponseBuilder, stream: Any) -> dict[str, Any]:
         outcome = "aborted"

@@ -226,23 +226,30 @@ _LEN_KEYS = ("output_len", "output_tokens", "completion_tokens")
 
 
 def read_served_completions(path: Path, tokenizer: Any | None = None) -> list[LengthPair]:
+    """(prompt, answer length) pairs from a served-completions log, or from
+    every `.jsonl` log in a folder (one per Ingress replica); rows marked
+    `censored` are left out."""
     rows: list[dict[str, Any]] = []
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            length = next((row[k] for k in _LEN_KEYS if k in row), None)
-            if not isinstance(row.get("prompt"), str) or length is None:
-                raise ValueError(f"{path}:{n + 1}: needs 'prompt' and one of {_LEN_KEYS}")
-            rows.append(
-                {
-                    "id": str(row.get("id", n)),
+    files = sorted(Path(path).glob("*.jsonl")) if Path(path).is_dir() else [Path(path)]
+    for fpath in files:
+        with fpath.open(encoding="utf-8") as f:
+            for n, line in enumerate(f):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if row.get("censored"):
+                    # Cut by max_tokens (deployments/served_log.py): a lower
+                    # bound of the answer's length, not its length.
+                    continue
+                length = next((row[k] for k in _LEN_KEYS if k in row), None)
+                if not isinstance(row.get("prompt"), str) or length is None:
+                    raise ValueError(f"{fpath}:{n + 1}: needs 'prompt' and one of {_LEN_KEYS}")
+                rows.append({
+                    "id": str(row.get("id", f"{fpath.stem}:{n}" if len(files) > 1 else n)),
                     "prompt": row["prompt"],
                     "len": int(length),
                     "prompt_tokens": int(row.get("prompt_tokens", 0)),
-                }
-            )
+                })
     plens = (
         token_lengths(tokenizer, [r["prompt"] for r in rows])
         if tokenizer is not None

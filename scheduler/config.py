@@ -32,6 +32,12 @@ class MLFQConfig(BaseModel):
     # Mean normalized-latency objective (s/token).  None: 10x the cost
     # model's decode iteration at batch 1, FastServe's rule (§6.1).
     slo_normalized_s: float | None = Field(None, gt=0)
+    # What a new job's queue is chosen by (skip-join, Algorithm 1 line 8):
+    # its first iteration (`prefill`, the paper's rule), or its predicted
+    # whole work, prefill plus predicted length x a batch-1 decode
+    # (`predicted`, EconoServe's predictor sharpening FastServe; a job whose
+    # prediction has not landed joins by its prefill).
+    skip_join: Literal["prefill", "predicted"] = "prefill"
 
 
 class ConserveConfig(BaseModel):

@@ -55,6 +55,9 @@ class Policy(ABC):
     def on_step_done(self, plan: Plan, iteration_time: float) -> None:
         """Hook after the engine ran `plan` (MLFQ demotion uses it)."""
 
+    def on_prediction(self, job: Job) -> None:
+        """`job`'s predicted length landed after it was added."""
+
     # Shared mechanics -------------------------------------------------
 
     def preempt_recompute(self, job: Job) -> None:

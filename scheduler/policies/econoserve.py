@@ -136,6 +136,9 @@ class EconoservePolicy(Policy):
         return Lease(job.num_tokens, self.remaining(job), buf)
 
     def profile(self) -> Profile:
+        """The batch's KV over the coming steps.  Kept between plans while
+        the batch does not change: its peak only falls as its GTs advance,
+        so a kept one errs on the safe side for the PTs' headroom."""
         if self._profile is None:
             self._profile = Profile([self.lease(j) for j in self.batch.values()],
                                     self.bs, self.ec.pipelining)
@@ -273,6 +276,9 @@ class EconoservePolicy(Policy):
         if not self.gts or slots <= 0:
             self._room = slots > 0
             return
+        # Rebuilt from the batch as it stands: a profile kept from an earlier
+        # plan counts its leases' steps from then, not from now.
+        self._profile = None
         prof = self.profile()
         outside = self._outside()
         cap = self.blocks.num_blocks - self.reserve

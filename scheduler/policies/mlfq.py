@@ -111,13 +111,19 @@ class MLFQPolicy(Policy):
 
     # Queue membership ---------------------------------------------------
 
-    def _predicted_first_iteration(self, job: Job) -> float:
+    def _join_work(self, job: Job) -> float:
+        """The work a new job's queue is chosen by (`mlfq.skip_join`)."""
         # Uncomputed, not prompt, tokens: a sibling that adopted its
         # leader's prompt blocks has only the tail to prefill.
         n = min(job.num_uncomputed_tokens, self.config.max_batch_tokens)
         if self.cost is None:
             return self.quanta[0] * n / 64
-        return self.cost.prefill_time(n)
+        first = self.cost.prefill_time(n)
+        pred = job.predicted_output_len
+        if self.config.mlfq.skip_join == "predicted" and pred is not None:
+            left = max(0, pred - job.num_output_tokens)
+            return first + left * self.cost.decode_time(1)
+        return first
 
     def _join_level(self, t: float) -> int:
         """Highest queue whose quantum covers `t` (Algorithm 1, line 8)."""
@@ -129,7 +135,7 @@ class MLFQPolicy(Policy):
     def add(self, job: Job) -> None:
         now = self.clock()
         lvl = 0 if self.variant == "naive" else self._join_level(
-            self._predicted_first_iteration(job))
+            self._join_work(job))
         if job.priority not in self._levels:
             self._levels[job.priority] = [{} for _ in self.quanta]
         self._enqueue(job, lvl)
@@ -139,6 +145,13 @@ class MLFQPolicy(Policy):
                            self.blocks.block_size)
         self.arrivals.append((now, first))
         self._arrival_blocks += first
+
+    def on_prediction(self, job: Job) -> None:
+        # A prediction that lands before the job first ran moves it to the
+        # queue it would have joined with it.
+        if (self.config.mlfq.skip_join == "predicted" and self.variant == "skip-join"
+                and job.first_scheduled_time is None and job.job_id in self.level):
+            self._move(job, self._join_level(self._join_work(job)))
 
     def remove(self, job: Job) -> None:
         jid = job.job_id

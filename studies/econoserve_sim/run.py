@@ -15,7 +15,8 @@ EconoServe is scheduled with the predictor's real errors, not an oracle's.
 Each request's JCT SLO is EconoServe's (§4): 2 x (its prefill time + its
 true response length x one decode iteration of a full batch), from the
 same cost model.  A rate counts toward a maximum only where the run was
-stable (completed >= 95 % of the offered rate, `bench.sweep.is_stable`).
+stable (completed >= 95 % of the rate the arrivals realised, the rule of
+`bench.sweep.is_stable`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ SYSTEMS: dict[str, list[str]] = {
     "fcfs": ["--policy", "fcfs"],
     "mlfq": ["--policy", "mlfq", "--sched-opt", 'swap_mode="proactive"', "--sched-opt", HOST,
              "--overlap-swap"],
+    # FastServe's skip-join by predicted whole work instead of the prefill.
+    "mlfq-predicted": ["--policy", "mlfq", "--sched-opt", 'swap_mode="proactive"',
+                       "--sched-opt", HOST, "--overlap-swap",
+                       "--sched-opt", 'mlfq={"skip_join": "predicted"}'],
     "oracle-sjf": ["--policy", "oracle-sjf", "--sched-opt", 'swap_mode="proactive"',
                    "--sched-opt", HOST, "--overlap-swap"],
     "econoserve": ["--policy", "econoserve"],
@@ -117,10 +122,13 @@ def point(system: str, args: list[str], rate: float, cv: float = 1.0,
             met += 1
     s = summarize(out.records)
     st = out.stats.as_dict()
-    share = s.request_throughput / rate
+    # Over the rate the arrivals realised (a bursty process's 3,000 gaps
+    # can span a few % more or less than 3,000 / rate).
+    offered = (N - 1) / (reqs[-1].arrival_time - reqs[0].arrival_time)
+    share = s.request_throughput / offered
     res = {
         "system": system, "rate": rate, "cv": cv, "padding": padding, "args": args, "n": N,
-        "completed": s.num_completed, "throughput": s.request_throughput,
+        "completed": s.num_completed, "throughput": s.request_throughput, "offered": offered,
         "completed_share": share, "stable": share >= STABLE_SHARE,
         "jct_mean": s.e2e.mean, "jct_p95": s.e2e.p95, "jct_p99": s.e2e.p99,
         "nl_mean": s.normalized_latency.mean, "nl_p95": s.normalized_latency.p95,
@@ -148,6 +156,11 @@ def capacity() -> float:
     return measure_capacity(reqs, sc, cost)
 
 
+def pad(point: dict[str, Any]) -> str:
+    """The padding, where the system reads predictions."""
+    return f"{point['padding']:g}" if "econoserve" in point["args"] else "-"
+
+
 def table(name: str) -> None:
     """A markdown table of one result file, with each rate's load."""
     data = json.loads((OUT / name).read_text())
@@ -157,7 +170,7 @@ def table(name: str) -> None:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in data["points"]:
         rows.append(
-            f"| {p['system']} | {p['padding']:g} | {p['rate']:g} ({p['rate'] / cap:.2f}) | "
+            f"| {p['system']} | {pad(p)} | {p['rate']:g} ({p['rate'] / cap:.2f}) | "
             f"{100 * p['completed_share']:.1f}%{'' if p['stable'] else ' unstable'} | "
             f"{p['jct_mean']:.2f} | {p['jct_p95']:.2f} | {p['nl_mean']:.3f} / {p['nl_p95']:.3f} | "
             f"{100 * p['slo_attainment']:.1f}% | {100 * p['kv_utilization']:.1f}% | "
@@ -165,11 +178,11 @@ def table(name: str) -> None:
     print(f"FCFS capacity (saturated): {cap:.3f} req/s")
     print("\n".join(rows))
     print()
-    for key in dict.fromkeys((p["system"], p["padding"]) for p in data["points"]):
-        mine = [p for p in data["points"] if (p["system"], p["padding"]) == key]
+    for key in dict.fromkeys((p["system"], pad(p)) for p in data["points"]):
+        mine = [p for p in data["points"] if (p["system"], pad(p)) == key]
         best = max_stable_rate(mine)
         load = "" if best is None else f" (load {best / cap:.2f})"
-        print(f"- {key[0]} (padding {key[1]:g}): highest stable rate with >= 90% of JCT SLOs "
+        print(f"- {key[0]} (padding {key[1]}): highest stable rate with >= 90% of JCT SLOs "
               f"met: {best}{load}")
 
 
@@ -185,10 +198,13 @@ def max_stable_rate(points: list[dict[str, Any]], attainment: float = 0.9) -> fl
 
 
 def run(systems: dict[str, list[str]], rates: list[float], cv: float, name: str,
-        padding: float, paddings: list[float] | None = None) -> None:
-    data: dict[str, Any] = {"n": N, "gpu": GPU, "cost_model": "opt-13b", "cv": cv,
-                            "predictions": PREDICTIONS.name, "points": []}
+        padding: float, paddings: list[float] | None = None, append: bool = False) -> None:
     path = OUT / name
+    if append and path.exists():  # more systems into an earlier result
+        data = json.loads(path.read_text())
+    else:
+        data = {"n": N, "gpu": GPU, "cost_model": "opt-13b", "cv": cv,
+                "predictions": PREDICTIONS.name, "points": []}
     data["capacity"] = capacity()
     for system, args in systems.items():
         for rate in rates:
@@ -207,11 +223,16 @@ def plots() -> None:
         data = json.loads(path.read_text())
         pts = data["points"]
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        for system in dict.fromkeys(p["system"] for p in pts):
-            mine = sorted((p for p in pts if p["system"] == system), key=lambda p: p["rate"])
+        paddings = len({p["padding"] for p in pts}) > 1
+
+        def label(p: dict[str, Any]) -> str:
+            return f"{p['system']} pad {p['padding']:g}" if paddings else p["system"]
+
+        for name in dict.fromkeys(label(p) for p in pts):
+            mine = sorted((p for p in pts if label(p) == name), key=lambda p: p["rate"])
             xs = [p["rate"] for p in mine]
             for ax, key in zip(axes, ("jct_mean", "slo_attainment", "kv_utilization")):
-                ax.plot(xs, [p[key] for p in mine], marker="o", label=system)
+                ax.plot(xs, [p[key] for p in mine], marker="o", label=name)
                 for p in mine:
                     if not p["stable"]:
                         ax.plot(p["rate"], p[key], "kx", markersize=10)
@@ -236,6 +257,8 @@ def main() -> None:
     ap.add_argument("--cv", type=float, default=1.0)
     ap.add_argument("--systems", nargs="+")
     ap.add_argument("--padding", type=float, default=PADDING)
+    ap.add_argument("--append", action="store_true",
+                    help="add the points to the result file instead of replacing it")
     ap.add_argument("--paddings", type=float, nargs="+",
                     default=[0.0, 0.15, 0.5, 1.0, 1.5, 2.0, 3.0])
     a = ap.parse_args()
@@ -250,9 +273,9 @@ def main() -> None:
         run({"econoserve": SYSTEMS["econoserve"]}, a.rates, a.cv, f"padding{suffix}.json",
             a.padding, a.paddings)
         return
-    table = SYSTEMS if a.what == "compare" else ABLATION
-    systems = {k: v for k, v in table.items() if not a.systems or k in a.systems}
-    run(systems, a.rates, a.cv, f"{a.what}{suffix}.json", a.padding)
+    chosen = SYSTEMS if a.what == "compare" else ABLATION
+    systems = {k: v for k, v in chosen.items() if not a.systems or k in a.systems}
+    run(systems, a.rates, a.cv, f"{a.what}{suffix}.json", a.padding, append=a.append)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ def test_served_completions_roundtrip(tmp_path: Path, tiny_opt: Path) -> None:
     path = tmp_path / "served.jsonl"
     rows = [{"prompt": f"write a poem {i}", "output_len": 10 + i} for i in range(40)]
     rows.append({"prompt": "hi", "completion_tokens": 5, "id": "x"})
+    # Cut by max_tokens: not an answer length (deployments/served_log.py).
+    rows.append({"prompt": "tell me everything", "output_len": 16, "censored": True})
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     pairs = read_served_completions(path, load_tokenizer(str(tiny_opt)))
     assert len(pairs) == 41 and pairs[-1].response_len == 5 and pairs[-1].id == "x"

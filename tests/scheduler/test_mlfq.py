@@ -289,3 +289,36 @@ def test_recompute_mode_drops_instead_of_swapping(clock):
     core, engine, _ = _swap_workload(clock, "recompute")
     assert core.swap.num_swap_out == 0 and engine.swapped_out_blocks == 0
     assert core.num_preemptions > 0
+
+
+def test_skip_join_by_predicted_work(clock):
+    def levels(skip_join: str) -> tuple[int, int, int]:
+        core = mlfq_core(clock, mlfq=MLFQConfig(skip_join=skip_join))
+        short, long, unknown = make_job(8, 200), make_job(8, 200), make_job(8, 200)
+        short.predicted_output_len, long.predicted_output_len = 2, 150
+        for j in (short, long, unknown):
+            core.add(j)
+        lvl = core.policy.level
+        return lvl[short.job_id], lvl[long.job_id], lvl[unknown.job_id]
+
+    # By the first iteration alone, equal prompts join one queue.
+    s, l, u = levels("prefill")
+    assert s == l == u
+    by_prefill = u
+    # By predicted work, a long answer joins lower; no prediction: by prefill.
+    s, l, u = levels("predicted")
+    assert by_prefill <= s < l and u == by_prefill
+
+
+def test_a_prediction_that_lands_before_the_first_run_moves_the_job(clock):
+    core = mlfq_core(clock, mlfq=MLFQConfig(skip_join="predicted"))
+    late, ran = make_job(8, 200), make_job(8, 200)
+    core.add(late)
+    core.add(ran)
+    before = core.policy.level[late.job_id]
+    ran.first_scheduled_time = 0.0  # it has run: it keeps its queue
+    for j in (late, ran):
+        j.predicted_output_len = 150
+        core.policy.on_prediction(j)
+    assert core.policy.level[late.job_id] > before
+    assert core.policy.level[ran.job_id] == before
