@@ -58,8 +58,13 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     if cfg.predictor.enabled:
         from deployments.predictor import Predictor
 
+        # The adapter and padding go in `user_config`: changing them in the
+        # config reloads the adapter in the running replicas (`reconfigure`)
+        # instead of replacing them.
         predictor = Predictor.options(
             ray_actor_options={"num_cpus": cfg.predictor.num_cpus, "num_gpus": cfg.predictor.num_gpus},
-        ).bind(cfg.predictor.adapter, cfg.predictor.padding_ratio, device=cfg.predictor.device)
+            user_config={"adapter": cfg.predictor.adapter,
+                         "padding_ratio": cfg.predictor.padding_ratio},
+        ).bind(device=cfg.predictor.device, load=False)
     return Ingress.options(ray_actor_options={"num_cpus": 0.05}).bind(
         config, scheduler, engine, predictor)

@@ -40,6 +40,10 @@ BATCH_WAIT_TIMEOUT_S = 0.005  # a few ms: ~1 % of a batch-16 forward on a CPU
     },
 )
 class Predictor:
+    """`adapter_dir` loads at start; with `load=False` the adapter comes from
+    Serve's `user_config` instead (`reconfigure`), so that a new adapter is
+    swapped in without restarting a replica or dropping a request."""
+
     def __init__(
         self,
         adapter_dir: str | None = None,
@@ -47,22 +51,44 @@ class Predictor:
         backbone: str | None = None,
         num_threads: int = 1,
         device: str = "cpu",
+        load: bool = True,
     ) -> None:
+        self._options = {"backbone": backbone, "num_threads": num_threads, "device": device}
+        self.padding_ratio = padding_ratio
+        self.adapter_dir = adapter_dir
+        self.service: Any = self._load(adapter_dir) if load else None
+        self.num_swaps = 0
+
+    def _load(self, adapter_dir: str | None) -> Any:
         from predictor.service import PredictorService
 
-        self.service = PredictorService(
-            adapter_dir,
-            backbone=backbone,
-            padding_ratio=padding_ratio,
-            max_batch_size=MAX_BATCH_SIZE,
-            num_threads=num_threads,
-            device=device,
-        )
+        return PredictorService(adapter_dir, padding_ratio=self.padding_ratio,
+                                max_batch_size=MAX_BATCH_SIZE, **self._options)
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve's lightweight update: `{"adapter": folder or None,
+        "padding_ratio": r}`.  A new adapter loads in a worker thread while
+        this one keeps predicting, then replaces it; batches already started
+        finish on the old one."""
+        adapter = config.get("adapter")
+        ratio = float(config.get("padding_ratio", self.padding_ratio))
+        if self.service is None or adapter != self.adapter_dir:
+            self.padding_ratio = ratio
+            new = await asyncio.get_running_loop().run_in_executor(None, self._load, adapter)
+            swapped = self.service is not None
+            self.service, self.adapter_dir = new, adapter
+            if swapped:
+                self.num_swaps += 1
+                log.info("predictor adapter swapped to %s", adapter or "the shipped one")
+        elif ratio != self.padding_ratio:
+            self.padding_ratio = self.service.padding_ratio = ratio
 
     @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_TIMEOUT_S)
     async def _predict_batch(self, prompts: list[str]) -> list[dict[str, int]]:
         # The forward pass runs in a worker thread so the replica's event loop
         # keeps accepting (and batching) requests meanwhile.
+        # The service is read once: a swap meanwhile leaves this batch on
+        # the adapter it started with.
         return await asyncio.get_running_loop().run_in_executor(
             None, self.service.predict_dicts, prompts
         )
@@ -72,7 +98,7 @@ class Predictor:
         return await self._predict_batch(prompt)
 
     async def info(self) -> dict[str, Any]:
-        return self.service.info()
+        return {**self.service.info(), "swaps": self.num_swaps}
 
 
 def request_prediction(handle: Any, prompt: str) -> "asyncio.Task[dict[str, int] | None]":

@@ -120,3 +120,44 @@ def test_service_on_cuda_predicts_what_the_host_does(adapter: Path) -> None:
     gpu = PredictorService(adapter, max_batch_size=4, device="cuda")
     assert gpu.info()["device"].startswith("cuda")
     assert all(abs(a - b) <= 1 for a, b in zip(gpu.predict_lengths(prompts), host))
+
+
+def test_deployment_swaps_its_adapter_without_dropping_a_request(
+        adapter: Path, tiny_opt: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ray.serve")
+    from deployments.predictor import Predictor
+
+    # A second adapter whose head has another prior: other predictions.
+    cfg = ModelConfig(backbone=str(tiny_opt), lora_layers=2, head="bins", max_len=256,
+                      head_hidden=16)
+    other = build_predictor(cfg)
+    other.head.init_prior([600, 700, 800, 900], cfg)
+    second = tmp_path / "second"
+    save_predictor(other, second, {"length_tokenizer": str(tiny_opt)})
+
+    replica = Predictor.func_or_class(load=False)  # Serve calls reconfigure first
+    prompts = [f"prompt {i}" for i in range(12)]
+
+    async def go() -> None:
+        await replica.reconfigure({"adapter": str(adapter), "padding_ratio": 0.2})
+        old = replica.service
+        before = old.predict_dicts(prompts)
+        # The old adapter keeps predicting on the event loop's executor while
+        # the new one loads in another worker thread, then replaces it.
+        loop = asyncio.get_running_loop()
+        during = [loop.run_in_executor(None, old.predict_dicts, prompts) for _ in range(3)]
+        await replica.reconfigure({"adapter": str(second), "padding_ratio": 0.2})
+        assert all(r == before for r in await asyncio.gather(*during))
+        after = replica.service.predict_dicts(prompts)
+        assert replica.service is not old
+        assert [a["predicted_len"] for a in after] != [b["predicted_len"] for b in before]
+        info = await replica.info()
+        assert info["adapter"] == str(second) and info["swaps"] == 1
+        assert info["padding_ratio"] == 0.2
+        # The same adapter again: nothing reloads; a new padding applies at once.
+        await replica.reconfigure({"adapter": str(second), "padding_ratio": 0.5})
+        assert (await replica.info())["swaps"] == 1
+        out = replica.service.predict_dicts(["prompt 0"])[0]
+        assert out["allocation"] >= round(out["predicted_len"] * 1.5)
+
+    asyncio.run(asyncio.wait_for(go(), timeout=120))
