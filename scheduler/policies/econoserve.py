@@ -97,15 +97,9 @@ class EconoservePolicy(Policy):
         self.num_evicted = 0
 
     def counters(self) -> dict[str, int]:
-        return {
-            "econoserve_admissions": self.num_admissions,
-            "econoserve_groups_admitted": self.num_groups_admitted,
-            "econoserve_gts_admitted": self.num_gts_admitted,
-            "econoserve_overruns": self.num_overruns,
-            "econoserve_extended": self.num_extended,
-            "econoserve_paused": self.num_paused,
-            "econoserve_evicted": self.num_evicted,
-        }
+        names = ("admissions", "groups_admitted", "gts_admitted", "overruns", "extended",
+                 "paused", "evicted")
+        return {f"econoserve_{n}": getattr(self, f"num_{n}") for n in names}
 
     # Allocation ------------------------------------------------------------
 

@@ -85,9 +85,8 @@ class MLFQPolicy(Policy):
         # Jobs per priority class; one class skips the class ordering.
         self.class_sizes: Counter[int] = Counter()
         self.selected: list[Job] = []
-        # This policy's jobs holding device blocks / a host copy, in ENST
-        # order across plans (synced with the block and swap managers at
-        # the start of each plan).
+        # This policy's jobs holding device blocks / a host copy, in ENST order
+        # across plans (synced with the block and swap managers each plan).
         self._resident = RankedSet()
         self._host = RankedSet()
         self.num_demotions = 0
@@ -109,12 +108,10 @@ class MLFQPolicy(Policy):
         n = math.ceil(math.log(self.config.max_model_len) / math.log(mc.quantum_ratio)) + 1
         return max(1, min(n, 32))
 
-    # Queue membership ---------------------------------------------------
-
     def _join_work(self, job: Job) -> float:
-        """The work a new job's queue is chosen by (`mlfq.skip_join`)."""
-        # Uncomputed, not prompt, tokens: a sibling that adopted its
-        # leader's prompt blocks has only the tail to prefill.
+        """The work a new job's queue is chosen by (`mlfq.skip_join`).  Its
+        uncomputed, not prompt, tokens: a sibling that adopted its leader's
+        prompt blocks has only the tail to prefill."""
         n = min(job.num_uncomputed_tokens, self.config.max_batch_tokens)
         if self.cost is None:
             return self.quanta[0] * n / 64
@@ -147,8 +144,7 @@ class MLFQPolicy(Policy):
         self._arrival_blocks += first
 
     def on_prediction(self, job: Job) -> None:
-        # A prediction that lands before the job first ran moves it to the
-        # queue it would have joined with it.
+        # Before its first run, a job moves to the queue its prediction picks.
         if (self.config.mlfq.skip_join == "predicted" and self.variant == "skip-join"
                 and job.first_scheduled_time is None and job.job_id in self.level):
             self._move(job, self._join_level(self._join_work(job)))
