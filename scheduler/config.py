@@ -38,6 +38,11 @@ class MLFQConfig(BaseModel):
     # (`predicted`, EconoServe's predictor sharpening FastServe; a job whose
     # prediction has not landed joins by its prefill).
     skip_join: Literal["prefill", "predicted"] = "prefill"
+    # ENST's T_execute (FastServe §4.2), which orders swap-outs and
+    # prefetches: every job ahead charged with all the quanta up to this
+    # level (`quanta`, the paper's rule), or at most its predicted remaining
+    # service (`predicted`; `scheduler/policies/enst.py`).
+    enst: Literal["quanta", "predicted"] = "quanta"
 
 
 class ConserveConfig(BaseModel):
@@ -53,6 +58,13 @@ class ConserveConfig(BaseModel):
     # replace max_batch_size / max_batch_tokens.  None: those limits.
     offline_max_batch_size: int | None = Field(None, ge=1, le=4096)
     offline_max_batch_tokens: int | None = Field(None, ge=1)
+    # Which waiting offline jobs are admitted: while blocks are free
+    # (`free`), or while the running offline jobs' KV at their predicted
+    # lengths (with the predictor's padding) and the newcomer's fit beside
+    # what online work holds (`predicted`): offline jobs then do not outgrow
+    # the cache and evict one another.  A job with no prediction is
+    # admitted on free blocks.
+    offline_admission: Literal["free", "predicted"] = "free"
     # How online jobs are ordered among themselves: `fcfs` (priority, then
     # arrival; a running job keeps its place) or `mlfq` (FastServe's
     # skip-join MLFQ with the `mlfq` section's settings: preemption between
@@ -111,6 +123,12 @@ class EconoserveConfig(BaseModel):
     # generated length more (at least a block): in place when the reserve
     # has room, else after an offload-free preemption (§3.3.2).
     overrun_growth: float = Field(0.5, gt=0.0, le=4.0)
+    # Or (`refined`) the quantile `refine_quantile` of what jobs that ran
+    # this far past their prediction went on to generate, learnt from the
+    # jobs this replica finished (`scheduler/remaining_length.py`); the
+    # growth rule until enough have finished.
+    overrun_extension: Literal["growth", "refined"] = "growth"
+    refine_quantile: float = Field(0.5, gt=0.0, lt=1.0)
     # What the offload-free preemption of such a GT does with its KV:
     # drop it (recomputed when the GT is admitted again) or keep it on the
     # device while it waits.  Dropping measured better with the shipped

@@ -189,12 +189,12 @@ class SchedulerCore:
             self.policy.add(s)
 
     def _finish(self, job: Job, reason: str, now: float) -> None:
+        job.finish_reason = reason  # before the policy sees it go
         self.blocks.free(job)
         self.swap.release_host(job)
         self.policy.remove(job)
         self._release_siblings(self.sharing.on_gone(job))
         job.transition(JobState.FINISHED)
-        job.finish_reason = reason
         job.finish_time = now
         del self.jobs[job.job_id]
         self.num_finished += 1

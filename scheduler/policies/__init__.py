@@ -5,7 +5,8 @@ from __future__ import annotations
 from scheduler.policies.conserve import ConservePolicy
 from scheduler.policies.econoserve import EconoservePolicy
 from scheduler.policies.fcfs import FCFSPolicy
-from scheduler.policies.mlfq import FixedPriorityPolicy, MLFQPolicy, NaiveMLFQPolicy
+from scheduler.policies.mlfq import MLFQPolicy
+from scheduler.policies.mlfq_strawmen import FixedPriorityPolicy, NaiveMLFQPolicy
 from scheduler.policy import Policy
 
 POLICIES: dict[str, type[Policy]] = {

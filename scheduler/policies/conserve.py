@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from scheduler.checkpoint import plan_checkpoints
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, ScheduledChunk
+from scheduler.policies.kv_profile import Lease, Profile
 from scheduler.policies.lines import WaitingLines
 from scheduler.policies.mlfq import MLFQPolicy
 from scheduler.policy import Policy
@@ -333,8 +334,14 @@ class ConservePolicy(Policy):
             add(job, n)
         self.offline_paused = paused
         waiting = self._waiting[OFFLINE]
+        profile, cap = self._offline_profile() if waiting else (None, 0)
         while waiting and not plan.preempted and len(running) < max_seqs:
             job = waiting.head()
+            if profile is not None and job.predicted_output_len is not None:
+                lease = self._lease(job)
+                if profile.peak_with(lease) - len(job.block_table) > cap:
+                    break
+                profile.add(lease)
             # A waiting offline job takes only free blocks: evicting running
             # offline work to admit more would only churn.
             if job.num_host_blocks:
@@ -349,6 +356,26 @@ class ConservePolicy(Policy):
             self._forget_holding(job)
             running.append(job)
             add(job, n)
+
+    def _lease(self, job: Job) -> Lease:
+        """`job`'s KV ahead: it grows to its predicted length, padded, and
+        then ends; one that ran past it, or has no prediction, is expected
+        to grow by one more block."""
+        alloc = job.allocated_output_len or job.predicted_output_len or 0
+        left = min(alloc, job.max_tokens) - job.num_output_tokens
+        return Lease(job.num_tokens, max(left, self.blocks.block_size))
+
+    def _offline_profile(self) -> tuple[Profile | None, int]:
+        """`offline_admission: predicted`: the running offline jobs' KV over
+        the coming steps (EconoServe §3.2's profile: jobs that end early
+        give their blocks to those still growing), and the blocks it may
+        reach beside what the rest holds.  None: admission by free blocks."""
+        if self.config.conserve.offline_admission != "predicted":
+            return None, 0
+        running = self._running[OFFLINE]
+        held = sum(len(j.block_table) for j in running)
+        profile = Profile([self._lease(j) for j in running], self.blocks.block_size, True)
+        return profile, self.blocks.num_blocks - (self.blocks.num_used - held)
 
     def _add_chunk(self, plan: Plan, job: Job, n: int) -> int:
         plan.chunks.append(self.chunk_for(job, n))

@@ -24,7 +24,9 @@ A job is a *prompt task* (PT) until its prompt is computed, then a
   bisection finds the longest task of the same range that does (a PT that
   fits the remaining token budget whole; a shorter GT group).
 - **Under-prediction** (§3.3.2): a GT that reaches its allocation
-  unfinished is given `overrun_growth` of its generated length more, in
+  unfinished is given `overrun_growth` of its generated length more (or
+  what jobs that ran as far past their prediction went on to generate,
+  `overrun_extension: refined`, `scheduler/remaining_length.py`), in
   place if the reserve has room for it, else by an **offload-free
   preemption**: it leaves the batch, its KV is dropped (recomputed when it
   returns; `pause_keeps_kv` keeps it on the device instead, its occupied KV
@@ -52,8 +54,9 @@ from scheduler.blocks import blocks_for
 from scheduler.job import Job, JobState
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.kv_profile import Lease, Profile
-from scheduler.policies.task_queue import Key, TaskQueue
+from scheduler.policies.task_queue import Key, TaskQueue, deadline_range
 from scheduler.policy import Policy
+from scheduler.remaining_length import RemainingLength
 
 # Keys that depend on the clock (deadline ranges) are refreshed this often.
 RESORT_S = 0.1
@@ -86,6 +89,8 @@ class EconoservePolicy(Policy):
         self._room = True
         self._sorted_at = -math.inf
         self._finished = [0, 0]  # jobs finished here, their output tokens
+        self.lengths = (RemainingLength(self.ec.refine_quantile)
+                        if self.ec.overrun_extension == "refined" else None)
         self.reserve = math.ceil(self.config.num_blocks * self.ec.pt_reserve)
         # Counters (metrics and studies).
         self.num_admissions = 0  # replenishments that admitted a GT
@@ -151,16 +156,7 @@ class EconoservePolicy(Policy):
         return self._added_at.get(job.job_id, job.arrival_time) + self.ec.jct_slo_scale * work
 
     def _range(self, job: Job, now: float) -> int:
-        d = self.deadline(job)
-        if d is None:
-            return len(self.ec.deadline_ranges_s) + 1
-        slack = d - now
-        if slack <= 0:
-            return 0
-        for i, bound in enumerate(self.ec.deadline_ranges_s):
-            if slack <= bound:
-                return i + 1
-        return len(self.ec.deadline_ranges_s) + 1
+        return deadline_range(self.deadline(job), now, self.ec.deadline_ranges_s)
 
     def _occupied(self, job: Job) -> int:
         return -(job.num_computed_tokens // self.ec.kv_range_tokens)
@@ -207,6 +203,8 @@ class EconoservePolicy(Policy):
         if job.num_output_tokens:
             self._finished[0] += 1
             self._finished[1] += job.num_output_tokens
+        if self.lengths is not None and job.finish_reason == "stop" and job.predicted_output_len:
+            self.lengths.observe(job.predicted_output_len, job.num_output_tokens)
 
     def num_waiting(self) -> int:
         return len(self.pts) + len(self.gts)
@@ -262,7 +260,10 @@ class EconoservePolicy(Policy):
 
     def _outside(self) -> int:
         """Blocks held by jobs outside the batch."""
-        return self.blocks.num_used - sum(len(j.block_table) for j in self.batch.values())
+        return self.blocks.num_used - self._held_by_batch()
+
+    def _held_by_batch(self) -> int:
+        return sum(len(j.block_table) for j in self.batch.values())
 
     def _admit_gts(self, plan: Plan, now: float) -> None:
         self._replenish = False
@@ -352,6 +353,8 @@ class EconoservePolicy(Policy):
         self.num_overruns += 1
         gen = job.num_output_tokens
         extra = max(self.bs, math.ceil(gen * self.ec.overrun_growth))
+        if self.lengths is not None and job.predicted_output_len:
+            extra = max(self.bs, self.lengths.remaining(job.predicted_output_len, gen) or extra)
         extra = min(extra, job.max_tokens - gen, self.config.max_model_len - job.num_tokens)
         self._extended[job.job_id] = gen + max(1, extra)
         self._profile = None
@@ -429,7 +432,7 @@ class EconoservePolicy(Policy):
         if not self.pts or budget <= 0:
             return
         prof = self.profile()
-        held_batch = sum(len(j.block_table) for j in self.batch.values())
+        held_batch = self._held_by_batch()
         # Free blocks promised neither to the batch's allocations nor to
         # the rest of the prompts already started.
         started = sum(self.blocks.blocks_needed(j, j.num_uncomputed_tokens)

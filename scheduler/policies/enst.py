@@ -9,9 +9,19 @@ to be the smaller, ENST orders jobs exactly as the priority walk does
 (class, level, entry into the level), which the policy keeps per job: a
 plan then ranks the few hundred jobs holding KV by a stored tuple instead
 of computing every job's ENST.
+
+T_execute as published charges every job ahead with all the quanta between
+its level and this one, as if no job finished before the last queue.  With
+predicted lengths (`mlfq.enst: predicted`) a job ahead is charged at most
+its predicted remaining service (`Shortfall`): the walk's order within a
+class is unchanged (T_execute still grows with the level), but its values
+fall, and with them where T_promote takes over.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
 
 from scheduler.job import Job
 
@@ -21,19 +31,100 @@ EnstKey = tuple[int, float, int, int]
 Rank = tuple[int, int, int]
 
 
+def prefix_sums(quanta: list[float]) -> list[float]:
+    out = [0.0]
+    for q in quanta:
+        out.append(out[-1] + q)
+    return out
+
+
+@dataclass(slots=True)
+class ClassShortfall:
+    """One class's jobs with a predicted remaining service r_j, as what
+    they take off the published charge.  A job at level l is charged, by a
+    job at level L, P_max(L, l+1) - P_l (P: the quanta's prefix sums); the
+    shortfall is that minus r_j where positive.  From the first level c_j
+    where it is positive, it is P_L - (P_l + r_j): counted by c_j in `cnt`
+    and `base`.  A job at level L or below (charged only by jobs of less
+    important classes) falls short by `cur` = max(0, q_l - r_j)."""
+
+    cnt: list[int]
+    base: list[float]
+    cur: list[float]
+
+
+class Shortfall:
+    """`ClassShortfall` per class, kept as jobs join, move and leave, so a
+    plan reads it in O(classes × levels)."""
+
+    def __init__(self, quanta: list[float]) -> None:
+        self.quanta = quanta
+        self.prefix = prefix_sums(quanta)
+        self.classes: dict[int, ClassShortfall] = {}
+        self._jobs: dict[str, tuple[int, int, int, float, float]] = {}
+
+    def set(self, job_id: str, priority: int, level: int, remaining_s: float) -> None:
+        self.discard(job_id)
+        n = len(self.quanta)
+        pl = self.prefix[level]
+        c = max(level + 1, bisect_right(self.prefix, pl + remaining_s))
+        cur = max(0.0, self.quanta[level] - remaining_s)
+        row = self.classes.get(priority)
+        if row is None:
+            row = self.classes[priority] = ClassShortfall([0] * n, [0.0] * n, [0.0] * n)
+        entry = (priority, level, c, pl + remaining_s, cur)
+        self._apply(row, entry, 1)
+        self._jobs[job_id] = entry
+
+    def discard(self, job_id: str) -> None:
+        entry = self._jobs.pop(job_id, None)
+        if entry is not None:
+            self._apply(self.classes[entry[0]], entry, -1)
+
+    def _apply(self, row: ClassShortfall, entry: tuple[int, int, int, float, float],
+               sign: int) -> None:
+        _, level, c, base, cur = entry
+        if c < len(row.cnt):
+            row.cnt[c] += sign
+            row.base[c] += sign * base
+        row.cur[level] += sign * cur
+
+    def rows(self, priority: int) -> tuple[list[float], list[float]]:
+        """Per level L: what the class's jobs above L (`own`) and the
+        class's jobs anywhere (`outranking`, for a less important class)
+        take off T_execute's sum."""
+        n = len(self.quanta)
+        row = self.classes.get(priority)
+        if row is None:
+            return [0.0] * n, [0.0] * n
+        own: list[float] = []
+        k = b = 0.0
+        for lvl in range(n):
+            k += row.cnt[lvl]
+            b += row.base[lvl]
+            own.append(max(0.0, self.prefix[lvl] * k - b))
+        outranking = own[:]
+        tail = 0.0
+        for lvl in range(n - 1, -1, -1):
+            tail += row.cur[lvl]
+            outranking[lvl] += tail
+        return own, outranking
+
+
 def execute_times(class_level_counts: dict[int, list[int]], quanta: list[float],
-                  batch: int) -> dict[int, list[float]]:
+                  batch: int, shortfall: Shortfall | None = None) -> dict[int, list[float]]:
     """T_execute per (class, level): (1/B) Σ_{j ahead} Σ_{k from j's level
     to this one} q_k, where the jobs ahead are those of the class in higher
     queues and every job of a more important class; one of those already at
-    this level or lower still runs ahead for its current quantum.
-    O(classes × levels) with running sums over the quanta's prefix sums."""
+    this level or lower still runs ahead for its current quantum.  With a
+    `shortfall`, a job ahead is charged at most its predicted remaining
+    service.  O(classes × levels) with running sums over the quanta's
+    prefix sums."""
     n = len(quanta)
-    prefix = [0.0]
-    for q in quanta:
-        prefix.append(prefix[-1] + q)
+    prefix = prefix_sums(quanta)
     out: dict[int, list[float]] = {}
     above = [0] * n  # jobs of the more important classes, per level
+    less = [0.0] * n  # what their predictions take off, per level
     for p in sorted(class_level_counts):
         own = class_level_counts[p]
         outranked = any(above)
@@ -41,19 +132,22 @@ def execute_times(class_level_counts: dict[int, list[int]], quanta: list[float],
         if outranked:
             for k in range(n - 1, -1, -1):
                 tail[k] = tail[k + 1] + above[k] * quanta[k]
+        own_less, outranking_less = (shortfall.rows(p) if shortfall is not None
+                                     else ([0.0] * n, [0.0] * n))
         row: list[float] = []
         s0 = s1 = a0 = a1 = 0.0
         for lvl in range(n):
-            ahead = prefix[lvl] * s0 - s1
+            ahead = prefix[lvl] * s0 - s1 - own_less[lvl]
             if outranked:
-                ahead += prefix[lvl] * a0 - a1 + tail[lvl]
-            row.append(ahead / batch)
+                ahead += prefix[lvl] * a0 - a1 + tail[lvl] - less[lvl]
+            row.append(max(0.0, ahead) / batch)
             s0 += own[lvl]
             s1 += own[lvl] * prefix[lvl]
             a0 += above[lvl]
             a1 += above[lvl] * prefix[lvl]
         out[p] = row
         above = [a + c for a, c in zip(above, own)]
+        less = [a + c for a, c in zip(less, outranking_less)]
     return out
 
 

@@ -54,11 +54,44 @@ class Profile:
     def __init__(self, leases: Sequence[Lease], block_size: int, pipelined: bool) -> None:
         self.block_size = block_size
         self.pipelined = pipelined
-        self.leases: list[Lease] = []
-        self._total = 0  # exact allocation: every lease at its largest
-        self._at: dict[int, int] = {}  # lease end -> blocks held just before it
-        for x in leases:
-            self.add(x)
+        self.leases: list[Lease] = list(leases)
+        # Exact allocation: every lease at its largest.
+        self._total = sum(final_blocks(x, block_size) for x in self.leases)
+        # Lease end -> blocks held just before it.
+        self._at: dict[int, int] = self._sweep() if pipelined else {}
+
+    def _sweep(self) -> dict[int, int]:
+        """The totals at every lease end, in O(n log n + ends × block size)
+        rather than a pass over the leases per end.  Ends are visited from
+        the last: a lease joins the alive ones at its end, holding its final
+        blocks through its buffer, and grows from its allocation's end down,
+        where it holds ceil((tokens + e) / bs) = q + a + ceil((r + b) / bs)
+        blocks at step e (tokens = q·bs + r, e = a·bs + b): the last term is
+        0, 1 or 2 by r, so counts of the growing leases per r give the sum."""
+        bs = self.block_size
+        by_end = sorted(self.leases, key=lambda x: x.end, reverse=True)
+        by_rem = sorted(self.leases, key=lambda x: x.remaining, reverse=True)
+        i = j = 0
+        final = 0  # alive leases past their allocation: their final blocks
+        q_sum = count = 0  # growing leases
+        per_r = [0] * bs
+        at: dict[int, int] = {}
+        for e in sorted({x.end for x in self.leases}, reverse=True):
+            while i < len(by_end) and by_end[i].end >= e:
+                final += final_blocks(by_end[i], bs)
+                i += 1
+            while j < len(by_rem) and by_rem[j].remaining >= e:
+                x = by_rem[j]
+                j += 1
+                final -= final_blocks(x, bs)
+                q, r = divmod(x.tokens, bs)
+                q_sum += q
+                count += 1
+                per_r[r] += 1
+            a, b = divmod(e, bs)
+            part = count - per_r[0] if b == 0 else count + sum(per_r[bs + 1 - b:])
+            at[e] = final + q_sum + count * a + part
+        return at
 
     @property
     def peak(self) -> int:

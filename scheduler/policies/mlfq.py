@@ -11,8 +11,7 @@ be preempted after any token; its KV stays on the device until memory is
 needed, and then it is swapped to the host (or dropped, `swap_mode:
 recompute`).
 
-`mlfq-naive` (everyone joins Q1) and `fixed-priority` (priority from input
-length, never demoted or promoted) are the paper's strawmen, for comparison.
+The paper's strawmen are in `mlfq_strawmen.py`.
 
 A job's `priority` (vLLM's meaning: lower runs first) makes strict classes
 above all of this: the MLFQ runs within a class, a class is served only
@@ -23,14 +22,15 @@ important class first.  With one class this is FastServe as published.
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from itertools import chain
 from collections.abc import Iterator
 
 from scheduler.blocks import blocks_for
 from scheduler.job import Job
 from scheduler.plan import BlockOp, Plan, ScheduledChunk
-from scheduler.policies.enst import EnstRanking, execute_times
+from scheduler.policies.burst_reserve import BurstReserve
+from scheduler.policies.enst import EnstRanking, Shortfall, execute_times
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
 from scheduler.policies.walk import Walk
@@ -39,10 +39,6 @@ from scheduler.swap import SwapMode
 
 # Default q1 when no cost estimate is given: a small model's decode step.
 _DEFAULT_Q1_S = 0.02
-# Window and horizon of the burst reserve (FastServe §4.2).
-_ARRIVAL_WINDOW_S = 10.0
-_RESERVE_HORIZON_S = 1.0
-_RESERVE_CAP = 0.25
 # Proactive swap-ins per iteration: at most 1/8 of the device blocks.
 _SWAP_IN_SHARE = 8
 
@@ -80,8 +76,8 @@ class MLFQPolicy(Policy):
         # Job id -> when it last ran, least recent first.
         self.last_run: dict[str, float] = {}
         self.swapped_in_step: dict[str, int] = {}
-        self.arrivals: deque[tuple[float, int]] = deque()
-        self._arrival_blocks = 0  # Σ of the blocks in `arrivals`
+        self.burst = BurstReserve()
+        self._shortfall = Shortfall(self.quanta) if mc.enst == "predicted" else None
         # Jobs per priority class; one class skips the class ordering.
         self.class_sizes: Counter[int] = Counter()
         self.selected: list[Job] = []
@@ -140,14 +136,28 @@ class MLFQPolicy(Policy):
         self._ran(job.job_id, now)
         first = blocks_for(min(job.num_uncomputed_tokens, self.config.max_batch_tokens),
                            self.blocks.block_size)
-        self.arrivals.append((now, first))
-        self._arrival_blocks += first
+        self.burst.arrived(now, first)
 
     def on_prediction(self, job: Job) -> None:
         # Before its first run, a job moves to the queue its prediction picks.
         if (self.config.mlfq.skip_join == "predicted" and self.variant == "skip-join"
                 and job.first_scheduled_time is None and job.job_id in self.level):
             self._move(job, self._join_level(self._join_work(job)))
+        elif job.job_id in self.level:
+            self._predicted_left(job)
+
+    def _predicted_left(self, job: Job) -> None:
+        """`mlfq.enst: predicted`: the job's predicted remaining service
+        (prefill left, then outputs at the last batch's iteration time), as
+        of its entry into its level: it only falls while the job stays."""
+        pred = job.predicted_output_len
+        if self._shortfall is None or pred is None or self.cost is None:
+            return
+        left = self.cost.decode_time(max(1, len(self.selected))) * max(
+            0, pred - job.num_output_tokens)
+        if job.num_uncomputed_tokens > 1:
+            left += self.cost.prefill_time(job.num_uncomputed_tokens)
+        self._shortfall.set(job.job_id, job.priority, self.level[job.job_id], left)
 
     def remove(self, job: Job) -> None:
         jid = job.job_id
@@ -161,6 +171,8 @@ class MLFQPolicy(Policy):
         self._rank.pop(jid, None)
         self._resident.discard(jid)
         self._host.discard(jid)
+        if self._shortfall is not None:
+            self._shortfall.discard(jid)
         self.used.pop(jid, None)
         self.last_run.pop(jid, None)
         self.swapped_in_step.pop(jid, None)
@@ -174,6 +186,7 @@ class MLFQPolicy(Policy):
         self._next_seq += 1
         self._reranked(job.job_id)
         self._levels[job.priority][lvl][job.job_id] = job
+        self._predicted_left(job)
 
     def _move(self, job: Job, lvl: int) -> None:
         del self._levels[job.priority][self.level[job.job_id]][job.job_id]
@@ -292,7 +305,8 @@ class MLFQPolicy(Policy):
 
     def _ranking(self, now: float) -> EnstRanking:
         counts = {p: [len(q) for q in levels] for p, levels in self._levels.items()}
-        return EnstRanking(execute_times(counts, self.quanta, self.config.max_batch_size),
+        return EnstRanking(execute_times(counts, self.quanta, self.config.max_batch_size,
+                                         self._shortfall),
                            self._rank, self.last_run, self.alpha, now,
                            promotes=self.variant != "fixed")
 
@@ -321,13 +335,7 @@ class MLFQPolicy(Policy):
         """Free blocks kept for arrivals: those expected over the horizon."""
         if self.config.reserve_blocks is not None:
             return self.config.reserve_blocks
-        while self.arrivals and now - self.arrivals[0][0] > _ARRIVAL_WINDOW_S:
-            self._arrival_blocks -= self.arrivals.popleft()[1]
-        if not self.arrivals:
-            return 0
-        window = max(now - self.arrivals[0][0], 1e-3, _RESERVE_HORIZON_S)
-        blocks = self._arrival_blocks * _RESERVE_HORIZON_S / window
-        return min(math.ceil(blocks), int(self.blocks.num_blocks * _RESERVE_CAP))
+        return self.burst.target(now, self.blocks.num_blocks)
 
     def schedule(self, step: int) -> Plan:
         self._step = step
@@ -483,17 +491,3 @@ class MLFQPolicy(Policy):
 
 def _not_in_flight(job: Job) -> bool:
     return job.swap_pending is None
-
-
-class NaiveMLFQPolicy(MLFQPolicy):
-    """Strawman: every job joins Q1 (FastServe §4.1)."""
-
-    name = "mlfq-naive"
-    variant = "naive"
-
-
-class FixedPriorityPolicy(MLFQPolicy):
-    """Strawman: priority from input length only, never demoted or promoted."""
-
-    name = "fixed-priority"
-    variant = "fixed"

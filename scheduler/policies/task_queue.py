@@ -17,6 +17,15 @@ from scheduler.job import Job
 Key = tuple[Any, ...]
 
 
+def deadline_range(deadline: float | None, now: float, bounds: tuple[float, ...]) -> int:
+    """A deadline's range by its slack (§3.4): 0 once missed, then one per
+    ascending bound the slack is within, the last for none at all."""
+    if deadline is None:
+        return len(bounds) + 1
+    slack = deadline - now
+    return 0 if slack <= 0 else bisect_left(bounds, slack) + 1
+
+
 class TaskQueue:
     def __init__(self) -> None:
         self._keys: list[Key] = []

@@ -9,6 +9,8 @@ EconoServe is scheduled with the predictor's real errors, not an oracle's.
     python -m studies.econoserve_sim.run compare --cv 3     # bursty arrivals -> compare_cv3.json
     python -m studies.econoserve_sim.run padding            # Fig. 4: padding sweet spot -> padding.json
     python -m studies.econoserve_sim.run ablation           # Fig. 11-style -> ablation.json
+    python -m studies.econoserve_sim.run enst               # mlfq.enst -> enst.json
+    python -m studies.econoserve_sim.run refine             # overrun_extension -> refine.json
     python -m studies.econoserve_sim.run plots
     python -m studies.econoserve_sim.run table --file compare.json   # markdown, with loads
 
@@ -62,6 +64,26 @@ SYSTEMS: dict[str, list[str]] = {
     "econoserve": ["--policy", "econoserve"],
     # The same policy handed the true lengths: what a perfect predictor buys.
     "econoserve-oracle": ["--policy", "econoserve"],
+}
+# ENST with predicted remaining service (`mlfq.enst`), alone and with the
+# predicted skip-join.
+_MLFQ = ["--policy", "mlfq", "--sched-opt", 'swap_mode="proactive"', "--sched-opt", HOST,
+         "--overlap-swap"]
+ENST: dict[str, list[str]] = {
+    "mlfq": _MLFQ,
+    "mlfq-enst": [*_MLFQ, "--sched-opt", 'mlfq={"enst": "predicted"}'],
+    "mlfq-predicted": [*_MLFQ, "--sched-opt", 'mlfq={"skip_join": "predicted"}'],
+    "mlfq-predicted-enst": [*_MLFQ, "--sched-opt",
+                            'mlfq={"skip_join": "predicted", "enst": "predicted"}'],
+}
+# An overrun extended by the refined remaining length (`overrun_extension`).
+REFINE: dict[str, list[str]] = {
+    "econoserve": ["--policy", "econoserve"],
+    "econoserve-refined": ["--policy", "econoserve", "--sched-opt",
+                           'econoserve={"overrun_extension": "refined"}'],
+    "econoserve-refined-q0.8": ["--policy", "econoserve", "--sched-opt",
+                                'econoserve={"overrun_extension": "refined", '
+                                '"refine_quantile": 0.8}'],
 }
 ABLATION: dict[str, list[str]] = {
     "econoserve": ["--policy", "econoserve"],
@@ -135,6 +157,7 @@ def point(system: str, args: list[str], rate: float, cv: float = 1.0,
         "ttft_mean": s.ttft.mean, "ttft_p99": s.ttft.p99, "tpot_mean": s.tpot.mean,
         "slo_attainment": met / N, "kv_utilization": st["mean_kv_utilization"],
         "mean_batch": st["mean_batch_size"], "preemptions": st["num_preemptions"],
+        "swap_blocks": st["swap_blocks"],
         "wall_s": wall,
         **{k: v for k, v in st.items() if k.startswith("econoserve_")},
     }
@@ -251,7 +274,8 @@ def plots() -> None:
 def main() -> None:
     register_oracles()
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["compare", "padding", "ablation", "plots", "table"])
+    ap.add_argument("what", choices=["compare", "padding", "ablation", "enst", "refine",
+                                     "plots", "table"])
     ap.add_argument("--file", default="compare.json", help="for `table`")
     ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0])
     ap.add_argument("--cv", type=float, default=1.0)
@@ -273,7 +297,8 @@ def main() -> None:
         run({"econoserve": SYSTEMS["econoserve"]}, a.rates, a.cv, f"padding{suffix}.json",
             a.padding, a.paddings)
         return
-    chosen = SYSTEMS if a.what == "compare" else ABLATION
+    chosen = {"compare": SYSTEMS, "ablation": ABLATION, "enst": ENST,
+              "refine": REFINE}[a.what]
     systems = {k: v for k, v in chosen.items() if not a.systems or k in a.systems}
     run(systems, a.rates, a.cv, f"{a.what}{suffix}.json", a.padding, append=a.append)
 

@@ -260,3 +260,30 @@ def test_a_pass_is_cut_only_when_waiting_for_it_would_miss_the_ttft(clock: FakeC
     assert not policy.cut_wanted(plan, 0.02, 20)  # 50 + 30 <= 90
     assert policy.cut_wanted(plan, 0.02, 40)  # 50 + 50 > 90: the prompts add up
     assert not policy.cut_wanted(plan, 1.0, 80)  # pass over; 64 tokens fit: 74 ms
+
+
+@pytest.mark.parametrize("pred", [40, 20])
+def test_predicted_admission_keeps_offline_jobs_from_evicting_each_other(pred: int) -> None:
+    """Eight offline jobs of 8 prompt + 40 output tokens need 96 blocks at
+    their end; 64 exist.  Admitted on free blocks they outgrow the cache and
+    evict one another; admitted by predicted length none is evicted when
+    the prediction is right, and an under-prediction costs evictions but
+    never work (every job finishes with all its tokens)."""
+    def run(admission: str) -> tuple[int, list[Job]]:
+        clock = FakeClock()
+        core = core_for(clock, conserve={"offline_admission": admission})
+        engine = FakeEngine(clock)
+        jobs = [offline(8, 40) for _ in range(8)]
+        for j in jobs:
+            j.predicted_output_len = pred
+            core.add(j)
+        drain(core, engine)
+        assert all(len(j.output_token_ids) == 40 for j in jobs)
+        return sum(j.num_preemptions for j in jobs), jobs
+
+    free, _ = run("free")
+    predicted, _ = run("predicted")
+    assert free > 0
+    # Right: no eviction.  Half the length: the gate admits too many,
+    # as free blocks would.
+    assert (predicted == 0) == (pred == 40)

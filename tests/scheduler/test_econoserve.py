@@ -74,6 +74,19 @@ def test_profile_matches_a_step_by_step_count() -> None:
             -(-(x.tokens + x.remaining) // 4) for x in leases)
 
 
+@pytest.mark.parametrize("bs", [1, 3, 16])
+def test_profile_built_at_once_equals_one_built_lease_by_lease(bs: int) -> None:
+    rng = random.Random(bs)
+    for _ in range(100):
+        leases = [Lease(rng.randint(1, 300), rng.randint(0, 300), rng.randint(0, 40))
+                  for _ in range(rng.randint(1, 40))]
+        whole = Profile(leases, bs, pipelined=True)
+        grown = Profile([], bs, pipelined=True)
+        for x in leases:
+            grown.add(x)
+        assert whole._at == grown._at and whole.peak == grown.peak
+
+
 # Decoupling and time-synced groups (§3.3) ------------------------------------
 
 
