@@ -54,6 +54,9 @@ from bench.costmodel import BatchShape, CostModel
 from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult
 
 SAMPLED_TOKEN_ID = 1
+# The copy size the modelled copy rate is taken at (the default checkpoint
+# budget per iteration, `conserve.checkpoint_max_blocks`).
+_RATE_BLOCKS = 32
 
 
 class VirtualClock:
@@ -119,6 +122,9 @@ class SimulatedExecutor:
         self._issued_at: dict[str, float] = {}
         self._in_lane_free = 0.0  # host -> device copy lane
         self._ckpt_lane_free = 0.0  # device -> host, checkpoints
+        # What the engine would measure: the lane's rate on a copy of
+        # `_RATE_BLOCKS` blocks (its fixed latency included).
+        self.copy_rate = _RATE_BLOCKS / cost.swap_time(_RATE_BLOCKS)
         self._seq = 0
 
     @property
@@ -194,7 +200,7 @@ class SimulatedExecutor:
                              "stop" if stops and c.output_index + 1 >= stops.get(c.job_id, 1 << 62)
                              else None)
                    for c in plan.chunks if c.sample]
-        result = StepResult(plan.step, outputs, dt)
+        result = StepResult(plan.step, outputs, dt, copy_rate=self.copy_rate)
         done = self._landed()
         if done:
             result.swaps_in_done = done

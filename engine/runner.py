@@ -284,7 +284,8 @@ class ModelRunner:
         outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
         done, failed = self._poll_swaps(0.0)
         return StepResult(
-            plan.step, outputs, iteration_time, swaps_in_done=done, swaps_in_failed=failed
+            plan.step, outputs, iteration_time, swaps_in_done=done, swaps_in_failed=failed,
+            copy_rate=self.swapper.copy_rate.rate if self.swapper is not None else None,
         )
 
     @staticmethod

@@ -37,6 +37,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from engine.copy_rate import CopyRate
 from engine.kv_cache import KVCache
 from scheduler.plan import BlockOp, BlockOpKind
 
@@ -78,6 +79,8 @@ class BlockSwapper:
             torch.cuda.Stream(device) if device.type == "cuda" else None)
         # Checkpoint copies issued on the side stream since the last plan.
         self._copies: list[torch.cuda.Event] = []
+        # Blocks per second the tier stores (`StepResult.copy_rate`).
+        self.copy_rate = CopyRate()
 
     @property
     def num_in_flight(self) -> int:
@@ -109,7 +112,9 @@ class BlockSwapper:
             self._checkpoint_on_side_stream(job_id, indices, device_blocks)
         elif kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
             # A host copy: the tier serialises it on its own thread.
-            self.tier.offload(job_id, indices, self.kv_cache.read_blocks(device_blocks).cpu())
+            self._timed(self.tier.offload(job_id, indices,
+                                          self.kv_cache.read_blocks(device_blocks).cpu()),
+                        len(indices))
         elif kind is BlockOpKind.DROP:
             # The job finished or was aborted: a fetch still in flight must
             # not land in blocks that may already belong to another job.
@@ -122,6 +127,10 @@ class BlockSwapper:
                                            kind is BlockOpKind.PREFETCH)
         else:  # pragma: no cover - exhaustive over BlockOpKind
             raise ValueError(f"unknown block op {kind}")
+
+    def _timed(self, future: Future[Any], num_blocks: int) -> None:
+        self.copy_rate.started()
+        future.add_done_callback(lambda _: self.copy_rate.finished(num_blocks))
 
     def _checkpoint_on_side_stream(self, job_id: str, indices: list[int],
                                    device_blocks: list[int]) -> None:
@@ -138,7 +147,8 @@ class BlockSwapper:
             done = torch.cuda.Event()
             done.record(self._side)
         self._copies.append(done)
-        self.tier.offload(job_id, indices, host, ready=done.synchronize)
+        self._timed(self.tier.offload(job_id, indices, host, ready=done.synchronize),
+                    len(indices))
 
     def poll(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
         """Install the fetches that have landed; returns (done, failed) jobs.

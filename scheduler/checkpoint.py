@@ -7,8 +7,9 @@ grows linearly with use, from one job at the threshold to all of them with
 a full cache (the paper's "gradually increase the number of offline
 requests to checkpoint", after random early detection).  Jobs are taken in
 the order they would be evicted, so the next victim is the first to be
-covered, and at most `checkpoint_max_blocks` blocks are copied per
-iteration (the I/O budget); the rest wait for a later one.
+covered.  An iteration copies at most what the host tier stores while it
+computes, at the copy rate the engine measures (the I/O budget, §4.5), and
+never more than `checkpoint_max_blocks`; the rest wait for a later one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def plan_checkpoints(swap: SwapManager, victims_first: Iterable[Job],
     candidates = [j for j in victims_first if j.block_table and j.is_resident]
     n = jobs_to_cover(len(candidates), swap.blocks.utilization, cfg.checkpoint_threshold)
     ops: list[BlockOp] = []
-    budget = cfg.checkpoint_max_blocks
+    budget = swap.copies_per_iteration(cfg.checkpoint_max_blocks)
     for job in candidates[:n]:
         if budget <= 0 or swap.host_free <= 0:
             break

@@ -153,6 +153,10 @@ class SchedulerCore:
             lost = self.jobs.get(job_id)
             if lost is not None and lost.swap_pending is not None:
                 self.swap.swap_in_failed(lost)
+        if result.copy_rate is not None:
+            self.swap.copy_rate = result.copy_rate
+        if result.iteration_time > 0.0:
+            self.swap.iteration_time = result.iteration_time
         if result.interrupted:
             # Nothing was computed: each job plans the same tokens again.
             return []

@@ -136,3 +136,7 @@ class StepResult:
     # The forward pass was cut between layers (ConServe §4.3, a plan with
     # `preemptible_at_layers`): no chunk was computed; its block ops were.
     interrupted: bool = False
+    # Blocks per second the host tier has been storing (measured by the
+    # engine, modelled by the simulator); None until known.  Bounds the
+    # checkpoint copies of a plan (ConServe §4.5).
+    copy_rate: float | None = None

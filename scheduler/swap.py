@@ -60,6 +60,17 @@ class SwapManager:
         # by preemptions that dropped all of a job's KV (to recompute).
         self.tokens_discarded = 0
         self.tokens_dropped = 0
+        # The host tier's copy rate (blocks/s) and the last iteration's time,
+        # from the engine's results: what one iteration can copy.
+        self.copy_rate: float | None = None
+        self.iteration_time = 0.0
+
+    def copies_per_iteration(self, cap: int) -> int:
+        """Blocks the tier stores while one iteration computes (ConServe
+        §4.5's I/O budget), at most `cap`; `cap` until both are measured."""
+        if self.copy_rate is None or self.iteration_time <= 0.0:
+            return cap
+        return max(1, min(cap, int(self.copy_rate * self.iteration_time)))
 
     @property
     def host_free(self) -> int:

@@ -10,7 +10,7 @@ import pytest
 from scheduler.checkpoint import jobs_to_cover
 from scheduler.core import SchedulerCore
 from scheduler.job import Job, JobClass
-from scheduler.plan import BlockOpKind, Plan
+from scheduler.plan import BlockOpKind, Plan, StepResult
 from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job
 from tests.scheduler.test_conserve import add_offline, core_for, offline, step
 
@@ -204,3 +204,28 @@ def test_abort_while_a_prefetch_is_in_flight_leaks_nothing(clock: FakeClock,
     assert core.swap.host_used == 0 and not engine.host
     core.blocks.check(core.jobs.values())
     assert core.blocks.num_free == 16
+
+
+
+def test_an_iteration_checkpoints_what_the_link_copies_while_it_computes(
+        clock: FakeClock) -> None:
+    """ConServe §4.5's I/O budget: the measured copy rate times the last
+    iteration's time, under the configured cap."""
+    core = ckpt_core(clock, checkpoint_max_blocks=32)
+    swap = core.swap
+    assert swap.copies_per_iteration(32) == 32  # nothing measured yet
+    plan = core.schedule()
+    core.complete(plan, StepResult(plan.step, [], 0.02, copy_rate=250.0))
+    assert (swap.copy_rate, swap.iteration_time) == (250.0, 0.02)
+    assert swap.copies_per_iteration(32) == 5 and swap.copies_per_iteration(3) == 3
+    # 100 blocks/s over the fake engine's 10 ms iterations: one block each,
+    # where the cap alone lets a plan copy several.
+    def most_per_plan(rate: float | None) -> int:
+        core = ckpt_core(clock, checkpoint_max_blocks=32)
+        core.swap.copy_rate = rate
+        engine = FakeEngine(clock)
+        add_offline(core, engine, 3, 12, 4)
+        return max(len(ops(p, BlockOpKind.CHECKPOINT)) for p in finish(core, engine))
+
+    assert most_per_plan(100.0) == 1
+    assert most_per_plan(None) > 1
