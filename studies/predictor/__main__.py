@@ -1,7 +1,7 @@
 """Command line of the predictor studies: `python -m studies.predictor --help`, from the repository root.
 
 Subcommands: probe, scaling, capacity, ceiling, make-ensemble,
-collect-completions.  Each writes its report where README.md lists it; the
+collect-completions, collect-live.  Each writes its report where README.md lists it; the
 trainings they run are the product's `python -m predictor train / evaluate`.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from predictor.cli_args import command_line, common_args, dataset_args, splits
 from predictor.config import ModelConfig, cache_dir
+from predictor.dataset import LengthPair
 
 PROG = "python -m studies.predictor"
 # The reports sit beside this file, one folder per adapter they concern.
@@ -31,16 +32,38 @@ def _dump(obj: Any) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def cmd_collect(a: argparse.Namespace) -> None:
-    from studies.predictor.collect import collect_completions
-
+def _serving_prompts(a: argparse.Namespace) -> list[LengthPair]:
+    """The first `--n` serving-split prompts of at most `--max-prompt-tokens`,
+    in prompt-id hash order: what collect-completions and collect-live send."""
     s = splits(a)
     # Serving-split prompts only: never trained on during ShareGPT fine-tuning.
     cand = [p for p in s.serve if p.prompt_tokens <= a.max_prompt_tokens]
     cand.sort(key=lambda p: hashlib.sha256(p.id.encode()).hexdigest())
+    return cand[: a.n]
+
+
+def cmd_collect(a: argparse.Namespace) -> None:
+    from studies.predictor.collect import collect_completions
+
     out = Path(a.out) if a.out else cache_dir() / "served" / "smollm2-served.jsonl"
-    n = collect_completions(a.model, cand[: a.n], out, a.max_new_tokens, a.batch_size)
+    n = collect_completions(a.model, _serving_prompts(a), out, a.max_new_tokens, a.batch_size)
     print(f"wrote {n} records to {out}")
+
+
+def cmd_collect_live(a: argparse.Namespace) -> None:
+    from studies.predictor.collect_live import LiveConfig, collect_live
+
+    cfg = LiveConfig(
+        base_url=a.base_url, model=a.model, api_key=a.api_key, concurrency=a.concurrency,
+        max_tokens=a.max_tokens, margin=a.margin, temperature=a.temperature, top_p=a.top_p,
+        seed=a.seed, request_timeout=a.request_timeout, max_duration_s=a.max_duration,
+    )
+    # Sent in hash order, not shortest first: a run cut by --max-duration is
+    # still a sample of the serving prompts, not their shortest ones.
+    out = Path(a.out) if a.out else cache_dir() / "served" / "live-client.jsonl"
+    summary = {"command": _command_line(), "client_log": str(out),
+               **collect_live(cfg, _serving_prompts(a), out)}
+    _dump(summary)
 
 
 def cmd_scaling(a: argparse.Namespace) -> None:
@@ -165,6 +188,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=None, help="default <cache>/served/smollm2-served.jsonl")
     p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser(
+        "collect-live",
+        help="send the same serving-split prompts to a running server (OpenAI chat endpoint), "
+             "which records the completions itself with predictor.record_dir",
+    )
+    dataset_args(p)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default=None, help="default: the first model /v1/models lists")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--n", type=int, default=400)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    p.add_argument("--max-tokens", type=int, default=1024,
+                   help="cap per request, lowered to max_model_len - prompt tokens - --margin")
+    p.add_argument("--margin", type=int, default=64, help="tokens left for the chat template")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0, help="base of the per-prompt seeds")
+    p.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per request")
+    p.add_argument("--max-duration", type=float, default=None,
+                   help="stop sending new prompts after this many seconds")
+    p.add_argument("--out", default=None,
+                   help="client log (resumable), default <cache>/served/live-client.jsonl")
+    p.set_defaults(func=cmd_collect_live)
 
     p = sub.add_parser(
         "scaling",
