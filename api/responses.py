@@ -34,6 +34,7 @@ class _Choice:
     metrics: dict[str, Any] | None = None
     started: bool = False
     text_offset: int = 0
+    last_token: int | None = None
 
 
 class ResponseBuilder:
@@ -89,6 +90,8 @@ class ResponseBuilder:
                 entries = echo_entries + entries
         c.text.append(text)
         c.num_tokens += len(delta["token_ids"])
+        if delta["token_ids"]:
+            c.last_token = delta["token_ids"][-1]
         c.logprobs += entries
         chunks: list[dict[str, Any]] = []
         finish = delta.get("finish_reason")

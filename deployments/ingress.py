@@ -67,10 +67,11 @@ class Ingress:
         from batch.service import Batches
         from batch.store import BatchStore
         from engine.model_source import resolve_model
-        from engine.tokenizer import load_tokenizer
+        from engine.tokenizer import eos_token_ids, load_tokenizer
 
         self.cfg = AppConfig(**config)
-        self.tokenizer = load_tokenizer(resolve_model(self.cfg.model))
+        model_path = resolve_model(self.cfg.model)
+        self.tokenizer = load_tokenizer(model_path)
         self.vocab_size = len(self.tokenizer)
         self.token_text = TokenText(self.tokenizer)
         self.scheduler = scheduler
@@ -79,9 +80,11 @@ class Ingress:
         self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
         rec = self.cfg.predictor.record_dir
-        self.served_log = ServedLog(rec) if rec else None
-        # Request id -> the texts its completions are recorded under.
-        self._recording: dict[str, list[str]] = {}
+        self.served_log = (ServedLog(rec, eos_token_ids(model_path, self.tokenizer, None))
+                           if rec else None)
+        # Request id -> the texts its completions are recorded under, and
+        # the request's stop token ids.
+        self._recording: dict[str, tuple[list[str], list[int]]] = {}
         # Built from the request models now, so it always matches them.
         self.openapi = build_openapi(auth=self.cfg.api_key is not None)
         self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
@@ -282,7 +285,7 @@ class Ingress:
             for g, text in zip(gens, predict_texts):
                 self._predict(g.request_id, text, replica)
         if self.served_log is not None and not req.ignore_eos and not req.min_tokens:
-            self._recording[request_id] = predict_texts
+            self._recording[request_id] = (predict_texts, req.stop_token_ids or [])
         logprobs = (req.logprobs if chat else req.logprobs is not None)
         builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
                                   req.n, self.token_text, logprobs=bool(logprobs),
@@ -357,10 +360,11 @@ class Ingress:
     def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
         stream.cancel()
         self._release(builder.request_id, outcome)
-        texts = self._recording.pop(builder.request_id, None)
-        if texts is not None and outcome == "finished" and self.served_log is not None:
+        recording = self._recording.pop(builder.request_id, None)
+        if recording is not None and outcome == "finished" and self.served_log is not None:
             try:
-                self.served_log.write(ServedLog.rows(texts, builder))
+                texts, stop_ids = recording
+                self.served_log.write(self.served_log.rows(texts, builder, stop_ids))
             except OSError as e:  # a full disk must not fail the request
                 log.warning("could not record served completions: %r", e)
 

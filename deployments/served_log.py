@@ -4,7 +4,9 @@ EconoServe's predictor "undergoes continual retraining in the system"
 (§3.3.2).  Each Ingress replica appends one JSON line per finished choice to
 `served-<pid>.jsonl` in `predictor.record_dir`: the text the predictor read
 (the prompt, or a chat's last user message), the answer's length in tokens
-and how it ended.  An answer cut by `max_tokens` (`"censored": true`) is
+and how it ended.  The length counts the answer's tokens before the token
+that ended it (end of sequence or a stop token), as the ShareGPT lengths
+the predictor was trained on do.  An answer cut by `max_tokens` (`"censored": true`) is
 not an answer length, only a lower bound of one: `python -m predictor
 retrain` leaves it out.  Requests whose length the client forced
 (`ignore_eos`, `min_tokens`) are not recorded.
@@ -21,17 +23,20 @@ from api.responses import ResponseBuilder
 
 
 class ServedLog:
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, eos_ids: set[int]) -> None:
         Path(folder).mkdir(parents=True, exist_ok=True)
         self.path = Path(folder) / f"served-{os.getpid()}.jsonl"
+        self.eos_ids = frozenset(eos_ids)
 
-    @staticmethod
-    def rows(texts: list[str], builder: ResponseBuilder) -> list[dict[str, Any]]:
+    def rows(self, texts: list[str], builder: ResponseBuilder,
+             stop_token_ids: list[int] | None = None) -> list[dict[str, Any]]:
         """A record per choice that ended by itself or at `max_tokens`."""
+        ends = self.eos_ids.union(stop_token_ids or ())
         return [
             {"id": f"{builder.request_id}/{c.index}", "prompt": texts[c.prompt],
-             "output_len": c.num_tokens, "finish_reason": c.finish_reason,
-             "censored": c.finish_reason == "length"}
+             "output_len": c.num_tokens - int(c.finish_reason == "stop"
+                                              and c.last_token in ends),
+             "finish_reason": c.finish_reason, "censored": c.finish_reason == "length"}
             for c in builder.choices if c.finish_reason in ("stop", "length")
         ]
 

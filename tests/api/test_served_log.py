@@ -49,3 +49,19 @@ def test_nothing_is_recorded_by_default(tmp_path: Path) -> None:
         assert h.ingress.served_log is None
         r = h.client.post("/v1/completions", json={"prompt": "Say hi", "max_tokens": 10})
         assert r.status_code == 200
+
+
+def test_the_token_that_ended_an_answer_is_not_counted(tmp_path: Path) -> None:
+    """As in the ShareGPT lengths the predictor learns: the answer's tokens
+    before the end-of-sequence or stop token that ended it."""
+    from tests.api.harness import _OUTPUT_TEXT
+
+    with harness(predictor={"record_dir": str(tmp_path)}) as h:
+        third = h.ingress.tokenizer(_OUTPUT_TEXT, add_special_tokens=False)["input_ids"][2]
+        assert h.ingress.served_log.eos_ids  # the model's end-of-sequence ids
+        # The fake engine's third token ends the answer: a stop token here.
+        r = h.client.post("/v1/completions", json={"prompt": "Say hi", "max_tokens": 10,
+                                                   "stop_token_ids": [third]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3
+    assert [x["output_len"] for x in _records(tmp_path)] == [2]
