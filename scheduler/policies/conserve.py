@@ -334,7 +334,10 @@ class ConservePolicy(Policy):
             add(job, n)
         self.offline_paused = paused
         waiting = self._waiting[OFFLINE]
-        profile, cap = self._offline_profile() if waiting else (None, 0)
+        # Built only when a job may be admitted: it costs O(n log n) in the
+        # running offline jobs, on every plan.
+        admitting = waiting and not plan.preempted and len(running) < max_seqs
+        profile, cap = self._offline_profile() if admitting else (None, 0)
         while waiting and not plan.preempted and len(running) < max_seqs:
             job = waiting.head()
             if profile is not None and job.predicted_output_len is not None:
