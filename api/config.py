@@ -116,6 +116,11 @@ class AppConfig(SchedulingSettings):
     # AMX), float32 elsewhere, where emulated bf16 is ~6x slower.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
+    # Decode attention: `compiled` (one Inductor-generated loop over the
+    # block table, engine/attention_compiled.py; needs a C++ compiler, falls
+    # back to `torch` without one) or `torch` (gather + SDPA).  `auto`:
+    # compiled on CPU, torch on CUDA.
+    attention_backend: Literal["auto", "torch", "compiled"] = "auto"
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
     # Host KV tier per engine replica, in tokens (0: no host tier).
@@ -168,6 +173,9 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"swap_mode={self.swap_mode!r} needs a host tier: set host_kv_tokens"
             )
+        if self.device == "cuda" and self.attention_backend == "compiled":
+            raise ValueError(
+                "attention_backend 'compiled' is a CPU backend; use 'torch' or 'auto' on cuda")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

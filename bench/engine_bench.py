@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from engine.attention import default_backend_name
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from scheduler.plan import Plan, ScheduledChunk
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before measuring")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--attention", default=None,
+                   help="our attention backend (torch | compiled); default: the engine's")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -90,7 +93,7 @@ class OursBench:
         )
         self.runner = ModelRunner(
             args.model, dtype=dtype, device="cpu", num_blocks=need, block_size=bs,
-            max_model_len=max_len, num_threads=args.threads,
+            max_model_len=max_len, num_threads=args.threads, attention_backend=args.attention,
         )
         self._n = 0
         self._decode_jobs: list[str] = []
@@ -265,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "meta": {
             "model": args.model,
             "threads": args.threads,
+            "attention_backend": args.attention or default_backend_name(torch.device("cpu")),
             "decode_context": args.decode_context // args.block_size * args.block_size,
             "decode_steps": args.decode_steps,
             "prefill_reps": args.reps,

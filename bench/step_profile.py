@@ -5,7 +5,9 @@ sequences sharing a `--context`-token prefix, as `bench/engine_bench.py`
 does) under `torch.profiler`, and groups the ops' self CPU time:
 
 - matmul: `aten::mm` / `addmm` / `bmm` (the linear layers and lm_head);
-- attention: scaled-dot-product attention kernels;
+- attention: scaled-dot-product attention kernels, and the compiled paged
+  decode kernel (`engine/attention_compiled.py`: its Inductor region, with
+  the gather fused in);
 - kv gather: `aten::index_select` (reading each sequence's paged KV blocks
   into one padded tensor) and `aten::index_copy_` (writing new K/V);
 - everything else (norms, rotary, activations, sampling, copies, Python).
@@ -36,6 +38,11 @@ _GROUPS = {
 
 
 def _group(name: str) -> str:
+    # Inductor's C++ kernels have no aten name: the profiler charges their
+    # time to the compiled region (and its guards / wrapper) that calls them.
+    if name.startswith(("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph",
+                        "TorchDynamo Cache Lookup")):
+        return "attention"
     for g, names in _GROUPS.items():
         if name in names:
             return g
@@ -49,11 +56,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
+    ap.add_argument("--attention", default=None, help="torch | compiled (default: the engine's)")
+    ap.add_argument("--top", type=int, default=0, help="also print the N costliest ops")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     ea = engine_args(["--decode-context", str(a.context), "--decode-steps", str(a.steps + 3),
                       "--warmup", "0", "--threads", str(a.threads),
-                      "--decode-batches", str(a.batch), "--prefill-lens", str(a.context)])
+                      "--decode-batches", str(a.batch), "--prefill-lens", str(a.context),
+                      *(["--attention", a.attention] if a.attention else [])])
     ours = OursBench(ea, a.dtype)
     step = ours.start_decode(list(range(100, 100 + a.context)), a.batch)
     for _ in range(2):
@@ -68,12 +78,15 @@ def main(argv: list[str] | None = None) -> None:
     for ev in prof.key_averages():
         by_group[_group(ev.key)] += ev.self_cpu_time_total
         total += ev.self_cpu_time_total
+    for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: a.top]:
+        print(f"  {ev.key[:60]:<60} {ev.self_cpu_time_total / 1000 / a.steps:8.2f} ms/step")
     shares = {g: round(v / total, 4) for g, v in sorted(by_group.items(), key=lambda kv: -kv[1])}
     ms = {g: round(v / 1000 / a.steps, 2) for g, v in by_group.items()}
     for g, sh in shares.items():
         print(f"{g:<18} {sh * 100:5.1f} %   {ms[g]:8.2f} ms/step")
     print(f"profiled step (wall, with profiler overhead): {wall * 1000:.1f} ms")
     meta = {"batch": a.batch, "context": a.context, "dtype": a.dtype, "threads": a.threads,
+            "attention_backend": ours.runner.attn.name,
             "steps": a.steps, **machine_meta()}
     write_report({"meta": meta, "share": shares, "ms_per_step": ms,
                   "profiled_step_ms": round(wall * 1000, 1)}, a.out)

@@ -101,6 +101,8 @@ class Engine:
             block_size=sched_cfg.block_size,
             max_model_len=sched_cfg.max_model_len,
             num_threads=self.cfg.threads,
+            attention_backend=(
+                None if self.cfg.attention_backend == "auto" else self.cfg.attention_backend),
         )
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())

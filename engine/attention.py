@@ -7,7 +7,9 @@ of its sequence and attends causally to all of the sequence's cached tokens
 `0 .. start_pos + n`.  A backend (1) writes the chunk's new K/V into the paged
 cache slots its block table names and (2) attends over the cache.
 
-The torch reference backend (`engine.attention_torch`) runs anywhere; a
+The torch reference backend (`engine.attention_torch`) runs anywhere; the
+compiled backend (`engine.attention_compiled`, the CPU default) fuses its
+decode attention into one Inductor-generated loop over the block table; a
 Triton paged-attention backend for GPUs plugs in here by subclassing
 `AttentionBackend` and adding itself to `get_attention_backend`, with its own metadata
 (e.g. int32 block tables and cumulative sequence lengths on the device).
@@ -89,10 +91,12 @@ class AttentionBackend(ABC):
 def get_attention_backend(name: str) -> type[AttentionBackend]:
     # Imported here so that a GPU backend's Triton import never happens on
     # a machine that does not select it.
+    from engine.attention_compiled import CompiledAttentionBackend
     from engine.attention_torch import TorchAttentionBackend
 
     backends: dict[str, type[AttentionBackend]] = {
         TorchAttentionBackend.name: TorchAttentionBackend,
+        CompiledAttentionBackend.name: CompiledAttentionBackend,
     }
     try:
         return backends[name]
@@ -104,4 +108,4 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
 
 def default_backend_name(device: torch.device) -> str:
     # The Triton backend (roadmap step 8) becomes the CUDA default here.
-    return "torch"
+    return "compiled" if device.type == "cpu" else "torch"

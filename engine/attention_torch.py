@@ -44,9 +44,10 @@ class TorchAttentionMetadata(AttentionMetadata):
     # Flat cache row (block * block_size + offset) of each new token.
     slot_mapping: torch.Tensor
     num_decodes: int
-    # Flattened [num_decodes * max_blocks] block ids, padded with block 0
-    # (masked).
+    # [num_decodes, max_blocks] block ids, padded with block 0 (masked).
     decode_block_tables: torch.Tensor | None
+    # [num_decodes] context length of each decode.
+    decode_context_lens: torch.Tensor | None
     # [num_decodes, 1, 1, decode_max_context] bool; None when no decode
     # needs padding.
     decode_mask: torch.Tensor | None
@@ -96,16 +97,14 @@ class TorchAttentionBackend(AttentionBackend):
                 )
             token += n
 
-        decode_block_tables = decode_mask = None
+        decode_block_tables = decode_mask = ctx_t = None
         max_ctx = max(decode_ctx, default=0)
         if num_decodes:
             max_blocks = -(-max_ctx // bs)
             padded = [list(t) + [0] * (max_blocks - len(t)) for t in decode_tables]
-            decode_block_tables = torch.tensor(
-                padded, dtype=torch.long, device=self.device
-            ).view(-1)
+            decode_block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
+            ctx_t = torch.tensor(decode_ctx, device=self.device)
             if min(decode_ctx) < max_ctx:  # no padding, no mask: a faster kernel path
-                ctx_t = torch.tensor(decode_ctx, device=self.device)
                 decode_mask = (
                     torch.arange(max_ctx, device=self.device)[None, :] < ctx_t[:, None]
                 ).view(num_decodes, 1, 1, max_ctx)
@@ -113,6 +112,7 @@ class TorchAttentionBackend(AttentionBackend):
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             num_decodes=num_decodes,
             decode_block_tables=decode_block_tables,
+            decode_context_lens=ctx_t,
             decode_mask=decode_mask,
             decode_max_context=max_ctx,
             prefills=prefills,
@@ -138,18 +138,7 @@ class TorchAttentionBackend(AttentionBackend):
 
         nd = md.num_decodes
         if nd:
-            tables = md.decode_block_tables
-            assert tables is not None
-            ctx = md.decode_max_context
-            # index_select, not key_cache[tables]: advanced indexing is ~9×
-            # slower on CPU for this gather.
-            kd = key_cache.index_select(0, tables).view(nd, -1, kvh, hd)[:, :ctx].transpose(1, 2)
-            vd = value_cache.index_select(0, tables).view(nd, -1, kvh, hd)[:, :ctx].transpose(1, 2)
-            qd = q[:nd].view(nd, kvh, group, hd)
-            od = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=md.decode_mask, scale=scale
-            )
-            out[:nd] = od.reshape(nd, self.num_heads, hd)
+            out[:nd] = self._decode(q[:nd], key_cache, value_cache, md, scale)
 
         for p in md.prefills:
             qs = q[p.token_start : p.token_end].transpose(0, 1).unsqueeze(0)
@@ -172,3 +161,26 @@ class TorchAttentionBackend(AttentionBackend):
             )
             out[p.token_start : p.token_end] = op[0].transpose(0, 1)
         return out
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of the step's single-token chunks: q `[nd, heads, dim]`."""
+        nd = md.num_decodes
+        kvh, hd = self.num_kv_heads, self.head_dim
+        tables = md.decode_block_tables
+        assert tables is not None
+        ctx = md.decode_max_context
+        flat = tables.view(-1)
+        # index_select, not key_cache[tables]: advanced indexing is ~9×
+        # slower on CPU for this gather.
+        kd = key_cache.index_select(0, flat).view(nd, -1, kvh, hd)[:, :ctx].transpose(1, 2)
+        vd = value_cache.index_select(0, flat).view(nd, -1, kvh, hd)[:, :ctx].transpose(1, 2)
+        qd = q.view(nd, kvh, self.num_heads // kvh, hd)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md.decode_mask, scale=scale)
+        return od.reshape(nd, self.num_heads, hd)

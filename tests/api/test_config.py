@@ -62,3 +62,12 @@ def test_batch_files_live_under_the_cache_unless_placed(monkeypatch: pytest.Monk
     for field, bad in (("max_concurrency", 0), ("max_file_bytes", 10), ("storage", "x")):
         with pytest.raises(ValidationError, match=field):
             AppConfig(batch={field: bad})
+
+
+def test_attention_backend_is_checked_against_the_device() -> None:
+    assert AppConfig().attention_backend == "auto"
+    assert AppConfig(attention_backend="torch", device="cuda").attention_backend == "torch"
+    with pytest.raises(ValidationError, match="attention_backend 'compiled' is a CPU backend"):
+        AppConfig(attention_backend="compiled", device="cuda")
+    with pytest.raises(ValidationError, match="attention_backend"):
+        AppConfig(attention_backend="triton")

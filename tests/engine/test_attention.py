@@ -1,4 +1,4 @@
-"""The torch paged-attention backend against a dense per-sequence reference."""
+"""The paged-attention backends against a dense per-sequence reference."""
 
 from __future__ import annotations
 
@@ -31,17 +31,22 @@ def _reference(
 MIXED = [(9, 1), (0, 1), (16, 1), (0, 7), (5, 6), (12, 9)]
 # Decodes of equal context need no padding mask.
 EQUAL = [(7, 1), (7, 1), (7, 1), (3, 5)]
+# Contexts within one block (tables one block wide), and a lone decode.
+NARROW = [(2, 1), (0, 1), (1, 3)]
+LONE = [(13, 1), (0, 4)]
 
 
-@pytest.mark.parametrize("shapes", [MIXED, EQUAL], ids=["mixed", "equal-context"])
+@pytest.mark.parametrize("backend_name", ["torch", "compiled"])
+@pytest.mark.parametrize("shapes", [MIXED, EQUAL, NARROW, LONE],
+                         ids=["mixed", "equal-context", "narrow", "lone-decode"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4), (6, 1)])
 def test_mixed_batch_matches_dense(
-    heads: int, kv_heads: int, shapes: list[tuple[int, int]]
+    heads: int, kv_heads: int, shapes: list[tuple[int, int]], backend_name: str
 ) -> None:
     gen = torch.Generator().manual_seed(0)
     d, bs, num_blocks = 8, 4, 64
     cache = KVCache(1, num_blocks, bs, kv_heads, d, torch.float32, "cpu")
-    backend = get_attention_backend("torch")(heads, kv_heads, d, bs, torch.device("cpu"))
+    backend = get_attention_backend(backend_name)(heads, kv_heads, d, bs, torch.device("cpu"))
     free = torch.randperm(num_blocks, generator=gen).tolist()
     history = []  # full K/V of each sequence, the dense truth
     spans = []
