@@ -8,65 +8,89 @@ the few rows a grouped-query decode has.  On one AVX2 core at batch 32 and
 768-token contexts that costs ~16 ms a layer, more than the layer's matmuls
 (`studies/engine_cpu/README.md`).
 
-Here the same math is written against the block table (`key_cache[tables]`)
-and compiled with `torch.compile`: Inductor turns the indirect gather, the
+Here the same math is written against the cache blocks themselves and
+compiled with `torch.compile`: Inductor turns the indirect gather, the
 scores, the masked softmax and the weighted sum of V into C++ loops that
 read each cached block once and materialize nothing of context size but the
-scores (~6 ms a layer for that shape).  This is the CPU counterpart of the
-paged-attention kernels GPU engines write in Triton or CUDA; Inductor is the
-compiler made for generating such a kernel from torch code.
+scores.  This is the CPU counterpart of the paged-attention kernels GPU
+engines write in Triton or CUDA; Inductor is the compiler made for
+generating such a kernel from torch code.
 
-Shapes: the batch, the table width and the cache's block count are marked
+The work list is ragged: one row per block a decode actually holds
+(`block_ids`, owned by `block_seq`, `block_len` of its tokens valid), not
+a `[batch, longest table]` rectangle.  A served batch mixes contexts of 50
+and 1,500 tokens; padding every decode to the longest one made the kernel's
+work batch × longest context, 2 to 3× the real work in ShareGPT-like
+batches.  The softmax is taken per sequence across its blocks (the
+per-sequence max and sum are segment reductions over `block_seq`), so the
+result is exact, as in split-KV ("flash-decoding") GPU kernels.
+
+Shapes: the batch, the block list and the cache's block count are marked
 dynamic, so one compiled graph serves every step of every engine with the
-same head layout, block size and dtype.  Tables narrower than two blocks
-are padded to two, because Inductor specializes sizes 0 and 1 and would
-otherwise compile more graphs; a lone decode takes the reference path.  Compiling needs a C++ compiler; where
-the first compile fails the backend says so once and falls back to the
-reference path for good.
+same head layout, block size and dtype.  A lone decode takes the reference
+path (Inductor specializes size-1 dimensions and would compile a second
+graph).  Compiling needs a C++ compiler; where the first compile fails the
+backend says so once and falls back to the reference path for good.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from engine.attention import SeqSpan
 from engine.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
 
 log = logging.getLogger(__name__)
 
 
-def paged_decode_attention(
+def ragged_decode_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
+    block_ids: torch.Tensor,
+    block_seq: torch.Tensor,
+    block_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Attention of single-token queries over their paged contexts.
 
     q: `[n, heads, dim]`; caches: `[blocks, block_size, kv_heads, dim]`;
-    block_tables: `[n, width]` (entries past a context are never attended);
-    context_lens: `[n]`, each ≥ 1.  Returns `[n, heads, dim]` in q's dtype,
-    accumulated in float32.
+    block_ids / block_seq / block_len: `[t]`, one entry per cache block of
+    any decode: the block, the decode (row of q) that owns it, and how many
+    of its tokens are context (1..block_size).  Every decode owns at least
+    one block.  Returns `[n, heads, dim]` in q's dtype, accumulated in
+    float32.
     """
-    n, width = block_tables.shape
+    n = q.shape[0]
     _, block_size, kv_heads, dim = key_cache.shape
     group = q.shape[1] // kv_heads
-    k = key_cache[block_tables].float()  # [n, width, block_size, kv_heads, dim]
-    v = value_cache[block_tables].float()
-    qf = q.float().view(n, 1, 1, kv_heads, group, dim) * scale
-    scores = (qf * k.unsqueeze(-2)).sum(-1).view(n, width * block_size, kv_heads, group)
-    pos = torch.arange(width * block_size, device=q.device)
-    beyond = (pos[None, :] >= context_lens[:, None])[:, :, None, None]
-    scores = scores.masked_fill(beyond, float("-inf"))
-    p = (scores - scores.amax(1, keepdim=True)).exp()
-    weighted = (p.view(n, width, block_size, kv_heads, group, 1) * v.unsqueeze(-2)).sum((1, 2))
-    out = weighted / p.sum(1)[..., None]
-    return out.view(n, kv_heads * group, dim).to(q.dtype)
+    k = key_cache[block_ids].float()  # [t, block_size, kv_heads, dim]
+    v = value_cache[block_ids].float()
+    qb = (q.float() * scale).view(n, kv_heads, group, dim)[block_seq]
+    scores = (qb.unsqueeze(1) * k.unsqueeze(3)).sum(-1)  # [t, block_size, kv_heads, group]
+    pos = torch.arange(block_size, device=q.device)
+    scores = scores.masked_fill(
+        (pos[None, :] >= block_len[:, None])[:, :, None, None], float("-inf"))
+    seq_max = torch.full((n, kv_heads, group), float("-inf"), device=q.device).index_reduce(
+        0, block_seq, scores.amax(1), "amax")
+    p = (scores - seq_max[block_seq].unsqueeze(1)).exp()
+    denom = torch.zeros(n, kv_heads, group, device=q.device).index_add(0, block_seq, p.sum(1))
+    weighted = torch.zeros(n, kv_heads, group, dim, device=q.device).index_add(
+        0, block_seq, (p.unsqueeze(-1) * v.unsqueeze(3)).sum(1))
+    return (weighted / denom.unsqueeze(-1)).view(n, kv_heads * group, dim).to(q.dtype)
+
+
+@dataclass(slots=True)
+class RaggedAttentionMetadata(TorchAttentionMetadata):
+    # One entry per cache block of a decode (see ragged_decode_attention).
+    decode_block_ids: torch.Tensor | None
+    decode_block_seq: torch.Tensor | None
+    decode_block_len: torch.Tensor | None
 
 
 _compiled: Any = None
@@ -78,15 +102,8 @@ def _compiled_kernel() -> Any:
         # dynamic=False: only the dimensions marked below vary; head counts,
         # head dim and block size stay constants the generated loops unroll
         # and vectorize on (all-dynamic code is ~4x slower).
-        _compiled = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
+        _compiled = torch.compile(ragged_decode_attention, dynamic=False, fullgraph=True)
     return _compiled
-
-
-def _pad_to_two(t: torch.Tensor, dim: int, value: int) -> torch.Tensor:
-    if t.shape[dim] >= 2:
-        return t
-    pad = [0, 0] * (t.dim() - 1 - dim) + [0, 2 - t.shape[dim]]
-    return F.pad(t, pad, value=value)
 
 
 class CompiledAttentionBackend(TorchAttentionBackend):
@@ -100,6 +117,28 @@ class CompiledAttentionBackend(TorchAttentionBackend):
         # None until the first decode shows whether this machine compiles.
         self.compiled_ok: bool | None = None
 
+    def build_metadata(self, spans: Sequence[SeqSpan]) -> RaggedAttentionMetadata:
+        md = super().build_metadata(spans)
+        ids = seq = lens = None
+        if md.num_decodes > 1 and self.compiled_ok is not False:
+            bs = self.block_size
+            block_ids: list[int] = []
+            block_seq: list[int] = []
+            block_len: list[int] = []
+            for i, span in enumerate(spans[: md.num_decodes]):
+                ctx = span.context_len
+                nb = -(-ctx // bs)
+                block_ids.extend(span.block_table[:nb])
+                block_seq.extend([i] * nb)
+                block_len.extend([bs] * (nb - 1))
+                block_len.append(ctx - (nb - 1) * bs)
+            ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+            seq = torch.tensor(block_seq, dtype=torch.long, device=self.device)
+            lens = torch.tensor(block_len, dtype=torch.long, device=self.device)
+        return RaggedAttentionMetadata(
+            **{f.name: getattr(md, f.name) for f in fields(md)},
+            decode_block_ids=ids, decode_block_seq=seq, decode_block_len=lens)
+
     def _decode(
         self,
         q: torch.Tensor,
@@ -108,23 +147,18 @@ class CompiledAttentionBackend(TorchAttentionBackend):
         md: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        if self.compiled_ok is False or md.num_decodes == 1:
-            # A lone decode has no padding for SDPA to waste, and padding it
-            # to two rows would double the kernel's work.
+        ids = getattr(md, "decode_block_ids", None)
+        if self.compiled_ok is False or ids is None:
+            # A lone decode has no padding for SDPA to waste.
             return super()._decode(q, key_cache, value_cache, md, scale)
-        tables, lens = md.decode_block_tables, md.decode_context_lens
-        assert tables is not None and lens is not None
-        nd = md.num_decodes
-        tables = _pad_to_two(tables, 1, 0)
-        qp = q
-        for t, dims in ((qp, (0,)), (tables, (0, 1)), (lens, (0,)),
-                        (key_cache, (0,)), (value_cache, (0,))):
-            for d in dims:
-                torch._dynamo.mark_dynamic(t, d)
+        assert isinstance(md, RaggedAttentionMetadata)
+        args = (q, key_cache, value_cache, ids, md.decode_block_seq, md.decode_block_len)
+        for t in args:
+            torch._dynamo.mark_dynamic(t, 0)
         if self.compiled_ok:
-            return _compiled_kernel()(qp, key_cache, value_cache, tables, lens, scale)[:nd]
+            return _compiled_kernel()(*args, scale)
         try:
-            out = _compiled_kernel()(qp, key_cache, value_cache, tables, lens, scale)[:nd]
+            out = _compiled_kernel()(*args, scale)
         except Exception as e:  # no C++ compiler, or Inductor cannot build here
             log.warning(
                 "compiled paged attention unavailable (%s: %s); using the torch "

@@ -44,22 +44,57 @@ def test_kernel_math_matches_reference_eagerly() -> None:
     contexts = [1, 5, 16, 17, 30]
     want, ref = _forward("torch", contexts)
     spans, q, k, v, keys, values = _step(contexts)
-    md = ref.build_metadata(spans)
-    ref.forward(q, k, v, keys, values, md, DIM**-0.5)  # writes this step's K/V
-    got = compiled.paged_decode_attention(
-        q, keys, values, md.decode_block_tables, md.decode_context_lens, DIM**-0.5)
+    ref.forward(q, k, v, keys, values, ref.build_metadata(spans), DIM**-0.5)  # writes K/V
+    md = _ragged(spans)
+    got = compiled.ragged_decode_attention(
+        q, keys, values, md.decode_block_ids, md.decode_block_seq, md.decode_block_len,
+        DIM**-0.5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _ragged(spans: list[SeqSpan]) -> Any:
+    backend = compiled.CompiledAttentionBackend(HEADS, KV_HEADS, DIM, BS, torch.device("cpu"))
+    return backend.build_metadata(spans)
+
+
+def test_ragged_work_list_holds_only_real_blocks() -> None:
+    # One row per block a decode holds (no padding to the longest table),
+    # the last block of each context partly valid.
+    spans, *_ = _step([1, 5, 16, 17])
+    md = _ragged(spans)
+    assert md.decode_block_seq.tolist() == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3]
+    assert md.decode_block_len.tolist() == [1, 4, 1, 4, 4, 4, 4, 4, 4, 4, 4, 1]
+    want_ids = [b for s in spans for b in s.block_table[: -(-s.context_len // BS)]]
+    assert md.decode_block_ids.tolist() == want_ids
+    # A lone decode has no work list: it takes the reference path.
+    assert _ragged(spans[:1]).decode_block_ids is None
+
+
+def test_one_long_context_does_not_change_the_others() -> None:
+    # Rows are independent: a batch with one long outlier gives the short
+    # decodes the same output as a batch without it (exact math, no padding
+    # leaking into the softmax).
+    spans, q, k, v, keys, values = _step([3, 9, 44, 7])
+    md = _ragged(spans)
+    args = (keys, values, md.decode_block_ids, md.decode_block_seq, md.decode_block_len)
+    full = compiled.ragged_decode_attention(q, *args, DIM**-0.5)
+    short = [0, 1, 3]
+    md2 = _ragged([spans[i] for i in short])
+    part = compiled.ragged_decode_attention(
+        q[short], keys, values, md2.decode_block_ids, md2.decode_block_seq,
+        md2.decode_block_len, DIM**-0.5)
+    torch.testing.assert_close(full[short], part, rtol=1e-6, atol=1e-6)
 
 
 def test_bfloat16_cache_accumulates_in_float32() -> None:
     contexts = [3, 9, 20]
     spans, q, k, v, keys, values = _step(contexts)
     ref = get_attention_backend("torch")(HEADS, KV_HEADS, DIM, BS, torch.device("cpu"))
-    md = ref.build_metadata(spans)
-    want = ref.forward(q, k, v, keys, values, md, DIM**-0.5)
-    got = compiled.paged_decode_attention(
+    want = ref.forward(q, k, v, keys, values, ref.build_metadata(spans), DIM**-0.5)
+    md = _ragged(spans)
+    got = compiled.ragged_decode_attention(
         q.bfloat16(), keys.bfloat16(), values.bfloat16(),
-        md.decode_block_tables, md.decode_context_lens, DIM**-0.5)
+        md.decode_block_ids, md.decode_block_seq, md.decode_block_len, DIM**-0.5)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
 
