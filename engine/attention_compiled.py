@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.attention import SeqSpan
 from engine.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -87,10 +86,11 @@ def ragged_decode_attention(
 
 @dataclass(slots=True)
 class RaggedAttentionMetadata(TorchAttentionMetadata):
-    # One entry per cache block of a decode (see ragged_decode_attention).
-    decode_block_ids: torch.Tensor | None
-    decode_block_seq: torch.Tensor | None
-    decode_block_len: torch.Tensor | None
+    # One entry per cache block of a decode (see ragged_decode_attention);
+    # None where the decodes take the reference path.
+    decode_block_ids: torch.Tensor | None = None
+    decode_block_seq: torch.Tensor | None = None
+    decode_block_len: torch.Tensor | None = None
 
 
 _compiled: Any = None
@@ -111,33 +111,38 @@ class CompiledAttentionBackend(TorchAttentionBackend):
     prefill chunks (already large matmuls) stay on SDPA."""
 
     name = "compiled"
+    metadata_cls = RaggedAttentionMetadata
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # None until the first decode shows whether this machine compiles.
         self.compiled_ok: bool | None = None
 
-    def build_metadata(self, spans: Sequence[SeqSpan]) -> RaggedAttentionMetadata:
-        md = super().build_metadata(spans)
-        ids = seq = lens = None
-        if md.num_decodes > 1 and self.compiled_ok is not False:
-            bs = self.block_size
-            block_ids: list[int] = []
-            block_seq: list[int] = []
-            block_len: list[int] = []
-            for i, span in enumerate(spans[: md.num_decodes]):
-                ctx = span.context_len
-                nb = -(-ctx // bs)
-                block_ids.extend(span.block_table[:nb])
-                block_seq.extend([i] * nb)
-                block_len.extend([bs] * (nb - 1))
-                block_len.append(ctx - (nb - 1) * bs)
-            ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-            seq = torch.tensor(block_seq, dtype=torch.long, device=self.device)
-            lens = torch.tensor(block_len, dtype=torch.long, device=self.device)
-        return RaggedAttentionMetadata(
-            **{f.name: getattr(md, f.name) for f in fields(md)},
-            decode_block_ids=ids, decode_block_seq=seq, decode_block_len=lens)
+    def _decode_fields(
+        self, tables: list[Sequence[int]], contexts: list[int]
+    ) -> dict[str, Any]:
+        if len(contexts) < 2 or self.compiled_ok is False:
+            # A lone decode has no padding for SDPA to waste.
+            return super()._decode_fields(tables, contexts)
+        bs = self.block_size
+        block_ids: list[int] = []
+        block_seq: list[int] = []
+        block_len: list[int] = []
+        for i, (table, ctx) in enumerate(zip(tables, contexts)):
+            nb = len(table)
+            block_ids.extend(table)
+            block_seq.extend([i] * nb)
+            block_len.extend([bs] * (nb - 1))
+            block_len.append(ctx - (nb - 1) * bs)
+        fields = {
+            "decode_block_ids": torch.tensor(block_ids, dtype=torch.long, device=self.device),
+            "decode_block_seq": torch.tensor(block_seq, dtype=torch.long, device=self.device),
+            "decode_block_len": torch.tensor(block_len, dtype=torch.long, device=self.device),
+        }
+        if self.compiled_ok is None:
+            # The first decode step may find no compiler and fall back.
+            fields.update(super()._decode_fields(tables, contexts))
+        return fields
 
     def _decode(
         self,
@@ -147,12 +152,11 @@ class CompiledAttentionBackend(TorchAttentionBackend):
         md: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        ids = getattr(md, "decode_block_ids", None)
-        if self.compiled_ok is False or ids is None:
-            # A lone decode has no padding for SDPA to waste.
-            return super()._decode(q, key_cache, value_cache, md, scale)
         assert isinstance(md, RaggedAttentionMetadata)
-        args = (q, key_cache, value_cache, ids, md.decode_block_seq, md.decode_block_len)
+        if self.compiled_ok is False or md.decode_block_ids is None:
+            return super()._decode(q, key_cache, value_cache, md, scale)
+        args = (q, key_cache, value_cache, md.decode_block_ids, md.decode_block_seq,
+                md.decode_block_len)
         for t in args:
             torch._dynamo.mark_dynamic(t, 0)
         if self.compiled_ok:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,19 +45,20 @@ class TorchAttentionMetadata(AttentionMetadata):
     # Flat cache row (block * block_size + offset) of each new token.
     slot_mapping: torch.Tensor
     num_decodes: int
+    prefills: list[_PrefillSpan]
+    # The padded decode tensors `_decode` reads (`_decode_fields`); left
+    # None by a subclass whose decode path does not read them.
     # [num_decodes, max_blocks] block ids, padded with block 0 (masked).
-    decode_block_tables: torch.Tensor | None
-    # [num_decodes] context length of each decode.
-    decode_context_lens: torch.Tensor | None
+    decode_block_tables: torch.Tensor | None = None
     # [num_decodes, 1, 1, decode_max_context] bool; None when no decode
     # needs padding.
-    decode_mask: torch.Tensor | None
-    decode_max_context: int
-    prefills: list[_PrefillSpan]
+    decode_mask: torch.Tensor | None = None
+    decode_max_context: int = 0
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    metadata_cls: ClassVar[type[TorchAttentionMetadata]] = TorchAttentionMetadata
 
     def build_metadata(self, spans: Sequence[SeqSpan]) -> TorchAttentionMetadata:
         bs = self.block_size
@@ -97,26 +99,31 @@ class TorchAttentionBackend(AttentionBackend):
                 )
             token += n
 
-        decode_block_tables = decode_mask = ctx_t = None
-        max_ctx = max(decode_ctx, default=0)
-        if num_decodes:
-            max_blocks = -(-max_ctx // bs)
-            padded = [list(t) + [0] * (max_blocks - len(t)) for t in decode_tables]
-            decode_block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
-            ctx_t = torch.tensor(decode_ctx, device=self.device)
-            if min(decode_ctx) < max_ctx:  # no padding, no mask: a faster kernel path
-                decode_mask = (
-                    torch.arange(max_ctx, device=self.device)[None, :] < ctx_t[:, None]
-                ).view(num_decodes, 1, 1, max_ctx)
-        return TorchAttentionMetadata(
+        return self.metadata_cls(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             num_decodes=num_decodes,
-            decode_block_tables=decode_block_tables,
-            decode_context_lens=ctx_t,
-            decode_mask=decode_mask,
-            decode_max_context=max_ctx,
             prefills=prefills,
+            **(self._decode_fields(decode_tables, decode_ctx) if num_decodes else {}),
         )
+
+    def _decode_fields(
+        self, tables: list[Sequence[int]], contexts: list[int]
+    ) -> dict[str, Any]:
+        """The decode part of the step's metadata, from each decode's blocks
+        (cut to its context) and context length."""
+        max_ctx = max(contexts)
+        max_blocks = -(-max_ctx // self.block_size)
+        padded = [list(t) + [0] * (max_blocks - len(t)) for t in tables]
+        mask = None
+        if min(contexts) < max_ctx:  # no padding, no mask: a faster kernel path
+            ctx_t = torch.tensor(contexts, device=self.device)
+            mask = (torch.arange(max_ctx, device=self.device)[None, :] < ctx_t[:, None]
+                    ).view(len(contexts), 1, 1, max_ctx)
+        return {
+            "decode_block_tables": torch.tensor(padded, dtype=torch.long, device=self.device),
+            "decode_mask": mask,
+            "decode_max_context": max_ctx,
+        }
 
     def forward(
         self,

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import random
 from pathlib import Path
+
 import torch
 
 from bench.report import machine_meta, write_report
 from bench.sampling_bench import _median_ms
 from engine.attention import SeqSpan
 from engine.attention_compiled import CompiledAttentionBackend, ragged_decode_attention
+from engine.attention_torch import TorchAttentionBackend
 
 HEADS, KV_HEADS, DIM, BS, BLOCKS = 9, 3, 64, 16, 4096
 
@@ -60,19 +62,21 @@ def main(argv: list[str] | None = None) -> None:
     }
     padded = torch.compile(padded_decode_attention, dynamic=False, fullgraph=True)
     ragged = torch.compile(ragged_decode_attention, dynamic=False, fullgraph=True)
-    backend = CompiledAttentionBackend(HEADS, KV_HEADS, DIM, BS, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    padded_md = TorchAttentionBackend(HEADS, KV_HEADS, DIM, BS, cpu).build_metadata
+    ragged_md = CompiledAttentionBackend(HEADS, KV_HEADS, DIM, BS, cpu).build_metadata
     rows = []
     for name, lens in cases.items():
         free = list(range(BLOCKS))
         rng.shuffle(free)
         spans = [SeqSpan(c - 1, 1, [free.pop() for _ in range(-(-c // BS))]) for c in lens]
-        md = backend.build_metadata(spans)
+        pm, rm = padded_md(spans), ragged_md(spans)
         q = torch.randn(len(lens), HEADS, DIM, generator=gen)
-        p_args = (q, keys, values, md.decode_block_tables, md.decode_context_lens)
-        r_args = (q, keys, values, md.decode_block_ids, md.decode_block_seq, md.decode_block_len)
+        p_args = (q, keys, values, pm.decode_block_tables, torch.tensor(lens))
+        r_args = (q, keys, values, rm.decode_block_ids, rm.decode_block_seq, rm.decode_block_len)
         for t in (*p_args, *r_args):
             torch._dynamo.mark_dynamic(t, 0)
-        torch._dynamo.mark_dynamic(md.decode_block_tables, 1)
+        torch._dynamo.mark_dynamic(pm.decode_block_tables, 1)
         diff = (padded(*p_args, DIM**-0.5) - ragged(*r_args, DIM**-0.5)).abs().max().item()
         row = {"case": name, "batch": len(lens), "sum_context": sum(lens), "max_context": max(lens),
                "padded_ms": round(_median_ms(lambda: padded(*p_args, DIM**-0.5), a.reps), 2),
