@@ -116,11 +116,12 @@ class AppConfig(SchedulingSettings):
     # AMX), float32 elsewhere, where emulated bf16 is ~6x slower.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
-    # Decode attention: `compiled` (one Inductor-generated loop over the
-    # block table, engine/attention_compiled.py; needs a C++ compiler, falls
-    # back to `torch` without one) or `torch` (gather + SDPA).  `auto`:
-    # compiled on CPU, torch on CUDA.
-    attention_backend: Literal["auto", "torch", "compiled"] = "auto"
+    # Decode attention: `cpp` (a C++ operator built at start for this CPU,
+    # engine/attention_cpp.py), `compiled` (an Inductor-generated loop,
+    # engine/attention_compiled.py), both reading the block table in place
+    # and needing a C++ compiler (without one they fall back to `torch`),
+    # or `torch` (gather + SDPA).  `auto`: cpp on CPU, torch on CUDA.
+    attention_backend: Literal["auto", "torch", "compiled", "cpp"] = "auto"
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
     # Host KV tier per engine replica, in tokens (0: no host tier).
@@ -173,9 +174,10 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"swap_mode={self.swap_mode!r} needs a host tier: set host_kv_tokens"
             )
-        if self.device == "cuda" and self.attention_backend == "compiled":
+        if self.device == "cuda" and self.attention_backend in ("compiled", "cpp"):
             raise ValueError(
-                "attention_backend 'compiled' is a CPU backend; use 'torch' or 'auto' on cuda")
+                f"attention_backend {self.attention_backend!r} is a CPU backend; use 'torch' "
+                "or 'auto' on cuda")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

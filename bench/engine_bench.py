@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--attention", default=None,
-                   help="our attention backend (torch | compiled); default: the engine's")
+                   help="our attention backend (torch | compiled | cpp); default: the engine's")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

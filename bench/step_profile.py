@@ -4,10 +4,11 @@ Drives our `ModelRunner` through `execute(Plan)` (greedy, `--batch`
 sequences sharing a `--context`-token prefix, as `bench/engine_bench.py`
 does) under `torch.profiler`, and groups the ops' self CPU time:
 
-- matmul: `aten::mm` / `addmm` / `bmm` (the linear layers and lm_head);
-- attention: scaled-dot-product attention kernels, and the compiled paged
-  decode kernel (`engine/attention_compiled.py`: its Inductor region, with
-  the gather fused in);
+- matmul: `aten::mm` / `addmm` / `bmm` (the linear layers) and oneDNN's
+  packed linear (the lm_head, `engine/models/prepacked.py`);
+- attention: scaled-dot-product attention kernels, the C++ paged decode
+  operator (`engine/attention_cpp.py`), and the Inductor one
+  (`engine/attention_compiled.py`: its compiled region, gather fused in);
 - kv gather: `aten::index_select` (reading each sequence's paged KV blocks
   into one padded tensor) and `aten::index_copy_` (writing new K/V);
 - everything else (norms, rotary, activations, sampling, copies, Python).
@@ -28,8 +29,9 @@ from bench.report import machine_meta, write_report
 from bench.engine_bench import OursBench, parse_args as engine_args
 
 _GROUPS = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
+    "attention": ("preempt_serve::paged_decode",
+                  "aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_attention_math",
                   "aten::_scaled_dot_product_efficient_attention",
                   "aten::_scaled_dot_product_flash_attention"),
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
-    ap.add_argument("--attention", default=None, help="torch | compiled (default: the engine's)")
+    ap.add_argument("--attention", default=None, help="torch | compiled | cpp (default: the engine's)")
     ap.add_argument("--top", type=int, default=0, help="also print the N costliest ops")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)

@@ -92,11 +92,13 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
     # Imported here so that a GPU backend's Triton import never happens on
     # a machine that does not select it.
     from engine.attention_compiled import CompiledAttentionBackend
+    from engine.attention_cpp import CppAttentionBackend
     from engine.attention_torch import TorchAttentionBackend
 
     backends: dict[str, type[AttentionBackend]] = {
         TorchAttentionBackend.name: TorchAttentionBackend,
         CompiledAttentionBackend.name: CompiledAttentionBackend,
+        CppAttentionBackend.name: CppAttentionBackend,
     }
     try:
         return backends[name]
@@ -108,4 +110,4 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
 
 def default_backend_name(device: torch.device) -> str:
     # The Triton backend (roadmap step 8) becomes the CUDA default here.
-    return "compiled" if device.type == "cpu" else "torch"
+    return "cpp" if device.type == "cpu" else "torch"

@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
+from engine.models import prepacked
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
 
@@ -68,6 +69,9 @@ class CausalLM(nn.Module, ABC):
         self.dtype = dtype
         # Every projection goes through this (see engine.models.linear).
         self.linear: LinearFn = linear_for(dtype, device)
+        # The lm_head's matmul (see engine.models.prepacked).
+        self.head_linear: LinearFn = (
+            prepacked.PrepackedLinear() if prepacked.available(dtype, device) else self.linear)
         # Backend chosen by the runner (`set_attention_backend`) before use.
         self.attn: AttentionBackend | None = None
         # Armed by the runner for a pass that may be cut between layers

@@ -170,4 +170,4 @@ class LlamaForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed if self.lm_head is None else self.lm_head
-        return self.linear(hidden, head).float()
+        return self.head_linear(hidden, head).float()

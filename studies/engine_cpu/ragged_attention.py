@@ -1,10 +1,14 @@
-"""The compiled decode kernel, ragged (ours) vs padded to the longest table.
+"""CPU decode attention kernels side by side, against a memory-read floor.
 
 One layer of decode attention for SmolLM2's head layout (9 query heads,
 3 KV heads, dim 64), block size 16, blocks scattered over a 4,096-block
-float32 cache, one thread.  The padded variant is the kernel as it was
-before the ragged work list: the same math over a `[batch, longest table]`
-rectangle, masked.  Both are compiled the same way.
+float32 cache, one thread.  Columns: the Inductor kernel padded to the
+batch's longest table (as it was before its ragged work list), the
+Inductor kernel over the ragged list (`engine/attention_compiled.py`), the
+C++ operator (`engine/attention_cpp.py`), and the time one core takes to
+stream the same number of KV bytes from one contiguous tensor (`floor`).
+Each repetition runs every variant once, in turn, so that a noisy host
+slows them alike; the figure is the median.
 
     python -m studies.engine_cpu.ragged_attention --out studies/engine_cpu/ragged_attention.json
 """
@@ -21,6 +25,7 @@ from bench.report import machine_meta, write_report
 from bench.sampling_bench import _median_ms
 from engine.attention import SeqSpan
 from engine.attention_compiled import CompiledAttentionBackend, ragged_decode_attention
+from engine.attention_cpp import CppAttentionBackend
 from engine.attention_torch import TorchAttentionBackend
 
 HEADS, KV_HEADS, DIM, BS, BLOCKS = 9, 3, 64, 16, 4096
@@ -46,7 +51,7 @@ def padded_decode_attention(q: torch.Tensor, key_cache: torch.Tensor,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -65,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     cpu = torch.device("cpu")
     padded_md = TorchAttentionBackend(HEADS, KV_HEADS, DIM, BS, cpu).build_metadata
     ragged_md = CompiledAttentionBackend(HEADS, KV_HEADS, DIM, BS, cpu).build_metadata
+    cpp_backend = CppAttentionBackend(HEADS, KV_HEADS, DIM, BS, cpu)
+    assert cpp_backend.kernel is not None, "the C++ operator did not build here"
     rows = []
     for name, lens in cases.items():
         free = list(range(BLOCKS))
@@ -77,14 +84,31 @@ def main(argv: list[str] | None = None) -> None:
         for t in (*p_args, *r_args):
             torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(pm.decode_block_tables, 1)
-        diff = (padded(*p_args, DIM**-0.5) - ragged(*r_args, DIM**-0.5)).abs().max().item()
-        row = {"case": name, "batch": len(lens), "sum_context": sum(lens), "max_context": max(lens),
-               "padded_ms": round(_median_ms(lambda: padded(*p_args, DIM**-0.5), a.reps), 2),
-               "ragged_ms": round(_median_ms(lambda: ragged(*r_args, DIM**-0.5), a.reps), 2),
-               "max_abs_diff": diff}
+        cm = cpp_backend.build_metadata(spans)
+        c_args = (q, keys, values, cm.decode_block_ids, cm.decode_table_starts,
+                  cm.decode_context_lens)
+        kv_bytes = 2 * sum(lens) * KV_HEADS * DIM * keys.element_size()
+        stream = torch.randn(kv_bytes // keys.element_size(), generator=gen)
+        variants = {
+            "padded": lambda: padded(*p_args, DIM**-0.5),
+            "ragged": lambda: ragged(*r_args, DIM**-0.5),
+            "cpp": lambda: cpp_backend.kernel(*c_args, DIM**-0.5),
+            "floor": lambda: stream.sum(),
+        }
+        want = padded(*p_args, DIM**-0.5)
+        diffs = {k: (variants[k]() - want).abs().max().item() for k in ("ragged", "cpp")}
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(a.reps):
+            for k, fn in variants.items():
+                times[k].append(_median_ms(fn, 1))
+        row = {"case": name, "batch": len(lens), "sum_context": sum(lens),
+               "max_context": max(lens), "kv_mb": round(kv_bytes / 1e6, 1),
+               **{f"{k}_ms": round(sorted(v)[len(v) // 2], 2) for k, v in times.items()},
+               "max_abs_diff_vs_padded": diffs}
         rows.append(row)
-        print(f"{name:<24} padded {row['padded_ms']:7.2f} ms  ragged {row['ragged_ms']:7.2f} ms"
-              f"  (max |diff| {diff:.1e})", flush=True)
+        print(f"{name:<24} KV {row['kv_mb']:5.1f} MB  padded {row['padded_ms']:6.2f}  ragged "
+              f"{row['ragged_ms']:6.2f}  cpp {row['cpp_ms']:6.2f}  floor {row['floor_ms']:5.2f} ms"
+              f"  (max |diff| {max(diffs.values()):.1e})", flush=True)
     write_report({"meta": {"heads": HEADS, "kv_heads": KV_HEADS, "dim": DIM, "block_size": BS,
                            "cache_blocks": BLOCKS, "dtype": "float32", "threads": 1,
                            **machine_meta()}, "rows": rows}, a.out)

@@ -67,7 +67,8 @@ def test_batch_files_live_under_the_cache_unless_placed(monkeypatch: pytest.Monk
 def test_attention_backend_is_checked_against_the_device() -> None:
     assert AppConfig().attention_backend == "auto"
     assert AppConfig(attention_backend="torch", device="cuda").attention_backend == "torch"
-    with pytest.raises(ValidationError, match="attention_backend 'compiled' is a CPU backend"):
-        AppConfig(attention_backend="compiled", device="cuda")
+    for cpu_only in ("compiled", "cpp"):
+        with pytest.raises(ValidationError, match=f"attention_backend '{cpu_only}' is a CPU backend"):
+            AppConfig(attention_backend=cpu_only, device="cuda")
     with pytest.raises(ValidationError, match="attention_backend"):
         AppConfig(attention_backend="triton")

@@ -36,7 +36,7 @@ NARROW = [(2, 1), (0, 1), (1, 3)]
 LONE = [(13, 1), (0, 4)]
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "compiled"])
+@pytest.mark.parametrize("backend_name", ["torch", "compiled", "cpp"])
 @pytest.mark.parametrize("shapes", [MIXED, EQUAL, NARROW, LONE],
                          ids=["mixed", "equal-context", "narrow", "lone-decode"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4), (6, 1)])

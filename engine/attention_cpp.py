@@ -1,0 +1,150 @@
+"""Paged decode attention as a C++ operator built for this machine's CPU.
+
+The kernel (`engine/csrc/paged_decode.cpp`) attends each decode's single
+query token over its cache blocks in place: no gather into a padded copy,
+no mask, one pass over each block with an online softmax, and a software
+prefetch of the next block, which lies at an unpredictable place in a cache
+far larger than the CPU's.  On one AVX2 core it reads a served batch's KV
+at ~1.7× the rate of the Inductor-generated kernel (`engine.attention_compiled`)
+and ~2× that of the torch reference (`studies/engine_cpu/README.md`).
+
+`torch.utils.cpp_extension` builds it at first use (about 30 s, then cached
+under `TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`), with the
+vector flags of the ATen CPU capability this process runs with, and the
+capability in the build's name, so that a cache shared by different CPUs
+never serves one a binary built for another.  Building needs a C++
+compiler and ninja; where the build fails the backend says so once and
+attends decodes with the torch reference.  Prefill chunks stay on SDPA,
+where they already are large matmuls.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+
+# The flags ATen's own kernels of each capability are built with (vec256 /
+# vec512); "DEFAULT" gets the compiler's baseline for the architecture.
+_ISA_FLAGS = {
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
+    "AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
+               "-mavx512dq"],
+}
+
+_kernel: Callable[..., torch.Tensor] | None = None
+_load_error: str | None = None
+
+
+def load_kernel() -> Callable[..., torch.Tensor]:
+    """Build (or load the cached build of) the operator; raises where this
+    machine cannot build it, the same error on every later call."""
+    global _kernel, _load_error
+    if _kernel is not None:
+        return _kernel
+    if _load_error is not None:
+        raise RuntimeError(_load_error)
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        capability = torch.backends.cpu.get_cpu_capability()
+        load(
+            name=f"preempt_serve_paged_decode_{capability.lower()}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+                          *_ISA_FLAGS.get(capability, [])],
+            is_python_module=False,
+            verbose=False,
+        )
+        _kernel = torch.ops.preempt_serve.paged_decode
+    except Exception as e:  # no compiler, no ninja, or a build error
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        _load_error = f"{type(e).__name__}: {first}"
+        raise RuntimeError(_load_error) from e
+    return _kernel
+
+
+def _put_ninja_on_path() -> None:
+    # The `ninja` wheel (a dependency) installs its binary next to the
+    # interpreter, which is not on PATH where a process runs that
+    # interpreter without activating its environment (a Ray worker, say).
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
+@dataclass(slots=True)
+class CppAttentionMetadata(TorchAttentionMetadata):
+    # Every decode's blocks, one table after another; None where decodes
+    # take the reference path.
+    decode_block_ids: torch.Tensor | None = None
+    # [num_decodes] where each decode's table starts in decode_block_ids.
+    decode_table_starts: torch.Tensor | None = None
+    # [num_decodes] context length, the new token included.
+    decode_context_lens: torch.Tensor | None = None
+
+
+class CppAttentionBackend(TorchAttentionBackend):
+    """The reference backend with decodes attended by the C++ operator."""
+
+    name = "cpp"
+    metadata_cls = CppAttentionMetadata
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kernel: Callable[..., torch.Tensor] | None = None
+        if self.device.type != "cpu":
+            raise ValueError("attention backend 'cpp' runs on CPU only")
+        try:
+            # At construction, so that the engine's start pays the build,
+            # not its first request.
+            self.kernel = load_kernel()
+        except RuntimeError as e:
+            log.warning("C++ paged attention unavailable (%s); using the torch reference "
+                        "attention", e)
+
+    def _decode_fields(
+        self, tables: list[Sequence[int]], contexts: list[int]
+    ) -> dict[str, Any]:
+        if self.kernel is None:
+            return super()._decode_fields(tables, contexts)
+        flat = [b for table in tables for b in table]
+        starts = [0, *accumulate(len(t) for t in tables)][:-1]
+        dev = self.device
+        return {
+            "decode_block_ids": torch.tensor(flat, dtype=torch.long, device=dev),
+            "decode_table_starts": torch.tensor(starts, dtype=torch.long, device=dev),
+            "decode_context_lens": torch.tensor(contexts, dtype=torch.long, device=dev),
+        }
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        assert isinstance(md, CppAttentionMetadata)
+        if self.kernel is None or md.decode_block_ids is None:
+            return super()._decode(q, key_cache, value_cache, md, scale)
+        return self.kernel(q, key_cache, value_cache, md.decode_block_ids,
+                           md.decode_table_starts, md.decode_context_lens, scale)

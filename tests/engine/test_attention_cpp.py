@@ -1,0 +1,192 @@
+"""The C++ paged decode operator: that it builds where a compiler exists,
+its math on the shapes the fast paths unroll (and on others), its inputs
+checked, and its fall-back where it cannot be built."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from itertools import accumulate
+
+import pytest
+import torch
+
+import engine.attention_cpp as cpp
+from engine.attention import SeqSpan, default_backend_name, get_attention_backend
+
+HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="no C++ compiler")
+
+
+def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               tables: list[list[int]], contexts: list[int]) -> torch.Tensor:
+    """Dense float64 attention of each query over its context."""
+    _, bs, kvh, d = keys.shape
+    out = []
+    for i, (table, ctx) in enumerate(zip(tables, contexts)):
+        k = keys[table].reshape(-1, kvh, d)[:ctx].double()
+        v = values[table].reshape(-1, kvh, d)[:ctx].double()
+        group = q.shape[1] // kvh
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        p = (torch.einsum("hd,khd->hk", q[i].double(), k) * d**-0.5).softmax(-1)
+        out.append(torch.einsum("hk,khd->hd", p, v))
+    return torch.stack(out)
+
+
+def _case(contexts: list[int], heads: int, kv_heads: int, dim: int, bs: int,
+          seed: int = 0, spread: float = 1.0):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-c // bs) for c in contexts) + 5
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-c // bs))] for c in contexts]
+    keys = torch.randn(num_blocks, bs, kv_heads, dim, generator=gen) * spread
+    values = torch.randn(num_blocks, bs, kv_heads, dim, generator=gen)
+    q = torch.randn(len(contexts), heads, dim, generator=gen)
+    return q, keys, values, tables
+
+
+def _call(q, keys, values, tables, contexts):
+    ids = torch.tensor([b for t in tables for b in t])
+    starts = torch.tensor([0, *accumulate(len(t) for t in tables)][:-1])
+    return cpp.load_kernel()(q, keys, values, ids, starts, torch.tensor(contexts),
+                             q.shape[-1] ** -0.5)
+
+
+@needs_cxx
+@pytest.mark.parametrize("heads,kv_heads,dim,bs", [
+    (9, 3, 64, 16),   # SmolLM2: an unrolled head dim
+    (8, 8, 128, 16),  # Llama-7B's head dim, no grouping
+    (6, 2, 8, 4),     # a head dim with no unrolled build
+    (4, 1, 80, 32),   # a larger block
+])
+def test_matches_dense_attention(heads: int, kv_heads: int, dim: int, bs: int) -> None:
+    contexts = [1, bs - 1, bs, bs + 1, 5 * bs + 3]
+    q, keys, values, tables = _case(contexts, heads, kv_heads, dim, bs)
+    got = _call(q, keys, values, tables, contexts)
+    torch.testing.assert_close(got.double(), _reference(q, keys, values, tables, contexts),
+                               rtol=2e-5, atol=2e-5)
+
+
+@needs_cxx
+def test_online_softmax_keeps_extreme_scores_exact() -> None:
+    # Keys scaled so that scores span hundreds: the running max changes
+    # from block to block and early blocks' weights underflow to zero;
+    # the result must stay the dense softmax's.
+    contexts = [200, 63, 129]
+    q, keys, values, tables = _case(contexts, 4, 2, 16, 8, spread=40.0)
+    got = _call(q, keys, values, tables, contexts)
+    want = _reference(q, keys, values, tables, contexts)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_cxx
+def test_one_long_context_does_not_change_the_others() -> None:
+    contexts = [3, 9, 300, 7]
+    q, keys, values, tables = _case(contexts, 6, 2, 16, 4)
+    full = _call(q, keys, values, tables, contexts)
+    short = [0, 1, 3]
+    part = _call(q[short], keys, values, [tables[i] for i in short],
+                 [contexts[i] for i in short])
+    assert torch.equal(full[short], part)
+
+
+@needs_cxx
+def test_bfloat16_cache_accumulates_in_float32() -> None:
+    contexts = [3, 40, 100]
+    q, keys, values, tables = _case(contexts, 6, 2, 64, 16)
+    got = _call(q.bfloat16(), keys.bfloat16(), values.bfloat16(), tables, contexts)
+    assert got.dtype == torch.bfloat16
+    want = _reference(q.bfloat16().float(), keys.bfloat16().float(),
+                      values.bfloat16().float(), tables, contexts)
+    # Only the output's rounding to bf16 separates it from float64.
+    torch.testing.assert_close(got.double(), want, rtol=8e-3, atol=8e-3)
+
+
+@needs_cxx
+def test_threads_split_sequences_without_changing_results() -> None:
+    contexts = [5, 70, 33, 1, 120, 16, 48, 9]
+    q, keys, values, tables = _case(contexts, 6, 2, 64, 16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _call(q, keys, values, tables, contexts)
+        torch.set_num_threads(2)
+        two = _call(q, keys, values, tables, contexts)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@needs_cxx
+def test_rejects_inputs_it_cannot_read() -> None:
+    contexts = [5, 9]
+    q, keys, values, tables = _case(contexts, 6, 2, 16, 4)
+    ids = torch.tensor([b for t in tables for b in t])
+    starts, ctx = torch.tensor([0, len(tables[0])]), torch.tensor(contexts)
+    op = cpp.load_kernel()
+    with pytest.raises(RuntimeError, match="int64"):
+        op(q, keys, values, ids.int(), starts, ctx, 0.25)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        op(q.double(), keys, values, ids, starts, ctx, 0.25)
+    with pytest.raises(RuntimeError, match="one table start"):
+        op(q, keys, values, ids, starts[:1], ctx, 0.25)
+    with pytest.raises(RuntimeError, match="head layout"):
+        op(q[:, :5], keys, values, ids, starts, ctx, 0.25)
+
+
+@needs_cxx
+def test_backend_lists_each_decode_table_once() -> None:
+    backend = get_attention_backend("cpp")(6, 2, 16, 4, torch.device("cpu"))
+    assert backend.kernel is not None
+    spans = [SeqSpan(0, 1, [7, 3]), SeqSpan(8, 1, [1, 2, 5, 6]), SeqSpan(3, 1, [4])]
+    md = backend.build_metadata(spans)
+    # Tables cut to the context (block 3 of the first span is not needed yet).
+    assert md.decode_block_ids.tolist() == [7, 1, 2, 5, 4]
+    assert md.decode_table_starts.tolist() == [0, 1, 4]
+    assert md.decode_context_lens.tolist() == [1, 9, 4]
+    assert md.decode_block_tables is None  # no padded copy is built
+
+
+def test_falls_back_when_the_build_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_build() -> None:
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp, "load_kernel", no_build)
+    with caplog.at_level(logging.WARNING, logger=cpp.__name__):
+        backend = get_attention_backend("cpp")(6, 2, 16, 4, torch.device("cpu"))
+    assert backend.kernel is None
+    assert "Ninja is required" in caplog.text
+    contexts = [6, 11, 25]
+    q, keys, values, tables = _case(contexts, 6, 2, 16, 4)
+    spans = [SeqSpan(c - 1, 1, t) for c, t in zip(contexts, tables)]
+    k_new = torch.stack([keys[t[(c - 1) // 4], (c - 1) % 4] for c, t in zip(contexts, tables)])
+    v_new = torch.stack([values[t[(c - 1) // 4], (c - 1) % 4] for c, t in zip(contexts, tables)])
+    out = backend.forward(q, k_new, v_new, keys, values, backend.build_metadata(spans), 0.25)
+    torch.testing.assert_close(out.double(), _reference(q, keys, values, tables, contexts),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_build_failure_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine that cannot build pays for the attempt once per process.
+    calls = []
+
+    def failing_load(**kwargs: object) -> None:
+        calls.append(kwargs)
+        raise OSError("g++: command not found")
+
+    monkeypatch.setattr(cpp, "_kernel", None)
+    monkeypatch.setattr(cpp, "_load_error", None)
+    monkeypatch.setattr("torch.utils.cpp_extension.load", failing_load)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="command not found"):
+            cpp.load_kernel()
+    assert len(calls) == 1
+
+
+def test_cpu_default_is_cpp_and_cuda_is_refused() -> None:
+    assert default_backend_name(torch.device("cpu")) == "cpp"
+    with pytest.raises(ValueError, match="CPU only"):
+        cpp.CppAttentionBackend(4, 2, 16, 4, torch.device("cuda"))
