@@ -4,11 +4,12 @@ The kernel (`engine/csrc/paged_decode.cpp`) attends each decode's single
 query token over its cache blocks in place: no gather into a padded copy,
 no mask, one pass over each block with an online softmax, and a software
 prefetch of the next block, which lies at an unpredictable place in a cache
-far larger than the CPU's.  On one AVX2 core it reads a served batch's KV
-at ~1.7× the rate of the Inductor-generated kernel (`engine.attention_compiled`)
-and ~2× that of the torch reference (`studies/engine_cpu/README.md`).
+far larger than the CPU's.  On one AVX2 core it attends a served batch
+1.8–1.9× faster than the Inductor-generated kernel (`engine.attention_compiled`),
+within ~2× of streaming the same bytes (`studies/engine_cpu/README.md`).
 
-`torch.utils.cpp_extension` builds it at first use (about 30 s, then cached
+`torch.utils.cpp_extension` builds it when the backend is constructed, at
+the engine's start (about 30 s the first time, then cached
 under `TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`), with the
 vector flags of the ATen CPU capability this process runs with, and the
 capability in the build's name, so that a cache shared by different CPUs
