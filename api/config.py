@@ -122,6 +122,12 @@ class AppConfig(SchedulingSettings):
     # and needing a C++ compiler (without one they fall back to `torch`),
     # or `torch` (gather + SDPA).  `auto`: cpp on CPU, torch on CUDA.
     attention_backend: Literal["auto", "torch", "compiled", "cpp"] = "auto"
+    # Batch-invariant execution: a request's greedy tokens (and a seeded
+    # request's samples) do not depend on which requests share its steps, on
+    # chunking, or on preemption, swap or recompute, in float32 and bfloat16
+    # alike.  CPU only; needs the `cpp` attention backend.  Costs throughput
+    # (README, "Deterministic mode").
+    deterministic: bool = False
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
     # Host KV tier per engine replica, in tokens (0: no host tier).
@@ -178,6 +184,13 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"attention_backend {self.attention_backend!r} is a CPU backend; use 'torch' "
                 "or 'auto' on cuda")
+        if self.deterministic and self.device != "cpu":
+            raise ValueError("deterministic: true runs on device cpu only (the batch-invariant "
+                             "GPU kernels are planned)")
+        if self.deterministic and self.attention_backend in ("torch", "compiled"):
+            raise ValueError(
+                f"deterministic: true needs attention_backend 'cpp' or 'auto', not "
+                f"{self.attention_backend!r}, whose prefill attention is not batch-invariant")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--attention", default=None,
                    help="our attention backend (torch | compiled | cpp); default: the engine's")
+    p.add_argument("--deterministic", action="store_true",
+                   help="run our engine in deterministic (batch-invariant) mode")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -94,6 +96,7 @@ class OursBench:
         self.runner = ModelRunner(
             args.model, dtype=dtype, device="cpu", num_blocks=need, block_size=bs,
             max_model_len=max_len, num_threads=args.threads, attention_backend=args.attention,
+            deterministic=args.deterministic,
         )
         self._n = 0
         self._decode_jobs: list[str] = []
@@ -269,6 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": args.model,
             "threads": args.threads,
             "attention_backend": args.attention or default_backend_name(torch.device("cpu")),
+            "deterministic": args.deterministic,
             "decode_context": args.decode_context // args.block_size * args.block_size,
             "decode_steps": args.decode_steps,
             "prefill_reps": args.reps,

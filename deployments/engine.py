@@ -103,6 +103,7 @@ class Engine:
             num_threads=self.cfg.threads,
             attention_backend=(
                 None if self.cfg.attention_backend == "auto" else self.cfg.attention_backend),
+            deterministic=self.cfg.deterministic,
         )
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())

@@ -45,6 +45,10 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name: ClassVar[str]
+    # Whether the backend can attend every query token, prefill or decode,
+    # with one fixed order of reductions over its own context, so that the
+    # result does not depend on the step's other tokens (deterministic mode).
+    batch_invariant: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -53,11 +57,18 @@ class AttentionBackend(ABC):
         head_dim: int,
         block_size: int,
         device: torch.device,
+        deterministic: bool = False,
     ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
             )
+        if deterministic and not self.batch_invariant:
+            raise ValueError(
+                f"attention backend {self.name!r} is not batch-invariant; deterministic "
+                "mode needs 'cpp'"
+            )
+        self.deterministic = deterministic
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim

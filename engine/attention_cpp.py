@@ -16,7 +16,8 @@ capability in the build's name, so that a cache shared by different CPUs
 never serves one a binary built for another.  Building needs a C++
 compiler and ninja; where the build fails the backend says so once and
 attends decodes with the torch reference.  Prefill chunks stay on SDPA,
-where they already are large matmuls.
+where they already are large matmuls, except in deterministic mode
+(`CppAttentionBackend`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from engine.attention import SeqSpan
 from engine.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -104,10 +106,21 @@ class CppAttentionMetadata(TorchAttentionMetadata):
 
 
 class CppAttentionBackend(TorchAttentionBackend):
-    """The reference backend with decodes attended by the C++ operator."""
+    """The reference backend with decodes attended by the C++ operator.
+
+    Deterministic mode sends every query token through the operator, prefill
+    chunks too: the token at position p becomes a query over its sequence's
+    blocks with context p + 1.  Its scores, softmax and weighted sum then run
+    the same code over the same keys in the same order as when that position
+    is decoded, or prefilled in another chunking, or recomputed after a
+    preemption, so its result cannot depend on how the work was cut or on
+    what else is in the step.  Prefill costs more than on SDPA's tiled
+    matmuls: each query walks its context on its own.
+    """
 
     name = "cpp"
     metadata_cls = CppAttentionMetadata
+    batch_invariant = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,8 +132,50 @@ class CppAttentionBackend(TorchAttentionBackend):
             # not its first request.
             self.kernel = load_kernel()
         except RuntimeError as e:
+            if self.deterministic:
+                # The reference path is not batch-invariant: no silent fallback.
+                raise RuntimeError(
+                    f"deterministic mode needs the C++ paged attention operator, which "
+                    f"could not be built here ({e})") from e
             log.warning("C++ paged attention unavailable (%s); using the torch reference "
                         "attention", e)
+
+    def build_metadata(self, spans: Sequence[SeqSpan]) -> TorchAttentionMetadata:
+        if not self.deterministic:
+            return super().build_metadata(spans)
+        bs = self.block_size
+        slots: list[int] = []
+        flat: list[int] = []
+        starts: list[int] = []
+        contexts: list[int] = []
+        seen_prefill = False
+        for span in spans:
+            ctx = span.context_len
+            n_blocks = -(-ctx // bs)
+            table = span.block_table
+            if len(table) < n_blocks:
+                raise ValueError(
+                    f"block table of {len(table)} blocks cannot hold {ctx} tokens "
+                    f"(block_size {bs})"
+                )
+            if span.num_tokens == 1 and seen_prefill:
+                raise ValueError("single-token spans must precede multi-token spans")
+            seen_prefill |= span.num_tokens > 1
+            base = len(flat)
+            flat.extend(table[:n_blocks])
+            for pos in range(span.start_pos, ctx):
+                slots.append(table[pos // bs] * bs + pos % bs)
+                starts.append(base)
+                contexts.append(pos + 1)
+        dev = self.device
+        return CppAttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decodes=len(slots),
+            prefills=[],
+            decode_block_ids=torch.tensor(flat, dtype=torch.long, device=dev),
+            decode_table_starts=torch.tensor(starts, dtype=torch.long, device=dev),
+            decode_context_lens=torch.tensor(contexts, dtype=torch.long, device=dev),
+        )
 
     def _decode_fields(
         self, tables: list[Sequence[int]], contexts: list[int]

@@ -68,9 +68,13 @@ class ModelRunner:
         num_threads: int | None = None,
         attention_backend: str | None = None,
         seed: int | None = None,
+        deterministic: bool = False,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if deterministic and torch.device(device).type != "cpu":
+            raise ValueError("deterministic mode runs on CPU only (the batch-invariant GPU "
+                             "kernels are planned)")
         # Before anything runs a kernel: the thread pool is sized on first use.
         self.num_threads = pin_threads(num_threads)
         self.model_path = resolve_model(str(model_path))
@@ -91,8 +95,14 @@ class ModelRunner:
         backend = get_attention_backend(attention_backend or default_backend_name(self.device))
         self.attn = backend(
             self.model.num_heads, self.model.num_kv_heads, self.model.head_dim,
-            block_size, self.device,
+            block_size, self.device, deterministic=deterministic,
         )
+        # Batch-invariant execution: every reduction a token's result goes
+        # through runs in an order fixed by that token alone (fixed-shape
+        # GEMM tiles here, per-query attention in the backend).
+        self.deterministic = deterministic
+        if deterministic:
+            self.model.use_fixed_tiles()
         self.model.set_attention_backend(self.attn)
         self.kv_cache = KVCache(
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,

@@ -19,6 +19,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.models import prepacked
+from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
 
@@ -77,6 +78,13 @@ class CausalLM(nn.Module, ABC):
         # Armed by the runner for a pass that may be cut between layers
         # (engine/preemption.py); checked at the end of each layer.
         self.preempt: PreemptFlag | None = None
+
+    def use_fixed_tiles(self, rows: int = TILE_ROWS) -> None:
+        """Run every projection and the lm_head in fixed-shape row tiles, so
+        that a row's result does not depend on the rows beside it
+        (engine.models.batch_invariant; deterministic mode)."""
+        self.linear = TiledLinear(self.linear, rows)
+        self.head_linear = TiledLinear(self.head_linear, rows)
 
     def safepoint(self, layer: int) -> None:
         if self.preempt is not None:

@@ -28,7 +28,7 @@ _MIN_ROWS = 2
 # rows: each float32 slice stays small enough to come from the allocator's
 # heap instead of fresh (page-faulting) memory on every call; the
 # conversion is then only worth it from this many input rows on.
-_SLICE_ROWS = 4096
+SLICE_ROWS = 4096
 _MIN_ROWS_SLICED = 8
 
 
@@ -43,21 +43,21 @@ def _native_low_precision_cpu(dtype: torch.dtype) -> bool:
     return False
 
 
-def _upcast_linear(
+def upcast_linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 ) -> torch.Tensor:
     rows, out_features = x.shape[0], w.shape[0]
     if rows < _MIN_ROWS:
         return F.linear(x, w, b)
     xf = x.float()
-    if out_features <= _SLICE_ROWS:
+    if out_features <= SLICE_ROWS:
         bf = None if b is None else b.float()
         return F.linear(xf, w.float(), bf).to(x.dtype)
     if rows < _MIN_ROWS_SLICED:
         return F.linear(x, w, b)
     out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
-    for start in range(0, out_features, _SLICE_ROWS):
-        end = min(start + _SLICE_ROWS, out_features)
+    for start in range(0, out_features, SLICE_ROWS):
+        end = min(start + SLICE_ROWS, out_features)
         bf = None if b is None else b[start:end].float()
         out[:, start:end] = F.linear(xf, w[start:end].float(), bf)
     return out
@@ -70,5 +70,5 @@ def linear_for(dtype: torch.dtype, device: torch.device) -> LinearFn:
         and dtype in (torch.bfloat16, torch.float16)
         and not _native_low_precision_cpu(dtype)
     ):
-        return _upcast_linear
+        return upcast_linear
     return F.linear

@@ -72,3 +72,14 @@ def test_attention_backend_is_checked_against_the_device() -> None:
             AppConfig(attention_backend=cpu_only, device="cuda")
     with pytest.raises(ValidationError, match="attention_backend"):
         AppConfig(attention_backend="triton")
+
+
+def test_deterministic_mode_needs_the_cpu_and_the_cpp_backend() -> None:
+    assert AppConfig().deterministic is False
+    assert AppConfig(deterministic=True).deterministic is True
+    assert AppConfig(deterministic=True, attention_backend="cpp").deterministic is True
+    with pytest.raises(ValidationError, match="deterministic: true runs on device cpu"):
+        AppConfig(deterministic=True, device="cuda")
+    for backend in ("torch", "compiled"):
+        with pytest.raises(ValidationError, match=f"deterministic: true needs .*'{backend}'"):
+            AppConfig(deterministic=True, attention_backend=backend)

@@ -16,7 +16,7 @@ def test_upcast_matches_float32_reference(rows: int, out_features: int) -> None:
     x = torch.randn(rows, 64, generator=gen).bfloat16()
     w = torch.randn(out_features, 64, generator=gen).bfloat16()
     b = torch.randn(out_features, generator=gen).bfloat16()
-    got = linear._upcast_linear(x, w, b)
+    got = linear.upcast_linear(x, w, b)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
     # bf16 inputs multiply exactly in float32; only the final rounding to
     # bf16 (and summation order) separates it from the float32 result.
@@ -30,4 +30,4 @@ def test_selection() -> None:
     assert linear.linear_for(torch.float32, cpu) is F.linear
     native = linear._native_low_precision_cpu(torch.bfloat16)
     chosen = linear.linear_for(torch.bfloat16, cpu)
-    assert chosen is (F.linear if native else linear._upcast_linear)
+    assert chosen is (F.linear if native else linear.upcast_linear)

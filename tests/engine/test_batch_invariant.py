@@ -1,0 +1,237 @@
+"""Deterministic mode: projections and attention whose result for a token
+does not depend on the tokens beside it, and so a request's tokens that do
+not depend on what shares its steps, on chunking, on preemption, swap or
+recompute, in bfloat16 as in float32.
+
+Each comparison is against our own engine running the same request alone,
+under the same dtype, bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.attention_cpp as cpp
+from engine.attention import SeqSpan, get_attention_backend
+from engine.models import prepacked
+from engine.models.batch_invariant import TILE_ROWS, TiledLinear
+from engine.models.linear import linear_for
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from kvstore.tier import LocalHostTier
+from scheduler.plan import Plan
+from tests.engine.helpers import drive, random_prompts
+
+HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="no C++ compiler")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def num_threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+# Projections -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["linear", "prepacked"])
+def test_tiled_rows_do_not_depend_on_their_neighbours(
+    num_threads: int, dtype: torch.dtype, kind: str
+) -> None:
+    if kind == "prepacked" and not prepacked.available(dtype, CPU):
+        pytest.skip(f"no prepacked linear for {dtype}")
+    inner = prepacked.PrepackedLinear() if kind == "prepacked" else linear_for(dtype, CPU)
+    fn = TiledLinear(inner)
+    gen = torch.Generator().manual_seed(0)
+    # SmolLM2's MLP shape; 5,000 output rows cross the slicing of big weights.
+    for out_features, in_features in ((1536, 576), (5000, 64)):
+        w = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
+        b = torch.randn(out_features, generator=gen).to(dtype)
+        x = torch.randn(2 * TILE_ROWS + 7, in_features, generator=gen).to(dtype)
+        alone = torch.cat([fn(x[i : i + 1], w, b) for i in range(x.shape[0])])
+        for start, n in ((0, x.shape[0]), (3, TILE_ROWS - 1), (5, TILE_ROWS + 1),
+                         (0, TILE_ROWS), (40, 2), (1, 7)):
+            assert torch.equal(fn(x[start : start + n], w, b), alone[start : start + n]), (
+                out_features, start, n)
+        # And it is the product, to the dtype's precision.
+        tol = 1e-5 if dtype is torch.float32 else 2e-2
+        torch.testing.assert_close(alone.float(), F.linear(x.float(), w.float(), b.float()),
+                                   rtol=tol, atol=tol)
+    assert fn(x[:0], w, b).shape == (0, w.shape[0])
+
+
+def test_tile_rows_are_checked() -> None:
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        TiledLinear(F.linear, rows=0)
+
+
+# Attention ---------------------------------------------------------------
+
+
+def _step(backend, q, k, v, caches, spans):  # type: ignore[no-untyped-def]
+    md = backend.build_metadata(spans)
+    return backend.forward(q, k, v, caches[0], caches[1], md, 0.125)
+
+
+@needs_cxx
+def test_a_position_attends_the_same_prefilled_chunked_or_decoded() -> None:
+    heads, kv_heads, dim, bs = 9, 3, 64, 4  # SmolLM2's heads, small blocks
+    backend = get_attention_backend("cpp")(heads, kv_heads, dim, bs, CPU, deterministic=True)
+    gen = torch.Generator().manual_seed(0)
+    n = 23
+    q = torch.randn(n, heads, dim, generator=gen)
+    k = torch.randn(n, kv_heads, dim, generator=gen)
+    v = torch.randn(n, kv_heads, dim, generator=gen)
+    # A neighbour sequence decoding beside it in some of the steps.
+    qo = torch.randn(1, heads, dim, generator=gen)
+    ko = torch.randn(1, kv_heads, dim, generator=gen)
+    vo = torch.randn(1, kv_heads, dim, generator=gen)
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(32, bs, kv_heads, dim), torch.zeros(32, bs, kv_heads, dim))
+
+    # Whole prompt in one step, on blocks 0..5.
+    table = list(range(6))
+    whole = _step(backend, q, k, v, fresh(), [SeqSpan(0, n, table)])
+
+    # Three chunks on other blocks, each step led by the neighbour's decode.
+    caches = fresh()
+    table = [20, 3, 11, 7, 30, 1]
+    other = [9, 10]
+    parts = []
+    for lo, hi in ((0, 10), (10, 17), (17, n)):
+        out = _step(backend, torch.cat([qo, q[lo:hi]]), torch.cat([ko, k[lo:hi]]),
+                    torch.cat([vo, v[lo:hi]]), caches,
+                    [SeqSpan(5, 1, other), SeqSpan(lo, hi - lo, table)])
+        parts.append(out[1:])
+    chunked = torch.cat(parts)
+
+    # One position per step, as decodes of a batch of two.
+    caches = fresh()
+    decoded = []
+    for p in range(n):
+        out = _step(backend, torch.cat([qo, q[p : p + 1]]), torch.cat([ko, k[p : p + 1]]),
+                    torch.cat([vo, v[p : p + 1]]), caches,
+                    [SeqSpan(5, 1, other), SeqSpan(p, 1, table)])
+        decoded.append(out[1:])
+    decoded_t = torch.cat(decoded)
+
+    assert torch.equal(whole, chunked)
+    assert torch.equal(whole, decoded_t)
+    # And it is causal attention.
+    ref = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        is_causal=True, scale=0.125, enable_gqa=True)[0].transpose(0, 1)
+    torch.testing.assert_close(whole, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_cxx
+def test_deterministic_metadata_lists_every_token() -> None:
+    backend = get_attention_backend("cpp")(6, 2, 16, 4, CPU, deterministic=True)
+    md = backend.build_metadata([SeqSpan(8, 1, [1, 2, 5, 6]), SeqSpan(2, 3, [7, 3, 9])])
+    assert md.num_decodes == 4 and md.prefills == []
+    assert md.decode_block_ids.tolist() == [1, 2, 5, 7, 3]
+    assert md.decode_table_starts.tolist() == [0, 3, 3, 3]
+    assert md.decode_context_lens.tolist() == [9, 3, 4, 5]
+    assert md.slot_mapping.tolist() == [5 * 4, 7 * 4 + 2, 7 * 4 + 3, 3 * 4]
+    with pytest.raises(ValueError, match="must precede"):
+        backend.build_metadata([SeqSpan(0, 2, [1]), SeqSpan(3, 1, [2])])
+    with pytest.raises(ValueError, match="cannot hold"):
+        backend.build_metadata([SeqSpan(0, 9, [1, 2])])
+
+
+def test_only_a_batch_invariant_backend_runs_deterministic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("torch", "compiled"):
+        with pytest.raises(ValueError, match=f"'{name}' is not batch-invariant"):
+            get_attention_backend(name)(4, 2, 16, 4, CPU, deterministic=True)
+
+    def no_build() -> None:
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    # No silent fall-back to the reference path, which is not invariant.
+    monkeypatch.setattr(cpp, "load_kernel", no_build)
+    with pytest.raises(RuntimeError, match="deterministic mode needs the C\\+\\+"):
+        get_attention_backend("cpp")(4, 2, 16, 4, CPU, deterministic=True)
+
+
+def test_runner_refuses_deterministic_off_the_cpu(tiny_llama_path: Path) -> None:
+    with pytest.raises(ValueError, match="deterministic mode runs on CPU only"):
+        ModelRunner(tiny_llama_path, "float32", "cuda", deterministic=True)
+
+
+# Whole requests ----------------------------------------------------------
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True)
+BS = 4
+
+
+def _alone(runner: ModelRunner, prompts: dict[str, list[int]],
+           params: SamplingParams) -> dict[str, list[int]]:
+    """Each request on its own, its prompt in one chunk: the reference."""
+    return {j: drive(runner, {j: p}, params, num_blocks=96, block_size=BS, max_model_len=80,
+                     max_batch_tokens=512).tokens[j]
+            for j, p in prompts.items()}
+
+
+@needs_cxx
+@pytest.mark.parametrize("model,dtype", [
+    ("tiny_llama_path", "bfloat16"),
+    ("tiny_llama_path", "float32"),
+    ("tiny_opt_path", "bfloat16"),
+])
+def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
+    model: str, dtype: str, request: pytest.FixtureRequest
+) -> None:
+    path = request.getfixturevalue(model)
+    runner = ModelRunner(path, dtype, "cpu", num_blocks=96, block_size=BS, max_model_len=80,
+                         num_threads=1, deterministic=True)
+    prompts = random_prompts([5, 23, 41, 60, 1, 17, 33], seed=1)
+    for params in (GREEDY, SEEDED):
+        alone = _alone(runner, prompts, params)
+        # All together: 24-token chunks, and too few blocks, so that jobs
+        # are preempted and recomputed, some part-way through their prompt.
+        together = drive(runner, prompts, params, num_blocks=20, block_size=BS,
+                         max_model_len=80, max_batch_tokens=24)
+        assert together.num_mid_generation_preemptions > 0
+        assert together.num_mid_prompt_preemptions > 0
+        assert together.tokens == alone, params
+    # The same with swapping to a host tier instead of recompute.
+    tier = LocalHostTier(capacity_bytes=10**8)
+    runner.set_kv_tier(tier)
+    try:
+        swapped = drive(runner, prompts, GREEDY, num_blocks=20, block_size=BS,
+                        max_model_len=80, max_batch_tokens=24, swap_mode="reactive",
+                        host_kv_blocks=64)
+        assert swapped.core is not None
+        runner.execute(Plan(0, [], block_ops=swapped.core.swap.take_pending()))
+    finally:
+        runner.swapper = None
+    assert swapped.core.swap.num_swap_in > 0
+    assert swapped.tokens == _alone(runner, prompts, GREEDY)
+
+
+@needs_cxx
+def test_smollm2_bfloat16_tokens_do_not_depend_on_the_batch(smollm2_path: Path) -> None:
+    runner = ModelRunner(smollm2_path, "bfloat16", "cpu", num_blocks=96, block_size=BS,
+                         max_model_len=80, num_threads=1, deterministic=True)
+    gen_prompts = random_prompts([9, 30, 21, 2], seed=3, vocab=20000)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    alone = _alone(runner, gen_prompts, params)
+    together = drive(runner, gen_prompts, params, num_blocks=14, block_size=BS,
+                     max_model_len=48, max_batch_tokens=16)
+    assert together.num_preemptions > 0
+    assert together.tokens == alone
