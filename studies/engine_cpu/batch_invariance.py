@@ -19,7 +19,6 @@ deterministic engine (float32, one thread), measured alternately.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.engine_bench import OursBench
-from bench.engine_bench import parse_args as engine_args
 from bench.report import machine_meta, write_report
 from engine.models.batch_invariant import TiledLinear
 from engine.runner import ModelRunner
@@ -36,6 +33,7 @@ from engine.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job
+from studies.engine_cpu.alternate import alternate, engines
 
 BS = 16
 
@@ -117,52 +115,9 @@ def divergence(model: str, n: int, new_tokens: int) -> list[dict[str, Any]]:
 
 def cost(model: str, prefill_lens: list[int], batches: list[int], reps: int,
          ) -> list[dict[str, Any]]:
-    args = engine_args(["--model", model, "--dtypes", "float32", "--decode-context", "256",
-                        "--decode-steps", str(reps), "--warmup", "1",
-                        "--prefill-lens", ",".join(map(str, prefill_lens)),
-                        "--decode-batches", ",".join(map(str, batches))])
-    engines = {}
-    for det in (False, True):
-        args.deterministic = det
-        engines[det] = OursBench(args, "float32")
-    vocab = min(engines[False].runner.vocab_size, len(engines[False].runner.tokenizer))
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for n in prefill_lens:
-        p = torch.randint(100, vocab, (n,), generator=gen).tolist()
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for det in (False, True):
-            engines[det].prefill(p)  # warm-up
-        for _ in range(reps):
-            for det in (False, True):
-                t = time.perf_counter()
-                engines[det].prefill(p)
-                times[det].append(time.perf_counter() - t)
-        out.append(_cost_row("prefill", n, n, times))
-    for b in batches:
-        p = torch.randint(100, vocab, (256,), generator=gen).tolist()
-        steps = {det: engines[det].start_decode(p, b) for det in (False, True)}
-        times = {False: [], True: []}
-        for i in range(reps + 1):
-            for det in (False, True):
-                dt = steps[det]()
-                if i:
-                    times[det].append(dt)
-        out.append(_cost_row("decode", b, b, times))
-    return out
-
-
-def _cost_row(kind: str, size: int, tokens: int,
-              times: dict[bool, list[float]]) -> dict[str, Any]:
-    default = tokens / statistics.median(times[False])
-    det = tokens / statistics.median(times[True])
-    row = {"kind": kind, "size": size, "default_tok_s": round(default, 1),
-           "deterministic_tok_s": round(det, 1), "ratio": round(det / default, 3),
-           "default_times_s": [round(t, 4) for t in times[False]],
-           "deterministic_times_s": [round(t, 4) for t in times[True]]}
-    print(f"cost {kind} {size}: default {default:.1f} tok/s, deterministic {det:.1f} tok/s "
-          f"({det / default:.2f}x)", flush=True)
-    return row
+    benches = engines(model, {"default": [], "deterministic": ["--deterministic"]},
+                      prefill_lens, batches, reps)
+    return alternate(benches, prefill_lens, batches, reps)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,72 @@
+"""Two configurations of our engine timed alternately, run by run, so that
+a neighbour process on the shared host slows both alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from bench.engine_bench import OursBench
+from bench.engine_bench import parse_args as engine_args
+
+
+def engines(model: str, variants: dict[str, list[str]], prefill_lens: list[int],
+            batches: list[int], reps: int) -> dict[str, OursBench]:
+    """One float32 `OursBench` per variant, built from engine_bench flags."""
+    out = {}
+    for name, flags in variants.items():
+        args = engine_args(["--model", model, "--dtypes", "float32", "--decode-context", "256",
+                            "--decode-steps", str(reps), "--warmup", "1",
+                            "--prefill-lens", ",".join(map(str, prefill_lens)),
+                            "--decode-batches", ",".join(map(str, batches)), *flags])
+        out[name] = OursBench(args, "float32")
+    return out
+
+
+def alternate(benches: dict[str, OursBench], prefill_lens: list[int], batches: list[int],
+              reps: int) -> list[dict[str, Any]]:
+    """Prefill (one prompt) and decode (256-token contexts) tokens/s of each
+    engine, medians of `reps`, the engines taking turns."""
+    names = list(benches)
+    first = benches[names[0]].runner
+    vocab = min(first.vocab_size, len(first.tokenizer))
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in prefill_lens:
+        p = torch.randint(100, vocab, (n,), generator=gen).tolist()
+        times: dict[str, list[float]] = {k: [] for k in names}
+        for k in names:
+            benches[k].prefill(p)  # warm-up
+        for _ in range(reps):
+            for k in names:
+                t = time.perf_counter()
+                benches[k].prefill(p)
+                times[k].append(time.perf_counter() - t)
+        rows.append(_row("prefill", n, n, times))
+    for b in batches:
+        p = torch.randint(100, vocab, (256,), generator=gen).tolist()
+        steps = {k: benches[k].start_decode(p, b) for k in names}
+        times = {k: [] for k in names}
+        for i in range(reps + 1):
+            for k in names:
+                dt = steps[k]()
+                if i:
+                    times[k].append(dt)
+        rows.append(_row("decode", b, b, times))
+    return rows
+
+
+def _row(kind: str, size: int, tokens: int, times: dict[str, list[float]]) -> dict[str, Any]:
+    names = list(times)
+    tps = {k: tokens / statistics.median(v) for k, v in times.items()}
+    row: dict[str, Any] = {"kind": kind, "size": size}
+    for k in names:
+        row[f"{k}_tok_s"] = round(tps[k], 1)
+        row[f"{k}_times_s"] = [round(t, 4) for t in times[k]]
+    row["ratio"] = round(tps[names[1]] / tps[names[0]], 3)
+    print(f"{kind} {size}: " + ", ".join(f"{k} {tps[k]:.1f} tok/s" for k in names)
+          + f" ({row['ratio']:.2f}x)", flush=True)
+    return row

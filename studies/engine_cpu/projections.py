@@ -1,0 +1,40 @@
+"""Every projection on a oneDNN-packed weight vs on its plain weight through
+MKL (what the engine does; only its lm_head is packed): prefill and decode
+tokens/s of our engine, float32, one thread, the two taking turns run by run.
+
+    python -m studies.engine_cpu.projections --out studies/engine_cpu/projections.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from bench.engine_bench import _ints
+from bench.report import machine_meta, write_report
+from engine.models.prepacked import PrepackedLinear
+from studies.engine_cpu.alternate import alternate, engines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m studies.engine_cpu.projections")
+    p.add_argument("--model", default="embedded:smollm2")
+    p.add_argument("--prefill-lens", type=_ints, default=[512, 2048])
+    p.add_argument("--decode-batches", type=_ints, default=[8, 32, 64, 96])
+    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    benches = engines(args.model, {"mkl": [], "packed": []},
+                      args.prefill_lens, args.decode_batches, args.reps)
+    # Packed on first use and kept beside the plain weight (a study, not the
+    # product: the copy doubles the weights' memory).
+    benches["packed"].runner.model.linear = PrepackedLinear()
+    rows = alternate(benches, args.prefill_lens, args.decode_batches, args.reps)
+    write_report({"meta": machine_meta(), "results": rows}, args.out)
+
+
+if __name__ == "__main__":
+    main()
