@@ -13,7 +13,12 @@ requests' tokens differ, and from which token on.
 Part 3 (`cost`): prefill and decode tokens/s of the default and the
 deterministic engine (float32, one thread), measured alternately.
 
+Part 4 (`tiles`, on request): the deterministic engine with GEMM tiles of
+8, 16 and 32 rows, alternately: the choice of `TILE_ROWS`.
+
     python -m studies.engine_cpu.batch_invariance --out studies/engine_cpu/batch_invariance.json
+    python -m studies.engine_cpu.batch_invariance --parts tiles --reps 3 \
+        --out studies/engine_cpu/batch_invariance_tiles.json
 """
 
 from __future__ import annotations
@@ -120,20 +125,37 @@ def cost(model: str, prefill_lens: list[int], batches: list[int], reps: int,
     return alternate(benches, prefill_lens, batches, reps)
 
 
+def tiles(model: str, sizes: list[int], prefill_lens: list[int], batches: list[int],
+          reps: int) -> list[dict[str, Any]]:
+    """The deterministic engine with GEMM tiles of each size, alternating."""
+    benches = engines(model, {f"tile{t}": ["--deterministic"] for t in sizes},
+                      prefill_lens, batches, reps)
+    for t in sizes:
+        model_ = benches[f"tile{t}"].runner.model
+        for fn in (model_.linear, model_.head_linear):
+            assert isinstance(fn, TiledLinear)
+            fn.rows = t
+    return alternate(benches, prefill_lens, batches, reps)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m studies.engine_cpu.batch_invariance")
     p.add_argument("--model", default="embedded:smollm2")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--parts", default="gemm,divergence,cost",
+                   help="comma-separated: gemm, divergence, cost, tiles")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    results = {
-        "gemm": gemm([1, 2, 3, 4, 5, 7, 9, 16, 33, 64, 100]),
-        "divergence": divergence(args.model, args.requests, args.new_tokens),
-        "cost": cost(args.model, [512, 2048], [1, 8, 32, 64], args.reps),
+    parts = {
+        "gemm": lambda: gemm([1, 2, 3, 4, 5, 7, 9, 16, 33, 64, 100]),
+        "divergence": lambda: divergence(args.model, args.requests, args.new_tokens),
+        "cost": lambda: cost(args.model, [512, 2048], [1, 8, 32, 64], args.reps),
+        "tiles": lambda: tiles(args.model, [8, 16, 32], [512, 2048], [1, 8, 32, 64], args.reps),
     }
+    results = {name: parts[name]() for name in args.parts.split(",") if name}
     write_report({"meta": machine_meta(), "results": results}, args.out)
 
 
