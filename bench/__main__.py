@@ -37,7 +37,12 @@ from bench.metrics import SLOSpec, summarize
 from bench.results import RunMeta, RunResult, as_sweep, load_result
 from bench.workload import Workload, WorkloadSpec
 from bench.cli_output import _emit, _finish_sweep
-from bench.cli_workload import _client_config, _PoolCache, _workload_spec
+from bench.cli_workload import (
+    _client_config,
+    _PoolCache,
+    _workload_spec,
+    with_recorded_predictions,
+)
 from bench.cli_profile import add_profile_parsers
 from bench.cli_trace import add_trace_parsers, write_trace
 from bench.disconnects import add_disconnects_parser
@@ -208,7 +213,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         capacity = _capacity(spec, pools, cost, sc, a.capacity_basis)
         rate = a.load * capacity
         spec = spec.with_rate(rate)
-    res = _sim_once(pools.build(spec), cost, sc, a, _slo(a), rate, a.load, capacity)
+    wl = pools.build(spec)
+    if a.predictions_from is not None:
+        wl = with_recorded_predictions(wl, a.predictions_from)
+    res = _sim_once(wl, cost, sc, a, _slo(a), rate, a.load, capacity)
     sim = res.meta.details["sim"]
     print(f"simulated {res.summary.num_requests} requests, "
           f"{sim['iterations']} iterations in {sim['wall_time']:.2f} s wall"
@@ -360,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set the rate to this fraction of the measured capacity")
     q.add_argument("--trace-out", type=Path, default=None,
                    help="also save every plan (python -m bench trace-summary)")
+    q.add_argument("--predictions-from", type=Path, default=None, metavar="RUN.json",
+                   help="give each request the response-length prediction the live run "
+                        "recorded for it (replaying a predictor-driven run)")
     q.set_defaults(func=cmd_simulate)
 
     q = sub.add_parser("simulate-sweep", help="simulated runs over --rates or --loads")

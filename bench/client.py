@@ -59,6 +59,7 @@ _METRIC_FIELDS: dict[str, tuple[str, type]] = {
     "num_preemptions": ("num_preemptions", int),
     "preemptions": ("num_preemptions", int),
     "swap_bytes": ("swap_bytes", int),
+    "predicted_output_len": ("predicted_output_tokens", int),
 }
 
 

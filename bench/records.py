@@ -57,6 +57,10 @@ class RequestRecord(BaseModel):
     execution_time: float | None = None
     swap_time: float | None = None
     swap_bytes: int | None = None
+    # The server's response-length prediction for this request, where it
+    # reports one (ours: `metrics.predicted_output_len`, when the predictor
+    # answered in time); `bench simulate --predictions-from` replays it.
+    predicted_output_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

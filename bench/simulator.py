@@ -420,6 +420,7 @@ def simulate(
                 execution_time=ex,
                 swap_time=sw,
                 swap_bytes=device.swap_blocks.get(rid, 0) * block_bytes,
+                predicted_output_tokens=r.predicted_output_tokens,
             )
         )
     return SimOutput(records=records, stats=stats, end_time=clock.now, trace=trace)

@@ -162,6 +162,45 @@ def test_cli_compare_and_replay(tmp_path, capsys):
     assert sim.meta.workload == run.meta.workload
 
 
+def test_cli_replays_recorded_predictions(tmp_path):
+    common = ["simulate", "--dataset", "fixed", "--input-len", "32", "--output-len", "40",
+              "-n", "8", "--rate", "20", "--seed", "3", "--cost-model", "opt-13b"]
+    assert main([*common, "--save-records", "--out", str(tmp_path / "live.json")]) == 0
+    live = load_result(tmp_path / "live.json")
+    assert all(r.predicted_output_tokens is None for r in live.records)
+    # As a live run against a server with a predictor records them (one
+    # request without: its prediction did not land).
+    preds = {r.request_id: 10 + i for i, r in enumerate(live.records)}
+    preds[live.records[0].request_id] = None
+    for r in live.records:
+        r.predicted_output_tokens = preds[r.request_id]
+    save_result(live, tmp_path / "live.json")
+    assert main([*common, "--policy", "econoserve", "--save-records", "--predictions-from",
+                 str(tmp_path / "live.json"), "--out", str(tmp_path / "sim.json")]) == 0
+    sim = load_result(tmp_path / "sim.json")
+    assert {r.request_id: r.predicted_output_tokens for r in sim.records} == preds
+    assert sim.summary.num_completed == 8
+    # A run of other requests cannot lend them.
+    other = ["simulate", "--dataset", "fixed", "--input-len", "32", "--output-len", "40",
+             "-n", "3", "--rate", "20", "--seed", "3", "--cost-model", "opt-13b"]
+    assert main([*other, "--save-records", "--out", str(tmp_path / "few.json")]) == 0
+    few = load_result(tmp_path / "few.json")
+    for r in few.records:
+        r.request_id = "elsewhere-" + r.request_id
+    save_result(few, tmp_path / "few.json")
+    with pytest.raises(SystemExit, match="none of its requests"):
+        main([*common, "--predictions-from", str(tmp_path / "few.json")])
+    with pytest.raises(SystemExit, match="not a run with its records"):
+        main([*common, "--predictions-from", str(_without_records(tmp_path))])
+
+
+def _without_records(tmp_path):
+    path = tmp_path / "norec.json"
+    assert main(["simulate", "--dataset", "fixed", "--input-len", "8", "--output-len", "4",
+                 "-n", "2", "--rate", "5", "--cost-model", "opt-13b", "--out", str(path)]) == 0
+    return path
+
+
 def test_cli_trace_out_and_summary(tmp_path, capsys):
     common = ["simulate", "--dataset", "fixed", "--input-len", "64", "--output-len", "16",
               "-n", "20", "--rate", "50", "--cost-model", "opt-13b", "--max-batch-size", "4"]
