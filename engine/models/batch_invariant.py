@@ -4,8 +4,7 @@ A GEMM library chooses its kernel, its blocking and its split between
 threads from the shape of each call.  On an AVX2 core MKL rounds a row
 multiplied alone differently from the same row multiplied among 2 to 100
 others, every time, with one thread or two (`studies/engine_cpu/
-batch_invariance.py`), and among 2–3 rows differently from among 4 or more.  So
-in an ordinary engine a token's projections, hence its greedy
+batch_invariance.py`).  So in an ordinary engine a token's projections, hence its greedy
 continuation, depend on how many other tokens share its step: on which
 requests run beside it, on chunking, on whether it is recomputed after a
 preemption.  In float32 that rarely flips a token; in bfloat16 it often does.
