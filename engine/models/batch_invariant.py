@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.models.linear import SLICE_ROWS, LinearFn, upcast_linear
+from engine.models.linear import LinearFn, float32_slices, upcast_linear
 
 # Rows per GEMM call.  32 keeps a (32 x 576) x (576 x 1536) product at ~85 %
 # of the rate of one 2048-row call on an AVX2 core, while a decode step pads
@@ -64,10 +64,7 @@ class TiledLinear:
         out = torch.empty(padded, w.shape[0], dtype=x.dtype, device=x.device)
         if upcast:
             xf = x.float()
-            for c0 in range(0, w.shape[0], SLICE_ROWS):
-                c1 = min(c0 + SLICE_ROWS, w.shape[0])
-                wf = w[c0:c1].float()
-                bf = None if b is None else b[c0:c1].float()
+            for c0, c1, wf, bf in float32_slices(w, b):
                 for r0 in range(0, padded, rows):
                     # Assignment rounds to the model dtype, as `.to()` would.
                     out[r0 : r0 + rows, c0:c1] = F.linear(xf[r0 : r0 + rows], wf, bf)

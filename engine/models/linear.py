@@ -14,7 +14,7 @@ than the matrix-vector product saves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -56,11 +56,19 @@ def upcast_linear(
     if rows < _MIN_ROWS_SLICED:
         return F.linear(x, w, b)
     out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
-    for start in range(0, out_features, SLICE_ROWS):
-        end = min(start + SLICE_ROWS, out_features)
-        bf = None if b is None else b[start:end].float()
-        out[:, start:end] = F.linear(xf, w[start:end].float(), bf)
+    for start, end, wf, bf in float32_slices(w, b):
+        out[:, start:end] = F.linear(xf, wf, bf)
     return out
+
+
+def float32_slices(
+    w: torch.Tensor, b: torch.Tensor | None
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
+    """`(start, end, weight rows, bias)` in float32, SLICE_ROWS output rows
+    at a time."""
+    for start in range(0, w.shape[0], SLICE_ROWS):
+        end = min(start + SLICE_ROWS, w.shape[0])
+        yield start, end, w[start:end].float(), None if b is None else b[start:end].float()
 
 
 def linear_for(dtype: torch.dtype, device: torch.device) -> LinearFn:
