@@ -58,16 +58,17 @@ class PredictorSettings(BaseModel):
 
 
 class AdmissionSettings(BaseModel):
-    """Admission control (scheduler/admission.py): a bound on each engine
-    replica's queued work in tokens; requests beyond it get a 429."""
+    """Admission control (scheduler/admission.py): a request whose first
+    token would come past the TTFT objective gets a 429."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
-    # The time to first token an admitted request should get; the default
-    # bound is this times the replica's measured tokens/s at a full batch.
+    # The time to first token an admitted request should get: a request
+    # is admitted where its estimated TTFT is within it (or nothing is
+    # ahead of it).
     ttft_slo_s: float = Field(2.0, gt=0)
-    # A fixed bound per replica instead of the derived one.
+    # A fixed bound per replica on queued tokens instead of the estimate.
     max_queued_tokens: int | None = Field(None, ge=1)
 
 

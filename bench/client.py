@@ -82,6 +82,9 @@ class ClientConfig(BaseModel):
     # Extra JSON fields for every request, and per job class (how an
     # offline request is tagged for co-serving).
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    # Send a refused request (429) again after its Retry-After, while time
+    # is left (what a saturated probe needs under admission control).
+    retry_rejected: bool = False
     class_extra_body: dict[str, dict[str, Any]] = Field(
         default_factory=lambda: {"offline": {"job_class": "offline"}}
     )
@@ -309,12 +312,23 @@ async def _one(
         await sem.acquire()
     prog = _Progress()
     try:
-        timeout = cfg.request_timeout
-        if cfg.max_duration is not None:
-            timeout = min(timeout, max(cfg.max_duration - clock(), 0.001))
-        rec.send_time = clock()
-        # wait_for rather than asyncio.timeout: Python 3.10 has no timeout().
-        await asyncio.wait_for(_stream(client, cfg, model, req, prog, clock, variant), timeout)
+        while True:
+            timeout = cfg.request_timeout
+            if cfg.max_duration is not None:
+                timeout = min(timeout, max(cfg.max_duration - clock(), 0.001))
+            rec.send_time = clock()
+            try:
+                # wait_for rather than asyncio.timeout: Python 3.10 has no timeout().
+                await asyncio.wait_for(
+                    _stream(client, cfg, model, req, prog, clock, variant), timeout)
+                break
+            except _Rejected as e:
+                pause = e.retry_after if e.retry_after is not None else 1.0
+                if not cfg.retry_rejected or (cfg.max_duration is not None
+                                              and clock() + pause >= cfg.max_duration):
+                    raise
+                rec.num_rejections += 1
+                await asyncio.sleep(pause)
         rec.end_time = clock()
     except _Rejected as e:
         rec.rejected = True

@@ -6,7 +6,8 @@ default; `--rate` and `-n` follow from capacity and duration).  Capacity
 is `--capacity` (req/s) or measured first by a saturated probe:
 `--probe-requests` requests all sent at t = 0, capacity = completed
 requests / time until the last one completed (the probe's time limit if
-some were cut off; requests it refused with 429 do not count).
+some were cut off); a request refused with 429 is sent again after its
+Retry-After, so that admission control does not cut the probe's batch.
 
 A server that protects itself keeps completing at about its capacity,
 refuses the rest quickly with 429, fails nothing, and its memory stays
@@ -63,7 +64,10 @@ class CapacityProbe(BaseModel):
 
     num_requests: int
     num_completed: int
+    # Requests still refused when the probe ended, and 429s answered to
+    # attempts that were sent again.
     num_rejected: int
+    num_retried: int = 0
     elapsed_s: float
     req_per_s: float
     # Tokens of every stream, finished or not, per second, over the mean
@@ -115,8 +119,13 @@ class OverloadResult(CheckResult):
 
 def probe_capacity(wl: Workload, cfg: ClientConfig, timeout: float) -> CapacityProbe:
     reqs = [r.model_copy(update={"arrival_time": 0.0}) for r in wl.requests]
+    # Refused requests are sent again after their Retry-After: under
+    # admission control a burst at t = 0 is mostly refused, and capacity is
+    # what the server completes while kept saturated, not what it admits
+    # of one burst.
     live = run_requests(reqs, cfg.model_copy(update={
-        "max_duration": timeout, "request_timeout": min(cfg.request_timeout, timeout)}))
+        "max_duration": timeout, "request_timeout": min(cfg.request_timeout, timeout),
+        "retry_rejected": True}))
     done = [r for r in live.records if r.ok]
     # Until the last completion; until the time limit when some were cut off.
     unfinished = any(not r.ok and not r.rejected for r in live.records)
@@ -126,7 +135,8 @@ def probe_capacity(wl: Workload, cfg: ClientConfig, timeout: float) -> CapacityP
     mean_out = float(np.mean([r.output_tokens for r in reqs]))
     return CapacityProbe(
         num_requests=len(reqs), num_completed=len(done),
-        num_rejected=sum(r.rejected for r in live.records), elapsed_s=elapsed,
+        num_rejected=sum(r.rejected for r in live.records),
+        num_retried=sum(r.num_rejections for r in live.records), elapsed_s=elapsed,
         req_per_s=len(done) / elapsed, output_tokens_per_s=tokens / elapsed,
         token_based_req_per_s=tokens / elapsed / mean_out if mean_out > 0 else 0.0,
     )
@@ -145,7 +155,8 @@ def run_overload(spec: WorkloadSpec, build: Build, cfg: ClientConfig, oc: Overlo
         pspec = spec.model_copy(update={"seed": spec.seed + 1, "streams": [first]})
         probe = probe_capacity(build(pspec), cfg, oc.probe_timeout)
         print(f"capacity measured by a saturated probe: {probe.req_per_s:.3f} req/s "
-              f"({probe.num_requests} requests at t=0, {probe.num_completed} completed in "
+              f"({probe.num_requests} requests at t=0, {probe.num_retried} 429s retried, "
+              f"{probe.num_completed} completed in "
               f"{probe.elapsed_s:.1f} s; {probe.output_tokens_per_s:.1f} output tok/s)",
               flush=True)
         capacity = probe.req_per_s

@@ -47,6 +47,9 @@ class RequestRecord(BaseModel):
     # protecting itself; `retry_after` is its Retry-After header (seconds).
     rejected: bool = False
     retry_after: float | None = None
+    # 429s answered before the attempt recorded here, when the client
+    # retries refused requests (ClientConfig.retry_rejected).
+    num_rejections: int = 0
     # The client hung up on purpose at this phase (not an error either).
     dropped: DropPhase | None = None
 

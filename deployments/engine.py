@@ -31,7 +31,7 @@ from api.config import AppConfig
 from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
-from scheduler.admission import AdmissionBound, bounded, queued_work
+from scheduler.admission import AdmissionBound, bounded, load_report
 from scheduler.core import SchedulerCore
 from scheduler.job import JobClass
 from scheduler.offline_pool import offline_load
@@ -120,13 +120,18 @@ class Engine:
             self.runner, sched_cfg.block_size, sched_cfg.max_batch_size)
         adm = self.cfg.admission
         self.bound = AdmissionBound(adm.ttft_slo_s, adm.max_queued_tokens)
+        # The TTFT estimate of admission control needs the cost model
+        # (scheduler/admission.py), as every policy but FCFS does.
+        self.ttft_admission = adm.enabled and adm.max_queued_tokens is None
         cost = None
-        if self.cfg.policy != "fcfs":
+        if self.cfg.policy != "fcfs" or self.ttft_admission:
             from engine.profiler import estimate_cost
 
             cost = estimate_cost(self.runner, sched_cfg.block_size)
             log.info("iteration cost estimate: %s", cost)
-        self.core = SchedulerCore(sched_cfg, time.monotonic, cost=cost)
+        self.cost = cost
+        self.core = SchedulerCore(sched_cfg, time.monotonic,
+                                  cost=None if self.cfg.policy == "fcfs" else cost)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.scheduler = scheduler
         self._aio = asyncio.get_running_loop()
@@ -134,7 +139,8 @@ class Engine:
         self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}
         # Offline `generate` calls accepted (scheduler/offline_pool.py).
         self.offline_accepted = 0
-        self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver)
+        self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver,
+                               cost=cost)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
         self._reporter = asyncio.create_task(self._report_loop())
@@ -276,9 +282,11 @@ class Engine:
         jobs = [j for j in jobs if bounded(j.job_class.value, self.cfg.policy)]
         mean_out = self.loop.mean_output.value
         tps = self.loop.stats.full_batch_tokens_per_s or self.start_tokens_per_s or None
-        return {"waiting_tokens": queued_work(jobs, self.core.batch, mean_out),
-                "capacity_tokens": self.bound.capacity(tps),
-                "tokens_per_s": tps, "mean_output_len": mean_out}
+        cfg = self.core.config
+        return load_report(jobs, self.core.batch, mean_out, tps, self.bound,
+                           cfg.max_batch_size, cfg.max_batch_tokens,
+                           self.cost if self.ttft_admission else None,
+                           self.loop.stats.prefill_slowdown)
 
     def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
         """What the Scheduler's offline pool hands work by

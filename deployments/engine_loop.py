@@ -28,6 +28,7 @@ from typing import Callable, Protocol
 
 from api.protocol import GenerateRequest, JobMetrics
 from scheduler.admission import MeanOutput
+from scheduler.cost import LinearCost
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.iteration import IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
@@ -93,6 +94,10 @@ class LoopStats:
     # replica's speed under load, which bounds its queued work
     # (scheduler/admission.py).  None until such an iteration ran.
     full_batch_tokens_per_s: float | None = None
+    # Measured over modelled time of iterations with prompt tokens (EWMA):
+    # how much slower than the start-up cost model the replica runs now,
+    # which scales its TTFT estimate (scheduler/admission.py).
+    prefill_slowdown: float = 1.0
 
 
 Deliver = Callable[[list[Delivery]], None]
@@ -112,8 +117,10 @@ class EngineLoop:
         core: SchedulerCore,
         make_params: MakeParams,
         deliver: Deliver,
+        cost: LinearCost | None = None,
     ) -> None:
         self.runner = runner
+        self.cost = cost
         self.core = core
         self.driver = IterationDriver(core, OnWallClock(runner))
         self.make_params = make_params
@@ -436,6 +443,12 @@ class EngineLoop:
         cfg = self.core.config
         full = (len(plan.chunks) >= 0.75 * cfg.max_batch_size
                 or plan.num_tokens >= 0.75 * cfg.max_batch_tokens)
+        if self.cost is not None and elapsed > 0:
+            decodes = sum(1 for c in plan.chunks if c.is_decode)
+            prompt = plan.num_tokens - decodes
+            if prompt:
+                ratio = elapsed / self.cost.batch_time(decodes, 0, prompt, 0)
+                self.stats.prefill_slowdown += 0.1 * (ratio - self.stats.prefill_slowdown)
         if not full or elapsed <= 0:
             return
         sample = plan.num_tokens / elapsed

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 from ray import serve
@@ -219,7 +220,8 @@ class Scheduler:
                                "waiting_tokens": r.waiting_tokens,
                                "capacity_tokens": r.capacity_tokens,
                                "tokens_per_s": r.tokens_per_s,
-                               "mean_output_len": r.mean_output_len}
+                               "mean_output_len": r.mean_output_len,
+                               "prefill": None if r.prefill is None else asdict(r.prefill)}
                 for r in self.placement.live(now)
             },
         }

@@ -1,4 +1,4 @@
-"""Admission control: a bound on each replica's queued work, in tokens.
+"""Admission control: refuse a request that would miss its TTFT objective.
 
 A request that would wait past the TTFT objective is better refused at once
 (429 with Retry-After) than admitted to a queue that makes it, and everyone
@@ -18,6 +18,21 @@ have started and wait preempted in lower queues.  A replica
 with nothing queued admits any request, however large, so that no request
 is refused forever.
 
+What a newcomer waits for first is prefill, not output: a replica with a
+free batch slot starts its prompt at the next iteration, chunked beside the
+prompts already there and the running decodes.  So where the replica
+reports its prefill load (`PrefillLoad`: prompt tokens still to compute,
+decodes, batch limits, its iteration cost model and how far real iterations
+run over that model), the decision is an estimate of the newcomer's TTFT
+(`ttft_estimate`): the iterations its prompt and every prompt token ahead
+of it need at the batch's token budget, each costing the model's time for
+the decodes riding along; plus, when the batch has no free slot, the
+queued output work above at the measured speed.  The request is admitted
+when the estimate is within `ttft_slo_s`, or when nothing is ahead of it
+(no prompt to compute, a free slot): a prompt whose own prefill exceeds the
+objective then still starts at once, and is refused only while it would
+wait.  A fixed `max_queued_tokens` keeps the plain token bound.
+
 Under co-serving (`policy: conserve`) offline work is neither bounded nor
 counted: it has no TTFT objective, and every online job runs ahead of it
 (ConServe §4.2), so a backlog of batch work delays no online request.
@@ -27,8 +42,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from scheduler.cost import LinearCost
 from scheduler.job import Job, JobClass
 
 
@@ -74,6 +91,56 @@ def request_work(prompt_tokens: int, max_tokens: int, n: int, mean_output_len: f
     return prompt_tokens + int(n * min(float(max_tokens), mean_output_len))
 
 
+@dataclass(frozen=True)
+class PrefillLoad:
+    """A replica's load as a newcomer's first token sees it (bounded jobs)."""
+
+    # Prompt tokens (and recomputation after a preemption) still to compute.
+    prefill_tokens: int
+    # Jobs past their prompt: each takes a token of every iteration.
+    decodes: int
+    jobs: int
+    max_batch_size: int
+    max_batch_tokens: int
+    # The replica's iteration cost model (scheduler/cost.py, LinearCost).
+    base_s: float
+    per_token_s: float
+    per_seq_s: float
+    # Measured iteration time over the model's, for iterations with prompt
+    # tokens (the model is fitted on an idle replica at start).
+    slowdown: float = 1.0
+
+
+def prefill_load(jobs: Iterable[Job], cfg_batch_size: int, cfg_batch_tokens: int,
+                 cost: LinearCost, slowdown: float = 1.0) -> PrefillLoad:
+    prefill = decodes = count = 0
+    for job in jobs:
+        count += 1
+        if job.num_output_tokens:
+            decodes += 1
+            # The last sampled token is the next decode's input, not prefill.
+            prefill += max(0, job.num_uncomputed_tokens - 1)
+        else:
+            prefill += job.num_uncomputed_tokens
+    return PrefillLoad(prefill, decodes, count, cfg_batch_size, cfg_batch_tokens,
+                       cost.base_s, cost.prefill_per_token_s, cost.decode_per_seq_s,
+                       slowdown)
+
+
+def ttft_estimate(load: PrefillLoad, prompt_tokens: int, ahead_tokens: int = 0,
+                  extra_jobs: int = 0) -> float:
+    """Seconds until a newcomer's prompt of `prompt_tokens` is computed,
+    with `ahead_tokens` more prompt tokens and `extra_jobs` more jobs placed
+    since `load` was reported.  The slot wait is the caller's."""
+    d = min(load.decodes + extra_jobs, load.max_batch_size - 1)
+    room = max(1, load.max_batch_tokens - d)
+    total = load.prefill_tokens + ahead_tokens + prompt_tokens
+    iterations = -(-total // room)
+    per_iteration = load.base_s + load.per_seq_s * d
+    # One more iteration: the one under way when the request lands.
+    return load.slowdown * ((iterations + 1) * per_iteration + load.per_token_s * total)
+
+
 class MeanOutput:
     """Running mean of finished jobs' output lengths (exponential, so it
     follows a workload that changes)."""
@@ -88,3 +155,21 @@ class MeanOutput:
         w = max(self.weight, 1.0 / (self.samples + 1))
         self.value += w * (num_tokens - self.value)
         self.samples += 1
+
+
+def load_report(jobs: list[Job], batch: Collection[str], mean_output_len: float,
+                tokens_per_s: float | None, bound: AdmissionBound,
+                max_batch_size: int, max_batch_tokens: int,
+                cost: LinearCost | None = None, slowdown: float = 1.0) -> dict[str, Any]:
+    """What a replica reports for admission (the keyword arguments of
+    `Placement.report`), over its bounded `jobs`; the TTFT estimate's
+    figures only when it has a cost model and no fixed bound is set."""
+    out: dict[str, Any] = {
+        "waiting_tokens": queued_work(jobs, batch, mean_output_len),
+        "capacity_tokens": bound.capacity(tokens_per_s),
+        "tokens_per_s": tokens_per_s, "mean_output_len": mean_output_len}
+    if cost is not None and bound.max_queued_tokens is None:
+        out["prefill"] = asdict(prefill_load(jobs, max_batch_size, max_batch_tokens, cost,
+                                             slowdown))
+        out["ttft_slo_s"] = bound.ttft_slo_s
+    return out

@@ -6,14 +6,20 @@ so a burst does not all land on the replica that looked idlest at the last
 report.  Replicas that stop reporting are dropped (a killed replica).
 
 `admit` adds admission control (scheduler/admission.py): a job goes only
-to a replica whose queued work stays within its bound, and is refused, with
-the time until the work should fit, when none has room.
+to a replica where its estimated TTFT is within the objective (or where
+nothing is ahead of it), the one with the shortest estimate, and is refused,
+with the time until it should fit, when none has room.  A replica that
+reports no prefill load (or a fixed bound is configured) is judged by its
+queued tokens against the bound instead.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+from scheduler.admission import PrefillLoad, request_work, ttft_estimate
 
 
 @dataclass
@@ -32,6 +38,12 @@ class ReplicaLoad:
     capacity_tokens: float = math.inf
     tokens_per_s: float | None = None
     mean_output_len: float = 256.0
+    # For the TTFT estimate; None: the token bound above decides.
+    prefill: PrefillLoad | None = None
+    ttft_slo_s: float | None = None
+    # Prompt tokens and jobs placed since the last report.
+    placed_prefill: int = 0
+    placed_jobs: int = 0
 
     @property
     def pressure(self) -> float:
@@ -45,6 +57,24 @@ class ReplicaLoad:
 
     def fits(self, tokens: int) -> bool:
         return self.backlog == 0 or self.backlog + tokens <= self.capacity_tokens
+
+    def ttft_s(self, prompt_tokens: int, tokens: int) -> float | None:
+        """Estimated TTFT of a newcomer (prompt, expected work `tokens`);
+        None when this replica reports no prefill load."""
+        pf = self.prefill
+        if pf is None:
+            return None
+        t = ttft_estimate(pf, prompt_tokens, self.placed_prefill, self.placed_jobs)
+        if pf.jobs + self.placed_jobs >= pf.max_batch_size:
+            # No free slot: the work outside the batch runs first.
+            t += self.backlog / self.tokens_per_s if self.tokens_per_s else 0.0
+        return t
+
+    def starts_at_once(self) -> bool:
+        """Nothing is ahead of a newcomer: no prompt to compute, a free slot."""
+        pf = self.prefill
+        return (pf is not None and pf.prefill_tokens + self.placed_prefill == 0
+                and pf.jobs + self.placed_jobs < pf.max_batch_size)
 
     def wait_s(self, tokens: int) -> float:
         """Seconds until `tokens` more would fit, at the measured speed."""
@@ -70,7 +100,9 @@ class Placement:
     def report(self, replica_id: str, num_blocks: int, free_blocks: int,
                queued_tokens: int, num_jobs: int, now: float, waiting_tokens: int = 0,
                capacity_tokens: float = math.inf, tokens_per_s: float | None = None,
-               mean_output_len: float | None = None) -> None:
+               mean_output_len: float | None = None,
+               prefill: dict[str, Any] | None = None,
+               ttft_slo_s: float | None = None) -> None:
         r = self.replicas.get(replica_id)
         if r is None:
             r = self.replicas[replica_id] = ReplicaLoad(replica_id, num_blocks)
@@ -80,6 +112,10 @@ class Placement:
         r.num_jobs = num_jobs
         r.reported_at = now
         r.placed_tokens = 0
+        r.placed_prefill = 0
+        r.placed_jobs = 0
+        r.prefill = PrefillLoad(**prefill) if prefill is not None else None
+        r.ttft_slo_s = ttft_slo_s
         r.waiting_tokens = waiting_tokens
         r.capacity_tokens = capacity_tokens
         r.tokens_per_s = tokens_per_s
@@ -104,25 +140,32 @@ class Placement:
 
     def admit(self, job_id: str, prompt_tokens: int, max_tokens: int, n: int,
               now: float) -> AdmitResult:
-        """Place `job_id` on the least-pressured replica with room for its
-        expected work, or refuse it when none has room."""
-        from scheduler.admission import request_work
-
+        """Place `job_id` where its first token should come within the
+        objective (the soonest such replica), or refuse it when none can."""
         live = self.live(now)
         if not live:
             return AdmitResult(True, None)
-        fits = {}
+        fits: dict[str, tuple[float, int]] = {}
+        waits: list[float] = []
         for r in live:
             work = request_work(prompt_tokens, max_tokens, n, r.mean_output_len)
-            if r.fits(work):
-                fits[r.replica_id] = work
+            est = r.ttft_s(prompt_tokens, work)
+            if est is None or r.ttft_slo_s is None:
+                if r.fits(work):
+                    fits[r.replica_id] = (r.pressure, work)
+                else:
+                    waits.append(r.wait_s(work))
+            elif est <= r.ttft_slo_s or r.starts_at_once():
+                fits[r.replica_id] = (est, work)
+            else:
+                waits.append(est - r.ttft_slo_s)
         if not fits:
-            wait = min(r.wait_s(request_work(prompt_tokens, max_tokens, n, r.mean_output_len))
-                       for r in live)
-            return AdmitResult(False, None, max(wait, 0.5))
+            return AdmitResult(False, None, max(min(waits), 0.5))
         best = min((r for r in live if r.replica_id in fits),
-                   key=lambda r: (r.pressure, r.replica_id))
-        best.placed_tokens += fits[best.replica_id]
+                   key=lambda r: (fits[r.replica_id][0], r.replica_id))
+        best.placed_tokens += fits[best.replica_id][1]
+        best.placed_prefill += prompt_tokens
+        best.placed_jobs += n
         self.job_replica[job_id] = best.replica_id
         return AdmitResult(True, best.replica_id)
 

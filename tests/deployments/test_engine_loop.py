@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from api.protocol import GenerateRequest
 from deployments.engine_loop import Delivery, EngineLoop
 from scheduler.config import SchedulerConfig
@@ -300,3 +302,27 @@ def test_offline_requests_in_the_inbox_count_until_drained():
     closing.submit(off)
     closing.shutdown("bye")
     assert closing.inbox_offline == {}
+
+
+def test_prompt_iterations_measure_how_far_the_replica_runs_over_its_cost_model():
+    # The TTFT estimate of admission control scales the start-up cost model
+    # by this (scheduler/admission.py); decode-only iterations leave it.
+    from scheduler.cost import LinearCost
+    from scheduler.plan import ScheduledChunk
+
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=8,
+                                         max_batch_tokens=64, max_model_len=64),
+                         time.monotonic)
+    # 0.01 + 0.001 * tokens: 30 ms for 20 prompt tokens, 11 ms for one decode.
+    loop = EngineLoop(FakeRunner(), core, lambda r, i: "ok", Collector(),
+                      cost=LinearCost(0.01, 0.001, 0.001))
+    prompt = Plan(1, [ScheduledChunk("p", list(range(20)), 0, list(range(5)), True, 0)])
+    decode = Plan(2, [ScheduledChunk("d", [3], 9, [2, 3, 4], True, 1)])
+    assert loop.stats.prefill_slowdown == 1.0
+    loop._measure_speed(decode, 0.5)
+    assert loop.stats.prefill_slowdown == 1.0
+    loop._measure_speed(prompt, 0.06)  # twice the model: 1 + 0.1 * (2 - 1)
+    assert loop.stats.prefill_slowdown == pytest.approx(1.1)
+    for _ in range(100):
+        loop._measure_speed(prompt, 0.06)
+    assert loop.stats.prefill_slowdown == pytest.approx(2.0, rel=1e-3)

@@ -168,3 +168,36 @@ def test_no_pool_outside_conserve_or_when_disabled(make) -> None:
 def test_a_bad_pool_config_names_the_field() -> None:
     with pytest.raises(ValidationError, match="offline_pool.replica_queue_jobs"):
         AppConfig(offline_pool={"replica_queue_jobs": 0})
+
+
+def test_a_replicas_load_report_drives_the_ttft_estimate_through_the_scheduler(make) -> None:
+    # What the Engine replica sends (scheduler.admission.load_report) is
+    # what the Scheduler deployment's placement reads: a mismatch would
+    # fail every report and leave admission on stale figures.
+    from scheduler.admission import AdmissionBound, load_report
+    from scheduler.cost import LinearCost
+    from scheduler.job import Job
+
+    async def run() -> None:
+        s = make({})
+        cost = LinearCost(0.1, 0.01, 0.02)
+        bound = AdmissionBound(ttft_slo_s=2.0)
+        decoding = Job("d", [1] * 10, max_tokens=50, arrival_time=0.0)
+        decoding.output_token_ids = [3]
+        decoding.num_computed_tokens = 10
+        report = load_report([decoding], {"d"}, 50.0, 100.0, bound, 8, 100, cost)
+        await s.report_load("r", 100, 90, 0, 1, report)
+        st = (await s.stats())["replicas"]["r"]
+        assert st["prefill"]["decodes"] == 1 and st["prefill"]["base_s"] == 0.1
+        # 150 prompt tokens: 2 steps at 0.12 s and one under way, 1.5 s of
+        # tokens: 1.86 s, admitted; a second one would wait past 2 s.
+        first = await s.admit("a", 150, 10, "online", 1)
+        assert first["admitted"] and first["replica"] == "r"
+        second = await s.admit("b", 150, 10, "online", 1)
+        assert not second["admitted"] and second["retry_after_s"] >= 0.5
+        # A fixed bound reports no estimate: the token bound decides.
+        fixed = load_report([decoding], {"d"}, 50.0, 100.0,
+                            AdmissionBound(2.0, max_queued_tokens=64), 8, 100, cost)
+        assert "prefill" not in fixed and fixed["capacity_tokens"] == 64.0
+
+    asyncio.run(run())

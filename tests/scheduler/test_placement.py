@@ -1,3 +1,5 @@
+import pytest
+
 from scheduler.placement import Placement
 
 
@@ -93,3 +95,90 @@ def test_offline_work_is_outside_the_bound_only_under_co_serving():
     assert bounded("online", "conserve")
     # Elsewhere offline jobs run beside online ones and delay them alike.
     assert bounded("offline", "fcfs") and bounded("offline", "mlfq")
+
+
+def _prefill(prefill_tokens=0, decodes=0, jobs=0, batch=4, budget=100, slowdown=1.0):
+    return {"prefill_tokens": prefill_tokens, "decodes": decodes, "jobs": jobs,
+            "max_batch_size": batch, "max_batch_tokens": budget, "base_s": 0.1,
+            "per_token_s": 0.01, "per_seq_s": 0.02, "slowdown": slowdown}
+
+
+def _report_prefill(p, rid, slo=2.0, now=0.0, waiting=0, tps=100.0, **kw):
+    p.report(rid, num_blocks=100, free_blocks=100, queued_tokens=0, num_jobs=kw.get("jobs", 0),
+             now=now, waiting_tokens=waiting, capacity_tokens=0.0, tokens_per_s=tps,
+             mean_output_len=50.0, prefill=_prefill(**kw), ttft_slo_s=slo)
+
+
+def test_ttft_estimate_counts_iterations_at_the_token_budget_beside_the_decodes():
+    from scheduler.admission import PrefillLoad, ttft_estimate
+
+    load = PrefillLoad(**_prefill(prefill_tokens=150, decodes=2))
+    # 150 ahead + 50 own = 200 prompt tokens at 98 a step: 3 steps, one more
+    # under way; each step 0.1 + 2 * 0.02; the tokens 200 * 0.01.
+    assert ttft_estimate(load, 50) == pytest.approx(4 * 0.14 + 2.0)
+    # Placed since the report: more prompt ahead, more decodes riding along.
+    # 300 tokens at 97 a step: 4 steps and the one under way, 0.1 + 3 * 0.02.
+    assert ttft_estimate(load, 50, ahead_tokens=100, extra_jobs=1) == pytest.approx(
+        5 * 0.16 + 3.0)
+    slow = PrefillLoad(**_prefill(prefill_tokens=150, decodes=2, slowdown=1.5))
+    assert ttft_estimate(slow, 50) == pytest.approx(1.5 * ttft_estimate(load, 50))
+
+
+def test_prefill_load_separates_prompt_work_from_decodes():
+    from scheduler.admission import prefill_load
+    from scheduler.cost import LinearCost
+    from scheduler.job import Job
+
+    fresh = Job("f", [1] * 30, max_tokens=10, arrival_time=0.0)
+    half = Job("h", [1] * 30, max_tokens=10, arrival_time=0.0)
+    half.num_computed_tokens = 20
+    decoding = Job("d", [1] * 10, max_tokens=10, arrival_time=0.0)
+    decoding.output_token_ids = [5, 6]
+    decoding.num_computed_tokens = 11
+    recompute = Job("r", [1] * 10, max_tokens=10, arrival_time=0.0)
+    recompute.output_token_ids = [5, 6, 7]
+    load = prefill_load([fresh, half, decoding, recompute], 8, 64,
+                        LinearCost(0.1, 0.01, 0.02), slowdown=1.2)
+    # 30 + 10 to prefill; the decoding job's last token is its next input;
+    # the preempted one recomputes 12 of its 13 tokens before decoding.
+    assert load.prefill_tokens == 30 + 10 + 0 + 12
+    assert (load.decodes, load.jobs, load.slowdown) == (2, 4, 1.2)
+    assert (load.base_s, load.per_token_s, load.per_seq_s) == (0.1, 0.01, 0.02)
+
+
+def test_ttft_admission_admits_a_burst_into_free_slots_until_the_objective():
+    p = Placement()
+    _report_prefill(p, "a", batch=8)
+    # Each 30-token prompt adds 0.3 s of tokens and a job riding along
+    # (0.02 s a step): estimates 0.5, 0.84, 1.18, 1.68 s, then 2.04 s > 2 s.
+    got = [p.admit(f"j{i}", prompt_tokens=30, max_tokens=500, n=1, now=0.1)
+           for i in range(5)]
+    assert [r.admitted for r in got] == [True, True, True, True, False]
+    assert got[4].retry_after_s == pytest.approx(0.5)  # 0.04 s over, at least 0.5
+    # A report with those prompts computed frees the room again.
+    _report_prefill(p, "a", now=0.2, decodes=4, jobs=4, batch=8)
+    assert p.admit("k", prompt_tokens=30, max_tokens=500, n=1, now=0.3).admitted
+
+
+def test_ttft_admission_starts_a_long_prompt_only_with_nothing_ahead():
+    p = Placement()
+    _report_prefill(p, "a", decodes=2, jobs=2)
+    # 500 prompt tokens: 5 s alone, over the 2 s objective, but nothing is
+    # ahead and a slot is free: admitted.
+    assert p.admit("long", prompt_tokens=500, max_tokens=10, n=1, now=0.1).admitted
+    # Now its prompt is ahead of the next one.
+    r = p.admit("next", prompt_tokens=10, max_tokens=10, n=1, now=0.1)
+    assert not r.admitted and r.retry_after_s > 3.0
+    # A full batch adds the queued output work at the measured speed:
+    # 0.42 s of steps + 200 tokens at 100/s.
+    _report_prefill(p, "a", now=0.2, decodes=4, jobs=4, waiting=200, tps=100.0)
+    assert not p.admit("j", prompt_tokens=10, max_tokens=10, n=1, now=0.3).admitted
+    _report_prefill(p, "a", now=0.4, decodes=3, jobs=3, waiting=200, tps=100.0)
+    assert p.admit("j", prompt_tokens=10, max_tokens=10, n=1, now=0.5).admitted
+
+
+def test_ttft_admission_prefers_the_replica_with_the_sooner_first_token():
+    p = Placement()
+    _report_prefill(p, "a", prefill_tokens=80, decodes=1, jobs=2)
+    _report_prefill(p, "b", decodes=3, jobs=3)
+    assert p.admit("j", prompt_tokens=20, max_tokens=10, n=1, now=0.1).replica == "b"
