@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
@@ -331,7 +332,7 @@ class Ingress:
         def landed(t: "asyncio.Task[Any]") -> None:
             pred = None if t.cancelled() else t.result()
             if pred is not None:
-                self._background_call(self.engine_calls.set_prediction.remote(
+                self._detached(lambda: self.engine_calls.set_prediction.remote(
                     request_id, pred["predicted_len"], replica=replica,
                     allocation=pred.get("allocation")))
 
@@ -339,23 +340,28 @@ class Ingress:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _background_call(self, call: Any) -> None:
-        task = asyncio.ensure_future(call)
+    def _detached(self, make_call: Callable[[], Awaitable[Any]]) -> None:
+        """Run `make_call()` (a handle call) outside the HTTP request's
+        context.  Inside it, Serve would cancel the call when the client
+        disconnects, and would give it the request's internal id, which
+        the engine's stream already carries: Serve's request router indexes
+        a pending call by that id, so a second call under the same id while
+        the first is still being routed (a prediction landing before the
+        engine replica is up) is never routed, and holds one of the
+        router's routing tasks for good."""
+        async def run() -> None:
+            await make_call()
+
+        task = asyncio.get_running_loop().create_task(run(), context=contextvars.Context())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     def _release(self, request_id: str, outcome: str) -> None:
         """Tell the Scheduler the request ended, from outside the HTTP
-        request's context: Serve cancels the pending calls a request made
-        when its client disconnects (which a client does right after the
-        last event, too), and a lost release would leak the Scheduler's
-        record of the job (8 % of requests in an overload run did)."""
-        async def release() -> None:
-            await self.scheduler.release.remote(request_id, outcome)
-
-        task = asyncio.get_running_loop().create_task(release(), context=contextvars.Context())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        request's context (`_detached`): a release cancelled with the
+        request would leak the Scheduler's record of the job (8 % of
+        requests in an overload run did)."""
+        self._detached(lambda: self.scheduler.release.remote(request_id, outcome))
 
     def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
         stream.cancel()
