@@ -58,8 +58,8 @@ class ReplicaLoad:
     def fits(self, tokens: int) -> bool:
         return self.backlog == 0 or self.backlog + tokens <= self.capacity_tokens
 
-    def ttft_s(self, prompt_tokens: int, tokens: int) -> float | None:
-        """Estimated TTFT of a newcomer (prompt, expected work `tokens`);
+    def ttft_s(self, prompt_tokens: int) -> float | None:
+        """Estimated TTFT of a newcomer with a prompt of `prompt_tokens`;
         None when this replica reports no prefill load."""
         pf = self.prefill
         if pf is None:
@@ -149,7 +149,7 @@ class Placement:
         waits: list[float] = []
         for r in live:
             work = request_work(prompt_tokens, max_tokens, n, r.mean_output_len)
-            est = r.ttft_s(prompt_tokens, work)
+            est = r.ttft_s(prompt_tokens)
             if est is None or r.ttft_slo_s is None:
                 if r.fits(work):
                     fits[r.replica_id] = (r.pressure, work)
