@@ -117,12 +117,18 @@ class AppConfig(SchedulingSettings):
     # AMX), float32 elsewhere, where emulated bf16 is ~6x slower.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
-    # Decode attention: `cpp` (a C++ operator built at start for this CPU,
-    # engine/attention_cpp.py), `compiled` (an Inductor-generated loop,
-    # engine/attention_compiled.py), both reading the block table in place
-    # and needing a C++ compiler (without one they fall back to `torch`),
-    # or `torch` (gather + SDPA).  `auto`: cpp on CPU, torch on CUDA.
-    attention_backend: Literal["auto", "torch", "compiled", "cpp"] = "auto"
+    # Attention: on CPU `cpp` (a C++ decode operator built at start for this
+    # CPU, engine/attention_cpp.py) or `compiled` (an Inductor-generated
+    # loop, engine/attention_compiled.py), both reading the block table in
+    # place and needing a C++ compiler (without one they fall back to
+    # `torch`); on CUDA `triton` (paged decode and prefill kernels,
+    # engine/attention_triton.py); anywhere `torch` (gather + SDPA).
+    # `auto`: cpp on CPU, triton on CUDA.
+    attention_backend: Literal["auto", "torch", "compiled", "cpp", "triton"] = "auto"
+    # On CUDA with the triton backend: decode-only iterations of up to
+    # max_batch_size requests replay CUDA graphs captured at start
+    # (engine/cuda_graphs.py).
+    cuda_graphs: bool = True
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on
     # chunking, or on preemption, swap or recompute, in float32 and bfloat16
@@ -183,8 +189,11 @@ class AppConfig(SchedulingSettings):
             )
         if self.device == "cuda" and self.attention_backend in ("compiled", "cpp"):
             raise ValueError(
-                f"attention_backend {self.attention_backend!r} is a CPU backend; use 'torch' "
-                "or 'auto' on cuda")
+                f"attention_backend {self.attention_backend!r} is a CPU backend; use 'triton', "
+                "'torch' or 'auto' on cuda")
+        if self.device == "cpu" and self.attention_backend == "triton":
+            raise ValueError("attention_backend 'triton' runs on device cuda; use 'cpp', "
+                             "'compiled', 'torch' or 'auto' on cpu")
         if self.deterministic and self.device != "cpu":
             raise ValueError("deterministic: true runs on device cpu only (the batch-invariant "
                              "GPU kernels are planned)")

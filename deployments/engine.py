@@ -65,6 +65,15 @@ def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-u
     )
 
 
+def _graph_max_batch(cfg: AppConfig, sched: Any) -> int:
+    """Largest decode batch captured in CUDA graphs (0: none): the most
+    requests an iteration may run, on CUDA with the triton backend."""
+    if not cfg.cuda_graphs or cfg.device != "cuda" or cfg.attention_backend not in (
+            "auto", "triton"):
+        return 0
+    return max(sched.max_batch_size, sched.conserve.offline_max_batch_size or 0)
+
+
 class _StoppedJobLogs(logging.Filter):
     """Serve logs every exception a request raises as "Request failed." with
     its traceback.  A job ended on purpose by a shutdown is not a failure:
@@ -104,6 +113,7 @@ class Engine:
             attention_backend=(
                 None if self.cfg.attention_backend == "auto" else self.cfg.attention_backend),
             deterministic=self.cfg.deterministic,
+            cuda_graph_max_batch=_graph_max_batch(self.cfg, sched_cfg),
         )
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())

@@ -8,11 +8,11 @@ of its sequence and attends causally to all of the sequence's cached tokens
 cache slots its block table names and (2) attends over the cache.
 
 The torch reference backend (`engine.attention_torch`) runs anywhere; the
-compiled backend (`engine.attention_compiled`, the CPU default) fuses its
-decode attention into one Inductor-generated loop over the block table; a
-Triton paged-attention backend for GPUs plugs in here by subclassing
-`AttentionBackend` and adding itself to `get_attention_backend`, with its own metadata
-(e.g. int32 block tables and cumulative sequence lengths on the device).
+compiled backend (`engine.attention_compiled`) fuses its decode attention
+into one Inductor-generated loop over the block table; the C++ backend
+(`engine.attention_cpp`, the CPU default) attends decodes in place over the
+blocks; the Triton backend (`engine.attention_triton`, the CUDA default)
+attends decodes and prefill chunks over the paged cache in place.
 """
 
 from __future__ import annotations
@@ -111,14 +111,18 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
         CompiledAttentionBackend.name: CompiledAttentionBackend,
         CppAttentionBackend.name: CppAttentionBackend,
     }
+    if name == "triton":
+        from engine.attention_triton import TritonAttentionBackend
+
+        return TritonAttentionBackend
     try:
         return backends[name]
     except KeyError:
         raise ValueError(
-            f"unknown attention backend {name!r}; choose one of {sorted(backends)}"
+            f"unknown attention backend {name!r}; choose one of "
+            f"{sorted([*backends, 'triton'])}"
         ) from None
 
 
 def default_backend_name(device: torch.device) -> str:
-    # The Triton backend (roadmap step 8) becomes the CUDA default here.
-    return "cpp" if device.type == "cpu" else "torch"
+    return "cpp" if device.type == "cpu" else "triton"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -39,6 +39,9 @@ from scheduler.plan import (
     BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult, TokenLogprob,
 )
 
+if TYPE_CHECKING:
+    from engine.cuda_graphs import DecodeGraphs
+
 
 @dataclass(slots=True)
 class _PromptRows:
@@ -51,7 +54,11 @@ class _PromptRows:
 
 @dataclass(slots=True)
 class _Prepared:
-    batch: ForwardBatch
+    input_ids: list[int]
+    positions: list[int]
+    spans: list[SeqSpan]
+    # Logits rows: the sampled chunks' last tokens, then owed prompt positions.
+    logits_indices: list[int]
     sampled: list[tuple[ScheduledChunk, RequestState]]
     prompt_rows: list[_PromptRows]
 
@@ -69,6 +76,7 @@ class ModelRunner:
         attention_backend: str | None = None,
         seed: int | None = None,
         deterministic: bool = False,
+        cuda_graph_max_batch: int = 0,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -108,6 +116,17 @@ class ModelRunner:
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,
             self.model.head_dim, self.dtype, self.device,
         )
+        # Decode-only steps of up to this many requests replay CUDA graphs
+        # (engine/cuda_graphs.py): CUDA with the Triton backend only.
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graph_max_batch > 0:
+            if self.attn.name != "triton":
+                raise ValueError("CUDA graphs need the 'triton' attention backend, not "
+                                 f"{self.attn.name!r}")
+            from engine import cuda_graphs
+
+            self.graphs = cuda_graphs.DecodeGraphs(self.model, self.kv_cache, self.attn,
+                                       cuda_graph_max_batch, max_model_len)
         self.sampler = Sampler(seed=seed, device=self.device)
         self._requests: dict[str, RequestState] = {}
         self.swapper: BlockSwapper | None = None
@@ -262,15 +281,14 @@ class ModelRunner:
         sampled = prepared.sampled
         with torch.inference_mode():
             try:
-                hidden = self._forward(plan, prepared.batch)
+                logits = self._logits(plan, prepared)
             except ForwardPreempted:
                 done, failed = self._poll_swaps(0.0)
                 return StepResult(plan.step, [], time.perf_counter() - start, swaps_in_done=done,
                                   swaps_in_failed=failed, interrupted=True)
             tokens: list[int] = []
             logprobs: dict[int, TokenLogprob] = {}
-            if prepared.batch.logits_indices.numel():
-                logits = self.model.compute_logits(hidden)
+            if logits is not None:
                 sample_logits = logits[: len(sampled)]
                 tokens = self.sampler.sample(
                     sample_logits,
@@ -339,6 +357,25 @@ class ModelRunner:
             return [], []
         return self.swapper.poll(wait_s)
 
+    def _logits(self, plan: Plan, prepared: _Prepared) -> torch.Tensor | None:
+        """The forward pass and the lm_head: float32 logits of the rows in
+        `prepared.logits_indices` (None where no row is wanted).  A
+        decode-only step that fits a captured bucket replays its graph."""
+        graphs = self.graphs
+        if (
+            graphs is not None
+            and not plan.preemptible_at_layers
+            and len(prepared.spans) == len(prepared.sampled) == len(prepared.input_ids)
+            and not prepared.prompt_rows
+            and graphs.bucket_for(len(prepared.spans)) is not None
+        ):
+            self.preempt_flag.clear()  # as after any pass that may not be cut
+            return graphs.run(prepared.input_ids, prepared.spans)
+        hidden = self._forward(plan, self._forward_batch(prepared))
+        if not prepared.logits_indices:
+            return None
+        return self.model.compute_logits(hidden)
+
     def logits(self, plan: Plan) -> torch.Tensor:
         """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order.
 
@@ -348,8 +385,8 @@ class ModelRunner:
         """
         prepared = self._prepare(plan)
         with torch.inference_mode():
-            hidden = self.model(prepared.batch, self.kv_cache)
-            logits = self.model.compute_logits(hidden)
+            logits = self._logits(plan, prepared)
+        assert logits is not None, "the plan samples no chunk"
         row = {c.job_id: i for i, (c, _) in enumerate(prepared.sampled)}
         return logits[[row[c.job_id] for c in plan.chunks if c.sample]]
 
@@ -388,16 +425,17 @@ class ModelRunner:
                 self._check_sample_point(chunk, state)
                 logits_indices.append(len(input_ids) - 1)
                 sampled.append((chunk, state))
+        return _Prepared(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
+                         prompt_rows)
+
+    def _forward_batch(self, prepared: _Prepared) -> ForwardBatch:
         dev = self.device
-        batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
-            attn_metadata=self.attn.build_metadata(spans),
-            logits_indices=torch.tensor(
-                logits_indices + prompt_indices, dtype=torch.long, device=dev
-            ),
+        return ForwardBatch(
+            input_ids=torch.tensor(prepared.input_ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(prepared.positions, dtype=torch.long, device=dev),
+            attn_metadata=self.attn.build_metadata(prepared.spans),
+            logits_indices=torch.tensor(prepared.logits_indices, dtype=torch.long, device=dev),
         )
-        return _Prepared(batch, sampled, prompt_rows)
 
     def _state(self, chunk: ScheduledChunk) -> RequestState:
         try:

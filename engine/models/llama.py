@@ -10,6 +10,7 @@ on a CPU, a win on GPUs).  gate and up stay separate: fusing them measured
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -94,6 +95,14 @@ class LlamaForCausalLM(CausalLM):
             (self.vocab_size, config.hidden_size), dtype, device
         )
         self.rotary = RotaryEmbedding(config, self.head_dim, max_model_len, dtype, device)
+        # On CUDA each norm and the rotation of q and k are one Triton kernel
+        # (engine/models/fused_triton.py) instead of several small ones.
+        self.fused = device.type == "cuda"
+        self.norm_fn = rms_norm
+        if self.fused:
+            from engine.models import fused_triton
+
+            self.norm_fn = fused_triton.rms_norm
         self._q_size = self.num_heads * self.head_dim
         self._kv_size = self.num_kv_heads * self.head_dim
 
@@ -148,25 +157,38 @@ class LlamaForCausalLM(CausalLM):
         assert self.attn is not None, "set_attention_backend() first"
         t = batch.input_ids.shape[0]
         x = F.embedding(batch.input_ids, self.embed)
-        cos, sin = self.rotary.cos_sin(batch.positions)
+        rotate = self._rotation(batch.positions)
         q_size, kv_size = self._q_size, self._kv_size
+        norm = self.norm_fn
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, self.eps)
+            h = norm(x, layer.input_norm, self.eps)
             qkv = self.linear(h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
-            k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+            q, k = rotate(q.view(t, self.num_heads, self.head_dim),
+                          k.view(t, self.num_kv_heads, self.head_dim))
             v = v.view(t, self.num_kv_heads, self.head_dim)
             a = self.attn.forward(
                 q, k, v, kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, self.scale
             )
             x = x + self.linear(a.view(t, q_size), layer.o, layer.o_bias)
-            h = rms_norm(x, layer.post_norm, self.eps)
+            h = norm(x, layer.post_norm, self.eps)
             gate = self.act(self.linear(h, layer.gate, layer.gate_bias))
             up = self.linear(h, layer.up, layer.up_bias)
             x = x + self.linear(gate * up, layer.down, layer.down_bias)
             self.safepoint(i)
-        return rms_norm(x[batch.logits_indices], self.norm, self.eps)
+        return norm(x[batch.logits_indices], self.norm, self.eps)
+
+    def _rotation(
+        self, positions: torch.Tensor
+    ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The step's rotation of (q, k) at `positions`."""
+        cos_table, sin_table = self.rotary.cos, self.rotary.sin
+        if self.fused:
+            from engine.models.fused_triton import apply_rotary_qk
+
+            return lambda q, k: apply_rotary_qk(q, k, cos_table, sin_table, positions)
+        cos, sin = self.rotary.cos_sin(positions)
+        return lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed if self.lm_head is None else self.lm_head

@@ -70,8 +70,26 @@ def test_attention_backend_is_checked_against_the_device() -> None:
     for cpu_only in ("compiled", "cpp"):
         with pytest.raises(ValidationError, match=f"attention_backend '{cpu_only}' is a CPU backend"):
             AppConfig(attention_backend=cpu_only, device="cuda")
-    with pytest.raises(ValidationError, match="attention_backend"):
+    assert AppConfig(attention_backend="triton", device="cuda").attention_backend == "triton"
+    with pytest.raises(ValidationError, match="attention_backend 'triton' runs on device cuda"):
         AppConfig(attention_backend="triton")
+    with pytest.raises(ValidationError, match="attention_backend"):
+        AppConfig(attention_backend="flash")
+
+
+def test_cuda_graphs_follow_the_device_and_backend() -> None:
+    from deployments.engine import _graph_max_batch
+
+    def captured(**kw: object) -> int:
+        cfg = AppConfig(**kw)
+        return _graph_max_batch(cfg, cfg.scheduler_config())
+
+    assert captured(device="cuda", max_batch_size=48) == 48
+    assert captured(device="cuda", attention_backend="triton", max_batch_size=8,
+                    policy="conserve", conserve={"offline_max_batch_size": 64}) == 64
+    assert captured(device="cuda", cuda_graphs=False) == 0
+    assert captured(device="cuda", attention_backend="torch") == 0
+    assert captured() == 0  # cpu
 
 
 def test_deterministic_mode_needs_the_cpu_and_the_cpp_backend() -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import os
+
 import pytest
 import torch
 
@@ -40,7 +42,23 @@ def smollm2_runner(smollm2_path: Path) -> "ModelRunner":
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def tokenizer_src() -> Path:
+    """The tokenizer the tiny random models reuse: SmolLM2's, from the
+    embedded model or, where that package is absent (a GPU machine), from
+    the folder `PREEMPT_SERVE_TEST_TOKENIZER` names."""
+    folder = os.environ.get("PREEMPT_SERVE_TEST_TOKENIZER")
+    if folder:
+        return Path(folder)
+    from engine.model_source import ModelSourceError, resolve_model
+
+    try:
+        return resolve_model("embedded:smollm2")
+    except ModelSourceError as e:
+        pytest.skip(f"embedded SmolLM2 unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
     from transformers import LlamaConfig
 
     config = LlamaConfig(
@@ -49,11 +67,11 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path
         max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
         bos_token_id=1, eos_token_id=2, pad_token_id=2,
     )
-    return save_random_model(config, smollm2_path, tmp_path_factory.mktemp("tiny-llama"))
+    return save_random_model(config, tokenizer_src, tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
-def tiny_llama3_rope_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def tiny_llama3_rope_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
     """Tied embeddings, attention bias, head_dim != hidden/heads, llama3 RoPE scaling."""
     from transformers import LlamaConfig
 
@@ -68,11 +86,11 @@ def tiny_llama3_rope_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path
         },
         bos_token_id=1, eos_token_id=2, pad_token_id=2,
     )
-    return save_random_model(config, smollm2_path, tmp_path_factory.mktemp("tiny-llama3"))
+    return save_random_model(config, tokenizer_src, tmp_path_factory.mktemp("tiny-llama3"))
 
 
 @pytest.fixture(scope="session")
-def tiny_opt_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def tiny_opt_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
     from transformers import OPTConfig
 
     config = OPTConfig(
@@ -80,11 +98,11 @@ def tiny_opt_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) 
         num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=64,
         do_layer_norm_before=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
     )
-    return save_random_model(config, smollm2_path, tmp_path_factory.mktemp("tiny-opt"))
+    return save_random_model(config, tokenizer_src, tmp_path_factory.mktemp("tiny-opt"))
 
 
 @pytest.fixture(scope="session")
-def tiny_opt350_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def tiny_opt350_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
     """The OPT-350m shape: project_in/out and post-norm layers."""
     from transformers import OPTConfig
 
@@ -93,4 +111,4 @@ def tiny_opt350_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Pat
         num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32,
         do_layer_norm_before=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
     )
-    return save_random_model(config, smollm2_path, tmp_path_factory.mktemp("tiny-opt350"))
+    return save_random_model(config, tokenizer_src, tmp_path_factory.mktemp("tiny-opt350"))

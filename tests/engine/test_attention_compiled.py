@@ -132,5 +132,5 @@ def test_falls_back_when_compiling_fails(
     assert caplog.text.count("unavailable") == 1
 
 
-def test_cuda_default_is_the_reference() -> None:
-    assert default_backend_name(torch.device("cuda")) == "torch"
+def test_cuda_default_is_triton() -> None:
+    assert default_backend_name(torch.device("cuda")) == "triton"

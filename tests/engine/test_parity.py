@@ -28,9 +28,10 @@ SCENARIOS = [
 
 
 def _check(
-    runner: ModelRunner, prompts: dict[str, list[int]], expected: dict[str, list[int]]
+    runner: ModelRunner, prompts: dict[str, list[int]], expected: dict[str, list[int]],
+    scenarios: list[tuple[str, dict[str, int]]] = SCENARIOS,
 ) -> None:
-    for label, overrides in SCENARIOS:
+    for label, overrides in scenarios:
         got = drive(runner, prompts, GREEDY, block_size=4, max_model_len=80, **overrides)
         for job_id in prompts:
             assert got.tokens[job_id] == expected[job_id], (label, job_id)

@@ -1,0 +1,431 @@
+"""Paged attention in Triton: the CUDA default backend.
+
+Three kernels, all reading the paged cache through the step's block tables
+(no gather into a padded copy, no mask tensor):
+
+- `_store_kv`: writes every new token's K and V into the slot its block
+  table names (one launch for both).
+- `_paged_decode`: one program per (decode, KV head, context split) attends
+  the KV head's whole query group (grouped-query attention without
+  repeating K/V) over its split of the context with an online softmax.
+  With more than one split, `_merge_splits` combines the partial results by
+  their log-sum-exp: a batch of few sequences still spreads over the GPU's
+  multiprocessors (split-K, as FlashDecoding).
+- `_paged_prefill`: one program per (chunk, query head, tile of query
+  rows) attends over the chunk's whole context in the cache, causally.  The
+  same kernel serves a fresh prompt, a later chunk of a chunked prefill and
+  a recompute after preemption: the chunk's own K/V were stored first.
+
+On CUDA the kernels are compiled by Triton.  On CPU tensors they run only
+under Triton's interpreter (`TRITON_INTERPRET=1` in the environment before
+Triton is first imported), which is slow and meant for the test suite.
+
+Metadata is built on the host with numpy in one int32 array and copied to
+the device in one transfer.  The kernels' reductions run in an order set
+by the split length, which depends on the batch (to fill the GPU): the
+backend is not batch-invariant (`deterministic` mode stays on the CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention import AttentionBackend, AttentionMetadata, SeqSpan
+
+# Keys per inner iteration of the decode kernel, and per split at least.
+DECODE_TILE = 64
+# Query rows and keys per tile of the prefill kernel, its warps and stages.
+PREFILL_TILE_M = 64
+PREFILL_TILE_N = 64
+PREFILL_WARPS = 4
+PREFILL_STAGES = 3
+# Warps per decode program, and the depth of its software pipeline.
+DECODE_WARPS = 4
+DECODE_STAGES = 3
+# Programs the decode kernel aims for before it splits contexts: a few per
+# multiprocessor, so that loads of one hide the latency of another's.
+PROGRAMS_PER_SM = 4
+
+
+@triton.jit
+def _store_kv(
+    k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    # A negative slot is a padding row of a captured graph: nothing to store.
+    mask = (d < HEAD_DIM) & (d * 0 + slot >= 0)
+    dest = slot * (NUM_KV_HEADS * HEAD_DIM) + head * HEAD_DIM + d
+    k = tl.load(k_ptr + token * stride_kt + head * stride_kh + d, mask=mask)
+    v = tl.load(v_ptr + token * stride_vt + head * stride_vh + d, mask=mask)
+    tl.store(key_cache_ptr + dest, k, mask=mask)
+    tl.store(value_cache_ptr + dest, v, mask=mask)
+
+
+@triton.jit
+def _attend_keys(
+    q, key_cache_ptr, value_cache_ptr, table, kv_head, n, n_mask, allowed,
+    m_i, l_i, acc, scale, d, d_mask,
+    HEAD_DIM: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Fold keys at positions `n` (a tile; `n_mask` those in range,
+    `allowed` `[rows, keys]` the pairs that may attend) into the rows'
+    online softmax (m_i, l_i, acc), reading K/V through the block table."""
+    block = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0)
+    row = ((block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE) * (NUM_KV_HEADS * HEAD_DIM)
+           + kv_head * HEAD_DIM)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(key_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if DOT_F32:
+        k = k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(value_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    p = p.to(v.dtype)
+    if DOT_F32:
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _paged_decode(
+    q_ptr, key_cache_ptr, value_cache_ptr, tables_ptr, ctx_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale, stride_qt, stride_qh, stride_table, split_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + seq)
+    start = split * split_len
+    if start >= ctx:
+        return
+    end = tl.minimum(start + split_len, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q = tl.load(
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :], other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = tables_ptr + seq * stride_table
+    for n0 in range(start, end, TILE_N):
+        n = n0 + tl.arange(0, TILE_N)
+        n_mask = n < end
+        m_i, l_i, acc = _attend_keys(
+            q, key_cache_ptr, value_cache_ptr, table, kv_head, n, n_mask, n_mask[None, :],
+            m_i, l_i, acc, scale, d, d_mask, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, PRECISION,
+            DOT_F32)
+
+    out = acc / l_i[:, None]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # Partials: [decodes, heads, NUM_SPLITS, BLOCK_D] and [.., NUM_SPLITS].
+        part = (seq * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], out, mask=out_mask)
+        tl.store(part_lse_ptr + part, m_i + tl.log(l_i), mask=g_mask)
+
+
+@triton.jit
+def _merge_splits(
+    out_ptr, part_out_ptr, part_lse_ptr, ctx_ptr, split_len,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, TILE_S: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + seq)
+    used = tl.cdiv(ctx, split_len)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    base = (seq * NUM_HEADS + head) * NUM_SPLITS
+    # The splits' results weighted by their softmax mass, TILE_S at a time
+    # with a running maximum (a graph's launch has up to 256 splits).
+    m = tl.max(tl.full([TILE_S], float("-inf"), tl.float32), 0)
+    total = tl.sum(tl.zeros([TILE_S], tl.float32), 0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, used, TILE_S):
+        s = s0 + tl.arange(0, TILE_S)
+        s_mask = s < used
+        lse = tl.load(part_lse_ptr + base + s, mask=s_mask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        rescale = tl.exp(m - m_new)
+        w = tl.where(s_mask, tl.exp(lse - m_new), 0.0)
+        parts = tl.load(part_out_ptr + (base + s)[:, None] * BLOCK_D + d[None, :],
+                        mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        acc = acc * rescale + tl.sum(parts * w[:, None], 0)
+        total = total * rescale + tl.sum(w, 0)
+        m = m_new
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + d,
+             (acc / total).to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _paged_prefill(
+    q_ptr, key_cache_ptr, value_cache_ptr, tables_ptr, q_start_ptr, q_len_ptr, pos_ptr,
+    out_ptr, scale, stride_qt, stride_qh, stride_table,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_M: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    head = tl.program_id(1)
+    tile = tl.program_id(2)
+    num_q = tl.load(q_len_ptr + chunk)
+    if tile * TILE_M >= num_q:
+        return
+    token0 = tl.load(q_start_ptr + chunk)
+    start_pos = tl.load(pos_ptr + chunk)
+    kv_head = head // GROUP
+
+    m = tile * TILE_M + tl.arange(0, TILE_M)
+    d = tl.arange(0, BLOCK_D)
+    m_mask = m < num_q
+    d_mask = d < HEAD_DIM
+    q_pos = start_pos + m
+    q = tl.load(
+        q_ptr + (token0 + m)[:, None] * stride_qt + head * stride_qh + d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :], other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([TILE_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([TILE_M], tl.float32)
+    acc = tl.zeros([TILE_M, BLOCK_D], tl.float32)
+    table = tables_ptr + chunk * stride_table
+    # Keys up to the tile's last query row (causal), within the context.
+    end = start_pos + tl.minimum((tile + 1) * TILE_M, num_q)
+    for n0 in range(0, end, TILE_N):
+        n = n0 + tl.arange(0, TILE_N)
+        n_mask = n < end
+        causal = (n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        m_i, l_i, acc = _attend_keys(
+            q, key_cache_ptr, value_cache_ptr, table, kv_head, n, n_mask, causal,
+            m_i, l_i, acc, scale, d, d_mask, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, PRECISION,
+            DOT_F32)
+
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + (token0 + m)[:, None] * stride_qt + head * stride_qh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@dataclass(slots=True)
+class TritonAttentionMetadata(AttentionMetadata):
+    # [T] int32: flat cache row (block * block_size + offset) of each new token.
+    slot_mapping: torch.Tensor
+    # [spans, max_blocks] int32 block ids, decodes' rows first, padded with 0.
+    block_tables: torch.Tensor
+    num_decodes: int
+    # [decodes] int32 context lengths.
+    decode_context: torch.Tensor
+    decode_split_len: int
+    decode_num_splits: int
+    # Prefill chunks: [P] int32 first token in the batch, query rows, start position.
+    prefill_q_start: torch.Tensor
+    prefill_q_len: torch.Tensor
+    prefill_start_pos: torch.Tensor
+    num_prefills: int
+    prefill_max_q: int
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+        device: torch.device, deterministic: bool = False,
+    ) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, block_size, device, deterministic)
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"attention backend 'triton' runs on CUDA devices, not {device.type!r} "
+                "(on CPU tensors only under TRITON_INTERPRET=1, for tests)")
+        self.group = num_heads // num_kv_heads
+        self.block_d = max(16, triton.next_power_of_2(head_dim))
+        # tl.dot needs at least 16 rows: a small group rides in a padded tile.
+        self.block_g = max(16, triton.next_power_of_2(self.group))
+        self.num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
+                        if device.type == "cuda" else 4)
+
+    def build_metadata(self, spans: Sequence[SeqSpan]) -> TritonAttentionMetadata:
+        bs = self.block_size
+        num = len(spans)
+        start = np.fromiter((s.start_pos for s in spans), np.int64, num)
+        ntok = np.fromiter((s.num_tokens for s in spans), np.int64, num)
+        ctx = start + ntok
+        need = -(-ctx // bs)
+        have = np.fromiter((len(s.block_table) for s in spans), np.int64, num)
+        short = np.flatnonzero(have < need)
+        if short.size:
+            i = int(short[0])
+            raise ValueError(f"block table of {int(have[i])} blocks cannot hold {int(ctx[i])} "
+                             f"tokens (block_size {bs})")
+        is_decode = ntok == 1
+        num_decodes = int(is_decode.sum())
+        if num_decodes and not is_decode[:num_decodes].all():
+            raise ValueError("single-token spans must precede multi-token spans")
+
+        width = int(need.max()) if num else 1
+        tables = np.zeros((num, width), np.int32)
+        for i, s in enumerate(spans):
+            tables[i, : need[i]] = s.block_table[: need[i]]
+        # Each new token's slot, from its span's table row and position.
+        total = int(ntok.sum())
+        owner = np.repeat(np.arange(num), ntok)
+        first = np.cumsum(ntok) - ntok
+        pos = start[owner] + np.arange(total) - first[owner]
+        slots = tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
+
+        prefill = slice(num_decodes, num)
+        split_len, num_splits = self._decode_split(
+            num_decodes, int(ctx[:num_decodes].max()) if num_decodes else 0)
+        host = np.concatenate([
+            slots.astype(np.int32), tables.ravel(), ctx[:num_decodes].astype(np.int32),
+            first[prefill].astype(np.int32), ntok[prefill].astype(np.int32),
+            start[prefill].astype(np.int32),
+        ])
+        dev = torch.from_numpy(host).to(self.device, non_blocking=True)
+        cuts = np.cumsum([total, tables.size, num_decodes, num - num_decodes,
+                          num - num_decodes])
+        slot_t, tables_t, ctx_t, q_start_t, q_len_t, pos_t = torch.tensor_split(
+            dev, cuts.tolist())
+        return TritonAttentionMetadata(
+            slot_mapping=slot_t,
+            block_tables=tables_t.view(num, width),
+            num_decodes=num_decodes,
+            decode_context=ctx_t,
+            decode_split_len=split_len,
+            decode_num_splits=num_splits,
+            prefill_q_start=q_start_t,
+            prefill_q_len=q_len_t,
+            prefill_start_pos=pos_t,
+            num_prefills=num - num_decodes,
+            prefill_max_q=int(ntok[prefill].max()) if num > num_decodes else 0,
+        )
+
+    def graph_decode_split(self, batch: int, max_model_len: int) -> tuple[int, int]:
+        """(tokens per split, splits) fixed for a captured decode graph of
+        `batch` rows, whose contexts are unknown at capture: one tile per
+        split where the batch alone does not fill the GPU (splits past a
+        context's end exit at once), else no split; at most 256 splits."""
+        tiles = -(-max_model_len // DECODE_TILE)
+        if batch * self.num_kv_heads >= PROGRAMS_PER_SM * self.num_sms:
+            split_len = tiles * DECODE_TILE
+        else:
+            split_len = -(-tiles // 256) * DECODE_TILE
+        return split_len, -(-max_model_len // split_len)
+
+    def _decode_split(self, num_decodes: int, max_context: int) -> tuple[int, int]:
+        """(tokens per split, splits) for the step's decodes: split the
+        contexts until the launch has a few programs per multiprocessor,
+        but never below one tile per split."""
+        if not num_decodes:
+            return DECODE_TILE, 1
+        programs = num_decodes * self.num_kv_heads
+        want = max(1, -(-PROGRAMS_PER_SM * self.num_sms // programs))
+        tiles = -(-max_context // DECODE_TILE)
+        splits = min(want, tiles)
+        split_len = -(-tiles // splits) * DECODE_TILE
+        return split_len, -(-max_context // split_len)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        assert isinstance(metadata, TritonAttentionMetadata)
+        md = metadata
+        dev = q.device
+        hd, kvh, bd = self.head_dim, self.num_kv_heads, self.block_d
+        # float32 dots in full precision (Triton's default for them is tf32).
+        precision = "ieee" if q.dtype is torch.float32 else None
+        q = q.contiguous()
+        # The interpreter's dot multiplies bf16/fp16 bit patterns as
+        # integers: there, operands go to float32 first (after the same
+        # rounding of the softmax weights as on the GPU).
+        interpreted = dev.type == "cpu"
+        tokens = q.shape[0]
+        if tokens:
+            _store_kv[(tokens, kvh)](
+                k, v, key_cache, value_cache, md.slot_mapping,
+                k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                HEAD_DIM=hd, BLOCK_D=bd, NUM_KV_HEADS=kvh,
+            )
+        out = torch.empty(q.shape, dtype=q.dtype, device=dev)
+        nd = md.num_decodes
+        if nd:
+            splits = md.decode_num_splits
+            part_out = part_lse = out  # unused with one split
+            if splits > 1:
+                part_out = torch.empty(nd, self.num_heads, splits, bd, dtype=torch.float32,
+                                       device=dev)
+                part_lse = torch.empty(nd, self.num_heads, splits, dtype=torch.float32,
+                                       device=dev)
+            _paged_decode[(nd, kvh, splits)](
+                q, key_cache, value_cache, md.block_tables, md.decode_context,
+                out, part_out, part_lse,
+                scale, q.stride(0), q.stride(1), md.block_tables.stride(0), md.decode_split_len,
+                HEAD_DIM=hd, BLOCK_D=bd, NUM_KV_HEADS=kvh, GROUP=self.group,
+                BLOCK_G=self.block_g, BLOCK_SIZE=self.block_size, TILE_N=DECODE_TILE,
+                NUM_SPLITS=splits, PRECISION=precision, DOT_F32=interpreted,
+                num_warps=DECODE_WARPS, num_stages=DECODE_STAGES,
+            )
+            if splits > 1:
+                _merge_splits[(nd, self.num_heads)](
+                    out, part_out, part_lse, md.decode_context, md.decode_split_len,
+                    out.stride(0), out.stride(1),
+                    HEAD_DIM=hd, BLOCK_D=bd, NUM_HEADS=self.num_heads, NUM_SPLITS=splits,
+                    TILE_S=min(16, triton.next_power_of_2(splits)),
+                )
+        if md.num_prefills:
+            tiles = -(-md.prefill_max_q // PREFILL_TILE_M)
+            _paged_prefill[(md.num_prefills, self.num_heads, tiles)](
+                q, key_cache, value_cache, md.block_tables[nd:], md.prefill_q_start,
+                md.prefill_q_len, md.prefill_start_pos, out,
+                scale, q.stride(0), q.stride(1), md.block_tables.stride(0),
+                HEAD_DIM=hd, BLOCK_D=bd, NUM_KV_HEADS=kvh, GROUP=self.group,
+                BLOCK_SIZE=self.block_size, TILE_M=PREFILL_TILE_M, TILE_N=PREFILL_TILE_N,
+                PRECISION=precision, DOT_F32=interpreted,
+                num_warps=PREFILL_WARPS, num_stages=PREFILL_STAGES,
+            )
+        return out

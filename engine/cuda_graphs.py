@@ -1,0 +1,178 @@
+"""Decode iterations replayed from CUDA graphs.
+
+A decode step of a 8B model issues about a thousand small kernels; launched
+one by one from Python they cost several times the step's device time (on
+an H200, 20 ms a step against 7 ms of device work: `studies/engine_gpu`).
+`DecodeGraphs` captures the forward pass and the lm_head of decode-only
+iterations once per batch-size bucket at start, over static input buffers,
+and replays the smallest bucket that holds a step's decodes: the host then
+only copies the step's token ids, positions, cache slots, context lengths
+and block tables into those buffers (two transfers) and launches one graph.
+
+Rows past the step's decodes are padding: slot -1 (the KV store skips it),
+context 1 over block 0, token 0; their logits are never read.  Each
+bucket's decode split is fixed at capture (`graph_decode_split`), so a
+bucket covers any context up to `max_model_len`.
+
+On a CPU device (the test suite, with the Triton backend under Triton's
+interpreter) nothing is captured: `run` fills the same buffers and runs the
+bucket's forward directly, which checks everything but the capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import SeqSpan
+from engine.attention_triton import TritonAttentionBackend, TritonAttentionMetadata
+from engine.kv_cache import KVCache
+from engine.models import CausalLM, ForwardBatch
+
+# Batch sizes captured; a step runs in the smallest that holds it.
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    size: int
+    batch: ForwardBatch
+    graph: torch.cuda.CUDAGraph | None = None
+    # The captured lm_head's output, `[size, vocab]` float32.
+    logits: torch.Tensor | None = None
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        attn: TritonAttentionBackend,
+        max_batch: int,
+        max_model_len: int,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model = model
+        self.kv_cache = kv_cache
+        self.attn = attn
+        self.device = kv_cache.device
+        self.capture = self.device.type == "cuda"
+        sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
+        self.max_batch = max_batch
+        self.width = -(-max_model_len // kv_cache.block_size)
+        dev, big = self.device, max_batch
+        # Static inputs: token ids and positions (int64), then one int32
+        # buffer of slots | context lengths | block tables.
+        self._ids_pos = torch.zeros(2, big, dtype=torch.long, device=dev)
+        self._meta = torch.zeros(big * (2 + self.width), dtype=torch.int32, device=dev)
+        pin = self.capture
+        self._host_ids_pos = torch.zeros(2, big, dtype=torch.long, pin_memory=pin)
+        self._host_meta = torch.zeros(big * (2 + self.width), dtype=torch.int32,
+                                      pin_memory=pin)
+        slots, ctx, tables = self._meta.split([big, big, big * self.width])
+        tables = tables.view(big, self.width)
+        no_prefill = torch.zeros(0, dtype=torch.int32, device=dev)
+        rows = torch.arange(big, device=dev)
+        self._buckets: list[_Bucket] = []
+        for size in sizes:
+            split_len, splits = attn.graph_decode_split(size, max_model_len)
+            md = TritonAttentionMetadata(
+                slot_mapping=slots[:size], block_tables=tables[:size], num_decodes=size,
+                decode_context=ctx[:size], decode_split_len=split_len,
+                decode_num_splits=splits, prefill_q_start=no_prefill,
+                prefill_q_len=no_prefill, prefill_start_pos=no_prefill, num_prefills=0,
+                prefill_max_q=0,
+            )
+            self._buckets.append(_Bucket(size, ForwardBatch(
+                input_ids=self._ids_pos[0, :size], positions=self._ids_pos[1, :size],
+                attn_metadata=md, logits_indices=rows[:size])))
+        # Steps served from the buckets (replayed, or run over the buffers).
+        self.num_runs = 0
+        self._pad(0)
+        if self.capture:
+            self._capture_all()
+
+    def _pad(self, n: int) -> None:
+        """Padding rows from `n` on, in the host staging buffers and on the device."""
+        big = self.max_batch
+        self._host_ids_pos[:, n:] = 0
+        meta = self._host_meta.numpy()
+        meta[n:big] = -1  # slots
+        meta[big + n : 2 * big] = 1  # contexts
+        meta[2 * big + n * self.width :] = 0  # tables
+        self._upload()
+
+    def _upload(self) -> None:
+        # The staging buffers are rewritten only by the next step, after this
+        # step's sampled tokens came back (a synchronisation) or, in capture,
+        # after the synchronisation that ends it.
+        self._ids_pos.copy_(self._host_ids_pos, non_blocking=True)
+        self._meta.copy_(self._host_meta, non_blocking=True)
+
+    @torch.inference_mode()
+    def _forward(self, bucket: _Bucket) -> torch.Tensor:
+        return self.model.compute_logits(self.model(bucket.batch, self.kv_cache))
+
+    def _capture_all(self) -> None:
+        # Largest first, all in one memory pool: a smaller graph reuses
+        # the larger one's activations, which it never needs at once.
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        for bucket in reversed(self._buckets):
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._forward(bucket)  # compiles the Triton kernels, warms cuBLAS
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                bucket.logits = self._forward(bucket)
+            bucket.graph = graph
+        torch.cuda.synchronize(self.device)
+
+    def bucket_for(self, num_decodes: int) -> int | None:
+        """The captured batch size a step of `num_decodes` decodes runs in."""
+        for bucket in self._buckets:
+            if bucket.size >= num_decodes:
+                return bucket.size
+        return None
+
+    def run(self, input_ids: Sequence[int], spans: Sequence[SeqSpan]) -> torch.Tensor:
+        """Logits `[len(spans), vocab]` (float32) of a decode-only step, in
+        span order; every span one token at position `start_pos`."""
+        n = len(spans)
+        bucket = next((b for b in self._buckets if b.size >= n), None)
+        if bucket is None or n == 0:
+            raise ValueError(f"{n} decodes do not fit the captured buckets (max {self.max_batch})")
+        big, bs, width = self.max_batch, self.kv_cache.block_size, self.width
+        pos = np.fromiter((s.start_pos for s in spans), np.int64, n)
+        need = pos // bs + 1
+        if need.max() > width:
+            raise ValueError(f"a decode at position {int(pos.max())} exceeds the captured "
+                             f"block tables ({width} blocks)")
+        ids_pos = self._host_ids_pos.numpy()
+        ids_pos[0, :n] = input_ids
+        ids_pos[1, :n] = pos
+        meta = self._host_meta.numpy()
+        tables = meta[2 * big :].reshape(big, width)
+        for i, s in enumerate(spans):
+            tables[i, : need[i]] = s.block_table[: need[i]]
+        rows = np.arange(n)
+        meta[:n] = tables[rows, pos // bs] * bs + pos % bs
+        meta[big : big + n] = pos + 1
+        # Rows beyond n keep their padding, except where an earlier, larger
+        # step left real values in the rows this bucket replays.
+        if bucket.size > n:
+            ids_pos[:, n : bucket.size] = 0
+            meta[n : bucket.size] = -1
+            meta[big + n : big + bucket.size] = 1
+        self._upload()
+        self.num_runs += 1
+        if bucket.graph is not None:
+            bucket.graph.replay()
+            assert bucket.logits is not None
+            return bucket.logits[:n]
+        return self._forward(bucket)[:n]
