@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 
 from kvstore.tier import LocalHostTier, ObjectStoreTier
@@ -101,6 +104,16 @@ def test_a_dead_directory_is_a_refused_offload_and_a_lost_fetch(ray_cluster):
     tier = ObjectStoreTier(directory)
     assert tier.offload("j", [0], blocks(1)).result()
     ray.kill(directory)
+    # ray.kill only asks: a call made just after it may still be served.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(directory.stats.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed directory kept answering")
     # No exception escapes the copy thread; the scheduler sees a refusal
     # and a lost fetch, which it already handles.
     assert tier.offload("j", [1], blocks(1)).result() is False
