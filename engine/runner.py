@@ -125,8 +125,8 @@ class ModelRunner:
                                  f"{self.attn.name!r}")
             from engine import cuda_graphs
 
-            self.graphs = cuda_graphs.DecodeGraphs(self.model, self.kv_cache, self.attn,
-                                       cuda_graph_max_batch, max_model_len)
+            self.graphs = cuda_graphs.DecodeGraphs(
+                self.model, self.kv_cache, self.attn, cuda_graph_max_batch, max_model_len)
         self.sampler = Sampler(seed=seed, device=self.device)
         self._requests: dict[str, RequestState] = {}
         self.swapper: BlockSwapper | None = None
