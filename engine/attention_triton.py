@@ -255,6 +255,11 @@ class TritonAttentionMetadata(AttentionMetadata):
     decode_context: torch.Tensor
     decode_split_len: int
     decode_num_splits: int
+    # With more than one split: each split's normalised result
+    # `[decodes, heads, splits, BLOCK_D]` and log-sum-exp `[decodes, heads,
+    # splits]` (float32), allocated once for the step's layers.
+    decode_part_out: torch.Tensor | None
+    decode_part_lse: torch.Tensor | None
     # Prefill chunks: [P] int32 first token in the batch, query rows, start position.
     prefill_q_start: torch.Tensor
     prefill_q_len: torch.Tensor
@@ -324,6 +329,7 @@ class TritonAttentionBackend(AttentionBackend):
                           num - num_decodes])
         slot_t, tables_t, ctx_t, q_start_t, q_len_t, pos_t = torch.tensor_split(
             dev, cuts.tolist())
+        part_out, part_lse = self.split_buffers(num_decodes, num_splits)
         return TritonAttentionMetadata(
             slot_mapping=slot_t,
             block_tables=tables_t.view(num, width),
@@ -331,12 +337,24 @@ class TritonAttentionBackend(AttentionBackend):
             decode_context=ctx_t,
             decode_split_len=split_len,
             decode_num_splits=num_splits,
+            decode_part_out=part_out,
+            decode_part_lse=part_lse,
             prefill_q_start=q_start_t,
             prefill_q_len=q_len_t,
             prefill_start_pos=pos_t,
             num_prefills=num - num_decodes,
             prefill_max_q=int(ntok[prefill].max()) if num > num_decodes else 0,
         )
+
+    def split_buffers(
+        self, num_decodes: int, splits: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The split partials' buffers (None, None with one split)."""
+        if num_decodes == 0 or splits == 1:
+            return None, None
+        shape = (num_decodes, self.num_heads, splits)
+        return (torch.empty(*shape, self.block_d, dtype=torch.float32, device=self.device),
+                torch.empty(shape, dtype=torch.float32, device=self.device))
 
     def graph_decode_split(self, batch: int, max_model_len: int) -> tuple[int, int]:
         """(tokens per split, splits) fixed for a captured decode graph of
@@ -395,12 +413,9 @@ class TritonAttentionBackend(AttentionBackend):
         nd = md.num_decodes
         if nd:
             splits = md.decode_num_splits
-            part_out = part_lse = out  # unused with one split
-            if splits > 1:
-                part_out = torch.empty(nd, self.num_heads, splits, bd, dtype=torch.float32,
-                                       device=dev)
-                part_lse = torch.empty(nd, self.num_heads, splits, dtype=torch.float32,
-                                       device=dev)
+            # One split writes `out` directly: the partials' pointers go unused.
+            part_out = out if md.decode_part_out is None else md.decode_part_out
+            part_lse = out if md.decode_part_lse is None else md.decode_part_lse
             _paged_decode[(nd, kvh, splits)](
                 q, key_cache, value_cache, md.block_tables, md.decode_context,
                 out, part_out, part_lse,

@@ -80,10 +80,12 @@ class DecodeGraphs:
         self._buckets: list[_Bucket] = []
         for size in sizes:
             split_len, splits = attn.graph_decode_split(size, max_model_len)
+            part_out, part_lse = attn.split_buffers(size, splits)
             md = TritonAttentionMetadata(
                 slot_mapping=slots[:size], block_tables=tables[:size], num_decodes=size,
                 decode_context=ctx[:size], decode_split_len=split_len,
-                decode_num_splits=splits, prefill_q_start=no_prefill,
+                decode_num_splits=splits, decode_part_out=part_out, decode_part_lse=part_lse,
+                prefill_q_start=no_prefill,
                 prefill_q_len=no_prefill, prefill_start_pos=no_prefill, num_prefills=0,
                 prefill_max_q=0,
             )
@@ -92,19 +94,20 @@ class DecodeGraphs:
                 attn_metadata=md, logits_indices=rows[:size])))
         # Steps served from the buckets (replayed, or run over the buffers).
         self.num_runs = 0
-        self._pad(0)
+        self._pad(0, max_batch)
+        self._upload()
         if self.capture:
             self._capture_all()
 
-    def _pad(self, n: int) -> None:
-        """Padding rows from `n` on, in the host staging buffers and on the device."""
+    def _pad(self, start: int, end: int) -> None:
+        """Make rows `start:end` of the host staging buffers padding (their
+        block-table rows may keep any block ids: a 1-token context reads one
+        slot of the first)."""
         big = self.max_batch
-        self._host_ids_pos[:, n:] = 0
+        self._host_ids_pos[:, start:end] = 0
         meta = self._host_meta.numpy()
-        meta[n:big] = -1  # slots
-        meta[big + n : 2 * big] = 1  # contexts
-        meta[2 * big + n * self.width :] = 0  # tables
-        self._upload()
+        meta[start:end] = -1  # slots
+        meta[big + start : big + end] = 1  # contexts
 
     def _upload(self) -> None:
         # The staging buffers are rewritten only by the next step, after this
@@ -133,18 +136,19 @@ class DecodeGraphs:
             bucket.graph = graph
         torch.cuda.synchronize(self.device)
 
+    def _bucket(self, num_decodes: int) -> _Bucket | None:
+        return next((b for b in self._buckets if b.size >= num_decodes), None)
+
     def bucket_for(self, num_decodes: int) -> int | None:
         """The captured batch size a step of `num_decodes` decodes runs in."""
-        for bucket in self._buckets:
-            if bucket.size >= num_decodes:
-                return bucket.size
-        return None
+        bucket = self._bucket(num_decodes)
+        return None if bucket is None else bucket.size
 
     def run(self, input_ids: Sequence[int], spans: Sequence[SeqSpan]) -> torch.Tensor:
         """Logits `[len(spans), vocab]` (float32) of a decode-only step, in
         span order; every span one token at position `start_pos`."""
         n = len(spans)
-        bucket = next((b for b in self._buckets if b.size >= n), None)
+        bucket = self._bucket(n)
         if bucket is None or n == 0:
             raise ValueError(f"{n} decodes do not fit the captured buckets (max {self.max_batch})")
         big, bs, width = self.max_batch, self.kv_cache.block_size, self.width
@@ -163,12 +167,8 @@ class DecodeGraphs:
         rows = np.arange(n)
         meta[:n] = tables[rows, pos // bs] * bs + pos % bs
         meta[big : big + n] = pos + 1
-        # Rows beyond n keep their padding, except where an earlier, larger
-        # step left real values in the rows this bucket replays.
-        if bucket.size > n:
-            ids_pos[:, n : bucket.size] = 0
-            meta[n : bucket.size] = -1
-            meta[big + n : big + bucket.size] = 1
+        # An earlier, larger step may have left real rows in this bucket's tail.
+        self._pad(n, bucket.size)
         self._upload()
         self.num_runs += 1
         if bucket.graph is not None:
