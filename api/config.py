@@ -132,8 +132,8 @@ class AppConfig(SchedulingSettings):
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on
     # chunking, or on preemption, swap or recompute, in float32 and bfloat16
-    # alike.  CPU only; needs the `cpp` attention backend.  Costs throughput
-    # (README, "Deterministic mode").
+    # alike.  Needs the `cpp` attention backend on CPU, `triton` on CUDA
+    # (`auto` picks them).  Costs throughput (README, "Deterministic mode").
     deterministic: bool = False
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
@@ -194,12 +194,10 @@ class AppConfig(SchedulingSettings):
         if self.device == "cpu" and self.attention_backend == "triton":
             raise ValueError("attention_backend 'triton' runs on device cuda; use 'cpp', "
                              "'compiled', 'torch' or 'auto' on cpu")
-        if self.deterministic and self.device != "cpu":
-            raise ValueError("deterministic: true runs on device cpu only (the batch-invariant "
-                             "GPU kernels are planned)")
         if self.deterministic and self.attention_backend in ("torch", "compiled"):
+            invariant = "'triton'" if self.device == "cuda" else "'cpp'"
             raise ValueError(
-                f"deterministic: true needs attention_backend 'cpp' or 'auto', not "
+                f"deterministic: true needs attention_backend {invariant} or 'auto', not "
                 f"{self.attention_backend!r}, whose prefill attention is not batch-invariant")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")

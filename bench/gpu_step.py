@@ -17,7 +17,10 @@ downloaded) it measures, on the GPU it runs on:
   decode-only steps on CUDA);
 - HF `LlamaForCausalLM` (SDPA attention, `DynamicCache`) decode steps of the
   same batches and contexts;
-- prefill tokens/s of our model and of HF, against the matmul floor.
+- prefill tokens/s of our model and of HF, against the matmul floor;
+- with `triton-det` among the backends, the same in deterministic mode (the
+  batch-invariant Triton GEMM and attention), op by op and from graphs:
+  the price of batch invariance.
 
 Our side is driven at the model level (`engine.models` + attention backend
 + `KVCache`), without the `ModelRunner`'s request bookkeeping, so that the
@@ -44,8 +47,11 @@ from engine.kv_cache import KVCache
 from engine.models import ForwardBatch, model_class
 
 BLOCK_SIZE = 16
-# The decode rows of the triton backend replayed from CUDA graphs.
-GRAPHS = "triton+graphs"
+# Deterministic mode: the triton backend's batch-invariant kernel and the
+# batch-invariant GEMM (engine.models.matmul_triton).
+DET = "triton-det"
+# Decode rows replayed from CUDA graphs, per backend that has them.
+GRAPHS = {"triton": "triton+graphs", DET: "triton-det+graphs"}
 
 
 def _ints(text: str) -> list[int]:
@@ -68,10 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--batches", type=_ints, default=[1, 8, 32, 128])
     p.add_argument("--context", type=int, default=512, help="cached tokens per sequence")
-    p.add_argument("--steps", type=int, default=10, help="timed decode steps per batch")
+    p.add_argument("--steps", type=int, default=10,
+                   help="timed decode steps per batch (attention alone: twice as many; "
+                        "prefill: half)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--prefill-lens", type=_ints, default=[512, 2048])
-    p.add_argument("--backends", default="triton,torch")
+    p.add_argument("--backends", default=f"triton,{DET},torch")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face reference")
     p.add_argument("--no-graphs", action="store_true",
                    help="skip the decode steps replayed from CUDA graphs")
@@ -154,8 +162,11 @@ class OurModel:
         self.cache.data.normal_()
         self.backends = {}
         for name in args.backends.split(","):
-            self.backends[name] = get_attention_backend(name)(
-                m.num_heads, m.num_kv_heads, m.head_dim, BLOCK_SIZE, device)
+            self.backends[name] = get_attention_backend("triton" if name == DET else name)(
+                m.num_heads, m.num_kv_heads, m.head_dim, BLOCK_SIZE, device,
+                deterministic=name == DET)
+        self.linears = (m.linear, m.head_linear)
+        self.graphs: dict[str, Any] = {}
 
     def token(self, pos: int) -> int:
         """A token id for position `pos` (any will do: the weights are random)."""
@@ -193,23 +204,31 @@ class OurModel:
             logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
         )
 
-    def capture(self, max_batch: int, max_model_len: int) -> None:
-        """The engine's decode graphs (engine/cuda_graphs.py) over the
-        triton backend, as `ModelRunner` captures them at start."""
+    def use(self, backend: str) -> None:
+        """Attend with `backend`; project with the batch-invariant GEMM for DET."""
+        m = self.model
+        m.set_attention_backend(self.backends[backend])
+        m.linear, m.head_linear = self.linears
+        if backend == DET:
+            m.use_fixed_tiles(self.device)
+
+    def capture(self, backend: str, max_batch: int, max_model_len: int) -> None:
+        """The engine's decode graphs (engine/cuda_graphs.py) over `backend`,
+        as `ModelRunner` captures them at start."""
         from engine.cuda_graphs import DecodeGraphs
 
-        self.model.set_attention_backend(self.backends["triton"])
-        self.graphs = DecodeGraphs(self.model, self.cache, self.backends["triton"],
-                                   max_batch, max_model_len)
+        self.use(backend)
+        self.graphs[GRAPHS[backend]] = DecodeGraphs(
+            self.model, self.cache, self.backends[backend], max_batch, max_model_len)
 
     @torch.inference_mode()
     def step(self, backend: str, spans: list[SeqSpan]) -> list[int]:
         """One iteration as the engine runs it: metadata, forward, logits,
         greedy argmax, sampled ids to the host."""
-        if backend == GRAPHS:
+        if backend in self.graphs:
             ids = [self.token(s.start_pos) for s in spans]
-            return self.graphs.run(ids, spans).argmax(-1).tolist()
-        self.model.set_attention_backend(self.backends[backend])
+            return self.graphs[backend].run(ids, spans).argmax(-1).tolist()
+        self.use(backend)
         rows, end = [], 0
         for s in spans:
             end += s.num_tokens
@@ -242,6 +261,7 @@ def bench_attention(our: OurModel, args: argparse.Namespace, ceil: dict[str, flo
     """One layer's decode attention (store + attend) over `context` tokens."""
     m, dev = our.model, our.device
     attn = our.backends[backend]
+    our.use(backend)
     spans = [SeqSpan(args.context, 1, our.table(i)) for i in range(b)]
     md = attn.build_metadata(spans)
     q = torch.randn(b, m.num_heads, m.head_dim, dtype=m.dtype, device=dev)
@@ -249,7 +269,8 @@ def bench_attention(our: OurModel, args: argparse.Namespace, ceil: dict[str, flo
     v = torch.randn_like(k)
     kc, vc = our.cache.key(0), our.cache.value(0)
     with torch.inference_mode():
-        t = _median_time(lambda: attn.forward(q, k, v, kc, vc, md, m.scale), dev, 20, 3)
+        t = _median_time(lambda: attn.forward(q, k, v, kc, vc, md, m.scale), dev,
+                         2 * args.steps, args.warmup)
     kv = b * (args.context + 1) * our.kv_bytes_per_token() / m.num_layers
     floor = kv / ceil["copy_bytes_per_s"]
     return {"backend": backend, "batch": b, "context": args.context, "layer_s": t,
@@ -260,7 +281,8 @@ def bench_prefill(our: OurModel, args: argparse.Namespace, ceil: dict[str, float
                   backend: str, length: int) -> dict[str, Any]:
     dev = our.device
     spans = [SeqSpan(0, length, our.prefill_table(length))]
-    t = _median_time(lambda: our.step(backend, spans), dev, 5, 2)
+    t = _median_time(lambda: our.step(backend, spans), dev, max(1, args.steps // 2),
+                     max(1, args.warmup - 1))
     return {"backend": backend, "prompt": length, "step_s": t, "tokens_per_s": length / t,
             "floor_s": prefill_flops(our.model, length) / ceil["matmul_flops_per_s"]}
 
@@ -418,11 +440,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"attention {backend:7s} b={b:4d}: {r['layer_s'] * 1e6:8.1f} us/layer "
                   f"({100 * r['fraction_of_floor']:.0f}% of floor)", flush=True)
     decode_backends = list(backends)
-    if "triton" in backends and not args.no_graphs:
-        t0 = time.perf_counter()
-        our.capture(max(args.batches), args.graph_max_len)
-        result["graph_capture_s"] = time.perf_counter() - t0
-        decode_backends.insert(decode_backends.index("triton") + 1, GRAPHS)
+    for backend in backends:
+        if backend in GRAPHS and not args.no_graphs:
+            t0 = time.perf_counter()
+            our.capture(backend, max(args.batches), args.graph_max_len)
+            result.setdefault("graph_capture_s", {})[backend] = time.perf_counter() - t0
+            decode_backends.insert(decode_backends.index(backend) + 1, GRAPHS[backend])
     for backend in decode_backends:
         for b in args.batches:
             r = bench_decode(our, args, ceil, backend, b)
@@ -430,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"decode {backend:13s} b={b:4d}: {r['step_s'] * 1e3:7.2f} ms/step "
                   f"({100 * r['fraction_of_floor']:.0f}% of floor {r['floor_s'] * 1e3:.2f} ms)",
                   flush=True)
-        if backend == GRAPHS:
+        if backend in our.graphs:
             continue
         for n in args.prefill_lens:
             r = bench_prefill(our, args, ceil, backend, n)

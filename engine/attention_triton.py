@@ -21,9 +21,21 @@ under Triton's interpreter (`TRITON_INTERPRET=1` in the environment before
 Triton is first imported), which is slow and meant for the test suite.
 
 Metadata is built on the host with numpy in one int32 array and copied to
-the device in one transfer.  The kernels' reductions run in an order set
-by the split length, which depends on the batch (to fill the GPU): the
-backend is not batch-invariant (`deterministic` mode stays on the CPU).
+the device in one transfer.  The decode kernel's reductions run in an order
+set by the split length, which depends on the batch (to fill the GPU), and
+the prefill kernel's tiles differ from the decode kernel's, so a token's
+attention rounds differently as a decode than in a recompute.
+
+Deterministic mode replaces both with `_paged_rows`: every query token, of
+a decode or of a prefill chunk, is attended by the same code over the same
+key tiles, from position 0 in steps of DECODE_TILE, never split, in a
+`[BLOCK_R, head_dim]` query tile of (token, head of the group) rows.  A
+row's result depends on its own query and context alone: the matrix units
+compute each row of a product from that row only, key tiles past a row's
+position are masked to exact zeros (they add 0 and rescale by exp(0) = 1),
+and the tile shape, hence the kernel's layout and reduction trees, is one
+constant.  The price is no split-K for a few long decodes and a prefill
+that re-reads K/V per few query tokens (`studies/engine_gpu`).
 """
 
 from __future__ import annotations
@@ -103,6 +115,29 @@ def _attend_keys(
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_causal(
+    q, q_pos, end, key_cache_ptr, value_cache_ptr, table, kv_head, scale, d, d_mask,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Attention of `ROWS` query rows at positions `q_pos` over keys
+    `[0, end)`, each row causally: key tiles of TILE_N from position 0."""
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for n0 in range(0, end, TILE_N):
+        n = n0 + tl.arange(0, TILE_N)
+        n_mask = n < end
+        causal = (n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        m_i, l_i, acc = _attend_keys(
+            q, key_cache_ptr, value_cache_ptr, table, kv_head, n, n_mask, causal,
+            m_i, l_i, acc, scale, d, d_mask, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, PRECISION,
+            DOT_F32)
+    return acc / l_i[:, None]
 
 
 @triton.jit
@@ -224,24 +259,54 @@ def _paged_prefill(
     )
     if DOT_F32:
         q = q.to(tl.float32)
-    m_i = tl.full([TILE_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([TILE_M], tl.float32)
-    acc = tl.zeros([TILE_M, BLOCK_D], tl.float32)
-    table = tables_ptr + chunk * stride_table
     # Keys up to the tile's last query row (causal), within the context.
     end = start_pos + tl.minimum((tile + 1) * TILE_M, num_q)
-    for n0 in range(0, end, TILE_N):
-        n = n0 + tl.arange(0, TILE_N)
-        n_mask = n < end
-        causal = (n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        m_i, l_i, acc = _attend_keys(
-            q, key_cache_ptr, value_cache_ptr, table, kv_head, n, n_mask, causal,
-            m_i, l_i, acc, scale, d, d_mask, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, PRECISION,
-            DOT_F32)
-
-    out = acc / l_i[:, None]
+    out = _attend_causal(
+        q, q_pos, end, key_cache_ptr, value_cache_ptr, tables_ptr + chunk * stride_table,
+        kv_head, scale, d, d_mask, TILE_M, BLOCK_D, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, TILE_N,
+        PRECISION, DOT_F32)
     tl.store(out_ptr + (token0 + m)[:, None] * stride_qt + head * stride_qh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _paged_rows(
+    q_ptr, key_cache_ptr, value_cache_ptr, tables_ptr, q_start_ptr, q_len_ptr, ctx_ptr,
+    out_ptr, scale, stride_qt, stride_qh, stride_table,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_R: tl.constexpr, TOKENS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Batch-invariant attention (deterministic mode): one program per
+    (span, KV head, TOKENS query tokens); its BLOCK_R rows are those
+    tokens' heads of the KV head's group.  Decodes and prefill chunks alike."""
+    span = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    tile = tl.program_id(2)
+    num_q = tl.load(q_len_ptr + span)
+    if tile * TOKENS >= num_q:
+        return
+    token0 = tl.load(q_start_ptr + span)
+    start_pos = tl.load(ctx_ptr + span) - num_q
+
+    r = tl.arange(0, BLOCK_R)
+    t = tile * TOKENS + r // GROUP
+    heads = kv_head * GROUP + r % GROUP
+    r_mask = (r < TOKENS * GROUP) & (t < num_q)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    rows = (token0 + t)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + rows, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    end = start_pos + tl.minimum((tile + 1) * TOKENS, num_q)
+    out = _attend_causal(
+        q, start_pos + t, end, key_cache_ptr, value_cache_ptr, tables_ptr + span * stride_table,
+        kv_head, scale, d, d_mask, BLOCK_R, BLOCK_D, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, TILE_N,
+        PRECISION, DOT_F32)
+    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & d_mask[None, :])
 
 
 @dataclass(slots=True)
@@ -266,10 +331,18 @@ class TritonAttentionMetadata(AttentionMetadata):
     prefill_start_pos: torch.Tensor
     num_prefills: int
     prefill_max_q: int
+    # Deterministic mode, every span: [spans] int32 first token in the
+    # batch, query tokens, context length after the step (None otherwise).
+    span_q_start: torch.Tensor | None = None
+    span_q_len: torch.Tensor | None = None
+    span_context: torch.Tensor | None = None
+    max_q: int = 0
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    # With `deterministic`, through `_paged_rows`.
+    batch_invariant = True
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -284,6 +357,9 @@ class TritonAttentionBackend(AttentionBackend):
         self.block_d = max(16, triton.next_power_of_2(head_dim))
         # tl.dot needs at least 16 rows: a small group rides in a padded tile.
         self.block_g = max(16, triton.next_power_of_2(self.group))
+        # Deterministic mode's query tile: as many whole groups as fit.
+        self.block_r = self.block_g
+        self.row_tokens = self.block_r // self.group
         self.num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
                         if device.type == "cuda" else 4)
 
@@ -317,19 +393,25 @@ class TritonAttentionBackend(AttentionBackend):
         slots = tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
 
         prefill = slice(num_decodes, num)
-        split_len, num_splits = self._decode_split(
-            num_decodes, int(ctx[:num_decodes].max()) if num_decodes else 0)
-        host = np.concatenate([
+        if self.deterministic:
+            split_len, num_splits = DECODE_TILE, 1
+        else:
+            split_len, num_splits = self._decode_split(
+                num_decodes, int(ctx[:num_decodes].max()) if num_decodes else 0)
+        parts = [
             slots.astype(np.int32), tables.ravel(), ctx[:num_decodes].astype(np.int32),
             first[prefill].astype(np.int32), ntok[prefill].astype(np.int32),
             start[prefill].astype(np.int32),
-        ])
+        ]
+        if self.deterministic:
+            parts += [first.astype(np.int32), ntok.astype(np.int32), ctx.astype(np.int32)]
+        host = np.concatenate(parts)
         dev = torch.from_numpy(host).to(self.device, non_blocking=True)
-        cuts = np.cumsum([total, tables.size, num_decodes, num - num_decodes,
-                          num - num_decodes])
-        slot_t, tables_t, ctx_t, q_start_t, q_len_t, pos_t = torch.tensor_split(
+        cuts = np.cumsum([p.size for p in parts[:-1]])
+        slot_t, tables_t, ctx_t, q_start_t, q_len_t, pos_t, *span = torch.tensor_split(
             dev, cuts.tolist())
         part_out, part_lse = self.split_buffers(num_decodes, num_splits)
+        span_q_start, span_q_len, span_ctx = span if span else (None, None, None)
         return TritonAttentionMetadata(
             slot_mapping=slot_t,
             block_tables=tables_t.view(num, width),
@@ -344,6 +426,10 @@ class TritonAttentionBackend(AttentionBackend):
             prefill_start_pos=pos_t,
             num_prefills=num - num_decodes,
             prefill_max_q=int(ntok[prefill].max()) if num > num_decodes else 0,
+            span_q_start=span_q_start,
+            span_q_len=span_q_len,
+            span_context=span_ctx,
+            max_q=int(ntok.max()) if num else 0,
         )
 
     def split_buffers(
@@ -410,6 +496,20 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM=hd, BLOCK_D=bd, NUM_KV_HEADS=kvh,
             )
         out = torch.empty(q.shape, dtype=q.dtype, device=dev)
+        if self.deterministic:
+            if md.max_q:
+                assert md.span_q_len is not None
+                tiles = -(-md.max_q // self.row_tokens)
+                _paged_rows[(md.span_q_len.shape[0], kvh, tiles)](
+                    q, key_cache, value_cache, md.block_tables, md.span_q_start,
+                    md.span_q_len, md.span_context, out,
+                    scale, q.stride(0), q.stride(1), md.block_tables.stride(0),
+                    HEAD_DIM=hd, BLOCK_D=bd, NUM_KV_HEADS=kvh, GROUP=self.group,
+                    BLOCK_R=self.block_r, TOKENS=self.row_tokens, BLOCK_SIZE=self.block_size,
+                    TILE_N=DECODE_TILE, PRECISION=precision, DOT_F32=interpreted,
+                    num_warps=DECODE_WARPS, num_stages=DECODE_STAGES,
+                )
+            return out
         nd = md.num_decodes
         if nd:
             splits = md.decode_num_splits

@@ -12,7 +12,9 @@ and block tables into those buffers (two transfers) and launches one graph.
 Rows past the step's decodes are padding: slot -1 (the KV store skips it),
 context 1 over block 0, token 0; their logits are never read.  Each
 bucket's decode split is fixed at capture (`graph_decode_split`), so a
-bucket covers any context up to `max_model_len`.
+bucket covers any context up to `max_model_len`.  In deterministic mode the
+buckets run the batch-invariant kernels, so a replay rounds every row as the
+same step run op by op would.
 
 On a CPU device (the test suite, with the Triton backend under Triton's
 interpreter) nothing is captured: `run` fills the same buffers and runs the
@@ -77,9 +79,14 @@ class DecodeGraphs:
         tables = tables.view(big, self.width)
         no_prefill = torch.zeros(0, dtype=torch.int32, device=dev)
         rows = torch.arange(big, device=dev)
+        # Deterministic mode attends every row as a one-token span.
+        span_rows = rows.to(torch.int32)
+        ones = torch.ones(big, dtype=torch.int32, device=dev)
+        det = attn.deterministic
         self._buckets: list[_Bucket] = []
         for size in sizes:
-            split_len, splits = attn.graph_decode_split(size, max_model_len)
+            split_len, splits = ((max_model_len, 1) if det
+                                 else attn.graph_decode_split(size, max_model_len))
             part_out, part_lse = attn.split_buffers(size, splits)
             md = TritonAttentionMetadata(
                 slot_mapping=slots[:size], block_tables=tables[:size], num_decodes=size,
@@ -88,6 +95,10 @@ class DecodeGraphs:
                 prefill_q_start=no_prefill,
                 prefill_q_len=no_prefill, prefill_start_pos=no_prefill, num_prefills=0,
                 prefill_max_q=0,
+                span_q_start=span_rows[:size] if det else None,
+                span_q_len=ones[:size] if det else None,
+                span_context=ctx[:size] if det else None,
+                max_q=1 if det else 0,
             )
             self._buckets.append(_Bucket(size, ForwardBatch(
                 input_ids=self._ids_pos[0, :size], positions=self._ids_pos[1, :size],

@@ -80,9 +80,6 @@ class ModelRunner:
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
-        if deterministic and torch.device(device).type != "cpu":
-            raise ValueError("deterministic mode runs on CPU only (the batch-invariant GPU "
-                             "kernels are planned)")
         # Before anything runs a kernel: the thread pool is sized on first use.
         self.num_threads = pin_threads(num_threads)
         self.model_path = resolve_model(str(model_path))
@@ -110,7 +107,7 @@ class ModelRunner:
         # GEMM tiles here, per-query attention in the backend).
         self.deterministic = deterministic
         if deterministic:
-            self.model.use_fixed_tiles()
+            self.model.use_fixed_tiles(self.device)
         self.model.set_attention_backend(self.attn)
         self.kv_cache = KVCache(
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,

@@ -79,10 +79,17 @@ class CausalLM(nn.Module, ABC):
         # (engine/preemption.py); checked at the end of each layer.
         self.preempt: PreemptFlag | None = None
 
-    def use_fixed_tiles(self, rows: int = TILE_ROWS) -> None:
-        """Run every projection and the lm_head in fixed-shape row tiles, so
-        that a row's result does not depend on the rows beside it
-        (engine.models.batch_invariant; deterministic mode)."""
+    def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
+        """Run every projection and the lm_head so that a row's result does
+        not depend on the rows beside it (deterministic mode): on CPU in
+        fixed-shape row tiles of the library's GEMM
+        (engine.models.batch_invariant), on CUDA through one Triton GEMM
+        with a single tile configuration (engine.models.matmul_triton)."""
+        if device.type == "cuda":
+            from engine.models.matmul_triton import invariant_linear
+
+            self.linear = self.head_linear = invariant_linear
+            return
         self.linear = TiledLinear(self.linear, rows)
         self.head_linear = TiledLinear(self.head_linear, rows)
 

@@ -15,8 +15,9 @@ own.  Every row then goes through the same kernel, with the same order of
 its dot products and the same thread split, wherever it sits and whatever
 shares its step.  This is the CPU counterpart of the fixed-tile matmul that
 vLLM's and SGLang's batch-invariant modes run on GPUs (after Thinking
-Machines, "Defeating Nondeterminism in LLM Inference", 2025), built from the
-library's own GEMM instead of a new one.  The price is the padding of the
+Machines, "Defeating Nondeterminism in LLM Inference", 2025), and of ours
+(`engine.models.matmul_triton`), built from the library's own GEMM instead
+of a new one.  The price is the padding of the
 last tile and smaller GEMMs for long prefills; `tests/engine/
 test_batch_invariant.py` checks the invariance on the machine it runs on.
 """

@@ -92,12 +92,17 @@ def test_cuda_graphs_follow_the_device_and_backend() -> None:
     assert captured() == 0  # cpu
 
 
-def test_deterministic_mode_needs_the_cpu_and_the_cpp_backend() -> None:
+def test_deterministic_mode_needs_a_batch_invariant_backend() -> None:
     assert AppConfig().deterministic is False
     assert AppConfig(deterministic=True).deterministic is True
     assert AppConfig(deterministic=True, attention_backend="cpp").deterministic is True
-    with pytest.raises(ValidationError, match="deterministic: true runs on device cpu"):
-        AppConfig(deterministic=True, device="cuda")
+    assert AppConfig(deterministic=True, device="cuda").deterministic is True
+    assert AppConfig(deterministic=True, device="cuda",
+                     attention_backend="triton").deterministic is True
     for backend in ("torch", "compiled"):
-        with pytest.raises(ValidationError, match=f"deterministic: true needs .*'{backend}'"):
+        with pytest.raises(ValidationError,
+                           match=f"deterministic: true needs attention_backend 'cpp' or "
+                                 f"'auto', not '{backend}'"):
             AppConfig(deterministic=True, attention_backend=backend)
+    with pytest.raises(ValidationError, match="needs attention_backend 'triton' or 'auto'"):
+        AppConfig(deterministic=True, device="cuda", attention_backend="torch")

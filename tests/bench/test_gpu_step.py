@@ -1,5 +1,6 @@
-"""`bench.gpu_step` end to end on a tiny Llama shape on CPU (the torch backend
-and HF), so that the GPU benchmark keeps running between GPU sessions."""
+"""`bench.gpu_step` end to end on a tiny Llama shape on CPU (the torch backend,
+deterministic mode's Triton kernels under the interpreter, and HF), so that
+the GPU benchmark keeps running between GPU sessions."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def test_writes_every_section_and_a_plot(tmp_path: Path) -> None:
         "--out", str(out), "--device", "cpu", "--dtype", "float32", "--layers", "2",
         "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
         "--vocab", "500", "--batches", "1,3", "--context", "20", "--steps", "2",
-        "--warmup", "1", "--prefill-lens", "16", "--backends", "torch",
+        "--warmup", "1", "--prefill-lens", "16", "--backends", "torch,triton-det",
         "--ceiling-bytes", "1000000",
     ])
     result = json.loads(out.read_text())
@@ -26,8 +27,11 @@ def test_writes_every_section_and_a_plot(tmp_path: Path) -> None:
         assert r["step_s"] > 0 and r["floor_s"] > 0
         assert r["fraction_of_floor"] == r["floor_s"] / r["step_s"]
     assert [r["batch"] for r in result["decode"] if r["backend"] == "hf-sdpa"] == [1, 3]
-    assert {r["backend"] for r in result["prefill"]} == {"torch", "hf-sdpa"}
-    assert [r["batch"] for r in result["attention"]] == [1, 3]
+    # Deterministic mode, op by op and from its graph buckets.
+    for backend in ("triton-det", "triton-det+graphs"):
+        assert [r["batch"] for r in result["decode"] if r["backend"] == backend] == [1, 3]
+    assert {r["backend"] for r in result["prefill"]} == {"torch", "triton-det", "hf-sdpa"}
+    assert [r["batch"] for r in result["attention"]] == [1, 3, 1, 3]
     # Weights read by a decode: everything but the (untied) embedding.
     assert result["weight_bytes_read_by_decode"] > 0
     assert out.with_suffix(".png").stat().st_size > 0

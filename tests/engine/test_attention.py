@@ -39,7 +39,7 @@ LONE = [(13, 1), (0, 4)]
 def _check_backend(
     backend_name: str, heads: int, kv_heads: int, shapes: list[tuple[int, int]],
     d: int = 8, bs: int = 4, num_blocks: int = 64, dtype: torch.dtype = torch.float32,
-    tol: float = 1e-5, views_of_qkv: bool = False,
+    tol: float = 1e-5, views_of_qkv: bool = False, deterministic: bool = False,
 ) -> None:
     """Attend `shapes` (start_pos, num_tokens) chunks with random K/V and
     compare with the dense reference in float32; also check the stores."""
@@ -48,7 +48,8 @@ def _check_backend(
                        else "cpu")
     gen = torch.Generator().manual_seed(0)
     cache = KVCache(1, num_blocks, bs, kv_heads, d, dtype, "cpu")
-    backend = get_attention_backend(backend_name)(heads, kv_heads, d, bs, dev)
+    backend = get_attention_backend(backend_name)(heads, kv_heads, d, bs, dev,
+                                                  deterministic=deterministic)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     history = []  # full K/V of each sequence, the dense truth
     spans = []
@@ -112,6 +113,18 @@ def test_long_contexts_and_query_tiles(backend_name: str) -> None:
     _check_backend(backend_name, 4, 2, LONG, d=16, bs=16, num_blocks=64)
 
 
+@pytest.mark.parametrize("heads,kv_heads,shapes", [
+    (4, 2, MIXED), (6, 1, NARROW), (9, 3, MIXED), (8, 8, EQUAL)])
+def test_triton_deterministic_kernel_matches_dense(
+    heads: int, kv_heads: int, shapes: list[tuple[int, int]]
+) -> None:
+    # One kernel for decodes and prefill chunks; query tiles of whole
+    # groups (5 tokens x 3 heads in SmolLM2's 9/3 layout, 2 x 8 for MHA).
+    # Contexts of many key tiles run on CUDA (test_triton_on_cuda_at_model_scale).
+    _check_backend("triton", heads, kv_heads, shapes, d=16, bs=8, num_blocks=96,
+                   deterministic=True)
+
+
 def test_triton_splits_long_decode_contexts() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backend = get_attention_backend("triton")(4, 2, 16, 16, dev)
@@ -153,5 +166,6 @@ def test_kv_cache_layout() -> None:
 def test_triton_on_cuda_at_model_scale(dtype: torch.dtype, tol: float) -> None:
     # A Llama-3-8B attention shape: 32 query heads over 8 KV heads of 128.
     shapes = [(1000, 1), (37, 1), (513, 1), (2047, 1), (0, 300), (700, 200), (64, 17)]
-    _check_backend("triton", 32, 8, shapes, d=128, bs=16, num_blocks=512, dtype=dtype,
-                   tol=tol)
+    for deterministic in (False, True):
+        _check_backend("triton", 32, 8, shapes, d=128, bs=16, num_blocks=512, dtype=dtype,
+                       tol=tol, deterministic=deterministic)

@@ -3,7 +3,7 @@
 Preemption transparency as `test_parity` checks it on CPU: our greedy tokens
 on the GPU, in float32, equal Hugging Face's on the CPU, with one-shot
 prefill, chunked prefill and recompute after preemption, for the Llama and
-OPT shapes.
+OPT shapes; and deterministic mode's batch invariance on CUDA, bit for bit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from engine.runner import ModelRunner
-from tests.engine.helpers import hf_greedy, load_hf, random_prompts
+from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts
+from tests.engine.test_batch_invariant import BS, GREEDY, SEEDED, _alone
 from tests.engine.test_parity import NEW_TOKENS, _check
 
 pytestmark = [
@@ -40,3 +41,35 @@ def test_triton_runner_parity_on_cuda(
     _check(runner, prompts, expected)
     if runner.graphs is not None:
         assert runner.graphs.num_runs > 0
+
+
+@pytest.mark.parametrize("fixture,dtype", [
+    ("tiny_llama_path", "bfloat16"), ("tiny_llama_path", "float32"),
+    ("tiny_llama3_rope_path", "bfloat16"), ("tiny_opt_path", "bfloat16"),
+    ("smollm2_path", "bfloat16"),
+])
+def test_deterministic_tokens_do_not_depend_on_the_batch_on_cuda(
+    fixture: str, dtype: str, request: pytest.FixtureRequest
+) -> None:
+    """Deterministic mode on CUDA: the batch-invariant Triton GEMM and
+    attention.  Each request's tokens, run with others in 24-token chunks and
+    too few blocks (preemption, recompute part-way through prompts), op by
+    op or from graph buckets, equal its tokens run alone op by op, bit for
+    bit, greedy and seeded."""
+    path: Path = request.getfixturevalue(fixture)
+    eager, graphs = (ModelRunner(path, dtype, "cuda", num_blocks=96, block_size=BS,
+                                 max_model_len=80, deterministic=True,
+                                 cuda_graph_max_batch=size) for size in (0, 4))
+    lengths = [5, 23, 41, 60, 1, 17, 33]
+    prompts = (random_prompts(lengths, seed=1, vocab=20000) if fixture == "smollm2_path"
+               else random_prompts(lengths, seed=1))
+    for params in (GREEDY, SEEDED):
+        alone = _alone(eager, prompts, params)
+        for runner in (eager, graphs):
+            together = drive(runner, prompts, params, num_blocks=20, block_size=BS,
+                             max_model_len=80, max_batch_tokens=24)
+            assert together.num_mid_generation_preemptions > 0
+            assert together.num_mid_prompt_preemptions > 0
+            assert together.tokens == alone, (params, runner.graphs is not None)
+        assert _alone(graphs, prompts, params) == alone
+    assert graphs.graphs is not None and graphs.graphs.num_runs > 0

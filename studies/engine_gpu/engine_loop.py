@@ -1,0 +1,229 @@
+"""The engine replica's serving layer on a GPU, without Ray.
+
+`serve run` wraps, in each Engine replica, an `EngineLoop` (the iteration
+thread: inbox, scheduler core, iteration driver, delivery) around a
+`ModelRunner`.  Where Ray cannot be installed (the lent GPU machines), this
+builds the same stack as `deployments/engine.py` does in a replica, minus
+Ray: a `ModelRunner` on `--device` (Triton attention, CUDA graphs for
+decode-only steps), the cost model measured from it
+(`engine.profiler.estimate_cost`), `SchedulerCore` under `--policy`, and
+`EngineLoop`, with a host KV tier in this process's memory for swapping
+(the replica's is Ray's object store); then submits `--requests` requests at once (prompt and answer
+lengths uniform in their ranges, `ignore_eos`, greedy) and waits for every
+one to finish.
+
+It reports what a replica would serve: output tokens/s, TTFT and
+end-to-end latency percentiles, iterations, how many of them replayed a
+graph, preemptions, and that every KV block came back free.  The model is
+a random-weight Llama shape (default Llama-3.2-1B's) written to a
+temporary folder with SmolLM2's tokenizer (`--tokenizer`): no weights are
+downloaded.
+
+    python -m studies.engine_gpu.engine_loop --out studies/engine_gpu/engine_loop.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from api.protocol import GenerateRequest
+from deployments.engine_loop import Delivery, EngineLoop
+from engine.profiler import estimate_cost
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from kvstore.tier import LocalHostTier
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+
+BLOCK_SIZE = 16
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, hi = (int(x) for x in text.split(","))
+    return lo, hi
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=8192)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--tokenizer", type=Path,
+                   default=os.environ.get("PREEMPT_SERVE_TEST_TOKENIZER"),
+                   help="a folder with SmolLM2's tokenizer files (default: the embedded model's)")
+    p.add_argument("--policy", default="mlfq")
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--prompt-len", type=_range, default=(16, 1024))
+    p.add_argument("--output-len", type=_range, default=(16, 512))
+    p.add_argument("--kv-tokens", type=int, default=1 << 18)
+    p.add_argument("--swap-mode", default="proactive",
+                   choices=["recompute", "reactive", "proactive"])
+    p.add_argument("--host-kv-tokens", type=int, default=1 << 18)
+    p.add_argument("--max-batch-size", type=int, default=128)
+    p.add_argument("--max-batch-tokens", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0)
+    return p.parse_args(argv)
+
+
+def random_model(args: argparse.Namespace, folder: Path) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if args.tokenizer is None:
+        from engine.model_source import resolve_model
+
+        args.tokenizer = resolve_model("embedded:smollm2")
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, max_position_embeddings=args.max_model_len,
+        rope_theta=500000.0, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM(config).to(getattr(torch, args.dtype))
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return folder
+
+
+class Sink:
+    """The replica's delivery callback: first-token and finish times per job."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.first: dict[str, float] = {}
+        self.done: dict[str, float] = {}
+        self.tokens = 0
+        self.errors: list[str] = []
+        self.cv = threading.Condition()
+
+    def __call__(self, items: list[Delivery]) -> None:
+        now = time.monotonic()
+        with self.cv:
+            for d in items:
+                ev = d.event
+                if d.error is not None:
+                    self.errors.append(f"{ev.job_id}: {d.error}")
+                if ev.token_id is not None:
+                    self.tokens += 1
+                    self.first.setdefault(ev.job_id, now)
+                if ev.finished:
+                    self.done[ev.job_id] = now
+            self.cv.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while len(self.done) < self.total:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+        return True
+
+
+def _pcts(xs: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(xs, n=100) if len(xs) > 1 else xs * 99
+    return {"p50": statistics.median(xs), "p90": q[89], "p99": q[98]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    dev = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = random_model(args, Path(tmp))
+        num_blocks = args.kv_tokens // BLOCK_SIZE
+        t0 = time.perf_counter()
+        runner = ModelRunner(
+            path, args.dtype, args.device, num_blocks=num_blocks, block_size=BLOCK_SIZE,
+            max_model_len=args.max_model_len,
+            cuda_graph_max_batch=0 if args.no_graphs or dev.type != "cuda"
+            else args.max_batch_size)
+        start_s = time.perf_counter() - t0
+    host_blocks = 0 if args.swap_mode == "recompute" else args.host_kv_tokens // BLOCK_SIZE
+    if host_blocks:
+        runner.set_kv_tier(LocalHostTier(host_blocks * runner.kv_cache.bytes_per_block))
+    cost = estimate_cost(runner, BLOCK_SIZE)
+    core = SchedulerCore(
+        SchedulerConfig(policy=args.policy, block_size=BLOCK_SIZE, num_blocks=num_blocks,
+                        max_batch_size=args.max_batch_size,
+                        max_batch_tokens=args.max_batch_tokens,
+                        max_model_len=args.max_model_len, swap_mode=args.swap_mode,
+                        host_kv_blocks=host_blocks),
+        time.monotonic, cost=None if args.policy == "fcfs" else cost)
+    sink = Sink(args.requests)
+    loop = EngineLoop(
+        runner, core,
+        lambda req, i: SamplingParams(temperature=0.0, max_tokens=req.max_tokens,
+                                      ignore_eos=True),
+        sink, cost=cost)
+    loop.start()
+    rng = random.Random(args.seed)
+    vocab = runner.config.vocab_size
+    arrival: dict[str, float] = {}
+    for i in range(args.requests):
+        p = rng.randint(*args.prompt_len)
+        o = min(rng.randint(*args.output_len), args.max_model_len - p - 1)
+        rid = f"r{i}"
+        arrival[rid] = time.monotonic()
+        loop.submit(GenerateRequest(
+            request_id=rid, prompt_token_ids=[rng.randrange(3, vocab) for _ in range(p)],
+            max_tokens=o, temperature=0.0, top_p=1.0, top_k=-1, seed=None, stop=[],
+            stop_token_ids=[], ignore_eos=True, min_tokens=0, arrival_time=arrival[rid]))
+    t_submit = min(arrival.values())
+    finished = sink.wait(args.timeout)
+    wall = max(sink.done.values(), default=time.monotonic()) - t_submit
+    free_after, host_free_after = core.blocks.num_free, core.swap.host_free
+    loop.stop()
+    stats = loop.stats
+    result: dict[str, Any] = {
+        "command": "python -m studies.engine_gpu.engine_loop "
+                   + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
+        "dtype": args.dtype, "policy": args.policy, "swap_mode": args.swap_mode,
+        "kv_tokens": args.kv_tokens, "host_kv_tokens": host_blocks * BLOCK_SIZE,
+        "shape": {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads",
+                                                "kv_heads")},
+        "requests": args.requests, "finished": len(sink.done), "all_finished": finished,
+        "errors": sink.errors[:10],
+        "runner_start_s": start_s, "cost_model": repr(cost),
+        "wall_s": wall, "output_tokens": sink.tokens, "output_tokens_per_s": sink.tokens / wall,
+        "ttft_s": _pcts([sink.first[r] - arrival[r] for r in sink.first]),
+        "latency_s": _pcts([sink.done[r] - arrival[r] for r in sink.done]),
+        "iterations": stats.iterations,
+        "graph_replays": runner.graphs.num_runs if runner.graphs is not None else 0,
+        "forward_s": stats.forward_time,
+        "preemptions": core.num_preemptions,
+        "swap_outs": core.swap.num_swap_out, "swap_ins": core.swap.num_swap_in,
+        "recompute_fallbacks": core.swap.num_recompute_fallbacks,
+        "host_free_blocks_after": host_free_after, "host_blocks": host_blocks,
+        "free_blocks_after": free_after, "num_blocks": num_blocks,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
