@@ -261,6 +261,8 @@ class ModelRunner:
             state = self._requests.get(job_id)
             if state is not None:
                 state.num_preemptions += 1
+        if self.swapper is not None:
+            self.swapper.order_after_copies()
         if plan.block_ops:
             if self.swapper is not None:
                 self.swapper.apply(plan.block_ops)

@@ -86,16 +86,23 @@ class BlockSwapper:
     def num_in_flight(self) -> int:
         return len(self._fetches)
 
-    def apply(self, ops: Sequence[BlockOp]) -> None:
-        """Run `ops` in plan order; copies out happen before this returns,
-        but for checkpoints on a GPU, which overlap this plan's pass."""
+    def order_after_copies(self) -> None:
+        """Make the compute stream's next work wait, on the device, for the
+        checkpoint copies still reading on the side stream: blocks the last
+        plan checkpointed may have been freed since (a job preempted to its
+        checkpoint, a job that ended) and handed to this plan's chunks,
+        whether or not this plan has block ops of its own.  The runner calls
+        this before every pass; nothing waits on the host."""
         if self._copies:
-            # Blocks checkpointed by the last plan may have been freed and
-            # handed to this one's chunks: its work waits for those copies.
             compute = torch.cuda.current_stream(self.kv_cache.device)
             for done in self._copies:
                 compute.wait_event(done)
             self._copies.clear()
+
+    def apply(self, ops: Sequence[BlockOp]) -> None:
+        """Run `ops` in plan order; copies out happen before this returns,
+        but for checkpoints on a GPU, which overlap this plan's pass."""
+        self.order_after_copies()
         i = 0
         while i < len(ops):
             # Consecutive ops of one kind for one job become one transfer.

@@ -180,11 +180,33 @@ def test_checkpoints_on_a_side_stream_hold_the_blocks_as_they_were() -> None:
     sw = BlockSwapper(cache, tier)
     assert sw._side is not None
     sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, 2), BlockOp(BlockOpKind.CHECKPOINT, "j", 1, 5)])
-    sw.apply([])  # the next plan: its work is ordered after the copy
+    # The next pass, block ops or not (the runner calls this before each):
+    # its work is ordered after the copy.
+    sw.order_after_copies()
     cache.data.zero_()
     sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", 0, 0), BlockOp(BlockOpKind.PREFETCH, "j", 1, 1)])
     assert _land(sw) == ["j"]
     assert torch.equal(cache.read_blocks([0, 1]).cpu(), before)
+
+
+def test_every_pass_waits_for_the_last_plans_checkpoint_copies(tiny_llama_path: Path) -> None:
+    """A plan without block ops may reuse blocks whose checkpoint copy the
+    last plan started: the runner orders every pass after those copies,
+    not only passes whose plan has block ops of its own."""
+    runner = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=32, block_size=4,
+                         max_model_len=64, num_threads=1)
+    runner.set_kv_tier(LocalHostTier(capacity_bytes=10**7))
+    assert runner.swapper is not None
+    calls: list[int] = []
+    passes: list[int] = []
+    order, execute = runner.swapper.order_after_copies, runner.execute
+    runner.swapper.order_after_copies = lambda: (calls.append(1), order())[1]  # type: ignore[method-assign]
+    runner.execute = lambda plan: (passes.append(len(plan.block_ops)), execute(plan))[1]  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    drive(runner, random_prompts([5, 9], seed=0), params, num_blocks=32, block_size=4,
+          max_model_len=64)
+    assert passes and not any(passes)  # no plan had block ops
+    assert len(calls) == len(passes)
 
 
 def test_no_side_stream_on_a_cpu() -> None:
