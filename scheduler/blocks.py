@@ -20,6 +20,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 
 from scheduler.job import BlockLocation, Job
+from scheduler.watchers import Watchers
 
 
 class BlockAccountingError(RuntimeError):
@@ -46,6 +47,18 @@ class BlockManager:
         # Jobs holding at least one device block, so that a policy finds
         # its eviction candidates without scanning every queued job.
         self.holding: dict[str, Job] = {}
+        self._holding_watchers = Watchers()
+
+    def watch_holding(self) -> set[str]:
+        """The ids of jobs that join or leave `holding` from now on (and
+        of its members now), for a follower to empty as it catches up
+        (`scheduler/watchers.py`)."""
+        return self._holding_watchers.follow(self.holding)
+
+    def _now_holding(self, job: Job) -> None:
+        if job.job_id not in self.holding:
+            self.holding[job.job_id] = job
+            self._holding_watchers.changed(job.job_id)
 
     @property
     def num_free(self) -> int:
@@ -85,13 +98,17 @@ class BlockManager:
         self._take(job, n)
 
     def _take(self, job: Job, n: int) -> None:
-        if n:
-            self.holding[job.job_id] = job
-        for _ in range(n):
-            b = self._free.popleft()
-            self._holders[b] = {job.job_id}
-            job.block_table.append(b)
-            job.block_locations.append(BlockLocation.DEVICE)
+        if not n:
+            return
+        jid = job.job_id
+        self._now_holding(job)
+        # Comprehensions, not a loop body per block: a prefill chunk takes
+        # a hundred blocks, and planning runs every iteration.
+        pop = self._free.popleft
+        new = [pop() for _ in range(n)]
+        self._holders.update([(b, {jid}) for b in new])
+        job.block_table += new
+        job.block_locations += [BlockLocation.DEVICE] * n
 
     def share(self, job: Job, source: Job, num_blocks: int) -> None:
         """Let `job` (no blocks yet) hold the first `num_blocks` of
@@ -114,11 +131,38 @@ class BlockManager:
             job.block_locations.append(BlockLocation.DEVICE)
         if num_blocks:
             self._num_shared[job.job_id] = num_blocks
-            self.holding[job.job_id] = job
+            self._now_holding(job)
 
     def free(self, job: Job) -> int:
         """Drop all of `job`'s references; returns how many blocks went back
         to the pool (those no other job holds)."""
+        jid = job.job_id
+        if jid not in self._num_shared:
+            freed = self._free_exclusive(job)
+        else:
+            freed = self._free_shared(job)
+        if self.holding.pop(jid, None) is not None:
+            self._holding_watchers.changed(jid)
+        job.block_table.clear()
+        job.block_locations.clear()
+        return freed
+
+    def _free_exclusive(self, job: Job) -> int:
+        """`free` of a job that shares no block: each of its blocks has it
+        as sole holder, checked in bulk."""
+        jid, table, holders = job.job_id, job.block_table, self._holders
+        alone = {jid}
+        held = list(map(holders.get, table))
+        if held.count(alone) != len(held):  # nothing changed yet
+            bad = next(i for i, h in enumerate(held) if h != alone)
+            raise BlockAccountingError(
+                f"block {table[bad]} freed by {jid} but held by {sorted(held[bad] or ())}")
+        for b in table:
+            del holders[b]
+        self._free.extend(table)
+        return len(table)
+
+    def _free_shared(self, job: Job) -> int:
         jid = job.job_id
         freed = 0
         for b in job.block_table:
@@ -139,9 +183,6 @@ class BlockManager:
                 else:
                     del self._num_shared[last]
         self._num_shared.pop(jid, None)
-        self.holding.pop(jid, None)
-        job.block_table.clear()
-        job.block_locations.clear()
         return freed
 
     # Queries ----------------------------------------------------------

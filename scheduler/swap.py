@@ -29,6 +29,7 @@ import enum
 from scheduler.blocks import BlockManager
 from scheduler.job import BlockLocation, Job
 from scheduler.plan import BlockOp, BlockOpKind
+from scheduler.watchers import Watchers
 
 
 class SwapMode(str, enum.Enum):
@@ -49,6 +50,12 @@ class SwapManager:
         self.pending_ops: list[BlockOp] = []
         # Jobs with a copy in the host tier (what proactive swap-in ranks).
         self.on_host: dict[str, Job] = {}
+        # Of those, the ids of jobs whose KV is only there: no device block,
+        # no fetch in flight.  A proactive MLFQ's walk passes over them
+        # (they come back by its ENST-ordered prefetch, not by the walk), so
+        # it skips them by set lookup instead of visiting each.
+        self.host_only: set[str] = set()
+        self._host_watchers = Watchers()
         self.num_swap_out = 0
         self.num_swap_in = 0
         self.blocks_out = 0
@@ -64,6 +71,22 @@ class SwapManager:
         # from the engine's results: what one iteration can copy.
         self.copy_rate: float | None = None
         self.iteration_time = 0.0
+
+    def watch_on_host(self) -> set[str]:
+        """`BlockManager.watch_holding` for `on_host`."""
+        return self._host_watchers.follow(self.on_host)
+
+    def _to_host(self, job: Job) -> None:
+        """`job`'s KV is now only in the host tier."""
+        if job.job_id not in self.on_host:
+            self.on_host[job.job_id] = job
+            self._host_watchers.changed(job.job_id)
+        self.host_only.add(job.job_id)
+
+    def _off_host(self, job_id: str) -> None:
+        if self.on_host.pop(job_id, None) is not None:
+            self._host_watchers.changed(job_id)
+        self.host_only.discard(job_id)
 
     def copies_per_iteration(self, cap: int) -> int:
         """Blocks the tier stores while one iteration computes (ConServe
@@ -114,7 +137,7 @@ class SwapManager:
         self.blocks.free(job)
         job.num_computed_tokens = kept
         job.num_host_blocks = k
-        self.on_host[job.job_id] = job
+        self._to_host(job)
         self.num_checkpoint_discards += 1
 
     def can_swap_out(self, job: Job) -> bool:
@@ -136,7 +159,7 @@ class SwapManager:
         self.blocks.free(job)
         self.host_used += n
         job.num_host_blocks = n
-        self.on_host[job.job_id] = job
+        self._to_host(job)
         self.num_swap_out += 1
         self.blocks_out += n
         return ops
@@ -152,12 +175,13 @@ class SwapManager:
         self.blocks.allocate_for(job, n)
         kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
         job.swap_pending = kind.value
+        self.host_only.discard(job.job_id)
         self.num_swap_in += 1
         self.blocks_in += n
         return [BlockOp(kind, job.job_id, i, b) for i, b in enumerate(job.block_table)]
 
     def swap_in_done(self, job: Job) -> None:
-        self.on_host.pop(job.job_id, None)
+        self._off_host(job.job_id)
         if not job.num_checkpointed_blocks:  # a move: the host copy is gone
             self.host_used -= job.num_host_blocks
         job.num_host_blocks = 0
@@ -166,7 +190,7 @@ class SwapManager:
 
     def swap_in_failed(self, job: Job) -> None:
         """The host copy is gone: drop everything, recompute from scratch."""
-        self.on_host.pop(job.job_id, None)
+        self._off_host(job.job_id)
         self.host_used -= self.host_blocks(job)
         job.num_host_blocks = 0
         job.num_checkpointed_blocks = 0
@@ -177,7 +201,7 @@ class SwapManager:
 
     def release_host(self, job: Job) -> None:
         """Forget `job`'s host copy (finished, aborted or dropped)."""
-        self.on_host.pop(job.job_id, None)
+        self._off_host(job.job_id)
         held = self.host_blocks(job)
         if held:
             self.host_used -= held

@@ -187,6 +187,22 @@ class EnstRanking:
                 t = tp if tp > 0.0 else 0.0
         return (p, t, lvl, seq)
 
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def only_class(self) -> int:
+        return self._only_class
+
+    def exec_row(self) -> list[float]:
+        """T_execute per level of the only class (`single_class` rankings)."""
+        return self._exec[self._only_class]
+
     def exec_key(self, rank: Rank) -> EnstKey:
         """The key a job of this rank would have if T_execute were its ENST."""
         p, lvl, seq = rank

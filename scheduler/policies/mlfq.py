@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from itertools import chain
 from collections.abc import Iterator
 
 from scheduler.blocks import blocks_for
@@ -33,7 +32,7 @@ from scheduler.policies.burst_reserve import BurstReserve
 from scheduler.policies.enst import EnstRanking, Shortfall, execute_times
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
-from scheduler.policies.walk import Walk
+from scheduler.policies.walk import Walk, queue_order
 from scheduler.policy import Policy
 from scheduler.swap import SwapMode
 
@@ -82,9 +81,11 @@ class MLFQPolicy(Policy):
         self.class_sizes: Counter[int] = Counter()
         self.selected: list[Job] = []
         # This policy's jobs holding device blocks / a host copy, in ENST order
-        # across plans (synced with the block and swap managers each plan).
-        self._resident = RankedSet()
-        self._host = RankedSet()
+        # across plans (synced each plan with the jobs that the block and
+        # swap managers report as having joined or left since the last).
+        self._resident, self._host = RankedSet(), RankedSet()
+        self._resident_changed = self.blocks.watch_holding()
+        self._host_changed = self.swap.watch_on_host()
         self.num_demotions = 0
         self.num_promotions = 0
         self._step = 0
@@ -133,6 +134,9 @@ class MLFQPolicy(Policy):
             self._levels[job.priority] = [{} for _ in self.quanta]
         self._enqueue(job, lvl)
         self.class_sizes[job.priority] += 1
+        # It may hold KV already (a sibling released by its leader).
+        self._resident_changed.add(job.job_id)
+        self._host_changed.add(job.job_id)
         self._ran(job.job_id, now)
         first = blocks_for(min(job.num_uncomputed_tokens, self.config.max_batch_tokens),
                            self.blocks.block_size)
@@ -207,8 +211,7 @@ class MLFQPolicy(Policy):
 
     def jobs(self) -> Iterator[Job]:
         """Every job in priority-walk order: (priority, level, FIFO)."""
-        return chain.from_iterable(q.values() for p in sorted(self._levels)
-                                   for q in self._levels[p])
+        return queue_order(self._levels)
 
     def num_waiting(self) -> int:
         return len(self.level) - len(self.selected)
@@ -325,8 +328,12 @@ class MLFQPolicy(Policy):
     # Planning -------------------------------------------------------------
 
     def walk(self) -> Walk:
-        """The priority walk: by (priority, level, position in level)."""
-        return Walk(self.jobs(), self._walk_rank)
+        """The priority walk: by (priority, level, position in level).  In
+        proactive mode it leaves out the jobs whose KV is only on the host:
+        the ENST-ordered prefetch brings them back, never the walk, and
+        under memory pressure they are most of the queue."""
+        skip = self.swap.host_only if self.swap_mode is SwapMode.PROACTIVE else None
+        return Walk(queue_order(self._levels, skip), self._walk_rank)
 
     def _walk_rank(self, job: Job) -> tuple[int, int, int]:
         return self._rank[job.job_id]
@@ -343,8 +350,8 @@ class MLFQPolicy(Policy):
         self._promote_starved(now)
         plan = Plan(step=step)
         ranking = self._ranking(now)
-        self._resident.sync(self.blocks.holding, self._rank, self.last_run)
-        self._host.sync(self.swap.on_host, self._rank, self.last_run)
+        self._resident.sync(self.blocks.holding, self._rank, self.last_run, self._resident_changed)
+        self._host.sync(self.swap.on_host, self._rank, self.last_run, self._host_changed)
         pool = VictimPool(self._resident.descending(ranking, _not_in_flight), self._step,
                           self.swapped_in_step, self.blocks)
         walk = self.walk()

@@ -15,10 +15,11 @@ lazily, taking only as many jobs as it uses.
 from __future__ import annotations
 
 import bisect
+from itertools import islice
 from collections.abc import Callable, Iterator, Mapping
 
 from scheduler.job import Job
-from scheduler.policies.enst import EnstKey, EnstRanking, Rank
+from scheduler.policies.enst import EnstRanking, Rank
 
 # (last run, level, entry order, id): T_promote's order, ties as the walk's.
 _RunEntry = tuple[float, int, int, str]
@@ -39,16 +40,23 @@ class RankedSet:
         return job_id in self._jobs
 
     def sync(self, members: Mapping[str, Job], rank: Mapping[str, Rank],
-             last_run: Mapping[str, float]) -> None:
+             last_run: Mapping[str, float], changed: set[str] | None = None) -> None:
         """Make the members those of `members` that have a rank (the
-        policy's jobs), by set differences: O(changes) Python work."""
-        ours = self._jobs.keys()
-        for jid in ours - members.keys():
-            self.discard(jid)
-        for jid in members.keys() - ours:
-            r = rank.get(jid)
-            if r is not None:
-                self._insert(members[jid], r, last_run[jid])
+        policy's jobs).  With `changed` (the ids that may have joined or
+        left `members` since the last sync, which it empties), the work is
+        those changes; without, set differences over both."""
+        ours = self._jobs
+        if changed is None:
+            changed = (ours.keys() - members.keys()) | (members.keys() - ours.keys())
+        for jid in changed:
+            job = members.get(jid)
+            if job is None:
+                self.discard(jid)
+            elif jid not in ours:
+                r = rank.get(jid)
+                if r is not None:
+                    self._insert(job, r, last_run[jid])
+        changed.clear()
 
     def _insert(self, job: Job, rank: Rank, last_run: float) -> None:
         jid = job.job_id
@@ -104,10 +112,10 @@ class RankedSet:
         if not ranking.single_class:
             yield from (j for j in sorted(jobs.values(), key=ranking.key) if keep(j))
             return
-        # A member appears in both orders; the first appearance carries its
-        # ENST (the smaller of its two times).
+        # The first of a member's two appearances carries its ENST.
         seen: set[str] = set()
-        for key, jid in _merge(self._by_rank, self._by_run, ranking, reverse=False):
+        streams = _Streams(self._by_rank, self._by_run, ranking)
+        for jid in _merge(streams.execute(), streams.promote(), reverse=False):
             if jid in seen:
                 continue
             seen.add(jid)
@@ -128,32 +136,84 @@ class RankedSet:
             yield from (j for j in sorted(jobs.values(), key=ranking.key, reverse=True)
                         if keep(j))
             return
-        # Largest first, a member's ENST is the later of its two appearances
-        # (Q1 members, never promoted, appear once).
-        seen: set[str] = set()
-        for key, jid in _merge(self._by_rank, self._by_run, ranking, reverse=True):
-            if key[2] and jid not in seen:
-                seen.add(jid)
-                continue
+        # Largest first, the first appearance is the larger time: each
+        # member is taken only from the stream whose time is its ENST.
+        streams = _Streams(self._by_rank, self._by_run, ranking, self._entries)
+        for jid in _merge(streams.execute(reverse=True, enst_only=True),
+                          streams.promote(reverse=True, enst_only=True), reverse=True):
             job = jobs[jid]
             if keep(job):
                 yield job
 
 
-def _merge(by_rank: list[_RankEntry], by_run: list[_RunEntry], ranking: EnstRanking,
-           reverse: bool) -> Iterator[tuple[EnstKey, str]]:
-    """Both orders as one stream of (key, id), by key.  Each stream is
-    sorted by its own key: T_execute's by rank, T_promote's by last run
-    (Q1 members have no T_promote and appear in the first only)."""
-    a_iter = reversed(by_rank) if reverse else iter(by_rank)
-    b_iter = reversed(by_run) if reverse else iter(by_run)
-    a = ((ranking.exec_key(r), jid) for r, jid in a_iter)
-    b = ((ranking.promote_key(t, lvl, seq), jid) for t, lvl, seq, jid in b_iter if lvl)
+_Key = tuple[float, int, int]
+
+
+class _Streams:
+    """A set's members as two streams of (key, id), one class only: by
+    T_execute (its rank order) and by T_promote (its last-run order; Q1
+    members have none).  A key compares as (time, level, entry order):
+    `EnstRanking.exec_key` and `promote_key` without the class, built
+    inline, since a plan may pass over most members here.
+
+    Each member's ENST is the smaller of its two times, ties to T_execute
+    as `EnstRanking.key` breaks them.  With `enst_only`, a stream holds
+    only the members whose ENST it carries, so that the merge holds each
+    member once.  The T_execute stream stops below `top`, the lowest level
+    from which every T_execute exceeds α: T_promote never does, so no
+    member there has its ENST in that stream (under overload most members
+    sit there)."""
+
+    def __init__(self, by_rank: list[_RankEntry], by_run: list[_RunEntry],
+                 ranking: EnstRanking,
+                 entries: Mapping[str, tuple[_RankEntry, _RunEntry]] | None = None) -> None:
+        self._by_rank, self._by_run, self._entries = by_rank, by_run, entries
+        self.row = row = ranking.exec_row()
+        self.alpha, self.now = ranking.alpha, ranking.now
+        top = len(row)
+        while top > 1 and row[top - 1] > self.alpha:
+            top -= 1
+        self.top = top
+        self._cut = bisect.bisect_left(
+            by_rank, ((ranking.only_class, top, -1),))  # type: ignore[arg-type]
+
+    def execute(self, reverse: bool = False, enst_only: bool = False
+                ) -> Iterator[tuple[_Key, str]]:
+        by_rank, row, alpha, now = self._by_rank, self.row, self.alpha, self.now
+        entries = self._entries
+        if reverse:
+            it = islice(reversed(by_rank), len(by_rank) - self._cut, None)
+        else:
+            it = islice(by_rank, self._cut)
+        for (_, lvl, seq), jid in it:
+            t = row[lvl]
+            if enst_only and lvl:
+                assert entries is not None
+                tp = alpha - (now - entries[jid][1][0])
+                if (tp if tp > 0.0 else 0.0) < t:
+                    continue  # its ENST is T_promote
+            yield (t, lvl, seq), jid
+
+    def promote(self, reverse: bool = False, enst_only: bool = False
+                ) -> Iterator[tuple[_Key, str]]:
+        row, alpha, now, top = self.row, self.alpha, self.now, self.top
+        for t, lvl, seq, jid in reversed(self._by_run) if reverse else self._by_run:
+            if lvl:
+                tp = alpha - (now - t)
+                tp = tp if tp > 0.0 else 0.0
+                if not enst_only or lvl >= top or tp < row[lvl]:
+                    yield (tp, lvl, seq), jid
+
+
+def _merge(a: Iterator[tuple[_Key, str]], b: Iterator[tuple[_Key, str]],
+           reverse: bool) -> Iterator[str]:
+    """Ids of two key-sorted streams, by key (ties: `a` first ascending,
+    `b` first descending)."""
     ha, hb = next(a, None), next(b, None)
     while ha is not None or hb is not None:
         if hb is None or (ha is not None and ((ha[0] > hb[0]) if reverse else (ha[0] <= hb[0]))):
-            yield ha  # type: ignore[misc]
+            yield ha[1]  # type: ignore[index]
             ha = next(a, None)
         else:
-            yield hb
+            yield hb[1]
             hb = next(b, None)

@@ -3,7 +3,8 @@ is full (FastServe §4.1, the highest-priority ready jobs each iteration)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain, filterfalse
 from typing import Any
 
 from scheduler.job import Job
@@ -41,3 +42,14 @@ class Walk:
             if self._rest is not None:
                 yield from self._rest
                 return
+
+
+def queue_order(levels: Mapping[int, Sequence[dict[str, Job]]],
+                skip: set[str] | None = None) -> Iterator[Job]:
+    """Jobs by (priority class, level, position in level), lazily, leaving
+    out the ids in `skip` by set lookup, without visiting their jobs."""
+    if not skip:
+        return chain.from_iterable(q.values() for p in sorted(levels) for q in levels[p])
+    out = skip.__contains__
+    return chain.from_iterable(map(q.__getitem__, filterfalse(out, q))
+                               for p in sorted(levels) for q in levels[p])

@@ -114,6 +114,9 @@ def _run(policy: str, mode: str, seed: int, starvation_s: float | None,
         core.blocks.check(core.jobs.values())
         assert set(core.swap.on_host) == {j.job_id for j in core.jobs.values()
                                           if j.num_host_blocks}
+        # What a proactive walk passes over by set lookup.
+        assert core.swap.host_only == {j.job_id for j in core.swap.on_host.values()
+                                       if j.swap_pending is None and not j.block_table}
     return prints, finished
 
 
@@ -154,3 +157,34 @@ def test_ranked_set_keeps_both_orders_sorted_through_updates():
             rs.sync(members, rank, last_run)
         assert rs._by_rank == sorted((rank[k], k) for k in members)
         assert rs._by_run == sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ranked_set_enst_orders_match_sorting_by_the_full_key(seed):
+    """Ascending and descending ENST orders against a sort by
+    `EnstRanking.key`, where T_promote beats T_execute for some members,
+    ties T_execute exactly for some, and whole levels have T_execute above
+    α (the merge's cut).  Every member ran less than α ago, as in a plan:
+    the policy promotes a job idle for α before it ranks anyone."""
+    from scheduler.policies.ranked import RankedSet
+
+    rng = random.Random(seed)
+    alpha, now = 1.0, 10.0
+    row = [0.0, 0.0, 0.25, 0.5, 0.75, 1.5, 4.0]  # levels 5 and 6 exceed α
+    jobs = {f"j{i}": make_job(4, 4, job_id=f"j{i}") for i in range(80)}
+    rank = {jid: (0, rng.randint(0, len(row) - 1), i) for i, jid in enumerate(jobs)}
+    # Last runs on a grid of 1/8 s: T_promote = α - (now - t) is exact, so
+    # some equal their level's T_execute.
+    last_run = {jid: now - rng.randint(0, 7) / 8 for jid in jobs}
+    rs = RankedSet()
+    rs.sync(jobs, rank, last_run)
+    ranking = EnstRanking({0: row}, rank, last_run, alpha, now, promotes=True)
+    assert not ranking.walk_order and ranking.single_class
+    keys = {jid: ranking.key(j) for jid, j in jobs.items()}
+    assert any(k[1] < row[rank[jid][1]] for jid, k in keys.items())  # promoted ENSTs
+    assert any(rank[jid][1] >= 5 for jid in jobs)
+    assert any(alpha - (now - last_run[jid]) == row[rank[jid][1]] > 0 for jid in jobs)
+    keep = lambda j: int(j.job_id[1:]) % 7 != 3  # noqa: E731
+    want = [j.job_id for j in sorted(jobs.values(), key=ranking.key) if keep(j)]
+    assert [j.job_id for j in rs.ascending(ranking, keep)] == want
+    assert [j.job_id for j in rs.descending(ranking, keep)] == want[::-1]
