@@ -79,6 +79,10 @@ class PlanTime(BaseModel):
     mean_waiting: float
     num_preemptions: int
     num_finished: int
+    # Tokens sampled per second of the virtual clock over the timed plans:
+    # what the plans achieve (a policy that thrashes plans fast and serves
+    # nothing shows here).
+    tokens_per_s: float = 0.0
 
 
 class _Clock:
@@ -122,16 +126,21 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
     times: list[float] = []
     batches: list[int] = []
     waiting: list[int] = []
+    sampled = 0
+    t_start = 0.0
     gc.collect()
     tick = time.thread_time_ns if cfg.clock == "cpu" else time.perf_counter_ns
     for step in range(cfg.warmup + cfg.steps):
         t0 = tick()
         plan = core.schedule()
         dt = tick() - t0
+        if step == cfg.warmup:
+            t_start = clock.t
         if step >= cfg.warmup:
             times.append(dt / 1000)
             batches.append(len(plan.chunks))
             waiting.append(core.stats().num_waiting)
+            sampled += sum(1 for c in plan.chunks if c.sample)
         swapped_in = sorted({op.job_id for op in plan.block_ops
                              if op.kind is BlockOpKind.SWAP_IN})
         outputs = [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks]
@@ -147,7 +156,7 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         config=cfg, median_us=statistics.median(times), p90_us=q[89], p99_us=q[98],
         mean_us=statistics.fmean(times), mean_batch=statistics.fmean(batches),
         mean_waiting=statistics.fmean(waiting), num_preemptions=core.num_preemptions,
-        num_finished=core.num_finished)
+        num_finished=core.num_finished, tokens_per_s=sampled / max(clock.t - t_start, 1e-9))
 
 
 def _ints(text: str) -> list[int]:
@@ -205,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
             points.append(r)
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "
-                  f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}", flush=True)
+                  f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}  "
+                  f"tokens/s {r.tokens_per_s:7.0f}", flush=True)
     meta = {**machine_meta(), "processor": platform.processor(),
             "wall_s": round(time.time() - t0, 1), "cost_model": _COST.__dict__}
     write_report({"meta": meta, "results": [p.model_dump(mode="json") for p in points]}, a.out)

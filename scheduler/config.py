@@ -43,6 +43,15 @@ class MLFQConfig(BaseModel):
     # level (`quanta`, the paper's rule), or at most its predicted remaining
     # service (`predicted`; `scheduler/policies/enst.py`).
     enst: Literal["quanta", "predicted"] = "quanta"
+    # Whether a job with no KV anywhere (never started, or dropped) may
+    # start by evicting started jobs to recomputation.  FastServe §4.2
+    # counts on the host tier holding every started job; when device and
+    # host are both full, each such start throws away another job's work,
+    # which then does the same in turn (its strawman 2), and a burst larger
+    # than the KV tier finishes nothing.  False: such a job starts only in
+    # free blocks or by evicting jobs whose KV goes to the host (or back to
+    # a checkpoint), and otherwise waits its turn.
+    cold_start_recompute: bool = False
 
 
 class ConserveConfig(BaseModel):

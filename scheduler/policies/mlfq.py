@@ -11,7 +11,9 @@ be preempted after any token; its KV stays on the device until memory is
 needed, and then it is swapped to the host (or dropped, `swap_mode:
 recompute`).
 
-The paper's strawmen are in `mlfq_strawmen.py`.
+The paper's strawmen are in `mlfq_strawmen.py`; where KV lives (eviction,
+swap-ins, proactive swapping, and the rule that a job with no KV does not
+start by dropping a started job's KV) in `mlfq_kv.py`.
 
 A job's `priority` (vLLM's meaning: lower runs first) makes strict classes
 above all of this: the MLFQ runs within a class, a class is served only
@@ -21,15 +23,17 @@ important class first.  With one class this is FastServe as published.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterator
 
 from scheduler.blocks import blocks_for
 from scheduler.job import Job
-from scheduler.plan import BlockOp, Plan, ScheduledChunk
+from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.burst_reserve import BurstReserve
 from scheduler.policies.enst import EnstRanking, Shortfall, execute_times
+from scheduler.policies.mlfq_kv import MLFQResidency
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
 from scheduler.policies.walk import Walk, queue_order
@@ -38,12 +42,9 @@ from scheduler.swap import SwapMode
 
 # Default q1 when no cost estimate is given: a small model's decode step.
 _DEFAULT_Q1_S = 0.02
-# Proactive swap-ins per iteration: at most 1/8 of the device blocks.
-_SWAP_IN_SHARE = 8
 
 
-
-class MLFQPolicy(Policy):
+class MLFQPolicy(Policy, MLFQResidency):
     """Planning costs what one iteration touches, not what is queued: the
     queues are insertion-ordered dicts per (class, level), walked lazily
     until the batch is full; starvation is found from the front of a
@@ -82,10 +83,11 @@ class MLFQPolicy(Policy):
         self.selected: list[Job] = []
         # This policy's jobs holding device blocks / a host copy, in ENST order
         # across plans (synced each plan with the jobs that the block and
-        # swap managers report as having joined or left since the last).
+        # swap managers report as having joined or left since the last;
+        # taken at the first plan: co-serving's MLFQ only orders its jobs).
         self._resident, self._host = RankedSet(), RankedSet()
-        self._resident_changed = self.blocks.watch_holding()
-        self._host_changed = self.swap.watch_on_host()
+        self._resident_changed: set[str] | None = None
+        self._host_changed: set[str] | None = None
         self.num_demotions = 0
         self.num_promotions = 0
         self._step = 0
@@ -134,9 +136,10 @@ class MLFQPolicy(Policy):
             self._levels[job.priority] = [{} for _ in self.quanta]
         self._enqueue(job, lvl)
         self.class_sizes[job.priority] += 1
-        # It may hold KV already (a sibling released by its leader).
-        self._resident_changed.add(job.job_id)
-        self._host_changed.add(job.job_id)
+        if self._resident_changed is not None and self._host_changed is not None:
+            # It may hold KV already (a sibling released by its leader).
+            self._resident_changed.add(job.job_id)
+            self._host_changed.add(job.job_id)
         self._ran(job.job_id, now)
         first = blocks_for(min(job.num_uncomputed_tokens, self.config.max_batch_tokens),
                            self.blocks.block_size)
@@ -350,6 +353,9 @@ class MLFQPolicy(Policy):
         self._promote_starved(now)
         plan = Plan(step=step)
         ranking = self._ranking(now)
+        if self._resident_changed is None or self._host_changed is None:
+            self._resident_changed = self.blocks.watch_holding()
+            self._host_changed = self.swap.watch_on_host()
         self._resident.sync(self.blocks.holding, self._rank, self.last_run, self._resident_changed)
         self._host.sync(self.swap.on_host, self._rank, self.last_run, self._host_changed)
         pool = VictimPool(self._resident.descending(ranking, _not_in_flight), self._step,
@@ -369,16 +375,29 @@ class MLFQPolicy(Policy):
         # needs as many fails too.  Once no block can be had, only jobs that
         # already hold KV can run, and the walk narrows to them.
         fail = math.inf
+        # With `cold_start_recompute` off, jobs without KV start in walk
+        # order until one cannot get its blocks without dropping another
+        # job's KV; the rest of the walk then takes only jobs that hold KV
+        # (a smaller job without KV further back does not jump ahead of it,
+        # and the walk need not pass over the rest of a long queue).
+        keep_kv = not self.config.mlfq.cold_start_recompute
         bs = self.blocks.block_size
         for job in walk:
             if slots <= 0 or budget <= 0:
                 break
+            cold = False
             if not job.block_table:
                 if not job.num_host_blocks and job.swap_pending is None:
                     # No KV anywhere (most of a long queue): the cheap test
                     # of whether it can get its blocks comes first.
                     n = min(job.num_tokens - job.num_computed_tokens, budget)
-                    if -(-(job.num_computed_tokens + n) // bs) >= fail:
+                    want = -(-(job.num_computed_tokens + n) // bs)
+                    if keep_kv:
+                        if want >= fail or want > self._cold_cap(job.priority):
+                            self._narrow(walk, job, with_host=True)  # refused
+                            continue
+                        cold = True
+                    elif want >= fail:
                         continue
             else:  # only holders can be victims
                 pool.visit(job)
@@ -401,11 +420,13 @@ class MLFQPolicy(Policy):
             need = self.blocks.blocks_needed(job, n)
             if need >= fail:
                 continue
-            if not self._make_room(job, n, plan, pool):
-                if self.skip_hopeless:
+            if not self._make_room(job, n, plan, pool, cold):
+                if cold:
+                    self._narrow(walk, job, with_host=True)
+                elif self.skip_hopeless:
                     fail = need
                     if fail <= 1:
-                        walk.narrow(job, self.blocks.holding.values())
+                        self._narrow(walk, job, with_host=False)
                 continue
             selected.append(job)
             pool.taken.add(job.job_id)
@@ -419,81 +440,17 @@ class MLFQPolicy(Policy):
         self.selected = selected
         return plan
 
-    def _evict_for(self, need: int, ops: list[BlockOp], pool: VictimPool,
-                   preempted: list[str] | None) -> bool:
-        """Free device blocks until `need` are free, from lower-priority idle
-        jobs, largest ENST first (FastServe §4.2); all or nothing.  Victims
-        are listed in `preempted` when they give way to a job that runs."""
-        if self.blocks.num_free >= need:
-            return True
-        victims = pool.victims(need - self.blocks.num_free)
-        if victims is None:
-            return False
-        for v in victims:
-            self._swap_out(v, ops, pool)
-            if preempted is not None:
-                preempted.append(v.job_id)
-        return self.blocks.num_free >= need
-
-    def _swap_out(self, job: Job, ops: list[BlockOp], pool: VictimPool) -> None:
-        self.evict(job, ops)
-        pool.evicted(job)
-
-    def _make_room(self, job: Job, n: int, plan: Plan, pool: VictimPool) -> bool:
-        if self.blocks.grow(job, n):
-            return True
-        need = self.blocks.blocks_needed(job, n)
-        return (self._evict_for(need, plan.block_ops, pool, plan.preempted)
-                and self.blocks.grow(job, n))
-
-    def _swap_in(self, job: Job, ops: list[BlockOp], pool: VictimPool) -> bool:
-        if not self._evict_for(job.num_host_blocks, ops, pool, preempted=None):
-            return False
-        new_ops = self.swap.swap_in(job)
-        if new_ops is None:
-            return False
-        ops += new_ops
-        self.swapped_in_step[job.job_id] = self._step
-        return True
-
-    def _proactive(self, plan: Plan, pool: VictimPool, ranking: EnstRanking,
-                   now: float) -> None:
-        """ENST-ordered residency (FastServe §4.2, Figure 9): keep the burst
-        reserve free by swapping out the largest-ENST idle jobs, and bring
-        the smallest-ENST swapped jobs back ahead of their turn, trading
-        places with idle residents whose ENST is larger.  Swap-ins per
-        iteration are capped so that the copies overlap the computation
-        instead of saturating the link."""
-        reserve = self.reserve_target(now)
-        idle = pool.settled_idle()  # largest (priority, ENST) first
-        while (idle.head is not None and self.blocks.num_free < reserve
-               and self.swap.can_swap_out(idle.head)):
-            self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
-        budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
-        host = self._host.ascending(ranking, lambda j: j.swap_pending is None
-                                    and j.job_id not in pool.swapped_out)
-        for h in host:
-            n = h.num_host_blocks
-            if n > budget and budget < self.blocks.num_blocks // _SWAP_IN_SHARE:
-                break  # (the first job always goes, however large)
-            while (self.blocks.num_free - n < reserve and idle.head is not None
-                   and ranking.key(idle.head) > ranking.key(h)
-                   and self.swap.can_swap_out(idle.head)):
-                self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
-            if self.blocks.num_free - n < reserve:
-                break
-            ops = self.swap.swap_in(h)
-            if ops is None:
-                break
-            plan.block_ops += ops
-            self.swapped_in_step[h.job_id] = self._step
-            budget -= n
-
-    def _swap_out_freeing(self, job: Job, ops: list[BlockOp], pool: VictimPool) -> None:
-        """Swap an idle job out for the room it gives back; one whose blocks
-        are all held by siblings too would give back none, so it stays."""
-        if self.blocks.num_exclusive(job):
-            self._swap_out(job, ops, pool)
+    def _narrow(self, walk: Walk, job: Job, with_host: bool) -> None:
+        """The rest of the walk: the jobs ranked after `job` that held device
+        blocks when the plan began, and (`with_host`, reactive mode) those
+        with a host copy, which the walk would fetch."""
+        if walk.narrowed:
+            return
+        rank = self._rank[job.job_id]
+        rest = self._resident.ranked_after(rank)
+        if with_host and self.swap_mode is SwapMode.REACTIVE:
+            rest = list(heapq.merge(rest, self._host.ranked_after(rank), key=self._walk_rank))
+        walk.narrow_to(rest)
 
 
 def _not_in_flight(job: Job) -> bool:

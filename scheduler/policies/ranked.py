@@ -98,6 +98,12 @@ class RankedSet:
                 bisect.insort(by_run, ru)
         self._entries[job_id] = (re, ru)
 
+    def ranked_after(self, rank: Rank) -> list[Job]:
+        """Members ranked after `rank`, in rank order."""
+        by_rank, jobs = self._by_rank, self._jobs
+        i = bisect.bisect_right(by_rank, (rank, "\U0010ffff"))
+        return [jobs[jid] for _, jid in by_rank[i:]]
+
     # Orders ---------------------------------------------------------------
 
     def ascending(self, ranking: EnstRanking, keep: Callable[[Job], bool]) -> Iterator[Job]:

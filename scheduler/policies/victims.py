@@ -4,7 +4,7 @@ first within a class."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from scheduler.blocks import BlockManager, ReleaseTally
 from scheduler.job import Job
@@ -85,6 +85,34 @@ class VictimPool:
                      and (not settled_only or self._settled(j)))
             picked = pick(group, need)
             if picked is not None:
+                return picked
+        return None
+
+    def victims_keeping_kv(self, need: int, host_cost: Callable[[Job], int | None],
+                           room: int) -> list[Job] | None:
+        """`victims` among the jobs whose eviction drops no computed KV:
+        `host_cost` gives the host blocks a job's eviction takes (0 back
+        to a checkpoint, None if it would lose KV), within `room` in all.
+        Greedy in the same order, so a larger `need` fails wherever a
+        smaller one did."""
+        for settled_only in (True, False):
+            picked: list[Job] = []
+            tally = ReleaseTally(self.blocks)
+            left = room
+            for j in self._live():
+                if tally.freed >= need:
+                    break
+                if j.job_id in self.visited or (settled_only and not self._settled(j)):
+                    continue
+                cost = host_cost(j)
+                if cost is None or cost > left:
+                    continue
+                picked.append(j)
+                tally.add(j)
+                left -= cost
+            if tally.freed >= need:
+                if self.blocks.has_shared:
+                    return [j for j in picked if tally.frees_any(j)]
                 return picked
         return None
 

@@ -44,6 +44,11 @@ class _SortedEachPlan:
     def discard(self, job_id: str) -> None:
         pass
 
+    def ranked_after(self, rank: tuple[int, int, int]) -> list[Job]:
+        ranks = self._policy._rank
+        return sorted((j for j in self._snapshot if ranks[j.job_id] > rank),
+                      key=lambda j: ranks[j.job_id])
+
     def ascending(self, ranking: EnstRanking, keep: Callable[[Job], bool]) -> Iterator[Job]:
         return iter([j for j in sorted(self._snapshot, key=ranking.key) if keep(j)])
 
