@@ -202,14 +202,3 @@ class EnstRanking:
     def exec_row(self) -> list[float]:
         """T_execute per level of the only class (`single_class` rankings)."""
         return self._exec[self._only_class]
-
-    def exec_key(self, rank: Rank) -> EnstKey:
-        """The key a job of this rank would have if T_execute were its ENST."""
-        p, lvl, seq = rank
-        return (p, self._exec[p][lvl], lvl, seq)
-
-    def promote_key(self, last_run: float, lvl: int, seq: int) -> EnstKey:
-        """The key of a job of the only class that last ran then, if
-        T_promote were its ENST (`single_class` rankings)."""
-        tp = self._alpha - (self._now - last_run)
-        return (self._only_class, tp if tp > 0.0 else 0.0, lvl, seq)

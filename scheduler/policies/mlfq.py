@@ -446,9 +446,13 @@ class MLFQPolicy(Policy, MLFQResidency):
         with a host copy, which the walk would fetch."""
         if walk.narrowed:
             return
+        host = with_host and self.swap_mode is SwapMode.REACTIVE
+        if walk.rank != self._walk_rank:  # a subclass's own order (bench/oracle.py)
+            walk.narrow(job, [*self._resident.members(), *(self._host.members() if host else ())])
+            return
         rank = self._rank[job.job_id]
         rest = self._resident.ranked_after(rank)
-        if with_host and self.swap_mode is SwapMode.REACTIVE:
+        if host:
             rest = list(heapq.merge(rest, self._host.ranked_after(rank), key=self._walk_rank))
         walk.narrow_to(rest)
 

@@ -98,6 +98,9 @@ class RankedSet:
                 bisect.insort(by_run, ru)
         self._entries[job_id] = (re, ru)
 
+    def members(self) -> list[Job]:
+        return list(self._jobs.values())
+
     def ranked_after(self, rank: Rank) -> list[Job]:
         """Members ranked after `rank`, in rank order."""
         by_rank, jobs = self._by_rank, self._jobs
@@ -158,9 +161,9 @@ _Key = tuple[float, int, int]
 class _Streams:
     """A set's members as two streams of (key, id), one class only: by
     T_execute (its rank order) and by T_promote (its last-run order; Q1
-    members have none).  A key compares as (time, level, entry order):
-    `EnstRanking.exec_key` and `promote_key` without the class, built
-    inline, since a plan may pass over most members here.
+    members have none).  A key compares as (time, level, entry order),
+    `EnstRanking.key` without the class, built inline, since a plan may
+    pass over most members here.
 
     Each member's ENST is the smaller of its two times, ties to T_execute
     as `EnstRanking.key` breaks them.  With `enst_only`, a stream holds

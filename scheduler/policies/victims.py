@@ -92,9 +92,8 @@ class VictimPool:
                            room: int) -> list[Job] | None:
         """`victims` among the jobs whose eviction drops no computed KV:
         `host_cost` gives the host blocks a job's eviction takes (0 back
-        to a checkpoint, None if it would lose KV), within `room` in all.
-        Greedy in the same order, so a larger `need` fails wherever a
-        smaller one did."""
+        to a checkpoint, None if it would lose KV), within `room` in all;
+        greedy, in the pool's order."""
         for settled_only in (True, False):
             picked: list[Job] = []
             tally = ReleaseTally(self.blocks)

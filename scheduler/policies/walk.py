@@ -13,17 +13,33 @@ from scheduler.job import Job
 class Walk:
     """An iteration's walk over the jobs in priority order, lazy so that a
     plan that fills its batch early never touches the rest of the queue.
-    `narrow_to(rest)` replaces the rest of the walk, once, by `rest` (jobs
-    ranked after the current one, in order)."""
+    `narrow(job, candidates)` restricts the rest of the walk, once, to those
+    of `candidates` that rank after `job` (`narrow_to(rest)` where the
+    caller has them in order already)."""
 
     def __init__(self, jobs: Iterable[Job], rank: Callable[[Job], Any]) -> None:
         self._jobs = jobs
-        self._rank = rank
+        self.rank = rank
         self._rest: list[Job] | None = None
 
     @property
     def narrowed(self) -> bool:
         return self._rest is not None
+
+    def narrow(self, job: Job, candidates: Iterable[Job]) -> None:
+        if self._rest is not None:
+            return
+        here = self.rank(job)
+        rest = []
+        for j in candidates:
+            try:
+                r = self.rank(j)
+            except KeyError:  # holds blocks but is not this policy's (a held sibling)
+                continue
+            if r > here:
+                rest.append((r, j))
+        rest.sort(key=lambda rj: rj[0])
+        self._rest = [j for _, j in rest]
 
     def narrow_to(self, rest: list[Job]) -> None:
         if self._rest is None:
