@@ -95,10 +95,7 @@ class _Clock:
 
 def _iteration_time(plan: Any) -> float:
     prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)
-    decodes = sum(1 for c in plan.chunks if c.is_decode)
-    if not plan.chunks:
-        return _COST.base_s
-    return _COST.base_s + _COST.prefill_per_token_s * prefill + _COST.decode_per_seq_s * decodes
+    return _COST.batch_time(sum(1 for c in plan.chunks if c.is_decode), 0, prefill, 0)
 
 
 def measure(cfg: PlanTimeConfig) -> PlanTime:

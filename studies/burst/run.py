@@ -97,12 +97,8 @@ def run(policy: str, swap_mode: str, cold_start_recompute: bool, cost: LinearCos
 
 
 def _iteration_time(plan: Plan, cost: LinearCost) -> float:
-    if not plan.chunks:
-        return cost.decode_base_s or cost.base_s
     prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)
-    decodes = sum(1 for c in plan.chunks if c.is_decode)
-    base = cost.base_s if prefill or cost.decode_base_s is None else cost.decode_base_s
-    return base + cost.prefill_per_token_s * prefill + cost.decode_per_seq_s * decodes
+    return cost.batch_time(sum(1 for c in plan.chunks if c.is_decode), 0, prefill, 0)
 
 
 SYSTEMS = [("fcfs", "recompute", False), ("mlfq", "recompute", True), ("mlfq", "recompute", False),
