@@ -126,8 +126,9 @@ class AppConfig(SchedulingSettings):
     # `auto`: cpp on CPU, triton on CUDA.
     attention_backend: Literal["auto", "torch", "compiled", "cpp", "triton"] = "auto"
     # On CUDA with the triton backend: decode-only iterations of up to
-    # max_batch_size requests replay CUDA graphs captured at start
-    # (engine/cuda_graphs.py).
+    # max_batch_size requests, and iterations with prefill chunks of up to
+    # max_batch_tokens tokens (not in deterministic mode), replay CUDA graphs
+    # captured at start (engine/cuda_graphs.py, engine/cuda_graphs_mixed.py).
     cuda_graphs: bool = True
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on

@@ -65,13 +65,16 @@ def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-u
     )
 
 
-def _graph_max_batch(cfg: AppConfig, sched: Any) -> int:
-    """Largest decode batch captured in CUDA graphs (0: none): the most
-    requests an iteration may run, on CUDA with the triton backend."""
+def _graph_limits(cfg: AppConfig, sched: Any) -> tuple[int, int]:
+    """(requests, tokens) of the largest step captured in CUDA graphs
+    ((0, 0): none): the most an iteration may run, on CUDA with the triton
+    backend."""
     if not cfg.cuda_graphs or cfg.device != "cuda" or cfg.attention_backend not in (
             "auto", "triton"):
-        return 0
-    return max(sched.max_batch_size, sched.conserve.offline_max_batch_size or 0)
+        return 0, 0
+    off = sched.conserve
+    return (max(sched.max_batch_size, off.offline_max_batch_size or 0),
+            max(sched.max_batch_tokens, off.offline_max_batch_tokens or 0))
 
 
 class _StoppedJobLogs(logging.Filter):
@@ -102,6 +105,7 @@ class Engine:
 
         self.cfg = AppConfig(**config)
         sched_cfg = self.cfg.scheduler_config()
+        graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
         self.runner = ModelRunner(
             model_path=resolve_model(self.cfg.model),
             dtype=resolve_dtype(self.cfg.dtype, self.cfg.device),
@@ -113,7 +117,8 @@ class Engine:
             attention_backend=(
                 None if self.cfg.attention_backend == "auto" else self.cfg.attention_backend),
             deterministic=self.cfg.deterministic,
-            cuda_graph_max_batch=_graph_max_batch(self.cfg, sched_cfg),
+            cuda_graph_max_batch=graph_batch,
+            cuda_graph_max_tokens=graph_tokens,
         )
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())

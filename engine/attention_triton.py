@@ -66,18 +66,85 @@ class TritonAttentionMetadata(AttentionMetadata):
     # splits]` (float32), allocated once for the step's layers.
     decode_part_out: torch.Tensor | None
     decode_part_lse: torch.Tensor | None
-    # Prefill chunks: [P] int32 first token in the batch, query rows, start position.
-    prefill_q_start: torch.Tensor
-    prefill_q_len: torch.Tensor
-    prefill_start_pos: torch.Tensor
-    num_prefills: int
-    prefill_max_q: int
+    # The prefill kernel's tiles (`prefill_tiles`): `[4, stride]` int32, the
+    # first `num_prefill_tiles` columns launched (padding tiles have 0 rows).
+    prefill_tiles: torch.Tensor
+    num_prefill_tiles: int
     # Deterministic mode, every span: [spans] int32 first token in the
     # batch, query tokens, context length after the step (None otherwise).
     span_q_start: torch.Tensor | None = None
     span_q_len: torch.Tensor | None = None
     span_context: torch.Tensor | None = None
     max_q: int = 0
+
+
+def prefill_tiles(
+    first: np.ndarray, ntok: np.ndarray, start: np.ndarray, table_rows: np.ndarray,
+    tile_m: int = PREFILL_TILE_M,
+) -> np.ndarray:
+    """The prefill kernel's tiles of chunks with first batch token `first`,
+    `ntok` query tokens, first position `start` and block-table row
+    `table_rows`: `[4, tiles]` int64 (first token, rows, first position,
+    table row of each tile of up to `tile_m` query rows)."""
+    per = -(-ntok // tile_m)
+    chunk = np.repeat(np.arange(ntok.size), per)
+    off = (np.arange(chunk.size) - np.repeat(np.cumsum(per) - per, per)) * tile_m
+    return np.stack([first[chunk] + off, np.minimum(tile_m, ntok[chunk] - off),
+                     start[chunk] + off, table_rows[chunk]])
+
+
+@dataclass(slots=True)
+class SpanLayout:
+    """A step's spans as arrays (int64, span order): where each starts, its
+    query tokens, its context after the step, its first token in the batch;
+    the block tables `[spans, width]`; each new token's cache slot."""
+
+    start: np.ndarray
+    ntok: np.ndarray
+    ctx: np.ndarray
+    first: np.ndarray
+    tables: np.ndarray
+    slots: np.ndarray
+    num_decodes: int
+
+
+def span_layout(spans: Sequence[SeqSpan], block_size: int, width: int | None = None,
+                tables: np.ndarray | None = None) -> SpanLayout:
+    """Lay out `spans` (decodes first), checking that every block table
+    holds its context; block tables `width` blocks wide (None: as wide as
+    the longest needs), written into `tables` where given."""
+    bs, num = block_size, len(spans)
+    start = np.fromiter((s.start_pos for s in spans), np.int64, num)
+    ntok = np.fromiter((s.num_tokens for s in spans), np.int64, num)
+    ctx = start + ntok
+    need = -(-ctx // bs)
+    have = np.fromiter((len(s.block_table) for s in spans), np.int64, num)
+    short = np.flatnonzero(have < need)
+    if short.size:
+        i = int(short[0])
+        raise ValueError(f"block table of {int(have[i])} blocks cannot hold {int(ctx[i])} "
+                         f"tokens (block_size {bs})")
+    is_decode = ntok == 1
+    num_decodes = int(is_decode.sum())
+    if num_decodes and not is_decode[:num_decodes].all():
+        raise ValueError("single-token spans must precede multi-token spans")
+    longest = int(need.max()) if num else 1
+    if width is None:
+        width = longest
+    elif longest > width:
+        raise ValueError(f"a context of {int(ctx.max())} tokens exceeds the captured block "
+                         f"tables ({width} blocks)")
+    if tables is None:
+        tables = np.zeros((num, width), np.int32)
+    for i, s in enumerate(spans):
+        tables[i, : need[i]] = s.block_table[: need[i]]
+    # Each new token's slot, from its span's table row and position.
+    total = int(ntok.sum())
+    owner = np.repeat(np.arange(num), ntok)
+    first = np.cumsum(ntok) - ntok
+    pos = start[owner] + np.arange(total) - first[owner]
+    slots = tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
+    return SpanLayout(start, ntok, ctx, first, tables[:num], slots, num_decodes)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -105,35 +172,13 @@ class TritonAttentionBackend(AttentionBackend):
                         if device.type == "cuda" else 4)
 
     def build_metadata(self, spans: Sequence[SeqSpan]) -> TritonAttentionMetadata:
-        bs = self.block_size
-        num = len(spans)
-        start = np.fromiter((s.start_pos for s in spans), np.int64, num)
-        ntok = np.fromiter((s.num_tokens for s in spans), np.int64, num)
-        ctx = start + ntok
-        need = -(-ctx // bs)
-        have = np.fromiter((len(s.block_table) for s in spans), np.int64, num)
-        short = np.flatnonzero(have < need)
-        if short.size:
-            i = int(short[0])
-            raise ValueError(f"block table of {int(have[i])} blocks cannot hold {int(ctx[i])} "
-                             f"tokens (block_size {bs})")
-        is_decode = ntok == 1
-        num_decodes = int(is_decode.sum())
-        if num_decodes and not is_decode[:num_decodes].all():
-            raise ValueError("single-token spans must precede multi-token spans")
-
-        width = int(need.max()) if num else 1
-        tables = np.zeros((num, width), np.int32)
-        for i, s in enumerate(spans):
-            tables[i, : need[i]] = s.block_table[: need[i]]
-        # Each new token's slot, from its span's table row and position.
-        total = int(ntok.sum())
-        owner = np.repeat(np.arange(num), ntok)
-        first = np.cumsum(ntok) - ntok
-        pos = start[owner] + np.arange(total) - first[owner]
-        slots = tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
-
+        lay = span_layout(spans, self.block_size)
+        num, num_decodes, tables = len(spans), lay.num_decodes, lay.tables
+        width = tables.shape[1]
+        start, ntok, ctx, first, slots = lay.start, lay.ntok, lay.ctx, lay.first, lay.slots
         prefill = slice(num_decodes, num)
+        tiles = prefill_tiles(first[prefill], ntok[prefill], start[prefill],
+                              np.arange(num_decodes, num))
         if self.deterministic:
             split_len, num_splits = DECODE_TILE, 1
         else:
@@ -141,16 +186,14 @@ class TritonAttentionBackend(AttentionBackend):
                 num_decodes, int(ctx[:num_decodes].max()) if num_decodes else 0)
         parts = [
             slots.astype(np.int32), tables.ravel(), ctx[:num_decodes].astype(np.int32),
-            first[prefill].astype(np.int32), ntok[prefill].astype(np.int32),
-            start[prefill].astype(np.int32),
+            tiles.astype(np.int32).ravel(),
         ]
         if self.deterministic:
             parts += [first.astype(np.int32), ntok.astype(np.int32), ctx.astype(np.int32)]
         host = np.concatenate(parts)
         dev = torch.from_numpy(host).to(self.device, non_blocking=True)
         cuts = np.cumsum([p.size for p in parts[:-1]])
-        slot_t, tables_t, ctx_t, q_start_t, q_len_t, pos_t, *span = torch.tensor_split(
-            dev, cuts.tolist())
+        slot_t, tables_t, ctx_t, tiles_t, *span = torch.tensor_split(dev, cuts.tolist())
         part_out, part_lse = self.split_buffers(num_decodes, num_splits)
         span_q_start, span_q_len, span_ctx = span if span else (None, None, None)
         return TritonAttentionMetadata(
@@ -162,11 +205,8 @@ class TritonAttentionBackend(AttentionBackend):
             decode_num_splits=num_splits,
             decode_part_out=part_out,
             decode_part_lse=part_lse,
-            prefill_q_start=q_start_t,
-            prefill_q_len=q_len_t,
-            prefill_start_pos=pos_t,
-            num_prefills=num - num_decodes,
-            prefill_max_q=int(ntok[prefill].max()) if num > num_decodes else 0,
+            prefill_tiles=tiles_t.view(4, tiles.shape[1]),
+            num_prefill_tiles=tiles.shape[1],
             span_q_start=span_q_start,
             span_q_len=span_q_len,
             span_context=span_ctx,
@@ -273,12 +313,11 @@ class TritonAttentionBackend(AttentionBackend):
                     HEAD_DIM=hd, BLOCK_D=bd, NUM_HEADS=self.num_heads, NUM_SPLITS=splits,
                     TILE_S=min(16, triton.next_power_of_2(splits)),
                 )
-        if md.num_prefills:
-            tiles = -(-md.prefill_max_q // PREFILL_TILE_M)
-            _paged_prefill[(md.num_prefills, self.num_heads, tiles)](
-                q, key_cache, value_cache, md.block_tables[nd:], md.prefill_q_start,
-                md.prefill_q_len, md.prefill_start_pos, out,
-                scale, q.stride(0), q.stride(1), md.block_tables.stride(0),
+        if md.num_prefill_tiles:
+            _paged_prefill[(md.num_prefill_tiles, self.num_heads)](
+                q, key_cache, value_cache, md.block_tables, md.prefill_tiles,
+                md.prefill_tiles.stride(0), out, scale, q.stride(0), q.stride(1),
+                md.block_tables.stride(0),
                 HEAD_DIM=hd, BLOCK_D=bd, NUM_KV_HEADS=kvh, GROUP=self.group,
                 BLOCK_SIZE=self.block_size, TILE_M=PREFILL_TILE_M, TILE_N=PREFILL_TILE_N,
                 PRECISION=precision, DOT_F32=interpreted,

@@ -11,8 +11,8 @@ padded copy, no mask tensor):
   With more than one split, `_merge_splits` combines the partial results by
   their log-sum-exp: a batch of few sequences still spreads over the GPU's
   multiprocessors (split-K, as FlashDecoding).
-- `_paged_prefill`: one program per (chunk, query head, tile of query
-  rows) attends over the chunk's whole context in the cache, causally.  The
+- `_paged_prefill`: one program per (tile of a chunk's query rows, query
+  head) attends over the chunk's whole context in the cache, causally.  The
   same kernel serves a fresh prompt, a later chunk of a chunked prefill and
   a recompute after preemption: the chunk's own K/V were stored first.
 - `_paged_rows` (deterministic mode): every query token, of a decode or of
@@ -173,6 +173,8 @@ def _merge_splits(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(ctx_ptr + seq)
+    if ctx == 0:
+        return  # a padding row of a captured graph
     used = tl.cdiv(ctx, split_len)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
@@ -200,28 +202,34 @@ def _merge_splits(
 
 @triton.jit
 def _paged_prefill(
-    q_ptr, key_cache_ptr, value_cache_ptr, tables_ptr, q_start_ptr, q_len_ptr, pos_ptr,
+    q_ptr, key_cache_ptr, value_cache_ptr, tables_ptr, tiles_ptr, tiles_stride,
     out_ptr, scale, stride_qt, stride_qh, stride_table,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_M: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    chunk = tl.program_id(0)
+    """One program per (tile of up to TILE_M query rows of one chunk, query
+    head).  `tiles_ptr` holds four rows of `tiles_stride` int32: each tile's
+    first token in the batch, its query rows (0: a padding tile of a
+    captured graph, which exits), the position of its first row, and its
+    chunk's row in the block tables.  A flat list of tiles keeps the launch
+    as large as the step's work, whatever the mix of chunk lengths."""
+    tile = tl.program_id(0)
     head = tl.program_id(1)
-    tile = tl.program_id(2)
-    num_q = tl.load(q_len_ptr + chunk)
-    if tile * TILE_M >= num_q:
+    num_q = tl.load(tiles_ptr + tiles_stride + tile)
+    if num_q == 0:
         return
-    token0 = tl.load(q_start_ptr + chunk)
-    start_pos = tl.load(pos_ptr + chunk)
+    token0 = tl.load(tiles_ptr + tile)
+    pos0 = tl.load(tiles_ptr + 2 * tiles_stride + tile)
+    table_row = tl.load(tiles_ptr + 3 * tiles_stride + tile).to(tl.int64)
     kv_head = head // GROUP
 
-    m = tile * TILE_M + tl.arange(0, TILE_M)
+    m = tl.arange(0, TILE_M)
     d = tl.arange(0, BLOCK_D)
     m_mask = m < num_q
     d_mask = d < HEAD_DIM
-    q_pos = start_pos + m
+    q_pos = pos0 + m
     q = tl.load(
         q_ptr + (token0 + m)[:, None] * stride_qt + head * stride_qh + d[None, :],
         mask=m_mask[:, None] & d_mask[None, :], other=0.0,
@@ -229,9 +237,9 @@ def _paged_prefill(
     if DOT_F32:
         q = q.to(tl.float32)
     # Keys up to the tile's last query row (causal), within the context.
-    end = start_pos + tl.minimum((tile + 1) * TILE_M, num_q)
+    end = pos0 + num_q
     out = _attend_causal(
-        q, q_pos, end, key_cache_ptr, value_cache_ptr, tables_ptr + chunk * stride_table,
+        q, q_pos, end, key_cache_ptr, value_cache_ptr, tables_ptr + table_row * stride_table,
         kv_head, scale, d, d_mask, TILE_M, BLOCK_D, HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, TILE_N,
         PRECISION, DOT_F32)
     tl.store(out_ptr + (token0 + m)[:, None] * stride_qt + head * stride_qh + d[None, :],

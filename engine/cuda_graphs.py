@@ -23,8 +23,9 @@ bucket's forward directly, which checks everything but the capture.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +37,32 @@ from engine.models import CausalLM, ForwardBatch
 
 # Batch sizes captured; a step runs in the smallest that holds it.
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+class Captured(Protocol):
+    graph: torch.cuda.CUDAGraph | None
+    logits: torch.Tensor | None
+
+
+def capture(buckets: Sequence[Captured], forward: Callable[[Any], torch.Tensor],
+            device: torch.device, pool: Any = None) -> None:
+    """Capture `forward(bucket)` of every bucket into its `graph`, its
+    output into its `logits`: largest bucket last in `buckets`, captured
+    first, all in one memory pool (`pool`, or a new one), so that a smaller
+    graph reuses the larger one's activations, which it never needs at once.
+    Graphs that share a pool must never be replayed concurrently."""
+    pool = torch.cuda.graph_pool_handle() if pool is None else pool
+    stream = torch.cuda.Stream(device)
+    for bucket in reversed(buckets):
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            forward(bucket)  # compiles the Triton kernels, warms cuBLAS
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            bucket.logits = forward(bucket)
+        bucket.graph = graph
+    torch.cuda.synchronize(device)
 
 
 @dataclass(slots=True)
@@ -55,6 +82,7 @@ class DecodeGraphs:
         attn: TritonAttentionBackend,
         max_batch: int,
         max_model_len: int,
+        pool: Any = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -77,7 +105,7 @@ class DecodeGraphs:
                                       pin_memory=pin)
         slots, ctx, tables = self._meta.split([big, big, big * self.width])
         tables = tables.view(big, self.width)
-        no_prefill = torch.zeros(0, dtype=torch.int32, device=dev)
+        no_prefill = torch.zeros(4, 0, dtype=torch.int32, device=dev)
         rows = torch.arange(big, device=dev)
         # Deterministic mode attends every row as a one-token span.
         span_rows = rows.to(torch.int32)
@@ -92,9 +120,7 @@ class DecodeGraphs:
                 slot_mapping=slots[:size], block_tables=tables[:size], num_decodes=size,
                 decode_context=ctx[:size], decode_split_len=split_len,
                 decode_num_splits=splits, decode_part_out=part_out, decode_part_lse=part_lse,
-                prefill_q_start=no_prefill,
-                prefill_q_len=no_prefill, prefill_start_pos=no_prefill, num_prefills=0,
-                prefill_max_q=0,
+                prefill_tiles=no_prefill, num_prefill_tiles=0,
                 span_q_start=span_rows[:size] if det else None,
                 span_q_len=ones[:size] if det else None,
                 span_context=ctx[:size] if det else None,
@@ -108,7 +134,7 @@ class DecodeGraphs:
         self._pad(0, max_batch)
         self._upload()
         if self.capture:
-            self._capture_all()
+            capture(self._buckets, self._forward, self.device, pool)
 
     def _pad(self, start: int, end: int) -> None:
         """Make rows `start:end` of the host staging buffers padding (their
@@ -130,22 +156,6 @@ class DecodeGraphs:
     @torch.inference_mode()
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
         return self.model.compute_logits(self.model(bucket.batch, self.kv_cache))
-
-    def _capture_all(self) -> None:
-        # Largest first, all in one memory pool: a smaller graph reuses
-        # the larger one's activations, which it never needs at once.
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        for bucket in reversed(self._buckets):
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._forward(bucket)  # compiles the Triton kernels, warms cuBLAS
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                bucket.logits = self._forward(bucket)
-            bucket.graph = graph
-        torch.cuda.synchronize(self.device)
 
     def _bucket(self, num_decodes: int) -> _Bucket | None:
         return next((b for b in self._buckets if b.size >= num_decodes), None)

@@ -41,6 +41,7 @@ from scheduler.plan import (
 
 if TYPE_CHECKING:
     from engine.cuda_graphs import DecodeGraphs
+    from engine.cuda_graphs_mixed import MixedGraphs
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class ModelRunner:
         seed: int | None = None,
         deterministic: bool = False,
         cuda_graph_max_batch: int = 0,
+        cuda_graph_max_tokens: int = 0,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -113,17 +115,28 @@ class ModelRunner:
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,
             self.model.head_dim, self.dtype, self.device,
         )
-        # Decode-only steps of up to this many requests replay CUDA graphs
-        # (engine/cuda_graphs.py): CUDA with the Triton backend only.
+        # Decode-only steps of up to `cuda_graph_max_batch` requests replay
+        # CUDA graphs (engine/cuda_graphs.py), and so do mixed steps of up to
+        # `cuda_graph_max_tokens` tokens (engine/cuda_graphs_mixed.py; not in
+        # deterministic mode): CUDA with the Triton backend only.
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         if cuda_graph_max_batch > 0:
             if self.attn.name != "triton":
                 raise ValueError("CUDA graphs need the 'triton' attention backend, not "
                                  f"{self.attn.name!r}")
-            from engine import cuda_graphs
+            from engine import cuda_graphs, cuda_graphs_mixed
 
+            # One memory pool: a step replays one graph at a time.
+            pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+            if cuda_graph_max_tokens > 1 and not deterministic:
+                # Captured first: the largest activations.
+                self.mixed_graphs = cuda_graphs_mixed.MixedGraphs(
+                    self.model, self.kv_cache, self.attn, cuda_graph_max_batch,
+                    cuda_graph_max_tokens, max_model_len, pool)
             self.graphs = cuda_graphs.DecodeGraphs(
-                self.model, self.kv_cache, self.attn, cuda_graph_max_batch, max_model_len)
+                self.model, self.kv_cache, self.attn, cuda_graph_max_batch, max_model_len,
+                pool)
         self.sampler = Sampler(seed=seed, device=self.device)
         self._requests: dict[str, RequestState] = {}
         self.swapper: BlockSwapper | None = None
@@ -359,17 +372,19 @@ class ModelRunner:
     def _logits(self, plan: Plan, prepared: _Prepared) -> torch.Tensor | None:
         """The forward pass and the lm_head: float32 logits of the rows in
         `prepared.logits_indices` (None where no row is wanted).  A
-        decode-only step that fits a captured bucket replays its graph."""
-        graphs = self.graphs
-        if (
-            graphs is not None
-            and not plan.preemptible_at_layers
-            and len(prepared.spans) == len(prepared.sampled) == len(prepared.input_ids)
-            and not prepared.prompt_rows
-            and graphs.bucket_for(len(prepared.spans)) is not None
-        ):
-            self.preempt_flag.clear()  # as after any pass that may not be cut
-            return graphs.run(prepared.input_ids, prepared.spans)
+        decode-only step that fits a captured bucket replays its graph, and
+        so does a mixed step that fits a bucket of the mixed graphs."""
+        graphs, mixed = self.graphs, self.mixed_graphs
+        if graphs is not None and not plan.preemptible_at_layers and not prepared.prompt_rows:
+            n, num = len(prepared.input_ids), len(prepared.spans)
+            if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
+                self.preempt_flag.clear()  # as after any pass that may not be cut
+                return graphs.run(prepared.input_ids, prepared.spans)
+            if mixed is not None and mixed.fits(n, num, len(prepared.logits_indices)):
+                self.preempt_flag.clear()
+                logits = mixed.run(prepared.input_ids, prepared.positions, prepared.spans,
+                                   prepared.logits_indices)
+                return logits if prepared.logits_indices else None
         hidden = self._forward(plan, self._forward_batch(prepared))
         if not prepared.logits_indices:
             return None

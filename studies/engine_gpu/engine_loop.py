@@ -5,7 +5,7 @@ thread: inbox, scheduler core, iteration driver, delivery) around a
 `ModelRunner`.  Where Ray cannot be installed (the lent GPU machines), this
 builds the same stack as `deployments/engine.py` does in a replica, minus
 Ray: a `ModelRunner` on `--device` (Triton attention, CUDA graphs for
-decode-only steps), the cost model measured from it
+decode-only and mixed steps), the cost model measured from it
 (`engine.profiler.estimate_cost`), `SchedulerCore` under `--policy`, and
 `EngineLoop`, with a host KV tier in this process's memory for swapping
 (the replica's is Ray's object store); then submits `--requests` requests at once (prompt and answer
@@ -80,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-tokens", type=int, default=4096)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-mixed-graphs", action="store_true",
+                   help="replay decode-only steps only; mixed steps run op by op")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             path, args.dtype, args.device, num_blocks=num_blocks, block_size=BLOCK_SIZE,
             max_model_len=args.max_model_len,
             cuda_graph_max_batch=0 if args.no_graphs or dev.type != "cuda"
-            else args.max_batch_size)
+            else args.max_batch_size,
+            cuda_graph_max_tokens=0 if args.no_mixed_graphs else args.max_batch_tokens)
         start_s = time.perf_counter() - t0
     host_blocks = 0 if args.swap_mode == "recompute" else args.host_kv_tokens // BLOCK_SIZE
     if host_blocks:
@@ -213,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         "latency_s": _pcts([sink.done[r] - arrival[r] for r in sink.done]),
         "iterations": stats.iterations,
         "graph_replays": runner.graphs.num_runs if runner.graphs is not None else 0,
+        "mixed_graph_replays": (runner.mixed_graphs.num_runs
+                                if runner.mixed_graphs is not None else 0),
         "forward_s": stats.forward_time,
         "preemptions": core.num_preemptions,
         "swap_outs": core.swap.num_swap_out, "swap_ins": core.swap.num_swap_in,

@@ -23,6 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import torch
 import triton
 
@@ -149,6 +150,9 @@ def sweep_prefill(backend: at.TritonAttentionBackend, dev: torch.device) -> list
         q = torch.randn(n, heads, hd, dtype=torch.bfloat16, device=dev)
         md = backend.build_metadata([SeqSpan(0, n, table)])
         out = torch.empty_like(q)
+        one = np.zeros(1, np.int64)
+        tiles_for = {tm: torch.from_numpy(at.prefill_tiles(one, one + n, one, one, tm)
+                                          .astype(np.int32)).to(dev) for tm in (64, 128)}
         flops = 4 * heads * hd * n * n / 2
         idx = torch.tensor(table, device=dev)
         kd = key.index_select(0, idx).view(n, kvh, hd).transpose(0, 1)[None]
@@ -162,9 +166,10 @@ def sweep_prefill(backend: at.TritonAttentionBackend, dev: torch.device) -> list
             sdpa = None
         for tm, tn, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):
             def launch() -> None:
-                at._paged_prefill[(1, heads, -(-n // tm))](
-                    q, key, value, md.block_tables, md.prefill_q_start, md.prefill_q_len,
-                    md.prefill_start_pos, out, hd**-0.5, q.stride(0), q.stride(1),
+                tiles = tiles_for[tm]
+                at._paged_prefill[(tiles.shape[1], heads)](
+                    q, key, value, md.block_tables, tiles, tiles.stride(0),
+                    out, hd**-0.5, q.stride(0), q.stride(1),
                     md.block_tables.stride(0), HEAD_DIM=hd, BLOCK_D=backend.block_d,
                     NUM_KV_HEADS=kvh, GROUP=backend.group, BLOCK_SIZE=bs, TILE_M=tm,
                     TILE_N=tn, PRECISION=None, DOT_F32=False, num_warps=warps,

@@ -78,18 +78,20 @@ def test_attention_backend_is_checked_against_the_device() -> None:
 
 
 def test_cuda_graphs_follow_the_device_and_backend() -> None:
-    from deployments.engine import _graph_max_batch
+    from deployments.engine import _graph_limits
 
-    def captured(**kw: object) -> int:
+    def captured(**kw: object) -> tuple[int, int]:
         cfg = AppConfig(**kw)
-        return _graph_max_batch(cfg, cfg.scheduler_config())
+        return _graph_limits(cfg, cfg.scheduler_config())
 
-    assert captured(device="cuda", max_batch_size=48) == 48
+    assert captured(device="cuda", max_batch_size=48, max_batch_tokens=1024) == (48, 1024)
     assert captured(device="cuda", attention_backend="triton", max_batch_size=8,
-                    policy="conserve", conserve={"offline_max_batch_size": 64}) == 64
-    assert captured(device="cuda", cuda_graphs=False) == 0
-    assert captured(device="cuda", attention_backend="torch") == 0
-    assert captured() == 0  # cpu
+                    max_batch_tokens=256, policy="conserve",
+                    conserve={"offline_max_batch_size": 64,
+                              "offline_max_batch_tokens": 2048}) == (64, 2048)
+    assert captured(device="cuda", cuda_graphs=False) == (0, 0)
+    assert captured(device="cuda", attention_backend="torch") == (0, 0)
+    assert captured() == (0, 0)  # cpu
 
 
 def test_deterministic_mode_needs_a_batch_invariant_backend() -> None:

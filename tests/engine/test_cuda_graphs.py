@@ -1,11 +1,12 @@
-"""Decode steps from captured buckets (engine/cuda_graphs.py).
+"""Decode steps and mixed steps from captured buckets (engine/cuda_graphs.py,
+engine/cuda_graphs_mixed.py).
 
 On CUDA the buckets are captured graphs; without CUDA the same static
 buffers, padding and bucket choice run eagerly with the Triton kernels
 under Triton's interpreter.  Either way greedy tokens must equal Hugging
 Face's through one-shot prefill, chunked prefill and recompute after
-preemption, with steps of more decodes than the largest bucket falling
-back to the ordinary forward pass.
+preemption, with steps of more decodes (or tokens) than the largest bucket
+falling back to the ordinary forward pass.
 """
 
 from __future__ import annotations
@@ -36,17 +37,19 @@ _SCENARIOS = SCENARIOS if torch.cuda.is_available() else [s for s in SCENARIOS
 def test_graph_buckets_keep_greedy_parity(fixture: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(fixture)
     runner = ModelRunner(path, "float32", DEVICE, num_blocks=96, block_size=4, max_model_len=80,
-                         num_threads=1, attention_backend="triton", cuda_graph_max_batch=3)
-    graphs = runner.graphs
-    assert graphs is not None
+                         num_threads=1, attention_backend="triton", cuda_graph_max_batch=3,
+                         cuda_graph_max_tokens=24)
+    graphs, mixed = runner.graphs, runner.mixed_graphs
+    assert graphs is not None and mixed is not None
     assert [b.size for b in graphs._buckets] == [1, 2, 3]
+    assert [b.tokens for b in mixed._buckets] == [16, 24]
     # Without CUDA (the interpreter), fewer and shorter prompts.
     prompts = random_prompts([5, 23, 41, 60, 1] if torch.cuda.is_available() else [5, 41, 60, 1],
                              seed=1)
     hf = load_hf(path)
     expected = {j: hf_greedy(hf, p, NEW_TOKENS) for j, p in prompts.items()}
     _check(runner, prompts, expected, _SCENARIOS)
-    assert graphs.num_runs > 0
+    assert graphs.num_runs > 0 and mixed.num_runs > 0
 
 
 def test_graphs_reject_what_they_cannot_hold(tiny_llama_path: Path) -> None:

@@ -24,16 +24,21 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("graph_max_batch", [0, 8], ids=["eager", "graphs"])
+@pytest.mark.parametrize("graph_max_batch,graph_max_tokens", [(0, 0), (8, 0), (8, 64)],
+                         ids=["eager", "graphs", "mixed-graphs"])
 @pytest.mark.parametrize(
     "fixture", ["tiny_llama_path", "tiny_llama3_rope_path", "tiny_opt_path", "tiny_opt350_path"]
 )
 def test_triton_runner_parity_on_cuda(
-    fixture: str, graph_max_batch: int, request: pytest.FixtureRequest
+    fixture: str, graph_max_batch: int, graph_max_tokens: int, request: pytest.FixtureRequest
 ) -> None:
+    """Greedy parity with Hugging Face op by op, with decode steps from
+    graphs, and with mixed steps of up to 64 tokens from graphs too (the
+    one-shot scenario's 130-token step falls back to op by op)."""
     path: Path = request.getfixturevalue(fixture)
     runner = ModelRunner(path, "float32", "cuda", num_blocks=96, block_size=4,
-                         max_model_len=80, cuda_graph_max_batch=graph_max_batch)
+                         max_model_len=80, cuda_graph_max_batch=graph_max_batch,
+                         cuda_graph_max_tokens=graph_max_tokens)
     assert runner.attn.name == "triton"  # the CUDA default
     prompts = random_prompts([5, 23, 41, 60, 1], seed=1)
     hf = load_hf(path)
@@ -41,6 +46,9 @@ def test_triton_runner_parity_on_cuda(
     _check(runner, prompts, expected)
     if runner.graphs is not None:
         assert runner.graphs.num_runs > 0
+    assert (runner.mixed_graphs is not None) == (graph_max_tokens > 0)
+    if runner.mixed_graphs is not None:
+        assert runner.mixed_graphs.num_runs > 0
 
 
 @pytest.mark.parametrize("fixture,dtype", [
