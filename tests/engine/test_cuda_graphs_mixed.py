@@ -63,7 +63,12 @@ def _tables(n: int, first: int) -> list[int]:
     return list(range(first, first + n))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_opt_path"])
+# Under the interpreter the OPT shape only runs in the slow run.
+_SLOW_ON_CPU = () if torch.cuda.is_available() else (pytest.mark.slow,)
+
+
+@pytest.mark.parametrize("fixture", [
+    "tiny_llama_path", pytest.param("tiny_opt_path", marks=_SLOW_ON_CPU)])
 def test_a_mixed_step_from_a_bucket_equals_the_step_op_by_op(
     fixture: str, request: pytest.FixtureRequest
 ) -> None:

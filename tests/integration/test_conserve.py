@@ -68,8 +68,19 @@ def test_online_requests_overtake_an_offline_backlog(server, conserve_server, co
     assert swap["recompute_fallbacks"] == 0 and swap["host_used_blocks"] == 0
     # The online requests, sent last, finished while the backlog still ran.
     assert max(t for _, t in online) < max(t for _, t in offline)
-    for prompts, n, results in ((OFFLINE, OFFLINE_TOKENS, offline), (ONLINE, 8, online)):
-        for p, (got, _) in zip(prompts, results):
-            ref = httpx.post(f"{server}/v1/completions", timeout=300, json={
-                "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True}).json()
-            assert got["choices"][0]["text"] == ref["choices"][0]["text"], p
+    cases = [(p, OFFLINE_TOKENS, got) for p, (got, _) in zip(OFFLINE, offline)]
+    cases += [(p, 8, got) for p, (got, _) in zip(ONLINE, online)]
+    refs = asyncio.run(_references(server, [(p, n) for p, n, _ in cases]))
+    for (p, _, got), ref in zip(cases, refs):
+        assert got["choices"][0]["text"] == ref["choices"][0]["text"], p
+
+
+async def _references(base: str, asks: list[tuple[str, int]]) -> list[dict]:
+    """The FCFS application's answers, asked together (float32 greedy)."""
+    async with httpx.AsyncClient(timeout=300) as c:
+        rs = await asyncio.gather(*(c.post(f"{base}/v1/completions", json={
+            "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True})
+            for p, n in asks))
+    for r in rs:
+        assert r.status_code == 200, r.text
+    return [r.json() for r in rs]
