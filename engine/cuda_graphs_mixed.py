@@ -3,9 +3,9 @@
 Decode-only steps replay `engine.cuda_graphs.DecodeGraphs`.  A step that
 carries a prefill chunk (a new prompt, the next chunk of a long one, a
 recompute after preemption) used to run op by op: on an H200 with a
-Llama-3.2-1B shape such a step cost 6-11 ms of host time for 2-3 ms of
-device work (`studies/engine_gpu`), and a burst of arrivals makes most
-steps mixed.  `MixedGraphs` captures the forward pass and the lm_head once
+Llama-3.2-1B shape such a step of up to ~640 tokens cost 6-9 ms, host-bound,
+against 1.7-4.8 ms replayed from a graph (`studies/engine_gpu`), and a
+burst of arrivals makes most steps mixed.  `MixedGraphs` captures the forward pass and the lm_head once
 per bucket of step tokens (padded), and a step replays the smallest bucket
 that holds its tokens.
 
