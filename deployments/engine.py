@@ -273,6 +273,8 @@ class Engine:
             "iterations": ls.iterations,
             "forward_time": ls.forward_time,
             "loop_time": ls.loop_time,
+            "plan_time": ls.plan_time,
+            "complete_time": ls.complete_time,
             "tokens_out": ls.tokens_out,
             "interrupted_passes": ls.interrupted,
             "tokens_by_class": dict(ls.tokens_by_class),

@@ -68,6 +68,10 @@ class LoopStats:
     # Wall time of whole iterations, inbox to delivery: the difference to
     # forward_time is the control overhead (planning, bookkeeping, delivery).
     loop_time: float = 0.0
+    # Of that overhead, the scheduler's planning and its completion of each
+    # plan (`Iteration.plan_s`, `complete_s`), in iterations that computed.
+    plan_time: float = 0.0
+    complete_time: float = 0.0
     tokens_out: int = 0
     # Passes cut between layers for an online arrival, and their seconds.
     interrupted: int = 0
@@ -411,6 +415,8 @@ class EngineLoop:
         if plan.chunks:
             self.stats.iterations += 1
             self.stats.forward_time += result.iteration_time
+            self.stats.plan_time += it.plan_s
+            self.stats.complete_time += it.complete_s
             self.stats.recent_forward.append(result.iteration_time)
             self.stats.recent_iterations.append((
                 tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),

@@ -19,6 +19,7 @@ clock) instead of planning again at once.  No Ray, no torch here.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,6 +94,11 @@ class Iteration:
     num_waiting: int
     # The plan computed nothing while jobs remained: `wait_for_swaps` ran.
     waited: bool
+    # Seconds spent planning (`core.schedule`) and completing (`core.complete`
+    # and removing finished jobs from the executor): the scheduler's share
+    # of the host time of an iteration.
+    plan_s: float = 0.0
+    complete_s: float = 0.0
 
     def trace(self) -> StepTrace | None:
         """The plan's trace record, or None for a plan that did nothing
@@ -103,18 +109,24 @@ class Iteration:
 
 
 class IterationDriver:
-    def __init__(self, core: SchedulerCore, executor: Executor) -> None:
+    def __init__(self, core: SchedulerCore, executor: Executor,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         self.core = core
         self.executor = executor
+        # Measures `Iteration.plan_s` / `complete_s` (host time, whatever
+        # the core's clock is).
+        self.timer = timer
 
     def step(self) -> Iteration:
         """Plan one iteration, run it, complete it, and remove the jobs it
         finished from the executor.  Raises `IterationFailed` if the
         executor does; anything else the core or the wait raises passes
         through unchanged."""
-        core = self.core
+        core, timer = self.core, self.timer
         planned_at = core.clock()
+        t0 = timer()
         plan = core.schedule()
+        plan_s = timer() - t0
         num_waiting = core.policy.num_waiting()
         try:
             # A plan without chunks still carries block ops, and its result
@@ -125,8 +137,10 @@ class IterationDriver:
         waited = not plan.chunks and core.has_work
         if waited:
             result = self.executor.wait_for_swaps(plan, result)
+        t0 = timer()
         events = core.complete(plan, result)
         for ev in events:
             if ev.finished:
                 self.executor.remove_request(ev.job_id)
-        return Iteration(plan, result, events, planned_at, num_waiting, waited)
+        return Iteration(plan, result, events, planned_at, num_waiting, waited,
+                         plan_s, timer() - t0)

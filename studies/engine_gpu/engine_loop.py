@@ -219,6 +219,10 @@ def main(argv: list[str] | None = None) -> None:
         "mixed_graph_replays": (runner.mixed_graphs.num_runs
                                 if runner.mixed_graphs is not None else 0),
         "forward_s": stats.forward_time,
+        # The iteration thread's busy time (inbox to delivery); of what is
+        # not the pass, the scheduler's planning and completion.
+        "loop_s": stats.loop_time, "plan_s": stats.plan_time,
+        "complete_s": stats.complete_time,
         "preemptions": core.num_preemptions,
         "swap_outs": core.swap.num_swap_out, "swap_ins": core.swap.num_swap_in,
         "recompute_fallbacks": core.swap.num_recompute_fallbacks,

@@ -98,6 +98,11 @@ def test_streams_tokens_and_batches_delivery_per_iteration():
         assert [r.step for r in trace] == sorted(r.step for r in trace)
         assert all(sum(i in r.jobs for r in trace) == 6 for i in per_job)
         assert all(r.iteration_time == runner.step_s for r in trace if r.jobs)
+        # The scheduler's share of the host time is counted apart from the
+        # pass, within the loop's busy time.
+        st = loop.stats
+        assert st.plan_time > 0 and st.complete_time > 0
+        assert st.forward_time + st.plan_time + st.complete_time <= st.loop_time
     finally:
         loop.stop()
 

@@ -202,3 +202,40 @@ def test_on_wall_clock_sleeps_and_passes_through(monkeypatch):
     ex.remove_request("x")
     assert calls == [plan, "x"]
     assert ex.wait_for_swaps(plan, res) is res and slept == [0.002]
+
+
+def test_plan_and_completion_times_are_measured_apart(clock):
+    """`plan_s` covers `schedule` alone and `complete_s` covers `complete`
+    with the removal of finished jobs, on the driver's timer (not the
+    core's clock)."""
+    now = [0.0]
+    core = make_core(clock, max_batch_size=4)
+    for jid, n in (("a", 1), ("b", 3)):
+        core.add(make_job(4, n, job_id=jid))
+    ex = FakeExecutor(FakeEngine(clock), core)
+    schedule, complete, remove = core.schedule, core.complete, ex.remove_request
+
+    def slow_schedule():
+        now[0] += 0.003
+        return schedule()
+
+    def slow_complete(plan, result):
+        now[0] += 0.002
+        return complete(plan, result)
+
+    def slow_remove(job_id):
+        now[0] += 0.0005
+        remove(job_id)
+
+    core.schedule = slow_schedule  # type: ignore[method-assign]
+    core.complete = slow_complete  # type: ignore[method-assign]
+    ex.remove_request = slow_remove  # type: ignore[method-assign]
+    driver = IterationDriver(core, ex, timer=lambda: now[0])
+    its = []
+    while core.has_work:
+        its.append(driver.step())
+    assert its
+    for it in its:
+        finished = sum(ev.finished for ev in it.events)
+        assert it.plan_s == pytest.approx(0.003)
+        assert it.complete_s == pytest.approx(0.002 + 0.0005 * finished)
