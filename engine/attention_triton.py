@@ -177,8 +177,9 @@ class TritonAttentionBackend(AttentionBackend):
         width = tables.shape[1]
         start, ntok, ctx, first, slots = lay.start, lay.ntok, lay.ctx, lay.first, lay.slots
         prefill = slice(num_decodes, num)
-        tiles = prefill_tiles(first[prefill], ntok[prefill], start[prefill],
-                              np.arange(num_decodes, num))
+        # Deterministic mode attends every span with `_paged_rows` instead.
+        tiles = (np.zeros((4, 0), np.int64) if self.deterministic else prefill_tiles(
+            first[prefill], ntok[prefill], start[prefill], np.arange(num_decodes, num)))
         if self.deterministic:
             split_len, num_splits = DECODE_TILE, 1
         else:

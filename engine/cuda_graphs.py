@@ -65,6 +65,55 @@ def capture(buckets: Sequence[Captured], forward: Callable[[Any], torch.Tensor],
     torch.cuda.synchronize(device)
 
 
+class StagedGraphs:
+    """What the decode and the mixed-step graphs share: the model run over
+    static device inputs (one int64 and one int32 buffer) that each step
+    fills from pinned host copies, and buckets replayed from their graphs
+    (or, off CUDA, run over the same buffers)."""
+
+    def __init__(self, model: CausalLM, kv_cache: KVCache, long_size: int,
+                 meta_size: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = kv_cache.device
+        dev, pin = self.device, self.device.type == "cuda"
+        self._long = torch.zeros(long_size, dtype=torch.long, device=dev)
+        self._meta = torch.zeros(meta_size, dtype=torch.int32, device=dev)
+        self._host_long = torch.zeros(long_size, dtype=torch.long, pin_memory=pin)
+        self._host_meta = torch.zeros(meta_size, dtype=torch.int32, pin_memory=pin)
+        # Steps served from the buckets (replayed, or run over the buffers).
+        self.num_runs = 0
+
+    def _upload(self) -> None:
+        # The staging buffers are rewritten only by the next step, after this
+        # step's sampled tokens came back (a synchronisation) or, in capture,
+        # after the synchronisation that ends it.
+        self._long.copy_(self._host_long, non_blocking=True)
+        self._meta.copy_(self._host_meta, non_blocking=True)
+
+    @torch.inference_mode()
+    def _forward(self, bucket: Any) -> torch.Tensor:
+        return self.model.compute_logits(self.model(bucket.batch, self.kv_cache))
+
+    def _capture(self, buckets: Sequence[Captured], pool: Any) -> None:
+        """Fill the device buffers from the (padding) host ones, then
+        capture every bucket on CUDA."""
+        self._upload()
+        if self.device.type == "cuda":
+            capture(buckets, self._forward, self.device, pool)
+
+    def _run(self, bucket: Any, rows: int) -> torch.Tensor:
+        """Upload the staged step and replay `bucket`: its first `rows`
+        logits rows."""
+        self._upload()
+        self.num_runs += 1
+        if bucket.graph is not None:
+            bucket.graph.replay()
+            assert bucket.logits is not None
+            return bucket.logits[:rows]
+        return self._forward(bucket)[:rows]
+
+
 @dataclass(slots=True)
 class _Bucket:
     size: int
@@ -74,7 +123,7 @@ class _Bucket:
     logits: torch.Tensor | None = None
 
 
-class DecodeGraphs:
+class DecodeGraphs(StagedGraphs):
     def __init__(
         self,
         model: CausalLM,
@@ -86,23 +135,16 @@ class DecodeGraphs:
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.model = model
-        self.kv_cache = kv_cache
-        self.attn = attn
-        self.device = kv_cache.device
-        self.capture = self.device.type == "cuda"
-        sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
-        self.max_batch = max_batch
-        self.width = -(-max_model_len // kv_cache.block_size)
-        dev, big = self.device, max_batch
+        width = -(-max_model_len // kv_cache.block_size)
         # Static inputs: token ids and positions (int64), then one int32
         # buffer of slots | context lengths | block tables.
-        self._ids_pos = torch.zeros(2, big, dtype=torch.long, device=dev)
-        self._meta = torch.zeros(big * (2 + self.width), dtype=torch.int32, device=dev)
-        pin = self.capture
-        self._host_ids_pos = torch.zeros(2, big, dtype=torch.long, pin_memory=pin)
-        self._host_meta = torch.zeros(big * (2 + self.width), dtype=torch.int32,
-                                      pin_memory=pin)
+        super().__init__(model, kv_cache, 2 * max_batch, max_batch * (2 + width))
+        self.attn = attn
+        sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
+        self.max_batch = max_batch
+        self.width = width
+        dev, big = self.device, max_batch
+        ids_pos = self._long.view(2, big)
         slots, ctx, tables = self._meta.split([big, big, big * self.width])
         tables = tables.view(big, self.width)
         no_prefill = torch.zeros(4, 0, dtype=torch.int32, device=dev)
@@ -127,35 +169,20 @@ class DecodeGraphs:
                 max_q=1 if det else 0,
             )
             self._buckets.append(_Bucket(size, ForwardBatch(
-                input_ids=self._ids_pos[0, :size], positions=self._ids_pos[1, :size],
+                input_ids=ids_pos[0, :size], positions=ids_pos[1, :size],
                 attn_metadata=md, logits_indices=rows[:size])))
-        # Steps served from the buckets (replayed, or run over the buffers).
-        self.num_runs = 0
         self._pad(0, max_batch)
-        self._upload()
-        if self.capture:
-            capture(self._buckets, self._forward, self.device, pool)
+        self._capture(self._buckets, pool)
 
     def _pad(self, start: int, end: int) -> None:
         """Make rows `start:end` of the host staging buffers padding (their
         block-table rows may keep any block ids: a 1-token context reads one
         slot of the first)."""
         big = self.max_batch
-        self._host_ids_pos[:, start:end] = 0
+        self._host_long.view(2, big)[:, start:end] = 0
         meta = self._host_meta.numpy()
         meta[start:end] = -1  # slots
         meta[big + start : big + end] = 1  # contexts
-
-    def _upload(self) -> None:
-        # The staging buffers are rewritten only by the next step, after this
-        # step's sampled tokens came back (a synchronisation) or, in capture,
-        # after the synchronisation that ends it.
-        self._ids_pos.copy_(self._host_ids_pos, non_blocking=True)
-        self._meta.copy_(self._host_meta, non_blocking=True)
-
-    @torch.inference_mode()
-    def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        return self.model.compute_logits(self.model(bucket.batch, self.kv_cache))
 
     def _bucket(self, num_decodes: int) -> _Bucket | None:
         return next((b for b in self._buckets if b.size >= num_decodes), None)
@@ -178,7 +205,7 @@ class DecodeGraphs:
         if need.max() > width:
             raise ValueError(f"a decode at position {int(pos.max())} exceeds the captured "
                              f"block tables ({width} blocks)")
-        ids_pos = self._host_ids_pos.numpy()
+        ids_pos = self._host_long.numpy().reshape(2, big)
         ids_pos[0, :n] = input_ids
         ids_pos[1, :n] = pos
         meta = self._host_meta.numpy()
@@ -190,10 +217,4 @@ class DecodeGraphs:
         meta[big : big + n] = pos + 1
         # An earlier, larger step may have left real rows in this bucket's tail.
         self._pad(n, bucket.size)
-        self._upload()
-        self.num_runs += 1
-        if bucket.graph is not None:
-            bucket.graph.replay()
-            assert bucket.logits is not None
-            return bucket.logits[:n]
-        return self._forward(bucket)[:n]
+        return self._run(bucket, n)

@@ -48,7 +48,7 @@ from engine.attention_triton import (
     prefill_tiles,
     span_layout,
 )
-from engine.cuda_graphs import capture
+from engine.cuda_graphs import StagedGraphs
 from engine.kv_cache import KVCache
 from engine.models import CausalLM, ForwardBatch
 
@@ -71,7 +71,7 @@ class _Bucket:
     logits: torch.Tensor | None = None
 
 
-class MixedGraphs:
+class MixedGraphs(StagedGraphs):
     def __init__(
         self,
         model: CausalLM,
@@ -87,21 +87,14 @@ class MixedGraphs:
                              f"{max_spans} and {max_tokens}")
         if attn.deterministic:
             raise ValueError("deterministic mode replays decode-only steps only")
-        self.model = model
-        self.kv_cache = kv_cache
-        self.device = kv_cache.device
+        spans, tokens = max_spans, max_tokens
         self.max_spans, self.max_tokens = max_spans, max_tokens
         self.width = -(-max_model_len // kv_cache.block_size)
         self.max_tiles = -(-max_tokens // PREFILL_TILE_M) + max_spans
-        dev, spans, tokens = self.device, max_spans, max_tokens
         # Static inputs: token ids | positions | logits rows (int64), then
         # one int32 buffer of slots | decode contexts | block tables | tiles.
-        self._long = torch.zeros(2 * tokens + spans, dtype=torch.long, device=dev)
-        self._meta = torch.zeros(tokens + spans * (1 + self.width) + 4 * self.max_tiles,
-                                 dtype=torch.int32, device=dev)
-        pin = self.device.type == "cuda"
-        self._host_long = torch.zeros(self._long.shape, dtype=torch.long, pin_memory=pin)
-        self._host_meta = torch.zeros(self._meta.shape, dtype=torch.int32, pin_memory=pin)
+        super().__init__(model, kv_cache, 2 * tokens + spans,
+                         tokens + spans * (1 + self.width) + 4 * self.max_tiles)
         ids, pos, rows = self._long.split([tokens, tokens, spans])
         slots, ctx, tables, tiles = self._meta.split(
             [tokens, spans, spans * self.width, 4 * self.max_tiles])
@@ -120,12 +113,8 @@ class MixedGraphs:
             self._buckets.append(_Bucket(size, n_tiles, ForwardBatch(
                 input_ids=ids[:size], positions=pos[:size], attn_metadata=md,
                 logits_indices=rows)))
-        # Steps served from the buckets (replayed, or run over the buffers).
-        self.num_runs = 0
         self._pad_all()
-        self._upload()
-        if self.device.type == "cuda":
-            capture(self._buckets, self._forward, self.device, pool)
+        self._capture(self._buckets, pool)
 
     # Host staging ---------------------------------------------------------
 
@@ -148,16 +137,6 @@ class MixedGraphs:
         slots[:] = -1
         ctx[:] = 0
         tiles[:] = 0
-
-    def _upload(self) -> None:
-        # Rewritten only by the next step, after this one's sampled tokens
-        # came back (a synchronisation), as in the decode graphs.
-        self._long.copy_(self._host_long, non_blocking=True)
-        self._meta.copy_(self._host_meta, non_blocking=True)
-
-    @torch.inference_mode()
-    def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        return self.model.compute_logits(self.model(bucket.batch, self.kv_cache))
 
     # Steps ------------------------------------------------------------------
 
@@ -210,10 +189,4 @@ class MixedGraphs:
         assert used <= bucket.tiles
         tiles[:, :used] = new
         tiles[1, used : bucket.tiles] = 0
-        self._upload()
-        self.num_runs += 1
-        if bucket.graph is not None:
-            bucket.graph.replay()
-            assert bucket.logits is not None
-            return bucket.logits[:k]
-        return self._forward(bucket)[:k]
+        return self._run(bucket, k)
