@@ -67,9 +67,12 @@ class KVCache:
         return self.data.movedim(2, 0).index_select(0, idx)
 
     def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
-        """Inverse of `read_blocks`."""
+        """Inverse of `read_blocks`.  From pinned host memory the copy is
+        queued on the current stream without waiting (the caching host
+        allocator keeps `blocks` until it is done)."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        src = blocks.to(device=self.device, dtype=self.dtype).movedim(0, 2)
+        src = blocks.to(device=self.device, dtype=self.dtype,
+                        non_blocking=blocks.is_pinned()).movedim(0, 2)
         self.data.index_copy_(2, idx, src)
 
     @property

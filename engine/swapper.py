@@ -2,10 +2,13 @@
 
 The scheduler decides, this copies (the contract in `scheduler/plan.py`):
 
-- SWAP_OUT: the job's device blocks are copied out *now*, before the plan's
+- SWAP_OUT: the job's device blocks are copied out before the plan's
   forward pass may overwrite them (they are already free in the scheduler's
   books and may be handed to a chunk of the same plan); the copy then
-  travels to the tier off the critical path.
+  travels to the tier off the critical path.  On a GPU the copy runs on the
+  side stream into pinned host memory and the compute stream waits for it
+  on the device: the host neither stalls nor copies through pageable
+  memory.  On a CPU it is a copy before the pass.
 - CHECKPOINT (ConServe §4.4): the blocks stay in use and no chunk of this
   plan writes them, so on a GPU the copy runs on a side CUDA stream into
   pinned host memory while the pass computes; the tier's thread waits for
@@ -18,7 +21,9 @@ The scheduler decides, this copies (the contract in `scheduler/plan.py`):
   `StepResult.swaps_in_done` (or `swaps_in_failed` if the host copy is
   gone), usually a later iteration than the one that asked.  A swap-in is
   a move: the host copy is dropped once fetched, as the scheduler's
-  `SwapManager.swap_in_done` already counts its host blocks free.  A
+  `SwapManager.swap_in_done` already counts its host blocks free.  On a
+  GPU the tier stacks a fetch into pinned memory and the write into the
+  device blocks is queued on the compute stream without waiting.  A
   prefetch restores a checkpoint, which stays on the host until the job
   ends (DROP).
 
@@ -54,7 +59,11 @@ class HostKVTier(Protocol):
         still in flight on a side stream); called before storing it."""
         ...
 
-    def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]: ...
+    def fetch(self, job_id: str, indices: list[int],
+              pinned: bool = False) -> Future[torch.Tensor | None]:
+        """`pinned`: the blocks land in page-locked host memory (for an
+        asynchronous copy to a GPU)."""
+        ...
 
     def drop(self, job_id: str) -> None: ...
 
@@ -70,13 +79,15 @@ class _Fetch:
 
 
 class BlockSwapper:
-    def __init__(self, kv_cache: KVCache, tier: HostKVTier) -> None:
+    def __init__(self, kv_cache: KVCache, tier: HostKVTier, side_stream: bool = True) -> None:
+        """`side_stream=False` copies on a GPU as on a CPU (synchronous,
+        through pageable memory): for comparisons."""
         self.kv_cache = kv_cache
         self.tier = tier
         self._fetches: dict[str, _Fetch] = {}
         device = torch.device(kv_cache.device)
         self._side: torch.cuda.Stream | None = (
-            torch.cuda.Stream(device) if device.type == "cuda" else None)
+            torch.cuda.Stream(device) if device.type == "cuda" and side_stream else None)
         # Checkpoint copies issued on the side stream since the last plan.
         self._copies: list[torch.cuda.Event] = []
         # Blocks per second the tier stores (`StepResult.copy_rate`).
@@ -115,8 +126,14 @@ class BlockSwapper:
     def _apply_group(self, kind: BlockOpKind, job_id: str, ops: Sequence[BlockOp]) -> None:
         indices = [op.block_index for op in ops]
         device_blocks = [op.device_block for op in ops]
-        if kind is BlockOpKind.CHECKPOINT and self._side is not None:
-            self._checkpoint_on_side_stream(job_id, indices, device_blocks)
+        if kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT) and self._side is not None:
+            done = self._copy_on_side_stream(job_id, indices, device_blocks)
+            if kind is BlockOpKind.SWAP_OUT:
+                # This plan's chunks may be handed these blocks.
+                torch.cuda.current_stream(self.kv_cache.device).wait_event(done)
+            else:
+                # Blocks that stay in use: the next plan's work waits.
+                self._copies.append(done)
         elif kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
             # A host copy: the tier serialises it on its own thread.
             self._timed(self.tier.offload(job_id, indices,
@@ -130,8 +147,9 @@ class BlockSwapper:
         elif kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
             if job_id in self._fetches:
                 raise RuntimeError(f"job {job_id}: a swap-in is already in flight")
-            self._fetches[job_id] = _Fetch(self.tier.fetch(job_id, indices), device_blocks,
-                                           kind is BlockOpKind.PREFETCH)
+            self._fetches[job_id] = _Fetch(
+                self.tier.fetch(job_id, indices, pinned=self._side is not None), device_blocks,
+                kind is BlockOpKind.PREFETCH)
         else:  # pragma: no cover - exhaustive over BlockOpKind
             raise ValueError(f"unknown block op {kind}")
 
@@ -139,11 +157,12 @@ class BlockSwapper:
         self.copy_rate.started()
         future.add_done_callback(lambda _: self.copy_rate.finished(num_blocks))
 
-    def _checkpoint_on_side_stream(self, job_id: str, indices: list[int],
-                                   device_blocks: list[int]) -> None:
+    def _copy_on_side_stream(self, job_id: str, indices: list[int],
+                             device_blocks: list[int]) -> torch.cuda.Event:
         """Gather and copy the blocks to pinned host memory on the side
         stream, after what the compute stream has queued (the passes that
-        wrote them)."""
+        wrote them), and hand the copy to the tier, which waits for it
+        before storing; returns the copy's event."""
         assert self._side is not None
         compute = torch.cuda.current_stream(self.kv_cache.device)
         self._side.wait_stream(compute)
@@ -153,9 +172,9 @@ class BlockSwapper:
             host.copy_(gathered, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._side)
-        self._copies.append(done)
         self._timed(self.tier.offload(job_id, indices, host, ready=done.synchronize),
                     len(indices))
+        return done
 
     def poll(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
         """Install the fetches that have landed; returns (done, failed) jobs.

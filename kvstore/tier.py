@@ -61,8 +61,9 @@ class ThreadedHostTier(HostKVTier, ABC):
         data = blocks if ready is not None else blocks.contiguous()
         return self._pool.submit(self._offload_sync, job_id, indices, data, ready)
 
-    def fetch(self, job_id: str, indices: list[int]) -> Future[torch.Tensor | None]:
-        fut = self._pool.submit(self._fetch_sync, job_id, indices)
+    def fetch(self, job_id: str, indices: list[int],
+              pinned: bool = False) -> Future[torch.Tensor | None]:
+        fut = self._pool.submit(self._fetch_sync, job_id, indices, pinned)
 
         def landed(f: Future[torch.Tensor | None]) -> None:
             # Cancelled by close(): nobody polls any more.
@@ -113,7 +114,8 @@ class ThreadedHostTier(HostKVTier, ABC):
             self.stats.offload_failures += 1
         return ok
 
-    def _fetch_sync(self, job_id: str, indices: list[int]) -> torch.Tensor | None:
+    def _fetch_sync(self, job_id: str, indices: list[int],
+                    pinned: bool = False) -> torch.Tensor | None:
         import time
 
         t0 = time.perf_counter()
@@ -126,7 +128,13 @@ class ThreadedHostTier(HostKVTier, ABC):
         if got is None:
             self.stats.fetch_failures += 1
             return None
-        out = torch.stack(got)
+        if pinned:
+            # Stacked straight into page-locked memory: the swap-in's copy
+            # to the GPU then needs no staging and no wait on the host.
+            out = torch.empty((len(got), *got[0].shape), dtype=got[0].dtype, pin_memory=True)
+            torch.stack(got, out=out)
+        else:
+            out = torch.stack(got)
         self.stats.fetches += 1
         self.stats.bytes_fetched += out.numel() * out.element_size()
         return out

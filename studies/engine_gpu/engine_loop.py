@@ -43,6 +43,7 @@ from deployments.engine_loop import Delivery, EngineLoop
 from engine.profiler import estimate_cost
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.swapper import BlockSwapper
 from kvstore.tier import LocalHostTier
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
@@ -82,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--no-mixed-graphs", action="store_true",
                    help="replay decode-only steps only; mixed steps run op by op")
+    p.add_argument("--pageable-swaps", action="store_true",
+                   help="swap copies on the compute stream through pageable memory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -167,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     host_blocks = 0 if args.swap_mode == "recompute" else args.host_kv_tokens // BLOCK_SIZE
     if host_blocks:
         runner.set_kv_tier(LocalHostTier(host_blocks * runner.kv_cache.bytes_per_block))
+        if args.pageable_swaps:
+            runner.swapper = BlockSwapper(runner.kv_cache, runner.swapper.tier,
+                                          side_stream=False)
     cost = estimate_cost(runner, BLOCK_SIZE)
     core = SchedulerCore(
         SchedulerConfig(policy=args.policy, block_size=BLOCK_SIZE, num_blocks=num_blocks,
@@ -205,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                    + " ".join(sys.argv[1:] if argv is None else argv),
         "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "dtype": args.dtype, "policy": args.policy, "swap_mode": args.swap_mode,
+        "pageable_swaps": args.pageable_swaps,
         "kv_tokens": args.kv_tokens, "host_kv_tokens": host_blocks * BLOCK_SIZE,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads",
                                                 "kv_heads")},

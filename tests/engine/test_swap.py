@@ -189,6 +189,27 @@ def test_checkpoints_on_a_side_stream_hold_the_blocks_as_they_were() -> None:
     assert torch.equal(cache.read_blocks([0, 1]).cpu(), before)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_swaps_on_a_gpu_go_through_pinned_memory_without_waiting() -> None:
+    """On a GPU a swap-out is copied on the side stream and this plan's
+    work waits for it on the device: blocks overwritten right after `apply`
+    (a chunk of the same plan handed them) leave the copy as the blocks
+    were.  The swap-in lands in pinned memory and is written back."""
+    cache = KVCache(2, 8, 4, 2, 3, torch.float32, "cuda")
+    cache.data.copy_(torch.randn_like(cache.data))
+    before = cache.read_blocks([2, 5]).cpu()
+    tier = LocalHostTier(capacity_bytes=10**6)
+    sw = BlockSwapper(cache, tier)
+    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 2), BlockOp(BlockOpKind.SWAP_OUT, "j", 1, 5)])
+    cache.data.zero_()  # queued on the compute stream, after the copy
+    tier.flush()
+    assert tier.fetch("j", [0, 1], pinned=True).result().is_pinned()
+    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 6), BlockOp(BlockOpKind.SWAP_IN, "j", 1, 1)])
+    assert _land(sw) == ["j"]
+    assert torch.equal(cache.read_blocks([6, 1]).cpu(), before)
+    assert not sw._copies  # nothing left for the next plan to wait for
+
+
 def test_every_pass_waits_for_the_last_plans_checkpoint_copies(tiny_llama_path: Path) -> None:
     """A plan without block ops may reuse blocks whose checkpoint copy the
     last plan started: the runner orders every pass after those copies,
