@@ -98,19 +98,16 @@ class Policy(ABC):
 
         Blocks must already be allocated (`BlockManager.grow`).
         """
-        assert job.is_resident, f"{job.job_id} scheduled while its KV is not resident"
+        # Once per scheduled job per iteration: properties inlined.
+        if job.num_host_blocks or job.swap_pending is not None:
+            raise AssertionError(f"{job.job_id} scheduled while its KV is not resident")
         start = job.num_computed_tokens
         end = start + num_tokens
-        sample = end == job.num_tokens
+        outputs = job.output_token_ids
         if job.state is not JobState.RUNNING:
             job.transition(JobState.RUNNING)
         if job.first_scheduled_time is None:
             job.first_scheduled_time = self.clock()
         return ScheduledChunk(
-            job_id=job.job_id,
-            token_ids=job.token_slice(start, end),
-            start_pos=start,
-            block_table=list(job.block_table),
-            sample=sample,
-            output_index=job.num_output_tokens,
-        )
+            job.job_id, job.token_slice(start, end), start, job.block_table.copy(),
+            end == len(job.prompt_token_ids) + len(outputs), len(outputs))

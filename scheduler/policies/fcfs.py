@@ -83,10 +83,11 @@ class FCFSPolicy(Policy):
         i = 0
         while i < len(self.running) and budget > 0:
             job = self.running[i]
-            if not job.is_resident:  # a swap-in still in flight
-                i += 1
+            if job.num_host_blocks or job.swap_pending is not None:
+                i += 1  # a swap-in still in flight
                 continue
-            n = min(job.num_uncomputed_tokens, budget)
+            n = min(len(job.prompt_token_ids) + len(job.output_token_ids)
+                    - job.num_computed_tokens, budget)
             # Evict until the blocks fit: a victim holding blocks that a
             # sibling holds too gives back only its own (`BlockManager`).
             # The victim is never one already served this iteration: it

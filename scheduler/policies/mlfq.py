@@ -382,11 +382,13 @@ class MLFQPolicy(Policy, MLFQResidency):
         # and the walk need not pass over the rest of a long queue).
         keep_kv = not self.config.mlfq.cold_start_recompute
         bs = self.blocks.block_size
+        visited = pool.visited
         for job in walk:
             if slots <= 0 or budget <= 0:
                 break
             cold = False
-            if not job.block_table:
+            table = job.block_table
+            if not table:
                 if not job.num_host_blocks and job.swap_pending is None:
                     # No KV anywhere (most of a long queue): the cheap test
                     # of whether it can get its blocks comes first.
@@ -399,8 +401,8 @@ class MLFQPolicy(Policy, MLFQResidency):
                         cold = True
                     elif want >= fail:
                         continue
-            else:  # only holders can be victims
-                pool.visit(job)
+            else:  # only holders can be victims (`VictimPool.visit`)
+                visited.add(job.job_id)
             if job.swap_pending is not None:
                 slots -= 1
                 continue
@@ -416,11 +418,12 @@ class MLFQPolicy(Policy, MLFQResidency):
                     elif self.skip_hopeless:
                         fail = min(fail, job.num_host_blocks)
                 continue
-            n = min(job.num_uncomputed_tokens, budget)
-            need = self.blocks.blocks_needed(job, n)
+            computed = job.num_computed_tokens
+            n = min(len(job.prompt_token_ids) + len(job.output_token_ids) - computed, budget)
+            need = -(-(computed + n) // bs) - len(table)
             if need >= fail:
                 continue
-            if not self._make_room(job, n, plan, pool, cold):
+            if need > 0 and not self._make_room(job, n, plan, pool, cold):
                 if cold:
                     self._narrow(walk, job, with_host=True)
                 elif self.skip_hopeless:
