@@ -17,8 +17,8 @@ times `schedule()` alone:
         --plot studies/plan_time/plan_time.png
 
 Writes the median / P90 / P99 of the timed calls per (policy, queue size),
-and the mean batch the plans carried (a plan that schedules nothing is
-fast for the wrong reason).
+the median of `complete()` on the same plans, and the mean batch the plans
+carried (a plan that schedules nothing is fast for the wrong reason).
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ class PlanTime(BaseModel):
     mean_waiting: float
     num_preemptions: int
     num_finished: int
+    # Median µs of `SchedulerCore.complete()` on each timed plan (the
+    # scheduler's other share of an iteration's host time).
+    complete_median_us: float = 0.0
     # Tokens sampled per second of the virtual clock over the timed plans:
     # what the plans achieve (a policy that thrashes plans fast and serves
     # nothing shows here).
@@ -121,6 +124,7 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
     for _ in range(cfg.queued):
         arrive()
     times: list[float] = []
+    completes: list[float] = []
     batches: list[int] = []
     waiting: list[int] = []
     sampled = 0
@@ -144,7 +148,10 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         it = _iteration_time(plan)
         clock.t += it
         before = len(core.jobs)
+        t0 = tick()
         core.complete(plan, StepResult(plan.step, outputs, it, swaps_in_done=swapped_in))
+        if step >= cfg.warmup:
+            completes.append((tick() - t0) / 1000)
         for _ in range(before - len(core.jobs)):
             arrive()
     times.sort()
@@ -153,7 +160,8 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         config=cfg, median_us=statistics.median(times), p90_us=q[89], p99_us=q[98],
         mean_us=statistics.fmean(times), mean_batch=statistics.fmean(batches),
         mean_waiting=statistics.fmean(waiting), num_preemptions=core.num_preemptions,
-        num_finished=core.num_finished, tokens_per_s=sampled / max(clock.t - t_start, 1e-9))
+        num_finished=core.num_finished, complete_median_us=statistics.median(completes),
+        tokens_per_s=sampled / max(clock.t - t_start, 1e-9))
 
 
 def _ints(text: str) -> list[int]:
@@ -212,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "
                   f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}  "
-                  f"tokens/s {r.tokens_per_s:7.0f}", flush=True)
+                  f"tokens/s {r.tokens_per_s:7.0f}  complete median {r.complete_median_us:6.1f} µs",
+                  flush=True)
     meta = {**machine_meta(), "processor": platform.processor(),
             "wall_s": round(time.time() - t0, 1), "cost_model": _COST.__dict__}
     write_report({"meta": meta, "results": [p.model_dump(mode="json") for p in points]}, a.out)

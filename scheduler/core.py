@@ -162,23 +162,30 @@ class SchedulerCore:
             return []
         outputs = {o.job_id: o for o in result.outputs}
         events: list[JobEvent] = []
+        jobs, spent = self.jobs, result.iteration_time
+        # Only leaders of held siblings (OpenAI `n` > 1) need the call.
+        sharing = self.sharing if self.sharing.has_groups else None
+        max_model_len = self.config.max_model_len
+        # Once per chunk per iteration: the job's properties inlined.
         for chunk in plan.chunks:
-            job = self.jobs.get(chunk.job_id)
+            job = jobs.get(chunk.job_id)
             if job is None:  # aborted while the iteration ran
                 continue
-            job.num_computed_tokens += chunk.num_tokens
-            job.attained_service += result.iteration_time
-            self._release_siblings(self.sharing.on_computed(job))
+            job.num_computed_tokens += len(chunk.token_ids)
+            job.attained_service += spent
+            if sharing is not None:
+                self._release_siblings(sharing.on_computed(job))
             out = outputs.get(chunk.job_id)
             if not chunk.sample or out is None or out.token_id is None:
                 continue
-            job.output_token_ids.append(out.token_id)
+            produced = job.output_token_ids
+            produced.append(out.token_id)
             if job.first_token_time is None:
                 job.first_token_time = now
             reason = out.finish_reason
             if reason is None and (
-                job.num_output_tokens >= job.max_tokens
-                or job.num_tokens >= self.config.max_model_len
+                len(produced) >= job.max_tokens
+                or len(job.prompt_token_ids) + len(produced) >= max_model_len
             ):
                 reason = "length"
             if reason is not None:

@@ -88,6 +88,12 @@ class PromptSharing:
         self._leader_of[sibling.job_id] = leader.job_id
         return True
 
+    @property
+    def has_groups(self) -> bool:
+        """Whether any sibling waits on a leader (else `on_computed` has
+        nothing to do for any job)."""
+        return bool(self._groups)
+
     def on_computed(self, leader: Job) -> list[Job]:
         """`leader` computed more tokens; the siblings that adopted its
         blocks now, for the policy."""

@@ -207,10 +207,14 @@ class MLFQPolicy(Policy, MLFQResidency):
         self._reranked(job_id)
 
     def _reranked(self, job_id: str) -> None:
-        if job_id in self._resident or job_id in self._host:
+        # A job with a checkpoint is in both sets.
+        resident, host = job_id in self._resident, job_id in self._host
+        if resident or host:
             rank, t = self._rank[job_id], self.last_run[job_id]
-            self._resident.update(job_id, rank, t)
-            self._host.update(job_id, rank, t)
+            if resident:
+                self._resident.update(job_id, rank, t)
+            if host:
+                self._host.update(job_id, rank, t)
 
     def jobs(self) -> Iterator[Job]:
         """Every job in priority-walk order: (priority, level, FIFO)."""
@@ -232,22 +236,34 @@ class MLFQPolicy(Policy, MLFQResidency):
         if self.variant == "fixed":
             return
         now = self.clock()
+        level, used, quanta, last_run = self.level, self.used, self.quanta, self.last_run
+        bottom = len(quanta) - 1
+        ran: list[str] = []
+        demote: list[tuple[str, int]] = []
         for c in plan.chunks:
             jid = c.job_id
-            lvl = self.level.get(jid)
+            lvl = level.get(jid)
             if lvl is None:  # finished this step
                 continue
-            self._ran(jid, now)
-            self.used[jid] += iteration_time
-            if self.used[jid] >= self.quanta[lvl] and lvl < len(self.quanta) - 1:
-                # Demote by the next iteration's time (Algorithm 1, line 17):
-                # at least one level, further if that iteration alone would
-                # overrun the next quantum.
-                job = self._job(jid)
-                nxt = self._next_iteration_time(job, len(plan.chunks))
-                new = max(lvl + 1, self._join_level(nxt))
-                self._move(job, min(new, len(self.quanta) - 1))
-                self.num_demotions += 1
+            # `_ran` for the whole batch: the last-run order here, the
+            # ENST sets' in one pass each below.
+            last_run.pop(jid, None)
+            last_run[jid] = now
+            ran.append(jid)
+            u = used[jid] = used[jid] + iteration_time
+            if u >= quanta[lvl] and lvl < bottom:
+                demote.append((jid, lvl))
+        self._resident.ran(ran, now)
+        self._host.ran(ran, now)
+        for jid, lvl in demote:
+            # Demote by the next iteration's time (Algorithm 1, line 17): at
+            # least one level, further if that iteration alone would overrun
+            # the next quantum.
+            job = self._job(jid)
+            nxt = self._next_iteration_time(job, len(plan.chunks))
+            new = max(lvl + 1, self._join_level(nxt))
+            self._move(job, min(new, bottom))
+            self.num_demotions += 1
 
     def _next_iteration_time(self, job: Job, batch_size: int) -> float:
         if self.cost is None:

@@ -98,6 +98,33 @@ class RankedSet:
                 bisect.insort(by_run, ru)
         self._entries[job_id] = (re, ru)
 
+    def ran(self, job_ids: list[str], now: float) -> None:
+        """The members among `job_ids` ran at `now`, no earlier than any
+        member last ran: their last-run entries move to the end of that
+        order, as `update` would move them one by one (ranks unchanged).
+        One pass over the order instead of a call, search and memmove per
+        job: an iteration's whole batch runs at once."""
+        entries = self._entries
+        moved: dict[str, _RunEntry] = {}
+        for jid in job_ids:
+            e = entries.get(jid)
+            if e is not None:
+                re, ru = e
+                new: _RunEntry = (now, ru[1], ru[2], jid)
+                moved[jid] = new
+                entries[jid] = (re, new)
+        if not moved:
+            return
+        kept = [ru for ru in self._by_run if ru[3] not in moved]
+        fresh = sorted(moved.values())
+        if kept and fresh[0] < kept[-1]:
+            # A member joined at `now` ranks after some of these.
+            for ru in fresh:
+                bisect.insort(kept, ru)
+        else:
+            kept += fresh
+        self._by_run = kept
+
     def members(self) -> list[Job]:
         return list(self._jobs.values())
 

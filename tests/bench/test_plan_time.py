@@ -15,6 +15,7 @@ def test_measure_keeps_the_queue_full_and_plans_real_batches():
     assert r.mean_batch >= 1
     assert r.num_finished > 0  # finished jobs were replaced, not drained
     assert 0 < r.median_us <= r.p90_us <= r.p99_us
+    assert r.complete_median_us > 0
 
 
 def test_main_writes_json_and_plot(tmp_path):

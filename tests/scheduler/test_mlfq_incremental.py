@@ -44,6 +44,9 @@ class _SortedEachPlan:
     def discard(self, job_id: str) -> None:
         pass
 
+    def ran(self, *args: object) -> None:
+        pass
+
     def ranked_after(self, rank: tuple[int, int, int]) -> list[Job]:
         ranks = self._policy._rank
         return sorted((j for j in self._snapshot if ranks[j.job_id] > rank),
@@ -138,16 +141,22 @@ def test_incremental_plans_equal_plans_from_scratch(mode, starvation_s, classes)
         assert ours_done == ref_done
 
 
-def test_ranked_set_keeps_both_orders_sorted_through_updates():
+def _ranked_set(rng: random.Random):
+    """A `RankedSet` of 40 of 60 jobs with random levels and last runs."""
     from scheduler.policies.ranked import RankedSet
 
-    rng = random.Random(7)
     rs = RankedSet()
     jobs = {f"j{i}": make_job(4, 4, job_id=f"j{i}") for i in range(60)}
     rank = {jid: (0, rng.randint(0, 5), i) for i, jid in enumerate(jobs)}
     last_run = {jid: rng.random() for jid in jobs}
     members = dict(list(jobs.items())[:40])
     rs.sync(members, rank, last_run)
+    return rs, jobs, rank, last_run, members
+
+
+def test_ranked_set_keeps_both_orders_sorted_through_updates():
+    rng = random.Random(7)
+    rs, jobs, rank, last_run, members = _ranked_set(rng)
     t = 1.0
     for step in range(500):
         jid = rng.choice(list(jobs))
@@ -162,6 +171,36 @@ def test_ranked_set_keeps_both_orders_sorted_through_updates():
             rs.sync(members, rank, last_run)
         assert rs._by_rank == sorted((rank[k], k) for k in members)
         assert rs._by_run == sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members)
+
+
+def test_ranked_set_batch_runs_keep_the_last_run_order_sorted():
+    """`RankedSet.ran`: a batch (members and others) ran at one time, as
+    one `update` per job would leave it, also where a member that joined
+    at that same time ranks after some of the batch."""
+    rng = random.Random(11)
+    rs, jobs, rank, last_run, members = _ranked_set(rng)
+    t = 1.0
+    ties = 0
+    for _ in range(300):
+        t += rng.random()
+        if rng.random() < 0.3:
+            # A job joins having run at t (an arrival), then a batch runs at t.
+            joiner = rng.choice([k for k in jobs if k not in members])
+            last_run[joiner] = t
+            members[joiner] = jobs[joiner]
+            rs.sync(members, rank, last_run)
+        batch = rng.sample(list(jobs), rng.randint(1, 20))
+        for jid in batch:
+            last_run[jid] = t
+        before = sorted(rs._by_run)
+        rs.ran(batch, t)
+        ties += any(e[0] == t and e[3] not in batch for e in before)
+        assert rs._by_rank == sorted((rank[k], k) for k in members)
+        assert rs._by_run == sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members)
+        if rng.random() < 0.1:
+            members = {k: jobs[k] for k in rng.sample(list(jobs), 40)}
+            rs.sync(members, rank, last_run)
+    assert ties  # the insertion branch ran
 
 
 @pytest.mark.parametrize("seed", range(5))
