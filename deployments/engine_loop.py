@@ -4,7 +4,10 @@ Forward passes block for milliseconds to seconds, so they run off the
 replica's asyncio loop; requests and aborts reach the loop through a
 thread-safe inbox and are applied between iterations, and the tokens of an
 iteration leave in one batch (ARCHITECTURE.md: once per iteration per
-replica).  Each iteration is one step of `scheduler.iteration.IterationDriver`,
+replica).  With a runner that offers it (`on_launch`), an iteration's batch
+leaves, its text decoded, while the next iteration's pass runs: on a GPU
+between queuing that pass and reading its tokens, where the host would
+only wait; on a CPU just before the pass.  Each iteration is one step of `scheduler.iteration.IterationDriver`,
 the step the simulator runs too, with the runner on the wall clock
 (`OnWallClock`: waiting on a swap-in sleeps a millisecond).  No Ray here:
 the loop is tested with a fake runner.
@@ -129,6 +132,13 @@ class EngineLoop:
         self.driver = IterationDriver(core, OnWallClock(runner))
         self.make_params = make_params
         self.deliver = deliver
+        # The latest iteration's deliveries, sent during the next pass
+        # (`_flush`, the runner's `on_launch`) or before the loop idles.
+        self._pending: list[Delivery] = []
+        self._deliver_error: BaseException | None = None
+        if hasattr(runner, "on_launch"):
+            runner.on_launch = self._flush  # type: ignore[attr-defined]
+            runner.defer_text = True  # type: ignore[attr-defined]
         self.stats = LoopStats()
         # Output lengths of finished jobs: the expected answer of a job whose
         # length is unknown (admission control).
@@ -326,17 +336,52 @@ class EngineLoop:
     def _serve(self) -> None:
         while self._closed is None:
             if not self._busy() and self._inbox.empty():
+                self._flush()
+                self._raise_deliver_error()
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
             self._wake.clear()
             t0 = time.perf_counter()
-            deliveries = self._drain_inbox()
+            rejected = self._drain_inbox()
+            if rejected:
+                self._send(rejected)
             if self._busy():
-                deliveries += self._iterate()
-            if deliveries:
-                self.deliver(deliveries)
+                done = self._iterate()
+                self._flush()  # if the runner did not (no pass, a failure)
+                self._pending = done
+            self._raise_deliver_error()
             self.stats.loop_time += time.perf_counter() - t0
+
+    def _flush(self) -> None:
+        """Send the pending deliveries.  Runs inside the runner's `execute`
+        too: a failure to deliver is kept for `_serve` to raise, so that it
+        ends the loop as before instead of failing the iteration."""
+        items, self._pending = self._pending, []
+        if not items:
+            return
+        try:
+            self._send(items)
+        except Exception as e:
+            self._deliver_error = e
+
+    def _raise_deliver_error(self) -> None:
+        if self._deliver_error is not None:
+            e, self._deliver_error = self._deliver_error, None
+            raise e
+
+    def _send(self, items: list[Delivery]) -> None:
+        """Decode the text the runner left for later, then deliver."""
+        for d in items:
+            ev = d.event
+            later = ev.text_later
+            if later is not None:
+                ev.text_later = None
+                try:
+                    ev.text = later()
+                except Exception:  # a tokenizer error costs this delta, not the stream
+                    log.exception("decoding the text of %s failed", ev.job_id)
+        self.deliver(items)
 
     def _refusals(self, req: GenerateRequest, reason: str) -> list[Delivery]:
         return [Delivery(JobEvent(j, None, "", True, "error"), None, reason, stopped=True)
@@ -359,6 +404,8 @@ class EngineLoop:
             return
         self._closed_out.set()
         reason = self._closed or "the engine replica stopped"
+        # Tokens computed before the end go out before the errors.
+        self._flush()
         out: list[Delivery] = []
         while True:
             try:

@@ -10,7 +10,9 @@ so far: a recomputed prompt does not compute or deliver them again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
@@ -84,11 +86,7 @@ class RequestState:
 
     def append(self, token_id: int, max_model_len: int) -> tuple[str, str | None]:
         """Record a sampled token; returns (text delta, finish reason or None)."""
-        if self.finish_reason is not None:
-            raise RuntimeError(f"request {self.job_id} already finished ({self.finish_reason})")
-        self.output_token_ids.append(token_id)
-        n = len(self.output_token_ids)
-        past_min = n >= self.params.min_tokens
+        past_min = self._record(token_id)
         if past_min and token_id in self.stop_token_ids:
             # The stop token's own text is not part of the response.
             self.finish_reason = "stop"
@@ -96,9 +94,46 @@ class RequestState:
         text = self.detokenizer.add_token(token_id, check_stop=past_min)
         if self.detokenizer.stopped:
             self.finish_reason = "stop"
-        elif (
-            self.params.max_tokens is not None and n >= self.params.max_tokens
-        ) or self.num_tokens >= max_model_len:
+        elif self._at_length(max_model_len):
             self.finish_reason = "length"
             text += self.detokenizer.flush()
         return text, self.finish_reason
+
+    @property
+    def text_can_wait(self) -> bool:
+        """No stop string can end the request, so whether it finishes never
+        depends on its text: `append_later` may leave the decoding to
+        another thread."""
+        return not self.detokenizer.stop
+
+    def append_later(self, token_id: int,
+                     max_model_len: int) -> tuple[Callable[[], str], str | None]:
+        """`append` for a request whose text can wait: the finish reason
+        now, from the token alone, and a call that decodes the text delta.
+        The calls must run in the order the tokens were appended, on one
+        thread at a time (the detokenizer's state is not shared safely)."""
+        if not self.text_can_wait:
+            raise RuntimeError(f"request {self.job_id} has stop strings: its text cannot wait")
+        past_min = self._record(token_id)
+        if past_min and token_id in self.stop_token_ids:
+            self.finish_reason = "stop"
+            return self.detokenizer.flush, self.finish_reason
+        if self._at_length(max_model_len):
+            self.finish_reason = "length"
+        return partial(self._decode, token_id, self.finish_reason is not None), self.finish_reason
+
+    def _record(self, token_id: int) -> bool:
+        """Append the token; returns whether min_tokens is reached."""
+        if self.finish_reason is not None:
+            raise RuntimeError(f"request {self.job_id} already finished ({self.finish_reason})")
+        self.output_token_ids.append(token_id)
+        return len(self.output_token_ids) >= self.params.min_tokens
+
+    def _at_length(self, max_model_len: int) -> bool:
+        max_tokens = self.params.max_tokens
+        return ((max_tokens is not None and len(self.output_token_ids) >= max_tokens)
+                or self.num_tokens >= max_model_len)
+
+    def _decode(self, token_id: int, last: bool) -> str:
+        text = self.detokenizer.add_token(token_id, check_stop=False)
+        return text + self.detokenizer.flush() if last else text

@@ -14,6 +14,7 @@ sampled token).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,6 +149,16 @@ class ModelRunner:
         self.preempt_flag = PreemptFlag()
         # The preemptible pass under way, and when it started.
         self.running_pass: tuple[Plan, float] | None = None
+        # Leave the text of requests without stop strings to be decoded by
+        # whoever delivers it (`JobOutput.text_later`), and call `on_launch`
+        # once per `execute` where the host would otherwise wait: on a GPU
+        # after the pass and its sampling are queued, before the sampled ids
+        # are read; on a CPU, whose pass runs on the calling thread, before
+        # it.  The replica's loop decodes and delivers the previous
+        # iteration's tokens there, so that on a GPU they cost no device time.
+        self.defer_text = False
+        self.on_launch: Callable[[], None] | None = None
+        self._launch_due = False
 
     # KV tier --------------------------------------------------------------
 
@@ -258,8 +269,9 @@ class ModelRunner:
         """Run one iteration: all chunks in one forward pass, then sampling.
 
         Returns one `JobOutput` per chunk, in plan order: the sampled token,
-        its text delta and the finish reason ("stop" / "length") for
-        sampling chunks; `token_id=None` for a prefill chunk that does not
+        its text delta (or, with `defer_text`, for a request without stop
+        strings, the call that decodes it) and the finish reason ("stop" /
+        "length") for sampling chunks; `token_id=None` for a prefill chunk that does not
         reach the end of its prompt.  `iteration_time` covers batch
         preparation, the forward pass and sampling.
 
@@ -267,7 +279,42 @@ class ModelRunner:
         forward pass can overwrite them).  Swap-ins that have landed by the
         end of the iteration are reported in `swaps_in_done`; a plan with no
         chunks waits up to `swap_wait_s` for one.
+
+        `on_launch`, if set, runs once, whatever happens (see `__init__`);
+        its time is not part of `iteration_time`.
         """
+        self._launch_due = self.on_launch is not None
+        try:
+            return self._execute(plan)
+        finally:
+            self._launched()
+
+    def _launched(self) -> float:
+        """Run `on_launch` if this `execute` has not yet; returns its seconds."""
+        if not self._launch_due or self.on_launch is None:
+            return 0.0
+        self._launch_due = False
+        t = time.perf_counter()
+        self.on_launch()
+        return time.perf_counter() - t
+
+    def _host_tokens(self, tokens: torch.Tensor) -> tuple[list[int], float]:
+        """The sampled ids on the host, and the seconds `on_launch` took: on
+        a GPU the copy is queued behind the pass and the host runs
+        `on_launch` before it waits for it."""
+        if tokens.device.type != "cuda":
+            return tokens.tolist(), 0.0
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        spent = self._launched()
+        ready.synchronize()
+        return host.tolist(), spent
+
+    def _execute(self, plan: Plan) -> StepResult:
+        if self.device.type != "cuda":
+            self._launched()  # the pass would hold this thread
         for job_id in plan.preempted:
             # The request's state (outputs, detokenizer, seed position)
             # stays for when its KV is recomputed or swapped back in.
@@ -285,6 +332,7 @@ class ModelRunner:
                     f"block ops {kinds} need a host KV tier: call set_kv_tier() first"
                 )
         if not plan.chunks:
+            self._launched()  # before waiting for a swap-in
             done, failed = self._poll_swaps(self.swap_wait_s)
             return StepResult(plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed)
 
@@ -300,23 +348,31 @@ class ModelRunner:
                                   swaps_in_failed=failed, interrupted=True)
             tokens: list[int] = []
             logprobs: dict[int, TokenLogprob] = {}
+            aside = 0.0
             if logits is not None:
                 sample_logits = logits[: len(sampled)]
-                tokens = self.sampler.sample(
+                tokens, aside = self._host_tokens(self.sampler.sample_tensor(
                     sample_logits,
                     [
                         SampleRequest(s.params, c.output_index, s.banned_token_ids(),
                                       s.prompt_token_ids, s.output_token_ids)
                         for c, s in sampled
                     ],
-                )
+                ))
                 logprobs = self._sampled_logprobs(sample_logits, sampled, tokens)
                 self._record_prompt_logprobs(logits[len(sampled):], prepared.prompt_rows)
-        iteration_time = time.perf_counter() - start
+        iteration_time = time.perf_counter() - start - aside
 
         results: dict[str, JobOutput] = {}
+        later = self.defer_text
         for i, ((chunk, state), token) in enumerate(zip(sampled, tokens)):
             prompt_lps = state.take_prompt_logprobs() if chunk.output_index == 0 else None
+            if later and state.text_can_wait:
+                decode, reason = state.append_later(token, self.max_model_len)
+                results[chunk.job_id] = JobOutput(
+                    chunk.job_id, token, reason, logprobs=logprobs.get(i),
+                    prompt_logprobs=prompt_lps, text_later=decode)
+                continue
             text, reason = state.append(token, self.max_model_len)
             results[chunk.job_id] = JobOutput(
                 chunk.job_id, token, reason, text, logprobs.get(i), prompt_lps

@@ -305,10 +305,20 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """One token per row of float32 `logits` `[rows, vocab]` (left unchanged)."""
+        return self.sample_tensor(logits, requests).tolist()
+
+    def sample_tensor(self, logits: torch.Tensor,
+                      requests: Sequence[SampleRequest]) -> torch.Tensor:
+        """`sample`, as a tensor on the logits' device.  Rows that are all
+        plain greedy take one argmax with no index built on the host, so
+        that on a GPU nothing here waits for the pass that computes
+        `logits` (an index list copied to the device would)."""
         if logits.shape[0] != len(requests):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(requests)} requests")
         if not requests:
-            return []
+            return torch.empty(0, dtype=torch.long, device=logits.device)
+        if all(r.params.greedy and not r.adjusts_logits for r in requests):
+            return logits.argmax(dim=-1)
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         if greedy:
@@ -316,7 +326,7 @@ class Sampler:
         rand = [i for i, r in enumerate(requests) if not r.params.greedy]
         if rand:
             tokens[rand] = self._sample_random(logits, rand, requests)
-        return tokens.tolist()
+        return tokens
 
     def _sample_random(
         self, logits: torch.Tensor, rows: list[int], requests: Sequence[SampleRequest]

@@ -8,6 +8,7 @@ tokens, finishing and freeing.  Deterministic given its clock.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.blocks import BlockManager
@@ -35,6 +36,9 @@ class JobEvent:
     finish_reason: str | None
     logprobs: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # The engine left the text to be decoded later (`JobOutput.text_later`);
+    # whoever delivers the event calls it, in order, and fills `text`.
+    text_later: Callable[[], str] | None = None
 
 
 @dataclass(slots=True)
@@ -191,7 +195,8 @@ class SchedulerCore:
             if reason is not None:
                 self._finish(job, reason, now)
             events.append(JobEvent(job.job_id, out.token_id, out.text, reason is not None,
-                                   reason, out.logprobs, out.prompt_logprobs))
+                                   reason, out.logprobs, out.prompt_logprobs,
+                                   out.text_later))
         self.policy.on_step_done(plan, result.iteration_time)
         return events
 

@@ -15,6 +15,7 @@ TP/PP workers.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -118,6 +119,10 @@ class JobOutput:
     # On a request's first sampled token, when it asked for prompt logprobs:
     # one entry per prompt token (None for the first, which has no context).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # Set instead of `text` where the finish did not depend on the text
+    # (no stop strings): called once, in token order for the job, it
+    # returns the delta, so that decoding runs off the iteration's thread.
+    text_later: Callable[[], str] | None = None
 
 
 @dataclass(slots=True)

@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="replay decode-only steps only; mixed steps run op by op")
     p.add_argument("--pageable-swaps", action="store_true",
                    help="swap copies on the compute stream through pageable memory")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="decode and deliver each iteration's tokens right after it, not "
+                        "while the next pass runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -187,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
         lambda req, i: SamplingParams(temperature=0.0, max_tokens=req.max_tokens,
                                       ignore_eos=True),
         sink, cost=cost)
+    if args.no_overlap:
+        runner.on_launch = None
+        runner.defer_text = False
     loop.start()
     rng = random.Random(args.seed)
     vocab = runner.config.vocab_size
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
                    + " ".join(sys.argv[1:] if argv is None else argv),
         "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "dtype": args.dtype, "policy": args.policy, "swap_mode": args.swap_mode,
-        "pageable_swaps": args.pageable_swaps,
+        "pageable_swaps": args.pageable_swaps, "overlap": not args.no_overlap,
         "kv_tokens": args.kv_tokens, "host_kv_tokens": host_blocks * BLOCK_SIZE,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads",
                                                 "kv_heads")},

@@ -107,6 +107,88 @@ def test_streams_tokens_and_batches_delivery_per_iteration():
         loop.stop()
 
 
+class LaunchingRunner(FakeRunner):
+    """Calls `on_launch` mid-`execute`, as `ModelRunner` does once a pass
+    is queued, and leaves each token's text for later (`defer_text`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_launch = None
+        self.defer_text = False
+        # Per execute: deliveries the sink held before and after on_launch.
+        self.seen: list[tuple[int, int]] = []
+        self.sink: "Collector | None" = None
+
+    def execute(self, plan: Plan) -> StepResult:
+        assert self.sink is not None
+        before = len(self.sink.items)
+        if self.on_launch is not None:
+            self.on_launch()
+        self.seen.append((before, len(self.sink.items)))
+        step = super().execute(plan)
+        for o in step.outputs:
+            if o.token_id is not None and self.defer_text:
+                text, o.text = o.text, ""
+                o.text_later = lambda text=text: text
+        return step
+
+
+def _launching(deliver=None) -> tuple[LaunchingRunner, Collector, EngineLoop]:
+    runner = LaunchingRunner()
+    cfg = SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=8, max_batch_tokens=64,
+                          max_model_len=64)
+    sink = Collector()
+    runner.sink = sink
+    loop = EngineLoop(runner, SchedulerCore(cfg, time.monotonic), lambda r, i: "ok",
+                      deliver or sink)
+    return runner, sink, loop
+
+
+def test_an_iterations_tokens_leave_during_the_next_pass_and_before_idling():
+    runner, sink, loop = _launching()
+    assert runner.on_launch is not None and runner.defer_text
+    loop.start()
+    try:
+        loop.submit(req("a", max_tokens=5))
+        sink.wait_finished({"a"})
+        got = [d.event for d in sink.items]
+        assert [e.token_id for e in got] == [7, 8, 9, 10, 11]
+        assert "".join(e.text for e in got) == "<0><1><2><3><4>"
+        assert all(e.text_later is None for e in got)
+        # The first pass had nothing to send; each later one sent the
+        # previous iteration's token while it ran; the last token left
+        # when the loop went idle, not during a pass.
+        assert runner.seen[0] == (0, 0)
+        assert [after - before for before, after in runner.seen[1:]] == [1, 1, 1, 1]
+    finally:
+        loop.stop()
+
+
+def test_a_failed_delivery_still_ends_the_loop_not_the_next_iteration():
+    calls = 0
+
+    def deliver(items):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ConnectionError("the replica's event loop is gone")
+        sink(items)
+
+    runner, sink, loop = _launching(deliver)
+    loop.start()
+    try:
+        loop.submit(req("a", max_tokens=8))
+        deadline = time.monotonic() + 5
+        while loop.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not loop.alive  # as when delivery failed before
+        assert loop.closed == "internal error in the engine"
+        assert not any(d.error == "internal error in the engine" and d.internal
+                       for d in sink.items)  # no iteration was failed for it
+    finally:
+        loop.stop()
+
+
 def test_abort_frees_blocks_and_runner_state():
     runner = FakeRunner(step_s=0.01)
     loop, sink, core = make_loop(runner)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +134,8 @@ class DriveResult:
     # Preemptions of jobs part-way through their prompt (some of it computed).
     num_mid_prompt_preemptions: int = 0
     num_steps: int = 0
+    # Text deltas the runner left for later (`JobOutput.text_later`).
+    num_deferred_texts: int = 0
     core: SchedulerCore | None = None
 
 
@@ -146,9 +149,14 @@ def drive(
     max_batch_tokens: int = 512,
     max_batch_size: int = 32,
     max_model_len: int = 256,
+    defer_text: bool = False,
     **sched_extra: object,
 ) -> DriveResult:
-    """Run `prompts` to completion through the real scheduler core (FCFS)."""
+    """Run `prompts` to completion through the real scheduler core (FCFS).
+
+    `defer_text`: the runner leaves the text of requests without stop
+    strings for later, and this decodes it only once every job has
+    finished and left the runner (in token order per job)."""
     assert block_size == runner.block_size
     assert num_blocks <= runner.kv_cache.num_blocks
     clock = itertools.count()
@@ -173,6 +181,24 @@ def drive(
         result.tokens[job_id] = []
         result.text[job_id] = ""
         result.logprobs[job_id] = []
+    later: dict[str, list[Callable[[], str]]] = {j: [] for j in prompts}
+    runner.defer_text = defer_text
+    try:
+        _drive(runner, core, result, later)
+    finally:
+        runner.defer_text = False
+    for job_id, calls in later.items():
+        for decode in calls:
+            result.text[job_id] += decode()
+    core.blocks.check()
+    assert core.blocks.num_free == num_blocks
+    result.num_preemptions = core.num_preemptions
+    result.core = core
+    return result
+
+
+def _drive(runner: ModelRunner, core: SchedulerCore, result: DriveResult,
+           later: dict[str, list[Callable[[], str]]]) -> None:
     while core.has_work:
         computed = {j: job.num_computed_tokens for j, job in core.jobs.items()}
         plan = core.schedule()
@@ -192,7 +218,14 @@ def drive(
         for ev in core.complete(plan, step):
             assert ev.token_id is not None
             result.tokens[ev.job_id].append(ev.token_id)
-            result.text[ev.job_id] += ev.text
+            if ev.text_later is not None:
+                assert ev.text == ""
+                later[ev.job_id].append(ev.text_later)
+                result.num_deferred_texts += 1
+            elif later[ev.job_id]:
+                later[ev.job_id].append(lambda text=ev.text: text)
+            else:
+                result.text[ev.job_id] += ev.text
             result.logprobs[ev.job_id].append(ev.logprobs)
             if ev.prompt_logprobs is not None:
                 assert len(result.tokens[ev.job_id]) == 1, "prompt logprobs after the first token"
@@ -203,8 +236,3 @@ def drive(
                 runner.remove_request(ev.job_id)
         result.num_steps += 1
         assert result.num_steps < 10_000
-    core.blocks.check()
-    assert core.blocks.num_free == num_blocks
-    result.num_preemptions = core.num_preemptions
-    result.core = core
-    return result

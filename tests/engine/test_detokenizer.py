@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.request import RequestState
+from engine.sampling_params import SamplingParams
 from engine.tokenizer import load_tokenizer
 
 TEXT = "Héllo wörld! 你好世界 🤖🎉 naïve café — done.\nNext line: ok"
@@ -96,3 +98,58 @@ def test_prompt_with_broken_tail_does_not_leak(tok: Any) -> None:
     ids = tok.encode(" world", add_special_tokens=False)
     detok = IncrementalDetokenizer(tok, prompt)
     assert "".join(detok.add_token(t) for t in ids) + detok.flush() == " world"
+
+
+def _states(tok: Any, prompt: list[int], params: SamplingParams,
+            stop_ids: frozenset[int]) -> tuple[RequestState, RequestState]:
+    return tuple(  # type: ignore[return-value]
+        RequestState("j", params, prompt, IncrementalDetokenizer(tok, prompt, params.stop),
+                     stop_ids)
+        for _ in range(2))
+
+
+@pytest.mark.parametrize("end", ["length mid-character", "stop token mid-character", "length"])
+def test_text_decoded_later_matches_text_decoded_at_once(tok: Any, end: str) -> None:
+    """`RequestState.append_later` gives the finish reason at once and, once
+    its calls run (in order, after the request ended), the same deltas as
+    `append`, including the bytes of a character the last token left
+    unfinished."""
+    prompt = tok.encode("Say:", add_special_tokens=False)
+    ids = tok.encode("ok 你好 🤖🎉 done", add_special_tokens=False)
+    robot = tok.encode("ok 你好 🤖", add_special_tokens=False)
+    cut = len(robot) - 1  # inside the robot's bytes
+    assert tok.decode(ids[:cut]).endswith("\ufffd")
+    stop_ids: frozenset[int] = frozenset()
+    if end == "length mid-character":
+        params, feed = SamplingParams(max_tokens=cut), ids
+    elif end == "stop token mid-character":
+        stop_ids = frozenset([tok.eos_token_id])
+        params, feed = SamplingParams(max_tokens=50), ids[:cut] + [tok.eos_token_id]
+    else:
+        params, feed = SamplingParams(max_tokens=len(ids)), ids
+    now, later = _states(tok, prompt, params, stop_ids)
+    assert later.text_can_wait
+    at_once: list[str] = []
+    calls = []
+    reasons: list[tuple[str | None, str | None]] = []
+    for t in feed:
+        text, reason = now.append(t, 1000)
+        decode, reason_later = later.append_later(t, 1000)
+        at_once.append(text)
+        calls.append(decode)
+        reasons.append((reason, reason_later))
+        if reason is not None:
+            break
+    assert [r for r, _ in reasons] == [r for _, r in reasons]
+    assert reasons[-1][0] == ("stop" if "stop" in end else "length")
+    assert [c() for c in calls] == at_once
+    if "mid-character" in end:
+        assert at_once[-1]  # the unfinished character's bytes came out at the end
+
+
+def test_text_with_stop_strings_cannot_wait(tok: Any) -> None:
+    params = SamplingParams(max_tokens=4, stop=["x"])
+    state, _ = _states(tok, [], params, frozenset())
+    assert not state.text_can_wait
+    with pytest.raises(RuntimeError, match="stop strings"):
+        state.append_later(5, 100)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,68 @@ def test_stop_string_truncates(smollm2_runner: ModelRunner) -> None:
     toks, text, reason = _run(r, prompt, _greedy(12, ignore_eos=True, stop=[stop, "zzzz"]))
     assert reason == "stop" and text == full[: full.index(stop)]
     assert len(toks) < 12
+
+
+@pytest.mark.parametrize("stop", [[], ["zzzz"]])
+def test_text_decoded_later_is_the_text_decoded_at_once(smollm2_runner: ModelRunner,
+                                                        stop: list[str]) -> None:
+    """With `defer_text` a request without stop strings gets its text from
+    calls made after the fact (here: after every job left the runner),
+    with the same text and finish as when decoded at once; one with stop
+    strings is decoded at once either way.  Greedy, float32, same batches."""
+    r = smollm2_runner
+    enc = r.tokenizer.encode
+    prompts = {
+        "fr": enc("La capitale de la France est", add_special_tokens=False),
+        "zh": enc("中国的首都是", add_special_tokens=False),
+        "emoji": enc("Three emoji: 🤖", add_special_tokens=False),
+    }
+    free = _run(r, prompts["fr"], _greedy(10, ignore_eos=True))[0]
+    params = {
+        "fr": _greedy(10, ignore_eos=True, stop=stop),  # ends on length
+        "zh": _greedy(14, ignore_eos=True, stop=stop),
+        # Ends on a stop token (its own text is not returned).
+        "emoji": _greedy(10, stop_token_ids=[free[4]], stop=stop),
+    }
+    sched = {"num_blocks": 96, "block_size": 4, "max_model_len": 80}
+    prompts["emoji"] = prompts["fr"]
+    at_once = drive(r, prompts, params, **sched)
+    later = drive(r, prompts, params, defer_text=True, **sched)
+    assert later.tokens == at_once.tokens
+    assert later.finish == at_once.finish == {"fr": "length", "zh": "length",
+                                              "emoji": "stop"}
+    assert later.text == at_once.text
+    assert all(at_once.text.values())
+    assert at_once.num_deferred_texts == 0
+    num_tokens = sum(len(t) for t in later.tokens.values())
+    assert later.num_deferred_texts == (0 if stop else num_tokens)
+
+
+def test_on_launch_runs_once_per_execute_before_the_pass_on_a_cpu(tiny: ModelRunner) -> None:
+    """`on_launch` runs once per `execute` (with a pass or without one), on
+    a CPU before the pass, and its time is not the iteration's."""
+    calls: list[int] = []
+    written: list[bool] = []
+
+    def hook() -> None:
+        calls.append(1)
+        written.append(bool(tiny.kv_cache.data.abs().sum() > 0))
+        time.sleep(0.3)
+
+    tiny.kv_cache.data.zero_()
+    tiny.add_request("h", _greedy(2, ignore_eos=True), PROMPT)
+    tiny.on_launch = hook
+    try:
+        first = tiny.execute(Plan(step=1, chunks=[ScheduledChunk(
+            "h", PROMPT, 0, list(range(3)), True, 0)]))
+        assert calls == [1] and written == [False]  # the pass came after
+        assert first.outputs[0].token_id is not None
+        assert first.iteration_time < 0.3
+        tiny.execute(Plan(step=2))  # no chunks: still once
+        assert calls == [1, 1]
+    finally:
+        tiny.on_launch = None
+        tiny.remove_request("h")
 
 
 def test_seeded_sampling_survives_preemption_and_batching(tiny: ModelRunner) -> None:
