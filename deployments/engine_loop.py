@@ -7,8 +7,9 @@ iteration leave in one batch (ARCHITECTURE.md: once per iteration per
 replica).  With a runner that offers it (`on_launch`), an iteration's batch
 leaves, its text decoded, while the next iteration's pass runs: on a GPU
 between queuing that pass and reading its tokens, where the host would
-only wait; on a CPU just before the pass.  Each iteration is one step of `scheduler.iteration.IterationDriver`,
-the step the simulator runs too, with the runner on the wall clock
+only wait; on a CPU just before the pass.  Each iteration is one step of
+`scheduler.iteration.IterationDriver`, the step the simulator runs too,
+with the runner on the wall clock
 (`OnWallClock`: waiting on a swap-in sleeps a millisecond).  No Ray here:
 the loop is tested with a fake runner.
 

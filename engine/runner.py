@@ -271,8 +271,8 @@ class ModelRunner:
         Returns one `JobOutput` per chunk, in plan order: the sampled token,
         its text delta (or, with `defer_text`, for a request without stop
         strings, the call that decodes it) and the finish reason ("stop" /
-        "length") for sampling chunks; `token_id=None` for a prefill chunk that does not
-        reach the end of its prompt.  `iteration_time` covers batch
+        "length") for sampling chunks; `token_id=None` for a prefill chunk
+        that does not reach the end of its prompt.  `iteration_time` covers batch
         preparation, the forward pass and sampling.
 
         Block ops run first, in order (swap-outs copy their blocks before the
@@ -307,7 +307,7 @@ class ModelRunner:
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         ready = torch.cuda.Event()
-        ready.record()
+        ready.record(torch.cuda.current_stream(tokens.device))
         spent = self._launched()
         ready.synchronize()
         return host.tolist(), spent
