@@ -26,18 +26,18 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from api.protocol import GenerateRequest, JobMetrics
+from deployments.held_deliveries import HeldDeliveries
+from deployments.loop_stats import LoopStats
 from scheduler.admission import MeanOutput
 from scheduler.cost import LinearCost
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.iteration import IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, StepResult
-from scheduler.trace import StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -65,49 +65,6 @@ class EngineStopped(RuntimeError):
     fault: retry elsewhere)."""
 
 
-@dataclass(slots=True)
-class LoopStats:
-    iterations: int = 0
-    forward_time: float = 0.0
-    # Wall time of whole iterations, inbox to delivery: the difference to
-    # forward_time is the control overhead (planning, bookkeeping, delivery).
-    loop_time: float = 0.0
-    # Of that overhead, the scheduler's planning and its completion of each
-    # plan (`Iteration.plan_s`, `complete_s`), in iterations that computed.
-    plan_time: float = 0.0
-    complete_time: float = 0.0
-    tokens_out: int = 0
-    # Passes cut between layers for an online arrival, and their seconds.
-    interrupted: int = 0
-    interrupted_time: float = 0.0
-    # Per job class ("online" / "offline"): tokens generated, preemptions
-    # (ConServe: offline work's tokens/s and how often it gave way).
-    tokens_by_class: dict[str, int] = field(default_factory=dict)
-    preemptions_by_class: dict[str, int] = field(default_factory=dict)
-    # (class, TTFT, TPOT or None) of finished jobs, until the replica's
-    # reporter hands them to the dashboard's histograms.
-    finished_latencies: deque[tuple[str, float, float | None]] = field(
-        default_factory=lambda: deque(maxlen=100_000))
-    # Forward times of the latest iterations, for steady-state figures.
-    recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-    # The latest iterations as run here: ((start_pos, num_tokens) of each
-    # chunk, forward seconds, seconds from planning to completion), for a
-    # cost table measured in place (`python -m bench profile-live`).
-    recent_iterations: deque[tuple[tuple[tuple[int, int], ...], float, float]] = field(
-        default_factory=lambda: deque(maxlen=20_000))
-    # Every plan that did something, for comparing a live run with its
-    # simulation step by step (`python -m bench trace-summary`).
-    recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
-    # Tokens/s of whole iterations when the batch was (nearly) full: the
-    # replica's speed under load, which bounds its queued work
-    # (scheduler/admission.py).  None until such an iteration ran.
-    full_batch_tokens_per_s: float | None = None
-    # Measured over modelled time of iterations with prompt tokens (EWMA):
-    # how much slower than the start-up cost model the replica runs now,
-    # which scales its TTFT estimate (scheduler/admission.py).
-    prefill_slowdown: float = 1.0
-
-
 Deliver = Callable[[list[Delivery]], None]
 # Sampling parameters of choice `index` of a request.
 MakeParams = Callable[[GenerateRequest, int], object]
@@ -133,12 +90,11 @@ class EngineLoop:
         self.driver = IterationDriver(core, OnWallClock(runner))
         self.make_params = make_params
         self.deliver = deliver
-        # The latest iteration's deliveries, sent during the next pass
-        # (`_flush`, the runner's `on_launch`) or before the loop idles.
-        self._pending: list[Delivery] = []
-        self._deliver_error: BaseException | None = None
+        # The latest iteration's deliveries, sent during the next pass (the
+        # runner's `on_launch`) or before the loop idles.
+        self.held = HeldDeliveries(deliver)
         if hasattr(runner, "on_launch"):
-            runner.on_launch = self._flush  # type: ignore[attr-defined]
+            runner.on_launch = self.held.flush  # type: ignore[attr-defined]
             runner.defer_text = True  # type: ignore[attr-defined]
         self.stats = LoopStats()
         # Output lengths of finished jobs: the expected answer of a job whose
@@ -337,8 +293,8 @@ class EngineLoop:
     def _serve(self) -> None:
         while self._closed is None:
             if not self._busy() and self._inbox.empty():
-                self._flush()
-                self._raise_deliver_error()
+                self.held.flush()
+                self.held.raise_error()
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
@@ -346,43 +302,13 @@ class EngineLoop:
             t0 = time.perf_counter()
             rejected = self._drain_inbox()
             if rejected:
-                self._send(rejected)
+                self.held.send(rejected)
             if self._busy():
                 done = self._iterate()
-                self._flush()  # if the runner did not (no pass, a failure)
-                self._pending = done
-            self._raise_deliver_error()
+                self.held.flush()  # if the runner did not (no pass, a failure)
+                self.held.hold(done)
+            self.held.raise_error()
             self.stats.loop_time += time.perf_counter() - t0
-
-    def _flush(self) -> None:
-        """Send the pending deliveries.  Runs inside the runner's `execute`
-        too: a failure to deliver is kept for `_serve` to raise, so that it
-        ends the loop as before instead of failing the iteration."""
-        items, self._pending = self._pending, []
-        if not items:
-            return
-        try:
-            self._send(items)
-        except Exception as e:
-            self._deliver_error = e
-
-    def _raise_deliver_error(self) -> None:
-        if self._deliver_error is not None:
-            e, self._deliver_error = self._deliver_error, None
-            raise e
-
-    def _send(self, items: list[Delivery]) -> None:
-        """Decode the text the runner left for later, then deliver."""
-        for d in items:
-            ev = d.event
-            later = ev.text_later
-            if later is not None:
-                ev.text_later = None
-                try:
-                    ev.text = later()
-                except Exception:  # a tokenizer error costs this delta, not the stream
-                    log.exception("decoding the text of %s failed", ev.job_id)
-        self.deliver(items)
 
     def _refusals(self, req: GenerateRequest, reason: str) -> list[Delivery]:
         return [Delivery(JobEvent(j, None, "", True, "error"), None, reason, stopped=True)
@@ -406,7 +332,7 @@ class EngineLoop:
         self._closed_out.set()
         reason = self._closed or "the engine replica stopped"
         # Tokens computed before the end go out before the errors.
-        self._flush()
+        self.held.flush()
         out: list[Delivery] = []
         while True:
             try:

@@ -30,8 +30,9 @@ from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
 from engine.preemption import ForwardPreempted, PreemptFlag
 from engine.request import RequestState
-from engine.sampling import SampleRequest, Sampler, token_logprobs
+from engine.sampling import SampleRequest, Sampler
 from engine.sampling_params import SamplingParams
+from engine.step_logprobs import PromptRows, record_prompt_logprobs, sampled_logprobs
 from engine.swapper import BlockSwapper, HostKVTier
 from engine.threads import pin_threads
 from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
@@ -46,15 +47,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
-class _PromptRows:
-    """Logits rows that give `state` the prompt logprobs of tokens q + 1 for
-    q in `positions`."""
-
-    state: RequestState
-    positions: range
-
-
-@dataclass(slots=True)
 class _Prepared:
     input_ids: list[int]
     positions: list[int]
@@ -62,7 +54,7 @@ class _Prepared:
     # Logits rows: the sampled chunks' last tokens, then owed prompt positions.
     logits_indices: list[int]
     sampled: list[tuple[ScheduledChunk, RequestState]]
-    prompt_rows: list[_PromptRows]
+    prompt_rows: list[PromptRows]
 
 
 class ModelRunner:
@@ -359,8 +351,8 @@ class ModelRunner:
                         for c, s in sampled
                     ],
                 ))
-                logprobs = self._sampled_logprobs(sample_logits, sampled, tokens)
-                self._record_prompt_logprobs(logits[len(sampled):], prepared.prompt_rows)
+                logprobs = sampled_logprobs(sample_logits, sampled, tokens)
+                record_prompt_logprobs(logits[len(sampled):], prepared.prompt_rows)
         iteration_time = time.perf_counter() - start - aside
 
         results: dict[str, JobOutput] = {}
@@ -383,42 +375,6 @@ class ModelRunner:
             plan.step, outputs, iteration_time, swaps_in_done=done, swaps_in_failed=failed,
             copy_rate=self.swapper.copy_rate.rate if self.swapper is not None else None,
         )
-
-    @staticmethod
-    def _sampled_logprobs(
-        logits: torch.Tensor,
-        sampled: list[tuple[ScheduledChunk, RequestState]],
-        tokens: list[int],
-    ) -> dict[int, TokenLogprob]:
-        """Raw logprobs of the sampled tokens, by row, for the rows that asked."""
-        rows = [i for i, (_, s) in enumerate(sampled) if s.params.logprobs is not None]
-        if not rows:
-            return {}
-        found = token_logprobs(
-            logits[rows], [tokens[i] for i in rows],
-            [sampled[i][1].params.logprobs or 0 for i in rows],
-        )
-        return dict(zip(rows, found))
-
-    @staticmethod
-    def _record_prompt_logprobs(logits: torch.Tensor, rows: list[_PromptRows]) -> None:
-        """Append each request's newly computed prompt logprobs; `logits`
-        holds their rows in `rows` order."""
-        if not rows:
-            return
-        targets: list[int] = []
-        num_top: list[int] = []
-        for r in rows:
-            prompt = r.state.prompt_token_ids
-            targets.extend(prompt[q + 1] for q in r.positions)
-            num_top.extend([r.state.params.prompt_logprobs or 0] * len(r.positions))
-        found = token_logprobs(logits, targets, num_top)
-        offset = 0
-        for r in rows:
-            owed = r.state.prompt_logprobs
-            assert owed is not None and len(owed) - 1 == r.positions.start
-            owed.extend(found[offset : offset + len(r.positions)])
-            offset += len(r.positions)
 
     def _poll_swaps(self, wait_s: float) -> tuple[list[str], list[str]]:
         if self.swapper is None:
@@ -470,7 +426,7 @@ class ModelRunner:
         pass succeeded."""
         ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
         sampled: list[tuple[ScheduledChunk, RequestState]] = []
-        prompt_rows: list[_PromptRows] = []
+        prompt_rows: list[PromptRows] = []
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
@@ -487,7 +443,7 @@ class ModelRunner:
             if owed:
                 base = len(input_ids) - chunk.start_pos
                 prompt_indices.extend(range(base + owed.start, base + owed.stop))
-                prompt_rows.append(_PromptRows(state, owed))
+                prompt_rows.append(PromptRows(state, owed))
             input_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_pos, end))
             spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table))

@@ -1,0 +1,55 @@
+"""What a replica's iteration loop counts (`EngineLoop.stats`): iterations
+and their forward, planning and completion time, tokens and preemptions per
+job class, finished jobs' latencies for the dashboard, and the latest
+iterations and plans for the cost table measured in place and the plan
+trace.  Read by the Engine deployment's stats and metrics."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from scheduler.trace import StepTrace
+
+
+@dataclass(slots=True)
+class LoopStats:
+    iterations: int = 0
+    forward_time: float = 0.0
+    # Wall time of whole iterations, inbox to delivery: the difference to
+    # forward_time is the control overhead (planning, bookkeeping, delivery).
+    loop_time: float = 0.0
+    # Of that overhead, the scheduler's planning and its completion of each
+    # plan (`Iteration.plan_s`, `complete_s`), in iterations that computed.
+    plan_time: float = 0.0
+    complete_time: float = 0.0
+    tokens_out: int = 0
+    # Passes cut between layers for an online arrival, and their seconds.
+    interrupted: int = 0
+    interrupted_time: float = 0.0
+    # Per job class ("online" / "offline"): tokens generated, preemptions
+    # (ConServe: offline work's tokens/s and how often it gave way).
+    tokens_by_class: dict[str, int] = field(default_factory=dict)
+    preemptions_by_class: dict[str, int] = field(default_factory=dict)
+    # (class, TTFT, TPOT or None) of finished jobs, until the replica's
+    # reporter hands them to the dashboard's histograms.
+    finished_latencies: deque[tuple[str, float, float | None]] = field(
+        default_factory=lambda: deque(maxlen=100_000))
+    # Forward times of the latest iterations, for steady-state figures.
+    recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    # The latest iterations as run here: ((start_pos, num_tokens) of each
+    # chunk, forward seconds, seconds from planning to completion), for a
+    # cost table measured in place (`python -m bench profile-live`).
+    recent_iterations: deque[tuple[tuple[tuple[int, int], ...], float, float]] = field(
+        default_factory=lambda: deque(maxlen=20_000))
+    # Every plan that did something, for comparing a live run with its
+    # simulation step by step (`python -m bench trace-summary`).
+    recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
+    # Tokens/s of whole iterations when the batch was (nearly) full: the
+    # replica's speed under load, which bounds its queued work
+    # (scheduler/admission.py).  None until such an iteration ran.
+    full_batch_tokens_per_s: float | None = None
+    # Measured over modelled time of iterations with prompt tokens (EWMA):
+    # how much slower than the start-up cost model the replica runs now,
+    # which scales its TTFT estimate (scheduler/admission.py).
+    prefill_slowdown: float = 1.0
