@@ -102,16 +102,16 @@ class RequestState:
     @property
     def text_can_wait(self) -> bool:
         """No stop string can end the request, so whether it finishes never
-        depends on its text: `append_later` may leave the decoding to
-        another thread."""
+        depends on its text: `append_later` may leave the decoding for
+        later."""
         return not self.detokenizer.stop
 
     def append_later(self, token_id: int,
                      max_model_len: int) -> tuple[Callable[[], str], str | None]:
         """`append` for a request whose text can wait: the finish reason
         now, from the token alone, and a call that decodes the text delta.
-        The calls must run in the order the tokens were appended, on one
-        thread at a time (the detokenizer's state is not shared safely)."""
+        The calls must run in the order the tokens were appended, one at a
+        time (they advance the request's detokenizer)."""
         if not self.text_can_wait:
             raise RuntimeError(f"request {self.job_id} has stop strings: its text cannot wait")
         past_min = self._record(token_id)
