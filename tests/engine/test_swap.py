@@ -37,13 +37,21 @@ def test_read_write_blocks_roundtrip() -> None:
     assert torch.equal(cache.value(0)[3], cache.value(0)[1])
 
 
-def test_swapper_moves_blocks_and_reports_landing() -> None:
-    cache = KVCache(2, 8, 4, 2, 3, torch.bfloat16, "cpu")
+def _swapped_out(dtype: torch.dtype, device: str
+                 ) -> tuple[KVCache, torch.Tensor, LocalHostTier, BlockSwapper]:
+    """A random cache whose blocks 2 and 5 (job "j"'s blocks 0 and 1) were
+    just swapped out; with a host copy of them as they were."""
+    cache = KVCache(2, 8, 4, 2, 3, dtype, device)
     cache.data.copy_(torch.randn_like(cache.data))
-    before = cache.read_blocks([2, 5]).clone()
+    before = cache.read_blocks([2, 5]).cpu()
     tier = LocalHostTier(capacity_bytes=10**6)
     sw = BlockSwapper(cache, tier)
     sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 2), BlockOp(BlockOpKind.SWAP_OUT, "j", 1, 5)])
+    return cache, before, tier, sw
+
+
+def test_swapper_moves_blocks_and_reports_landing() -> None:
+    cache, before, tier, sw = _swapped_out(torch.bfloat16, "cpu")
     cache.data.zero_()  # the freed blocks get overwritten by others
     sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 7), BlockOp(BlockOpKind.SWAP_IN, "j", 1, 0)])
     done: list[str] = []
@@ -195,12 +203,7 @@ def test_swaps_on_a_gpu_go_through_pinned_memory_without_waiting() -> None:
     work waits for it on the device: blocks overwritten right after `apply`
     (a chunk of the same plan handed them) leave the copy as the blocks
     were.  The swap-in lands in pinned memory and is written back."""
-    cache = KVCache(2, 8, 4, 2, 3, torch.float32, "cuda")
-    cache.data.copy_(torch.randn_like(cache.data))
-    before = cache.read_blocks([2, 5]).cpu()
-    tier = LocalHostTier(capacity_bytes=10**6)
-    sw = BlockSwapper(cache, tier)
-    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 2), BlockOp(BlockOpKind.SWAP_OUT, "j", 1, 5)])
+    cache, before, tier, sw = _swapped_out(torch.float32, "cuda")
     cache.data.zero_()  # queued on the compute stream, after the copy
     tier.flush()
     assert tier.fetch("j", [0, 1], pinned=True).result().is_pinned()
