@@ -33,6 +33,7 @@ from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, load_report
 from scheduler.core import SchedulerCore
+from scheduler.cost_fit import COEFFICIENTS, LiveCost, typical_batch
 from scheduler.job import JobClass
 from scheduler.offline_pool import offline_load
 
@@ -145,8 +146,17 @@ class Engine:
             cost = estimate_cost(self.runner, sched_cfg.block_size)
             log.info("iteration cost estimate: %s", cost)
         self.cost = cost
-        self.core = SchedulerCore(sched_cfg, time.monotonic,
-                                  cost=None if self.cfg.policy == "fcfs" else cost)
+        # What the policy's estimate is: the co-serving budget's follows the
+        # replica's measured iterations (scheduler/cost_fit.py).
+        policy_cost: Any = None if self.cfg.policy == "fcfs" else cost
+        self.live_cost: LiveCost | None = None
+        if cost is not None and self.cfg.policy == "conserve" \
+                and sched_cfg.conserve.cost_fit == "live":
+            typical = typical_batch(sched_cfg.max_batch_size, sched_cfg.max_batch_tokens,
+                                    sched_cfg.max_model_len)
+            self.live_cost = policy_cost = LiveCost(cost, typical,
+                                                    memory=sched_cfg.conserve.cost_memory)
+        self.core = SchedulerCore(sched_cfg, time.monotonic, cost=policy_cost)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.scheduler = scheduler
         self._aio = asyncio.get_running_loop()
@@ -155,7 +165,7 @@ class Engine:
         # Offline `generate` calls accepted (scheduler/offline_pool.py).
         self.offline_accepted = 0
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver,
-                               cost=cost)
+                               cost=cost, live_cost=self.live_cost)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
         self._reporter = asyncio.create_task(self._report_loop())
@@ -329,6 +339,9 @@ class Engine:
                        promotions=pol.num_promotions, quanta=pol.quanta)
         if hasattr(pol, "coserving"):
             out.update(coserving=pol.coserving, offline_paused=pol.offline_paused)
+        if self.live_cost is not None:
+            out.update(cost_fit=dict(zip(COEFFICIENTS, self.live_cost.coefficients)),
+                       cost_fit_samples=self.live_cost.samples)
         return out
 
     async def _report_loop(self) -> None:

@@ -34,6 +34,7 @@ from deployments.held_deliveries import HeldDeliveries
 from deployments.loop_stats import LoopStats
 from scheduler.admission import MeanOutput
 from scheduler.cost import LinearCost
+from scheduler.cost_fit import IterationShape, LiveCost
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.iteration import IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
@@ -83,9 +84,12 @@ class EngineLoop:
         make_params: MakeParams,
         deliver: Deliver,
         cost: LinearCost | None = None,
+        live_cost: LiveCost | None = None,
     ) -> None:
         self.runner = runner
         self.cost = cost
+        # The policy's estimate that learns from each iteration's time.
+        self.live_cost = live_cost
         self.core = core
         self.driver = IterationDriver(core, OnWallClock(runner))
         self.make_params = make_params
@@ -421,6 +425,11 @@ class EngineLoop:
 
     def _measure_speed(self, plan: Plan, elapsed: float) -> None:
         cfg = self.core.config
+        if self.live_cost is not None:
+            # The whole iteration, planning included: what separates an
+            # online job's tokens (its TPOT).
+            self.live_cost.observe(
+                IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks), elapsed)
         full = (len(plan.chunks) >= 0.75 * cfg.max_batch_size
                 or plan.num_tokens >= 0.75 * cfg.max_batch_tokens)
         if self.cost is not None and elapsed > 0:

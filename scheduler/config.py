@@ -63,6 +63,14 @@ class ConserveConfig(BaseModel):
     # and 3x (TPOT) the cost estimate's batch-1 decode iteration.
     ttft_slo_s: float | None = Field(None, gt=0)
     tpot_slo_s: float | None = Field(None, gt=0)
+    # The iteration estimate the budget is checked against: `live` fits the
+    # replica's measured iterations by their decodes, decode context and
+    # prefill tokens (scheduler/cost_fit.py), starting from the start-up
+    # fit; `startup` keeps the start-up fit, which misses long contexts and
+    # a host slower than at start.  `cost_memory`: iterations after which a
+    # measurement's weight has fallen to 1/e.
+    cost_fit: Literal["live", "startup"] = "live"
+    cost_memory: float = Field(200.0, ge=1.0)
     # Offline batching mode (no online work present): batch limits that
     # replace max_batch_size / max_batch_tokens.  None: those limits.
     offline_max_batch_size: int | None = Field(None, ge=1, le=4096)

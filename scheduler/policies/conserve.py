@@ -13,10 +13,12 @@ every iteration afresh, in this order:
    first; only then does an online job evict another online one.
 2. **The SLO-aware budget** (§4.5).  While online work is present
    (co-serving mode), offline chunks join the iteration only while the
-   replica's cost estimate of the whole batch (its decodes and its prefill
-   tokens) stays within the online TPOT objective (the batch decodes online
-   jobs) or the TTFT objective (it only prefills them); a prefill chunk is
-   cut to the largest size that fits.
+   replica's cost estimate of the whole batch (its decodes, their context
+   and its prefill tokens) stays within the online TPOT objective (the
+   batch decodes online jobs) or the TTFT objective (it only prefills
+   them); a prefill chunk is cut to the largest size that fits.  On a
+   replica the estimate is refitted to every measured iteration
+   (`conserve.cost_fit: live`, scheduler/cost_fit.py).
 3. **Offline batching mode** (§4.2).  With no online job present, offline
    jobs batch up to `conserve.offline_max_batch_size` /
    `offline_max_batch_tokens`, ignoring the budget.
@@ -49,9 +51,8 @@ online job the MLFQ ranks last.
 from __future__ import annotations
 
 from bisect import insort
-from dataclasses import dataclass
-
 from scheduler.checkpoint import plan_checkpoints
+from scheduler.cost_fit import IterationShape
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.kv_profile import Lease, Profile
@@ -64,24 +65,6 @@ ONLINE, OFFLINE = JobClass.ONLINE, JobClass.OFFLINE
 
 def _priority(job: Job) -> int:
     return job.priority
-
-
-@dataclass(frozen=True, slots=True)
-class IterationShape:
-    """What the cost estimate needs of a batch (`CostEstimator.batch_time`)."""
-
-    decodes: int = 0
-    decode_context: int = 0
-    prefill_tokens: int = 0
-    prefill_attn: int = 0
-
-    def plus(self, start: int, n: int) -> "IterationShape":
-        """With a chunk of `n` tokens at position `start` added."""
-        if n == 1:
-            return IterationShape(self.decodes + 1, self.decode_context + start + 1,
-                                  self.prefill_tokens, self.prefill_attn)
-        return IterationShape(self.decodes, self.decode_context, self.prefill_tokens + n,
-                              self.prefill_attn + n * start + n * (n + 1) // 2)
 
 
 class ConservePolicy(Policy):

@@ -17,8 +17,8 @@ from typing import Any
 from bench.metrics import summarize, tokens_per_s_while
 from bench.results import load_result
 
-SYSTEMS = ["online-only", "offline-only", "vllm++", "conserve", "conserve-tpot300"]
-COSERVED = ["vllm++", "conserve", "conserve-tpot300"]
+COSERVED = ["vllm++", "conserve", "conserve-startup", "conserve-tpot300"]
+SYSTEMS = ["online-only", "offline-only", *COSERVED]
 # The backlog's requests all arrive at t = 0: the ingress takes seconds to
 # pass 40 of them on, and online requests sent meanwhile queue behind them.
 # TTFT is also given for the online requests sent after this.

@@ -413,3 +413,28 @@ def test_prompt_iterations_measure_how_far_the_replica_runs_over_its_cost_model(
     for _ in range(100):
         loop._measure_speed(prompt, 0.06)
     assert loop.stats.prefill_slowdown == pytest.approx(2.0, rel=1e-3)
+
+
+def test_every_iteration_teaches_the_live_cost_fit():
+    # The co-serving budget's estimate (scheduler/cost_fit.py) learns from
+    # each iteration's whole time; a start-up fit 10x too fast gives way.
+    from scheduler.cost import LinearCost
+    from scheduler.cost_fit import IterationShape, LiveCost, typical_batch
+
+    live = LiveCost(LinearCost(0.002, 0.0001, 0.0001), typical_batch(8, 64, 64))
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=8,
+                                         max_batch_tokens=64, max_model_len=64),
+                         time.monotonic, cost=live)
+    sink = Collector()
+    loop = EngineLoop(FakeRunner(step_s=0.02), core, lambda r, i: "ok", sink,
+                      cost=live.prior, live_cost=live)
+    loop.start()
+    try:
+        for i in range(4):
+            loop.submit(req(f"r{i}", max_tokens=12))
+        sink.wait_finished({f"r{i}" for i in range(4)})
+    finally:
+        loop.shutdown("done")
+    assert live.samples == loop.stats.iterations >= 12
+    decode4 = IterationShape.of([(8, 1)] * 4)
+    assert 0.015 < live.shape_time(decode4) < 0.03

@@ -14,7 +14,7 @@ from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan
-from scheduler.policies.conserve import IterationShape
+from scheduler.cost_fit import IterationShape
 from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job
 
 # An iteration of n tokens costs 10 ms + 1 ms per token; a batch-1 decode 11 ms.
