@@ -51,6 +51,7 @@ online job the MLFQ ranks last.
 from __future__ import annotations
 
 from bisect import insort
+
 from scheduler.checkpoint import plan_checkpoints
 from scheduler.cost_fit import IterationShape
 from scheduler.job import Job, JobClass
@@ -190,9 +191,7 @@ class ConservePolicy(Policy):
         ttft, _ = self.slo()
         if self.cost is None or ttft is None:
             return True
-        whole = IterationShape()
-        for c in plan.chunks:
-            whole = whole.plus(c.start_pos, c.num_tokens)
+        whole = IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks)
         left = max(0.0, self.estimate(whole) - elapsed_s)
         n = min(online_tokens, self.config.max_batch_tokens)
         return left + self.estimate(IterationShape().plus(0, n)) > ttft
@@ -287,9 +286,7 @@ class ConservePolicy(Policy):
                       slo_s: float | None) -> None:
         """Offline chunks into `plan`, within `tokens` and, in co-serving
         mode, within `slo_s` by the cost estimate of the whole iteration."""
-        shape = IterationShape()
-        for c in plan.chunks:
-            shape = shape.plus(c.start_pos, c.num_tokens)
+        shape = IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks)
 
         def fit(job: Job) -> int:
             n = min(job.num_uncomputed_tokens, tokens)
