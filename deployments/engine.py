@@ -33,6 +33,7 @@ from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, load_report
 from scheduler.core import SchedulerCore
+from scheduler.cost import CostEstimator
 from scheduler.cost_fit import COEFFICIENTS, LiveCost, typical_batch
 from scheduler.job import JobClass
 from scheduler.offline_pool import offline_load
@@ -148,7 +149,7 @@ class Engine:
         self.cost = cost
         # What the policy's estimate is: the co-serving budget's follows the
         # replica's measured iterations (scheduler/cost_fit.py).
-        policy_cost: Any = None if self.cfg.policy == "fcfs" else cost
+        policy_cost: CostEstimator | None = None if self.cfg.policy == "fcfs" else cost
         self.live_cost: LiveCost | None = None
         if cost is not None and self.cfg.policy == "conserve" \
                 and sched_cfg.conserve.cost_fit == "live":
