@@ -121,6 +121,7 @@ class Engine:
             deterministic=self.cfg.deterministic,
             cuda_graph_max_batch=graph_batch,
             cuda_graph_max_tokens=graph_tokens,
+            pack_projections=self.cfg.pack_projections,
         )
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())
@@ -304,6 +305,12 @@ class Engine:
                 "tokens_discarded": self.core.swap.tokens_discarded,
             },
             "policy": self._policy_stats(),
+            "engine": {
+                "dtype": str(self.runner.dtype).removeprefix("torch."),
+                "attention_backend": self.runner.attn.name,
+                "packed_projections": self.runner.model.packed,
+                "packing_speedup": self.runner.packing_speedup,
+            },
         }
 
     def _admission_figures(self, jobs: list[Any]) -> dict[str, Any]:

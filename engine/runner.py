@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -28,6 +28,7 @@ from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
+from engine.models.prepacked import PackMode
 from engine.preemption import ForwardPreempted, PreemptFlag
 from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler
@@ -72,9 +73,13 @@ class ModelRunner:
         deterministic: bool = False,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
+        pack_projections: PackMode = "auto",
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if pack_projections not in get_args(PackMode):
+            raise ValueError(f"pack_projections must be one of {get_args(PackMode)}, "
+                             f"got {pack_projections!r}")
         # Before anything runs a kernel: the thread pool is sized on first use.
         self.num_threads = pin_threads(num_threads)
         self.model_path = resolve_model(str(model_path))
@@ -92,6 +97,11 @@ class ModelRunner:
             self.model = cls(self.config, self.dtype, self.device, max_model_len)
             self.model.load_weights(iter_weights(self.model_path))
         self.model.eval()
+        # float32 on CPU: the projections on oneDNN-packed weights where that
+        # is faster on this CPU (engine.models.prepacked); before the tiles
+        # of deterministic mode, which wrap whichever matmul this leaves.
+        with torch.no_grad():
+            self.packing_speedup = self.model.pack_projections(pack_projections)
         backend = get_attention_backend(attention_backend or default_backend_name(self.device))
         self.attn = backend(
             self.model.num_heads, self.model.num_kv_heads, self.model.head_dim,

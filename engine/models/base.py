@@ -64,10 +64,17 @@ class CausalLM(nn.Module, ABC):
     head_dim: int
     vocab_size: int
 
+    # Parameters every layer multiplies through `self.linear` (the lm_head is
+    # not one: it has `head_linear`); `pack_projections` packs these.
+    projection_names: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.device = device
+        # Whether `pack_projections` packed the projections' weights.
+        self.packed = False
         # Every projection goes through this (see engine.models.linear).
         self.linear: LinearFn = linear_for(dtype, device)
         # The lm_head's matmul (see engine.models.prepacked).
@@ -78,6 +85,27 @@ class CausalLM(nn.Module, ABC):
         # Armed by the runner for a pass that may be cut between layers
         # (engine/preemption.py); checked at the end of each layer.
         self.preempt: PreemptFlag | None = None
+
+    def pack_projections(self, mode: prepacked.PackMode) -> float | None:
+        """Multiply every projection on a oneDNN-packed weight where that pays
+        (engine.models.prepacked): float32 on CPU only; `auto` times both ways
+        on the largest projection's shape first.  Returns the measured
+        speed-up (None where nothing was timed); `self.packed` says the choice."""
+        if not prepacked.available(self.dtype, self.device) or mode == "never":
+            return None
+        speedup = None
+        if mode == "auto":
+            shapes = [tuple(w.shape) for n, w in self.named_parameters()
+                      if n.rsplit(".", 1)[-1] in self.projection_names and w.dim() == 2]
+            if not shapes:
+                return None
+            out_f, in_f = max(shapes, key=lambda s: s[0] * s[1])
+            speedup = prepacked.packing_speedup(out_f, in_f)
+        if prepacked.should_pack(mode, speedup):
+            prepacked.pack_in_place(self, self.projection_names)
+            self.linear = prepacked.packed_linear
+            self.packed = True
+        return speedup
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
         """Run every projection and the lm_head so that a row's result does

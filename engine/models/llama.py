@@ -68,6 +68,7 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(CausalLM):
     model_type = "llama"
+    projection_names = ("qkv", "o", "gate", "up", "down")
 
     def __init__(
         self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int

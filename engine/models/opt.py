@@ -64,6 +64,7 @@ class OPTDecoderLayer(nn.Module):
 
 class OPTForCausalLM(CausalLM):
     model_type = "opt"
+    projection_names = ("qkv", "out", "fc1", "fc2", "project_in", "project_out")
 
     def __init__(
         self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int

@@ -8,17 +8,41 @@ oneDNN's matmul on a weight reordered once to its blocked layout runs at
 what vLLM-CPU and Inductor's CPU weight prepacking do too; ATen exposes it
 as `mkldnn._reorder_linear_weight` / `mkldnn._linear_pointwise`.
 
-A packed copy is made the first time a weight is used and remade if the
-weight tensor is replaced or written in place (its storage or version
-changes), so weight loading and later updates stay correct.  The copy
-costs the weight's size in memory again, so the models use it for the
-lm_head only, where the gain is.
+The lm_head (`PrepackedLinear`): a packed copy is made the first time the
+weight is used and remade if the weight tensor is replaced or written in
+place (its storage or version changes); the copy costs the head's size in
+memory again, and the dense table stays for the embedding lookup it is
+tied to.
+
+The projections (`pack_in_place`, `packed_linear`): each projection's
+parameter is replaced by its packed form after loading, so they cost no
+extra memory; whether that pays depends on the CPU.  On an AVX2-only EPYC
+MKL and oneDNN ran the layers' shapes about even (whole engine 0.88–1.06×,
+`studies/engine_cpu/README.md`); on an AVX512 EPYC MKL stays at its AVX2
+rate while oneDNN runs 2.3× faster (whole engine 1.7–1.8×).  So `auto`
+times both on the model's largest projection shape at start
+(`packing_speedup`) and packs where it wins by `MIN_SPEEDUP`.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+# What `pack_projections` may say: time both and pick, or force one.
+PackMode = Literal["auto", "always", "never"]
+# `auto` packs where the packed matmul is at least this much faster: below
+# it the probe's noise on a shared host could flip the choice from run to run.
+MIN_SPEEDUP = 1.2
+# Decode-batch rows the probe times, and how long it times each side.
+_PROBE_ROWS = 32
+_PROBE_S = 0.05
 
 # Row count the reorder is tuned for: the middle of the decode batches served.
 _ROWS_HINT = 64
@@ -55,3 +79,59 @@ class PrepackedLinear:
         if x.dim() != 2 or x.shape[0] == 0:
             return F.linear(x, w, b)
         return torch.ops.mkldnn._linear_pointwise(x, self._pack(w), b, "none", [], "")
+
+
+def packed_linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear` for a weight packed in place (`pack_in_place`) or a plain one."""
+    if not w.is_mkldnn:
+        return F.linear(x, w, b)
+    if x.shape[0] == 0:
+        return x.new_empty((0, w.shape[0]))
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
+
+
+def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> int:
+    """Replace every parameter of `module` whose last name is in `names` by its
+    packed form; returns how many were packed.  Only `packed_linear` can use
+    them afterwards (`F.linear` rejects a packed tensor rather than misread it)."""
+    count = 0
+    for sub in module.modules():
+        for name in names:
+            w = getattr(sub, name, None)
+            if isinstance(w, nn.Parameter) and w.dim() == 2 and not w.is_mkldnn:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
+                setattr(sub, name, nn.Parameter(packed, requires_grad=False))
+                count += 1
+    return count
+
+
+def _time(fn: Callable[[], object], budget_s: float) -> float:
+    """Median seconds of `fn()` over about `budget_s` of calls (after a warm-up)."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def packing_speedup(out_features: int, in_features: int, rows: int = _PROBE_ROWS) -> float:
+    """How much faster the packed matmul is than `F.linear` on this CPU, on
+    this thread pool, for a `[rows, in] x [out, in]^T` float32 product."""
+    x = torch.randn(rows, in_features)
+    w = torch.randn(out_features, in_features)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT)
+    plain = _time(lambda: F.linear(x, w), _PROBE_S)
+    fast = _time(lambda: packed_linear(x, packed), _PROBE_S)
+    return plain / fast
+
+
+def should_pack(mode: PackMode, speedup: float | None) -> bool:
+    """`always`/`never` as said; `auto` where the probe measured a clear win."""
+    if mode != "auto":
+        return mode == "always"
+    return speedup is not None and speedup >= MIN_SPEEDUP

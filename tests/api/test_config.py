@@ -77,6 +77,16 @@ def test_attention_backend_is_checked_against_the_device() -> None:
         AppConfig(attention_backend="flash")
 
 
+def test_pack_projections_is_checked() -> None:
+    assert AppConfig().pack_projections == "auto"
+    assert AppConfig(pack_projections="always").pack_projections == "always"
+    assert AppConfig(pack_projections="never", device="cuda").pack_projections == "never"
+    with pytest.raises(ValidationError, match="pack_projections 'always' packs CPU"):
+        AppConfig(pack_projections="always", device="cuda")
+    with pytest.raises(ValidationError, match="pack_projections"):
+        AppConfig(pack_projections="yes")
+
+
 def test_cuda_graphs_follow_the_device_and_backend() -> None:
     from deployments.engine import _graph_limits
 

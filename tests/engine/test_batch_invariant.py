@@ -204,17 +204,23 @@ def _alone(runner: ModelRunner, prompts: dict[str, list[int]],
 
 
 @needs_cxx
-@pytest.mark.parametrize("model,dtype", [
-    ("tiny_llama_path", "bfloat16"),
-    ("tiny_llama_path", "float32"),
-    ("tiny_opt_path", "bfloat16"),
+@pytest.mark.parametrize("model,dtype,pack", [
+    ("tiny_llama_path", "bfloat16", "auto"),
+    ("tiny_llama_path", "float32", "never"),
+    # float32 projections on oneDNN-packed weights, in fixed tiles.
+    ("tiny_llama_path", "float32", "always"),
+    ("tiny_opt_path", "bfloat16", "auto"),
 ])
 def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
-    model: str, dtype: str, request: pytest.FixtureRequest
+    model: str, dtype: str, pack: str, request: pytest.FixtureRequest
 ) -> None:
+    if pack == "always" and not prepacked.available(torch.float32, CPU):
+        pytest.skip("this torch build has no oneDNN packed linear")
     path = request.getfixturevalue(model)
     runner = ModelRunner(path, dtype, "cpu", num_blocks=96, block_size=BS, max_model_len=80,
-                         num_threads=1, deterministic=True)
+                         num_threads=1, deterministic=True,
+                         pack_projections=pack)  # type: ignore[arg-type]
+    assert runner.model.packed == (pack == "always")
     prompts = random_prompts([5, 23, 41, 60, 1, 17, 33], seed=1)
     for params in (GREEDY, SEEDED):
         alone = _alone(runner, prompts, params)

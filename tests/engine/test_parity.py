@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from engine.models import prepacked
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts
@@ -68,13 +70,19 @@ def test_smollm2_parity(smollm2_runner: ModelRunner, smollm2_path: Path) -> None
     _check(smollm2_runner, prompts, expected)
 
 
+@pytest.mark.parametrize("pack", ["never", "always"])
 @pytest.mark.parametrize(
     "fixture", ["tiny_llama_path", "tiny_llama3_rope_path", "tiny_opt_path", "tiny_opt350_path"]
 )
-def test_tiny_random_parity(fixture: str, request: pytest.FixtureRequest) -> None:
+def test_tiny_random_parity(fixture: str, pack: str, request: pytest.FixtureRequest) -> None:
+    # Both matmuls of float32 projections, whichever this CPU's `auto` picks:
+    # MKL on plain weights, oneDNN on packed ones (engine.models.prepacked).
+    if pack == "always" and not prepacked.available(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN packed linear")
     path: Path = request.getfixturevalue(fixture)
     runner = ModelRunner(path, "float32", "cpu", num_blocks=96, block_size=4,
-                         max_model_len=80, num_threads=1)
+                         max_model_len=80, num_threads=1, pack_projections=pack)  # type: ignore[arg-type]
+    assert runner.model.packed == (pack == "always")
     prompts = random_prompts([5, 23, 41, 60, 1], seed=1)
     hf = load_hf(path)
     expected = {j: hf_greedy(hf, p, NEW_TOKENS) for j, p in prompts.items()}

@@ -1,4 +1,5 @@
-"""The lm_head's prepacked oneDNN linear against F.linear."""
+"""oneDNN-packed weights (the lm_head's copy, the projections packed in
+place) against F.linear, and the choice to pack."""
 
 from __future__ import annotations
 
@@ -57,3 +58,61 @@ def test_model_logits_use_the_packed_head() -> None:
     head = model.embed if model.lm_head is None else model.lm_head
     torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, head),
                                rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_packed_in_place_multiplies_as_f_linear_and_refuses_f_linear() -> None:
+    gen = torch.Generator().manual_seed(1)
+    layer = torch.nn.Module()
+    layer.up = torch.nn.Parameter(torch.randn(96, 40, generator=gen), requires_grad=False)
+    layer.bias = torch.nn.Parameter(torch.randn(96, generator=gen), requires_grad=False)
+    layer.norm = torch.nn.Parameter(torch.randn(40, generator=gen), requires_grad=False)
+    dense = layer.up.detach().clone()
+    assert prepacked.pack_in_place(layer, ("up", "norm")) == 1  # 1-D `norm` is no matmul
+    assert layer.up.is_mkldnn and not layer.norm.is_mkldnn and not layer.bias.is_mkldnn
+    for rows in (1, 5, 64, 130):
+        x = torch.randn(rows, 40, generator=gen)
+        torch.testing.assert_close(prepacked.packed_linear(x, layer.up, layer.bias),
+                                   F.linear(x, dense, layer.bias), rtol=1e-5, atol=1e-5)
+    # Transposed (non-contiguous) input rows, and no rows.
+    xt = torch.randn(40, 7, generator=gen).t()
+    torch.testing.assert_close(prepacked.packed_linear(xt, layer.up), F.linear(xt, dense),
+                               rtol=1e-5, atol=1e-5)
+    assert prepacked.packed_linear(x[:0], layer.up).shape == (0, 96)
+    # A plain weight still goes through F.linear.
+    torch.testing.assert_close(prepacked.packed_linear(x, dense), F.linear(x, dense))
+    # Whatever reads a packed weight as a plain one fails instead of misreading it.
+    with pytest.raises(RuntimeError):
+        F.linear(x, layer.up)
+    assert prepacked.pack_in_place(layer, ("up",)) == 0  # packed once
+
+
+def test_auto_packs_only_on_a_clear_win() -> None:
+    assert prepacked.should_pack("always", None) and prepacked.should_pack("always", 0.5)
+    assert not prepacked.should_pack("never", 3.0)
+    assert prepacked.should_pack("auto", prepacked.MIN_SPEEDUP)
+    assert prepacked.should_pack("auto", 2.3)
+    assert not prepacked.should_pack("auto", 1.05)  # within a shared host's noise
+    assert not prepacked.should_pack("auto", None)  # nothing measured
+
+
+@needs_onednn
+def test_runner_packs_the_projections_where_the_probe_says(tiny_llama_path) -> None:  # type: ignore[no-untyped-def]
+    from engine.runner import ModelRunner
+
+    auto = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
+                       max_model_len=32, num_threads=1)
+    assert auto.packing_speedup is not None and auto.packing_speedup > 0
+    assert auto.model.packed == (auto.packing_speedup >= prepacked.MIN_SPEEDUP)
+    assert auto.model.layers[0].down.is_mkldnn == auto.model.packed
+    never = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
+                        max_model_len=32, num_threads=1, pack_projections="never")
+    assert never.packing_speedup is None and not never.model.packed
+    # bfloat16 projections are never packed (oneDNN already multiplies them
+    # where the CPU has bf16; elsewhere they are computed in float32).
+    bf16 = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=8, block_size=4,
+                       max_model_len=32, num_threads=1, pack_projections="always")
+    assert not bf16.model.packed and not bf16.model.layers[0].qkv.is_mkldnn
+    with pytest.raises(ValueError, match="pack_projections must be one of"):
+        ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
+                    max_model_len=32, pack_projections="sometimes")  # type: ignore[arg-type]
