@@ -129,10 +129,13 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         "/v1/completions": {"post": _completion_op("Text completion", completion_ref, error_ref)},
         "/v1/chat/completions": {"post": _completion_op("Chat completion", chat_ref, error_ref)},
         "/health": {"get": {
-            "summary": "Liveness: 200 while the ingress serves (never needs a key)",
+            "summary": "Readiness: 200 once an engine replica serves, 503 while none does "
+                       "(never needs a key)",
             "security": [],
             "responses": {"200": {"description": "serving"},
-                          "500": _errors(_GET_ERRORS, error_ref)["500"]},
+                          "500": _errors(_GET_ERRORS, error_ref)["500"],
+                          **_errors({"503": "no engine replica serves yet (or the scheduler "
+                                            "does not answer); retry"}, error_ref)},
         }},
         **batch_paths(refs, error_ref),
     }

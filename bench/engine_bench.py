@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="our attention backend (torch | compiled | cpp); default: the engine's")
     p.add_argument("--deterministic", action="store_true",
                    help="run our engine in deterministic (batch-invariant) mode")
+    p.add_argument("--pack-projections", default="auto", choices=["auto", "always", "never"],
+                   help="float32 projections on oneDNN-packed weights (engine.models.prepacked)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -96,7 +98,7 @@ class OursBench:
         self.runner = ModelRunner(
             args.model, dtype=dtype, device="cpu", num_blocks=need, block_size=bs,
             max_model_len=max_len, num_threads=args.threads, attention_backend=args.attention,
-            deterministic=args.deterministic,
+            deterministic=args.deterministic, pack_projections=args.pack_projections,
         )
         self._n = 0
         self._decode_jobs: list[str] = []

@@ -4,8 +4,9 @@ Drives our `ModelRunner` through `execute(Plan)` (greedy, `--batch`
 sequences sharing a `--context`-token prefix, as `bench/engine_bench.py`
 does) under `torch.profiler`, and groups the ops' self CPU time:
 
-- matmul: `aten::mm` / `addmm` / `bmm` (the linear layers) and oneDNN's
-  packed linear (the lm_head, `engine/models/prepacked.py`);
+- matmul: `aten::mm` / `addmm` / `bmm` (the linear layers on plain
+  weights) and oneDNN's packed linear (the lm_head, and the projections
+  where `pack_projections` packs them, `engine/models/prepacked.py`);
 - attention: scaled-dot-product attention kernels, the C++ paged decode
   operator (`engine/attention_cpp.py`), and the Inductor one
   (`engine/attention_compiled.py`: its compiled region, gather fused in);
@@ -59,12 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
     ap.add_argument("--attention", default=None, help="torch | compiled | cpp (default: the engine's)")
+    ap.add_argument("--pack-projections", default="auto", choices=["auto", "always", "never"],
+                    help="float32 projections on oneDNN-packed weights (the engine's default: auto)")
     ap.add_argument("--top", type=int, default=0, help="also print the N costliest ops")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     ea = engine_args(["--decode-context", str(a.context), "--decode-steps", str(a.steps + 3),
                       "--warmup", "0", "--threads", str(a.threads),
                       "--decode-batches", str(a.batch), "--prefill-lens", str(a.context),
+                      "--pack-projections", a.pack_projections,
                       *(["--attention", a.attention] if a.attention else [])])
     ours = OursBench(ea, a.dtype)
     step = ours.start_decode(list(range(100, 100 + a.context)), a.batch)
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"profiled step (wall, with profiler overhead): {wall * 1000:.1f} ms")
     meta = {"batch": a.batch, "context": a.context, "dtype": a.dtype, "threads": a.threads,
             "attention_backend": ours.runner.attn.name,
+            "packed_projections": ours.runner.model.packed,
+            "packing_speedup": ours.runner.packing_speedup,
             "steps": a.steps, **machine_meta()}
     write_report({"meta": meta, "share": shares, "ms_per_step": ms,
                   "profiled_step_ms": round(wall * 1000, 1)}, a.out)

@@ -57,6 +57,9 @@ from deployments.served_log import ServedLog
 
 log = logging.getLogger("ray.serve")
 
+# How long /health waits for the Scheduler deployment's answer.
+_HEALTH_TIMEOUT_S = 5.0
+
 
 @serve.deployment(name="Ingress", max_ongoing_requests=4096)
 @serve.ingress()
@@ -120,6 +123,20 @@ class Ingress:
     # Endpoints ------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        """Readiness: 200 once an engine replica serves.  The ingress is up
+        seconds before the engines have loaded their models; a client or
+        load balancer that took its 200 as ready would see its first
+        requests wait for the whole engine start."""
+        try:
+            ready = await asyncio.wait_for(self.scheduler.ready.remote(), _HEALTH_TIMEOUT_S)
+        except (RayActorError, asyncio.TimeoutError) as e:
+            log.warning("/health: the scheduler did not answer: %r", e)
+            raise APIError(503, "the scheduler does not answer; retry",
+                           type_="service_unavailable", headers={"Retry-After": "1"})
+        if ready["live_engines"] < 1:
+            raise APIError(503, f"no engine replica is serving yet (0 of {ready['engines']}: "
+                           "loading the model or restarting); retry",
+                           type_="service_unavailable", headers={"Retry-After": "1"})
         return Response(status_code=200)
 
     async def models(self, request: Request) -> Response:

@@ -90,6 +90,14 @@ class Scheduler:
                              (admission or {}).get("tokens_per_s"), now)
             self._hand_out()
 
+    async def ready(self) -> dict[str, int]:
+        """How many engine replicas report their load now, of how many the
+        application runs.  A replica reports once it has loaded its model
+        and started its loop, and stops when it dies; the ingress's /health
+        answers 503 while none does."""
+        return {"live_engines": len(self.placement.live(time.monotonic())),
+                "engines": self.cfg.num_engine_replicas}
+
     async def admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                     job_class: str = "online", n: int = 1,
                     priority: int = 0) -> dict[str, Any]:

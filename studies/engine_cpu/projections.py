@@ -1,6 +1,7 @@
 """Every projection on a oneDNN-packed weight vs on its plain weight through
-MKL (what the engine does; only its lm_head is packed): prefill and decode
-tokens/s of our engine, float32, one thread, the two taking turns run by run.
+MKL (`pack_projections: always` vs `never`; the lm_head is packed in both):
+prefill and decode tokens/s of our engine, float32, one thread, the two
+taking turns run by run.  Which one `auto` picks depends on the CPU.
 
     python -m studies.engine_cpu.projections --out studies/engine_cpu/projections.json
 """
@@ -14,7 +15,6 @@ import torch
 
 from bench.engine_bench import _ints
 from bench.report import machine_meta, write_report
-from engine.models.prepacked import PrepackedLinear
 from studies.engine_cpu.alternate import alternate, engines
 
 
@@ -27,11 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    benches = engines(args.model, {"mkl": [], "packed": []},
+    benches = engines(args.model, {"mkl": ["--pack-projections", "never"],
+                                   "packed": ["--pack-projections", "always"]},
                       args.prefill_lens, args.decode_batches, args.reps)
-    # Packed on first use and kept beside the plain weight (a study, not the
-    # product: the copy doubles the weights' memory).
-    benches["packed"].runner.model.linear = PrepackedLinear()
     rows = alternate(benches, args.prefill_lens, args.decode_batches, args.reps)
     write_report({"meta": machine_meta(), "results": rows}, args.out)
 

@@ -24,6 +24,8 @@ templates and token ids go through the code a server runs.
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -57,10 +59,19 @@ class FakeScheduler:
     reject: bool = False
     admitted: list[tuple[str, int, int, str, int]] = field(default_factory=list)
     released: dict[str, str] = field(default_factory=dict)
+    # Engine replicas reporting their load (what /health reads); None: the
+    # scheduler does not answer.
+    live_engines: int | None = 1
 
     def __post_init__(self) -> None:
         self.admit = _Method(self._admit)
         self.release = _Method(self._release)
+        self.ready = _Method(self._ready)
+
+    async def _ready(self) -> dict[str, int]:
+        if self.live_engines is None:
+            raise asyncio.TimeoutError
+        return {"live_engines": self.live_engines, "engines": 1}
 
     async def _admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                      job_class: str = "online", n: int = 1, priority: int = 0) -> dict[str, Any]:

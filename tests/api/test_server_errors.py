@@ -69,3 +69,22 @@ def test_non_http_scopes_pass_through() -> None:
 def test_plain_starlette_errors_become_json(served: Harness) -> None:
     assert_error(served.client.get("/missing"), 404)
     assert_error(served.client.post("/health"), 405)
+
+
+@pytest.mark.parametrize("live", [0, None], ids=["no-engine-yet", "scheduler-silent"])
+def test_health_is_503_until_an_engine_serves(served: Harness, live: int | None) -> None:
+    # The ingress starts before the engines load their models: a 200 then
+    # would send a client's first requests to wait for the whole start.
+    served.scheduler.live_engines = live
+    try:
+        r = served.client.get("/health")
+        assert r.status_code == 503 and r.headers["content-type"].startswith("application/json")
+        err = r.json()["error"]
+        assert err["code"] == 503 and err["type"] == "service_unavailable"
+        assert r.headers["retry-after"] == "1"
+        assert ("no engine replica is serving yet" if live == 0
+                else "the scheduler does not answer") in err["message"]
+        assert served.client.head("/health").status_code == 503
+    finally:
+        served.scheduler.live_engines = 1
+    assert served.client.get("/health").status_code == 200

@@ -201,3 +201,25 @@ def test_a_replicas_load_report_drives_the_ttft_estimate_through_the_scheduler(m
         assert "prefill" not in fixed and fixed["capacity_tokens"] == 64.0
 
     asyncio.run(run())
+
+
+def test_ready_counts_the_engine_replicas_that_report(make, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import deployments.scheduler as mod
+
+    s = make({"num_engine_replicas": 2})
+    now = [1000.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
+
+    async def go() -> list[dict[str, int]]:
+        seen = [await s.ready()]  # started: no engine has loaded its model yet
+        await report(s, "a", OfflineLoad())
+        seen.append(await s.ready())
+        now[0] += 5.0
+        await report(s, "b", OfflineLoad())
+        seen.append(await s.ready())
+        now[0] += s.placement.stale_after_s + 1  # both fall silent (died)
+        seen.append(await s.ready())
+        return seen
+
+    counts = [r["live_engines"] for r in asyncio.run(go())]
+    assert counts == [0, 1, 2, 0]
