@@ -130,13 +130,14 @@ class AppConfig(SchedulingSettings):
     # max_batch_tokens tokens (not in deterministic mode), replay CUDA graphs
     # captured at start (engine/cuda_graphs.py, engine/cuda_graphs_mixed.py).
     cuda_graphs: bool = True
-    # float32 on CPU: multiply every projection on a weight packed once into
-    # oneDNN's blocked layout (in place: no extra memory) instead of through
-    # MKL on the plain weight.  Which is faster depends on the CPU (1.7-1.8x
-    # the engine's tokens/s on an AVX512 EPYC, no gain on an AVX2 one):
-    # `auto` times both on the model's largest projection at start and packs
-    # where that wins by 1.2x (engine/models/prepacked.py).  No effect in
-    # bfloat16/float16 or on CUDA.
+    # On CPU, float32 and natively multiplied bfloat16: multiply every
+    # projection on a weight packed once into oneDNN's blocked layout (in
+    # place: no extra memory) instead of on the plain weight.  Which is
+    # faster depends on the CPU (float32: 1.55-1.98x the engine's tokens/s on
+    # an AVX512 EPYC, no gain on an AVX2 one): `auto` times both on the
+    # model's largest projection at start and packs where that wins by 1.2x
+    # (engine/models/prepacked.py).  No effect in float16, in emulated
+    # bfloat16 or on CUDA.
     pack_projections: Literal["auto", "always", "never"] = "auto"
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on

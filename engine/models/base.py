@@ -88,7 +88,8 @@ class CausalLM(nn.Module, ABC):
 
     def pack_projections(self, mode: prepacked.PackMode) -> float | None:
         """Multiply every projection on a oneDNN-packed weight where that pays
-        (engine.models.prepacked): float32 on CPU only; `auto` times both ways
+        (engine.models.prepacked): on CPU, float32 and natively multiplied
+        bfloat16; `auto` times both ways
         on the largest projection's shape first.  Returns the measured
         speed-up (None where nothing was timed); `self.packed` says the choice."""
         if not prepacked.available(self.dtype, self.device) or mode == "never":
@@ -100,7 +101,7 @@ class CausalLM(nn.Module, ABC):
             if not shapes:
                 return None
             out_f, in_f = max(shapes, key=lambda s: s[0] * s[1])
-            speedup = prepacked.packing_speedup(out_f, in_f)
+            speedup = prepacked.packing_speedup(out_f, in_f, dtype=self.dtype)
         if prepacked.should_pack(mode, speedup):
             prepacked.pack_in_place(self, self.projection_names)
             self.linear = prepacked.packed_linear

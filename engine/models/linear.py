@@ -32,7 +32,8 @@ SLICE_ROWS = 4096
 _MIN_ROWS_SLICED = 8
 
 
-def _native_low_precision_cpu(dtype: torch.dtype) -> bool:
+def native_low_precision_cpu(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies `dtype` (bf16 / fp16) natively on this CPU."""
     try:
         if dtype is torch.bfloat16:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -76,7 +77,7 @@ def linear_for(dtype: torch.dtype, device: torch.device) -> LinearFn:
     if (
         device.type == "cpu"
         and dtype in (torch.bfloat16, torch.float16)
-        and not _native_low_precision_cpu(dtype)
+        and not native_low_precision_cpu(dtype)
     ):
         return upcast_linear
     return F.linear

@@ -19,9 +19,12 @@ parameter is replaced by its packed form after loading, so they cost no
 extra memory; whether that pays depends on the CPU.  On an AVX2-only EPYC
 MKL and oneDNN ran the layers' shapes about even (whole engine 0.88–1.06×,
 `studies/engine_cpu/README.md`); on an AVX512 EPYC MKL stays at its AVX2
-rate while oneDNN runs 2.3× faster (whole engine 1.7–1.8×).  So `auto`
-times both on the model's largest projection shape at start
-(`packing_speedup`) and packs where it wins by `MIN_SPEEDUP`.
+rate while oneDNN runs 2.3× faster (whole engine 1.55–1.98×).  In
+bfloat16, which `F.linear` already multiplies on oneDNN where the CPU has
+native bf16, the packed weight still gains at small batches (decode
+1.04–1.54× there).  So `auto` times both on the model's largest
+projection shape at start (`packing_speedup`) and packs where it wins by
+`MIN_SPEEDUP`.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.linear import native_low_precision_cpu
+
 # What `pack_projections` may say: time both and pick, or force one.
 PackMode = Literal["auto", "always", "never"]
 # `auto` packs where the packed matmul is at least this much faster: below
 # it the probe's noise on a shared host could flip the choice from run to run.
 MIN_SPEEDUP = 1.2
 # Decode-batch rows the probe times, and how long it times each side.
-_PROBE_ROWS = 32
+_PROBE_ROWS = 16
 _PROBE_S = 0.05
 
 # Row count the reorder is tuned for: the middle of the decode batches served.
@@ -49,17 +54,23 @@ _ROWS_HINT = 64
 
 
 def available(dtype: torch.dtype, device: torch.device) -> bool:
-    """float32 on a CPU whose torch build has oneDNN with the packed linear."""
-    if device.type != "cpu" or dtype is not torch.float32:
+    """float32 on a CPU whose torch build has oneDNN with the packed linear;
+    bfloat16 too where oneDNN multiplies it natively (AVX512-BF16 / AMX).
+    Not where bf16 is emulated (engine.models.linear computes it in float32
+    there)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     if not torch.backends.mkldnn.is_available():
         return False
     ops = torch.ops.mkldnn
-    return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return False
+    return dtype is torch.float32 or native_low_precision_cpu(dtype)
 
 
 class PrepackedLinear:
-    """Callable as `F.linear(x, weight, bias)` for 2-D float32 `x` on CPU."""
+    """Callable as `F.linear(x, weight, bias)` for 2-D `x` on CPU (float32,
+    or bfloat16 where `available`)."""
 
     def __init__(self) -> None:
         # id(weight) -> (data_ptr, version, packed)
@@ -119,11 +130,12 @@ def _time(fn: Callable[[], object], budget_s: float) -> float:
     return statistics.median(times)
 
 
-def packing_speedup(out_features: int, in_features: int, rows: int = _PROBE_ROWS) -> float:
+def packing_speedup(out_features: int, in_features: int, rows: int = _PROBE_ROWS,
+                    dtype: torch.dtype = torch.float32) -> float:
     """How much faster the packed matmul is than `F.linear` on this CPU, on
-    this thread pool, for a `[rows, in] x [out, in]^T` float32 product."""
-    x = torch.randn(rows, in_features)
-    w = torch.randn(out_features, in_features)
+    this thread pool, for a `[rows, in] x [out, in]^T` product in `dtype`."""
+    x = torch.randn(rows, in_features).to(dtype)
+    w = torch.randn(out_features, in_features).to(dtype)
     packed = torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT)
     plain = _time(lambda: F.linear(x, w), _PROBE_S)
     fast = _time(lambda: packed_linear(x, packed), _PROBE_S)

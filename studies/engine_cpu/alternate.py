@@ -14,15 +14,15 @@ from bench.engine_bench import parse_args as engine_args
 
 
 def engines(model: str, variants: dict[str, list[str]], prefill_lens: list[int],
-            batches: list[int], reps: int) -> dict[str, OursBench]:
-    """One float32 `OursBench` per variant, built from engine_bench flags."""
+            batches: list[int], reps: int, dtype: str = "float32") -> dict[str, OursBench]:
+    """One `OursBench` per variant, built from engine_bench flags."""
     out = {}
     for name, flags in variants.items():
-        args = engine_args(["--model", model, "--dtypes", "float32", "--decode-context", "256",
+        args = engine_args(["--model", model, "--dtypes", dtype, "--decode-context", "256",
                             "--decode-steps", str(reps), "--warmup", "1",
                             "--prefill-lens", ",".join(map(str, prefill_lens)),
                             "--decode-batches", ",".join(map(str, batches)), *flags])
-        out[name] = OursBench(args, "float32")
+        out[name] = OursBench(args, dtype)
     return out
 
 

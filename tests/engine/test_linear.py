@@ -28,6 +28,6 @@ def test_upcast_matches_float32_reference(rows: int, out_features: int) -> None:
 def test_selection() -> None:
     cpu = torch.device("cpu")
     assert linear.linear_for(torch.float32, cpu) is F.linear
-    native = linear._native_low_precision_cpu(torch.bfloat16)
+    native = linear.native_low_precision_cpu(torch.bfloat16)
     chosen = linear.linear_for(torch.bfloat16, cpu)
     assert chosen is (F.linear if native else linear.upcast_linear)

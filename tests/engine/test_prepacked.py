@@ -41,9 +41,32 @@ def test_repacks_when_the_weight_changes() -> None:
     torch.testing.assert_close(lin(x, other), F.linear(x, other), rtol=1e-5, atol=1e-5)
 
 
-def test_only_float32_cpu_is_packed() -> None:
-    assert not prepacked.available(torch.bfloat16, torch.device("cpu"))
+def test_float32_and_native_bfloat16_on_cpu_are_packed() -> None:
+    from engine.models.linear import native_low_precision_cpu
+
+    cpu = torch.device("cpu")
+    # bf16 only where oneDNN multiplies it natively; emulated bf16 is
+    # computed in float32 (engine.models.linear), never packed.
+    assert prepacked.available(torch.bfloat16, cpu) == (
+        prepacked.available(torch.float32, cpu) and native_low_precision_cpu(torch.bfloat16))
+    assert not prepacked.available(torch.float16, cpu)
     assert not prepacked.available(torch.float32, torch.device("cuda"))
+    assert not prepacked.available(torch.bfloat16, torch.device("cuda"))
+
+
+@pytest.mark.skipif(not prepacked.available(torch.bfloat16, torch.device("cpu")),
+                    reason="no native bf16 matmul on this CPU")
+def test_packed_bfloat16_multiplies_as_f_linear() -> None:
+    gen = torch.Generator().manual_seed(2)
+    layer = torch.nn.Module()
+    layer.w = torch.nn.Parameter(torch.randn(300, 64, generator=gen).bfloat16(),
+                                 requires_grad=False)
+    dense = layer.w.detach().clone()
+    assert prepacked.pack_in_place(layer, ("w",)) == 1 and layer.w.dtype is torch.bfloat16
+    for rows in (1, 9, 100):
+        x = torch.randn(rows, 64, generator=gen).bfloat16()
+        torch.testing.assert_close(prepacked.packed_linear(x, layer.w).float(),
+                                   F.linear(x, dense).float(), rtol=2e-2, atol=2e-2)
 
 
 @needs_onednn
@@ -108,11 +131,12 @@ def test_runner_packs_the_projections_where_the_probe_says(tiny_llama_path) -> N
     never = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
                         max_model_len=32, num_threads=1, pack_projections="never")
     assert never.packing_speedup is None and not never.model.packed
-    # bfloat16 projections are never packed (oneDNN already multiplies them
-    # where the CPU has bf16; elsewhere they are computed in float32).
+    # bfloat16 projections are packed only where the CPU multiplies bf16
+    # natively; elsewhere they are computed in float32 (engine.models.linear).
     bf16 = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=8, block_size=4,
                        max_model_len=32, num_threads=1, pack_projections="always")
-    assert not bf16.model.packed and not bf16.model.layers[0].qkv.is_mkldnn
+    native = prepacked.available(torch.bfloat16, torch.device("cpu"))
+    assert bf16.model.packed == native == bf16.model.layers[0].qkv.is_mkldnn
     with pytest.raises(ValueError, match="pack_projections must be one of"):
         ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
                     max_model_len=32, pack_projections="sometimes")  # type: ignore[arg-type]
