@@ -89,9 +89,9 @@ class CausalLM(nn.Module, ABC):
     def pack_projections(self, mode: prepacked.PackMode) -> float | None:
         """Multiply every projection on a oneDNN-packed weight where that pays
         (engine.models.prepacked): on CPU, float32 and natively multiplied
-        bfloat16; `auto` times both ways
-        on the largest projection's shape first.  Returns the measured
-        speed-up (None where nothing was timed); `self.packed` says the choice."""
+        bfloat16; `auto` times both ways on the largest projection's shape
+        first.  Returns the measured speed-up (None where nothing was timed);
+        `self.packed` says the choice."""
         if not prepacked.available(self.dtype, self.device) or mode == "never":
             return None
         speedup = None

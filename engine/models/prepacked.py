@@ -89,7 +89,7 @@ class PrepackedLinear:
     ) -> torch.Tensor:
         if x.dim() != 2 or x.shape[0] == 0:
             return F.linear(x, w, b)
-        return torch.ops.mkldnn._linear_pointwise(x, self._pack(w), b, "none", [], "")
+        return packed_linear(x, self._pack(w), b)
 
 
 def packed_linear(
