@@ -202,8 +202,8 @@ class AppConfig(SchedulingSettings):
                 f"attention_backend {self.attention_backend!r} is a CPU backend; use 'triton', "
                 "'torch' or 'auto' on cuda")
         if self.device == "cuda" and self.pack_projections == "always":
-            raise ValueError("pack_projections 'always' packs CPU float32 weights; on device "
-                             "cuda use 'auto' or 'never'")
+            raise ValueError("pack_projections 'always' packs CPU weights (float32, native "
+                             "bfloat16); on device cuda use 'auto' or 'never'")
         if self.device == "cpu" and self.attention_backend == "triton":
             raise ValueError("attention_backend 'triton' runs on device cuda; use 'cpp', "
                              "'compiled', 'torch' or 'auto' on cpu")

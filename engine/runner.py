@@ -97,9 +97,10 @@ class ModelRunner:
             self.model = cls(self.config, self.dtype, self.device, max_model_len)
             self.model.load_weights(iter_weights(self.model_path))
         self.model.eval()
-        # float32 on CPU: the projections on oneDNN-packed weights where that
-        # is faster on this CPU (engine.models.prepacked); before the tiles
-        # of deterministic mode, which wrap whichever matmul this leaves.
+        # On CPU (float32, native bfloat16): the projections on oneDNN-packed
+        # weights where that is faster here (engine.models.prepacked); before
+        # the tiles of deterministic mode, which wrap whichever matmul this
+        # leaves.
         with torch.no_grad():
             self.packing_speedup = self.model.pack_projections(pack_projections)
         backend = get_attention_backend(attention_backend or default_backend_name(self.device))
