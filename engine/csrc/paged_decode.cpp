@@ -13,7 +13,9 @@
 // random places in a cache far larger than the CPU's caches and the
 // hardware prefetcher cannot guess the next one.  Softmax is taken online
 // block by block (running max and sum, as in FlashAttention), in float32
-// whatever the cache dtype.
+// whatever the cache dtype.  That portable loop serves every build; a build
+// for an AVX512 capability takes float32 and bfloat16 caches through the
+// vectorized passes further down (decode_avx512) instead.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -22,8 +24,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -152,12 +156,350 @@ void decode(int64_t dim, const scalar_t* q, const scalar_t* key_cache, const sca
   });
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// The same attention with explicit AVX512 vectors, for float32 and bfloat16
+// caches on a build for an AVX512 capability.  The loop above is bound by
+// latency, not arithmetic: one 64-wide reduction per (token, head), a
+// running maximum whose every block rescales the sums, and in bfloat16 each
+// cached row converted once per query head of its group.  Here, per
+// sequence:
+//  1. scores of every head against every key, a block at a time, 16 tokens
+//     of a KV head at once: per token a vector of partial products, the 16
+//     folded into one vector of 16 scores by a shuffle tree (15 adds); bf16
+//     keys are multiplied as they lie in the cache by VDPBF16PS where the
+//     build has it (exact bf16 products, float32 sums), else widened;
+//  2. the softmax over the whole context at once (its maximum first), with
+//     no running rescale and no step waiting on the one before;
+//  3. the weighted sum of the values, a block at a time, each value row read
+//     once for up to four heads of its group with their sums in registers.
+// A bf16 row is widened two halves at a time (even elements by a shift, odd
+// ones by a mask), so the sums of each 32-element piece are kept as its 16
+// even then its 16 odd elements (the widened query is permuted the same
+// way) and put back in order when written out.  The scores take 4 bytes per
+// head and context token of scratch.  Everything after the multiplies is in
+// float32, and the order of every reduction depends only on the sequence's
+// own context, never on the batch.
+#include <immintrin.h>
+
+#define PAGED_DECODE_AVX512 1
+
+inline __m512 lane_sums16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) {
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i) {
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// exp_nonpositive on 16 lanes (the same reduction and polynomial).
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Scores of one query (DIM floats) against n <= 16 rows of k, lane t for row t.
+template <int DIM>
+inline __m512 scores16(const float* q, const float* k, int64_t stride, int64_t n) {
+  constexpr int V = DIM / 16;
+  __m512 qv[V];
+  for (int c = 0; c < V; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  __m512 part[16];
+  for (int t = 0; t < 16; ++t) {
+    if (t < n) {
+      const float* kp = k + t * stride;
+      __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kp));
+      for (int c = 1; c < V; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kp + 16 * c), s);
+      part[t] = s;
+    } else {
+      part[t] = _mm512_setzero_ps();
+    }
+  }
+  return lane_sums16(part);
+}
+
+#ifdef __AVX512BF16__
+// Scores of a bfloat16 query against n <= 16 bfloat16 rows, straight from
+// the cache: VDPBF16PS multiplies pairs of bf16 exactly and sums them in
+// float32, so the keys need no widening.
+template <int DIM>
+inline __m512 scores16_bf16(const at::BFloat16* q, const at::BFloat16* k, int64_t stride,
+                            int64_t n) {
+  constexpr int V = DIM / 32;
+  __m512bh qv[V];
+  for (int c = 0; c < V; ++c) qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 32 * c));
+  __m512 part[16];
+  for (int t = 0; t < 16; ++t) {
+    __m512 s = _mm512_setzero_ps();
+    if (t < n) {
+      const at::BFloat16* kp = k + t * stride;
+      for (int c = 0; c < V; ++c) {
+        s = _mm512_dpbf16_ps(s, qv[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(kp + 32 * c)));
+      }
+    }
+    part[t] = s;
+  }
+  return lane_sums16(part);
+}
+#endif
+
+// A bfloat16 row widened to float32, each 32-element piece as its even
+// elements then its odd ones.
+template <int DIM>
+inline void widen_bf16(const at::BFloat16* src, float* dst) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int c = 0; c < DIM / 32; ++c) {
+    const __m512i x = _mm512_loadu_si512(src + 32 * c);
+    _mm512_storeu_ps(dst + 32 * c, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+    _mm512_storeu_ps(dst + 32 * c + 16, _mm512_castsi512_ps(_mm512_and_si512(x, high)));
+  }
+}
+
+template <typename scalar_t, int DIM>
+void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_cache,
+                   const int64_t* block_ids, const int64_t* table_starts,
+                   const int64_t* context_lens, float scale, scalar_t* out, int64_t num_seqs,
+                   int64_t heads, int64_t kv_heads, int64_t block_size) {
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+  static_assert(kBf16 || std::is_same_v<scalar_t, float>, "float32 or bfloat16 caches");
+  static_assert(DIM % (kBf16 ? 32 : 16) == 0, "head dim in whole vectors");
+#ifdef __AVX512BF16__
+  constexpr bool kNativeDot = kBf16;
+#else
+  constexpr bool kNativeDot = false;
+#endif
+  constexpr int V = DIM / 16;
+  // The weighted sum keeps HT heads x CW vectors of accumulators in
+  // registers; a row wider than CW vectors is summed a slice at a time.
+  constexpr int HT = 4;
+  constexpr int CW = V <= 4 ? V : (V % 4 == 0 ? 4 : 2);
+  static_assert(V % CW == 0, "slices of whole pieces");
+  const int64_t group = heads / kv_heads;
+  const int64_t tok_stride = kv_heads * DIM;
+  const int64_t blk_stride = block_size * tok_stride;
+  constexpr int64_t row_bytes = DIM * static_cast<int64_t>(sizeof(scalar_t));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf_buf(heads * DIM), acc_buf(heads * DIM);
+    std::vector<float> sc_buf;
+    std::vector<float> inv(heads);
+    float* qf = qf_buf.data();
+    float* accm = acc_buf.data();
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t h = 0; h < heads && !kNativeDot; ++h) {
+        const scalar_t* qp = q + (i * heads + h) * DIM;
+        float* qh = qf + h * DIM;
+        if constexpr (kBf16) {
+          widen_bf16<DIM>(qp, qh);
+        } else {
+          std::memcpy(qh, qp, DIM * sizeof(float));
+        }
+        for (int64_t d = 0; d < DIM; ++d) qh[d] *= scale;
+      }
+      const int64_t ctx = context_lens[i];
+      const int64_t* table = block_ids + table_starts[i];
+      const int64_t num_blocks = (ctx + block_size - 1) / block_size;
+      // Room for a whole vector past the last score.
+      const int64_t padded = (ctx + 15) / 16 * 16;
+      if (static_cast<int64_t>(sc_buf.size()) < heads * padded) sc_buf.resize(heads * padded);
+      float* sc = sc_buf.data();
+      // Pass 1: every head's scores against every key of the context, a
+      // block (all its KV heads, one contiguous span) at a time.
+      for (int64_t bi = 0; bi < num_blocks; ++bi) {
+        const int64_t len = bi == num_blocks - 1 ? ctx - bi * block_size : block_size;
+        const scalar_t* kb = key_cache + table[bi] * blk_stride;
+        // The next block's keys (after the last, the first block's values)
+        // are fetched while this one is computed on: blocks lie anywhere in a
+        // cache far larger than the CPU's.
+        const scalar_t* ahead = bi + 1 < num_blocks ? key_cache + table[bi + 1] * blk_stride
+                                                    : value_cache + table[0] * blk_stride;
+        for (int64_t kh = 0; kh < kv_heads; ++kh) {
+          for (int64_t t = 0; t < block_size; ++t) {
+            prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
+                          row_bytes);
+          }
+          for (int64_t t0 = 0; t0 < len; t0 += 16) {
+            const int64_t n = len - t0 < 16 ? len - t0 : 16;
+            const __mmask16 live = static_cast<__mmask16>((1u << n) - 1u);
+            const scalar_t* krows = kb + t0 * tok_stride + kh * DIM;
+            const int64_t pos = bi * block_size + t0;
+            // Without the bf16 dot the chunk is widened once for the group.
+            alignas(64) float widened[kBf16 && !kNativeDot ? 16 * DIM : 1];
+            if constexpr (kBf16 && !kNativeDot) {
+              for (int64_t t = 0; t < n; ++t) {
+                widen_bf16<DIM>(krows + t * tok_stride, widened + t * DIM);
+              }
+            }
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t h = kh * group + g;
+              __m512 s;
+#ifdef __AVX512BF16__
+              if constexpr (kNativeDot) {
+                s = _mm512_mul_ps(
+                    scores16_bf16<DIM>(q + (i * heads + h) * DIM, krows, tok_stride, n),
+                    _mm512_set1_ps(scale));
+              } else
+#endif
+              if constexpr (kBf16) {
+                s = scores16<DIM>(qf + h * DIM, widened, DIM, n);
+              } else {
+                s = scores16<DIM>(qf + h * DIM, reinterpret_cast<const float*>(krows),
+                                  tok_stride, n);
+              }
+              _mm512_mask_storeu_ps(sc + h * padded + pos, live, s);
+            }
+          }
+        }
+      }
+      // Softmax over the whole context at once: no running maximum, no
+      // rescaling, every step independent of the one before.
+      for (int64_t h = 0; h < heads; ++h) {
+        float* s = sc + h * padded;
+        __m512 mv = _mm512_set1_ps(neg_inf);
+        for (int64_t j = 0; j < ctx; j += 16) {
+          const __mmask16 live = ctx - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                               : static_cast<__mmask16>((1u << (ctx - j)) - 1u);
+          mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(neg_inf), live, s + j));
+        }
+        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < ctx; j += 16) {
+          const __mmask16 live = ctx - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                               : static_cast<__mmask16>((1u << (ctx - j)) - 1u);
+          const __m512 p = _mm512_maskz_mov_ps(
+              live, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + j), m)));
+          _mm512_storeu_ps(s + j, p);
+          sum = _mm512_add_ps(sum, p);
+        }
+        inv[h] = 1.0f / _mm512_reduce_add_ps(sum);
+      }
+      // Pass 2: the weighted sum of the values, a block at a time; each value
+      // row is read once for up to HT heads of its group, a slice of CW
+      // vectors at a time, with the sums in registers across the block.
+      std::memset(accm, 0, heads * DIM * sizeof(float));
+      for (int64_t bi = 0; bi < num_blocks; ++bi) {
+        const int64_t len = bi == num_blocks - 1 ? ctx - bi * block_size : block_size;
+        const scalar_t* vb = value_cache + table[bi] * blk_stride;
+        const scalar_t* ahead = bi + 1 < num_blocks ? value_cache + table[bi + 1] * blk_stride
+                                                    : nullptr;
+        const int64_t pos = bi * block_size;
+        for (int64_t kh = 0; kh < kv_heads; ++kh) {
+          for (int64_t t = 0; t < block_size && ahead != nullptr; ++t) {
+            prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
+                          row_bytes);
+          }
+          for (int64_t g0 = 0; g0 < group; g0 += HT) {
+            const int64_t gn = group - g0 < HT ? group - g0 : HT;
+            const int64_t h0 = kh * group + g0;
+            for (int cs = 0; cs < V; cs += CW) {
+              __m512 acc[HT][CW];
+              for (int gi = 0; gi < HT; ++gi) {
+                for (int c = 0; c < CW; ++c) {
+                  acc[gi][c] = gi < gn ? _mm512_loadu_ps(accm + (h0 + gi) * DIM + 16 * (cs + c))
+                                       : _mm512_setzero_ps();
+                }
+              }
+              for (int64_t t = 0; t < len; ++t) {
+                const scalar_t* vp = vb + t * tok_stride + kh * DIM + 16 * cs;
+                __m512 row[CW];
+                if constexpr (kBf16) {
+                  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+                  for (int c = 0; c < CW; c += 2) {
+                    const __m512i x = _mm512_loadu_si512(vp + 16 * c);
+                    row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+                    row[c + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+                  }
+                } else {
+                  for (int c = 0; c < CW; ++c) row[c] = _mm512_loadu_ps(vp + 16 * c);
+                }
+                for (int gi = 0; gi < HT; ++gi) {
+                  if (gi < gn) {
+                    const __m512 p = _mm512_set1_ps(sc[(h0 + gi) * padded + pos + t]);
+                    for (int c = 0; c < CW; ++c) acc[gi][c] = _mm512_fmadd_ps(p, row[c], acc[gi][c]);
+                  }
+                }
+              }
+              for (int gi = 0; gi < gn; ++gi) {
+                for (int c = 0; c < CW; ++c) {
+                  _mm512_storeu_ps(accm + (h0 + gi) * DIM + 16 * (cs + c), acc[gi][c]);
+                }
+              }
+            }
+          }
+        }
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        scalar_t* op = out + (i * heads + h) * DIM;
+        const float* a = accm + h * DIM;
+        const float k = inv[h];
+        if constexpr (kBf16) {
+          // Back in order: each 32-element piece was its even then odd elements.
+          for (int64_t c = 0; c < DIM / 32; ++c) {
+            for (int64_t j = 0; j < 16; ++j) {
+              op[32 * c + 2 * j] = static_cast<scalar_t>(a[32 * c + j] * k);
+              op[32 * c + 2 * j + 1] = static_cast<scalar_t>(a[32 * c + 16 + j] * k);
+            }
+          }
+        } else {
+          for (int64_t d = 0; d < DIM; ++d) op[d] = a[d] * k;
+        }
+      }
+    }
+  });
+}
+
+#endif  // AVX512
+
 template <typename scalar_t>
 void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
                   const at::Tensor& vc, const int64_t* ids, const int64_t* starts,
                   const int64_t* ctx, float scale, at::Tensor& out) {
   const int64_t n = q.size(0), heads = q.size(1);
   const int64_t block_size = kc.size(1), kv_heads = kc.size(2);
+#ifdef PAGED_DECODE_AVX512
+  // Head dims in whole vectors (bfloat16: whole 32-element pieces).
+  constexpr bool vectorized =
+      std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>;
+  if constexpr (vectorized) {
+#define PAGED_DECODE_AVX512_DIM(D)                                                       \
+  case D:                                                                               \
+    decode_avx512<scalar_t, D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),           \
+                               vc.data_ptr<scalar_t>(), ids, starts, ctx, scale,          \
+                               out.data_ptr<scalar_t>(), n, heads, kv_heads, block_size); \
+    return;
+    switch (dim) {
+      PAGED_DECODE_AVX512_DIM(32)
+      PAGED_DECODE_AVX512_DIM(64)
+      PAGED_DECODE_AVX512_DIM(96)
+      PAGED_DECODE_AVX512_DIM(128)
+      PAGED_DECODE_AVX512_DIM(256)
+      default:
+        break;
+    }
+#undef PAGED_DECODE_AVX512_DIM
+  }
+#endif
 #define PAGED_DECODE_DIM(D)                                                             \
   case D:                                                                               \
     decode<scalar_t, D>(dim, q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),                \

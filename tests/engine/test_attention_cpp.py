@@ -58,9 +58,13 @@ def _call(q, keys, values, tables, contexts):
     (8, 8, 128, 16),  # Llama-7B's head dim, no grouping
     (6, 2, 8, 4),     # a head dim with no unrolled build
     (4, 1, 80, 32),   # a larger block
+    (16, 2, 128, 8),  # a group of 8: two tiles of heads in the weighted sum
+    (4, 4, 96, 24),   # 16 + 8 tokens a block; the weighted sum in two slices
+    (8, 2, 256, 16),  # four slices of the value rows
+    (6, 3, 32, 16),   # two vectors a row
 ])
 def test_matches_dense_attention(heads: int, kv_heads: int, dim: int, bs: int) -> None:
-    contexts = [1, bs - 1, bs, bs + 1, 5 * bs + 3]
+    contexts = [1, bs - 1, bs, bs + 1, 5 * bs + 3, 40 * bs + 7]
     q, keys, values, tables = _case(contexts, heads, kv_heads, dim, bs)
     got = _call(q, keys, values, tables, contexts)
     torch.testing.assert_close(got.double(), _reference(q, keys, values, tables, contexts),
@@ -92,9 +96,14 @@ def test_one_long_context_does_not_change_the_others() -> None:
 
 
 @needs_cxx
-def test_bfloat16_cache_accumulates_in_float32() -> None:
-    contexts = [3, 40, 100]
-    q, keys, values, tables = _case(contexts, 6, 2, 64, 16)
+@pytest.mark.parametrize("heads,kv_heads,dim,bs", [
+    (6, 2, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (8, 2, 256, 16), (6, 3, 32, 16),
+    (4, 2, 16, 4),  # no vectorized build for this head dim
+])
+def test_bfloat16_cache_accumulates_in_float32(heads: int, kv_heads: int, dim: int,
+                                                bs: int) -> None:
+    contexts = [3, 40, 100, 31 * bs + 5]
+    q, keys, values, tables = _case(contexts, heads, kv_heads, dim, bs)
     got = _call(q.bfloat16(), keys.bfloat16(), values.bfloat16(), tables, contexts)
     assert got.dtype == torch.bfloat16
     want = _reference(q.bfloat16().float(), keys.bfloat16().float(),
@@ -180,10 +189,62 @@ def test_build_failure_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpp, "_kernel", None)
     monkeypatch.setattr(cpp, "_load_error", None)
     monkeypatch.setattr("torch.utils.cpp_extension.load", failing_load)
-    for _ in range(2):
-        with pytest.raises(RuntimeError, match="command not found"):
-            cpp.load_kernel()
-    assert len(calls) == 1
+    with pytest.raises(RuntimeError, match="command not found"):
+        cpp.load_kernel()
+    attempts = len(calls)
+    assert attempts in (1, 2)  # two where the bf16 dot build is tried first
+    with pytest.raises(RuntimeError, match="command not found"):
+        cpp.load_kernel()
+    assert len(calls) == attempts
+
+
+@needs_cxx
+def test_a_failed_bf16_dot_build_falls_back_to_the_plain_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = cpp.load_kernel()  # the operator is registered in this process
+    calls: list[list[str]] = []
+
+    def load(**kwargs: object) -> None:
+        flags = list(kwargs["extra_cflags"])  # type: ignore[call-overload]
+        calls.append(flags)
+        if "-mavx512bf16" in flags:
+            raise RuntimeError("unrecognized command-line option '-mavx512bf16'")
+
+    monkeypatch.setattr(cpp, "_kernel", None)
+    monkeypatch.setattr(cpp, "_load_error", None)
+    monkeypatch.setattr(cpp, "bf16_dot_wanted", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    with caplog.at_level(logging.WARNING, logger=cpp.__name__):
+        assert cpp.load_kernel() is real
+    assert ["-mavx512bf16" in c for c in calls] == [True, False]
+    assert "without it" in caplog.text
+
+
+@needs_cxx
+@pytest.mark.skipif(not cpp.bf16_dot_wanted(), reason="no bf16 dot build on this CPU")
+def test_bfloat16_without_the_dot_instruction_matches_too() -> None:
+    # The build an AVX512 CPU without avx512_bf16 gets, checked here in a
+    # process of its own (one build of the operator per process).
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "import engine.attention_cpp as cpp\n"
+        "from tests.engine import test_attention_cpp as t\n"
+        "assert not cpp.bf16_dot_wanted()\n"
+        "for shape in [(6, 2, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24)]:\n"
+        "    t.test_bfloat16_cache_accumulates_in_float32(*shape)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PREEMPT_SERVE_CPP_BF16_DOT": "0"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__)))))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_cpu_default_is_cpp_and_cuda_is_refused() -> None:
