@@ -46,6 +46,8 @@ from engine.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+# Built into the same library: the greedy path's passes over the logits.
+LOGITS_SOURCE = SOURCE.with_name("logits.cpp")
 
 # The flags ATen's own kernels of each capability are built with (vec256 /
 # vec512); "DEFAULT" gets the compiler's baseline for the architecture.
@@ -81,7 +83,8 @@ def load_kernel() -> Callable[..., torch.Tensor]:
             builds.insert(0, (f"{name}_bf16", [*flags, "-mavx512bf16"]))
         for i, (build_name, build_flags) in enumerate(builds):
             try:
-                load(name=build_name, sources=[str(SOURCE)], extra_cflags=build_flags,
+                load(name=build_name, sources=[str(SOURCE), str(LOGITS_SOURCE)],
+                     extra_cflags=build_flags,
                      is_python_module=False, verbose=False)
                 break
             except Exception:
@@ -95,6 +98,11 @@ def load_kernel() -> Callable[..., torch.Tensor]:
         _load_error = f"{type(e).__name__}: {first}"
         raise RuntimeError(_load_error) from e
     return _kernel
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the operators (never builds them)."""
+    return _kernel is not None
 
 
 def bf16_dot_wanted() -> bool:

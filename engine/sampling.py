@@ -30,6 +30,7 @@ from itertools import chain, repeat
 
 import torch
 
+from engine.logits_cpu import argmax_rows
 from engine.sampling_params import SamplingParams
 from scheduler.plan import TokenLogprob
 
@@ -318,7 +319,7 @@ class Sampler:
         if not requests:
             return torch.empty(0, dtype=torch.long, device=logits.device)
         if all(r.params.greedy and not r.adjusts_logits for r in requests):
-            return logits.argmax(dim=-1)
+            return argmax_rows(logits)
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         if greedy:
@@ -380,8 +381,8 @@ def _greedy_into(
     adjusted = [i for i in rows if requests[i].adjusts_logits]
     if len(adjusted) < len(rows):
         plain = [i for i in rows if not requests[i].adjusts_logits]
-        tokens[plain] = logits.argmax(dim=-1)[plain]
+        tokens[plain] = argmax_rows(logits)[plain]
     if adjusted:
         sub = logits[adjusted]
         adjust_logits(sub, [requests[i] for i in adjusted])
-        tokens[adjusted] = sub.argmax(dim=-1)
+        tokens[adjusted] = argmax_rows(sub)

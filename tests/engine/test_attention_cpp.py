@@ -222,28 +222,43 @@ def test_a_failed_bf16_dot_build_falls_back_to_the_plain_one(
     assert "without it" in caplog.text
 
 
+_OTHER_BUILDS = {
+    # What an AVX512 CPU without avx512_bf16 builds: bf16 keys widened.
+    "no-bf16-dot": ({"PREEMPT_SERVE_CPP_BF16_DOT": "0"}, cpp.bf16_dot_wanted()),
+    # What an AVX2 CPU builds: the portable loops.
+    "portable": ({"ATEN_CPU_CAPABILITY": "avx2"},
+                 torch.backends.cpu.get_cpu_capability() == "AVX512"),
+}
+
+
 @needs_cxx
-@pytest.mark.skipif(not cpp.bf16_dot_wanted(), reason="no bf16 dot build on this CPU")
-def test_bfloat16_without_the_dot_instruction_matches_too() -> None:
-    # The build an AVX512 CPU without avx512_bf16 gets, checked here in a
-    # process of its own (one build of the operator per process).
+@pytest.mark.parametrize("build", sorted(_OTHER_BUILDS))
+def test_other_builds_of_this_cpu_match_too(build: str) -> None:
+    # Checked in a process of their own: one build of the operators per process.
     import os
     import subprocess
     import sys
 
+    env_extra, differs = _OTHER_BUILDS[build]
+    if not differs:
+        pytest.skip("the same build as this process's")
     script = (
         "import torch\n"
         "import engine.attention_cpp as cpp\n"
-        "from tests.engine import test_attention_cpp as t\n"
-        "assert not cpp.bf16_dot_wanted()\n"
-        "for shape in [(6, 2, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24)]:\n"
+        "from tests.engine import test_attention_cpp as t, test_logits_cpu as lg\n"
+        "cpp.load_kernel()\n"
+        "for shape in [(9, 3, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (6, 2, 8, 4)]:\n"
+        "    t.test_matches_dense_attention(*shape)\n"
         "    t.test_bfloat16_cache_accumulates_in_float32(*shape)\n"
+        "t.test_online_softmax_keeps_extreme_scores_exact()\n"
+        "for n in [1, 17, 49157]:\n"
+        "    lg.test_matches_aten_on_every_row(torch.ops.preempt_serve.argmax_rows, n)\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "PREEMPT_SERVE_CPP_BF16_DOT": "0"}
+    env = {**os.environ, **env_extra}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__)))))
+                          text=True, timeout=600, cwd=root)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
