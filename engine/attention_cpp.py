@@ -46,8 +46,9 @@ from engine.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-# Built into the same library: the greedy path's passes over the logits.
-LOGITS_SOURCE = SOURCE.with_name("logits.cpp")
+# Built into the same library: the greedy argmax of the logits, and a Llama
+# layer's bf16 RMSNorm and rotary embedding as one operator each.
+OTHER_SOURCES = [SOURCE.with_name("logits.cpp"), SOURCE.with_name("norm_rotary.cpp")]
 
 # The flags ATen's own kernels of each capability are built with (vec256 /
 # vec512); "DEFAULT" gets the compiler's baseline for the architecture.
@@ -83,7 +84,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
             builds.insert(0, (f"{name}_bf16", [*flags, "-mavx512bf16"]))
         for i, (build_name, build_flags) in enumerate(builds):
             try:
-                load(name=build_name, sources=[str(SOURCE), str(LOGITS_SOURCE)],
+                load(name=build_name, sources=[str(p) for p in (SOURCE, *OTHER_SOURCES)],
                      extra_cflags=build_flags,
                      is_python_module=False, verbose=False)
                 break

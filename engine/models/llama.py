@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import attention_cpp
 from engine.kv_cache import KVCache
 from engine.models.activations import activation
 from engine.models.base import (
@@ -35,6 +36,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise in float32 and scale in the model dtype, as the reference
     # does: the order of rounding matters for bf16 results.
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm`, with bfloat16 rows normalised by one C++ operator
+    (engine/csrc/norm_rotary.cpp, the same rounding) where it is loaded."""
+    if x.dtype is torch.bfloat16 and x.dim() == 2 and x.stride(-1) == 1 and attention_cpp.loaded():
+        return torch.ops.preempt_serve.rms_norm_bf16(x, weight, eps)
+    return rms_norm(x, weight, eps)
 
 
 def _bias(n: int, enabled: bool, dtype: torch.dtype, device: torch.device) -> nn.Parameter | None:
@@ -99,7 +108,7 @@ class LlamaForCausalLM(CausalLM):
         # On CUDA each norm and the rotation of q and k are one Triton kernel
         # (engine/models/fused_triton.py) instead of several small ones.
         self.fused = device.type == "cuda"
-        self.norm_fn = rms_norm
+        self.norm_fn = rms_norm_cpu if device.type == "cpu" else rms_norm
         if self.fused:
             from engine.models import fused_triton
 
@@ -188,6 +197,10 @@ class LlamaForCausalLM(CausalLM):
             from engine.models.fused_triton import apply_rotary_qk
 
             return lambda q, k: apply_rotary_qk(q, k, cos_table, sin_table, positions)
+        if positions.device.type == "cpu" and attention_cpp.loaded():
+            # One C++ operator (engine/csrc/norm_rotary.cpp), the same values.
+            rotary_qk = torch.ops.preempt_serve.rotary_qk
+            return lambda q, k: rotary_qk(q, k, cos_table, sin_table, positions)
         cos, sin = self.rotary.cos_sin(positions)
         return lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))
 

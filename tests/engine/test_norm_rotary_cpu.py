@@ -1,0 +1,86 @@
+"""The CPU operators for a Llama layer's bf16 RMSNorm and its rotation of q
+and k: the values of the op-by-op versions they replace (bit for bit for
+the rotation, within the sum order for the norm), on strided views as the
+layer hands them over; and the layer taking them where they are loaded."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import engine.attention_cpp as cpp
+from engine.models.llama import rms_norm, rms_norm_cpu
+from engine.models.rotary import apply_rotary
+
+HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+pytestmark = pytest.mark.skipif(not HAS_CXX, reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True)
+def _loaded() -> None:
+    cpp.load_kernel()
+
+
+def _tables(max_pos: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (37, 9, 3, 64),
+                                                       (5, 8, 8, 128), (3, 4, 2, 6)])
+def test_rotation_is_the_op_by_op_rotation_bit_for_bit(dtype: torch.dtype, tokens: int,
+                                                       heads: int, kv_heads: int,
+                                                       dim: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    # q and k as views of one qkv projection's output, as the layer splits it.
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 3).to(dtype)
+    q, k, _ = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
+    assert tokens == 1 or not q.is_contiguous()
+    cos_t, sin_t = _tables(300, dim, dtype)
+    positions = torch.randint(0, 300, (tokens,), generator=gen)
+    got_q, got_k = torch.ops.preempt_serve.rotary_qk(q, k, cos_t, sin_t, positions)
+    cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)
+    assert torch.equal(got_q, apply_rotary(q, cos, sin))
+    assert torch.equal(got_k, apply_rotary(k, cos, sin))
+    assert got_q.is_contiguous() and got_k.is_contiguous()
+
+
+def test_rotation_refuses_a_position_past_its_tables() -> None:
+    cos_t, sin_t = _tables(16, 8, torch.float32)
+    q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
+    with pytest.raises(RuntimeError, match="beyond the tables"):
+        torch.ops.preempt_serve.rotary_qk(q, k, cos_t, sin_t, torch.tensor([3, 16]))
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        torch.ops.preempt_serve.rotary_qk(q.bfloat16(), k, cos_t, sin_t, torch.tensor([3, 4]))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 576), (96, 576), (7, 2048), (3, 10)])
+def test_bf16_norm_matches_the_op_by_op_norm(rows: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    wide = (torch.randn(rows, n + 64, generator=gen) * 4).bfloat16()
+    x = wide[:, 32 : 32 + n]  # strided rows, as a slice of a wider output
+    w = (torch.rand(n, generator=gen) + 0.5).bfloat16()
+    got = torch.ops.preempt_serve.rms_norm_bf16(x, w, 1e-5)
+    want = rms_norm(x, w, 1e-5)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    # The float32 sum may be taken in another order than ATen's: a value
+    # then lands one bf16 step away, rarely.
+    exact = (got == want).float().mean().item()
+    assert exact > 0.99
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
+def test_norm_dispatch_keeps_float32_and_unloaded_on_aten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x, w = torch.randn(4, 32), torch.rand(32)
+    assert torch.equal(rms_norm_cpu(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    xb, wb = x.bfloat16(), w.bfloat16()
+    monkeypatch.setattr(cpp, "_kernel", None)
+    assert torch.equal(rms_norm_cpu(xb, wb, 1e-6), rms_norm(xb, wb, 1e-6))
