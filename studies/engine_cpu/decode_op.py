@@ -22,14 +22,13 @@ its source first.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.report import machine_meta, write_report
+from bench.sampling_bench import _median_ms
 from engine.attention_cpp import bf16_dot_wanted, load_kernel
 
 
@@ -48,17 +47,6 @@ def _case(dtype: torch.dtype, batch: int, context: int, hot: bool, block_size: i
     return q, keys, values, ids.long().contiguous(), starts, lens, dim ** -0.5
 
 
-def _median_ms(fn: Any, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m studies.engine_cpu.decode_op",
                                  description=__doc__.split("\n")[0])
@@ -73,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         for hot in (False, True):
             args = _case(dtype, a.batch, a.context, hot)
+            op(*args)  # a first pass to touch the buffers
             ms = _median_ms(lambda: op(*args), a.reps)
             kv_bytes = 2 * a.batch * a.context * 3 * 64 * args[1].element_size()
             row = {"dtype": str(dtype).removeprefix("torch."), "layout": "hot" if hot else "cold",
