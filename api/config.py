@@ -162,6 +162,10 @@ class AppConfig(SchedulingSettings):
     engine_num_cpus: float = Field(1.0, gt=0)
     # Intra-op threads of the forward pass; default: the engine's CPUs.
     num_threads: int | None = Field(None, ge=1)
+    # CPU cores the engine replica's process is pinned to (every thread;
+    # Linux), e.g. [0]; None: not pinned (Ray counts CPUs, it places no
+    # process on particular cores).
+    engine_cpu_ids: list[int] | None = Field(None, min_length=1)
     # Bearer key every route but /health requires; None (and no
     # PREEMPT_SERVE_API_KEY in the environment): no authentication.
     api_key: SecretStr | None = Field(None, validate_default=True)
@@ -176,6 +180,13 @@ class AppConfig(SchedulingSettings):
         secret = v.get_secret_value() if isinstance(v, SecretStr) else v
         if isinstance(secret, str) and not secret.strip():
             raise ValueError("must not be empty or blank")
+        return v
+
+    @field_validator("engine_cpu_ids")
+    @classmethod
+    def _distinct_cores(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(set(v)) != len(v) or min(v) < 0):
+            raise ValueError("must list distinct core ids >= 0")
         return v
 
     @field_validator("tensor_parallel_size", "pipeline_parallel_size")
@@ -212,6 +223,10 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"deterministic: true needs attention_backend {invariant} or 'auto', not "
                 f"{self.attention_backend!r}, whose prefill attention is not batch-invariant")
+        if self.engine_cpu_ids is not None and self.num_engine_replicas > 1:
+            raise ValueError(
+                "engine_cpu_ids pins every engine replica to the same cores; with "
+                "num_engine_replicas > 1 leave it unset")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

@@ -106,6 +106,15 @@ class Engine:
         from engine.runner import ModelRunner
 
         self.cfg = AppConfig(**config)
+        if self.cfg.engine_cpu_ids is not None:
+            from engine.threads import pin_process
+
+            # Before the runner starts torch's thread pool, which inherits it.
+            try:
+                pinned = pin_process(self.cfg.engine_cpu_ids)
+            except ValueError as e:
+                raise ValueError(f"engine_cpu_ids: {e}") from None
+            log.info("engine replica pinned to CPU cores %s", sorted(pinned))
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
         self.runner = ModelRunner(

@@ -118,3 +118,13 @@ def test_deterministic_mode_needs_a_batch_invariant_backend() -> None:
             AppConfig(deterministic=True, attention_backend=backend)
     with pytest.raises(ValidationError, match="needs attention_backend 'triton' or 'auto'"):
         AppConfig(deterministic=True, device="cuda", attention_backend="torch")
+
+
+def test_engine_cpu_ids_name_distinct_cores_for_one_replica() -> None:
+    assert AppConfig().engine_cpu_ids is None
+    assert AppConfig(engine_cpu_ids=[0]).engine_cpu_ids == [0]
+    for bad in ([], [1, 1], [-1]):
+        with pytest.raises(ValidationError, match="engine_cpu_ids"):
+            AppConfig(engine_cpu_ids=bad)
+    with pytest.raises(ValidationError, match="engine_cpu_ids pins every engine replica"):
+        AppConfig(engine_cpu_ids=[0], num_engine_replicas=2)

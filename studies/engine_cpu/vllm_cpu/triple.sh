@@ -10,7 +10,9 @@ DT=$1; TAG=$2
 cd "$(dirname "$0")/../../.."
 . studies/serve_lib.sh
 OUTD=studies/engine_cpu/vllm_cpu
+# CONFIG=... picks another of our configs (e.g. serve_b128_bf16_pinned.yaml).
 CFG=$OUTD/serve_b128.yaml; [ "$DT" = bfloat16 ] && CFG=$OUTD/serve_b128_bf16.yaml
+[ -n "${CONFIG:-}" ] && CFG=$OUTD/$CONFIG
 ours() {
   RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/ours_${TAG}_$1.log
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
