@@ -41,9 +41,9 @@ def pin_process(cpus: Sequence[int]) -> set[int]:
     Ray places a replica on a node's CPUs as a count, not as cores, so its
     process shares every core with the node's other processes (the HTTP
     proxy, the ingress, a benchmark client): on a 2-core machine our engine's
-    forward passes ran 10 % slower in some runs than in others, and pinned
-    alone to one core it served 1.07–1.2× the tokens/s of the same server
-    unpinned (`studies/engine_cpu/vllm_cpu/README.md`)."""
+    forward passes ran 10 % slower in some runs than in others, and pinned to
+    one core (`engine_cpu_ids: [0]`) the same bf16 server served 1.06–1.19×
+    its unpinned tokens/s (`studies/engine_cpu/vllm_cpu/README.md`)."""
     wanted = set(cpus)
     if not wanted:
         raise ValueError("no CPU cores to pin to")
