@@ -31,7 +31,7 @@ from bench.engine_bench import OursBench, parse_args as engine_args
 
 _GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
-    "attention": ("preempt_serve::paged_decode",
+    "attention": ("preempt_serve::paged_decode", "preempt_serve::paged_prefill",
                   "aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_attention_math",
                   "aten::_scaled_dot_product_efficient_attention",

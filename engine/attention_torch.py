@@ -67,6 +67,7 @@ class TorchAttentionBackend(AttentionBackend):
         decode_tables: list[Sequence[int]] = []
         decode_ctx: list[int] = []
         prefills: list[_PrefillSpan] = []
+        prefill_spans: list[SeqSpan] = []
         token = 0
         for span in spans:
             n = span.num_tokens
@@ -86,17 +87,8 @@ class TorchAttentionBackend(AttentionBackend):
                 decode_tables.append(table[: -(-ctx // bs)])
                 decode_ctx.append(ctx)
             else:
-                block_ids = mask = None
-                if span.start_pos > 0:
-                    block_ids = torch.tensor(
-                        table[: -(-ctx // bs)], dtype=torch.long, device=self.device
-                    )
-                    q_pos = torch.arange(span.start_pos, ctx, device=self.device)
-                    k_pos = torch.arange(ctx, device=self.device)
-                    mask = k_pos[None, :] <= q_pos[:, None]
-                prefills.append(
-                    _PrefillSpan(token, token + n, span.start_pos, ctx, block_ids, mask)
-                )
+                prefills.append(self._prefill_span(span, token))
+                prefill_spans.append(span)
             token += n
 
         return self.metadata_cls(
@@ -104,7 +96,28 @@ class TorchAttentionBackend(AttentionBackend):
             num_decodes=num_decodes,
             prefills=prefills,
             **(self._decode_fields(decode_tables, decode_ctx) if num_decodes else {}),
+            **(self._prefill_fields(prefill_spans) if prefill_spans else {}),
         )
+
+    def _prefill_span(self, span: SeqSpan, token: int) -> _PrefillSpan:
+        """A prefill chunk's entry, with the mask and blocks SDPA needs for
+        a chunk that starts past position 0."""
+        ctx = span.context_len
+        block_ids = mask = None
+        if span.start_pos > 0:
+            block_ids = torch.tensor(
+                span.block_table[: -(-ctx // self.block_size)], dtype=torch.long,
+                device=self.device,
+            )
+            q_pos = torch.arange(span.start_pos, ctx, device=self.device)
+            k_pos = torch.arange(ctx, device=self.device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+        return _PrefillSpan(token, token + span.num_tokens, span.start_pos, ctx, block_ids, mask)
+
+    def _prefill_fields(self, spans: list[SeqSpan]) -> dict[str, Any]:
+        """Extra metadata for the step's prefill chunks (a subclass's own
+        prefill path); none here."""
+        return {}
 
     def _decode_fields(
         self, tables: list[Sequence[int]], contexts: list[int]
@@ -138,7 +151,6 @@ class TorchAttentionBackend(AttentionBackend):
         assert isinstance(metadata, TorchAttentionMetadata)
         md = metadata
         kvh, hd = self.num_kv_heads, self.head_dim
-        group = self.num_heads // kvh
         key_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, k)
         value_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, v)
         out = torch.empty_like(q)
@@ -147,6 +159,24 @@ class TorchAttentionBackend(AttentionBackend):
         if nd:
             out[:nd] = self._decode(q[:nd], key_cache, value_cache, md, scale)
 
+        if md.prefills:
+            self._prefill(q, k, v, key_cache, value_cache, md, scale, out)
+        return out
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: TorchAttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Attention of the step's prefill chunks, written into `out`."""
+        kvh, hd = self.num_kv_heads, self.head_dim
+        group = self.num_heads // kvh
         for p in md.prefills:
             qs = q[p.token_start : p.token_end].transpose(0, 1).unsqueeze(0)
             if p.block_ids is None:
@@ -167,7 +197,6 @@ class TorchAttentionBackend(AttentionBackend):
                 enable_gqa=group > 1,
             )
             out[p.token_start : p.token_end] = op[0].transpose(0, 1)
-        return out
 
     def _decode(
         self,

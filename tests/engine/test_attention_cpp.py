@@ -1,4 +1,5 @@
-"""The C++ paged decode operator: that it builds where a compiler exists,
+"""The C++ paged decode operator (the prefill operator has its own tests,
+test_prefill_cpp.py, also run here in the other builds): that it builds where a compiler exists,
 its math on the shapes the fast paths unroll (and on others), its inputs
 checked, and its fall-back where it cannot be built."""
 
@@ -246,11 +247,15 @@ def test_other_builds_of_this_cpu_match_too(build: str) -> None:
         "import torch\n"
         "import engine.attention_cpp as cpp\n"
         "from tests.engine import test_attention_cpp as t, test_logits_cpu as lg\n"
+        "from tests.engine import test_prefill_cpp as pf\n"
         "cpp.load_kernel()\n"
         "for shape in [(9, 3, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (6, 2, 8, 4)]:\n"
         "    t.test_matches_dense_attention(*shape)\n"
         "    t.test_bfloat16_cache_accumulates_in_float32(*shape)\n"
+        "    pf.test_prefill_matches_dense_attention(*shape)\n"
+        "    pf.test_prefill_bfloat16_within_its_rounding(*shape)\n"
         "t.test_online_softmax_keeps_extreme_scores_exact()\n"
+        "pf.test_prefill_online_softmax_keeps_extreme_scores_exact()\n"
         "for n in [1, 17, 49157]:\n"
         "    lg.test_matches_aten_on_every_row(torch.ops.preempt_serve.argmax_rows, n)\n"
         "print('ok')\n"

@@ -1,0 +1,474 @@
+// Prefill attention on CPU over the paged cache: every query token of a
+// prefill chunk (a prompt, a later chunk of a chunked prompt, a recompute
+// after preemption) attends its sequence's keys up to its own position, read
+// in place through the block table after the step's new keys and values were
+// written there.  One operator call takes every prefill chunk of a step.
+//
+// A build for an AVX512 capability tiles the work as FlashAttention-2 does
+// (one pass over the keys with a running maximum and sum), with the tile's
+// queries held transposed: a tile is the query heads of one KV head for up to
+// 64 / group consecutive tokens (at most 64 rows, row r = token r / group,
+// head r % group), stored [dim][rows], so that one key's scores for 16 rows
+// are one vector built from broadcasts of the key's elements.  Scores then
+// lie [key][rows]: the softmax's maximum and sum over keys are elementwise
+// operations across vectors, with no horizontal reduction, and the causal
+// mask of a key is a prefix of the rows.  The output accumulates transposed
+// too ([dim][rows], each value element broadcast against 16 rows'
+// probabilities).  Key and value rows are read straight from the cache
+// (bfloat16 values widened once per tile for all the tile's rows); bf16
+// scores use VDPBF16PS on pairs of the key's elements where the CPU has it.
+// Every sum is in float32.  Other builds, dtypes and head dims take a
+// portable loop (scores of one query over its context, softmax, weighted sum).
+//
+// The reduction order depends on how the chunk is tiled, so deterministic
+// mode (engine/attention_cpp.py) keeps sending prefill tokens through the
+// decode operator instead.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "exp_avx512.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+struct Chunk {
+  int64_t seq;    // which sequence of the call
+  int64_t kv_head;
+  int64_t first;  // first token of the tile, counted from the chunk's start
+  int64_t count;  // tokens in the tile
+};
+
+struct Layout {
+  int64_t heads, kv_heads, group, block_size, dim;
+  int64_t tok_stride() const { return kv_heads * dim; }
+  int64_t blk_stride() const { return block_size * kv_heads * dim; }
+};
+
+// Offset in the cache of key position j of a sequence, KV head kh.
+inline int64_t cache_row(const int64_t* table, int64_t j, int64_t kh, const Layout& l) {
+  return table[j / l.block_size] * l.blk_stride() + (j % l.block_size) * l.tok_stride() +
+         kh * l.dim;
+}
+
+template <typename scalar_t>
+void prefill_portable(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+                      const int64_t* block_ids, const int64_t* table_starts,
+                      const int64_t* query_starts, const int64_t* start_positions,
+                      int64_t num_seqs, float scale, scalar_t* out, const Layout& l) {
+  at::parallel_for(0, num_seqs * l.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s, acc(l.dim), qf(l.dim);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w / l.heads, h = w % l.heads, kh = h / l.group;
+      const int64_t* table = block_ids + table_starts[i];
+      for (int64_t tok = query_starts[i]; tok < query_starts[i + 1]; ++tok) {
+        const int64_t ctx = start_positions[i] + (tok - query_starts[i]) + 1;
+        const scalar_t* qp = q + (tok * l.heads + h) * l.dim;
+        for (int64_t d = 0; d < l.dim; ++d) qf[d] = static_cast<float>(qp[d]) * scale;
+        s.resize(ctx);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < ctx; ++j) {
+          const scalar_t* kp = kc + cache_row(table, j, kh, l);
+          float dot = 0.0f;
+          for (int64_t d = 0; d < l.dim; ++d) dot += qf[d] * static_cast<float>(kp[d]);
+          s[j] = dot;
+          mx = std::max(mx, dot);
+        }
+        float sum = 0.0f;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t j = 0; j < ctx; ++j) {
+          const float p = std::exp(s[j] - mx);
+          sum += p;
+          const scalar_t* vp = vc + cache_row(table, j, kh, l);
+          for (int64_t d = 0; d < l.dim; ++d) acc[d] += p * static_cast<float>(vp[d]);
+        }
+        scalar_t* op = out + (tok * l.heads + h) * l.dim;
+        for (int64_t d = 0; d < l.dim; ++d) op[d] = static_cast<scalar_t>(acc[d] / sum);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+#define PAGED_PREFILL_AVX512 1
+
+namespace {
+
+constexpr int64_t kMaxRows = 64;  // rows of a tile: at most 4 vectors
+constexpr int64_t kKeyTile = 32;  // keys per step of the online softmax
+
+using preempt_serve_vec::exp_nonpositive16;
+
+// 16 bfloat16 values widened to float32, in order.
+inline __m512 widen16(const at::BFloat16* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+template <int DIM>
+inline void widen_row(const at::BFloat16* src, float* dst) {
+  for (int c = 0; c < DIM / 16; ++c) _mm512_storeu_ps(dst + 16 * c, widen16(src + 16 * c));
+}
+
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
+// Per-thread scratch of one tile.
+struct Scratch {
+  std::vector<float> qt;  // [DIM][R] queries, transposed (bf16 pairs: [DIM/2][R] words)
+  std::vector<float> s;   // [kKeyTile][R] scores, then probabilities
+  std::vector<float> ot;  // [DIM][R] output sums, transposed
+  std::vector<float> kw;  // [kKeyTile][DIM] widened bf16 keys (no VDPBF16PS)
+  std::vector<float> vw;  // [kKeyTile][DIM] widened bf16 values
+  explicit Scratch(int64_t dim)
+      : qt(dim * kMaxRows), s(kKeyTile * kMaxRows), ot(dim * kMaxRows),
+        kw(kKeyTile * dim), vw(kKeyTile * dim) {}
+};
+
+template <typename scalar_t, int DIM, int RV>
+void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+                  const int64_t* table, int64_t start_pos, int64_t q_base, const Chunk& c,
+                  float scale, scalar_t* out, const Layout& l, Scratch& sc) {
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+#ifdef __AVX512BF16__
+  constexpr bool kNativeDot = kBf16;
+#else
+  constexpr bool kNativeDot = false;
+#endif
+  constexpr int R = 16 * RV;
+  // 16 accumulators in either product: KS keys x RV row vectors for the
+  // scores, DS output elements x RV row vectors for the weighted sum.
+  constexpr int KS = 16 / RV;
+  constexpr int DS = 16 / RV;
+  static_assert(kKeyTile % KS == 0 && DIM % DS == 0, "whole steps");
+  const int64_t group = l.group, kh = c.kv_head;
+  const int64_t rows = c.count * group;
+  // Row r may attend keys up to base + r / group (inclusive).
+  const int64_t base = start_pos + c.first;
+  const int64_t num_keys = base + c.count;
+  constexpr int64_t row_bytes = DIM * static_cast<int64_t>(sizeof(scalar_t));
+
+  // Queries, transposed; padding rows are zero (finite scores, never stored).
+  if constexpr (kNativeDot) {
+    auto* qt = reinterpret_cast<int32_t*>(sc.qt.data());
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t* qp = r < rows
+          ? reinterpret_cast<const int32_t*>(
+                q + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM)
+          : nullptr;
+      for (int d2 = 0; d2 < DIM / 2; ++d2) qt[d2 * R + r] = qp != nullptr ? qp[d2] : 0;
+    }
+  } else {
+    float* qt = sc.qt.data();
+    for (int64_t r = 0; r < R; ++r) {
+      if (r >= rows) {
+        for (int d = 0; d < DIM; ++d) qt[d * R + r] = 0.0f;
+        continue;
+      }
+      const scalar_t* qp =
+          q + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
+      for (int d = 0; d < DIM; ++d) qt[d * R + r] = static_cast<float>(qp[d]) * scale;
+    }
+  }
+  float* ot = sc.ot.data();
+  std::memset(ot, 0, sizeof(float) * DIM * R);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m512 m[RV], lsum[RV];
+  for (int v = 0; v < RV; ++v) {
+    m[v] = _mm512_set1_ps(neg_inf);
+    lsum[v] = _mm512_setzero_ps();
+  }
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+
+  const scalar_t* kp[kKeyTile];
+  const scalar_t* vp[kKeyTile];
+  for (int64_t j0 = 0; j0 < num_keys; j0 += kKeyTile) {
+    const int64_t kt = std::min<int64_t>(kKeyTile, num_keys - j0);
+    for (int64_t t = 0; t < kt; ++t) {
+      const int64_t off = cache_row(table, j0 + t, kh, l);
+      kp[t] = kc + off;
+      vp[t] = vc + off;
+    }
+    // A short last step reuses its last row (scores computed, never used).
+    for (int64_t t = kt; t < kKeyTile; ++t) kp[t] = kp[kt - 1];
+    // The next step's rows lie anywhere in the cache: fetch them now.
+    for (int64_t t = 0; t < kKeyTile && j0 + kKeyTile + t < num_keys; ++t) {
+      const int64_t off = cache_row(table, j0 + kKeyTile + t, kh, l);
+      prefetch_row(kc + off, row_bytes);
+      prefetch_row(vc + off, row_bytes);
+    }
+    float* s = sc.s.data();
+    // Scores [key][rows].
+    if constexpr (kNativeDot) {
+#ifdef __AVX512BF16__
+      const auto* qt = reinterpret_cast<const int32_t*>(sc.qt.data());
+      const __m512 vscale = _mm512_set1_ps(scale);
+      for (int64_t t0 = 0; t0 < kt; t0 += KS) {
+        __m512 acc[KS][RV];
+        for (int k = 0; k < KS; ++k)
+          for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
+        for (int d2 = 0; d2 < DIM / 2; ++d2) {
+          __m512bh qv[RV];
+          for (int v = 0; v < RV; ++v) {
+            qv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qt + d2 * R + 16 * v));
+          }
+          for (int k = 0; k < KS; ++k) {
+            const __m512bh kb = reinterpret_cast<__m512bh>(
+                _mm512_set1_epi32(reinterpret_cast<const int32_t*>(kp[t0 + k])[d2]));
+            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], kb, qv[v]);
+          }
+        }
+        for (int k = 0; k < KS; ++k)
+          for (int v = 0; v < RV; ++v)
+            _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, _mm512_mul_ps(acc[k][v], vscale));
+      }
+#endif
+    } else {
+      const float* krow[kKeyTile];
+      if constexpr (kBf16) {
+        for (int64_t t = 0; t < kKeyTile; ++t) {
+          if (t < kt) widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(kp[t]),
+                                     sc.kw.data() + t * DIM);
+          krow[t] = sc.kw.data() + std::min<int64_t>(t, kt - 1) * DIM;
+        }
+      } else {
+        for (int64_t t = 0; t < kKeyTile; ++t) krow[t] = reinterpret_cast<const float*>(kp[t]);
+      }
+      const float* qt = sc.qt.data();
+      for (int64_t t0 = 0; t0 < kt; t0 += KS) {
+        __m512 acc[KS][RV];
+        for (int k = 0; k < KS; ++k)
+          for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
+        for (int d = 0; d < DIM; ++d) {
+          __m512 qv[RV];
+          for (int v = 0; v < RV; ++v) qv[v] = _mm512_loadu_ps(qt + d * R + 16 * v);
+          for (int k = 0; k < KS; ++k) {
+            const __m512 kb = _mm512_set1_ps(krow[t0 + k][d]);
+            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_fmadd_ps(kb, qv[v], acc[k][v]);
+          }
+        }
+        for (int k = 0; k < KS; ++k)
+          for (int v = 0; v < RV; ++v) _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, acc[k][v]);
+      }
+    }
+    // Causal mask: key j is hidden from the rows before (j - base) * group.
+    for (int64_t t = 0; t < kt; ++t) {
+      const int64_t j = j0 + t;
+      if (j <= base) continue;
+      const int64_t first_live = (j - base) * group;
+      for (int v = 0; v < RV; ++v) {
+        const __mmask16 dead = _mm512_cmplt_epi32_mask(
+            _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v)),
+            _mm512_set1_epi32(static_cast<int32_t>(first_live)));
+        float* sp = s + t * R + 16 * v;
+        _mm512_storeu_ps(sp, _mm512_mask_mov_ps(_mm512_loadu_ps(sp), dead,
+                                                _mm512_set1_ps(neg_inf)));
+      }
+    }
+    // Online softmax, elementwise over the rows' vectors.
+    __m512 alpha[RV];
+    bool rescale = false;
+    for (int v = 0; v < RV; ++v) {
+      __m512 mx = m[v];
+      for (int64_t t = 0; t < kt; ++t) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + t * R + 16 * v));
+      // m starts at -inf; key 0 is live for every row, so mx is finite.
+      alpha[v] = exp_nonpositive16(_mm512_sub_ps(m[v], mx));
+      rescale |= j0 > 0 && _mm512_cmp_ps_mask(mx, m[v], _CMP_NEQ_OQ) != 0;
+      m[v] = mx;
+      __m512 psum = _mm512_setzero_ps();
+      for (int64_t t = 0; t < kt; ++t) {
+        float* sp = s + t * R + 16 * v;
+        const __m512 x = _mm512_loadu_ps(sp);
+        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
+        const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_sub_ps(x, mx)));
+        _mm512_storeu_ps(sp, p);
+        psum = _mm512_add_ps(psum, p);
+      }
+      lsum[v] = _mm512_fmadd_ps(lsum[v], alpha[v], psum);
+    }
+    if (rescale) {
+      for (int d = 0; d < DIM; ++d)
+        for (int v = 0; v < RV; ++v) {
+          float* op = ot + d * R + 16 * v;
+          _mm512_storeu_ps(op, _mm512_mul_ps(_mm512_loadu_ps(op), alpha[v]));
+        }
+    }
+    // Weighted sum of the values, transposed: ot[d][rows] += v[t][d] * p[t][rows].
+    const float* vrow[kKeyTile];
+    if constexpr (kBf16) {
+      for (int64_t t = 0; t < kt; ++t) {
+        widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(vp[t]), sc.vw.data() + t * DIM);
+        vrow[t] = sc.vw.data() + t * DIM;
+      }
+    } else {
+      for (int64_t t = 0; t < kt; ++t) vrow[t] = reinterpret_cast<const float*>(vp[t]);
+    }
+    for (int d0 = 0; d0 < DIM; d0 += DS) {
+      __m512 acc[DS][RV];
+      for (int e = 0; e < DS; ++e)
+        for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_loadu_ps(ot + (d0 + e) * R + 16 * v);
+      for (int64_t t = 0; t < kt; ++t) {
+        __m512 pv[RV];
+        for (int v = 0; v < RV; ++v) pv[v] = _mm512_loadu_ps(s + t * R + 16 * v);
+        const float* vr = vrow[t] + d0;
+        for (int e = 0; e < DS; ++e) {
+          const __m512 b = _mm512_set1_ps(vr[e]);
+          for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_fmadd_ps(b, pv[v], acc[e][v]);
+        }
+      }
+      for (int e = 0; e < DS; ++e)
+        for (int v = 0; v < RV; ++v) _mm512_storeu_ps(ot + (d0 + e) * R + 16 * v, acc[e][v]);
+    }
+  }
+  alignas(64) float inv[R];
+  for (int v = 0; v < RV; ++v) {
+    _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.0f), lsum[v]));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* op =
+        out + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
+    for (int d = 0; d < DIM; ++d) op[d] = static_cast<scalar_t>(ot[d * R + r] * inv[r]);
+  }
+}
+
+template <typename scalar_t, int DIM>
+void prefill_avx512(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+                    const int64_t* block_ids, const int64_t* table_starts,
+                    const int64_t* query_starts, const int64_t* start_positions,
+                    int64_t num_seqs, float scale, scalar_t* out, const Layout& l) {
+  // Tiles of up to kMaxRows rows: 64 / group tokens of one KV head.
+  const int64_t tile_tokens = std::max<int64_t>(1, kMaxRows / l.group);
+  std::vector<Chunk> tiles;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t n = query_starts[i + 1] - query_starts[i];
+    for (int64_t kh = 0; kh < l.kv_heads; ++kh) {
+      for (int64_t f = 0; f < n; f += tile_tokens) {
+        tiles.push_back({i, kh, f, std::min(tile_tokens, n - f)});
+      }
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
+    Scratch sc(DIM);
+    for (int64_t w = begin; w < end; ++w) {
+      const Chunk& c = tiles[w];
+      const int64_t* table = block_ids + table_starts[c.seq];
+      const int64_t sp = start_positions[c.seq], qb = query_starts[c.seq];
+      const int64_t rows = c.count * l.group;
+      if (rows <= 16) {
+        prefill_tile<scalar_t, DIM, 1>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
+      } else if (rows <= 32) {
+        prefill_tile<scalar_t, DIM, 2>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
+      } else {
+        prefill_tile<scalar_t, DIM, 4>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+#endif  // AVX512
+
+namespace {
+
+template <typename scalar_t>
+void dispatch(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
+              const int64_t* ids, const int64_t* starts, const int64_t* qstarts,
+              const int64_t* spos, int64_t num_seqs, float scale, at::Tensor& out,
+              const Layout& l) {
+#ifdef PAGED_PREFILL_AVX512
+  constexpr bool vectorized =
+      std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>;
+  if constexpr (vectorized) {
+    if (l.group <= kMaxRows) {
+#define PAGED_PREFILL_DIM(D)                                                                \
+  case D:                                                                                  \
+    prefill_avx512<scalar_t, D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),             \
+                                vc.data_ptr<scalar_t>(), ids, starts, qstarts, spos,        \
+                                num_seqs, scale, out.data_ptr<scalar_t>(), l);              \
+    return;
+      switch (l.dim) {
+        PAGED_PREFILL_DIM(32)
+        PAGED_PREFILL_DIM(64)
+        PAGED_PREFILL_DIM(96)
+        PAGED_PREFILL_DIM(128)
+        PAGED_PREFILL_DIM(256)
+        default:
+          break;
+      }
+#undef PAGED_PREFILL_DIM
+    }
+  }
+#endif
+  prefill_portable<scalar_t>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),
+                             vc.data_ptr<scalar_t>(), ids, starts, qstarts, spos, num_seqs,
+                             scale, out.data_ptr<scalar_t>(), l);
+}
+
+at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
+                         const at::Tensor& value_cache, const at::Tensor& block_ids,
+                         const at::Tensor& table_starts, const at::Tensor& query_starts,
+                         const at::Tensor& start_positions, double scale) {
+  TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4, "paged_prefill: q [tokens, heads, dim], "
+              "caches [blocks, block_size, kv_heads, dim]");
+  TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "paged_prefill: cache shapes differ");
+  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() &&
+                  q.scalar_type() == value_cache.scalar_type(),
+              "paged_prefill: q and caches must share a dtype");
+  TORCH_CHECK(q.size(2) == key_cache.size(3) && q.size(1) % key_cache.size(2) == 0,
+              "paged_prefill: head layout of q does not match the cache");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "paged_prefill: caches must be contiguous");
+  for (const at::Tensor* t : {&block_ids, &table_starts, &query_starts, &start_positions}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
+                "paged_prefill: index tensors must be contiguous int64 vectors");
+  }
+  const int64_t num_seqs = table_starts.size(0);
+  TORCH_CHECK(start_positions.size(0) == num_seqs && query_starts.size(0) == num_seqs + 1,
+              "paged_prefill: one table start and start position per sequence, and "
+              "num_seqs + 1 query starts");
+  const int64_t* qs = query_starts.data_ptr<int64_t>();
+  TORCH_CHECK(num_seqs == 0 || (qs[0] == 0 && qs[num_seqs] == q.size(0)),
+              "paged_prefill: query starts must cover q's tokens");
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    TORCH_CHECK(qs[i + 1] > qs[i], "paged_prefill: every sequence needs a query token");
+  }
+  const Layout l{q.size(1), key_cache.size(2), q.size(1) / key_cache.size(2),
+                 key_cache.size(1), q.size(2)};
+  const at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill",
+                                  [&] {
+    dispatch<scalar_t>(qc, key_cache, value_cache, block_ids.data_ptr<int64_t>(),
+                       table_starts.data_ptr<int64_t>(), qs,
+                       start_positions.data_ptr<int64_t>(), num_seqs,
+                       static_cast<float>(scale), out, l);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
+  m.def(
+      "paged_prefill(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
+      "Tensor table_starts, Tensor query_starts, Tensor start_positions, float scale) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) { m.impl("paged_prefill", &paged_prefill); }

@@ -1,0 +1,180 @@
+"""The C++ paged prefill operator: causal attention of prefill chunks (from
+position 0 or later) over their blocks in place, against dense float64
+attention, on the shapes its vector path is built for and on others; its
+inputs checked; and the C++ backend routing a step's prefills through it."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import pytest
+import torch
+
+import engine.attention_cpp as cpp
+from engine.attention import SeqSpan, get_attention_backend
+from tests.engine.test_attention_cpp import needs_cxx
+
+# (start position, tokens) of each chunk of a call: whole prompts, later
+# chunks, single tokens, chunks crossing many key tiles of 32.
+CHUNKS = [(0, 37), (5, 1), (40, 70), (0, 130), (49, 2), (0, 1)]
+
+
+def _case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, dim: int, bs: int,
+          dtype: torch.dtype = torch.float32, seed: int = 0, spread: float = 1.0):
+    gen = torch.Generator().manual_seed(seed)
+    contexts = [s + n for s, n in chunks]
+    num_blocks = sum(-(-c // bs) for c in contexts) + 5
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-c // bs))] for c in contexts]
+    keys = (torch.randn(num_blocks, bs, kv_heads, dim, generator=gen) * spread).to(dtype)
+    values = torch.randn(num_blocks, bs, kv_heads, dim, generator=gen).to(dtype)
+    q = torch.randn(sum(n for _, n in chunks), heads, dim, generator=gen).to(dtype)
+    return q, keys, values, tables
+
+
+def _reference(q, keys, values, tables, chunks) -> torch.Tensor:
+    """Dense float64 causal attention of each chunk's tokens over its context."""
+    _, _, kvh, d = keys.shape
+    group = q.shape[1] // kvh
+    out, tok = [], 0
+    for table, (start, n) in zip(tables, chunks):
+        ctx = start + n
+        k = keys[table].reshape(-1, kvh, d)[:ctx].double().repeat_interleave(group, 1)
+        v = values[table].reshape(-1, kvh, d)[:ctx].double().repeat_interleave(group, 1)
+        s = torch.einsum("thd,khd->htk", q[tok : tok + n].double(), k) * d**-0.5
+        hidden = torch.arange(ctx)[None, :] > torch.arange(start, ctx)[:, None]
+        s = s.masked_fill(hidden, float("-inf"))
+        out.append(torch.einsum("htk,khd->thd", s.softmax(-1), v))
+        tok += n
+    return torch.cat(out)
+
+
+def _call(q, keys, values, tables, chunks) -> torch.Tensor:
+    cpp.load_kernel()
+    ids = torch.tensor([b for t in tables for b in t])
+    starts = torch.tensor([0, *accumulate(len(t) for t in tables)][:-1])
+    qstarts = torch.tensor([0, *accumulate(n for _, n in chunks)])
+    positions = torch.tensor([s for s, _ in chunks])
+    return torch.ops.preempt_serve.paged_prefill(q, keys, values, ids, starts, qstarts,
+                                                 positions, q.shape[-1] ** -0.5)
+
+
+SHAPES = [
+    (9, 3, 64, 16),    # SmolLM2: tiles of 21 tokens x 3 heads
+    (8, 8, 128, 16),   # no grouping: 64 tokens a tile
+    (16, 2, 128, 8),   # a group of 8
+    (4, 4, 96, 24),    # a block of 24
+    (8, 2, 256, 16),   # the widest head dim
+    (6, 3, 32, 16),    # the narrowest vector head dim
+    (32, 1, 64, 16),   # a group of 32: two tokens a tile
+    (6, 2, 8, 4),      # a head dim with no vector build
+    (4, 1, 80, 32),    # another
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("heads,kv_heads,dim,bs", SHAPES)
+def test_prefill_matches_dense_attention(heads: int, kv_heads: int, dim: int, bs: int) -> None:
+    q, keys, values, tables = _case(CHUNKS, heads, kv_heads, dim, bs)
+    got = _call(q, keys, values, tables, CHUNKS)
+    torch.testing.assert_close(got.double(), _reference(q, keys, values, tables, CHUNKS),
+                               rtol=2e-5, atol=2e-5)
+
+
+@needs_cxx
+@pytest.mark.parametrize("heads,kv_heads,dim,bs", SHAPES)
+def test_prefill_bfloat16_within_its_rounding(heads: int, kv_heads: int, dim: int,
+                                              bs: int) -> None:
+    # Products of bf16 inputs are exact in float32 and every sum is float32:
+    # the error is the output's own rounding (2^-8 relative) and little more.
+    q, keys, values, tables = _case(CHUNKS, heads, kv_heads, dim, bs, dtype=torch.bfloat16)
+    got = _call(q, keys, values, tables, CHUNKS).double()
+    ref = _reference(q, keys, values, tables, CHUNKS)
+    assert got.dtype == torch.float64 and got.shape == ref.shape
+    assert ((got - ref).abs() <= ref.abs() * 2**-8 + 2e-3).all()
+
+
+@needs_cxx
+def test_prefill_online_softmax_keeps_extreme_scores_exact() -> None:
+    # Scores spanning hundreds: the running maximum moves from key tile to
+    # key tile and early tiles' weights underflow; still the dense softmax.
+    # Scores this large carry float32 rounding of ~1e-5 each, which the
+    # softmax passes on as relative error; a wrong rescale would be off by
+    # whole units.
+    chunks = [(0, 150), (90, 40)]
+    q, keys, values, tables = _case(chunks, 6, 2, 64, 16, spread=40.0)
+    got = _call(q, keys, values, tables, chunks)
+    ref = _reference(q, keys, values, tables, chunks)
+    assert ref.abs().max() > 1.0  # not a trivial average
+    torch.testing.assert_close(got.double(), ref, rtol=2e-4, atol=2e-4)
+
+
+@needs_cxx
+def test_prefill_chunks_agree_with_the_whole_prompt() -> None:
+    # A prompt prefilled in three chunks reads the same keys as one chunk.
+    q, keys, values, tables = _case([(0, 100)], 9, 3, 64, 16)
+    whole = _call(q, keys, values, tables, [(0, 100)])
+    parts = [(0, 33), (33, 1), (34, 66)]
+    cut = _call(q, keys, values, tables * 3, parts)
+    torch.testing.assert_close(cut, whole, rtol=1e-5, atol=1e-5)
+
+
+@needs_cxx
+def test_prefill_threads_split_tiles_without_changing_results() -> None:
+    q, keys, values, tables = _case(CHUNKS, 9, 3, 64, 16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _call(q, keys, values, tables, CHUNKS)
+        torch.set_num_threads(2)
+        two = _call(q, keys, values, tables, CHUNKS)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@needs_cxx
+def test_prefill_rejects_inputs_it_cannot_read() -> None:
+    q, keys, values, tables = _case([(0, 8)], 4, 2, 16, 4)
+    cpp.load_kernel()
+    op = torch.ops.preempt_serve.paged_prefill
+    ids, starts, pos = torch.tensor(tables[0]), torch.tensor([0]), torch.tensor([0])
+    with pytest.raises(RuntimeError, match="cover q's tokens"):
+        op(q, keys, values, ids, starts, torch.tensor([0, 7]), pos, 0.25)
+    with pytest.raises(RuntimeError, match="needs a query token"):
+        op(q[:0], keys, values, ids, starts, torch.tensor([0, 0]), pos, 0.25)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        op(q.double(), keys, values, ids, starts, torch.tensor([0, 8]), pos, 0.25)
+    with pytest.raises(RuntimeError, match="int64"):
+        op(q, keys, values, ids.int(), starts, torch.tensor([0, 8]), pos, 0.25)
+
+
+@needs_cxx
+def test_backend_attends_prefills_with_the_operator() -> None:
+    heads, kvh, dim, bs = 9, 3, 64, 16
+    backend = get_attention_backend("cpp")(heads, kvh, dim, bs, torch.device("cpu"))
+    reference = get_attention_backend("torch")(heads, kvh, dim, bs, torch.device("cpu"))
+    if not cpp.prefill_vectorized(dim, heads // kvh):
+        assert backend.prefill_kernel is None  # SDPA keeps the prefills here
+        pytest.skip("prefills stay on SDPA on this build")
+    assert backend.prefill_kernel is not None
+    # Two decodes, then a whole prompt and a later chunk of another.
+    chunks = [(20, 1), (47, 1), (0, 45), (30, 25)]
+    q, keys, values, tables = _case(chunks, heads, kvh, dim, bs)
+    spans = [SeqSpan(s, n, t) for (s, n), t in zip(chunks, tables)]
+    md = backend.build_metadata(spans)
+    assert [(p.mask, p.block_ids) for p in md.prefills] == [(None, None)] * 2
+    assert md.prefill_block_ids.tolist() == tables[2] + tables[3]
+    assert md.prefill_table_starts.tolist() == [0, len(tables[2])]
+    assert md.prefill_query_starts.tolist() == [0, 45, 70]
+    assert md.prefill_start_positions.tolist() == [0, 30]
+    # The step's new keys and values, as the model hands them over.
+    rows = [(t[p // bs], p % bs) for (s, n), t in zip(chunks, tables) for p in range(s, s + n)]
+    k_new = torch.stack([keys[b, o] for b, o in rows])
+    v_new = torch.stack([values[b, o] for b, o in rows])
+    got = backend.forward(q, k_new, v_new, keys.clone(), values.clone(), md, dim**-0.5)
+    want = reference.forward(q, k_new, v_new, keys.clone(), values.clone(),
+                             reference.build_metadata(spans), dim**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), _reference(q, keys, values, tables, chunks),
+                               rtol=2e-5, atol=2e-5)
