@@ -163,9 +163,10 @@ class AppConfig(SchedulingSettings):
     # Intra-op threads of the forward pass; default: the engine's CPUs.
     num_threads: int | None = Field(None, ge=1)
     # CPU cores the engine replica's process is pinned to (every thread;
-    # Linux), e.g. [0]; None: not pinned (Ray counts CPUs, it places no
-    # process on particular cores).
-    engine_cpu_ids: list[int] | None = Field(None, min_length=1)
+    # Linux), e.g. [0]; "auto": on device cpu with one engine replica, the
+    # `threads` cores least busy when the replica starts; None: not pinned
+    # (Ray counts CPUs, it places no process on particular cores).
+    engine_cpu_ids: list[int] | Literal["auto"] | None = Field("auto")
     # Bearer key every route but /health requires; None (and no
     # PREEMPT_SERVE_API_KEY in the environment): no authentication.
     api_key: SecretStr | None = Field(None, validate_default=True)
@@ -184,8 +185,8 @@ class AppConfig(SchedulingSettings):
 
     @field_validator("engine_cpu_ids")
     @classmethod
-    def _distinct_cores(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and (len(set(v)) != len(v) or min(v) < 0):
+    def _distinct_cores(cls, v: list[int] | str | None) -> list[int] | str | None:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v) or min(v) < 0):
             raise ValueError("must list distinct core ids >= 0")
         return v
 
@@ -223,10 +224,10 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"deterministic: true needs attention_backend {invariant} or 'auto', not "
                 f"{self.attention_backend!r}, whose prefill attention is not batch-invariant")
-        if self.engine_cpu_ids is not None and self.num_engine_replicas > 1:
+        if isinstance(self.engine_cpu_ids, list) and self.num_engine_replicas > 1:
             raise ValueError(
                 "engine_cpu_ids pins every engine replica to the same cores; with "
-                "num_engine_replicas > 1 leave it unset")
+                "num_engine_replicas > 1 use 'auto' or null")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

@@ -98,6 +98,37 @@ def _wire(lp: Any) -> dict[str, Any]:
     return {"logprob": lp.logprob, "top": lp.top}
 
 
+def _pin(cfg: AppConfig) -> None:
+    """Pin this replica's process to `engine_cpu_ids` (engine/threads.py).
+
+    A listed set that cannot be had stops the replica with the field named;
+    "auto" pins a lone CPU replica to its `threads` least busy cores and
+    leaves the replica unpinned wherever that cannot be done (several
+    replicas could pick the same cores; cuda; no choice of cores)."""
+    from engine.threads import idlest_cores, pin_process
+
+    cores = cfg.engine_cpu_ids
+    if cores == "auto":
+        if cfg.device != "cpu" or cfg.num_engine_replicas > 1:
+            return
+        cores = idlest_cores(cfg.threads)
+        if cores is None:
+            return
+        try:
+            pinned = pin_process(cores)
+        except ValueError as e:
+            log.warning("engine_cpu_ids auto: not pinned (%s)", e)
+            return
+    elif cores is not None:
+        try:
+            pinned = pin_process(cores)
+        except ValueError as e:
+            raise ValueError(f"engine_cpu_ids: {e}") from None
+    else:
+        return
+    log.info("engine replica pinned to CPU cores %s", sorted(pinned))
+
+
 @serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10)
 class Engine:
     async def __init__(self, config: dict[str, Any], scheduler: Any = None) -> None:
@@ -106,15 +137,8 @@ class Engine:
         from engine.runner import ModelRunner
 
         self.cfg = AppConfig(**config)
-        if self.cfg.engine_cpu_ids is not None:
-            from engine.threads import pin_process
-
-            # Before the runner starts torch's thread pool, which inherits it.
-            try:
-                pinned = pin_process(self.cfg.engine_cpu_ids)
-            except ValueError as e:
-                raise ValueError(f"engine_cpu_ids: {e}") from None
-            log.info("engine replica pinned to CPU cores %s", sorted(pinned))
+        # Before the runner starts torch's thread pool, which inherits it.
+        _pin(self.cfg)
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
         self.runner = ModelRunner(

@@ -10,7 +10,8 @@ visible in one place.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -69,3 +70,47 @@ def pin_process(cpus: Sequence[int]) -> set[int]:
         except ProcessLookupError:  # the thread ended meanwhile
             pass
     return os.sched_getaffinity(0)
+
+
+def _read_proc_stat() -> str:
+    with open("/proc/stat", encoding="ascii") as f:
+        return f.read()
+
+
+def _busy_idle(text: str) -> dict[int, tuple[int, int]]:
+    """Per core, jiffies spent busy and idle so far (idle and iowait)."""
+    out = {}
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or len(fields) < 5:
+            continue
+        ticks = [int(x) for x in fields[:8]]
+        idle = ticks[3] + ticks[4]
+        out[int(name[3:])] = (sum(ticks) - idle, idle)
+    return out
+
+
+def idlest_cores(count: int, window_s: float = 0.25,
+                 read: Callable[[], str] = _read_proc_stat) -> list[int] | None:
+    """The `count` cores this process may use that were least busy over the
+    last `window_s` (from /proc/stat; ties to the lower id), or None where
+    there is no choice to make (no more cores than `count`) or no
+    /proc/stat to read."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if count < 1 or len(allowed) <= count:
+        return None
+    try:
+        before = _busy_idle(read())
+        time.sleep(window_s)
+        after = _busy_idle(read())
+    except (OSError, ValueError):
+        return None
+
+    def busy_share(core: int) -> float:
+        if core not in before or core not in after:
+            return 1.0
+        busy = after[core][0] - before[core][0]
+        total = busy + after[core][1] - before[core][1]
+        return busy / total if total > 0 else 0.0
+
+    return sorted(sorted(allowed, key=lambda c: (busy_share(c), c))[:count])

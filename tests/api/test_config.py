@@ -121,9 +121,12 @@ def test_deterministic_mode_needs_a_batch_invariant_backend() -> None:
 
 
 def test_engine_cpu_ids_name_distinct_cores_for_one_replica() -> None:
-    assert AppConfig().engine_cpu_ids is None
+    assert AppConfig().engine_cpu_ids == "auto"
+    assert AppConfig(engine_cpu_ids=None).engine_cpu_ids is None
     assert AppConfig(engine_cpu_ids=[0]).engine_cpu_ids == [0]
-    for bad in ([], [1, 1], [-1]):
+    # "auto" leaves several replicas unpinned rather than refusing them.
+    assert AppConfig(num_engine_replicas=2).engine_cpu_ids == "auto"
+    for bad in ([], [1, 1], [-1], "all", "0"):
         with pytest.raises(ValidationError, match="engine_cpu_ids"):
             AppConfig(engine_cpu_ids=bad)
     with pytest.raises(ValidationError, match="engine_cpu_ids pins every engine replica"):

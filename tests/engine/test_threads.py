@@ -1,6 +1,7 @@
 """Pinning the engine's process to CPU cores: every thread, those already
 running and those started after, and a refusal naming cores this process
-may not use."""
+may not use; the choice of the least busy cores for `engine_cpu_ids: auto`,
+and what the Engine replica does with each setting."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import threading
 
 import pytest
 
-from engine.threads import pin_process
+import engine.threads as threads_mod
+from engine.threads import idlest_cores, pin_process
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
@@ -55,3 +57,83 @@ def test_refuses_cores_this_process_may_not_use() -> None:
     with pytest.raises(ValueError, match="no CPU cores"):
         pin_process([])
     assert _threads_affinity() == before
+
+
+def _stat(per_core: dict[int, tuple[int, int]]) -> str:
+    """A /proc/stat text: per core (busy, idle) jiffies (user, and idle)."""
+    lines = ["cpu  1 2 3 4 5 6 7 8 0 0"]
+    lines += [f"cpu{c} {b} 0 0 {i} 0 0 0 0 0 0" for c, (b, i) in sorted(per_core.items())]
+    lines += ["intr 12345", "ctxt 999"]
+    return "\n".join(lines) + "\n"
+
+
+def _reader(first: dict[int, tuple[int, int]], second: dict[int, tuple[int, int]]):
+    texts = iter([_stat(first), _stat(second)])
+    return lambda: next(texts)
+
+
+def test_idlest_cores_picks_the_least_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    before = {0: (100, 100), 1: (100, 100), 2: (100, 100), 3: (100, 100)}
+    # Over the window: core 0 fully busy, core 1 idle, core 2 half, core 3 idle.
+    after = {0: (200, 100), 1: (100, 200), 2: (150, 150), 3: (100, 200)}
+    assert idlest_cores(1, 0.0, _reader(before, after)) == [1]  # ties to the lower id
+    assert idlest_cores(2, 0.0, _reader(before, after)) == [1, 3]
+    assert idlest_cores(3, 0.0, _reader(before, after)) == [1, 2, 3]
+    # All idle: the lowest ids.
+    assert idlest_cores(2, 0.0, _reader(before, before)) == [0, 1]
+
+
+def test_idlest_cores_keeps_to_the_allowed_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 5})
+    before = {c: (100, 100) for c in range(6)}
+    after = {**{c: (100, 200) for c in range(6)}, 2: (200, 100)}
+    assert idlest_cores(1, 0.0, _reader(before, after)) == [3]
+    assert idlest_cores(2, 0.0, _reader(before, after)) == [3, 5]
+
+
+def test_idlest_cores_declines_where_there_is_no_choice(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    idle = {0: (1, 1), 1: (1, 1)}
+    assert idlest_cores(2, 0.0, _reader(idle, idle)) is None
+    assert idlest_cores(3, 0.0, _reader(idle, idle)) is None
+
+    def unreadable() -> str:
+        raise OSError("no /proc here")
+
+    assert idlest_cores(1, 0.0, unreadable) is None
+    assert idlest_cores(1, 0.0, _reader(idle, idle)) == [0]
+
+
+def test_idlest_cores_reads_this_machine() -> None:
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("one core: nothing to choose")
+    got = idlest_cores(1, 0.05)
+    assert got is not None and len(got) == 1 and set(got) <= allowed
+
+
+def test_engine_replica_pins_as_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    from api.config import AppConfig
+    from deployments.engine import _pin
+
+    pinned: list[list[int]] = []
+    monkeypatch.setattr(threads_mod, "pin_process",
+                        lambda cores: pinned.append(list(cores)) or set(cores))
+    monkeypatch.setattr(threads_mod, "idlest_cores", lambda count: [1] * count)
+    _pin(AppConfig())
+    _pin(AppConfig(engine_cpu_ids=[0]))
+    _pin(AppConfig(engine_cpu_ids=None))
+    _pin(AppConfig(num_engine_replicas=2))  # auto: several replicas stay unpinned
+    assert pinned == [[1], [0]]
+
+    def refuse(cores: object) -> set[int]:
+        raise ValueError("CPU cores [0] are not available to this process")
+
+    monkeypatch.setattr(threads_mod, "pin_process", refuse)
+    _pin(AppConfig())  # auto: a warning, not a failure
+    with pytest.raises(ValueError, match="engine_cpu_ids: CPU cores"):
+        _pin(AppConfig(engine_cpu_ids=[0]))
