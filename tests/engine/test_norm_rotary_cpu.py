@@ -32,7 +32,8 @@ def _tables(max_pos: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, t
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (37, 9, 3, 64),
-                                                       (5, 8, 8, 128), (3, 4, 2, 6)])
+                                                       (5, 8, 8, 128), (3, 4, 2, 6),
+                                                       (4, 4, 2, 40)])
 def test_rotation_is_the_op_by_op_rotation_bit_for_bit(dtype: torch.dtype, tokens: int,
                                                        heads: int, kv_heads: int,
                                                        dim: int) -> None:
@@ -49,6 +50,31 @@ def test_rotation_is_the_op_by_op_rotation_bit_for_bit(dtype: torch.dtype, token
     assert torch.equal(got_q, apply_rotary(q, cos, sin))
     assert torch.equal(got_k, apply_rotary(k, cos, sin))
     assert got_q.is_contiguous() and got_k.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotation_keeps_special_values_bit_for_bit(dtype: torch.dtype) -> None:
+    # Signed zeros, infinities, NaN, subnormals, overflowing products and
+    # bf16 rounding ties, through the vector loop and its scalar tail.
+    tiny = torch.finfo(dtype).tiny
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), tiny / 4,
+                             -tiny / 2, 3e38, -3e38, 1.00390625, 1.01171875, -2.0, 0.5, 7.0])
+    tokens, heads, kv_heads, dim = 6, 4, 2, 40
+    gen = torch.Generator().manual_seed(1)
+    picks = torch.randint(0, len(specials), (tokens, (heads + kv_heads) * dim), generator=gen)
+    qk = specials[picks].to(dtype)
+    q, k = qk.split((heads * dim, kv_heads * dim), dim=-1)
+    q, k = q.reshape(tokens, heads, dim), k.reshape(tokens, kv_heads, dim)
+    cos_t, sin_t = _tables(64, dim, dtype)
+    cos_t[5], sin_t[5] = -0.0, 1.0  # a zero cosine's sign in the products
+    positions = torch.tensor([0, 5, 63, 7, 5, 1])
+    got_q, got_k = torch.ops.preempt_serve.rotary_qk(q, k, cos_t, sin_t, positions)
+    cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)
+    bits = torch.int32 if dtype is torch.float32 else torch.int16
+    for got, want in ((got_q, apply_rotary(q, cos, sin)), (got_k, apply_rotary(k, cos, sin))):
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got.view(bits)[~nan], want.view(bits)[~nan])
 
 
 def test_rotation_refuses_a_position_past_its_tables() -> None:
