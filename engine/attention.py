@@ -33,6 +33,11 @@ class SeqSpan:
     num_tokens: int
     # Device block ids covering at least start_pos + num_tokens tokens.
     block_table: Sequence[int]
+    # The sequence's prompt length, where known: positions below it are
+    # prompt tokens, always computed in prefill chunks (however the prompt
+    # is cut), those from it on were each decoded first.  Deterministic
+    # mode on CPU picks each position's attention operator by it.
+    prompt_len: int | None = None
 
     @property
     def context_len(self) -> int:

@@ -32,9 +32,9 @@ online softmax needs no horizontal reduction; keys and values read from the
 cache through the block table, so a later chunk of a chunked prompt or a
 recompute needs no gather and no mask.  On one AVX512 core it attends a
 512-token SmolLM2 prompt 3.6–3.8× faster than SDPA
-(`studies/engine_cpu/prefill_op.py`).  Other builds keep prefills on SDPA,
-and deterministic mode sends every prefill token through the decode
-operator instead (`CppAttentionBackend`).
+(`studies/engine_cpu/prefill_op.py`).  Other builds keep prefills on SDPA.
+Deterministic mode picks each position's operator by whether it is a
+prompt position (`CppAttentionBackend`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from engine.attention import SeqSpan
+from engine.attention import AttentionMetadata, SeqSpan
 from engine.attention_torch import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
@@ -183,19 +183,29 @@ class CppAttentionMetadata(TorchAttentionMetadata):
     prefill_table_starts: torch.Tensor | None = None
     prefill_query_starts: torch.Tensor | None = None
     prefill_start_positions: torch.Tensor | None = None
+    # Deterministic mode with prompt positions in the step: which of the
+    # step's tokens each operator attends (None: decodes first, then
+    # prefills, as in the reference backend).
+    prefill_rows: torch.Tensor | None = None
+    decode_rows: torch.Tensor | None = None
 
 
 class CppAttentionBackend(TorchAttentionBackend):
-    """The reference backend with decodes attended by the C++ operator.
+    """The reference backend with decodes, and prefills on an AVX512 build,
+    attended by the C++ operators.
 
-    Deterministic mode sends every query token through the operator, prefill
-    chunks too: the token at position p becomes a query over its sequence's
-    blocks with context p + 1.  Its scores, softmax and weighted sum then run
-    the same code over the same keys in the same order as when that position
-    is decoded, or prefilled in another chunking, or recomputed after a
-    preemption, so its result cannot depend on how the work was cut or on
-    what else is in the step.  Prefill costs more than on SDPA's tiled
-    matmuls: each query walks its context on its own.
+    Deterministic mode gives every position one operator for good.  A prompt
+    position (below its span's `prompt_len`) always lies in a prefill chunk,
+    however the prompt is cut or recomputed: it goes through the prefill
+    operator, whose result for a query row does not depend on its tile or
+    chunk (engine/csrc/paged_prefill.cpp).  Every later position was decoded
+    first and may be recomputed inside a prefill chunk after a preemption:
+    it goes through the decode operator as a query over its sequence's blocks
+    with context p + 1, the same code over the same keys in the same order
+    as when it was decoded.  So a position's result cannot depend on how the
+    work was cut or on what else is in the step.  Without the prefill
+    operator, or without a prompt length, every position takes the decode
+    operator (each query walks its context alone: slower prefill).
     """
 
     name = "cpp"
@@ -232,7 +242,11 @@ class CppAttentionBackend(TorchAttentionBackend):
         flat: list[int] = []
         starts: list[int] = []
         contexts: list[int] = []
+        decode_rows: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[SeqSpan] = []
         seen_prefill = False
+        token = 0
         for span in spans:
             ctx = span.context_len
             n_blocks = -(-ctx // bs)
@@ -245,21 +259,73 @@ class CppAttentionBackend(TorchAttentionBackend):
             if span.num_tokens == 1 and seen_prefill:
                 raise ValueError("single-token spans must precede multi-token spans")
             seen_prefill |= span.num_tokens > 1
-            base = len(flat)
-            flat.extend(table[:n_blocks])
             for pos in range(span.start_pos, ctx):
                 slots.append(table[pos // bs] * bs + pos % bs)
+            # Prompt positions go through the prefill operator, whose result
+            # for a position does not depend on how its prompt was cut; every
+            # later position through the decode operator, which decoded it
+            # first and computes it again the same way after a recompute.
+            prompt_end = span.start_pos
+            if self.prefill_kernel is not None and span.prompt_len is not None:
+                prompt_end = max(span.start_pos, min(span.prompt_len, ctx))
+            if prompt_end > span.start_pos:
+                n = prompt_end - span.start_pos
+                prompt_rows.extend(range(token, token + n))
+                prompt_spans.append(SeqSpan(span.start_pos, n, table))
+            base = len(flat)
+            if prompt_end < ctx:
+                flat.extend(table[:n_blocks])
+            for pos in range(prompt_end, ctx):
+                decode_rows.append(token + pos - span.start_pos)
                 starts.append(base)
                 contexts.append(pos + 1)
+            token += span.num_tokens
         dev = self.device
+        fields: dict[str, Any] = {}
+        if prompt_spans:
+            fields = self._prefill_fields(prompt_spans)
+            fields["prefill_rows"] = torch.tensor(prompt_rows, dtype=torch.long, device=dev)
+            fields["decode_rows"] = torch.tensor(decode_rows, dtype=torch.long, device=dev)
         return CppAttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(slots),
+            num_decodes=len(decode_rows),
             prefills=[],
             decode_block_ids=torch.tensor(flat, dtype=torch.long, device=dev),
             decode_table_starts=torch.tensor(starts, dtype=torch.long, device=dev),
             decode_context_lens=torch.tensor(contexts, dtype=torch.long, device=dev),
+            **fields,
         )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        md = metadata
+        if not isinstance(md, CppAttentionMetadata) or md.prefill_rows is None:
+            return super().forward(q, k, v, key_cache, value_cache, metadata, scale)
+        # Deterministic mode with prompt positions: each position to its
+        # operator (build_metadata), the rows gathered and put back.
+        assert self.kernel is not None and self.prefill_kernel is not None
+        kvh, hd = self.num_kv_heads, self.head_dim
+        key_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, k)
+        value_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, v)
+        out = torch.empty_like(q)
+        out.index_copy_(0, md.prefill_rows, self.prefill_kernel(
+            q.index_select(0, md.prefill_rows), key_cache, value_cache, md.prefill_block_ids,
+            md.prefill_table_starts, md.prefill_query_starts, md.prefill_start_positions,
+            scale))
+        if md.num_decodes:
+            assert md.decode_rows is not None
+            out.index_copy_(0, md.decode_rows, self.kernel(
+                q.index_select(0, md.decode_rows), key_cache, value_cache,
+                md.decode_block_ids, md.decode_table_starts, md.decode_context_lens, scale))
+        return out
 
     def _prefill_span(self, span: SeqSpan, token: int) -> _PrefillSpan:
         if self.prefill_kernel is None:

@@ -457,7 +457,8 @@ class ModelRunner:
                 prompt_rows.append(PromptRows(state, owed))
             input_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_pos, end))
-            spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table))
+            spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table,
+                                 len(state.prompt_token_ids)))
             if chunk.sample:
                 self._check_sample_point(chunk, state)
                 logits_indices.append(len(input_ids) - 1)

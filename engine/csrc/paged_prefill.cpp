@@ -20,9 +20,13 @@
 // Every sum is in float32.  Other builds, dtypes and head dims take a
 // portable loop (scores of one query over its context, softmax, weighted sum).
 //
-// The reduction order depends on how the chunk is tiled, so deterministic
-// mode (engine/attention_cpp.py) keeps sending prefill tokens through the
-// decode operator instead.
+// A query row's arithmetic does not depend on the tile or chunk it falls
+// in: its scores, maximum, sum and weighted sum are computed in its own
+// vector lane, over key tiles that start at fixed positions (0, 32, 64, ...),
+// keys past its position weigh exactly 0 and leave its maximum alone, and a
+// rescale by exp(0) is a multiply by exactly 1.  So deterministic mode
+// (engine/attention_cpp.py) attends prompt positions here however the prompt
+// is cut, and every later position through the decode operator.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

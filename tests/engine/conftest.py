@@ -57,17 +57,27 @@ def tokenizer_src() -> Path:
         pytest.skip(f"embedded SmolLM2 unavailable: {e}")
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
+def _tiny_llama(folder: Path, tokenizer_src: Path, heads: int, kv_heads: int) -> Path:
     from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
         bos_token_id=1, eos_token_id=2, pad_token_id=2,
     )
-    return save_random_model(config, tokenizer_src, tmp_path_factory.mktemp("tiny-llama"))
+    return save_random_model(config, tokenizer_src, folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
+    return _tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer_src, 4, 2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_d32_path(tmp_path_factory: pytest.TempPathFactory, tokenizer_src: Path) -> Path:
+    """Heads of 32: a head dim the CPU prefill operator's vector path takes."""
+    return _tiny_llama(tmp_path_factory.mktemp("tiny-llama-d32"), tokenizer_src, 2, 1)
 
 
 @pytest.fixture(scope="session")

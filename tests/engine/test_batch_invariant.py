@@ -158,6 +158,83 @@ def test_a_position_attends_the_same_prefilled_chunked_or_decoded(
 
 
 @needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_prompt_position_attends_the_same_however_its_prompt_is_cut(
+    dtype: torch.dtype
+) -> None:
+    # Prompt positions (below the span's prompt_len) go through the prefill
+    # operator: whole, in chunks beside other work, or one per step, a
+    # position's attention is the same bits; later positions (decoded, then
+    # recomputed) through the decode operator, as the same decodes.
+    heads, kv_heads, dim, bs = 9, 3, 64, 4
+    backend = get_attention_backend("cpp")(heads, kv_heads, dim, bs, CPU, deterministic=True)
+    if backend.prefill_kernel is None:
+        pytest.skip("no prefill operator on this build: every position takes the decode one")
+    n, prompt = 75, 60  # several key tiles of the prefill operator
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(n, h, dim, generator=gen).to(dtype)
+               for h in (heads, kv_heads, kv_heads))
+    qo, ko, vo = (torch.randn(1, h, dim, generator=gen).to(dtype)
+                  for h in (heads, kv_heads, kv_heads))
+    nb = -(-n // bs)
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (2 * nb + 2, bs, kv_heads, dim)
+        return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+
+    # The prompt whole, then its answer's positions decoded one per step.
+    caches = fresh()
+    table = list(range(nb))
+    ref = [_step(backend, q[:prompt], k[:prompt], v[:prompt], caches,
+                 [SeqSpan(0, prompt, table, prompt)])]
+    for p in range(prompt, n):
+        ref.append(_step(backend, q[p : p + 1], k[p : p + 1], v[p : p + 1], caches,
+                         [SeqSpan(p, 1, table, prompt)]))
+    whole = torch.cat(ref)
+    # Recomputed after a preemption: prompt and answer in uneven chunks, on
+    # other blocks, each step led by another sequence's decode.
+    caches = fresh()
+    table = (torch.randperm(nb, generator=gen) + nb + 2).tolist()
+    other = [nb, nb + 1]
+    parts = []
+    cuts = [0, 1, 2, 33, 59, 61, 70, n]
+    for lo, hi in zip(cuts, cuts[1:]):
+        out = _step(backend, torch.cat([qo, q[lo:hi]]), torch.cat([ko, k[lo:hi]]),
+                    torch.cat([vo, v[lo:hi]]), caches,
+                    [SeqSpan(5, 1, other, 3), SeqSpan(lo, hi - lo, table, prompt)])
+        parts.append(out[1:])
+    assert torch.equal(torch.cat(parts), whole)
+    ref_attn = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
+        v.float().transpose(0, 1)[None],
+        is_causal=True, scale=0.125, enable_gqa=True)[0].transpose(0, 1)
+    tol = 1e-5 if dtype is torch.float32 else 2e-2
+    torch.testing.assert_close(whole.float(), ref_attn, rtol=tol, atol=tol)
+
+
+@needs_cxx
+def test_deterministic_metadata_splits_prompt_and_later_positions() -> None:
+    backend = get_attention_backend("cpp")(6, 2, 32, 4, CPU, deterministic=True)
+    if backend.prefill_kernel is None:
+        pytest.skip("no prefill operator on this build")
+    # A decode past its prompt; a recompute chunk from position 2 to 6 of a
+    # sequence whose prompt is 4 tokens: 2 and 3 are prompt positions.
+    md = backend.build_metadata([SeqSpan(8, 1, [1, 2, 5, 6], 3),
+                                 SeqSpan(2, 5, [7, 3, 9], 4)])
+    assert md.prefill_rows.tolist() == [1, 2]
+    assert md.decode_rows.tolist() == [0, 3, 4, 5]
+    assert md.prefill_block_ids.tolist() == [7]
+    assert md.prefill_query_starts.tolist() == [0, 2]
+    assert md.prefill_start_positions.tolist() == [2]
+    assert md.decode_context_lens.tolist() == [9, 5, 6, 7]
+    assert md.decode_block_ids.tolist() == [1, 2, 5, 7, 3]
+    assert md.decode_table_starts.tolist() == [0, 3, 3, 3]
+    # No prompt position in the step: every token to the decode operator.
+    md = backend.build_metadata([SeqSpan(8, 1, [1, 2, 5, 6], 3)])
+    assert md.prefill_rows is None and md.num_decodes == 1
+
+
+@needs_cxx
 def test_deterministic_metadata_lists_every_token() -> None:
     backend = get_attention_backend("cpp")(6, 2, 16, 4, CPU, deterministic=True)
     md = backend.build_metadata([SeqSpan(8, 1, [1, 2, 5, 6]), SeqSpan(2, 3, [7, 3, 9])])
@@ -211,6 +288,9 @@ def _alone(runner: ModelRunner, prompts: dict[str, list[int]],
     ("tiny_llama_path", "float32", "always"),
     ("tiny_llama_path", "bfloat16", "always"),
     ("tiny_opt_path", "bfloat16", "auto"),
+    # Heads of 32: prompt positions through the prefill operator where it is built.
+    ("tiny_llama_d32_path", "bfloat16", "never"),
+    ("tiny_llama_d32_path", "float32", "never"),
 ])
 def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
     model: str, dtype: str, pack: str, request: pytest.FixtureRequest
