@@ -93,9 +93,11 @@ def _busy_idle(text: str) -> dict[int, tuple[int, int]]:
 def idlest_cores(count: int, window_s: float = 0.25,
                  read: Callable[[], str] = _read_proc_stat) -> list[int] | None:
     """The `count` cores this process may use that were least busy over the
-    last `window_s` (from /proc/stat; ties to the lower id), or None where
-    there is no choice to make (no more cores than `count`) or no
-    /proc/stat to read."""
+    last `window_s` (from /proc/stat), or None where there is no choice to
+    make (no more cores than `count`) or no /proc/stat to read.  Busy shares
+    within the same fifth count as a tie, which goes to the lower id: a
+    quarter second's sample flickers, and a restart should not move the
+    engine for a difference that small."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if count < 1 or len(allowed) <= count:
         return None
@@ -113,4 +115,4 @@ def idlest_cores(count: int, window_s: float = 0.25,
         total = busy + after[core][1] - before[core][1]
         return busy / total if total > 0 else 0.0
 
-    return sorted(sorted(allowed, key=lambda c: (busy_share(c), c))[:count])
+    return sorted(sorted(allowed, key=lambda c: (int(busy_share(c) * 5), c))[:count])

@@ -82,6 +82,9 @@ def test_idlest_cores_picks_the_least_busy(monkeypatch: pytest.MonkeyPatch) -> N
     assert idlest_cores(3, 0.0, _reader(before, after)) == [1, 2, 3]
     # All idle: the lowest ids.
     assert idlest_cores(2, 0.0, _reader(before, before)) == [0, 1]
+    # Busy shares within the same fifth are a tie: core 0 at 10 % stays first.
+    slightly = {0: (110, 190), 1: (100, 200), 2: (100, 200), 3: (100, 200)}
+    assert idlest_cores(1, 0.0, _reader(before, slightly)) == [0]
 
 
 def test_idlest_cores_keeps_to_the_allowed_set(monkeypatch: pytest.MonkeyPatch) -> None:
