@@ -108,24 +108,19 @@ def _pin(cfg: AppConfig) -> None:
     from engine.threads import idlest_cores, pin_process
 
     cores = cfg.engine_cpu_ids
-    if cores == "auto":
-        if cfg.device != "cpu" or cfg.num_engine_replicas > 1:
-            return
-        cores = idlest_cores(cfg.threads)
-        if cores is None:
-            return
-        try:
-            pinned = pin_process(cores)
-        except ValueError as e:
+    auto = cores == "auto"
+    if auto:
+        lone_cpu = cfg.device == "cpu" and cfg.num_engine_replicas == 1
+        cores = idlest_cores(cfg.threads) if lone_cpu else None
+    if cores is None:
+        return
+    try:
+        pinned = pin_process(cores)
+    except ValueError as e:
+        if auto:
             log.warning("engine_cpu_ids auto: not pinned (%s)", e)
             return
-    elif cores is not None:
-        try:
-            pinned = pin_process(cores)
-        except ValueError as e:
-            raise ValueError(f"engine_cpu_ids: {e}") from None
-    else:
-        return
+        raise ValueError(f"engine_cpu_ids: {e}") from None
     log.info("engine replica pinned to CPU cores %s", sorted(pinned))
 
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from engine.attention import AttentionMetadata, SeqSpan
+from engine.attention import SeqSpan
 from engine.attention_torch import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
@@ -296,25 +296,22 @@ class CppAttentionBackend(TorchAttentionBackend):
             **fields,
         )
 
-    def forward(
+    def _attend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        md: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        md = metadata
-        if not isinstance(md, CppAttentionMetadata) or md.prefill_rows is None:
-            return super().forward(q, k, v, key_cache, value_cache, metadata, scale)
+        assert isinstance(md, CppAttentionMetadata)
+        if md.prefill_rows is None:
+            return super()._attend(q, k, v, key_cache, value_cache, md, scale)
         # Deterministic mode with prompt positions: each position to its
         # operator (build_metadata), the rows gathered and put back.
         assert self.kernel is not None and self.prefill_kernel is not None
-        kvh, hd = self.num_kv_heads, self.head_dim
-        key_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, k)
-        value_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, v)
         out = torch.empty_like(q)
         out.index_copy_(0, md.prefill_rows, self.prefill_kernel(
             q.index_select(0, md.prefill_rows), key_cache, value_cache, md.prefill_block_ids,
@@ -367,9 +364,9 @@ class CppAttentionBackend(TorchAttentionBackend):
             super()._prefill(q, k, v, key_cache, value_cache, md, scale, out)
             return
         # Prefill tokens follow the decodes, chunk after chunk.
-        first = md.prefills[0].token_start
-        out[first:] = self.prefill_kernel(
-            q[first:], key_cache, value_cache, md.prefill_block_ids, md.prefill_table_starts,
+        nd = md.num_decodes
+        out[nd:] = self.prefill_kernel(
+            q[nd:], key_cache, value_cache, md.prefill_block_ids, md.prefill_table_starts,
             md.prefill_query_starts, md.prefill_start_positions, scale)
 
     def _decode_fields(

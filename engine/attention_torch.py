@@ -153,8 +153,21 @@ class TorchAttentionBackend(AttentionBackend):
         kvh, hd = self.num_kv_heads, self.head_dim
         key_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, k)
         value_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, v)
-        out = torch.empty_like(q)
+        return self._attend(q, k, v, key_cache, value_cache, md, scale)
 
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of the step's tokens, their K/V already in the cache:
+        the decodes (the first `num_decodes` tokens), then the prefills."""
+        out = torch.empty_like(q)
         nd = md.num_decodes
         if nd:
             out[:nd] = self._decode(q[:nd], key_cache, value_cache, md, scale)

@@ -22,7 +22,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "exp_avx512.h"
+#include "kernel_util.h"
 
 #include <cmath>
 #include <cstdint>
@@ -57,9 +57,7 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-inline void prefetch_span(const char* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
-}
+using preempt_serve_vec::prefetch_span;
 
 // DIM > 0: the head dim as a constant the loops unroll on; 0: read from dim.
 template <typename scalar_t, int DIM_T>

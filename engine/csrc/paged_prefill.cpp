@@ -33,7 +33,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "exp_avx512.h"
+#include "kernel_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -127,10 +127,7 @@ inline void widen_row(const at::BFloat16* src, float* dst) {
   for (int c = 0; c < DIM / 16; ++c) _mm512_storeu_ps(dst + 16 * c, widen16(src + 16 * c));
 }
 
-inline void prefetch_row(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
-}
+using preempt_serve_vec::prefetch_span;
 
 // Per-thread scratch of one tile.
 struct Scratch {
@@ -213,8 +210,8 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     // The next step's rows lie anywhere in the cache: fetch them now.
     for (int64_t t = 0; t < kKeyTile && j0 + kKeyTile + t < num_keys; ++t) {
       const int64_t off = cache_row(table, j0 + kKeyTile + t, kh, l);
-      prefetch_row(kc + off, row_bytes);
-      prefetch_row(vc + off, row_bytes);
+      prefetch_span(kc + off, row_bytes);
+      prefetch_span(vc + off, row_bytes);
     }
     float* s = sc.s.data();
     // Scores [key][rows].

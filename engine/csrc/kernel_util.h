@@ -1,10 +1,26 @@
-// exp(x) for x <= 0 on 16 float32 lanes, shared by the AVX512 attention
-// operators (scores minus their maximum are never positive): 2^n * e^r with
+// Helpers the CPU operators share (paged_decode.cpp, paged_prefill.cpp).
+//
+// prefetch_span: asks for every cache line of a span, for data at an
+// unpredictable place (a cache block) that is needed soon.
+//
+// exp_nonpositive16 (AVX512 builds): exp(x) for x <= 0 on 16 float32 lanes
+// (scores minus their maximum are never positive): 2^n * e^r with
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
-// -87 are clamped there (a weight of ~1.6e-38, where a caller needs an exact
+// -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
 // zero it masks).  The scalar exp_nonpositive in paged_decode.cpp uses the
 // same reduction and polynomial.
 #pragma once
+
+#include <cstdint>
+
+namespace preempt_serve_vec {
+
+inline void prefetch_span(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
+}  // namespace preempt_serve_vec
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
