@@ -16,11 +16,13 @@ from api.config import AppConfig
 
 
 def engine_bundles(cfg: AppConfig) -> list[dict[str, float]]:
-    """One bundle per worker: TP×PP GPUs on cuda, the engine's CPUs on cpu."""
+    """One bundle per shard of the model (TP×PP): a GPU each on cuda, the
+    engine's CPUs each on cpu.  The replica runs in the first; the other
+    shards' processes (deployments/shard_workers.py) in the others."""
+    n = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
     if cfg.device == "cuda":
-        n = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
         return [{"CPU": 1.0, "GPU": 1.0} for _ in range(n)]
-    return [{"CPU": cfg.engine_num_cpus}]
+    return [{"CPU": cfg.engine_num_cpus} for _ in range(n)]
 
 
 def engine_actor_options(cfg: AppConfig) -> dict[str, float]:
@@ -42,7 +44,13 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     from engine.model_source import resolve_model
 
     cfg = AppConfig(**(args or {}))
-    resolve_model(cfg.model)
+    model_path = resolve_model(cfg.model)
+    if cfg.tensor_parallel_size > 1:
+        from engine.tensor_parallel import check_shards
+
+        # Here rather than in every shard's process at start.
+        check_shards(str(model_path), cfg.tensor_parallel_size,
+                     cfg.scheduler_config().max_model_len)
     config = cfg.model_dump()
 
     scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind(config)

@@ -70,9 +70,9 @@ def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-u
 def _graph_limits(cfg: AppConfig, sched: Any) -> tuple[int, int]:
     """(requests, tokens) of the largest step captured in CUDA graphs
     ((0, 0): none): the most an iteration may run, on CUDA with the triton
-    backend."""
+    backend, without tensor parallelism."""
     if not cfg.cuda_graphs or cfg.device != "cuda" or cfg.attention_backend not in (
-            "auto", "triton"):
+            "auto", "triton") or cfg.tensor_parallel_size > 1:
         return 0, 0
     off = sched.conserve
     return (max(sched.max_batch_size, off.offline_max_batch_size or 0),
@@ -104,13 +104,15 @@ def _pin(cfg: AppConfig) -> None:
     A listed set that cannot be had stops the replica with the field named;
     "auto" pins a lone CPU replica to its `threads` least busy cores and
     leaves the replica unpinned wherever that cannot be done (several
-    replicas could pick the same cores; cuda; no choice of cores)."""
+    replicas or shards could pick the same cores; cuda; no choice of
+    cores)."""
     from engine.threads import idlest_cores, pin_process
 
     cores = cfg.engine_cpu_ids
     auto = cores == "auto"
     if auto:
-        lone_cpu = cfg.device == "cpu" and cfg.num_engine_replicas == 1
+        lone_cpu = (cfg.device == "cpu" and cfg.num_engine_replicas == 1
+                    and cfg.tensor_parallel_size == 1)
         cores = idlest_cores(cfg.threads) if lone_cpu else None
     if cores is None:
         return
@@ -136,8 +138,8 @@ class Engine:
         _pin(self.cfg)
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
-        self.runner = ModelRunner(
-            model_path=resolve_model(self.cfg.model),
+        runner_kwargs: dict[str, Any] = dict(
+            model_path=str(resolve_model(self.cfg.model)),
             dtype=resolve_dtype(self.cfg.dtype, self.cfg.device),
             device=self.cfg.device,
             num_blocks=sched_cfg.num_blocks,
@@ -151,14 +153,34 @@ class Engine:
             cuda_graph_max_tokens=graph_tokens,
             pack_projections=self.cfg.pack_projections,
         )
+        # The model's other tensor-parallel shards, in this replica's
+        # placement group; this process is the first (engine/shards.py).
+        self.shards: Any = None
+        tp_size = self.cfg.tensor_parallel_size
+        if tp_size > 1:
+            from deployments.shard_workers import RayShardGroup
+            from engine.tensor_parallel import TensorParallel
+
+            self.shards = RayShardGroup(tp_size, runner_kwargs, device=self.cfg.device)
+            await asyncio.to_thread(self.shards.join)
+            self.runner = ModelRunner(**runner_kwargs,
+                                      tensor_parallel=TensorParallel(0, tp_size))
+            await asyncio.to_thread(self.shards.wait_ready)
+            self.runner.attach_shards(self.shards)
+        else:
+            self.runner = ModelRunner(**runner_kwargs)
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())
         # Set when this replica is deliberately stopped (stop_serving, __del__).
         self._closing = False
         self.kv_tier: Any = None
         if sched_cfg.host_kv_blocks:
-            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks, scheduler)
+            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks * tp_size, scheduler)
             self.runner.set_kv_tier(self.kv_tier)
+            if self.shards is not None:
+                tier = self.kv_tier
+                await asyncio.to_thread(self.shards.set_kv_tier, tier.directory, tier.name,
+                                        tier.namespace)
         from engine.profiler import full_batch_throughput
 
         # Admission's speed until the loop measures one under real load.
@@ -421,6 +443,8 @@ class Engine:
         ended = self.loop.shutdown(reason)
         if self.kv_tier is not None:
             self.kv_tier.close(wait=False)
+        if self.shards is not None:
+            self.shards.close()
         return ended
 
     def __del__(self) -> None:

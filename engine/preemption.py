@@ -14,6 +14,12 @@ forward pass and are not reached.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.tensor_parallel import TensorParallel
 
 
 class ForwardPreempted(Exception):
@@ -44,4 +50,21 @@ class PreemptFlag:
     def check(self, layer: int) -> None:
         """At the end of layer `layer` (0-based): stop the pass if asked."""
         if (layer + 1) % self.every == 0 and self._event.is_set():
+            raise ForwardPreempted(layer + 1)
+
+
+class SharedPreemptFlag(PreemptFlag):
+    """The flag of a tensor-parallel model: set on the first shard only, and
+    checked by every shard together (one small all-reduce every `every`
+    layers, on passes that may be cut only), so that all of them stop at
+    the same layer; a shard that stopped alone would leave the others
+    waiting in the next collective."""
+
+    def __init__(self, tp: TensorParallel, device: torch.device, every: int = 1) -> None:
+        super().__init__(every)
+        self.tp = tp
+        self.device = device
+
+    def check(self, layer: int) -> None:
+        if (layer + 1) % self.every == 0 and self.tp.any_set(self.is_set(), self.device):
             raise ForwardPreempted(layer + 1)

@@ -29,12 +29,14 @@ from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
 from engine.models.prepacked import PackMode
-from engine.preemption import ForwardPreempted, PreemptFlag
+from engine.preemption import ForwardPreempted, PreemptFlag, SharedPreemptFlag
 from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler
 from engine.sampling_params import SamplingParams
+from engine.shards import ShardGroup, ShardStep, ShardTier, SwapReport, SwapsInFlight
 from engine.step_logprobs import PromptRows, record_prompt_logprobs, sampled_logprobs
 from engine.swapper import BlockSwapper, HostKVTier
+from engine.tensor_parallel import SINGLE, TensorParallel
 from engine.threads import pin_threads
 from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
 from engine.weights import iter_weights
@@ -74,6 +76,7 @@ class ModelRunner:
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
         pack_projections: PackMode = "auto",
+        tensor_parallel: TensorParallel = SINGLE,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -92,9 +95,17 @@ class ModelRunner:
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.model_path)
         self.eos_token_ids: set[int] = eos_token_ids(self.model_path, self.tokenizer, self.config)
 
+        # With tensor parallelism this runner holds one shard of the model
+        # and of the KV cache (engine/tensor_parallel.py); the first shard's
+        # runner drives the others (`attach_shards`).
+        self.tp = tensor_parallel
+        if self.tp.enabled and cuda_graph_max_batch > 0:
+            raise ValueError("CUDA graphs are not available with tensor parallelism; "
+                             "set cuda_graph_max_batch to 0")
         cls = model_class(self.config.model_type)
         with torch.no_grad():
-            self.model = cls(self.config, self.dtype, self.device, max_model_len)
+            self.model = cls(self.config, self.dtype, self.device, max_model_len,
+                             tp=self.tp)
             self.model.load_weights(iter_weights(self.model_path))
         self.model.eval()
         # On CPU (float32, native bfloat16): the projections on oneDNN-packed
@@ -148,8 +159,13 @@ class ModelRunner:
         # (so that a loop with nothing runnable does not spin).
         self.swap_wait_s = 0.05
         # Set from another thread to cut a pass the plan marks preemptible
-        # between layers (ConServe §4.3; engine/preemption.py).
-        self.preempt_flag = PreemptFlag()
+        # between layers (ConServe §4.3; engine/preemption.py); with tensor
+        # parallelism every shard stops at the same layer.
+        self.preempt_flag: PreemptFlag = (
+            SharedPreemptFlag(self.tp, self.device) if self.tp.enabled else PreemptFlag())
+        # The other shards, on the first shard of a tensor-parallel model.
+        self.shards: ShardGroup | None = None
+        self._swaps = SwapsInFlight(self.tp.size)
         # The preemptible pass under way, and when it started.
         self.running_pass: tuple[Plan, float] | None = None
         # Leave the text of requests without stop strings to be decoded by
@@ -167,13 +183,70 @@ class ModelRunner:
 
     def set_kv_tier(self, tier: HostKVTier) -> None:
         """Enable SWAP_OUT / SWAP_IN / CHECKPOINT / DROP block ops through
-        `tier` (e.g. `kvstore.tier.ObjectStoreTier`)."""
+        `tier` (e.g. `kvstore.tier.ObjectStoreTier`); a tensor-parallel
+        shard stores its slice of each block under its own key."""
+        if self.tp.enabled:
+            tier = ShardTier(tier, self.tp.rank)  # type: ignore[assignment]
         self.swapper = BlockSwapper(self.kv_cache, tier)
 
     @property
     def kv_block_bytes(self) -> int:
-        """Bytes of one KV block over all layers, K and V (host tier sizing)."""
-        return self.kv_cache.bytes_per_block
+        """Bytes of one KV block over all layers, K and V, over every
+        tensor-parallel shard (host tier sizing)."""
+        return self.kv_cache.bytes_per_block * self.tp.size
+
+    # Tensor parallelism ---------------------------------------------------
+
+    def attach_shards(self, shards: ShardGroup) -> None:
+        """Drive `shards` (every shard but this one) from this runner, the
+        first shard's: each iteration's block ops and forward pass run on
+        all of them (engine/shards.py)."""
+        if not self.tp.first or shards.size != self.tp.size:
+            raise ValueError(f"shard {self.tp.rank} of {self.tp.size} cannot drive a group "
+                             f"of {shards.size}")
+        self.shards = shards
+
+    def execute_shard(self, step: ShardStep) -> SwapReport:
+        """On a shard other than the first: this shard's slice of one
+        iteration (block ops, forward pass, logits for the first shard);
+        returns the swap-ins landed and failed here."""
+        if self.swapper is not None:
+            self.swapper.order_after_copies()
+            if step.block_ops:
+                self.swapper.apply(step.block_ops)
+        if step.input_ids:
+            self.model.preempt = self.preempt_flag if step.preemptible else None
+            batch = _Prepared(step.input_ids, step.positions, step.spans,
+                              step.logits_indices, [], [])
+            try:
+                with torch.inference_mode():
+                    hidden = self.model(self._forward_batch(batch), self.kv_cache)
+                    if step.logits_indices:
+                        self.model.compute_logits(hidden)
+            except ForwardPreempted:
+                pass  # the first shard cut the pass at the same layer
+            finally:
+                self.model.preempt = None
+        return self._poll_swaps(step.wait_s)
+
+    def forget_shard(self, job_id: str) -> None:
+        """`remove_request`'s part on a shard other than the first."""
+        if self.swapper is not None:
+            self.swapper.forget(job_id)
+
+    def _launch_shards(self, plan: Plan | None, prepared: _Prepared | None,
+                       wait_s: float = 0.0) -> None:
+        if self.shards is None:
+            return
+        step = ShardStep(wait_s=wait_s)
+        if plan is not None:
+            step.block_ops = list(plan.block_ops)
+            self._swaps.issued(plan.block_ops)
+            step.preemptible = plan.preemptible_at_layers
+        if prepared is not None:
+            step.input_ids, step.positions = prepared.input_ids, prepared.positions
+            step.spans, step.logits_indices = prepared.spans, prepared.logits_indices
+        self.shards.launch(step)
 
     # Model facts for the ingress ------------------------------------------
 
@@ -241,6 +314,9 @@ class ModelRunner:
         self._requests.pop(job_id, None)
         if self.swapper is not None:
             self.swapper.forget(job_id)
+        if self.shards is not None:
+            self._swaps.forget(job_id)
+            self.shards.forget(job_id)
 
     def has_request(self, job_id: str) -> bool:
         return job_id in self._requests
@@ -324,23 +400,26 @@ class ModelRunner:
             state = self._requests.get(job_id)
             if state is not None:
                 state.num_preemptions += 1
+        if plan.block_ops and self.swapper is None \
+                and any(op.kind is not BlockOpKind.DROP for op in plan.block_ops):
+            kinds = sorted({op.kind.value for op in plan.block_ops})
+            raise NotImplementedError(
+                f"block ops {kinds} need a host KV tier: call set_kv_tier() first"
+            )
+        started = time.perf_counter()
+        prepared = self._prepare(plan) if plan.chunks else None
+        prepare_s = time.perf_counter() - started
+        self._launch_shards(plan, prepared, 0.0 if plan.chunks else self.swap_wait_s)
         if self.swapper is not None:
             self.swapper.order_after_copies()
-        if plan.block_ops:
-            if self.swapper is not None:
+            if plan.block_ops:
                 self.swapper.apply(plan.block_ops)
-            elif any(op.kind is not BlockOpKind.DROP for op in plan.block_ops):
-                kinds = sorted({op.kind.value for op in plan.block_ops})
-                raise NotImplementedError(
-                    f"block ops {kinds} need a host KV tier: call set_kv_tier() first"
-                )
-        if not plan.chunks:
+        if prepared is None:
             self._launched()  # before waiting for a swap-in
             done, failed = self._poll_swaps(self.swap_wait_s)
             return StepResult(plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed)
 
-        start = time.perf_counter()
-        prepared = self._prepare(plan)
+        start = time.perf_counter() - prepare_s
         sampled = prepared.sampled
         with torch.inference_mode():
             try:
@@ -387,10 +466,13 @@ class ModelRunner:
             copy_rate=self.swapper.copy_rate.rate if self.swapper is not None else None,
         )
 
-    def _poll_swaps(self, wait_s: float) -> tuple[list[str], list[str]]:
-        if self.swapper is None:
-            return [], []
-        return self.swapper.poll(wait_s)
+    def _poll_swaps(self, wait_s: float) -> SwapReport:
+        """Swap-ins landed and failed (on every shard); ends the step the
+        other shards were launched on."""
+        own = ([], []) if self.swapper is None else self.swapper.poll(wait_s)
+        if self.shards is None:
+            return own
+        return self._swaps.combine([own, *self.shards.finish()])
 
     def _logits(self, plan: Plan, prepared: _Prepared) -> torch.Tensor | None:
         """The forward pass and the lm_head: float32 logits of the rows in
@@ -421,8 +503,11 @@ class ModelRunner:
         profiling.
         """
         prepared = self._prepare(plan)
+        self._launch_shards(None, prepared)
         with torch.inference_mode():
             logits = self._logits(plan, prepared)
+        if self.shards is not None:
+            self.shards.finish()
         assert logits is not None, "the plan samples no chunk"
         row = {c.job_id: i for i, (c, _) in enumerate(prepared.sampled)}
         return logits[[row[c.job_id] for c in plan.chunks if c.sample]]

@@ -22,6 +22,7 @@ from engine.models import prepacked
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
+from engine.tensor_parallel import SINGLE, TensorParallel, load_slice
 
 
 @dataclass(slots=True)
@@ -67,12 +68,20 @@ class CausalLM(nn.Module, ABC):
     # Parameters every layer multiplies through `self.linear` (the lm_head is
     # not one: it has `head_linear`); `pack_projections` packs these.
     projection_names: ClassVar[tuple[str, ...]] = ()
+    # Tensor parallelism (engine/tensor_parallel.py): the dimension along
+    # which each shard holds a slice of a parameter, by its last name;
+    # parameters not listed are whole on every shard.
+    tp_split: ClassVar[dict[str, int]] = {}
+    # Of those, the ones split by vocabulary rows (the last slice padded).
+    tp_vocab: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device,
+                 tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = device
+        self.tp = tp
         # Whether `pack_projections` packed the projections' weights.
         self.packed = False
         # Every projection goes through this (see engine.models.linear).
@@ -126,6 +135,21 @@ class CausalLM(nn.Module, ABC):
         if self.preempt is not None:
             self.preempt.check(layer)
 
+    def row_linear(self, x: torch.Tensor, w: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+        """A row-parallel projection: this shard's partial product, summed
+        over the shards, then the (whole) bias once."""
+        if not self.tp.enabled:
+            return self.linear(x, w, bias)
+        y = self.tp.all_reduce(self.linear(x, w, None))
+        return y if bias is None else y + bias
+
+    def vocab_logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
+        """Float32 logits over the whole vocabulary on the first shard (None
+        on the others) from a vocab-parallel `head`."""
+        local = self.head_linear(hidden, head).float()
+        return self.tp.gather_logits(local, self.vocab_size)
+
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         self.attn = backend
 
@@ -134,8 +158,9 @@ class CausalLM(nn.Module, ABC):
         """Final hidden states `[S, hidden]` at `batch.logits_indices`."""
 
     @abstractmethod
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[S, vocab]` logits in float32."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """`[S, vocab]` logits in float32 (with tensor parallelism, on the
+        first shard only; None on the others)."""
 
     @abstractmethod
     def weight_target(self, hf_name: str) -> WeightTarget | None:
@@ -144,6 +169,18 @@ class CausalLM(nn.Module, ABC):
         Raises `WeightLoadError` for a name the model does not know, so that a
         renamed checkpoint fails loudly instead of leaving weights random.
         """
+
+    def _shard_of(self, param: str, dest: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """This tensor-parallel shard's slice of checkpoint tensor `full`."""
+        leaf = param.rsplit(".", 1)[-1]
+        dim = self.tp_split.get(leaf)
+        if not self.tp.enabled or dim is None or full.dim() <= dim:
+            return full
+        whole = dest.shape[dim] * self.tp.size
+        vocab = leaf in self.tp_vocab
+        if (full.shape[dim] > whole) if vocab else (full.shape[dim] != whole):
+            return full  # the shape check names the mismatch
+        return load_slice(dest, full, dim, self.tp)
 
     def fused_shards(self, param: str) -> list[int]:
         """Row sizes of the shards of a fused parameter (override if fused)."""
@@ -166,6 +203,7 @@ class CausalLM(nn.Module, ABC):
                 start = sum(sizes[: target.shard])
                 dest = dest[start : start + sizes[target.shard]]
                 shard_seen.setdefault(target.param, set()).add(target.shard)
+            tensor = self._shard_of(target.param, dest, tensor)
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise WeightLoadError(
                     f"{hf_name}: checkpoint shape {tuple(tensor.shape)} does not fit "

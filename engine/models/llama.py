@@ -28,6 +28,7 @@ from engine.models.base import (
     frozen,
 )
 from engine.models.rotary import RotaryEmbedding, apply_rotary
+from engine.tensor_parallel import SINGLE, TensorParallel
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,11 +54,11 @@ def _bias(n: int, enabled: bool, dtype: torch.dtype, device: torch.device) -> nn
 class LlamaDecoderLayer(nn.Module):
     def __init__(
         self, config: Any, num_heads: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype, device: torch.device,
+        dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         d = config.hidden_size
-        inter = config.intermediate_size
+        inter = tp.split(config.intermediate_size, "MLP columns")
         qkv_rows = (num_heads + 2 * num_kv_heads) * head_dim
         attn_bias = bool(getattr(config, "attention_bias", False))
         mlp_bias = bool(getattr(config, "mlp_bias", False))
@@ -78,31 +79,39 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(CausalLM):
     model_type = "llama"
     projection_names = ("qkv", "o", "gate", "up", "down")
+    tp_split = {"qkv": 0, "qkv_bias": 0, "o": 1, "gate": 0, "gate_bias": 0, "up": 0,
+                "up_bias": 0, "down": 1, "embed": 0, "lm_head": 0}
+    tp_vocab = frozenset({"embed", "lm_head"})
 
     def __init__(
-        self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int
+        self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int,
+        tp: TensorParallel = SINGLE,
     ) -> None:
-        super().__init__(config, dtype, device)
+        super().__init__(config, dtype, device, tp)
         self.num_layers = config.num_hidden_layers
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        # This shard's heads (all of them without tensor parallelism).
+        self.num_heads = tp.split(heads, "attention heads")
+        self.num_kv_heads = tp.split(kv_heads, "key/value heads")
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.vocab_size = config.vocab_size
+        vocab_rows = tp.vocab_part(self.vocab_size)[1]
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         self.act = activation(getattr(config, "hidden_act", "silu"))
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
 
-        self.embed = frozen((self.vocab_size, config.hidden_size), dtype, device)
+        self.embed = frozen((vocab_rows, config.hidden_size), dtype, device)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
-                config, self.num_heads, self.num_kv_heads, self.head_dim, dtype, device
+                config, self.num_heads, self.num_kv_heads, self.head_dim, dtype, device, tp
             )
             for _ in range(self.num_layers)
         )
         self.norm = frozen((config.hidden_size,), dtype, device)
         self.lm_head = None if self.tied else frozen(
-            (self.vocab_size, config.hidden_size), dtype, device
+            (vocab_rows, config.hidden_size), dtype, device
         )
         self.rotary = RotaryEmbedding(config, self.head_dim, max_model_len, dtype, device)
         # On CUDA each norm and the rotation of q and k are one Triton kernel
@@ -166,7 +175,7 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         assert self.attn is not None, "set_attention_backend() first"
         t = batch.input_ids.shape[0]
-        x = F.embedding(batch.input_ids, self.embed)
+        x = self.tp.embed(batch.input_ids, self.embed)
         rotate = self._rotation(batch.positions)
         q_size, kv_size = self._q_size, self._kv_size
         norm = self.norm_fn
@@ -180,11 +189,11 @@ class LlamaForCausalLM(CausalLM):
             a = self.attn.forward(
                 q, k, v, kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, self.scale
             )
-            x = x + self.linear(a.view(t, q_size), layer.o, layer.o_bias)
+            x = x + self.row_linear(a.view(t, q_size), layer.o, layer.o_bias)
             h = norm(x, layer.post_norm, self.eps)
             gate = self.act(self.linear(h, layer.gate, layer.gate_bias))
             up = self.linear(h, layer.up, layer.up_bias)
-            x = x + self.linear(gate * up, layer.down, layer.down_bias)
+            x = x + self.row_linear(gate * up, layer.down, layer.down_bias)
             self.safepoint(i)
         return norm(x[batch.logits_indices], self.norm, self.eps)
 
@@ -204,6 +213,6 @@ class LlamaForCausalLM(CausalLM):
         cos, sin = self.rotary.cos_sin(positions)
         return lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         head = self.embed if self.lm_head is None else self.lm_head
-        return self.head_linear(hidden, head).float()
+        return self.vocab_logits(hidden, head)

@@ -27,6 +27,7 @@ from engine.models.base import (
     WeightTarget,
     frozen,
 )
+from engine.tensor_parallel import SINGLE, TensorParallel
 
 # OPT's position table starts 2 rows in (rows 0 and 1 are legacy padding).
 POSITION_OFFSET = 2
@@ -44,16 +45,18 @@ class _LayerNorm(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device,
+                 tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         d = config.hidden_size
-        ffn = config.ffn_dim
+        ffn = tp.split(config.ffn_dim, "MLP columns")
+        attn = tp.split(d, "attention columns")
         bias = bool(getattr(config, "enable_bias", True))
         affine = bool(getattr(config, "layer_norm_elementwise_affine", True))
         self.attn_norm = _LayerNorm(d, affine, dtype, device)
-        self.qkv = frozen((3 * d, d), dtype, device)
-        self.qkv_bias = frozen((3 * d,), dtype, device) if bias else None
-        self.out = frozen((d, d), dtype, device)
+        self.qkv = frozen((3 * attn, d), dtype, device)
+        self.qkv_bias = frozen((3 * attn,), dtype, device) if bias else None
+        self.out = frozen((d, attn), dtype, device)
         self.out_bias = frozen((d,), dtype, device) if bias else None
         self.ffn_norm = _LayerNorm(d, affine, dtype, device)
         self.fc1 = frozen((ffn, d), dtype, device)
@@ -65,11 +68,15 @@ class OPTDecoderLayer(nn.Module):
 class OPTForCausalLM(CausalLM):
     model_type = "opt"
     projection_names = ("qkv", "out", "fc1", "fc2", "project_in", "project_out")
+    tp_split = {"qkv": 0, "qkv_bias": 0, "out": 1, "fc1": 0, "fc1_bias": 0, "fc2": 1,
+                "embed": 0, "lm_head": 0}
+    tp_vocab = frozenset({"embed", "lm_head"})
 
     def __init__(
-        self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int
+        self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int,
+        tp: TensorParallel = SINGLE,
     ) -> None:
-        super().__init__(config, dtype, device)
+        super().__init__(config, dtype, device, tp)
         if max_model_len > config.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={max_model_len} exceeds OPT's learned position table "
@@ -78,28 +85,30 @@ class OPTForCausalLM(CausalLM):
         d = config.hidden_size
         proj = config.word_embed_proj_dim
         self.num_layers = config.num_hidden_layers
-        self.num_heads = config.num_attention_heads
+        # This shard's heads (all of them without tensor parallelism).
+        self.num_heads = tp.split(config.num_attention_heads, "attention heads")
         self.num_kv_heads = self.num_heads
-        self.head_dim = d // self.num_heads
+        self.head_dim = d // config.num_attention_heads
         self.vocab_size = config.vocab_size
+        vocab_rows = tp.vocab_part(self.vocab_size)[1]
         self.scale = self.head_dim**-0.5
         self.pre_norm = bool(config.do_layer_norm_before)
         self.act = activation(config.activation_function)
         self.tied = bool(getattr(config, "tie_word_embeddings", True))
         affine = bool(getattr(config, "layer_norm_elementwise_affine", True))
 
-        self.embed = frozen((self.vocab_size, proj), dtype, device)
+        self.embed = frozen((vocab_rows, proj), dtype, device)
         self.embed_positions = frozen(
             (config.max_position_embeddings + POSITION_OFFSET, d), dtype, device
         )
         self.project_in = frozen((d, proj), dtype, device) if proj != d else None
         self.project_out = frozen((proj, d), dtype, device) if proj != d else None
         self.layers = nn.ModuleList(
-            OPTDecoderLayer(config, dtype, device) for _ in range(self.num_layers)
+            OPTDecoderLayer(config, dtype, device, tp) for _ in range(self.num_layers)
         )
         keep_final = self.pre_norm and not getattr(config, "_remove_final_layer_norm", False)
         self.final_norm = _LayerNorm(d, affine, dtype, device) if keep_final else None
-        self.lm_head = None if self.tied else frozen((self.vocab_size, proj), dtype, device)
+        self.lm_head = None if self.tied else frozen((vocab_rows, proj), dtype, device)
 
     # Weights ----------------------------------------------------------
 
@@ -149,7 +158,7 @@ class OPTForCausalLM(CausalLM):
 
     def fused_shards(self, param: str) -> list[int]:
         if param.rsplit(".", 1)[-1] in ("qkv", "qkv_bias"):
-            d = self.config.hidden_size
+            d = self.num_heads * self.head_dim  # this shard's
             return [d, d, d]
         return super().fused_shards(param)
 
@@ -158,9 +167,9 @@ class OPTForCausalLM(CausalLM):
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         assert self.attn is not None, "set_attention_backend() first"
         t = batch.input_ids.shape[0]
-        d = self.config.hidden_size
         h_, hd = self.num_heads, self.head_dim
-        x = F.embedding(batch.input_ids, self.embed)
+        d = h_ * hd  # this shard's attention width
+        x = self.tp.embed(batch.input_ids, self.embed)
         if self.project_in is not None:
             x = self.linear(x, self.project_in)
         x = x + F.embedding(batch.positions + POSITION_OFFSET, self.embed_positions)
@@ -175,14 +184,14 @@ class OPTForCausalLM(CausalLM):
                 q, k.view(t, h_, hd), v.view(t, h_, hd),
                 kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, 1.0,
             )
-            x = residual + self.linear(a.view(t, d), layer.out, layer.out_bias)
+            x = residual + self.row_linear(a.view(t, d), layer.out, layer.out_bias)
             if not self.pre_norm:
                 x = layer.attn_norm(x)
             residual = x
             if self.pre_norm:
                 x = layer.ffn_norm(x)
             x = self.act(self.linear(x, layer.fc1, layer.fc1_bias))
-            x = residual + self.linear(x, layer.fc2, layer.fc2_bias)
+            x = residual + self.row_linear(x, layer.fc2, layer.fc2_bias)
             if not self.pre_norm:
                 x = layer.ffn_norm(x)
             self.safepoint(i)
@@ -193,6 +202,6 @@ class OPTForCausalLM(CausalLM):
             x = self.linear(x, self.project_out)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         head = self.embed if self.lm_head is None else self.lm_head
-        return self.head_linear(hidden, head).float()
+        return self.vocab_logits(hidden, head)

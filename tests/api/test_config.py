@@ -131,3 +131,19 @@ def test_engine_cpu_ids_name_distinct_cores_for_one_replica() -> None:
             AppConfig(engine_cpu_ids=bad)
     with pytest.raises(ValidationError, match="engine_cpu_ids pins every engine replica"):
         AppConfig(engine_cpu_ids=[0], num_engine_replicas=2)
+
+
+def test_tensor_parallel_shards_each_take_a_bundle() -> None:
+    from app.builder import engine_bundles
+
+    cfg = AppConfig(tensor_parallel_size=3, engine_num_cpus=0.5)
+    assert engine_bundles(cfg) == [{"CPU": 0.5}] * 3
+    assert engine_bundles(AppConfig(device="cuda", tensor_parallel_size=2)) == [
+        {"CPU": 1.0, "GPU": 1.0}] * 2
+    with pytest.raises(ValidationError, match="pipeline_parallel_size\n.*pipeline parallelism "
+                                              "is not available yet"):
+        AppConfig(pipeline_parallel_size=2)
+    with pytest.raises(ValidationError, match="engine_cpu_ids pins the first shard only"):
+        AppConfig(tensor_parallel_size=2, engine_cpu_ids=[0])
+    with pytest.raises(ValidationError, match="tensor_parallel_size"):
+        AppConfig(tensor_parallel_size=0)

@@ -1,0 +1,158 @@
+"""The shards of a tensor-parallel engine replica other than the first: one
+Ray actor each, in the bundles of the replica's placement group after its
+own (app/builder.py), joined to the replica's process by torch.distributed
+(gloo on CPU, NCCL on CUDA).
+
+The replica's own `ModelRunner` is shard 0: it keeps the requests, samples
+and drives the others each iteration (engine/shards.py).  Calls from one
+handle to an actor run in order, so a `forget` sent between two steps
+lands between them.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from datetime import timedelta
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, get_current_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from engine.shards import ShardStep, SwapReport
+
+# How long the shards may take to meet (model loading comes after).
+RENDEZVOUS_S = 300
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ShardWorker:
+    """One shard's `ModelRunner` in its own process."""
+
+    def __init__(self, rank: int, size: int, init_method: str, backend: str,
+                 runner_kwargs: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        from engine.runner import ModelRunner
+        from engine.tensor_parallel import TensorParallel
+
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                                timeout=timedelta(seconds=RENDEZVOUS_S))
+        self.runner = ModelRunner(**runner_kwargs, tensor_parallel=TensorParallel(rank, size))
+
+    def ready(self) -> int:
+        return self.runner.kv_cache.num_blocks
+
+    def set_kv_tier(self, directory: Any, name: str | None, namespace: str | None) -> None:
+        from kvstore.tier import ObjectStoreTier
+
+        self.runner.set_kv_tier(ObjectStoreTier(directory, name=name, namespace=namespace))
+
+    def step(self, step: ShardStep) -> SwapReport:
+        return self.runner.execute_shard(step)
+
+    def forget(self, job_id: str) -> None:
+        self.runner.forget_shard(job_id)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayShardGroup:
+    """Shards 1..size-1 as Ray actors; this process becomes shard 0.
+
+    `join` returns once every shard is in the process group and this
+    process may build its own runner; `wait_ready` once every other shard
+    has loaded its slice of the model."""
+
+    def __init__(self, size: int, runner_kwargs: dict[str, Any], *, device: str = "cpu",
+                 placement_group: PlacementGroup | None = None,
+                 bundle_offset: int = 1) -> None:
+        if size < 2:
+            raise ValueError("a shard group needs at least two shards")
+        self.size = size
+        self.backend = "nccl" if device == "cuda" else "gloo"
+        host = ray.util.get_node_ip_address()
+        self.init_method = f"tcp://{host}:{_free_port(host)}"
+        pg = placement_group if placement_group is not None else get_current_placement_group()
+        actor = ray.remote(ShardWorker)
+        self.workers = []
+        for rank in range(1, size):
+            options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+            if device == "cuda":
+                options["num_gpus"] = 1
+            if pg is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=bundle_offset + rank - 1)
+            self.workers.append(actor.options(**options).remote(
+                rank, size, self.init_method, self.backend, runner_kwargs))
+        self._ready = [w.ready.remote() for w in self.workers]
+        self._pending: list[Any] = []
+
+    def join(self) -> None:
+        """Join the process group as shard 0: blocks until every shard has
+        joined, and fails as soon as a shard fails to start."""
+        import torch.distributed as dist
+
+        failure: list[BaseException] = []
+
+        def init() -> None:
+            try:
+                dist.init_process_group(self.backend, init_method=self.init_method, rank=0,
+                                        world_size=self.size,
+                                        timeout=timedelta(seconds=RENDEZVOUS_S))
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                failure.append(e)
+
+        t = threading.Thread(target=init, name="tp-rendezvous", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.2)
+            done, _ = ray.wait(self._ready, num_returns=len(self._ready), timeout=0)
+            for ref in done:
+                ray.get(ref)  # a shard that failed to start raises here
+        if failure:
+            raise failure[0]
+
+    def wait_ready(self) -> None:
+        ray.get(self._ready)
+
+    def set_kv_tier(self, directory: Any, name: str | None = None,
+                    namespace: str | None = None) -> None:
+        ray.get([w.set_kv_tier.remote(directory, name, namespace) for w in self.workers])
+
+    # ShardGroup -----------------------------------------------------------
+
+    def launch(self, step: ShardStep) -> None:
+        if self._pending:  # a step the first shard abandoned (it raised)
+            ray.get(self._pending)
+        self._pending = [w.step.remote(step) for w in self.workers]
+
+    def finish(self) -> list[SwapReport]:
+        pending, self._pending = self._pending, []
+        return list(ray.get(pending))
+
+    def forget(self, job_id: str) -> None:
+        for w in self.workers:
+            w.forget.remote(job_id)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        for w in self.workers:
+            try:
+                ray.kill(w)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.workers = []
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,66 @@
+"""An engine replica whose model is split over three tensor-parallel shards
+(SmolLM2's 9 heads and 3 key/value heads split by three), live: the other
+two shards run as actors in the replica's placement group, MLFQ swaps
+through the object-store tier (each shard its own slice of each block), and
+greedy outputs are those of the whole model on the default application
+(float32)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MLFQ_CONFIG, PROMPTS, _deploy, _engine_handle, \
+    wait_engine_idle
+from tests.integration.test_mlfq_swap import _all, body
+
+pytestmark = pytest.mark.integration
+
+TP_CONFIG = {
+    **MLFQ_CONFIG,
+    "tensor_parallel_size": 3,
+    # Three bundles of half a CPU: beside the other applications' engines.
+    "engine_num_cpus": 0.5,
+    "num_threads": 1,
+    "predictor": {"enabled": False},
+}
+
+
+@pytest.fixture(scope="module")
+def tp_server(server):
+    from ray import serve
+
+    yield _deploy(server, "tp", TP_CONFIG)
+    serve.delete("tp")
+
+
+def test_three_shards_swap_and_answer_as_the_whole_model(server, tp_server):
+    engine = _engine_handle("tp")
+    concurrent = asyncio.run(_all(tp_server))
+    stats = wait_engine_idle(engine, timeout=60)
+    assert stats["swap"]["swap_outs"] > 0, f"no swap happened: {stats['swap']}"
+    assert stats["swap"]["blocks_in"] == stats["swap"]["blocks_out"]
+    assert stats["swap"]["recompute_fallbacks"] == 0
+    for p, got in zip(PROMPTS, concurrent):
+        ref = httpx.post(f"{server}/v1/completions", json=body(p), timeout=300).json()
+        assert got["choices"][0]["text"] == ref["choices"][0]["text"], p
+    assert stats["swap"]["host_used_blocks"] == 0
+    # The application's directory counts each shard's slice of a block.
+    import ray
+
+    from kvstore.directory import DIRECTORY_NAMESPACE, directory_name
+
+    directory = ray.get_actor(directory_name("tp"), namespace=DIRECTORY_NAMESPACE)
+    tier = ray.get(directory.stats.remote())
+    assert tier["capacity_blocks"] == 3 * TP_CONFIG["host_kv_tokens"] // 16
+    assert tier["bytes_in"] > 0
+
+
+def test_a_model_that_does_not_split_fails_at_build_naming_the_field():
+    from app.builder import build_app
+
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the model's "
+                                         "9 attention heads"):
+        build_app({**TP_CONFIG, "tensor_parallel_size": 2})
