@@ -206,6 +206,13 @@ class ModelRunner:
                              f"of {shards.size}")
         self.shards = shards
 
+    @property
+    def num_swaps_in_flight(self) -> int:
+        """Swap-ins and prefetches issued and not yet reported landed or
+        failed (on any shard)."""
+        own = 0 if self.swapper is None else self.swapper.num_in_flight
+        return max(own, self._swaps.pending) if self.shards is not None else own
+
     def execute_shard(self, step: ShardStep) -> SwapReport:
         """On a shard other than the first: this shard's slice of one
         iteration (block ops, forward pass, logits for the first shard);

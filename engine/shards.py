@@ -79,6 +79,10 @@ class SwapsInFlight:
     def forget(self, job_id: str) -> None:
         self._landed.pop(job_id, None)
 
+    @property
+    def pending(self) -> int:
+        return len(self._landed)
+
     def combine(self, reports: Sequence[SwapReport]) -> SwapReport:
         """Reports in shard order (the first shard's first)."""
         done: list[str] = []

@@ -203,8 +203,7 @@ def _drive(runner: ModelRunner, core: SchedulerCore, result: DriveResult,
         computed = {j: job.num_computed_tokens for j, job in core.jobs.items()}
         plan = core.schedule()
         if not plan.chunks:  # only swaps in flight: the runner waits for them
-            swapper = runner.swapper
-            assert plan.block_ops or (swapper is not None and swapper.num_in_flight), (
+            assert plan.block_ops or runner.num_swaps_in_flight, (
                 "scheduler made no progress"
             )
         result.num_mid_generation_preemptions += sum(

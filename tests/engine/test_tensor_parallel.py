@@ -59,6 +59,7 @@ def test_a_swap_in_lands_when_every_shard_has_it() -> None:
     swaps.issued([BlockOp(BlockOpKind.SWAP_IN, "a", 0, 3), BlockOp(BlockOpKind.SWAP_IN, "b", 0, 4),
                   BlockOp(BlockOpKind.PREFETCH, "c", 0, 5)])
     assert swaps.combine([(["a"], []), ([], [])]) == ([], [])
+    assert swaps.pending == 3  # what the first shard waits for with nothing to run
     assert swaps.combine([(["b"], []), (["a", "b"], [])]) == (["a", "b"], [])
     # Lost on one shard: failed, and what lands elsewhere later is ignored.
     assert swaps.combine([(["c"], []), ([], ["c"])]) == ([], ["c"])
