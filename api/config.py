@@ -155,7 +155,8 @@ class AppConfig(SchedulingSettings):
     # with room (the Scheduler deployment's pool, scheduler/offline_pool.py).
     offline_pool: OfflinePoolConfig = OfflinePoolConfig()
     batch: BatchSettings = BatchSettings()
-    # Shards of each engine replica's model (engine/tensor_parallel.py): one
+    # Shards (engine/tensor_parallel.py) × pipeline stages
+    # (engine/pipeline_parallel.py) of each engine replica's model: one
     # process each, in the replica's placement group, each with
     # `engine_num_cpus` (cpu) or a GPU (cuda).
     tensor_parallel_size: int = Field(1, ge=1)
@@ -193,14 +194,6 @@ class AppConfig(SchedulingSettings):
             raise ValueError("must list distinct core ids >= 0")
         return v
 
-    @field_validator("pipeline_parallel_size")
-    @classmethod
-    def _no_pipeline_yet(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("pipeline parallelism is not available yet; set it to 1 "
-                             "(tensor_parallel_size splits a model over several shards)")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self) -> "AppConfig":
         try:
@@ -230,10 +223,11 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 "engine_cpu_ids pins every engine replica to the same cores; with "
                 "num_engine_replicas > 1 use 'auto' or null")
-        if isinstance(self.engine_cpu_ids, list) and self.tensor_parallel_size > 1:
+        if isinstance(self.engine_cpu_ids, list) \
+                and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError(
-                "engine_cpu_ids pins the first shard only; with tensor_parallel_size > 1 "
-                "use 'auto' or null")
+                "engine_cpu_ids pins the first shard only; with tensor_parallel_size or "
+                "pipeline_parallel_size > 1 use 'auto' or null")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

@@ -45,12 +45,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
     cfg = AppConfig(**(args or {}))
     model_path = resolve_model(cfg.model)
-    if cfg.tensor_parallel_size > 1:
+    if cfg.tensor_parallel_size * cfg.pipeline_parallel_size > 1:
         from engine.tensor_parallel import check_shards
 
         # Here rather than in every shard's process at start.
         check_shards(str(model_path), cfg.tensor_parallel_size,
-                     cfg.scheduler_config().max_model_len)
+                     cfg.scheduler_config().max_model_len, cfg.pipeline_parallel_size)
     config = cfg.model_dump()
 
     scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind(config)

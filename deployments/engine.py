@@ -70,9 +70,9 @@ def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-u
 def _graph_limits(cfg: AppConfig, sched: Any) -> tuple[int, int]:
     """(requests, tokens) of the largest step captured in CUDA graphs
     ((0, 0): none): the most an iteration may run, on CUDA with the triton
-    backend, without tensor parallelism."""
+    backend, without tensor or pipeline parallelism."""
     if not cfg.cuda_graphs or cfg.device != "cuda" or cfg.attention_backend not in (
-            "auto", "triton") or cfg.tensor_parallel_size > 1:
+            "auto", "triton") or cfg.tensor_parallel_size * cfg.pipeline_parallel_size > 1:
         return 0, 0
     off = sched.conserve
     return (max(sched.max_batch_size, off.offline_max_batch_size or 0),
@@ -112,7 +112,7 @@ def _pin(cfg: AppConfig) -> None:
     auto = cores == "auto"
     if auto:
         lone_cpu = (cfg.device == "cpu" and cfg.num_engine_replicas == 1
-                    and cfg.tensor_parallel_size == 1)
+                    and cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1)
         cores = idlest_cores(cfg.threads) if lone_cpu else None
     if cores is None:
         return
@@ -153,18 +153,19 @@ class Engine:
             cuda_graph_max_tokens=graph_tokens,
             pack_projections=self.cfg.pack_projections,
         )
-        # The model's other tensor-parallel shards, in this replica's
-        # placement group; this process is the first (engine/shards.py).
+        # The model's other tensor-parallel shards and pipeline stages, in
+        # this replica's placement group; this process is global rank 0
+        # (engine/shards.py).
         self.shards: Any = None
-        tp_size = self.cfg.tensor_parallel_size
-        if tp_size > 1:
+        world = self.cfg.tensor_parallel_size * self.cfg.pipeline_parallel_size
+        if world > 1:
             from deployments.shard_workers import RayShardGroup
-            from engine.tensor_parallel import TensorParallel
 
-            self.shards = RayShardGroup(tp_size, runner_kwargs, device=self.cfg.device)
-            await asyncio.to_thread(self.shards.join)
-            self.runner = ModelRunner(**runner_kwargs,
-                                      tensor_parallel=TensorParallel(0, tp_size))
+            self.shards = RayShardGroup(self.cfg.tensor_parallel_size, runner_kwargs,
+                                        stages=self.cfg.pipeline_parallel_size,
+                                        device=self.cfg.device)
+            tp, pp = await asyncio.to_thread(self.shards.join)
+            self.runner = ModelRunner(**runner_kwargs, tensor_parallel=tp, pipeline=pp)
             await asyncio.to_thread(self.shards.wait_ready)
             self.runner.attach_shards(self.shards)
         else:
@@ -175,7 +176,7 @@ class Engine:
         self._closing = False
         self.kv_tier: Any = None
         if sched_cfg.host_kv_blocks:
-            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks * tp_size, scheduler)
+            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks * world, scheduler)
             self.runner.set_kv_tier(self.kv_tier)
             if self.shards is not None:
                 tier = self.kv_tier

@@ -68,12 +68,12 @@ class Scheduler:
         if per_replica:
             from kvstore.directory import DirectoryRef, create_directory, directory_name
 
-            # Each tensor-parallel shard stores its slice of a block as an
-            # entry of its own (engine/shards.py, ShardTier).
+            # Each shard and stage of a split model stores its slice of a
+            # block as an entry of its own (engine/shards.py, ShardTier).
             self._kv_ref = DirectoryRef(
                 name=directory_name(self.app_name),
                 capacity_blocks=per_replica * self.cfg.num_engine_replicas
-                * self.cfg.tensor_parallel_size)
+                * self.cfg.tensor_parallel_size * self.cfg.pipeline_parallel_size)
             # Owned by this replica: it goes away with the application.
             self._kv_directory = create_directory(self._kv_ref.name,
                                                   self._kv_ref.capacity_blocks)

@@ -1,10 +1,10 @@
-"""The shards of a tensor-parallel engine replica other than the first: one
-Ray actor each, in the bundles of the replica's placement group after its
-own (app/builder.py), joined to the replica's process by torch.distributed
-(gloo on CPU, NCCL on CUDA).
+"""The shards of a split engine replica other than the first (tensor-parallel
+shards and pipeline stages): one Ray actor each, in the bundles of the
+replica's placement group after its own (app/builder.py), joined to the
+replica's process by torch.distributed (gloo on CPU, NCCL on CUDA).
 
-The replica's own `ModelRunner` is shard 0: it keeps the requests, samples
-and drives the others each iteration (engine/shards.py).  Calls from one
+The replica's own `ModelRunner` is global rank 0: it keeps the requests,
+samples and drives the others each iteration (engine/shards.py).  Calls from one
 handle to an actor run in order, so a `forget` sent between two steps
 lands between them.
 """
@@ -20,7 +20,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from engine.pipeline_parallel import PipelineStage
 from engine.shards import ShardStep, SwapReport
+from engine.tensor_parallel import TensorParallel
 
 # How long the shards may take to meet (model loading comes after).
 RENDEZVOUS_S = 300
@@ -35,16 +37,18 @@ def _free_port(host: str) -> int:
 class ShardWorker:
     """One shard's `ModelRunner` in its own process."""
 
-    def __init__(self, rank: int, size: int, init_method: str, backend: str,
+    def __init__(self, rank: int, shards: int, stages: int, init_method: str, backend: str,
                  runner_kwargs: dict[str, Any]) -> None:
         import torch.distributed as dist
 
+        from engine.pipeline_parallel import layout
         from engine.runner import ModelRunner
-        from engine.tensor_parallel import TensorParallel
 
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=shards * stages,
                                 timeout=timedelta(seconds=RENDEZVOUS_S))
-        self.runner = ModelRunner(**runner_kwargs, tensor_parallel=TensorParallel(rank, size))
+        tp, pp = layout(rank, shards, stages)
+        self.runner = ModelRunner(**runner_kwargs, tensor_parallel=tp, pipeline=pp)
 
     def ready(self) -> int:
         return self.runner.kv_cache.num_blocks
@@ -68,18 +72,21 @@ class ShardWorker:
 
 
 class RayShardGroup:
-    """Shards 1..size-1 as Ray actors; this process becomes shard 0.
+    """Global ranks 1..size-1 of a model split into `shards` tensor-parallel
+    shards × `stages` pipeline stages, as Ray actors; this process becomes
+    rank 0.
 
-    `join` returns once every shard is in the process group and this
-    process may build its own runner; `wait_ready` once every other shard
-    has loaded its slice of the model."""
+    `join` returns once every rank is in the process group, with this
+    process's shard and stage to build its own runner with; `wait_ready`
+    once every other rank has loaded its slice of the model."""
 
-    def __init__(self, size: int, runner_kwargs: dict[str, Any], *, device: str = "cpu",
-                 placement_group: PlacementGroup | None = None,
+    def __init__(self, shards: int, runner_kwargs: dict[str, Any], *, stages: int = 1,
+                 device: str = "cpu", placement_group: PlacementGroup | None = None,
                  bundle_offset: int = 1) -> None:
+        self.shards, self.stages = shards, stages
+        self.size = size = shards * stages
         if size < 2:
-            raise ValueError("a shard group needs at least two shards")
-        self.size = size
+            raise ValueError("a shard group needs at least two shards or stages")
         self.backend = "nccl" if device == "cuda" else "gloo"
         host = ray.util.get_node_ip_address()
         self.init_method = f"tcp://{host}:{_free_port(host)}"
@@ -94,14 +101,17 @@ class RayShardGroup:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=bundle_offset + rank - 1)
             self.workers.append(actor.options(**options).remote(
-                rank, size, self.init_method, self.backend, runner_kwargs))
+                rank, shards, stages, self.init_method, self.backend, runner_kwargs))
         self._ready = [w.ready.remote() for w in self.workers]
         self._pending: list[Any] = []
 
-    def join(self) -> None:
-        """Join the process group as shard 0: blocks until every shard has
-        joined, and fails as soon as a shard fails to start."""
+    def join(self) -> tuple[TensorParallel, PipelineStage]:
+        """Join the process group as rank 0: blocks until every rank has
+        joined, and fails as soon as one fails to start; returns this
+        process's shard and stage."""
         import torch.distributed as dist
+
+        from engine.pipeline_parallel import layout
 
         failure: list[BaseException] = []
 
@@ -122,6 +132,7 @@ class RayShardGroup:
                 ray.get(ref)  # a shard that failed to start raises here
         if failure:
             raise failure[0]
+        return layout(0, self.shards, self.stages)
 
     def wait_ready(self) -> None:
         ray.get(self._ready)

@@ -29,6 +29,7 @@ from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
 from engine.models.prepacked import PackMode
+from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage, micro_batches
 from engine.preemption import ForwardPreempted, PreemptFlag, SharedPreemptFlag
 from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler
@@ -77,6 +78,7 @@ class ModelRunner:
         cuda_graph_max_tokens: int = 0,
         pack_projections: PackMode = "auto",
         tensor_parallel: TensorParallel = SINGLE,
+        pipeline: PipelineStage = SINGLE_STAGE,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -96,16 +98,19 @@ class ModelRunner:
         self.eos_token_ids: set[int] = eos_token_ids(self.model_path, self.tokenizer, self.config)
 
         # With tensor parallelism this runner holds one shard of the model
-        # and of the KV cache (engine/tensor_parallel.py); the first shard's
-        # runner drives the others (`attach_shards`).
-        self.tp = tensor_parallel
-        if self.tp.enabled and cuda_graph_max_batch > 0:
-            raise ValueError("CUDA graphs are not available with tensor parallelism; "
-                             "set cuda_graph_max_batch to 0")
+        # and of the KV cache (engine/tensor_parallel.py), with pipeline
+        # parallelism one stage's layers of them (engine/pipeline_parallel.py);
+        # the runner of global rank 0 drives the others (`attach_shards`).
+        self.tp, self.pp = tensor_parallel, pipeline
+        self.world = self.tp.size * self.pp.size
+        self.rank = self.pp.stage * self.tp.size + self.tp.rank
+        if self.world > 1 and cuda_graph_max_batch > 0:
+            raise ValueError("CUDA graphs are not available with tensor or pipeline "
+                             "parallelism; set cuda_graph_max_batch to 0")
         cls = model_class(self.config.model_type)
         with torch.no_grad():
             self.model = cls(self.config, self.dtype, self.device, max_model_len,
-                             tp=self.tp)
+                             tp=self.tp, pp=self.pp)
             self.model.load_weights(iter_weights(self.model_path))
         self.model.eval()
         # On CPU (float32, native bfloat16): the projections on oneDNN-packed
@@ -161,11 +166,13 @@ class ModelRunner:
         # Set from another thread to cut a pass the plan marks preemptible
         # between layers (ConServe §4.3; engine/preemption.py); with tensor
         # parallelism every shard stops at the same layer.
+        # Pipeline stages are not cut (the flag is never armed there).
         self.preempt_flag: PreemptFlag = (
-            SharedPreemptFlag(self.tp, self.device) if self.tp.enabled else PreemptFlag())
-        # The other shards, on the first shard of a tensor-parallel model.
+            SharedPreemptFlag(self.tp, self.device) if self.tp.enabled and not self.pp.enabled
+            else PreemptFlag())
+        # The other shards, on global rank 0 of a split model.
         self.shards: ShardGroup | None = None
-        self._swaps = SwapsInFlight(self.tp.size)
+        self._swaps = SwapsInFlight(self.world)
         # The preemptible pass under way, and when it started.
         self.running_pass: tuple[Plan, float] | None = None
         # Leave the text of requests without stop strings to be decoded by
@@ -185,15 +192,16 @@ class ModelRunner:
         """Enable SWAP_OUT / SWAP_IN / CHECKPOINT / DROP block ops through
         `tier` (e.g. `kvstore.tier.ObjectStoreTier`); a tensor-parallel
         shard stores its slice of each block under its own key."""
-        if self.tp.enabled:
-            tier = ShardTier(tier, self.tp.rank)  # type: ignore[assignment]
+        if self.world > 1:
+            tier = ShardTier(tier, self.rank)  # type: ignore[assignment]
         self.swapper = BlockSwapper(self.kv_cache, tier)
 
     @property
     def kv_block_bytes(self) -> int:
         """Bytes of one KV block over all layers, K and V, over every
-        tensor-parallel shard (host tier sizing)."""
-        return self.kv_cache.bytes_per_block * self.tp.size
+        tensor-parallel shard and pipeline stage (host tier sizing)."""
+        per_layer = self.kv_cache.bytes_per_block // self.model.num_layers
+        return per_layer * self.config.num_hidden_layers * self.tp.size
 
     # Tensor parallelism ---------------------------------------------------
 
@@ -201,8 +209,8 @@ class ModelRunner:
         """Drive `shards` (every shard but this one) from this runner, the
         first shard's: each iteration's block ops and forward pass run on
         all of them (engine/shards.py)."""
-        if not self.tp.first or shards.size != self.tp.size:
-            raise ValueError(f"shard {self.tp.rank} of {self.tp.size} cannot drive a group "
+        if self.rank != 0 or shards.size != self.world:
+            raise ValueError(f"rank {self.rank} of {self.world} cannot drive a group "
                              f"of {shards.size}")
         self.shards = shards
 
@@ -221,10 +229,13 @@ class ModelRunner:
             self.swapper.order_after_copies()
             if step.block_ops:
                 self.swapper.apply(step.block_ops)
-        if step.input_ids:
+        batch = _Prepared(step.input_ids, step.positions, step.spans,
+                          step.logits_indices, [], [])
+        if step.input_ids and self.pp.enabled:
+            with torch.inference_mode():
+                self._pipeline_pass(batch)
+        elif step.input_ids:
             self.model.preempt = self.preempt_flag if step.preemptible else None
-            batch = _Prepared(step.input_ids, step.positions, step.spans,
-                              step.logits_indices, [], [])
             try:
                 with torch.inference_mode():
                     hidden = self.model(self._forward_batch(batch), self.kv_cache)
@@ -497,10 +508,51 @@ class ModelRunner:
                 logits = mixed.run(prepared.input_ids, prepared.positions, prepared.spans,
                                    prepared.logits_indices)
                 return logits if prepared.logits_indices else None
+        if self.pp.enabled:
+            self.preempt_flag.clear()  # stages are not cut
+            return self._pipeline_pass(prepared)
         hidden = self._forward(plan, self._forward_batch(prepared))
         if not prepared.logits_indices:
             return None
         return self.model.compute_logits(hidden)
+
+    def _pipeline_pass(self, prepared: _Prepared) -> torch.Tensor | None:
+        """This stage's part of a pass over pipeline stages
+        (engine/pipeline_parallel.py): micro-batch by micro-batch, from the
+        previous stage's hidden states to the next stage; the logits on
+        global rank 0 (None elsewhere)."""
+        pp, tp, dev = self.pp, self.tp, self.device
+        ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(prepared.positions, dtype=torch.long, device=dev)
+        in_flight: list[tuple[Any, torch.Tensor]] = []
+        finals: list[torch.Tensor] = []
+        places: list[int] = []
+        for mb in micro_batches(prepared.spans, prepared.logits_indices, pp.size):
+            batch = ForwardBatch(
+                ids[mb.rows], positions[mb.rows], self.attn.build_metadata(mb.spans),
+                torch.tensor(mb.logits_rows, dtype=torch.long, device=dev))
+            hidden = None if pp.first else pp.recv_prev(
+                (mb.rows.stop - mb.rows.start, self.config.hidden_size), self.dtype, dev,
+                tp.rank)
+            out = self.model(batch, self.kv_cache, hidden)
+            if not pp.last:
+                in_flight.append((pp.send_next(out, tp.rank), out))
+            elif mb.logits_rows:
+                finals.append(out)
+                places.extend(mb.logits_places)
+        for work, _ in in_flight:
+            work.wait()  # type: ignore[attr-defined]
+        rows = len(prepared.logits_indices)
+        logits = None
+        if pp.last and rows:
+            order = torch.tensor(places, device=dev).argsort()
+            logits = self.model.compute_logits(torch.cat(finals)[order])
+            if self.rank != 0 and tp.first:
+                assert logits is not None
+                pp.send_logits(logits)
+        if self.rank == 0 and rows and not pp.last:
+            logits = pp.recv_logits(rows, self.model.vocab_size, dev)
+        return logits if self.rank == 0 else None
 
     def logits(self, plan: Plan) -> torch.Tensor:
         """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order.

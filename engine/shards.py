@@ -1,9 +1,12 @@
-"""What the first tensor-parallel shard (the engine replica's `ModelRunner`)
-sends the others each iteration, and how their swap reports combine.
+"""What the first shard of a split model (global rank 0: the engine
+replica's `ModelRunner`) sends the others each iteration, and how their swap
+reports combine.
 
 The first shard keeps every request's state, samples and answers the
-scheduler; the other shards (engine/tensor_parallel.py) run only their
-slice of each forward pass and their slice of each block operation.  Each
+scheduler; the other shards (tensor-parallel shards,
+engine/tensor_parallel.py, and pipeline stages, engine/pipeline_parallel.py)
+run only their slice of each forward pass and their slice of each block
+operation.  Each
 iteration the first shard hands them a `ShardStep` (the plan's block ops and
 the flattened batch it built, so that no other shard repeats the
 bookkeeping), runs its own slice, and meets them in the pass's collectives.
@@ -104,12 +107,13 @@ class SwapsInFlight:
 
 class ShardTier:
     """One shard's view of a host KV tier shared by all shards: its slice
-    of a job's blocks is stored under the job's id and the shard's rank,
-    so the tier's directory holds (and counts) every shard's slice."""
+    of a job's blocks (its heads of its stage's layers) is stored under the
+    job's id and the shard's global rank, so the tier's directory holds
+    (and counts) every shard's slice."""
 
     def __init__(self, tier: HostKVTier, rank: int) -> None:
         self.tier = tier
-        self.suffix = f"#tp{rank}"
+        self.suffix = f"#shard{rank}"
 
     def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor,
                 ready: Callable[[], None] | None = None) -> Future[bool]:

@@ -11,14 +11,17 @@ row-parallel layers and position tables stay whole on every shard.  Each
 shard's KV cache holds its own heads, so each moves its own slice of every
 block.
 
-The collectives run on torch.distributed's default process group: gloo on
-CPU, NCCL on CUDA, one group per process (one model per engine replica).
-With `size == 1` every collective is a no-op and nothing is sliced.
+The collectives run on torch.distributed (gloo on CPU, NCCL on CUDA): on
+the default process group when the model is not also split into pipeline
+stages, else on the group of the stage's shards
+(engine/pipeline_parallel.py).  One model per process.  With `size == 1`
+every collective is a no-op and nothing is sliced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +30,10 @@ import torch
 class TensorParallel:
     rank: int = 0
     size: int = 1
+    # The shards' process group (None: the default group) and the global
+    # rank of its first shard.
+    group: Any = None
+    first_global: int = 0
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -61,7 +68,7 @@ class TensorParallel:
         if self.enabled:
             import torch.distributed as dist
 
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
         return x
 
     def embed(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -79,13 +86,14 @@ class TensorParallel:
     def gather_logits(self, local: torch.Tensor, vocab: int) -> torch.Tensor | None:
         """The first shard's `[rows, vocab]` logits from every shard's
         `[rows, vocab part]`; None on the other shards."""
+        # (dist.gather's `dst` is a global rank, also within a group.)
         if not self.enabled:
             return local
         import torch.distributed as dist
 
         local = local.contiguous()
         parts = [torch.empty_like(local) for _ in range(self.size)] if self.first else None
-        dist.gather(local, parts, dst=0)
+        dist.gather(local, parts, dst=self.first_global, group=self.group)
         if parts is None:
             return None
         return torch.cat(parts, dim=-1)[:, :vocab]
@@ -97,7 +105,7 @@ class TensorParallel:
         import torch.distributed as dist
 
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())
 
 
@@ -119,14 +127,17 @@ def load_slice(dest: torch.Tensor, full: torch.Tensor, dim: int, tp: TensorParal
     return padded
 
 
-def check_shards(model_path: str, size: int, max_model_len: int) -> None:
-    """Raise ValueError naming `tensor_parallel_size` where the model at
-    `model_path` cannot be split into `size` shards (builds the first
-    shard's model on the meta device: no weights, no memory)."""
+def check_shards(model_path: str, size: int, max_model_len: int, stages: int = 1) -> None:
+    """Raise ValueError naming `tensor_parallel_size` (or
+    `pipeline_parallel_size`) where the model at `model_path` cannot be
+    split into `size` shards (and `stages` stages): builds the first shard's
+    model on the meta device (no weights, no memory)."""
     from transformers import AutoConfig
 
     from engine.models import model_class
+    from engine.pipeline_parallel import PipelineStage
 
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)
     model_class(config.model_type)(config, torch.float32, torch.device("meta"),
-                                   max_model_len, tp=TensorParallel(0, size))
+                                   max_model_len, tp=TensorParallel(0, size),
+                                   pp=PipelineStage(0, stages, size))

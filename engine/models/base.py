@@ -22,6 +22,7 @@ from engine.models import prepacked
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
+from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.tensor_parallel import SINGLE, TensorParallel, load_slice
 
 
@@ -76,12 +77,18 @@ class CausalLM(nn.Module, ABC):
     tp_vocab: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device,
-                 tp: TensorParallel = SINGLE) -> None:
+                 tp: TensorParallel = SINGLE, pp: PipelineStage = SINGLE_STAGE) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = device
         self.tp = tp
+        # With pipeline parallelism this model holds one stage's layers
+        # (`num_layers` of them, from `layer_range.start`), the embedding on
+        # the first stage, the final norm and the head on the last.
+        self.pp = pp
+        self.layer_range = pp.layers(config.num_hidden_layers)
+        self.num_layers = len(self.layer_range)
         # Whether `pack_projections` packed the projections' weights.
         self.packed = False
         # Every projection goes through this (see engine.models.linear).
@@ -154,8 +161,18 @@ class CausalLM(nn.Module, ABC):
         self.attn = backend
 
     @abstractmethod
-    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
-        """Final hidden states `[S, hidden]` at `batch.logits_indices`."""
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache,
+                hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states `[S, hidden]` at `batch.logits_indices`; on a
+        pipeline stage but the last, the hidden states of every row after
+        its layers, from the previous stage's `hidden` (but on the first)."""
+
+    def stage_layer(self, index: int) -> int | None:
+        """This stage's index of the model's layer `index` (None: another
+        stage's)."""
+        if index in self.layer_range:
+            return index - self.layer_range.start
+        return None
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -28,6 +28,7 @@ from engine.models.base import (
     frozen,
 )
 from engine.models.rotary import RotaryEmbedding, apply_rotary
+from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.tensor_parallel import SINGLE, TensorParallel
 
 
@@ -85,10 +86,9 @@ class LlamaForCausalLM(CausalLM):
 
     def __init__(
         self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int,
-        tp: TensorParallel = SINGLE,
+        tp: TensorParallel = SINGLE, pp: PipelineStage = SINGLE_STAGE,
     ) -> None:
-        super().__init__(config, dtype, device, tp)
-        self.num_layers = config.num_hidden_layers
+        super().__init__(config, dtype, device, tp, pp)
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         # This shard's heads (all of them without tensor parallelism).
@@ -102,15 +102,18 @@ class LlamaForCausalLM(CausalLM):
         self.act = activation(getattr(config, "hidden_act", "silu"))
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
 
-        self.embed = frozen((vocab_rows, config.hidden_size), dtype, device)
+        # The head of a tied model is the embedding: the last stage holds it too.
+        holds_embed = pp.first or (pp.last and self.tied)
+        self.embed = frozen((vocab_rows, config.hidden_size), dtype, device) \
+            if holds_embed else None
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
                 config, self.num_heads, self.num_kv_heads, self.head_dim, dtype, device, tp
             )
-            for _ in range(self.num_layers)
+            for _ in self.layer_range
         )
-        self.norm = frozen((config.hidden_size,), dtype, device)
-        self.lm_head = None if self.tied else frozen(
+        self.norm = frozen((config.hidden_size,), dtype, device) if pp.last else None
+        self.lm_head = None if self.tied or not pp.last else frozen(
             (vocab_rows, config.hidden_size), dtype, device
         )
         self.rotary = RotaryEmbedding(config, self.head_dim, max_model_len, dtype, device)
@@ -148,20 +151,24 @@ class LlamaForCausalLM(CausalLM):
     }
 
     def weight_target(self, hf_name: str) -> WeightTarget | None:
+        # Tensors of other pipeline stages are skipped.
         if hf_name == "model.embed_tokens.weight":
-            return WeightTarget("embed")
+            return None if self.embed is None else WeightTarget("embed")
         if hf_name == "model.norm.weight":
-            return WeightTarget("norm")
+            return None if self.norm is None else WeightTarget("norm")
         if hf_name == "lm_head.weight":
             # Some tied checkpoints store the copy anyway; the embedding wins.
-            return None if self.tied else WeightTarget("lm_head")
+            return None if self.lm_head is None else WeightTarget("lm_head")
         m = self._LAYER.match(hf_name)
         if m:
             if m.group(2).endswith("rotary_emb.inv_freq"):
                 return None  # recomputed from the config
             target = self._LAYER_NAMES.get(m.group(2))
             if target is not None:
-                return WeightTarget(f"layers.{m.group(1)}.{target.param}", target.shard)
+                layer = self.stage_layer(int(m.group(1)))
+                if layer is None:
+                    return None
+                return WeightTarget(f"layers.{layer}.{target.param}", target.shard)
         raise WeightLoadError(f"unexpected Llama checkpoint tensor {hf_name!r}")
 
     def fused_shards(self, param: str) -> list[int]:
@@ -172,10 +179,11 @@ class LlamaForCausalLM(CausalLM):
 
     # Forward ----------------------------------------------------------
 
-    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache,
+                hidden: torch.Tensor | None = None) -> torch.Tensor:
         assert self.attn is not None, "set_attention_backend() first"
         t = batch.input_ids.shape[0]
-        x = self.tp.embed(batch.input_ids, self.embed)
+        x = self.tp.embed(batch.input_ids, self.embed) if hidden is None else hidden
         rotate = self._rotation(batch.positions)
         q_size, kv_size = self._q_size, self._kv_size
         norm = self.norm_fn
@@ -195,6 +203,8 @@ class LlamaForCausalLM(CausalLM):
             up = self.linear(h, layer.up, layer.up_bias)
             x = x + self.row_linear(gate * up, layer.down, layer.down_bias)
             self.safepoint(i)
+        if not self.pp.last:
+            return x
         return norm(x[batch.logits_indices], self.norm, self.eps)
 
     def _rotation(

@@ -27,6 +27,7 @@ from engine.models.base import (
     WeightTarget,
     frozen,
 )
+from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.tensor_parallel import SINGLE, TensorParallel
 
 # OPT's position table starts 2 rows in (rows 0 and 1 are legacy padding).
@@ -74,9 +75,9 @@ class OPTForCausalLM(CausalLM):
 
     def __init__(
         self, config: Any, dtype: torch.dtype, device: torch.device, max_model_len: int,
-        tp: TensorParallel = SINGLE,
+        tp: TensorParallel = SINGLE, pp: PipelineStage = SINGLE_STAGE,
     ) -> None:
-        super().__init__(config, dtype, device, tp)
+        super().__init__(config, dtype, device, tp, pp)
         if max_model_len > config.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={max_model_len} exceeds OPT's learned position table "
@@ -84,7 +85,6 @@ class OPTForCausalLM(CausalLM):
             )
         d = config.hidden_size
         proj = config.word_embed_proj_dim
-        self.num_layers = config.num_hidden_layers
         # This shard's heads (all of them without tensor parallelism).
         self.num_heads = tp.split(config.num_attention_heads, "attention heads")
         self.num_kv_heads = self.num_heads
@@ -97,18 +97,23 @@ class OPTForCausalLM(CausalLM):
         self.tied = bool(getattr(config, "tie_word_embeddings", True))
         affine = bool(getattr(config, "layer_norm_elementwise_affine", True))
 
-        self.embed = frozen((vocab_rows, proj), dtype, device)
+        # With pipeline stages: the embeddings on the first, the final norm,
+        # projection and head on the last (a tied head is the embedding).
+        first, last = pp.first, pp.last
+        self.embed = frozen((vocab_rows, proj), dtype, device) \
+            if first or (last and self.tied) else None
         self.embed_positions = frozen(
             (config.max_position_embeddings + POSITION_OFFSET, d), dtype, device
-        )
-        self.project_in = frozen((d, proj), dtype, device) if proj != d else None
-        self.project_out = frozen((proj, d), dtype, device) if proj != d else None
+        ) if first else None
+        self.project_in = frozen((d, proj), dtype, device) if proj != d and first else None
+        self.project_out = frozen((proj, d), dtype, device) if proj != d and last else None
         self.layers = nn.ModuleList(
-            OPTDecoderLayer(config, dtype, device, tp) for _ in range(self.num_layers)
+            OPTDecoderLayer(config, dtype, device, tp) for _ in self.layer_range
         )
         keep_final = self.pre_norm and not getattr(config, "_remove_final_layer_norm", False)
-        self.final_norm = _LayerNorm(d, affine, dtype, device) if keep_final else None
-        self.lm_head = None if self.tied else frozen((vocab_rows, proj), dtype, device)
+        self.final_norm = _LayerNorm(d, affine, dtype, device) if keep_final and last else None
+        self.lm_head = None if self.tied or not last else frozen((vocab_rows, proj), dtype,
+                                                                 device)
 
     # Weights ----------------------------------------------------------
 
@@ -142,18 +147,23 @@ class OPTForCausalLM(CausalLM):
 
     def weight_target(self, hf_name: str) -> WeightTarget | None:
         if hf_name == "lm_head.weight":
-            return None if self.tied else WeightTarget("lm_head")
+            return None if self.lm_head is None else WeightTarget("lm_head")
         # OPTForCausalLM checkpoints say "model.decoder.", the original
         # facebook/opt-* releases (saved from OPTModel) just "decoder.".
         name = hf_name.removeprefix("model.")
         target = self._TOP_NAMES.get(name)
         if target is not None:
+            if self.pp.enabled and getattr(self, target.param.split(".")[0]) is None:
+                return None  # another pipeline stage's
             return target
         m = self._LAYER.match(name)
         if m:
             target = self._LAYER_NAMES.get(m.group(2))
             if target is not None:
-                return WeightTarget(f"layers.{m.group(1)}.{target.param}", target.shard)
+                layer = self.stage_layer(int(m.group(1)))
+                if layer is None:
+                    return None
+                return WeightTarget(f"layers.{layer}.{target.param}", target.shard)
         raise WeightLoadError(f"unexpected OPT checkpoint tensor {hf_name!r}")
 
     def fused_shards(self, param: str) -> list[int]:
@@ -164,15 +174,19 @@ class OPTForCausalLM(CausalLM):
 
     # Forward ----------------------------------------------------------
 
-    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache,
+                hidden: torch.Tensor | None = None) -> torch.Tensor:
         assert self.attn is not None, "set_attention_backend() first"
         t = batch.input_ids.shape[0]
         h_, hd = self.num_heads, self.head_dim
         d = h_ * hd  # this shard's attention width
-        x = self.tp.embed(batch.input_ids, self.embed)
-        if self.project_in is not None:
-            x = self.linear(x, self.project_in)
-        x = x + F.embedding(batch.positions + POSITION_OFFSET, self.embed_positions)
+        if hidden is None:
+            x = self.tp.embed(batch.input_ids, self.embed)
+            if self.project_in is not None:
+                x = self.linear(x, self.project_in)
+            x = x + F.embedding(batch.positions + POSITION_OFFSET, self.embed_positions)
+        else:
+            x = hidden
         for i, layer in enumerate(self.layers):
             residual = x
             if self.pre_norm:
@@ -195,6 +209,8 @@ class OPTForCausalLM(CausalLM):
             if not self.pre_norm:
                 x = layer.ffn_norm(x)
             self.safepoint(i)
+        if not self.pp.last:
+            return x
         x = x[batch.logits_indices]
         if self.final_norm is not None:
             x = self.final_norm(x)

@@ -32,7 +32,6 @@ import torch
 
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.tensor_parallel import TensorParallel
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job
@@ -125,8 +124,8 @@ def main() -> None:
         torch.set_num_threads(1)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         group = RayShardGroup(2, {**kwargs, "num_threads": 1})
-        group.join()
-        runner = ModelRunner(**kwargs, num_threads=1, tensor_parallel=TensorParallel(0, 2))
+        tp, _ = group.join()
+        runner = ModelRunner(**kwargs, num_threads=1, tensor_parallel=tp)
         group.wait_ready()
         runner.attach_shards(group)
         times = timed_collectives()

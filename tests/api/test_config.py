@@ -140,9 +140,7 @@ def test_tensor_parallel_shards_each_take_a_bundle() -> None:
     assert engine_bundles(cfg) == [{"CPU": 0.5}] * 3
     assert engine_bundles(AppConfig(device="cuda", tensor_parallel_size=2)) == [
         {"CPU": 1.0, "GPU": 1.0}] * 2
-    with pytest.raises(ValidationError, match="pipeline_parallel_size\n.*pipeline parallelism "
-                                              "is not available yet"):
-        AppConfig(pipeline_parallel_size=2)
+    assert len(engine_bundles(AppConfig(tensor_parallel_size=2, pipeline_parallel_size=2))) == 4
     with pytest.raises(ValidationError, match="engine_cpu_ids pins the first shard only"):
         AppConfig(tensor_parallel_size=2, engine_cpu_ids=[0])
     with pytest.raises(ValidationError, match="tensor_parallel_size"):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,3 +236,23 @@ def _drive(runner: ModelRunner, core: SchedulerCore, result: DriveResult,
                 runner.remove_request(ev.job_id)
         result.num_steps += 1
         assert result.num_steps < 10_000
+
+
+@contextmanager
+def split_runner(path: Path, shards: int, stages: int = 1,
+                 **kwargs: object) -> Iterator[ModelRunner]:
+    """Global rank 0's runner of the model at `path` split into `shards`
+    tensor-parallel shards × `stages` pipeline stages, the other ranks Ray
+    actors (a Ray cluster must be up)."""
+    from deployments.shard_workers import RayShardGroup
+
+    args = dict(kwargs, model_path=str(path))
+    group = RayShardGroup(shards, args, stages=stages)
+    try:
+        tp, pp = group.join()
+        runner = ModelRunner(**args, tensor_parallel=tp, pipeline=pp)  # type: ignore[arg-type]
+        group.wait_ready()
+        runner.attach_shards(group)
+        yield runner
+    finally:
+        group.close()

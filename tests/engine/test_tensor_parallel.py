@@ -18,7 +18,7 @@ from engine.sampling_params import SamplingParams
 from engine.shards import SwapsInFlight
 from engine.tensor_parallel import TensorParallel, load_slice
 from scheduler.plan import BlockOp, BlockOpKind, Plan
-from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts
+from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts, split_runner
 from tests.engine.test_layer_preemption import run as run_with_cuts
 
 
@@ -79,18 +79,9 @@ def model(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture(scope="module")
 def tp2(model: Path, ray_cluster: Any) -> Iterator[ModelRunner]:
     """The first shard's runner of `model` over two shards."""
-    from deployments.shard_workers import RayShardGroup
-
-    kwargs = dict(KWARGS, model_path=str(model))
-    group = RayShardGroup(2, kwargs)
-    try:
-        group.join()
-        runner = ModelRunner(**kwargs, tensor_parallel=TensorParallel(0, 2))
-        group.wait_ready()
-        runner.attach_shards(group)
+    with split_runner(model, 2, **KWARGS) as runner:
+        assert runner.tp == TensorParallel(0, 2) and not runner.pp.enabled
         yield runner
-    finally:
-        group.close()
 
 
 @pytest.fixture(scope="module")

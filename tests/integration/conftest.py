@@ -52,10 +52,10 @@ def server():
     from app.builder import build_app
 
     # The applications each hold 1-CPU engine bundles (three at once, and a
-    # tensor-parallel one of three half-CPU bundles); the forward passes
+    # split one of six quarter-CPU bundles); the forward passes
     # are pinned to one thread each, so logical CPUs may exceed the two
     # physical cores.
-    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(SMALL_CONFIG), name="llm", route_prefix="/")

@@ -1,8 +1,9 @@
 """An engine replica whose model is split over three tensor-parallel shards
-(SmolLM2's 9 heads and 3 key/value heads split by three), live: the other
-two shards run as actors in the replica's placement group, MLFQ swaps
-through the object-store tier (each shard its own slice of each block), and
-greedy outputs are those of the whole model on the default application
+(SmolLM2's 9 heads and 3 key/value heads split by three) of each of two
+pipeline stages (15 layers each), live: the other five processes run as
+actors in the replica's placement group, MLFQ swaps through the
+object-store tier (each one its own slice of each block), and greedy
+outputs are those of the whole model on the default application
 (float32)."""
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ pytestmark = pytest.mark.integration
 TP_CONFIG = {
     **MLFQ_CONFIG,
     "tensor_parallel_size": 3,
-    # Three bundles of half a CPU: beside the other applications' engines.
-    "engine_num_cpus": 0.5,
+    "pipeline_parallel_size": 2,
+    # Six bundles of a quarter CPU: beside the other applications' engines.
+    "engine_num_cpus": 0.25,
     "num_threads": 1,
     "predictor": {"enabled": False},
 }
@@ -36,7 +38,7 @@ def tp_server(server):
     serve.delete("tp")
 
 
-def test_three_shards_swap_and_answer_as_the_whole_model(server, tp_server):
+def test_two_stages_of_three_shards_swap_and_answer_as_the_whole_model(server, tp_server):
     engine = _engine_handle("tp")
     concurrent = asyncio.run(_all(tp_server))
     stats = wait_engine_idle(engine, timeout=60)
@@ -54,7 +56,7 @@ def test_three_shards_swap_and_answer_as_the_whole_model(server, tp_server):
 
     directory = ray.get_actor(directory_name("tp"), namespace=DIRECTORY_NAMESPACE)
     tier = ray.get(directory.stats.remote())
-    assert tier["capacity_blocks"] == 3 * TP_CONFIG["host_kv_tokens"] // 16
+    assert tier["capacity_blocks"] == 6 * TP_CONFIG["host_kv_tokens"] // 16
     assert tier["bytes_in"] > 0
 
 
@@ -64,3 +66,6 @@ def test_a_model_that_does_not_split_fails_at_build_naming_the_field():
     with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the model's "
                                          "9 attention heads"):
         build_app({**TP_CONFIG, "tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match="pipeline_parallel_size 31 exceeds the model's 30 "
+                                         "layers"):
+        build_app({**TP_CONFIG, "tensor_parallel_size": 1, "pipeline_parallel_size": 31})
