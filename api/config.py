@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
@@ -163,6 +164,9 @@ class AppConfig(SchedulingSettings):
     pipeline_parallel_size: int = Field(1, ge=1)
     # Engine replicas (one model instance each) and the CPUs each one takes.
     num_engine_replicas: int = Field(1, ge=1)
+    # Scale the engine replicas between bounds on their own load reports
+    # (scheduler/autoscale.py); `num_engine_replicas` is then the start.
+    autoscaling: AutoscaleSettings = AutoscaleSettings()
     engine_num_cpus: float = Field(1.0, gt=0)
     # Intra-op threads of the forward pass; default: the engine's CPUs.
     num_threads: int | None = Field(None, ge=1)
@@ -219,7 +223,15 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"deterministic: true needs attention_backend {invariant} or 'auto', not "
                 f"{self.attention_backend!r}, whose prefill attention is not batch-invariant")
-        if isinstance(self.engine_cpu_ids, list) and self.num_engine_replicas > 1:
+        scale = self.autoscaling
+        if scale.enabled and not (
+                scale.min_replicas <= self.num_engine_replicas <= scale.max_replicas):
+            raise ValueError(
+                f"num_engine_replicas ({self.num_engine_replicas}) is where autoscaling "
+                f"starts: it must lie within autoscaling.min_replicas ({scale.min_replicas}) "
+                f"and autoscaling.max_replicas ({scale.max_replicas})")
+        several = self.num_engine_replicas > 1 or (scale.enabled and scale.max_replicas > 1)
+        if isinstance(self.engine_cpu_ids, list) and several:
             raise ValueError(
                 "engine_cpu_ids pins every engine replica to the same cores; with "
                 "num_engine_replicas > 1 use 'auto' or null")

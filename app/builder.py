@@ -25,6 +25,34 @@ def engine_bundles(cfg: AppConfig) -> list[dict[str, float]]:
     return [{"CPU": cfg.engine_num_cpus} for _ in range(n)]
 
 
+# How long an engine replica being let go may take to finish its requests.
+ENGINE_DRAIN_S = 300.0
+
+
+def engine_scaling(cfg: AppConfig) -> dict[str, Any]:
+    """A fixed `num_engine_replicas`, or Serve autoscaling from there between
+    the bounds, by the engines' own load reports (deployments/autoscaling.py)."""
+    scale = cfg.autoscaling
+    if not scale.enabled:
+        return {"num_replicas": cfg.num_engine_replicas}
+    return {
+        # A replica let go finishes its requests first (then its __del__
+        # ends what is left with an error event).
+        "graceful_shutdown_timeout_s": ENGINE_DRAIN_S,
+        "autoscaling_config": {
+        "min_replicas": scale.min_replicas,
+        "max_replicas": scale.max_replicas,
+        "initial_replicas": cfg.num_engine_replicas,
+        "metrics_interval_s": 1.0,
+        "look_back_period_s": 5.0,
+        # The policy keeps its own delays (scheduler/autoscale.py).
+        "upscale_delay_s": 0.0,
+        "downscale_delay_s": 0.0,
+        "policy": {"policy_function": "deployments.autoscaling:EnginePolicy",
+                   "policy_kwargs": scale.model_dump()},
+    }}
+
+
 def engine_actor_options(cfg: AppConfig) -> dict[str, float]:
     """What the Engine replica actor itself asks of its (first) bundle.
 
@@ -55,7 +83,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
     scheduler = Scheduler.options(ray_actor_options={"num_cpus": 0.05}).bind(config)
     engine = Engine.options(
-        num_replicas=cfg.num_engine_replicas,
+        **engine_scaling(cfg),
         ray_actor_options=engine_actor_options(cfg),
         placement_group_bundles=engine_bundles(cfg),
         placement_group_strategy="STRICT_PACK",

@@ -32,6 +32,7 @@ from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, load_report
+from scheduler.autoscale import replica_signals
 from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
 from scheduler.cost_fit import COEFFICIENTS, LiveCost, typical_batch
@@ -111,7 +112,9 @@ def _pin(cfg: AppConfig) -> None:
     cores = cfg.engine_cpu_ids
     auto = cores == "auto"
     if auto:
+        scale = cfg.autoscaling
         lone_cpu = (cfg.device == "cpu" and cfg.num_engine_replicas == 1
+                    and not (scale.enabled and scale.max_replicas > 1)
                     and cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1)
         cores = idlest_cores(cfg.threads) if lone_cpu else None
     if cores is None:
@@ -176,12 +179,14 @@ class Engine:
         self._closing = False
         self.kv_tier: Any = None
         if sched_cfg.host_kv_blocks:
-            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks * world, scheduler)
+            # This replica's share of the application's directory.
+            owner = serve.get_replica_context().replica_id.unique_id
+            self.kv_tier = await _host_tier(sched_cfg.host_kv_blocks * world, scheduler, owner)
             self.runner.set_kv_tier(self.kv_tier)
             if self.shards is not None:
                 tier = self.kv_tier
                 await asyncio.to_thread(self.shards.set_kv_tier, tier.directory, tier.name,
-                                        tier.namespace)
+                                        tier.namespace, owner)
         from engine.profiler import full_batch_throughput
 
         # Admission's speed until the loop measures one under real load.
@@ -374,6 +379,17 @@ class Engine:
                            self.cost if self.ttft_admission else None,
                            self.loop.stats.prefill_slowdown)
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """This replica's load for Serve's autoscaler (deployments/autoscaling.py,
+        scheduler/autoscale.py); Serve calls it every metrics interval."""
+        jobs = list(self.core.jobs.values())
+        online = sum(1 for j in jobs if j.job_class is JobClass.ONLINE)
+        blocks = self.core.blocks
+        kv_use = 1.0 - blocks.num_free / max(1, self.core.config.num_blocks)
+        return replica_signals(self._admission_figures(jobs), kv_use, online,
+                               len(jobs) - online,
+                               self.cfg.autoscaling.typical_prompt_tokens)
+
     def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
         """What the Scheduler's offline pool hands work by
         (scheduler/offline_pool.py), counting the offline requests still in
@@ -462,9 +478,10 @@ class Engine:
         self._close("the engine replica is shutting down")
 
 
-async def _host_tier(blocks: int, scheduler: Any) -> Any:
+async def _host_tier(blocks: int, scheduler: Any, owner: str) -> Any:
     """The object-store tier on the application's directory, which the
-    scheduler owns; a directory of this replica's own without a scheduler."""
+    scheduler owns, filling `owner`'s share of it; a directory of this
+    replica's own without a scheduler."""
     import ray
 
     from kvstore.directory import DirectoryRef, KVDirectory
@@ -475,5 +492,5 @@ async def _host_tier(blocks: int, scheduler: Any) -> Any:
         if raw is not None:
             ref = DirectoryRef.model_validate(raw)
             return ObjectStoreTier(ray.get_actor(ref.name, namespace=ref.namespace),
-                                   name=ref.name, namespace=ref.namespace)
-    return ObjectStoreTier(KVDirectory.remote(blocks))
+                                   name=ref.name, namespace=ref.namespace, owner=owner)
+    return ObjectStoreTier(KVDirectory.remote(blocks), owner=owner)

@@ -70,13 +70,18 @@ class Scheduler:
 
             # Each shard and stage of a split model stores its slice of a
             # block as an entry of its own (engine/shards.py, ShardTier).
+            share = per_replica * self.cfg.tensor_parallel_size \
+                * self.cfg.pipeline_parallel_size
+            scale = self.cfg.autoscaling
+            replicas = max(self.cfg.num_engine_replicas,
+                           scale.max_replicas if scale.enabled else 1)
             self._kv_ref = DirectoryRef(
                 name=directory_name(self.app_name),
-                capacity_blocks=per_replica * self.cfg.num_engine_replicas
-                * self.cfg.tensor_parallel_size * self.cfg.pipeline_parallel_size)
+                capacity_blocks=share * replicas, per_owner_blocks=share)
             # Owned by this replica: it goes away with the application.
             self._kv_directory = create_directory(self._kv_ref.name,
-                                                  self._kv_ref.capacity_blocks)
+                                                  self._kv_ref.capacity_blocks,
+                                                  per_owner_blocks=share)
 
     async def report_load(self, replica_id: str, num_blocks: int, free_blocks: int,
                           queued_tokens: int, num_jobs: int,

@@ -53,10 +53,12 @@ class ShardWorker:
     def ready(self) -> int:
         return self.runner.kv_cache.num_blocks
 
-    def set_kv_tier(self, directory: Any, name: str | None, namespace: str | None) -> None:
+    def set_kv_tier(self, directory: Any, name: str | None, namespace: str | None,
+                    owner: str | None) -> None:
         from kvstore.tier import ObjectStoreTier
 
-        self.runner.set_kv_tier(ObjectStoreTier(directory, name=name, namespace=namespace))
+        self.runner.set_kv_tier(ObjectStoreTier(directory, name=name, namespace=namespace,
+                                                owner=owner))
 
     def step(self, step: ShardStep) -> SwapReport:
         return self.runner.execute_shard(step)
@@ -138,8 +140,11 @@ class RayShardGroup:
         ray.get(self._ready)
 
     def set_kv_tier(self, directory: Any, name: str | None = None,
-                    namespace: str | None = None) -> None:
-        ray.get([w.set_kv_tier.remote(directory, name, namespace) for w in self.workers])
+                    namespace: str | None = None, owner: str | None = None) -> None:
+        """Every other rank's host tier: the same directory, filling the
+        same replica's (`owner`'s) share."""
+        ray.get([w.set_kv_tier.remote(directory, name, namespace, owner)
+                 for w in self.workers])
 
     # ShardGroup -----------------------------------------------------------
 

@@ -14,7 +14,11 @@ creates it at start (`create_directory`), named after the application
 - it is sized by that application's configuration: `host_kv_tokens` per
   engine replica, summed over `num_engine_replicas`, counted in blocks (the
   scheduler does not load the model, so it cannot know a block's bytes;
-  the engines of one application share one block shape);
+  the engines of one application share one block shape), and a replica that
+  names itself when it stores (`owner`) gets its own share of that, not the
+  whole: one replica cannot fill the tier its peers need.  A split model's
+  processes store one entry per slice of a block, so the counts are
+  multiplied by its shards × stages;
 - it goes away with the application (`serve shutdown`, `serve.delete`,
   Ctrl-C of `serve run`): Ray destroys an actor when its owner dies, so
   the next start gets a fresh, empty directory with its own capacity;
@@ -57,31 +61,45 @@ class DirectoryRef(BaseModel):
     name: str
     namespace: str = DIRECTORY_NAMESPACE
     capacity_blocks: int = Field(ge=0)
+    # Each engine replica's share (None: the whole capacity is shared).
+    per_owner_blocks: int | None = Field(None, ge=0)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class KVDirectory:
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(self, capacity_blocks: int, per_owner_blocks: int | None = None) -> None:
         self.capacity_blocks = capacity_blocks
+        self.per_owner_blocks = per_owner_blocks
         self.used_blocks = 0
         self.used_bytes = 0
         # job -> block index -> (ref, nbytes)
         self.blocks: dict[str, dict[int, tuple[ray.ObjectRef, int]]] = {}
+        # Who stored each job's blocks, and how many each owner holds.
+        self.owner_of: dict[str, str] = {}
+        self.owner_used: dict[str, int] = {}
         # Bytes of one block as the engines send it; None until the first put.
         self.block_bytes: int | None = None
         self.bytes_in = 0
         self.bytes_out = 0
         self.rejected = 0
 
-    def put(self, job_id: str, blocks: dict[int, Any]) -> bool:
-        """Store `blocks` (index -> array); all or nothing.  A block already
-        held for the job is replaced and does not count twice."""
+    def put(self, job_id: str, blocks: dict[int, Any], owner: str | None = None) -> bool:
+        """Store `blocks` (index -> array) for `owner` (an engine replica);
+        all or nothing.  A block already held for the job is replaced and
+        does not count twice; a job's blocks count against whoever stored
+        it first until it is dropped."""
         sizes = {i: int(getattr(a, "nbytes", 0)) for i, a in blocks.items()}
         old = self.blocks.get(job_id, {})
         new_blocks = sum(1 for i in sizes if i not in old)
-        if self.used_blocks + new_blocks > self.capacity_blocks:
+        owner = self.owner_of.get(job_id, owner)
+        over_share = (owner is not None and self.per_owner_blocks is not None
+                      and self.owner_used.get(owner, 0) + new_blocks > self.per_owner_blocks)
+        if over_share or self.used_blocks + new_blocks > self.capacity_blocks:
             self.rejected += 1
             return False
+        if owner is not None:
+            self.owner_of[job_id] = owner
+            self.owner_used[owner] = self.owner_used.get(owner, 0) + new_blocks
         entry = self.blocks.setdefault(job_id, {})
         for i, a in blocks.items():
             if i in entry:
@@ -107,13 +125,21 @@ class KVDirectory:
         """Forget the job's blocks; returns the bytes freed."""
         entry = self.blocks.pop(job_id, {})
         freed = sum(n for _, n in entry.values())
+        owner = self.owner_of.pop(job_id, None)
+        if owner is not None:
+            self.owner_used[owner] -= len(entry)
+            if not self.owner_used[owner]:
+                del self.owner_used[owner]
         self.used_blocks -= len(entry)
         self.used_bytes -= freed
         return freed
 
-    def stats(self) -> dict[str, int | None]:
+    def stats(self) -> dict[str, Any]:
         return {
             "capacity_blocks": self.capacity_blocks,
+            "per_owner_blocks": self.per_owner_blocks,
+            # Blocks held by each engine replica that stored any.
+            "owners": dict(self.owner_used),
             # Known once an engine has stored a block.
             "capacity_bytes": (None if self.block_bytes is None
                                else self.capacity_blocks * self.block_bytes),
@@ -128,6 +154,7 @@ class KVDirectory:
 
 
 def create_directory(name: str, capacity_blocks: int, *,
+                     per_owner_blocks: int | None = None,
                      namespace: str = DIRECTORY_NAMESPACE,
                      replace_timeout_s: float = 30.0) -> Any:
     """Create the named directory, owned by the calling worker.
@@ -149,7 +176,7 @@ def create_directory(name: str, capacity_blocks: int, *,
         if stale is None:
             try:
                 return KVDirectory.options(name=name, namespace=namespace).remote(
-                    capacity_blocks)
+                    capacity_blocks, per_owner_blocks)
             except ValueError:  # taken between the lookup and the creation
                 pass
         else:

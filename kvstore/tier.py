@@ -198,13 +198,15 @@ class ObjectStoreTier(ThreadedHostTier):
     are lost with it, which the scheduler treats as a lost fetch)."""
 
     def __init__(self, directory: Any, name: str | None = None,
-                 namespace: str | None = None) -> None:
+                 namespace: str | None = None, owner: str | None = None) -> None:
         super().__init__()
         from kvstore.directory import DIRECTORY_NAMESPACE
 
         self.directory = directory
         self.name = name
         self.namespace = namespace or DIRECTORY_NAMESPACE
+        # The engine replica whose share of the directory this tier fills.
+        self.owner = owner
 
     def _call(self, method: str, *args: Any) -> Any:
         import ray
@@ -222,7 +224,7 @@ class ObjectStoreTier(ThreadedHostTier):
         # numpy views travel zero-copy through the object store; bf16 has
         # no numpy dtype, so blocks go as raw bytes with dtype and shape.
         payload = {i: _to_wire(t) for i, t in blocks.items()}
-        return bool(self._call("put", job_id, payload))
+        return bool(self._call("put", job_id, payload, self.owner))
 
     def _get(self, job_id: str, indices: list[int]) -> list[torch.Tensor] | None:
         import ray

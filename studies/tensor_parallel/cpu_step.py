@@ -1,6 +1,8 @@
-"""Tensor parallelism on CPU: iteration times of one model whole on one
-core, whole with two intra-op threads, and split over two shards of one
-thread each (gloo between the two processes), side by side in one run.
+"""Tensor and pipeline parallelism on CPU: iteration times of one model
+whole on one core, whole with two intra-op threads, split over two
+tensor-parallel shards of one thread each, and split into two pipeline
+stages of one thread each (gloo between the two processes), side by side in
+one run.
 
     python -m studies.tensor_parallel.cpu_step [--dtype float32] [--batch 32]
 
@@ -137,11 +139,18 @@ def main() -> None:
             row[f"{name}_per_step"] = len(log) / steps
         results.append(row)
         group.close()
+        group = RayShardGroup(1, {**kwargs, "num_threads": 1}, stages=2)
+        tp, pp = group.join()
+        runner = ModelRunner(**kwargs, num_threads=1, tensor_parallel=tp, pipeline=pp)
+        group.wait_ready()
+        runner.attach_shards(group)
+        results.append({"config": "two stages, 1 thread each", **measure(runner, args.batch)})
+        group.close()
         ray.shutdown()
     for r in results:
         print(f"{r['config']:>28}: decode {r['decode_step_s'] * 1e3:7.1f} ms/step, "
               f"prefill {r['prefill_step_s']:6.2f} s")
-    tp = results[-1]
+    tp = results[2]
     print(f"all-reduce {tp['all_reduce_median_s'] * 1e3:.2f} ms x {tp['all_reduce_per_step']:.1f}"
           f"/step, gather {tp['gather_median_s'] * 1e3:.2f} ms")
     OUT.write_text(json.dumps({

@@ -145,3 +145,23 @@ def test_tensor_parallel_shards_each_take_a_bundle() -> None:
         AppConfig(tensor_parallel_size=2, engine_cpu_ids=[0])
     with pytest.raises(ValidationError, match="tensor_parallel_size"):
         AppConfig(tensor_parallel_size=0)
+
+
+def test_autoscaling_starts_within_its_bounds_under_our_policy() -> None:
+    from app.builder import engine_scaling
+
+    assert engine_scaling(AppConfig(num_engine_replicas=2)) == {"num_replicas": 2}
+    scaled = engine_scaling(AppConfig(autoscaling={"enabled": True, "max_replicas": 3},
+                                      num_engine_replicas=2))
+    auto = scaled["autoscaling_config"]
+    assert (auto["min_replicas"], auto["initial_replicas"], auto["max_replicas"]) == (1, 2, 3)
+    assert auto["policy"]["policy_function"] == "deployments.autoscaling:EnginePolicy"
+    assert auto["policy"]["policy_kwargs"]["upscale_at"] == 0.5
+    with pytest.raises(ValidationError, match="num_engine_replicas \\(4\\) is where autoscaling"):
+        AppConfig(autoscaling={"enabled": True, "max_replicas": 3}, num_engine_replicas=4)
+    with pytest.raises(ValidationError, match="engine_cpu_ids pins every engine replica"):
+        AppConfig(autoscaling={"enabled": True, "max_replicas": 2}, engine_cpu_ids=[0])
+    with pytest.raises(ValidationError, match="autoscaling.upscale_at"):
+        AppConfig(autoscaling={"upscale_at": 2})
+    with pytest.raises(ValidationError, match="autoscaling.nope|nope"):
+        AppConfig(autoscaling={"nope": 1})

@@ -159,3 +159,32 @@ def test_two_stages_greedy_with_swapping(pp2: ModelRunner, whole: ModelRunner,
                                          ray_cluster: Any) -> None:
     prompts, got = swap_run(pp2, 2, ray_cluster)
     assert got == drive(whole, prompts, GREEDY, **SCHED).tokens
+
+
+def test_two_stages_checkpoint_and_prefetch(pp2: ModelRunner, whole: ModelRunner,
+                                            ray_cluster: Any) -> None:
+    """ConServe's incremental checkpoints and prefetches, every rank copying
+    its slice: offline jobs discarded for an online burst come back from
+    their checkpoints with the tokens of the whole model's run."""
+    from kvstore.directory import KVDirectory
+    from kvstore.tier import LocalHostTier, ObjectStoreTier
+    from tests.engine.test_checkpoint_resume import co_serve
+
+    offline = {f"off{i}": p for i, p in
+               enumerate(random_prompts([18, 25, 9, 30], seed=11).values())}
+    online = {f"on{i}": p for i, p in enumerate(random_prompts([28, 20], seed=12).values())}
+    whole.set_kv_tier(LocalHostTier(capacity_bytes=10**8))
+    try:
+        want, _ = co_serve(whole, offline, online, online_at=6)
+    finally:
+        whole.swapper = None
+    directory = KVDirectory.remote(2 * 128)
+    pp2.set_kv_tier(ObjectStoreTier(directory))
+    assert pp2.shards is not None
+    pp2.shards.set_kv_tier(directory)  # type: ignore[attr-defined]
+    try:
+        got, core = co_serve(pp2, offline, online, online_at=6)
+    finally:
+        pp2.swapper = None
+    assert got == want
+    assert core.swap.num_checkpoint_discards > 0 and core.swap.num_recompute_fallbacks == 0

@@ -93,7 +93,10 @@ def test_two_applications_get_their_own_directories_sized_per_replica(ray_cluste
     # host_kv_tokens / block_size per engine replica, times the replicas.
     assert ta["name"] == directory_name("app-a") and ta["capacity_blocks"] == 1024 // 16 * 3
     assert tb["name"] == directory_name("app-b") and tb["capacity_blocks"] == 4096 // 16
-    assert DirectoryRef.model_validate(a.kv_directory.remote().result()).capacity_blocks == 192
+    ref = DirectoryRef.model_validate(a.kv_directory.remote().result())
+    # Each replica's share: its own host_kv_tokens.
+    assert (ref.capacity_blocks, ref.per_owner_blocks) == (192, 64)
+    assert ta["per_owner_blocks"] == 64 and tb["per_owner_blocks"] == 256
 
     offload_one_block(ray, a)
     ta, tb = kv_tier(a), kv_tier(b)

@@ -96,6 +96,37 @@ def test_object_store_capacity_is_counted_in_blocks(ray_cluster):
     assert torch.equal(tier.fetch("a", [1]).result(), blocks(1, seed=3))
 
 
+def test_each_replica_fills_only_its_share(ray_cluster):
+    """Two engine replicas on one directory of 2 × 3 blocks: neither can
+    take the other's share; a job counts against the replica that stored it
+    until it is dropped, also when another replica reads or rewrites it."""
+    ray = ray_cluster
+    from kvstore.directory import KVDirectory
+
+    shared = KVDirectory.remote(6, 3)
+    a = ObjectStoreTier(shared, owner="replica-a")
+    b = ObjectStoreTier(shared, owner="replica-b")
+    assert a.offload("a1", [0, 1, 2], blocks(3)).result()
+    assert not a.offload("a2", [0], blocks(1)).result()  # a's share is full
+    assert b.offload("b1", [0, 1], blocks(2)).result()  # b's is not
+    # b extends a's job (it resumed there): a's share counts it, and is full.
+    assert not b.offload("a1", [3], blocks(1)).result()
+    assert torch.equal(b.fetch("a1", [2]).result(), blocks(3)[2:])
+    st = ray.get(shared.stats.remote())
+    assert st["owners"] == {"replica-a": 3, "replica-b": 2} and st["per_owner_blocks"] == 3
+    a.drop("a1")
+    a.flush()
+    assert a.offload("a2", [0, 1, 2], blocks(3)).result()
+    b.drop("b1")
+    b.flush()
+    deadline = time.monotonic() + 30  # the drop is sent, not awaited
+    while ray.get(shared.stats.remote())["owners"] != {"replica-a": 3}:
+        assert time.monotonic() < deadline, ray.get(shared.stats.remote())
+        time.sleep(0.05)
+    assert ray.get(shared.stats.remote())["used_blocks"] == 3
+    ray.kill(shared)
+
+
 def test_a_dead_directory_is_a_refused_offload_and_a_lost_fetch(ray_cluster):
     ray = ray_cluster
     from kvstore.directory import KVDirectory

@@ -1,0 +1,111 @@
+"""The engine autoscaling policy on recorded load reports (fake clock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from scheduler.autoscale import AutoscaleSettings, ReplicaSignals, desired_replicas
+
+SETTINGS = AutoscaleSettings(enabled=True, min_replicas=1, max_replicas=4, upscale_at=0.5,
+                             downscale_at=0.2, upscale_delay_s=5, downscale_delay_s=30)
+
+
+def sig(ratio: float, kv: float = 0.3, online: int = 4, offline: int = 0) -> ReplicaSignals:
+    return ReplicaSignals(ratio, kv, online, offline)
+
+
+def replay(reports: list[tuple[float, dict[str, ReplicaSignals]]], current: int = 1,
+           settings: AutoscaleSettings = SETTINGS) -> list[int]:
+    """Replicas wanted after each report; Serve starts or stops at once."""
+    state: dict[str, Any] = {}
+    out = []
+    for now, signals in reports:
+        current, state = desired_replicas(signals, current, settings, state, now)
+        out.append(current)
+    return out
+
+
+def test_a_burst_scales_up_after_the_delay_to_bring_the_estimate_back() -> None:
+    burst = {"a": sig(1.4)}
+    # Seconds 0..4: pressure, but not for long yet; at 5 s: 1.4 / 0.5 -> 3.
+    assert replay([(t, burst) for t in range(6)]) == [1, 1, 1, 1, 1, 3]
+
+
+def test_a_blip_shorter_than_the_delay_does_not_scale() -> None:
+    reports = [(0, {"a": sig(0.9)}), (3, {"a": sig(0.9)}), (4, {"a": sig(0.3)}),
+               (8, {"a": sig(0.9)}), (12, {"a": sig(0.9)})]
+    assert replay(reports) == [1, 1, 1, 1, 1]
+
+
+def test_replicas_still_starting_count_as_capacity_not_load() -> None:
+    # Two replicas wanted, one has reported: its load spreads over both,
+    # and no more are asked for until the new one reports.
+    state: dict[str, Any] = {"hot_since": 0.0}
+    wanted, _ = desired_replicas({"a": sig(1.2)}, 2, SETTINGS, state, 10.0)
+    assert wanted == 2
+    wanted, _ = desired_replicas({"a": sig(1.2), "b": sig(0.6)}, 2, SETTINGS, state, 10.0)
+    assert wanted == 4  # average 0.9 over two -> 2 * 0.9 / 0.5 = 3.6
+
+
+def test_kv_pressure_with_online_work_scales_up() -> None:
+    full = {"a": sig(0.1, kv=0.95, online=3)}
+    assert replay([(0, full), (6, full)]) == [1, 2]
+    # Full of offline work only: the replica just fills idle capacity.
+    offline = {"a": sig(0.1, kv=0.95, online=0, offline=40)}
+    assert replay([(0, offline), (6, offline)]) == [1, 1]
+
+
+def test_scales_down_one_at_a_time_when_fewer_would_still_be_idle() -> None:
+    quiet = {"a": sig(0.05), "b": sig(0.05), "c": sig(0.0, online=0)}
+    reports = [(t, quiet) for t in (0, 10, 29, 30, 45, 60)]
+    # 0.1/3 over 3 -> on 2 replicas 0.05: under 0.2 for 30 s -> 2; then
+    # again 30 s later: on 1 replica 0.1 -> 1.
+    assert replay(reports, current=3) == [3, 3, 3, 2, 2, 1]
+
+
+def test_offline_backlog_does_not_hold_replicas_up() -> None:
+    only_offline = {"a": sig(0.0, kv=0.6, online=0, offline=50),
+                    "b": sig(0.0, kv=0.6, online=0, offline=50)}
+    assert replay([(0, only_offline), (30, only_offline)], current=2) == [2, 1]
+
+
+def test_load_that_one_replica_fewer_could_not_carry_keeps_them() -> None:
+    # 0.15 average on two replicas is 0.3 on one: above downscale_at.
+    steady = {"a": sig(0.15), "b": sig(0.15)}
+    assert replay([(t, steady) for t in (0, 30, 60, 90)], current=2) == [2, 2, 2, 2]
+
+
+def test_no_reports_holds_the_current_count() -> None:
+    assert replay([(0, {}), (100, {})], current=2) == [2, 2]
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValidationError, match="max_replicas must be >= min_replicas"):
+        AutoscaleSettings(min_replicas=3, max_replicas=2)
+    with pytest.raises(ValidationError, match="downscale_at must be below upscale_at"):
+        AutoscaleSettings(upscale_at=0.3, downscale_at=0.4)
+    with pytest.raises(ValidationError, match="upscale_delay"):
+        AutoscaleSettings(upscale_delay_s=-1)
+
+
+def test_signals_come_from_the_admission_figures() -> None:
+    from scheduler.autoscale import replica_signals
+
+    prefill = {"prefill_tokens": 1000, "decodes": 4, "jobs": 6, "max_batch_size": 8,
+               "max_batch_tokens": 256, "base_s": 0.01, "per_token_s": 0.001,
+               "per_seq_s": 0.002}
+    busy = replica_signals({"prefill": prefill, "ttft_slo_s": 2.0}, 0.5, 6, 1, 256)
+    idle = replica_signals({"prefill": {**prefill, "prefill_tokens": 0, "decodes": 0},
+                            "ttft_slo_s": 2.0}, 0.0, 0, 0, 256)
+    # 1,256 tokens at 252 a step: 5 steps + 1 under way at 0.018 s, plus
+    # 1.256 s of tokens -> 1.364 s of 2.
+    assert busy["ttft_ratio"] == pytest.approx(1.364 / 2)
+    assert 0 < idle["ttft_ratio"] < 0.2 < busy["ttft_ratio"]
+    assert (busy["kv_use"], busy["online_jobs"], busy["offline_jobs"]) == (0.5, 6, 1)
+    bound = replica_signals({"waiting_tokens": 300, "capacity_tokens": 1200}, 0.1, 2, 0, 256)
+    assert bound["ttft_ratio"] == 0.25
+    assert replica_signals({"waiting_tokens": 300, "capacity_tokens": float("inf")},
+                           0.1, 2, 0, 256)["ttft_ratio"] == 0.0
