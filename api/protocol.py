@@ -352,6 +352,17 @@ class GenerateRequest(BaseModel):
     arrival_time: float
     # The client's end-user id (OpenAI `user`), for logs.
     user: str | None = None
+    # Resuming on this replica a request whose replica failed
+    # (deployments/resume.py): per choice, the tokens the client already
+    # has (the engine recomputes their KV and goes on from there), or None
+    # for a choice that had finished.
+    resume: list[list[int] | None] | None = None
+
+    @model_validator(mode="after")
+    def _resume_per_choice(self) -> "GenerateRequest":
+        if self.resume is not None and len(self.resume) != self.n:
+            raise ValueError(f"resume lists {len(self.resume)} choices, the request {self.n}")
+        return self
 
 
 class WireLogprob(BaseModel):

@@ -256,6 +256,8 @@ class Engine:
         for p, req in enumerate(reqs):
             req.arrival_time = time.monotonic()
             for i, job_id in enumerate(choice_job_ids(req.request_id, req.n)):
+                if req.resume is not None and req.resume[i] is None:
+                    continue  # finished on the replica this request resumes from
                 self._streams[job_id] = (q, p, i)
                 running.add(job_id)
         jobs = list(running)

@@ -254,9 +254,14 @@ class EngineLoop:
         prompt and the others share its KV blocks (scheduler/core.py), unless
         each must compute the prompt itself for its prompt logprobs."""
         ids = choice_job_ids(req.request_id, req.n)
-        share = req.prompt_logprobs is None
+        resume = req.resume
+        # Resumed choices have outputs of their own: each computes its KV.
+        share = req.prompt_logprobs is None and resume is None
         try:
             for i, job_id in enumerate(ids):
+                outputs = None if resume is None else resume[i]
+                if resume is not None and outputs is None:
+                    continue  # this choice finished on the failed replica
                 job = Job(
                     job_id=job_id,
                     prompt_token_ids=list(req.prompt_token_ids),
@@ -265,6 +270,11 @@ class EngineLoop:
                     job_class=JobClass(req.job_class),
                     priority=req.priority,
                 )
+                if outputs:
+                    # As a job preempted mid-generation: its KV is recomputed
+                    # over prompt and outputs, then it samples output
+                    # len(outputs) (seeded streams count on from there).
+                    job.output_token_ids = list(outputs)
                 if req.jct_slo_s is not None:
                     # On the core's clock (`arrival_time` is the client's),
                     # from when the replica got it.
@@ -274,7 +284,12 @@ class EngineLoop:
                 else:
                     self.core.add(job)
                 self._jobs[job_id] = job
-                self.runner.add_request(job_id, self.make_params(req, i), job.prompt_token_ids)
+                params = self.make_params(req, i)
+                if outputs and req.prompt_logprobs is not None:
+                    # Its prompt logprobs came with its first token already.
+                    params = params.model_copy(update={"prompt_logprobs": None})
+                self.runner.add_request(job_id, params, job.prompt_token_ids,
+                                        output_token_ids=outputs)
         except Exception as e:  # a bad request must not take the loop down
             log.warning("rejected %s: %s", req.request_id, e)
             for job_id in ids:

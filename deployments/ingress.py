@@ -53,6 +53,7 @@ from api.protocol import (
     now_s,
 )
 from api.responses import PromptInput, ResponseBuilder
+from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
 
 log = logging.getLogger("ray.serve")
@@ -298,7 +299,10 @@ class Ingress:
                                        else f"{request_id}-{i}", chat)
                 for i, p in enumerate(prompts)]
         replica = await self._admit(request_id, gens)
-        stream = self.engine.generate.remote([g.model_dump() for g in gens], replica=replica)
+        stream = ResumableStream(
+            gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],
+                                                       replica=replica),
+            lambda again, failed: self._resume(request_id, again, failed))
         if self.predictor is not None:
             for g, text in zip(gens, predict_texts):
                 self._predict(g.request_id, text, replica)
@@ -318,13 +322,26 @@ class Ingress:
                                      media_type="text/event-stream")
         return JSONResponse(await self._collect(builder, stream))
 
-    async def _admit(self, request_id: str, gens: list[GenerateRequest]) -> str | None:
+    async def _resume(self, request_id: str, gens: list[GenerateRequest],
+                      failed: str | None) -> tuple[str | None, Any]:
+        """Another replica for a request whose replica failed, and its stream
+        (deployments/resume.py)."""
+        replica = await self._admit(request_id, gens, failed_replica=failed or "")
+        return replica, self.engine.generate.remote([g.model_dump() for g in gens],
+                                                    replica=replica)
+
+    async def _admit(self, request_id: str, gens: list[GenerateRequest],
+                     failed_replica: str | None = None) -> str | None:
         """Admission control (scheduler/admission.py): the whole request,
-        all its prompts and choices, runs on one replica or gets a 429."""
+        all its prompts and choices, runs on one replica or gets a 429.
+        With `failed_replica` (a request resumed after its replica failed),
+        the Scheduler places it elsewhere without admission control."""
+        resumed = {} if failed_replica is None else {"failed_replica": failed_replica}
         try:
             raw = await self.scheduler.admit.remote(
                 request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,
-                gens[0].job_class, len(gens) * gens[0].n, priority=gens[0].priority)
+                gens[0].job_class, len(gens) * gens[0].n, priority=gens[0].priority,
+                **resumed)
         except RayActorError as e:
             # The Scheduler replica died or restarted, with offline requests
             # waiting in its pool among others: retry.

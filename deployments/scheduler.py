@@ -53,6 +53,8 @@ class Scheduler:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, int] = {}
         self.num_rejected = 0
+        # Requests placed again after their replica failed.
+        self.num_resumed = 0
         self.pool: OfflinePool | None = None
         if self.cfg.policy == "conserve" and self.cfg.offline_pool.enabled:
             self.pool = OfflinePool(self.cfg.offline_pool, stale_after_s=stale_after_s)
@@ -108,11 +110,27 @@ class Scheduler:
 
     async def admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                     job_class: str = "online", n: int = 1,
-                    priority: int = 0) -> dict[str, Any]:
+                    priority: int = 0, failed_replica: str | None = None) -> dict[str, Any]:
         """Where the request runs, or a refusal when every replica's queued
         work is at its bound (the ingress answers 429).  An offline request
         under `policy: conserve` is never refused: the call returns once
-        the offline pool hands it to a replica."""
+        the offline pool hands it to a replica.  `failed_replica` ("" when
+        unknown): the request was admitted before and its replica failed
+        (deployments/resume.py); that replica is forgotten until it reports
+        again, and the request goes to the least loaded other one, past
+        admission control and the pool."""
+        if failed_replica is not None and self._stopping is not None:
+            # Every engine is stopping: nowhere to go on.
+            return Admission(admitted=False, retry_after_s=1.0,
+                             message=self._stopping).model_dump()
+        if failed_replica is not None:
+            self.placement.forget(failed_replica)
+            self.num_resumed += 1
+            replica = self.placement.place(request_id, prompt_tokens + n * max_tokens,
+                                           time.monotonic())
+            self.jobs[request_id] = {"class": job_class, "replica": replica,
+                                     "admitted_at": time.time()}
+            return Admission(admitted=True, replica=replica).model_dump()
         if (self.pool is not None and job_class == JobClass.OFFLINE.value
                 and self._stopping is None):
             replica = await self._from_pool(request_id, prompt_tokens, max_tokens, n, priority)
@@ -227,6 +245,7 @@ class Scheduler:
             "kv_tier": await self._kv_tier_stats(),
             "active_jobs": len(self.jobs),
             "rejected": self.num_rejected,
+            "resumed": self.num_resumed,
             "outcomes": dict(self.outcomes),
             "offline_pool": None if self.pool is None else {
                 **self.pool.stats(now), "cancelled": self.num_pool_cancelled},

@@ -171,3 +171,8 @@ class Placement:
 
     def release(self, job_id: str) -> None:
         self.job_replica.pop(job_id, None)
+
+    def forget(self, replica_id: str) -> None:
+        """Drop a replica known to have failed; its next report (if it lives
+        on) brings it back."""
+        self.replicas.pop(replica_id, None)

@@ -19,11 +19,14 @@ class FakeRunner:
         self.step_s = step_s
         self.fail_on = fail_on
         self.requests: dict[str, object] = {}
+        self.resumed_from: dict[str, list[int]] = {}
 
-    def add_request(self, job_id: str, params: object, prompt_token_ids: list[int]) -> None:
+    def add_request(self, job_id: str, params: object, prompt_token_ids: list[int],
+                    output_token_ids: list[int] | None = None) -> None:
         if params == "bad":
             raise ValueError("bad params")
         self.requests[job_id] = params
+        self.resumed_from[job_id] = list(output_token_ids or [])
 
     def remove_request(self, job_id: str) -> None:
         self.requests.pop(job_id, None)
@@ -438,3 +441,28 @@ def test_every_iteration_teaches_the_live_cost_fit():
     assert live.samples == loop.stats.iterations >= 12
     decode4 = IterationShape.of([(8, 1)] * 4)
     assert 0.015 < live.shape_time(decode4) < 0.03
+
+
+def test_a_resumed_request_goes_on_from_the_clients_tokens():
+    """A request resumed after its replica failed (deployments/resume.py):
+    each unfinished choice recomputes prompt and tokens and samples the
+    next output; a finished one is not run."""
+    from deployments.engine_loop import choice_job_ids
+
+    runner = FakeRunner()
+    loop, sink, core = make_loop(runner)
+    try:
+        r = req("again", max_tokens=4).model_copy(update={"n": 2, "resume": [None, [7, 8]]})
+        loop.submit(r)
+        first, second = choice_job_ids("again", 2)
+        sink.wait_finished({second})
+        got = [d.event.token_id for d in sink.items if d.event.job_id == second]
+        assert got == [9, 10]  # outputs 2 and 3 (the fake samples 7 + index)
+        assert runner.resumed_from[second] == [7, 8]
+        assert first not in runner.resumed_from
+        assert all(d.event.job_id != first for d in sink.items)
+        with pytest.raises(ValueError, match="resume lists 1 choices, the request 2"):
+            req("bad-resume").model_copy(update={"n": 2}).model_validate(
+                {**r.model_dump(), "resume": [[1]]})
+    finally:
+        loop.stop()

@@ -32,7 +32,8 @@ class GatedRunner(FakeRunner):
         self.gate = threading.Event()
         self.added: list[str] = []
 
-    def add_request(self, job_id: str, params: object, prompt_token_ids: list[int]) -> None:
+    def add_request(self, job_id: str, params: object, prompt_token_ids: list[int],
+                    output_token_ids: list[int] | None = None) -> None:
         self.added.append(job_id)
         super().add_request(job_id, params, prompt_token_ids)
 

@@ -25,6 +25,18 @@ def test_stale_replicas_are_dropped_and_none_without_replicas():
     assert "j" not in p.job_replica
 
 
+def test_a_failed_replica_is_forgotten_until_it_reports_again():
+    p = Placement()
+    p.report("a", 100, 100, 0, 0, now=0.0)
+    p.report("b", 100, 50, 500, 2, now=0.0)
+    assert p.place("j", 10, now=0.1) == "a"
+    p.forget("a")
+    assert p.place("k", 10, now=0.1) == "b"
+    p.forget("nobody")  # unknown ids are ignored
+    p.report("a", 100, 100, 0, 0, now=0.2)
+    assert p.place("m", 10, now=0.3) == "a"
+
+
 def _report(p, rid, waiting, capacity, tps=100.0, now=0.0, mean_out=50.0):
     p.report(rid, num_blocks=100, free_blocks=100, queued_tokens=waiting, num_jobs=1, now=now,
              waiting_tokens=waiting, capacity_tokens=capacity, tokens_per_s=tps,
