@@ -348,6 +348,7 @@ class Engine:
             "tokens_out": ls.tokens_out,
             "interrupted_passes": ls.interrupted,
             "tokens_by_class": dict(ls.tokens_by_class),
+            "resumed": {"jobs": ls.resumed_jobs, "tokens_recomputed": ls.resumed_tokens},
             "preemptions_by_class": dict(ls.preemptions_by_class),
             "recent_forward_s": list(ls.recent_forward),
             "open_streams": len(self._streams),

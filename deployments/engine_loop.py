@@ -270,6 +270,9 @@ class EngineLoop:
                     job_class=JobClass(req.job_class),
                     priority=req.priority,
                 )
+                if outputs is not None:
+                    self.stats.resumed_jobs += 1
+                    self.stats.resumed_tokens += len(req.prompt_token_ids) + len(outputs)
                 if outputs:
                     # As a job preempted mid-generation: its KV is recomputed
                     # over prompt and outputs, then it samples output

@@ -30,6 +30,10 @@ class LoopStats:
     # Per job class ("online" / "offline"): tokens generated, preemptions
     # (ConServe: offline work's tokens/s and how often it gave way).
     tokens_by_class: dict[str, int] = field(default_factory=dict)
+    # Choices resumed here after their replica failed (deployments/resume.py),
+    # and the tokens (prompt and outputs) recomputed for them.
+    resumed_jobs: int = 0
+    resumed_tokens: int = 0
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
     # (class, TTFT, TPOT or None) of finished jobs, until the replica's
     # reporter hands them to the dashboard's histograms.

@@ -458,6 +458,7 @@ def test_a_resumed_request_goes_on_from_the_clients_tokens():
         sink.wait_finished({second})
         got = [d.event.token_id for d in sink.items if d.event.job_id == second]
         assert got == [9, 10]  # outputs 2 and 3 (the fake samples 7 + index)
+        assert (loop.stats.resumed_jobs, loop.stats.resumed_tokens) == (1, 5 + 2)
         assert runner.resumed_from[second] == [7, 8]
         assert first not in runner.resumed_from
         assert all(d.event.job_id != first for d in sink.items)

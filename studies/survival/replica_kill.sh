@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Kill one of two engine replicas in the middle of a ShareGPT run near 70 %
+# of the pair's capacity; what became of the requests (studies/survival/README.md).
+#   bash studies/survival/replica_kill.sh [N] [KILL_AT_S]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source studies/serve_lib.sh
+N=${N:-${1:-300}}
+KILL_AT=${KILL_AT:-${2:-120}}
+OUT=${OUT:-studies/survival/runs}
+mkdir -p "$OUT"
+export RAY_AUTH_MODE=disabled
+trap stop_server EXIT
+start_server studies/survival/two_replicas.yaml "$OUT/server.log"
+# Capacity of the pair: 64 requests at once.
+python -m bench run --base-url http://127.0.0.1:8000/v1 --rate inf -n 64 --seed 7 \
+  --out "$OUT/probe.json" > "$OUT/probe.log"
+RATE=$(python -c "import json; r = json.load(open('$OUT/probe.json')); \
+print(round(0.7 * r['summary']['request_throughput'], 3))")
+echo "probe: 70 % of capacity = $RATE req/s"
+python -m bench run --base-url http://127.0.0.1:8000/v1 --rate "$RATE" -n "$N" --seed 1 \
+  --save-records --out "$OUT/run.json" > "$OUT/run.log" &
+run=$!
+sleep "$KILL_AT"
+python -m studies.survival.kill > "$OUT/kill.json"
+wait "$run"
+python -m studies.survival.kill --stats > "$OUT/after.json"
+python -m studies.survival.report "$OUT" | tee "$OUT/report.txt"
