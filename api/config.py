@@ -131,6 +131,14 @@ class AppConfig(SchedulingSettings):
     # max_batch_tokens tokens (not in deterministic mode), replay CUDA graphs
     # captured at start (engine/cuda_graphs.py, engine/cuda_graphs_mixed.py).
     cuda_graphs: bool = True
+    # Plan and launch each iteration while the previous one's forward pass
+    # is still on the device, its sampled tokens applied when they land
+    # (scheduler/ahead.py): the host's planning, completion and input
+    # preparation overlap the device's work.  `auto`: on with `device:
+    # cuda` and neither tensor nor pipeline parallelism (which it does not
+    # support); on a CPU the pass holds the thread that would plan, so it
+    # gains nothing there.
+    async_scheduling: bool | Literal["auto"] = "auto"
     # On CPU, float32 and natively multiplied bfloat16: multiply every
     # projection on a weight packed once into oneDNN's blocked layout (in
     # place: no extra memory) instead of on the plain weight.  Which is
@@ -240,9 +248,22 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 "engine_cpu_ids pins the first shard only; with tensor_parallel_size or "
                 "pipeline_parallel_size > 1 use 'auto' or null")
+        if self.async_scheduling is True \
+                and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "async_scheduling: true runs one model process; with tensor_parallel_size or "
+                "pipeline_parallel_size > 1 use 'auto' or false")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self
+
+    @property
+    def schedules_ahead(self) -> bool:
+        """`async_scheduling` resolved."""
+        if self.async_scheduling == "auto":
+            return self.device == "cuda" \
+                and self.tensor_parallel_size * self.pipeline_parallel_size == 1
+        return bool(self.async_scheduling)
 
     @property
     def model_name(self) -> str:

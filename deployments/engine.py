@@ -223,7 +223,8 @@ class Engine:
         # Offline `generate` calls accepted (scheduler/offline_pool.py).
         self.offline_accepted = 0
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver,
-                               cost=cost, live_cost=self.live_cost)
+                               cost=cost, live_cost=self.live_cost,
+                               ahead=self.cfg.schedules_ahead)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
         self._reporter = asyncio.create_task(self._report_loop())

@@ -33,10 +33,11 @@ from api.protocol import GenerateRequest, JobMetrics
 from deployments.held_deliveries import HeldDeliveries
 from deployments.loop_stats import LoopStats
 from scheduler.admission import MeanOutput
+from scheduler.ahead import AheadDriver, OnWallClockAhead
 from scheduler.cost import LinearCost
 from scheduler.cost_fit import IterationShape, LiveCost
 from scheduler.core import JobEvent, SchedulerCore
-from scheduler.iteration import IterationDriver, IterationFailed, OnWallClock
+from scheduler.iteration import Iteration, IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan, StepResult
 
@@ -85,13 +86,19 @@ class EngineLoop:
         deliver: Deliver,
         cost: LinearCost | None = None,
         live_cost: LiveCost | None = None,
+        ahead: bool = False,
     ) -> None:
         self.runner = runner
         self.cost = cost
         # The policy's estimate that learns from each iteration's time.
         self.live_cost = live_cost
         self.core = core
-        self.driver = IterationDriver(core, OnWallClock(runner))
+        # `ahead`: plan and launch each iteration while the previous one's
+        # pass is in flight (scheduler/ahead.py; the runner must offer
+        # launch / collect).
+        self.driver = (AheadDriver(core, OnWallClockAhead(runner)) if ahead
+                       else IterationDriver(core, OnWallClock(runner)))
+        self.ahead = ahead
         self.make_params = make_params
         self.deliver = deliver
         # The latest iteration's deliveries, sent during the next pass (the
@@ -329,6 +336,9 @@ class EngineLoop:
                 done = self._iterate()
                 self.held.flush()  # if the runner did not (no pass, a failure)
                 self.held.hold(done)
+                if self.ahead:
+                    # The next pass is already running: deliver now.
+                    self.held.flush()
             self.held.raise_error()
             self.stats.loop_time += time.perf_counter() - t0
 
@@ -355,6 +365,10 @@ class EngineLoop:
         reason = self._closed or "the engine replica stopped"
         # Tokens computed before the end go out before the errors.
         self.held.flush()
+        try:
+            self._deliver_safely(self._iterate(drain=True))
+        except Exception:  # the jobs end with the reason below anyway
+            log.exception("settling the pass in flight at shutdown failed")
         out: list[Delivery] = []
         while True:
             try:
@@ -392,18 +406,32 @@ class EngineLoop:
 
     def _busy(self) -> bool:
         # Drops of finished jobs' host copies also need a plan to ride on.
-        return self.core.has_work or bool(self.core.swap.pending_ops)
+        return (self.core.has_work or bool(self.core.swap.pending_ops)
+                or self.driver.in_flight is not None)
 
-    def _iterate(self) -> list[Delivery]:
+    def _iterate(self, drain: bool = False) -> list[Delivery]:
+        """One step of the driver (with `drain`, or when only a pass in
+        flight is left, settling it), and the deliveries of the iterations
+        it completed."""
         t0 = time.perf_counter()
         try:
-            it = self.driver.step()
+            if drain or not (self.core.has_work or self.core.swap.pending_ops):
+                its = self.driver.drain()
+            else:
+                its = self.driver.steps()
         except IterationFailed as e:
             log.exception("iteration %d failed; aborting its jobs", e.plan.step)
-            return [self._fail(c.job_id) for c in e.plan.chunks]
-        plan, result = it.plan, it.result
+            return [self._fail(c.job_id) for c in e.plan.chunks if c.job_id in self._jobs]
         # Planning to completion, finished jobs' runner state dropped.
-        elapsed = time.perf_counter() - t0
+        elapsed = (time.perf_counter() - t0) / max(1, len(its))
+        out: list[Delivery] = []
+        for it in its:
+            out += self._account(it, elapsed)
+        return out
+
+    def _account(self, it: Iteration, elapsed: float) -> list[Delivery]:
+        """Stats and deliveries of one completed iteration."""
+        plan, result = it.plan, it.result
         if result.interrupted:
             self.stats.interrupted += 1
             self.stats.interrupted_time += result.iteration_time

@@ -35,6 +35,9 @@ from engine.attention_triton import TritonAttentionBackend, TritonAttentionMetad
 from engine.kv_cache import KVCache
 from engine.models import CausalLM, ForwardBatch
 
+# Rows of a step's token ids and the ids, on the device, that replace them.
+Fill = tuple[torch.Tensor, torch.Tensor] | None
+
 # Batch sizes captured; a step runs in the smallest that holds it.
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -81,15 +84,28 @@ class StagedGraphs:
         self._meta = torch.zeros(meta_size, dtype=torch.int32, device=dev)
         self._host_long = torch.zeros(long_size, dtype=torch.long, pin_memory=pin)
         self._host_meta = torch.zeros(meta_size, dtype=torch.int32, pin_memory=pin)
+        self._uploaded: torch.cuda.Event | None = None
         # Steps served from the buckets (replayed, or run over the buffers).
         self.num_runs = 0
 
-    def _upload(self) -> None:
-        # The staging buffers are rewritten only by the next step, after this
-        # step's sampled tokens came back (a synchronisation) or, in capture,
-        # after the synchronisation that ends it.
+    def _staging(self) -> None:
+        """Wait until the last upload has read the staging buffers: with a
+        pass kept in flight (scheduler/ahead.py) the next step is staged
+        before the device has reached this step's upload."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+            self._uploaded = None
+
+    def _upload(self, fill: Fill = None) -> None:
         self._long.copy_(self._host_long, non_blocking=True)
         self._meta.copy_(self._host_meta, non_blocking=True)
+        if self.device.type == "cuda":
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record(torch.cuda.current_stream(self.device))
+        if fill is not None:
+            # Token ids sampled by the pass in flight, on the device (the
+            # ids lead the int64 buffer in both kinds of graphs).
+            self._long.index_copy_(0, *fill)
 
     @torch.inference_mode()
     def _forward(self, bucket: Any) -> torch.Tensor:
@@ -102,10 +118,10 @@ class StagedGraphs:
         if self.device.type == "cuda":
             capture(buckets, self._forward, self.device, pool)
 
-    def _run(self, bucket: Any, rows: int) -> torch.Tensor:
+    def _run(self, bucket: Any, rows: int, fill: Fill = None) -> torch.Tensor:
         """Upload the staged step and replay `bucket`: its first `rows`
         logits rows."""
-        self._upload()
+        self._upload(fill)
         self.num_runs += 1
         if bucket.graph is not None:
             bucket.graph.replay()
@@ -192,9 +208,11 @@ class DecodeGraphs(StagedGraphs):
         bucket = self._bucket(num_decodes)
         return None if bucket is None else bucket.size
 
-    def run(self, input_ids: Sequence[int], spans: Sequence[SeqSpan]) -> torch.Tensor:
+    def run(self, input_ids: Sequence[int], spans: Sequence[SeqSpan],
+            fill: Fill = None) -> torch.Tensor:
         """Logits `[len(spans), vocab]` (float32) of a decode-only step, in
-        span order; every span one token at position `start_pos`."""
+        span order; every span one token at position `start_pos`.  `fill`:
+        (rows, ids) on the device that replace those rows' `input_ids`."""
         n = len(spans)
         bucket = self._bucket(n)
         if bucket is None or n == 0:
@@ -205,6 +223,7 @@ class DecodeGraphs(StagedGraphs):
         if need.max() > width:
             raise ValueError(f"a decode at position {int(pos.max())} exceeds the captured "
                              f"block tables ({width} blocks)")
+        self._staging()
         ids_pos = self._host_long.numpy().reshape(2, big)
         ids_pos[0, :n] = input_ids
         ids_pos[1, :n] = pos
@@ -217,4 +236,4 @@ class DecodeGraphs(StagedGraphs):
         meta[big : big + n] = pos + 1
         # An earlier, larger step may have left real rows in this bucket's tail.
         self._pad(n, bucket.size)
-        return self._run(bucket, n)
+        return self._run(bucket, n, fill)

@@ -48,7 +48,7 @@ from engine.attention_triton import (
     prefill_tiles,
     span_layout,
 )
-from engine.cuda_graphs import StagedGraphs
+from engine.cuda_graphs import Fill, StagedGraphs
 from engine.kv_cache import KVCache
 from engine.models import CausalLM, ForwardBatch
 
@@ -160,15 +160,18 @@ class MixedGraphs(StagedGraphs):
         positions: Sequence[int],
         spans: Sequence[SeqSpan],
         logits_indices: Sequence[int],
+        fill: Fill = None,
     ) -> torch.Tensor:
         """Logits `[len(logits_indices), vocab]` (float32) of a step whose
-        tokens are laid out as `spans` (decodes first)."""
+        tokens are laid out as `spans` (decodes first); `fill` as in
+        `DecodeGraphs.run`."""
         n, num = len(input_ids), len(spans)
         bucket = self._bucket(n)
         if bucket is None or n == 0 or not self.fits(n, num, len(logits_indices)):
             raise ValueError(f"a step of {n} tokens in {num} spans with {len(logits_indices)} "
                              f"logits rows does not fit the captured buckets (max "
                              f"{self.max_tokens} tokens, {self.max_spans} spans)")
+        self._staging()
         ids, pos, rows, slots, ctx, tables, tiles = self._host()
         lay = span_layout(spans, self.kv_cache.block_size, self.width, tables)
         nd, size = lay.num_decodes, bucket.tokens
@@ -189,4 +192,4 @@ class MixedGraphs(StagedGraphs):
         assert used <= bucket.tiles
         tiles[:, :used] = new
         tiles[1, used : bucket.tiles] = 0
-        return self._run(bucket, k)
+        return self._run(bucket, k, fill)

@@ -42,7 +42,7 @@ from engine.threads import pin_threads
 from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
 from engine.weights import iter_weights
 from scheduler.plan import (
-    BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult, TokenLogprob,
+    PENDING_TOKEN, BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult, TokenLogprob,
 )
 
 if TYPE_CHECKING:
@@ -59,6 +59,31 @@ class _Prepared:
     logits_indices: list[int]
     sampled: list[tuple[ScheduledChunk, RequestState]]
     prompt_rows: list[PromptRows]
+    # Rows of `input_ids` whose token the pass in flight samples
+    # (`PENDING_TOKEN`), and that pass's rows they come from.
+    fill_rows: list[int]
+    fill_from: list[int]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A launched plan (`ModelRunner.launch`) until `collect`."""
+
+    plan: Plan
+    prepared: _Prepared | None
+    started: float
+    # The sampled ids: on the device, their host copy and its event (CUDA).
+    tokens: torch.Tensor | None = None
+    host_tokens: torch.Tensor | None = None
+    ready: Any = None
+    logits: torch.Tensor | None = None
+    # Job id -> its row among the sampled ids.
+    rows: dict[str, int] | None = None
+    # Already complete at launch: no chunks, or the pass was cut.
+    result: StepResult | None = None
+    # Collecting reads the logits (logprobs), which the next pass may
+    # overwrite (graph buckets keep theirs in place).
+    reads_logits: bool = False
 
 
 class ModelRunner:
@@ -185,6 +210,10 @@ class ModelRunner:
         self.defer_text = False
         self.on_launch: Callable[[], None] | None = None
         self._launch_due = False
+        # The launched plan not yet collected, and when the last pass's
+        # sampled ids were read (scheduler/ahead.py keeps one in flight).
+        self._in_flight: _Pending | None = None
+        self._landed = 0.0
 
     # KV tier --------------------------------------------------------------
 
@@ -230,7 +259,7 @@ class ModelRunner:
             if step.block_ops:
                 self.swapper.apply(step.block_ops)
         batch = _Prepared(step.input_ids, step.positions, step.spans,
-                          step.logits_indices, [], [])
+                          step.logits_indices, [], [], [], [])
         if step.input_ids and self.pp.enabled:
             with torch.inference_mode():
                 self._pipeline_pass(batch)
@@ -380,11 +409,48 @@ class ModelRunner:
         `on_launch`, if set, runs once, whatever happens (see `__init__`);
         its time is not part of `iteration_time`.
         """
+        return self.collect(self.launch(plan))
+
+    def launch(self, plan: Plan) -> _Pending:
+        """`execute`'s first half: block ops, the pass and sampling queued
+        (on a CPU, run), the sampled ids' copy to the host queued; returns
+        the handle `collect` takes.  A plan made while another is in flight
+        (scheduler/ahead.py) reads that one's sampled ids on the device
+        where its decode chunks hold `PENDING_TOKEN`."""
         self._launch_due = self.on_launch is not None
         try:
-            return self._execute(plan)
-        finally:
+            return self._launch(plan)
+        except BaseException:
             self._launched()
+            raise
+
+    def collect(self, pending: _Pending) -> StepResult:
+        """`execute`'s second half: wait for `pending`'s sampled ids (running
+        `on_launch` meanwhile) and apply them to the requests.  The token of
+        a request removed since its launch is dropped."""
+        try:
+            return self._collect(pending)
+        finally:
+            if self._in_flight is pending:
+                self._in_flight = None
+            self._launched()
+
+    def can_run_ahead(self, pending: _Pending, plan: Plan) -> bool:
+        """Whether `plan` may be launched before `pending` is collected:
+        neither collecting `pending` reads logits the next pass may
+        overwrite, nor does a request of `plan` sample with what `pending`
+        samples for it (penalties over its outputs, min_tokens bans)."""
+        if self.world > 1 or pending.result is not None or pending.reads_logits:
+            return False
+        rows = pending.rows or {}
+        for chunk in plan.chunks:
+            if chunk.job_id in rows:
+                state = self._requests.get(chunk.job_id)
+                if state is not None and (
+                        state.params.has_penalties
+                        or state.params.min_tokens > len(state.output_token_ids)):
+                    return False
+        return True
 
     def _launched(self) -> float:
         """Run `on_launch` if this `execute` has not yet; returns its seconds."""
@@ -395,21 +461,7 @@ class ModelRunner:
         self.on_launch()
         return time.perf_counter() - t
 
-    def _host_tokens(self, tokens: torch.Tensor) -> tuple[list[int], float]:
-        """The sampled ids on the host, and the seconds `on_launch` took: on
-        a GPU the copy is queued behind the pass and the host runs
-        `on_launch` before it waits for it."""
-        if tokens.device.type != "cuda":
-            return tokens.tolist(), 0.0
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(tokens.device))
-        spent = self._launched()
-        ready.synchronize()
-        return host.tolist(), spent
-
-    def _execute(self, plan: Plan) -> StepResult:
+    def _launch(self, plan: Plan) -> _Pending:
         if self.device.type != "cuda":
             self._launched()  # the pass would hold this thread
         for job_id in plan.preempted:
@@ -426,7 +478,6 @@ class ModelRunner:
             )
         started = time.perf_counter()
         prepared = self._prepare(plan) if plan.chunks else None
-        prepare_s = time.perf_counter() - started
         self._launch_shards(plan, prepared, 0.0 if plan.chunks else self.swap_wait_s)
         if self.swapper is not None:
             self.swapper.order_after_copies()
@@ -435,37 +486,77 @@ class ModelRunner:
         if prepared is None:
             self._launched()  # before waiting for a swap-in
             done, failed = self._poll_swaps(self.swap_wait_s)
-            return StepResult(plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed)
-
-        start = time.perf_counter() - prepare_s
+            return _Pending(plan, None, started, result=StepResult(
+                plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed))
         sampled = prepared.sampled
+        pending = _Pending(plan, prepared, started)
         with torch.inference_mode():
             try:
                 logits = self._logits(plan, prepared)
             except ForwardPreempted:
                 done, failed = self._poll_swaps(0.0)
-                return StepResult(plan.step, [], time.perf_counter() - start, swaps_in_done=done,
-                                  swaps_in_failed=failed, interrupted=True)
-            tokens: list[int] = []
-            logprobs: dict[int, TokenLogprob] = {}
-            aside = 0.0
+                pending.result = StepResult(
+                    plan.step, [], time.perf_counter() - started, swaps_in_done=done,
+                    swaps_in_failed=failed, interrupted=True)
+                return pending
             if logits is not None:
-                sample_logits = logits[: len(sampled)]
-                tokens, aside = self._host_tokens(self.sampler.sample_tensor(
-                    sample_logits,
+                tokens = self.sampler.sample_tensor(
+                    logits[: len(sampled)],
                     [
                         SampleRequest(s.params, c.output_index, s.banned_token_ids(),
                                       s.prompt_token_ids, s.output_token_ids)
                         for c, s in sampled
                     ],
-                ))
-                logprobs = sampled_logprobs(sample_logits, sampled, tokens)
-                record_prompt_logprobs(logits[len(sampled):], prepared.prompt_rows)
-        iteration_time = time.perf_counter() - start - aside
+                )
+                pending.tokens, pending.logits = tokens, logits
+                pending.reads_logits = bool(prepared.prompt_rows) or any(
+                    s.params.logprobs is not None for _, s in sampled)
+                pending.rows = {c.job_id: i for i, (c, _) in enumerate(sampled)}
+                if tokens.device.type == "cuda":
+                    # Queued behind the pass: reading it waits for nothing else.
+                    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                    host.copy_(tokens, non_blocking=True)
+                    pending.host_tokens, pending.ready = host, torch.cuda.Event()
+                    pending.ready.record(torch.cuda.current_stream(tokens.device))
+        self._in_flight = pending
+        return pending
+
+    def _host_tokens(self, pending: _Pending) -> tuple[list[int], float]:
+        """The sampled ids on the host, and the seconds `on_launch` took: on
+        a GPU the host runs `on_launch` before it waits for the copy."""
+        if pending.tokens is None:
+            return [], 0.0
+        if pending.ready is None:
+            return pending.tokens.tolist(), 0.0
+        spent = self._launched()
+        pending.ready.synchronize()
+        assert pending.host_tokens is not None
+        return pending.host_tokens.tolist(), spent
+
+    def _collect(self, pending: _Pending) -> StepResult:
+        if pending.result is not None:
+            return pending.result
+        prepared, plan = pending.prepared, pending.plan
+        assert prepared is not None
+        sampled = prepared.sampled
+        tokens, aside = self._host_tokens(pending)
+        logprobs: dict[int, TokenLogprob] = {}
+        if pending.logits is not None and pending.reads_logits:
+            with torch.inference_mode():
+                logprobs = sampled_logprobs(pending.logits[: len(sampled)], sampled, tokens)
+                record_prompt_logprobs(pending.logits[len(sampled):], prepared.prompt_rows)
+        landed = time.perf_counter()
+        # From launch, or from the previous pass's landing where this one
+        # was queued behind it: this pass's own share of the device.
+        iteration_time = landed - max(pending.started, self._landed) - aside
+        self._landed = landed
 
         results: dict[str, JobOutput] = {}
         later = self.defer_text
+        requests = self._requests
         for i, ((chunk, state), token) in enumerate(zip(sampled, tokens)):
+            if requests.get(chunk.job_id) is not state:
+                continue  # ended (or aborted) while this pass was in flight
             prompt_lps = state.take_prompt_logprobs() if chunk.output_index == 0 else None
             if later and state.text_can_wait:
                 decode, reason = state.append_later(token, self.max_model_len)
@@ -502,13 +593,14 @@ class ModelRunner:
             n, num = len(prepared.input_ids), len(prepared.spans)
             if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
                 self.preempt_flag.clear()  # as after any pass that may not be cut
-                return graphs.run(prepared.input_ids, prepared.spans)
+                return graphs.run(prepared.input_ids, prepared.spans, self._fill(prepared))
             if mixed is not None and mixed.fits(n, num, len(prepared.logits_indices)):
                 self.preempt_flag.clear()
                 logits = mixed.run(prepared.input_ids, prepared.positions, prepared.spans,
-                                   prepared.logits_indices)
+                                   prepared.logits_indices, self._fill(prepared))
                 return logits if prepared.logits_indices else None
         if self.pp.enabled:
+            assert not prepared.fill_rows, "pipeline stages do not run a pass ahead"
             self.preempt_flag.clear()  # stages are not cut
             return self._pipeline_pass(prepared)
         hidden = self._forward(plan, self._forward_batch(prepared))
@@ -587,6 +679,8 @@ class ModelRunner:
         spans: list[SeqSpan] = []
         logits_indices: list[int] = []
         prompt_indices: list[int] = []
+        fill_rows: list[int] = []
+        fill_from: list[int] = []
         for chunk in ordered:
             state = self._state(chunk)
             end = chunk.start_pos + chunk.num_tokens
@@ -599,21 +693,66 @@ class ModelRunner:
                 base = len(input_ids) - chunk.start_pos
                 prompt_indices.extend(range(base + owed.start, base + owed.stop))
                 prompt_rows.append(PromptRows(state, owed))
-            input_ids.extend(chunk.token_ids)
+            ids = chunk.token_ids
+            in_flight = 0
+            if ids and min(ids) < 0:
+                ids, in_flight = self._pending_token(chunk, state, len(input_ids),
+                                                     fill_rows, fill_from)
+            input_ids.extend(ids)
             positions.extend(range(chunk.start_pos, end))
             spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table,
                                  len(state.prompt_token_ids)))
             if chunk.sample:
-                self._check_sample_point(chunk, state)
+                self._check_sample_point(chunk, state, in_flight)
                 logits_indices.append(len(input_ids) - 1)
                 sampled.append((chunk, state))
         return _Prepared(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
-                         prompt_rows)
+                         prompt_rows, fill_rows, fill_from)
+
+    def _pending_token(self, chunk: ScheduledChunk, state: RequestState, offset: int,
+                       fill_rows: list[int], fill_from: list[int]) -> tuple[list[int], int]:
+        """`chunk`'s ids with its last one, `PENDING_TOKEN`, resolved: from
+        the pass in flight on the device (a fill row; 1 output still to
+        land), or from the request's outputs where that pass was collected
+        since the plan was made (0)."""
+        ids = chunk.token_ids
+        if ids[-1] != PENDING_TOKEN or min(ids[:-1], default=0) < 0:
+            raise ValueError(f"job {chunk.job_id}: token ids {ids[:8]}... hold an id < 0 "
+                             "other than the last token's")
+        last = chunk.start_pos + len(ids) - 1
+        prev = self._in_flight
+        row = None if prev is None or prev.rows is None else prev.rows.get(chunk.job_id)
+        if row is not None:
+            fill_rows.append(offset + len(ids) - 1)
+            fill_from.append(row)
+            return ids[:-1] + [0], 1
+        index = last - len(state.prompt_token_ids)
+        if not 0 <= index < len(state.output_token_ids):
+            raise ValueError(f"job {chunk.job_id}: the token at position {last} is "
+                             "neither sampled nor in flight")
+        return ids[:-1] + [state.output_token_ids[index]], 0
+
+    def _fill(self, prepared: _Prepared) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows of the step's ids, their sampled ids) for the tokens the
+        pass in flight samples, read on the device; None if there are none."""
+        if not prepared.fill_rows:
+            return None
+        prev = self._in_flight
+        assert prev is not None and prev.tokens is not None
+        rows = torch.tensor([prepared.fill_rows, prepared.fill_from], dtype=torch.long)
+        if self.device.type == "cuda":
+            # A pageable copy would wait for the pass in flight.
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        return rows[0], prev.tokens.index_select(0, rows[1]).to(torch.long)
 
     def _forward_batch(self, prepared: _Prepared) -> ForwardBatch:
         dev = self.device
+        ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
+        fill = self._fill(prepared)
+        if fill is not None:
+            ids.index_copy_(0, *fill)
         return ForwardBatch(
-            input_ids=torch.tensor(prepared.input_ids, dtype=torch.long, device=dev),
+            input_ids=ids,
             positions=torch.tensor(prepared.positions, dtype=torch.long, device=dev),
             attn_metadata=self.attn.build_metadata(prepared.spans),
             logits_indices=torch.tensor(prepared.logits_indices, dtype=torch.long, device=dev),
@@ -628,12 +767,14 @@ class ModelRunner:
             ) from None
 
     @staticmethod
-    def _check_sample_point(chunk: ScheduledChunk, state: RequestState) -> None:
+    def _check_sample_point(chunk: ScheduledChunk, state: RequestState,
+                            in_flight: int = 0) -> None:
         # The seeded stream and the stop conditions count outputs; a drift
         # between scheduler and engine would silently break reproducibility.
+        # `in_flight`: outputs sampled by the pass in flight, not yet here.
         if (
-            chunk.output_index != len(state.output_token_ids)
-            or chunk.start_pos + chunk.num_tokens != state.num_tokens
+            chunk.output_index != len(state.output_token_ids) + in_flight
+            or chunk.start_pos + chunk.num_tokens != state.num_tokens + in_flight
         ):
             raise RuntimeError(
                 f"job {chunk.job_id}: scheduler samples output {chunk.output_index} after "

@@ -147,20 +147,7 @@ class SchedulerCore:
     def complete(self, plan: Plan, result: StepResult) -> list[JobEvent]:
         """Apply the engine's results of `plan`; returns per-job events."""
         now = self.clock()
-        for job_id in result.swaps_in_done:
-            landed = self.jobs.get(job_id)
-            if landed is not None and landed.swap_pending is not None:
-                if landed.swap_in_issued_at is not None:
-                    landed.swap_wait_time += now - landed.swap_in_issued_at
-                self.swap.swap_in_done(landed)
-        for job_id in result.swaps_in_failed:
-            lost = self.jobs.get(job_id)
-            if lost is not None and lost.swap_pending is not None:
-                self.swap.swap_in_failed(lost)
-        if result.copy_rate is not None:
-            self.swap.copy_rate = result.copy_rate
-        if result.iteration_time > 0.0:
-            self.swap.iteration_time = result.iteration_time
+        self.apply_swaps(result)
         if result.interrupted:
             # Nothing was computed: each job plans the same tokens again.
             return []
@@ -199,6 +186,25 @@ class SchedulerCore:
                                    out.text_later))
         self.policy.on_step_done(plan, result.iteration_time)
         return events
+
+    def apply_swaps(self, result: StepResult) -> None:
+        """The swap-ins that landed or failed, and the copy and iteration
+        rates the engine measured."""
+        now = self.clock()
+        for job_id in result.swaps_in_done:
+            landed = self.jobs.get(job_id)
+            if landed is not None and landed.swap_pending is not None:
+                if landed.swap_in_issued_at is not None:
+                    landed.swap_wait_time += now - landed.swap_in_issued_at
+                self.swap.swap_in_done(landed)
+        for job_id in result.swaps_in_failed:
+            lost = self.jobs.get(job_id)
+            if lost is not None and lost.swap_pending is not None:
+                self.swap.swap_in_failed(lost)
+        if result.copy_rate is not None:
+            self.swap.copy_rate = result.copy_rate
+        if result.iteration_time > 0.0:
+            self.swap.iteration_time = result.iteration_time
 
     def _release_siblings(self, siblings: list[Job]) -> None:
         for s in siblings:

@@ -117,6 +117,9 @@ class IterationDriver:
         # the core's clock is).
         self.timer = timer
 
+    # A driver that keeps a pass in flight (scheduler/ahead.py) has one here.
+    in_flight: object | None = None
+
     def step(self) -> Iteration:
         """Plan one iteration, run it, complete it, and remove the jobs it
         finished from the executor.  Raises `IterationFailed` if the
@@ -127,7 +130,19 @@ class IterationDriver:
         t0 = timer()
         plan = core.schedule()
         plan_s = timer() - t0
-        num_waiting = core.policy.num_waiting()
+        return self._run(plan, planned_at, core.policy.num_waiting(), plan_s)
+
+    def steps(self) -> list[Iteration]:
+        """The iterations completed by one call: here always one."""
+        return [self.step()]
+
+    def drain(self) -> list[Iteration]:
+        """Complete whatever is in flight: nothing, here."""
+        return []
+
+    def _run(self, plan: Plan, planned_at: float, num_waiting: int,
+             plan_s: float) -> Iteration:
+        core, timer = self.core, self.timer
         try:
             # A plan without chunks still carries block ops, and its result
             # reports swap-ins that landed meanwhile.

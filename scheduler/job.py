@@ -43,7 +43,9 @@ _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.RUNNING: frozenset(
         {JobState.PREEMPTED, JobState.FINISHED, JobState.ABORTED}
     ),
-    JobState.PREEMPTED: frozenset({JobState.RUNNING, JobState.ABORTED}),
+    # FINISHED: preempted while its last token was in flight
+    # (scheduler/ahead.py), which turned out to end it.
+    JobState.PREEMPTED: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.ABORTED}),
     JobState.FINISHED: frozenset(),
     JobState.ABORTED: frozenset(),
 }

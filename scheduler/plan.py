@@ -19,6 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
+# The token sampled by a pass still in flight when the next plan was made
+# (scheduler/ahead.py): its place in the next decode chunk, which the engine
+# fills from that pass's sampled ids on the device.
+PENDING_TOKEN = -1
+
+
 @dataclass(slots=True)
 class ScheduledChunk:
     job_id: str

@@ -25,8 +25,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from scheduler.ahead import AheadDriver
 from scheduler.config import MLFQConfig, SchedulerConfig
 from scheduler.core import SchedulerCore
+from scheduler.iteration import IterationDriver
 from scheduler.cost import LinearCost
 from scheduler.job import Job
 from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult
@@ -50,8 +52,43 @@ class _Clock:
         return self.t
 
 
+class _Device:
+    """An executor on the virtual clock: an iteration lasts the cost
+    model's time for its batch, its swap-ins land with it."""
+
+    def __init__(self, clock: _Clock, cost: LinearCost) -> None:
+        self.clock, self.cost = clock, cost
+
+    def launch(self, plan: Plan) -> StepResult:
+        landed = sorted({op.job_id for op in plan.block_ops
+                         if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH)})
+        dt = _iteration_time(plan, self.cost) if plan.chunks else 0.0
+        self.clock.t += dt
+        return StepResult(
+            plan.step, [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks],
+            dt, swaps_in_done=landed)
+
+    def collect(self, pending: StepResult) -> StepResult:
+        return pending
+
+    def execute(self, plan: Plan) -> StepResult:
+        return self.launch(plan)
+
+    def can_run_ahead(self, pending: StepResult, plan: Plan) -> bool:
+        return True
+
+    def remove_request(self, job_id: str) -> None:
+        pass
+
+    def wait_for_swaps(self, plan: Plan, result: StepResult) -> StepResult:
+        return result
+
+
 def run(policy: str, swap_mode: str, cold_start_recompute: bool, cost: LinearCost,
-        requests: int = 2000, seed: int = 0, kv_tokens: int = 1 << 18) -> dict[str, Any]:
+        requests: int = 2000, seed: int = 0, kv_tokens: int = 1 << 18,
+        ahead: bool = False) -> dict[str, Any]:
+    """`ahead`: each plan made while the previous one is in flight, as the
+    replica does with `async_scheduling` (scheduler/ahead.py)."""
     clock = _Clock()
     host = kv_tokens // BLOCK if swap_mode != "recompute" else 0
     sc = SchedulerConfig(policy=policy, block_size=BLOCK, num_blocks=kv_tokens // BLOCK,
@@ -64,30 +101,24 @@ def run(policy: str, swap_mode: str, cold_start_recompute: bool, cost: LinearCos
         p = rng.randint(16, 1024)
         o = min(rng.randint(16, 512), 2048 - p - 1)
         core.add(Job(job_id=f"r{i}", prompt_token_ids=[7] * p, max_tokens=o, arrival_time=0.0))
+    device = _Device(clock, cost)
+    driver = AheadDriver(core, device) if ahead else IterationDriver(core, device)
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     tokens = iterations = 0
-    while core.jobs:
-        plan = core.schedule()
-        landed = sorted({op.job_id for op in plan.block_ops
-                         if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH)})
-        dt = _iteration_time(plan, cost)
-        clock.t += dt
-        iterations += 1
-        for c in plan.chunks:
-            if c.sample:
+    while core.jobs or driver.in_flight is not None:
+        for it in driver.steps() if core.jobs else driver.drain():
+            iterations += 1
+            for ev in it.events:
                 tokens += 1
-                first.setdefault(c.job_id, clock.t)
-        before = set(core.jobs)
-        core.complete(plan, StepResult(
-            plan.step, [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks],
-            dt, swaps_in_done=landed))
-        for jid in before - set(core.jobs):
-            done[jid] = clock.t
+                first.setdefault(ev.job_id, clock.t)
+                if ev.finished:
+                    done[ev.job_id] = clock.t
     ttft = sorted(first.values())
     jct = sorted(done.values())
     return {
         "policy": policy, "swap_mode": swap_mode, "cold_start_recompute": cold_start_recompute,
+        "ahead": ahead,
         "seconds": clock.t, "output_tokens_per_s": tokens / clock.t, "iterations": iterations,
         "preemptions": core.num_preemptions, "tokens_dropped": core.swap.tokens_dropped,
         "swap_outs": core.swap.num_swap_out,
@@ -110,18 +141,25 @@ def main(argv: list[str] | None = None) -> None:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--ahead", action="store_true",
+                   help="the systems of today's rule, each plan made with and without the "
+                        "previous one in flight (async_scheduling)")
     a = p.parse_args(argv)
     cost = measured_cost()
     rows = []
-    for policy, mode, old in SYSTEMS:
-        r = run(policy, mode, old, cost, a.requests)
+    runs = [(s, False) for s in SYSTEMS] if not a.ahead else [
+        (s, ahead) for s in SYSTEMS if not s[2] for ahead in (False, True)]
+    for (policy, mode, old), ahead in runs:
+        r = run(policy, mode, old, cost, a.requests, ahead=ahead)
         rows.append(r)
-        print(f"{policy:>5} {mode:>9} cold_start_recompute={str(old):>5}: "
+        print(f"{policy:>5} {mode:>9} cold_start_recompute={str(old):>5} ahead={ahead!s:>5}: "
+              f"{r['iterations']:5d} iterations "
               f"{r['output_tokens_per_s']:8.0f} tok/s  TTFT P50/P99 {r['ttft_p50_s']:5.1f} / "
               f"{r['ttft_p99_s']:5.1f} s  JCT mean {r['jct_mean_s']:5.1f} s  "
               f"preemptions {r['preemptions']:6d}  tokens dropped {r['tokens_dropped']}",
               flush=True)
-    a.out.write_text(json.dumps({"command": "python -m studies.burst.run --out " + str(a.out),
+    command = "python -m studies.burst.run --out " + str(a.out) + (" --ahead" if a.ahead else "")
+    a.out.write_text(json.dumps({"command": command,
                                  "cost_model": repr(cost), "results": rows}, indent=1))
 
 

@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-overlap", action="store_true",
                    help="decode and deliver each iteration's tokens right after it, not "
                         "while the next pass runs")
+    p.add_argument("--ahead", action="store_true",
+                   help="plan and launch each iteration while the previous pass is in "
+                        "flight (async_scheduling, scheduler/ahead.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         runner, core,
         lambda req, i: SamplingParams(temperature=0.0, max_tokens=req.max_tokens,
                                       ignore_eos=True),
-        sink, cost=cost)
+        sink, cost=cost, ahead=args.ahead)
     if args.no_overlap:
         runner.on_launch = None
         runner.defer_text = False
@@ -218,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "dtype": args.dtype, "policy": args.policy, "swap_mode": args.swap_mode,
         "pageable_swaps": args.pageable_swaps, "overlap": not args.no_overlap,
+        "ahead": args.ahead, "launched_ahead": getattr(loop.driver, "num_ahead", 0),
         "kv_tokens": args.kv_tokens, "host_kv_tokens": host_blocks * BLOCK_SIZE,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads",
                                                 "kv_heads")},

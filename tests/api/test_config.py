@@ -147,6 +147,18 @@ def test_tensor_parallel_shards_each_take_a_bundle() -> None:
         AppConfig(tensor_parallel_size=0)
 
 
+def test_async_scheduling_is_on_for_one_gpu_process_only() -> None:
+    assert not AppConfig().schedules_ahead  # cpu
+    assert AppConfig(device="cuda").schedules_ahead
+    assert not AppConfig(device="cuda", tensor_parallel_size=2).schedules_ahead
+    assert not AppConfig(device="cuda", async_scheduling=False).schedules_ahead
+    assert AppConfig(async_scheduling=True).schedules_ahead
+    with pytest.raises(ValidationError, match="async_scheduling: true runs one model process"):
+        AppConfig(async_scheduling=True, pipeline_parallel_size=2)
+    with pytest.raises(ValidationError, match="async_scheduling"):
+        AppConfig(async_scheduling="sometimes")
+
+
 def test_autoscaling_starts_within_its_bounds_under_our_policy() -> None:
     from app.builder import engine_scaling
 
