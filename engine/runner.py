@@ -29,12 +29,14 @@ from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
 from engine.models import ForwardBatch, model_class
 from engine.models.prepacked import PackMode
-from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage, micro_batches
+from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.preemption import ForwardPreempted, PreemptFlag, SharedPreemptFlag
 from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler
 from engine.sampling_params import SamplingParams
-from engine.shards import ShardGroup, ShardStep, ShardTier, SwapReport, SwapsInFlight
+from engine.prepared import PreparedStep
+from engine.runner_shards import ShardDriving
+from engine.shards import ShardGroup, ShardTier, SwapsInFlight
 from engine.step_logprobs import PromptRows, record_prompt_logprobs, sampled_logprobs
 from engine.swapper import BlockSwapper, HostKVTier
 from engine.tensor_parallel import SINGLE, TensorParallel
@@ -51,26 +53,11 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
-class _Prepared:
-    input_ids: list[int]
-    positions: list[int]
-    spans: list[SeqSpan]
-    # Logits rows: the sampled chunks' last tokens, then owed prompt positions.
-    logits_indices: list[int]
-    sampled: list[tuple[ScheduledChunk, RequestState]]
-    prompt_rows: list[PromptRows]
-    # Rows of `input_ids` whose token the pass in flight samples
-    # (`PENDING_TOKEN`), and that pass's rows they come from.
-    fill_rows: list[int]
-    fill_from: list[int]
-
-
-@dataclass(slots=True)
 class _Pending:
     """A launched plan (`ModelRunner.launch`) until `collect`."""
 
     plan: Plan
-    prepared: _Prepared | None
+    prepared: PreparedStep | None
     started: float
     # The sampled ids: on the device, their host copy and its event (CUDA).
     tokens: torch.Tensor | None = None
@@ -86,7 +73,7 @@ class _Pending:
     reads_logits: bool = False
 
 
-class ModelRunner:
+class ModelRunner(ShardDriving):
     def __init__(
         self,
         model_path: str | Path,
@@ -231,69 +218,6 @@ class ModelRunner:
         tensor-parallel shard and pipeline stage (host tier sizing)."""
         per_layer = self.kv_cache.bytes_per_block // self.model.num_layers
         return per_layer * self.config.num_hidden_layers * self.tp.size
-
-    # Tensor parallelism ---------------------------------------------------
-
-    def attach_shards(self, shards: ShardGroup) -> None:
-        """Drive `shards` (every shard but this one) from this runner, the
-        first shard's: each iteration's block ops and forward pass run on
-        all of them (engine/shards.py)."""
-        if self.rank != 0 or shards.size != self.world:
-            raise ValueError(f"rank {self.rank} of {self.world} cannot drive a group "
-                             f"of {shards.size}")
-        self.shards = shards
-
-    @property
-    def num_swaps_in_flight(self) -> int:
-        """Swap-ins and prefetches issued and not yet reported landed or
-        failed (on any shard)."""
-        own = 0 if self.swapper is None else self.swapper.num_in_flight
-        return max(own, self._swaps.pending) if self.shards is not None else own
-
-    def execute_shard(self, step: ShardStep) -> SwapReport:
-        """On a shard other than the first: this shard's slice of one
-        iteration (block ops, forward pass, logits for the first shard);
-        returns the swap-ins landed and failed here."""
-        if self.swapper is not None:
-            self.swapper.order_after_copies()
-            if step.block_ops:
-                self.swapper.apply(step.block_ops)
-        batch = _Prepared(step.input_ids, step.positions, step.spans,
-                          step.logits_indices, [], [], [], [])
-        if step.input_ids and self.pp.enabled:
-            with torch.inference_mode():
-                self._pipeline_pass(batch)
-        elif step.input_ids:
-            self.model.preempt = self.preempt_flag if step.preemptible else None
-            try:
-                with torch.inference_mode():
-                    hidden = self.model(self._forward_batch(batch), self.kv_cache)
-                    if step.logits_indices:
-                        self.model.compute_logits(hidden)
-            except ForwardPreempted:
-                pass  # the first shard cut the pass at the same layer
-            finally:
-                self.model.preempt = None
-        return self._poll_swaps(step.wait_s)
-
-    def forget_shard(self, job_id: str) -> None:
-        """`remove_request`'s part on a shard other than the first."""
-        if self.swapper is not None:
-            self.swapper.forget(job_id)
-
-    def _launch_shards(self, plan: Plan | None, prepared: _Prepared | None,
-                       wait_s: float = 0.0) -> None:
-        if self.shards is None:
-            return
-        step = ShardStep(wait_s=wait_s)
-        if plan is not None:
-            step.block_ops = list(plan.block_ops)
-            self._swaps.issued(plan.block_ops)
-            step.preemptible = plan.preemptible_at_layers
-        if prepared is not None:
-            step.input_ids, step.positions = prepared.input_ids, prepared.positions
-            step.spans, step.logits_indices = prepared.spans, prepared.logits_indices
-        self.shards.launch(step)
 
     # Model facts for the ingress ------------------------------------------
 
@@ -575,15 +499,7 @@ class ModelRunner:
             copy_rate=self.swapper.copy_rate.rate if self.swapper is not None else None,
         )
 
-    def _poll_swaps(self, wait_s: float) -> SwapReport:
-        """Swap-ins landed and failed (on every shard); ends the step the
-        other shards were launched on."""
-        own = ([], []) if self.swapper is None else self.swapper.poll(wait_s)
-        if self.shards is None:
-            return own
-        return self._swaps.combine([own, *self.shards.finish()])
-
-    def _logits(self, plan: Plan, prepared: _Prepared) -> torch.Tensor | None:
+    def _logits(self, plan: Plan, prepared: PreparedStep) -> torch.Tensor | None:
         """The forward pass and the lm_head: float32 logits of the rows in
         `prepared.logits_indices` (None where no row is wanted).  A
         decode-only step that fits a captured bucket replays its graph, and
@@ -608,44 +524,6 @@ class ModelRunner:
             return None
         return self.model.compute_logits(hidden)
 
-    def _pipeline_pass(self, prepared: _Prepared) -> torch.Tensor | None:
-        """This stage's part of a pass over pipeline stages
-        (engine/pipeline_parallel.py): micro-batch by micro-batch, from the
-        previous stage's hidden states to the next stage; the logits on
-        global rank 0 (None elsewhere)."""
-        pp, tp, dev = self.pp, self.tp, self.device
-        ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(prepared.positions, dtype=torch.long, device=dev)
-        in_flight: list[tuple[Any, torch.Tensor]] = []
-        finals: list[torch.Tensor] = []
-        places: list[int] = []
-        for mb in micro_batches(prepared.spans, prepared.logits_indices, pp.size):
-            batch = ForwardBatch(
-                ids[mb.rows], positions[mb.rows], self.attn.build_metadata(mb.spans),
-                torch.tensor(mb.logits_rows, dtype=torch.long, device=dev))
-            hidden = None if pp.first else pp.recv_prev(
-                (mb.rows.stop - mb.rows.start, self.config.hidden_size), self.dtype, dev,
-                tp.rank)
-            out = self.model(batch, self.kv_cache, hidden)
-            if not pp.last:
-                in_flight.append((pp.send_next(out, tp.rank), out))
-            elif mb.logits_rows:
-                finals.append(out)
-                places.extend(mb.logits_places)
-        for work, _ in in_flight:
-            work.wait()  # type: ignore[attr-defined]
-        rows = len(prepared.logits_indices)
-        logits = None
-        if pp.last and rows:
-            order = torch.tensor(places, device=dev).argsort()
-            logits = self.model.compute_logits(torch.cat(finals)[order])
-            if self.rank != 0 and tp.first:
-                assert logits is not None
-                pp.send_logits(logits)
-        if self.rank == 0 and rows and not pp.last:
-            logits = pp.recv_logits(rows, self.model.vocab_size, dev)
-        return logits if self.rank == 0 else None
-
     def logits(self, plan: Plan) -> torch.Tensor:
         """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order.
 
@@ -663,7 +541,7 @@ class ModelRunner:
         row = {c.job_id: i for i, (c, _) in enumerate(prepared.sampled)}
         return logits[[row[c.job_id] for c in plan.chunks if c.sample]]
 
-    def _prepare(self, plan: Plan) -> _Prepared:
+    def _prepare(self, plan: Plan) -> PreparedStep:
         """Flatten the plan's chunks (decodes first: the attention backend
         batches them in one call) into one forward batch.
 
@@ -706,7 +584,7 @@ class ModelRunner:
                 self._check_sample_point(chunk, state, in_flight)
                 logits_indices.append(len(input_ids) - 1)
                 sampled.append((chunk, state))
-        return _Prepared(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
+        return PreparedStep(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
                          prompt_rows, fill_rows, fill_from)
 
     def _pending_token(self, chunk: ScheduledChunk, state: RequestState, offset: int,
@@ -732,7 +610,7 @@ class ModelRunner:
                              "neither sampled nor in flight")
         return ids[:-1] + [state.output_token_ids[index]], 0
 
-    def _fill(self, prepared: _Prepared) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _fill(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rows of the step's ids, their sampled ids) for the tokens the
         pass in flight samples, read on the device; None if there are none."""
         if not prepared.fill_rows:
@@ -745,7 +623,7 @@ class ModelRunner:
             rows = rows.pin_memory().to(self.device, non_blocking=True)
         return rows[0], prev.tokens.index_select(0, rows[1]).to(torch.long)
 
-    def _forward_batch(self, prepared: _Prepared) -> ForwardBatch:
+    def _forward_batch(self, prepared: PreparedStep) -> ForwardBatch:
         dev = self.device
         ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
         fill = self._fill(prepared)
