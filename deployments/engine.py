@@ -32,7 +32,7 @@ from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound, bounded, load_report
-from scheduler.autoscale import replica_signals
+from scheduler.autoscale import replica_signals, tpot_ratio
 from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
 from scheduler.cost_fit import COEFFICIENTS, LiveCost, typical_batch
@@ -198,7 +198,7 @@ class Engine:
         # (scheduler/admission.py), as every policy but FCFS does.
         self.ttft_admission = adm.enabled and adm.max_queued_tokens is None
         cost = None
-        if self.cfg.policy != "fcfs" or self.ttft_admission:
+        if self.cfg.policy != "fcfs" or self.ttft_admission or self.cfg.autoscaling.enabled:
             from engine.profiler import estimate_cost
 
             cost = estimate_cost(self.runner, sched_cfg.block_size)
@@ -390,9 +390,15 @@ class Engine:
         online = sum(1 for j in jobs if j.job_class is JobClass.ONLINE)
         blocks = self.core.blocks
         kv_use = 1.0 - blocks.num_free / max(1, self.core.config.num_blocks)
+        scale = self.cfg.autoscaling
+        tpot = 0.0
+        if self.cost is not None:
+            since = time.monotonic() - scale.tpot_window_s
+            gaps = [g for t, g in list(self.loop.stats.decode_gaps) if t >= since]
+            lone = self.cost.decode_time(1)
+            tpot = tpot_ratio(gaps, lone, scale.tpot_slo_s or 3 * lone)
         return replica_signals(self._admission_figures(jobs), kv_use, online,
-                               len(jobs) - online,
-                               self.cfg.autoscaling.typical_prompt_tokens)
+                               len(jobs) - online, scale.typical_prompt_tokens, tpot)
 
     def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
         """What the Scheduler's offline pool hands work by

@@ -108,6 +108,8 @@ class EngineLoop:
             runner.on_launch = self.held.flush  # type: ignore[attr-defined]
             runner.defer_text = True  # type: ignore[attr-defined]
         self.stats = LoopStats()
+        # When the last iteration with decodes ended (None: idle since).
+        self._last_decode_end: float | None = None
         # Output lengths of finished jobs: the expected answer of a job whose
         # length is unknown (admission control).
         self.mean_output = MeanOutput(initial=min(256.0, core.config.max_model_len / 4))
@@ -324,6 +326,7 @@ class EngineLoop:
             if not self._busy() and self._inbox.empty():
                 self.held.flush()
                 self.held.raise_error()
+                self._last_decode_end = None
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
@@ -437,6 +440,11 @@ class EngineLoop:
             self.stats.interrupted_time += result.iteration_time
             return []
         if plan.chunks:
+            if any(c.is_decode for c in plan.chunks):
+                now = time.monotonic()
+                if self._last_decode_end is not None:
+                    self.stats.decode_gaps.append((now, now - self._last_decode_end))
+                self._last_decode_end = now
             self.stats.iterations += 1
             self.stats.forward_time += result.iteration_time
             self.stats.plan_time += it.plan_s

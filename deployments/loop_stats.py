@@ -39,6 +39,10 @@ class LoopStats:
     # reporter hands them to the dashboard's histograms.
     finished_latencies: deque[tuple[str, float, float | None]] = field(
         default_factory=lambda: deque(maxlen=100_000))
+    # (monotonic time, seconds since the previous iteration with decodes)
+    # of each iteration with decodes while the loop stayed busy: the cadence
+    # of running jobs' tokens, the autoscaler's TPOT signal.
+    decode_gaps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Forward times of the latest iterations, for steady-state figures.
     recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     # The latest iterations as run here: ((start_pos, num_tokens) of each

@@ -9,13 +9,20 @@ they are, so the engines report what admission already measures:
 - `ttft_ratio`: a typical newcomer's estimated TTFT on the replica (its
   queued prefill, decodes and measured iteration speed; scheduler/admission.py)
   over the TTFT objective: near 1 the replica is about to miss online SLOs;
+- `tpot_ratio`: how far its recent decode iterations (the time between a
+  running job's tokens) have moved from a lone decode's time towards the
+  TPOT objective: 0 idle or decoding alone, 1 at the objective.  Under
+  MLFQ a newcomer's prefill jumps the queue, so a busy replica keeps its
+  TTFT and lets every running job's TPOT stretch instead
+  (studies/autoscale/README.md): TTFT alone would not see that load;
 - `kv_use`: the share of its device KV blocks in use;
 - `online_jobs`, `offline_jobs`: what it holds of each class.
 
-Scale up as soon as the replicas, on average, have used `upscale_at` of the
-TTFT objective (or KV use passes `kv_high` with online work queued), for
-`upscale_delay_s`: to as many replicas as bring that average back to
-`upscale_at` if load spread evenly.  Scale down, one replica at a time,
+The load is the larger of the two ratios, each averaged over the replicas;
+both grow about linearly with the work a replica holds.  Scale up as soon as
+the load reaches `upscale_at` (or KV use passes `kv_high` with online work
+queued), for `upscale_delay_s`: to as many replicas as bring the load back
+to `upscale_at` if it spread evenly.  Scale down, one replica at a time,
 when the online load would still sit under `downscale_at` on one replica
 fewer, for `downscale_delay_s`: offline work never holds a replica up,
 since the replicas left absorb it in the capacity chat leaves idle.  A
@@ -32,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scheduler.admission import PrefillLoad, ttft_estimate
 
 
 class AutoscaleSettings(BaseModel):
@@ -50,6 +59,11 @@ class AutoscaleSettings(BaseModel):
     kv_high: float = Field(0.9, gt=0, le=1)
     # A typical newcomer's prompt, for the estimate.
     typical_prompt_tokens: int = Field(256, ge=1)
+    # The online TPOT objective of `tpot_ratio`.  None: 3x the replica's
+    # start-up estimate of a lone decode (ConServe's default, §6.1).
+    tpot_slo_s: float | None = Field(None, gt=0)
+    # Seconds of decode iterations that `tpot_ratio` averages.
+    tpot_window_s: float = Field(5.0, gt=0)
     upscale_delay_s: float = Field(5.0, ge=0)
     downscale_delay_s: float = Field(60.0, ge=0)
 
@@ -68,11 +82,13 @@ class ReplicaSignals:
     kv_use: float
     online_jobs: int
     offline_jobs: int
+    tpot_ratio: float = 0.0
 
     @classmethod
     def of(cls, metrics: Mapping[str, float]) -> "ReplicaSignals":
         return cls(float(metrics.get("ttft_ratio", 0.0)), float(metrics.get("kv_use", 0.0)),
-                   int(metrics.get("online_jobs", 0)), int(metrics.get("offline_jobs", 0)))
+                   int(metrics.get("online_jobs", 0)), int(metrics.get("offline_jobs", 0)),
+                   float(metrics.get("tpot_ratio", 0.0)))
 
 
 def desired_replicas(signals: Mapping[str, ReplicaSignals], current: int,
@@ -88,7 +104,9 @@ def desired_replicas(signals: Mapping[str, ReplicaSignals], current: int,
         return current, state
     reported = len(signals)
     # Load as if it spread over every replica, those still starting too.
-    ratio = sum(s.ttft_ratio for s in signals.values()) / max(current, reported)
+    spread = max(current, reported)
+    ratio = max(sum(s.ttft_ratio for s in signals.values()),
+                sum(s.tpot_ratio for s in signals.values())) / spread
     online = sum(s.online_jobs for s in signals.values())
     crowded = online > 0 and max(s.kv_use for s in signals.values()) >= settings.kv_high
     if ratio >= settings.upscale_at or crowded:
@@ -112,19 +130,30 @@ def desired_replicas(signals: Mapping[str, ReplicaSignals], current: int,
     return current, state
 
 
+def tpot_ratio(decode_gaps: list[float], lone_decode_s: float, tpot_slo_s: float) -> float:
+    """Where the mean of recent decode iterations' seconds lies between a
+    lone decode's (0) and the TPOT objective (1); 0 with none."""
+    if not decode_gaps:
+        return 0.0
+    gap = sum(decode_gaps) / len(decode_gaps)
+    span = tpot_slo_s - lone_decode_s
+    if span <= 0:  # an objective no decode can meet: any decoding is load
+        return gap / tpot_slo_s
+    return max(0.0, (gap - lone_decode_s) / span)
+
+
 def replica_signals(report: Mapping[str, Any], kv_use: float, online_jobs: int,
-                    offline_jobs: int, typical_prompt_tokens: int) -> dict[str, float]:
+                    offline_jobs: int, typical_prompt_tokens: int,
+                    tpot: float = 0.0) -> dict[str, float]:
     """An engine replica's autoscaling metrics from its admission figures
     (`scheduler.admission.load_report`): the TTFT estimate of a typical
     newcomer over the objective, or, where the replica bounds queued tokens
-    instead, its queued work over that bound."""
-    from scheduler.admission import PrefillLoad, ttft_estimate
-
+    instead, its queued work over that bound; `tpot` is its `tpot_ratio`."""
     prefill, slo = report.get("prefill"), report.get("ttft_slo_s")
     if prefill is not None and slo:
         ratio = ttft_estimate(PrefillLoad(**prefill), typical_prompt_tokens) / slo
     else:
         capacity = report.get("capacity_tokens") or math.inf
         ratio = 0.0 if math.isinf(capacity) else report.get("waiting_tokens", 0) / capacity
-    return {"ttft_ratio": ratio, "kv_use": kv_use, "online_jobs": float(online_jobs),
-            "offline_jobs": float(offline_jobs)}
+    return {"ttft_ratio": ratio, "tpot_ratio": tpot, "kv_use": kv_use,
+            "online_jobs": float(online_jobs), "offline_jobs": float(offline_jobs)}

@@ -467,3 +467,22 @@ def test_a_resumed_request_goes_on_from_the_clients_tokens():
                 {**r.model_dump(), "resume": [[1]]})
     finally:
         loop.stop()
+
+
+def test_decode_iterations_record_their_cadence_until_the_loop_idles():
+    runner = FakeRunner(step_s=0.004)
+    loop, sink, core = make_loop(runner)
+    try:
+        loop.submit(req("a", max_tokens=8))
+        sink.wait_finished({"a"})
+        first = list(loop.stats.decode_gaps)
+        # Prefill, then seven decodes: six gaps between decode iterations.
+        assert len(first) == 6
+        assert all(0.004 <= gap < 1.0 for _, gap in first)
+        time.sleep(0.05)  # idle: the next request's first gap is not this pause
+        loop.submit(req("b", max_tokens=3))
+        sink.wait_finished({"b"})
+        gaps = [g for _, g in list(loop.stats.decode_gaps)[len(first):]]
+        assert len(gaps) == 1 and gaps[0] < 0.05
+    finally:
+        loop.stop()

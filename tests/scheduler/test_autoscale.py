@@ -7,14 +7,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from scheduler.autoscale import AutoscaleSettings, ReplicaSignals, desired_replicas
+from scheduler.autoscale import (
+    AutoscaleSettings, ReplicaSignals, desired_replicas, replica_signals, tpot_ratio,
+)
 
 SETTINGS = AutoscaleSettings(enabled=True, min_replicas=1, max_replicas=4, upscale_at=0.5,
                              downscale_at=0.2, upscale_delay_s=5, downscale_delay_s=30)
 
 
-def sig(ratio: float, kv: float = 0.3, online: int = 4, offline: int = 0) -> ReplicaSignals:
-    return ReplicaSignals(ratio, kv, online, offline)
+def sig(ratio: float, kv: float = 0.3, online: int = 4, offline: int = 0,
+        tpot: float = 0.0) -> ReplicaSignals:
+    return ReplicaSignals(ratio, kv, online, offline, tpot)
 
 
 def replay(reports: list[tuple[float, dict[str, ReplicaSignals]]], current: int = 1,
@@ -109,3 +112,27 @@ def test_signals_come_from_the_admission_figures() -> None:
     assert bound["ttft_ratio"] == 0.25
     assert replica_signals({"waiting_tokens": 300, "capacity_tokens": float("inf")},
                            0.1, 2, 0, 256)["ttft_ratio"] == 0.0
+
+
+def test_decoding_slowed_towards_the_tpot_objective_scales_up_with_ttft_fine() -> None:
+    # MLFQ kept TTFT low (0.1 of its objective) while TPOT went 90 % of the
+    # way from a lone decode to its objective: 0.9 / 0.5 -> 2 replicas.
+    slow = {"a": sig(0.1, tpot=0.9)}
+    assert replay([(t, slow) for t in (0, 3, 6)]) == [1, 1, 2]
+    # And a replica decoding slowly is not let go either.
+    pair = {"a": sig(0.0, tpot=0.15), "b": sig(0.0, tpot=0.15)}
+    assert replay([(t, pair) for t in (0, 30, 60)], current=2) == [2, 2, 2]
+    idle = {"a": sig(0.0, tpot=0.05), "b": sig(0.0, tpot=0.0)}
+    assert replay([(t, idle) for t in (0, 30)], current=2) == [2, 1]
+
+
+def test_tpot_ratio_runs_from_a_lone_decode_to_the_objective() -> None:
+    assert tpot_ratio([], 0.02, 0.06) == 0.0
+    assert tpot_ratio([0.02, 0.02], 0.02, 0.06) == 0.0
+    assert tpot_ratio([0.01], 0.02, 0.06) == 0.0  # faster than the estimate
+    assert tpot_ratio([0.03, 0.05], 0.02, 0.06) == pytest.approx(0.5)
+    assert tpot_ratio([0.08], 0.02, 0.06) == pytest.approx(1.5)
+    # An objective below a lone decode: any decoding counts against it.
+    assert tpot_ratio([0.02], 0.02, 0.01) == pytest.approx(2.0)
+    metrics = replica_signals({}, 0.5, 3, 1, 256, tpot=0.7)
+    assert ReplicaSignals.of(metrics) == ReplicaSignals(0.0, 0.5, 3, 1, 0.7)
