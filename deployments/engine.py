@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any, AsyncIterator
 
@@ -227,6 +228,9 @@ class Engine:
                                ahead=self.cfg.schedules_ahead)
         self.loop.start()
         self.metrics = EngineMetrics(self.replica_id)
+        # The load reporter's latest admission figures (monotonic time,
+        # figures), which the autoscaling stats reuse.
+        self._last_admission: tuple[float, dict[str, Any]] = (-math.inf, {})
         self._reporter = asyncio.create_task(self._report_loop())
 
     # Called on the loop thread once per iteration with all its tokens.
@@ -391,14 +395,17 @@ class Engine:
         blocks = self.core.blocks
         kv_use = 1.0 - blocks.num_free / max(1, self.core.config.num_blocks)
         scale = self.cfg.autoscaling
+        at, figures = self._last_admission
+        if time.monotonic() - at > 1.0:  # the reporter's are older than a tick
+            figures = self._admission_figures(jobs)
         tpot = 0.0
         if self.cost is not None:
             since = time.monotonic() - scale.tpot_window_s
             gaps = [g for t, g in list(self.loop.stats.decode_gaps) if t >= since]
             lone = self.cost.decode_time(1)
             tpot = tpot_ratio(gaps, lone, scale.tpot_slo_s or 3 * lone)
-        return replica_signals(self._admission_figures(jobs), kv_use, online,
-                               len(jobs) - online, scale.typical_prompt_tokens, tpot)
+        return replica_signals(figures, kv_use, online, len(jobs) - online,
+                               scale.typical_prompt_tokens, tpot)
 
     def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
         """What the Scheduler's offline pool hands work by
@@ -442,9 +449,11 @@ class Engine:
                     # may add or drop jobs meanwhile.
                     jobs = list(self.core.jobs.values())
                     queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
+                    figures = self._admission_figures(jobs)
+                    self._last_admission = (time.monotonic(), figures)
                     await self.scheduler.report_load.remote(
                         self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
-                        len(jobs), self._admission_figures(jobs), offline=snap["offline"])
+                        len(jobs), figures, offline=snap["offline"])
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)

@@ -1,6 +1,6 @@
 """Fixed against autoscaled on the same bursty run (bursty.sh): online SLO
-attainment (TTFT within 2 s), TTFT percentiles, and replica-seconds over
-the run (from the once-a-second replica log).
+attainment (TTFT within 2 s), TTFT and TPOT percentiles, and
+replica-seconds over the run (from the once-a-second replica log).
 
     python -m studies.autoscale.report studies/autoscale/runs
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.metrics import tpot
 from bench.results import RunResult, load_result
 
 SLO_TTFT_S = 2.0
@@ -32,6 +33,7 @@ def one(out: Path, system: str) -> dict[str, Any]:
     t1 = start + max(r.end_time or r.send_time for r in rs)
     done = [r for r in rs if r.error is None and not r.rejected]
     ttft = [r.ttft for r in done if r.ttft is not None]
+    tpots = [t for t in (tpot(r) for r in done) if t is not None]
     log = [json.loads(x) for x in (out / f"{system}.replicas.jsonl").read_text().splitlines()]
     during = [x for x in log if t0 <= x["time"] <= t1 and x["running"] >= 0]
     # Once a second: replica-seconds is the sum of the counts.
@@ -42,6 +44,8 @@ def one(out: Path, system: str) -> dict[str, Any]:
         "ttft_within_slo": round(sum(1 for x in ttft if x <= SLO_TTFT_S) / max(1, len(rs)), 3),
         "ttft_p50_s": round(float(np.percentile(ttft, 50)), 3),
         "ttft_p99_s": round(float(np.percentile(ttft, 99)), 3),
+        "tpot_p50_s": round(float(np.percentile(tpots, 50)), 4),
+        "tpot_p99_s": round(float(np.percentile(tpots, 99)), 4),
         "duration_s": round(t1 - t0, 1), "replica_seconds": round(replica_s, 1),
         "max_replicas_seen": max((x["running"] for x in during), default=0),
     }
