@@ -108,8 +108,6 @@ class EngineLoop:
             runner.on_launch = self.held.flush  # type: ignore[attr-defined]
             runner.defer_text = True  # type: ignore[attr-defined]
         self.stats = LoopStats()
-        # When the last iteration with decodes ended (None: idle since).
-        self._last_decode_end: float | None = None
         # Output lengths of finished jobs: the expected answer of a job whose
         # length is unknown (admission control).
         self.mean_output = MeanOutput(initial=min(256.0, core.config.max_model_len / 4))
@@ -326,7 +324,7 @@ class EngineLoop:
             if not self._busy() and self._inbox.empty():
                 self.held.flush()
                 self.held.raise_error()
-                self._last_decode_end = None
+                self.stats.idle()
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
@@ -440,20 +438,15 @@ class EngineLoop:
             self.stats.interrupted_time += result.iteration_time
             return []
         if plan.chunks:
-            if any(c.is_decode for c in plan.chunks):
-                now = time.monotonic()
-                if self._last_decode_end is not None:
-                    self.stats.decode_gaps.append((now, now - self._last_decode_end))
-                self._last_decode_end = now
-            self.stats.iterations += 1
-            self.stats.forward_time += result.iteration_time
-            self.stats.plan_time += it.plan_s
-            self.stats.complete_time += it.complete_s
-            self.stats.recent_forward.append(result.iteration_time)
-            self.stats.recent_iterations.append((
-                tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks),
-                result.iteration_time, elapsed))
-            self._measure_speed(plan, elapsed)
+            self.stats.count_iteration(it, elapsed)
+            if self.live_cost is not None:
+                # The whole iteration, planning included: what separates an
+                # online job's tokens (its TPOT).
+                self.live_cost.observe(
+                    IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks), elapsed)
+            cfg = self.core.config
+            self.stats.measure_speed(plan, elapsed, cfg.max_batch_size, cfg.max_batch_tokens,
+                                     self.cost)
         trace = it.trace()
         if trace is not None:
             self.stats.recent_plans.append(trace)
@@ -476,27 +469,6 @@ class EngineLoop:
                 self._forget(ev.job_id)
             out.append(Delivery(ev, metrics))
         return out
-
-    def _measure_speed(self, plan: Plan, elapsed: float) -> None:
-        cfg = self.core.config
-        if self.live_cost is not None:
-            # The whole iteration, planning included: what separates an
-            # online job's tokens (its TPOT).
-            self.live_cost.observe(
-                IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks), elapsed)
-        full = (len(plan.chunks) >= 0.75 * cfg.max_batch_size
-                or plan.num_tokens >= 0.75 * cfg.max_batch_tokens)
-        if self.cost is not None and elapsed > 0:
-            decodes = sum(1 for c in plan.chunks if c.is_decode)
-            prompt = plan.num_tokens - decodes
-            if prompt:
-                ratio = elapsed / self.cost.batch_time(decodes, 0, prompt, 0)
-                self.stats.prefill_slowdown += 0.1 * (ratio - self.stats.prefill_slowdown)
-        if not full or elapsed <= 0:
-            return
-        sample = plan.num_tokens / elapsed
-        prev = self.stats.full_batch_tokens_per_s
-        self.stats.full_batch_tokens_per_s = sample if prev is None else prev + 0.1 * (sample - prev)
 
     def _forget(self, job_id: str) -> None:
         """A finished choice leaves its request's group."""

@@ -6,9 +6,13 @@ trace.  Read by the Engine deployment's stats and metrics."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from scheduler.cost import LinearCost
+from scheduler.iteration import Iteration
+from scheduler.plan import Plan
 from scheduler.trace import StepTrace
 
 
@@ -61,3 +65,44 @@ class LoopStats:
     # how much slower than the start-up cost model the replica runs now,
     # which scales its TTFT estimate (scheduler/admission.py).
     prefill_slowdown: float = 1.0
+    # When the last iteration with decodes ended (None: idle since).
+    last_decode_end: float | None = None
+
+    def count_iteration(self, it: Iteration, elapsed: float) -> None:
+        """An iteration that computed: its times, shape and decode cadence;
+        `elapsed`: its seconds from planning to completion."""
+        plan, spent = it.plan, it.result.iteration_time
+        if any(c.is_decode for c in plan.chunks):
+            now = time.monotonic()
+            if self.last_decode_end is not None:
+                self.decode_gaps.append((now, now - self.last_decode_end))
+            self.last_decode_end = now
+        self.iterations += 1
+        self.forward_time += spent
+        self.plan_time += it.plan_s
+        self.complete_time += it.complete_s
+        self.recent_forward.append(spent)
+        self.recent_iterations.append((
+            tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks), spent, elapsed))
+
+    def idle(self) -> None:
+        """The loop ran out of work: the next decode starts a new cadence."""
+        self.last_decode_end = None
+
+    def measure_speed(self, plan: Plan, elapsed: float, max_batch_size: int,
+                      max_batch_tokens: int, cost: LinearCost | None) -> None:
+        """How much slower than `cost` prompt iterations run, and the
+        tokens/s of (nearly) full ones."""
+        if cost is not None and elapsed > 0:
+            decodes = sum(1 for c in plan.chunks if c.is_decode)
+            prompt = plan.num_tokens - decodes
+            if prompt:
+                ratio = elapsed / cost.batch_time(decodes, 0, prompt, 0)
+                self.prefill_slowdown += 0.1 * (ratio - self.prefill_slowdown)
+        full = (len(plan.chunks) >= 0.75 * max_batch_size
+                or plan.num_tokens >= 0.75 * max_batch_tokens)
+        if not full or elapsed <= 0:
+            return
+        sample = plan.num_tokens / elapsed
+        prev = self.full_batch_tokens_per_s
+        self.full_batch_tokens_per_s = sample if prev is None else prev + 0.1 * (sample - prev)

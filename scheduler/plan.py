@@ -135,7 +135,9 @@ class JobOutput:
 class StepResult:
     step: int
     outputs: list[JobOutput]
-    # Measured (or, in the simulator, modelled) seconds of the forward pass.
+    # Measured (or, in the simulator, modelled) seconds of the forward pass;
+    # for a pass launched while another was in flight (scheduler/ahead.py),
+    # from that one's tokens landing to this one's: its share of the device.
     iteration_time: float
     # Jobs whose swap-in copies landed since the last result (all of that
     # job's SWAP_IN or PREFETCH blocks).  A synchronous engine reports the plan's own

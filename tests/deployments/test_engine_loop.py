@@ -408,13 +408,16 @@ def test_prompt_iterations_measure_how_far_the_replica_runs_over_its_cost_model(
                       cost=LinearCost(0.01, 0.001, 0.001))
     prompt = Plan(1, [ScheduledChunk("p", list(range(20)), 0, list(range(5)), True, 0)])
     decode = Plan(2, [ScheduledChunk("d", [3], 9, [2, 3, 4], True, 1)])
+    def measure(plan: Plan, elapsed: float) -> None:
+        loop.stats.measure_speed(plan, elapsed, 8, 64, loop.cost)
+
     assert loop.stats.prefill_slowdown == 1.0
-    loop._measure_speed(decode, 0.5)
+    measure(decode, 0.5)
     assert loop.stats.prefill_slowdown == 1.0
-    loop._measure_speed(prompt, 0.06)  # twice the model: 1 + 0.1 * (2 - 1)
+    measure(prompt, 0.06)  # twice the model: 1 + 0.1 * (2 - 1)
     assert loop.stats.prefill_slowdown == pytest.approx(1.1)
     for _ in range(100):
-        loop._measure_speed(prompt, 0.06)
+        measure(prompt, 0.06)
     assert loop.stats.prefill_slowdown == pytest.approx(2.0, rel=1e-3)
 
 
