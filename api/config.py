@@ -293,13 +293,16 @@ _FROM_TOKENS = {"num_blocks": "kv_cache_tokens", "host_kv_blocks": "host_kv_toke
 def _in_app_terms(error: ValidationError) -> str:
     """The scheduler's verdict on the derived config, naming the fields a
     user writes: its only checks beyond the shared fields' own (already
-    passed here) are on the KV cache it is given, `kv_cache_tokens`."""
+    passed here) are on the KV cache it is given, `kv_cache_tokens`, and
+    on the host tier that `survival.checkpoint` needs."""
     problems = []
     for e in error.errors():
         loc = ".".join(str(p) for p in e["loc"])
         msg = str(e["msg"]).removeprefix("Value error, ")
         if loc in _FROM_TOKENS:
             problems.append(f"{_FROM_TOKENS[loc]} ({loc} = {e['input']}): {msg}")
+        elif not loc and msg.startswith("survival.checkpoint"):
+            problems.append(msg)
         else:
             problems.append(f"{loc or 'kv_cache_tokens'}: {msg}")
     return "; ".join(problems)

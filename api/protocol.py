@@ -357,11 +357,18 @@ class GenerateRequest(BaseModel):
     # has (the engine recomputes their KV and goes on from there), or None
     # for a choice that had finished.
     resume: list[list[int] | None] | None = None
+    # Set by the engine replica that resumes it: per choice, how many of its
+    # KV blocks the host tier holds from the failed replica's checkpoints
+    # (`survival.checkpoint`), fetched instead of recomputed.
+    resume_kv_blocks: list[int] | None = None
 
     @model_validator(mode="after")
     def _resume_per_choice(self) -> "GenerateRequest":
         if self.resume is not None and len(self.resume) != self.n:
             raise ValueError(f"resume lists {len(self.resume)} choices, the request {self.n}")
+        if self.resume_kv_blocks is not None and (
+                self.resume is None or len(self.resume_kv_blocks) != self.n):
+            raise ValueError("resume_kv_blocks goes with resume, one count per choice")
         return self
 
 

@@ -243,6 +243,23 @@ class Engine:
             if target is not None:
                 target[0].put_nowait(d)
 
+    async def _checkpointed(self, req: GenerateRequest) -> list[int] | None:
+        """Per choice of a request resumed from a failed replica, the KV
+        blocks its checkpoints left in the application's host tier
+        (`survival.checkpoint`); None where there is nothing to look up.
+        The split model's shards keep theirs under keys of their own, which
+        this does not look up: they recompute."""
+        tier = self.kv_tier
+        if tier is None or not self.cfg.survival.checkpoint or self.shards is not None:
+            return None
+        assert req.resume is not None
+        ids = choice_job_ids(req.request_id, req.n)
+        held = [0 if out is None else await asyncio.to_thread(tier.held, job_id)
+                for job_id, out in zip(ids, req.resume)]
+        log.info("request %s resumes with %s KV blocks of its choices checkpointed",
+                 req.request_id, held)
+        return held
+
     async def generate(self, requests: list[dict[str, Any]], replica: str | None = None
                        ) -> AsyncIterator[list[dict[str, Any]]]:
         """Stream the output of one client request: its prompts (one
@@ -268,6 +285,8 @@ class Engine:
         jobs = list(running)
         try:
             for req in reqs:
+                if req.resume is not None:
+                    req.resume_kv_blocks = await self._checkpointed(req)
                 self.loop.submit(req)
             while running:
                 items = [await q.get()]
@@ -353,7 +372,9 @@ class Engine:
             "tokens_out": ls.tokens_out,
             "interrupted_passes": ls.interrupted,
             "tokens_by_class": dict(ls.tokens_by_class),
-            "resumed": {"jobs": ls.resumed_jobs, "tokens_recomputed": ls.resumed_tokens},
+            "resumed": {"jobs": ls.resumed_jobs,
+                        "tokens_recomputed": ls.resumed_tokens - ls.resumed_kv_tokens,
+                        "tokens_fetched": ls.resumed_kv_tokens},
             "preemptions_by_class": dict(ls.preemptions_by_class),
             "recent_forward_s": list(ls.recent_forward),
             "open_streams": len(self._streams),

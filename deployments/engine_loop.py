@@ -292,7 +292,10 @@ class EngineLoop:
                 if i > 0 and share:
                     self.core.add(job, share_prompt_with=ids[0])
                 else:
-                    self.core.add(job)
+                    held = req.resume_kv_blocks[i] if req.resume_kv_blocks else 0
+                    self.core.add(job, host_blocks=held)
+                    if job.num_checkpointed_blocks:
+                        self.stats.resumed_kv_tokens += job.num_computed_tokens
                 self._jobs[job_id] = job
                 params = self.make_params(req, i)
                 if outputs and req.prompt_logprobs is not None:

@@ -35,9 +35,12 @@ class LoopStats:
     # (ConServe: offline work's tokens/s and how often it gave way).
     tokens_by_class: dict[str, int] = field(default_factory=dict)
     # Choices resumed here after their replica failed (deployments/resume.py),
-    # and the tokens (prompt and outputs) recomputed for them.
+    # and their tokens (prompt and outputs) whose KV was to be rebuilt.
     resumed_jobs: int = 0
     resumed_tokens: int = 0
+    # Of those tokens, the ones whose KV came from the failed replica's
+    # checkpoints instead of being recomputed (`survival.checkpoint`).
+    resumed_kv_tokens: int = 0
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
     # (class, TTFT, TPOT or None) of finished jobs, until the replica's
     # reporter hands them to the dashboard's histograms.

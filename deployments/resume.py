@@ -14,9 +14,10 @@ and no duplicate, and greedy text is that of an uninterrupted run (exactly
 so in float32 and in deterministic mode).  Choices that had finished are
 not run again.
 
-What is not done: the new replica recomputes every token of a resumed
-choice; it does not fetch checkpointed KV blocks from the object store
-(planned).
+With `survival.checkpoint`, the new replica first asks the application's
+KV directory how many of each choice's blocks the failed replica's
+checkpoints left there (`Engine._checkpointed`), fetches those and
+recomputes only the tokens past them (`SchedulerCore.add(host_blocks=)`).
 """
 
 from __future__ import annotations

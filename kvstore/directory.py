@@ -42,6 +42,8 @@ from typing import Any
 import ray
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvstore.held import leading_blocks
+
 log = logging.getLogger(__name__)
 
 DIRECTORY_NAMESPACE = "preempt-serve"
@@ -120,6 +122,11 @@ class KVDirectory:
             return None
         self.bytes_out += sum(entry[i][1] for i in indices)
         return [[entry[i][0]] for i in indices]
+
+    def held(self, job_id: str) -> int:
+        """How many of the job's blocks, from block 0 on without a gap, are
+        stored: what a replica resuming the job can fetch."""
+        return leading_blocks(self.blocks.get(job_id, {}))
 
     def drop(self, job_id: str) -> int:
         """Forget the job's blocks; returns the bytes freed."""

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from engine.swapper import HostKVTier
+from kvstore.held import leading_blocks
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,16 @@ class ThreadedHostTier(HostKVTier, ABC):
 
     def drop(self, job_id: str) -> None:
         self._pool.submit(self._drop_sync, job_id)
+
+    def held(self, job_id: str) -> int:
+        """How many of `job_id`'s blocks, from block 0 on without a gap, the
+        tier holds, once the copies queued before have run: the checkpoint
+        a job resumes from on another replica (`survival.checkpoint`)."""
+        try:
+            return self._pool.submit(self._held, job_id).result()
+        except Exception as e:  # the directory is gone: nothing to resume from
+            log.warning("lookup of %s failed: %r", job_id, e)
+            return 0
 
     def landed(self) -> list[tuple[str, torch.Tensor | None]]:
         """Fetches completed since the last call (None: the blocks were lost)."""
@@ -154,6 +165,9 @@ class ThreadedHostTier(HostKVTier, ABC):
     @abstractmethod
     def _remove(self, job_id: str) -> None: ...
 
+    @abstractmethod
+    def _held(self, job_id: str) -> int: ...
+
 
 class LocalHostTier(ThreadedHostTier):
     def __init__(self, capacity_bytes: int) -> None:
@@ -187,6 +201,10 @@ class LocalHostTier(ThreadedHostTier):
         with self._lock:
             for t in self._store.pop(job_id, {}).values():
                 self.used -= t.numel() * t.element_size()
+
+    def _held(self, job_id: str) -> int:
+        with self._lock:
+            return leading_blocks(self._store.get(job_id, {}))
 
 
 class ObjectStoreTier(ThreadedHostTier):
@@ -238,6 +256,9 @@ class ObjectStoreTier(ThreadedHostTier):
         # Fire and forget: the directory applies it in order after this
         # replica's earlier puts.
         self.directory.drop.remote(job_id)
+
+    def _held(self, job_id: str) -> int:
+        return int(self._call("held", job_id))
 
 
 class _Wire:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from scheduler.config import ConserveConfig
+from scheduler.config import ConserveConfig, SurvivalConfig
 from scheduler.job import Job
 from scheduler.plan import BlockOp
 from scheduler.swap import SwapManager
@@ -43,6 +43,24 @@ def plan_checkpoints(swap: SwapManager, victims_first: Iterable[Job],
     budget = swap.copies_per_iteration(cfg.checkpoint_max_blocks)
     for job in candidates[:n]:
         if budget <= 0 or swap.host_free <= 0:
+            break
+        got = swap.checkpoint(job, budget)
+        budget -= len(got)
+        ops += got
+    return ops
+
+
+def survival_checkpoints(swap: SwapManager, running: Iterable[Job],
+                         cfg: SurvivalConfig) -> list[BlockOp]:
+    """CHECKPOINT ops that keep every running job's KV copied to the host
+    tier up to its last `every_blocks` full blocks (`survival.checkpoint`),
+    within the iteration's copy budget; the jobs furthest behind first."""
+    behind = sorted(((swap.checkpointable(j), j) for j in running),
+                    key=lambda x: -x[0])
+    budget = swap.copies_per_iteration(cfg.max_blocks_per_iteration)
+    ops: list[BlockOp] = []
+    for n, job in behind:
+        if n < cfg.every_blocks or budget <= 0 or swap.host_free <= 0:
             break
         got = swap.checkpoint(job, budget)
         budget -= len(got)

@@ -161,6 +161,26 @@ class EconoserveConfig(BaseModel):
         return v
 
 
+class SurvivalConfig(BaseModel):
+    """Incremental KV checkpoints of every running job, so that a job whose
+    engine replica dies resumes elsewhere from its last checkpoint instead
+    of recomputing its whole context (ConServe §4.4's mechanism, for every
+    class; deployments/resume.py re-admits it, the host tier's blocks
+    outlive their writer: kvstore/directory.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Copy each running job's full KV blocks to the host tier as they fill.
+    checkpoint: bool = False
+    # A job's blocks are copied once it has this many full ones without a
+    # copy: fewer, larger copies; at most this many blocks' worth of tokens
+    # (times block_size) is recomputed after a failure.
+    every_blocks: int = Field(4, ge=1)
+    # Blocks copied per iteration, at most (and at most what the tier
+    # stores while one iteration computes, as ConServe's I/O budget).
+    max_blocks_per_iteration: int = Field(64, ge=1)
+
+
 class SchedulingSettings(BaseModel):
     """The scheduling fields a user sets as they are.  The KV sizes are not
     here: the scheduler counts them in blocks, a user in tokens."""
@@ -187,6 +207,7 @@ class SchedulingSettings(BaseModel):
     mlfq: MLFQConfig = MLFQConfig()
     conserve: ConserveConfig = ConserveConfig()
     econoserve: EconoserveConfig = EconoserveConfig()
+    survival: SurvivalConfig = SurvivalConfig()
 
     @field_validator("policy")
     @classmethod
@@ -213,6 +234,13 @@ class SchedulerConfig(SchedulingSettings):
                 f"({self.num_blocks} blocks of {self.block_size}) cannot hold one "
                 f"sequence of max_model_len = {self.max_model_len}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _survival_needs_a_host_tier(self) -> "SchedulerConfig":
+        if self.survival.checkpoint and not self.host_kv_blocks:
+            raise ValueError("survival.checkpoint copies KV to the host tier: set "
+                             "host_kv_tokens above 0")
         return self
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.blocks import BlockManager
+from scheduler.checkpoint import survival_checkpoints
 from scheduler.config import SchedulerConfig
 from scheduler.job import Job, JobState
 from scheduler.plan import BlockOpKind, Plan, StepResult, TokenLogprob
@@ -76,11 +77,16 @@ class SchedulerCore:
 
     # Lifecycle ----------------------------------------------------------
 
-    def add(self, job: Job, share_prompt_with: str | None = None) -> None:
+    def add(self, job: Job, share_prompt_with: str | None = None,
+            host_blocks: int = 0) -> None:
         """Admit `job`.  With `share_prompt_with`, `job` is a sibling of that
         already-added job (same prompt, another completion of one request):
         it reuses the prompt's KV blocks instead of prefilling them
-        (`scheduler/sharing.py`)."""
+        (`scheduler/sharing.py`).  With `host_blocks`, the host tier already
+        holds the KV of the job's first `host_blocks` blocks (checkpointed
+        by a replica that died, `survival.checkpoint`): it starts as a job
+        discarded to its checkpoint does, prefetching them and computing
+        only the tokens past them."""
         if job.job_id in self.jobs:
             raise ValueError(f"duplicate job id {job.job_id}")
         if job.num_prompt_tokens == 0:
@@ -100,10 +106,17 @@ class SchedulerCore:
                     f"{job.job_id} and {share_prompt_with} have different prompts")
             if job.num_computed_tokens or job.block_table:
                 raise ValueError(f"{job.job_id} already has KV")
+        if host_blocks:
+            if leader is not None:
+                raise ValueError(f"{job.job_id} cannot both share a prompt and resume KV")
+            # Its last token stays to be computed: it samples the next one.
+            host_blocks = min(host_blocks, (job.num_tokens - 1) // self.config.block_size)
         job.arrival_seq = next(self._arrivals)
         self.jobs[job.job_id] = job
         if leader is not None and self.sharing.attach(job, leader):
             return  # held until its leader has computed the shared blocks
+        if host_blocks > 0:
+            self.swap.adopt(job, host_blocks)
         self.policy.add(job)
 
     def abort(self, job_id: str) -> bool:
@@ -138,6 +151,11 @@ class SchedulerCore:
             for op in plan.block_ops:
                 if op.kind in _FETCHES and op.block_index == 0:
                     self.jobs[op.job_id].swap_in_issued_at = now
+        survival = self.config.survival
+        if survival.checkpoint and self.swap.host_capacity:
+            jobs = self.jobs
+            plan.block_ops += survival_checkpoints(
+                self.swap, (jobs[c.job_id] for c in plan.chunks), survival)
         # Drops of finished / aborted jobs' host copies go first.
         if self.swap.pending_ops:
             plan.block_ops[:0] = self.swap.take_pending()

@@ -140,6 +140,16 @@ class SwapManager:
         self._to_host(job)
         self.num_checkpoint_discards += 1
 
+    def adopt(self, job: Job, num_blocks: int) -> None:
+        """`job` arrives with the KV of its first `num_blocks` blocks already
+        in the host tier (written by another replica): it is where
+        `discard_to_checkpoint` leaves a job, and comes back by PREFETCH."""
+        assert not job.block_table and job.swap_pending is None, job.job_id
+        job.num_checkpointed_blocks = job.num_host_blocks = num_blocks
+        job.num_computed_tokens = num_blocks * self.blocks.block_size
+        self.host_used += num_blocks
+        self._to_host(job)
+
     def can_swap_out(self, job: Job) -> bool:
         return (
             job.swap_pending is None

@@ -489,3 +489,24 @@ def test_decode_iterations_record_their_cadence_until_the_loop_idles():
         assert len(gaps) == 1 and gaps[0] < 0.05
     finally:
         loop.stop()
+
+
+def test_a_resumed_choice_starts_from_the_blocks_its_checkpoints_left():
+    runner = FakeRunner()  # lands no fetch: the job waits for its blocks
+    loop, sink, core = make_loop(runner, host_kv_blocks=16,
+                                 survival={"checkpoint": True})
+    try:
+        r = req("back", n_prompt=10, max_tokens=6)
+        r = r.model_copy(update={"resume": [[7, 8]], "resume_kv_blocks": [2]})
+        loop.submit(r)
+        deadline = time.monotonic() + 5
+        while "back" not in core.jobs:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        job = core.jobs["back"]
+        assert job.num_checkpointed_blocks == 2 and job.output_token_ids == [7, 8]
+        assert loop.stats.resumed_kv_tokens == 8 and loop.stats.resumed_tokens == 12
+    finally:
+        loop.stop()
+    with pytest.raises(ValueError, match="resume_kv_blocks goes with resume"):
+        GenerateRequest.model_validate({**req("x").model_dump(), "resume_kv_blocks": [1]})

@@ -1,7 +1,9 @@
 """A replica's death mid-generation loses no request: two engine replicas,
 16 streams, one replica killed (`ray.kill` on its actor) while they run;
 every stream ends normally with the text an undisturbed run gives
-(deployments/resume.py; float32, greedy)."""
+(deployments/resume.py; float32, greedy): with the KV recomputed on the
+replica that takes a stream over, and with it fetched from the checkpoints
+the dead replica left in the application's host tier (`survival`)."""
 
 from __future__ import annotations
 
@@ -24,17 +26,22 @@ TWO_CONFIG = {
     "admission": {"enabled": False},
 }
 N = 48
+# Every running job's full blocks copied to the host tier four at a time;
+# blocks of 4 tokens, so that the streams' first tokens fill some before the
+# kill (a prompt here is about 10 tokens).
+CHECKPOINTED = {**TWO_CONFIG, "block_size": 4, "host_kv_tokens": 16384,
+                "survival": {"checkpoint": True, "every_blocks": 4}}
 
 
-def body(prompt: str) -> dict:
-    return {"prompt": prompt, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+def body(prompt: str, n: int = N) -> dict:
+    return {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
             "stream": True}
 
 
 async def _stream(c: httpx.AsyncClient, url: str, prompt: str, started: asyncio.Event,
-                  counts: list[int], i: int) -> tuple[str, list[str]]:
+                  counts: list[int], i: int, kill_after: int, n: int) -> tuple[str, list[str]]:
     text, events = "", []
-    async with c.stream("POST", url, json=body(prompt)) as r:
+    async with c.stream("POST", url, json=body(prompt, n)) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
@@ -46,7 +53,7 @@ async def _stream(c: httpx.AsyncClient, url: str, prompt: str, started: asyncio.
             assert "error" not in chunk, chunk
             text += chunk["choices"][0]["text"]
             counts[i] += 1
-            if min(counts) >= 4:
+            if min(counts) >= kill_after:
                 started.set()
     return text, events
 
@@ -58,11 +65,28 @@ def _engine_actors(app: str) -> list[str]:
             if a["namespace"] == "serve" and f"SERVE_REPLICA::{app}#Engine#" in a["name"]]
 
 
-def test_streams_survive_the_death_of_their_replica(server):
+def _resumed(app: str) -> dict[str, dict[str, int]]:
+    """The live engine replicas' resume figures (Serve routes each call to
+    some replica: enough calls reach each)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("Engine", app_name=app)
+    seen: dict[str, dict[str, int]] = {}
+    for _ in range(16):
+        st = handle.stats.remote().result()
+        seen[str(st["replica"])] = st["resumed"]
+    return seen
+
+
+@pytest.mark.parametrize("config", ["recompute", "checkpoints"])
+def test_streams_survive_the_death_of_their_replica(server, config: str):
     import ray
     from ray import serve
 
-    base = _deploy(server, "two", TWO_CONFIG)
+    base = _deploy(server, "two", TWO_CONFIG if config == "recompute" else CHECKPOINTED)
+    # With checkpoints, longer streams: the copies run behind the passes,
+    # and the kill waits for every stream to have some.
+    n = N if config == "recompute" else 4 * N
     try:
         engines = _engine_actors("two")
         assert len(engines) == 2, engines
@@ -73,21 +97,34 @@ def test_streams_survive_the_death_of_their_replica(server):
             counts = [0] * len(prompts)
             async with httpx.AsyncClient(timeout=300) as c:
                 tasks = [asyncio.create_task(_stream(c, f"{base}/v1/completions", p, started,
-                                                     counts, i))
+                                                     counts, i, 4, n))
                          for i, p in enumerate(prompts)]
                 await asyncio.wait_for(started.wait(), 120)
+                if config == "checkpoints":
+                    # The copies run behind the passes: kill once every
+                    # stream's KV has some in the host tier.
+                    sched = serve.get_deployment_handle("Scheduler", app_name="two")
+                    for _ in range(200):
+                        tier = await sched.stats.remote()
+                        if tier["kv_tier"]["jobs"] >= len(prompts):
+                            break
+                        await asyncio.sleep(0.05)
+                    assert tier["kv_tier"]["jobs"] >= len(prompts), (tier["kv_tier"], counts)
                 # Every stream has tokens; none has all of them yet.
-                assert max(counts) < N
+                assert max(counts) < n
                 ray.kill(ray.get_actor(engines[0], namespace="serve"), no_restart=False)
                 return await asyncio.gather(*tasks)
 
         got = asyncio.run(run())
         stats = serve.get_deployment_handle("Scheduler", app_name="two").stats.remote().result()
         assert stats["resumed"] > 0, stats
+        seen = _resumed("two")
+        fetched = sum(r["tokens_fetched"] for r in seen.values())
+        assert (fetched > 0) if config == "checkpoints" else (fetched == 0), (seen, stats)
         for p, (text, events) in zip(prompts, got):
             assert events[-1] == "[DONE]"
             ref = httpx.post(f"{server}/v1/completions",
-                             json={**body(p), "stream": False}, timeout=300).json()
+                             json={**body(p, n), "stream": False}, timeout=300).json()
             assert text == ref["choices"][0]["text"], p
     finally:
         serve.delete("two")

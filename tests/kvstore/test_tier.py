@@ -62,6 +62,8 @@ def test_object_store_blocks_survive_the_writer(ray_cluster):
     ray.kill(w)  # the replica that offloaded the blocks dies
 
     reader = ObjectStoreTier(directory)
+    # What a replica resuming the job finds (`survival.checkpoint`).
+    assert reader.held("job-a") == 5 and reader.held("job-b") == 0
     got = reader.fetch("job-a", list(range(5))).result()
     assert got is not None and torch.equal(got, blocks(5, seed=7))
     assert reader.stats.bytes_fetched == written
@@ -188,3 +190,15 @@ def test_an_offload_waits_for_its_copy_to_be_ready() -> None:
     assert fut.result()
     got = tier.fetch("j", [0, 1]).result()
     assert got is not None and torch.equal(got, torch.ones(2, 3, 4))
+
+
+def test_held_counts_the_leading_blocks_without_a_gap() -> None:
+    tier = LocalHostTier(capacity_bytes=10**6)
+    data = blocks(4, seed=1)
+    assert tier.held("j") == 0
+    tier.offload("j", [0, 1, 3], data[:3])
+    assert tier.held("j") == 2  # block 2 missing: only 0 and 1 are usable
+    tier.offload("j", [2], data[3:])
+    assert tier.held("j") == 4
+    tier.drop("j")
+    assert tier.held("j") == 0

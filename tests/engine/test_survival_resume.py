@@ -1,0 +1,117 @@
+"""A job resumed on another runner from the checkpoints its first runner
+left in the shared host tier (`survival.checkpoint`, `SchedulerCore.add(...,
+host_blocks=)`): the greedy tokens of an uninterrupted run, with only the
+tokens past the last checkpoint recomputed (float32)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from kvstore.tier import LocalHostTier
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from scheduler.iteration import IterationDriver, OnWallClock
+from scheduler.job import Job
+from scheduler.plan import BlockOpKind
+from tests.engine.helpers import random_prompts
+
+BLOCK = 4
+PROMPTS = random_prompts([13, 22, 9], seed=11)
+MAX_TOKENS = 24
+
+
+def make_runner(path: Path, tier: LocalHostTier) -> ModelRunner:
+    runner = ModelRunner(path, "float32", "cpu", num_blocks=64, block_size=BLOCK,
+                         max_model_len=96, num_threads=1, attention_backend="torch")
+    runner.set_kv_tier(tier)
+    return runner
+
+
+def make_core(checkpoint: bool) -> SchedulerCore:
+    clock = itertools.count()
+    return SchedulerCore(SchedulerConfig(
+        policy="fcfs", block_size=BLOCK, num_blocks=64, max_batch_size=8, max_batch_tokens=32,
+        max_model_len=96, host_kv_blocks=200,
+        survival={"checkpoint": checkpoint, "every_blocks": 2}),
+        clock=lambda: float(next(clock)))
+
+
+def serve(runner: ModelRunner, core: SchedulerCore, tokens: dict[str, list[int]],
+          max_steps: int = 1_000) -> list[list[tuple[str, int, int, object]]]:
+    """Step until done or `max_steps`; returns each plan's (job, start,
+    tokens, op kinds) for the checks."""
+    driver = IterationDriver(core, OnWallClock(runner))
+    plans = []
+    for _ in range(max_steps):
+        if not core.has_work and not core.swap.pending_ops:  # drops ride on plans
+            break
+        it = driver.step()
+        plans.append([(c.job_id, c.start_pos, c.num_tokens, None) for c in it.plan.chunks]
+                     + [(o.job_id, o.block_index, 0, o.kind) for o in it.plan.block_ops])
+        for ev in it.events:
+            assert ev.token_id is not None
+            tokens[ev.job_id].append(ev.token_id)
+    return plans
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_path: Path) -> dict[str, list[int]]:
+    runner = make_runner(tiny_llama_path, LocalHostTier(10**8))
+    core = make_core(checkpoint=False)
+    out: dict[str, list[int]] = {j: [] for j in PROMPTS}
+    for j, p in PROMPTS.items():
+        core.add(Job(j, p, MAX_TOKENS, arrival_time=0.0))
+        runner.add_request(j, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
+                                             ignore_eos=True), p)
+    serve(runner, core, out)
+    assert all(len(t) == MAX_TOKENS for t in out.values())
+    return out
+
+
+def test_a_job_goes_on_from_its_checkpoints_on_another_runner(
+        tiny_llama_path: Path, reference: dict[str, list[int]]) -> None:
+    tier = LocalHostTier(10**8)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    first, core = make_runner(tiny_llama_path, tier), make_core(checkpoint=True)
+    got: dict[str, list[int]] = {j: [] for j in PROMPTS}
+    for j, p in PROMPTS.items():
+        core.add(Job(j, p, MAX_TOKENS, arrival_time=0.0))
+        first.add_request(j, params, p)
+    plans = serve(first, core, got, max_steps=14)
+    checkpointed = {x[0] for plan in plans for x in plan if x[3] is BlockOpKind.CHECKPOINT}
+    assert checkpointed == set(PROMPTS)
+    # The first runner dies: its device KV is gone, its checkpoints stay.
+    del first, core
+    second, core = make_runner(tiny_llama_path, tier), make_core(checkpoint=True)
+    held: dict[str, int] = {}
+    adopted: dict[str, int] = {}
+    for j, p in PROMPTS.items():
+        assert 0 < len(got[j]) < MAX_TOKENS
+        held[j] = tier.held(j)
+        job = Job(j, p, MAX_TOKENS, arrival_time=0.0)
+        job.output_token_ids = list(got[j])
+        core.add(job, host_blocks=held[j])
+        adopted[j] = job.num_checkpointed_blocks
+        second.add_request(j, params, p, output_token_ids=got[j])
+        assert job.num_computed_tokens == min(held[j], (len(p) + len(got[j]) - 1) // BLOCK) * BLOCK
+        assert len(p) + len(got[j]) - job.num_computed_tokens < 3 * BLOCK  # the tail only
+    plans = serve(second, core, got)
+    assert got == reference
+    fetched = {x[0]: x[1] + 1 for plan in plans for x in plan if x[3] is BlockOpKind.PREFETCH}
+    assert fetched == adopted and all(n > 0 for n in adopted.values())
+    # Each job's first chunk here starts where its checkpoint ends.
+    starts: dict[str, int] = {}
+    for plan in plans:
+        for job_id, start, _, kind in plan:
+            if kind is None:
+                starts.setdefault(job_id, start)
+    assert starts == {j: n * BLOCK for j, n in adopted.items()}
+    # Finished, the jobs' host copies were dropped.
+    tier.flush()
+    assert all(tier.held(j) == 0 for j in PROMPTS)
+    assert core.blocks.num_free == core.blocks.num_blocks and core.swap.host_used == 0
