@@ -2,16 +2,18 @@
 # Kill one of two engine replicas in the middle of a ShareGPT run near 70 %
 # of the pair's capacity; what became of the requests (studies/survival/README.md).
 #   bash studies/survival/replica_kill.sh [N] [KILL_AT_S]
+# CONFIG=studies/survival/two_replicas_checkpoints.yaml: with survival checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source studies/serve_lib.sh
 N=${N:-${1:-300}}
 KILL_AT=${KILL_AT:-${2:-120}}
 OUT=${OUT:-studies/survival/runs}
+CONFIG=${CONFIG:-studies/survival/two_replicas.yaml}
 mkdir -p "$OUT"
 export RAY_AUTH_MODE=disabled
 trap stop_server EXIT
-start_server studies/survival/two_replicas.yaml "$OUT/server.log"
+start_server "$CONFIG" "$OUT/server.log"
 # Capacity of the pair: 64 requests at once.
 python -m bench run --base-url http://127.0.0.1:8000/v1 --rate inf -n 64 --seed 7 \
   --out "$OUT/probe.json" > "$OUT/probe.log"

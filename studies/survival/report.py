@@ -51,6 +51,7 @@ def main() -> None:
     engines = after["engine_stats"]
     choices = sum((e.get("resumed") or {}).get("jobs", 0) for e in engines)
     recomputed = sum((e.get("resumed") or {}).get("tokens_recomputed", 0) for e in engines)
+    fetched = sum((e.get("resumed") or {}).get("tokens_fetched", 0) for e in engines)
     report = {
         "requests": len(records),
         "completed": sum(1 for r in records if r.error is None and not r.rejected),
@@ -61,6 +62,9 @@ def main() -> None:
         "resumed_requests": after["resumed"], "resumed_choices": choices,
         "tokens_recomputed_per_resumed_choice":
             round(recomputed / choices, 1) if choices else None,
+        # Their KV fetched from the failed replica's checkpoints instead.
+        "tokens_fetched_per_resumed_choice":
+            round(fetched / choices, 1) if choices else None,
         "before_kill": window(records, 0.0, killed_at - 30.0),
         "around_kill": window(records, killed_at - 30.0, killed_at + RECOVERY_S),
         "after": window(records, killed_at + RECOVERY_S, float("inf")),

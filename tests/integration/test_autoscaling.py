@@ -35,8 +35,11 @@ def test_the_policy_reads_the_engines_reports_and_scales_up(server):
     _deploy(server, "scale", SCALE_CONFIG)
     try:
         stats = _engine_handle("scale").record_autoscaling_stats.remote().result()
-        assert set(stats) == {"ttft_ratio", "kv_use", "online_jobs", "offline_jobs"}
+        assert set(stats) == {"ttft_ratio", "tpot_ratio", "kv_use", "online_jobs",
+                              "offline_jobs"}
+        # Idle: no decode iterations, so no TPOT load.
         assert stats["ttft_ratio"] > 0.0002 and stats["kv_use"] == 0.0
+        assert stats["tpot_ratio"] == 0.0
         deadline = time.monotonic() + 120
         while _engine_replicas("scale") < 2:
             assert time.monotonic() < deadline, serve.status().applications["scale"]
