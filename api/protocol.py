@@ -265,10 +265,16 @@ class ChatCompletionRequest(_SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
+class PromptTokensDetails(BaseModel):
+    # Prompt tokens whose KV the engine found in its prefix cache.
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 class JobMetrics(BaseModel):
@@ -284,6 +290,8 @@ class JobMetrics(BaseModel):
     num_preemptions: int
     # The predictor's response-length estimate, if it landed in time.
     predicted_output_len: int | None = None
+    # Prompt tokens whose KV was found in the prefix cache.
+    cached_tokens: int = 0
 
 
 class Admission(BaseModel):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs
-from api.protocol import Usage, WireLogprob
+from api.protocol import PromptTokensDetails, Usage, WireLogprob
 
 
 @dataclass(slots=True)
@@ -63,8 +63,15 @@ class ResponseBuilder:
     def usage(self) -> dict[str, Any]:
         prompt = sum(len(p.token_ids) for p in self.prompts)
         completion = sum(c.num_tokens for c in self.choices)
+        # Each prompt counts once, as in prompt_tokens: what its choices
+        # found cached at most (a sibling reads its leader's prompt KV).
+        cached = sum(max((c.metrics or {}).get("cached_tokens", 0)
+                         for c in self.choices if c.prompt == p)
+                     for p in range(len(self.prompts)))
         return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion).model_dump()
+                     total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)
+                     ).model_dump()
 
     # Streaming ------------------------------------------------------------
 

@@ -24,6 +24,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-len", type=int, default=4, help="vLLM filter: min prompt/output tokens")
     g.add_argument("--max-prompt-len", type=int, default=1024, help="vLLM filter")
     g.add_argument("--max-total-len", type=int, default=2048, help="vLLM filter")
+    g.add_argument("--shared-prefix", type=int, default=0,
+                   help="tokens of a system prompt every (online) prompt begins with")
     g.add_argument("--offline-num-requests", type=int, default=0,
                    help="add an offline stream of this many requests (co-serving mix)")
     g.add_argument("--offline-dataset", choices=["sharegpt", "fixed"], default="sharegpt")

@@ -41,6 +41,7 @@ def _workload_spec(a: argparse.Namespace) -> WorkloadSpec:
             lengths=LengthSpec(dataset=a.dataset, input_len=a.input_len, output_len=a.output_len,
                                io_ratio=a.io_ratio, filter=flt),
             arrivals=arrivals(a.rate, a.cv),
+            shared_prefix_tokens=a.shared_prefix,
         )
     ]
     if a.offline_num_requests:

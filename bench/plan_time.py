@@ -56,6 +56,7 @@ class PlanTimeConfig(BaseModel):
     num_blocks: int = 4096
     host_kv_blocks: int = 16384
     swap_mode: str = "proactive"
+    prefix_caching: bool = True
     max_model_len: int = 2048
     prompt_len: tuple[int, int] = (16, 1024)
     output_len: tuple[int, int] = (16, 512)
@@ -108,7 +109,7 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         policy=cfg.policy, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
         max_batch_size=cfg.max_batch_size, max_batch_tokens=cfg.max_batch_tokens,
         max_model_len=cfg.max_model_len, swap_mode=cfg.swap_mode,  # type: ignore[arg-type]
-        host_kv_blocks=cfg.host_kv_blocks,
+        host_kv_blocks=cfg.host_kv_blocks, prefix_caching=cfg.prefix_caching,
     )
     core = SchedulerCore(sc, clock, cost=_COST)
     counter = 0
@@ -117,7 +118,8 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         nonlocal counter
         p = rng.randint(*cfg.prompt_len)
         o = min(rng.randint(*cfg.output_len), cfg.max_model_len - p - 1)
-        core.add(Job(job_id=f"j{counter}", prompt_token_ids=[7] * p,
+        # Distinct prompts: no job finds another's blocks cached.
+        core.add(Job(job_id=f"j{counter}", prompt_token_ids=[10_000 + counter] + [7] * (p - 1),
                      max_tokens=max(1, o), arrival_time=clock.t))
         counter += 1
 
@@ -176,6 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--swap-mode", default="proactive",
                    choices=["recompute", "reactive", "proactive"])
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="plan without the prefix cache's bookkeeping")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time, or this thread's CPU time (steadier on a shared machine)")
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in a.queued:
             r = measure(PlanTimeConfig(policy=policy, queued=n, steps=a.steps,
                                        warmup=a.warmup, swap_mode=a.swap_mode, seed=a.seed,
+                                       prefix_caching=not a.no_prefix_caching,
                                        clock=a.clock))
             points.append(r)
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "

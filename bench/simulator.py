@@ -33,6 +33,8 @@ are computed by the same code.
 
 from __future__ import annotations
 
+import itertools
+
 import bisect
 
 import inspect
@@ -240,6 +242,14 @@ def _block_bytes(cost: CostModel) -> int:
     return int(getattr(table, "block_bytes", 0) or 0)
 
 
+def _prompt_ids(r: RequestSpec, own: int) -> list[int]:
+    """Token ids standing for `r`'s prompt: its shared prefix alike in every
+    request, then its own first token (`own`), so that the prefix cache
+    finds what a live server's would (bench/workload.py)."""
+    shared = min(r.shared_prefix_tokens, r.prompt_tokens - 1)
+    return [0] * shared + [own] + [0] * (r.prompt_tokens - shared - 1)
+
+
 def simulate(
     requests: Sequence[RequestSpec],
     scheduler: SchedulerConfig,
@@ -253,6 +263,7 @@ def simulate(
     reqs = sorted(requests, key=lambda r: r.arrival_time)
     n = len(reqs)
     jobs: dict[str, Job] = {}
+    first_tokens = itertools.count(1)
     token_times: dict[str, list[float]] = {}
     errors: dict[str, str] = {}
     block_bytes = _block_bytes(cost)
@@ -287,7 +298,9 @@ def simulate(
                 continue
             job = Job(
                 job_id=r.request_id,
-                prompt_token_ids=[0] * r.prompt_tokens,
+                # Its own first token: no two prompts share a cached block,
+                # as none do in the synthetic prompts a live run sends.
+                prompt_token_ids=_prompt_ids(r, next(first_tokens)),
                 max_tokens=r.max_tokens or r.output_tokens,
                 arrival_time=r.arrival_time,
                 job_class=JobClass(r.job_class),

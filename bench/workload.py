@@ -13,6 +13,10 @@ arrival process and job class, merged by arrival time:
 - `fixed`: every request has `input_len` prompt and `output_len` output
   tokens (FastServe Figure 1's "Fix-Len").
 
+A stream may give every prompt the same beginning, `shared_prefix_tokens`
+of a fixed text (an assistant's system prompt), the case a prefix cache
+serves (vLLM's and SGLang's shared-prefix benchmark datasets).
+
 Online / offline mixes (ConServe co-serving) are two streams, e.g. an
 online Poisson stream of chat requests and an offline batch (rate = inf)
 of long ones.
@@ -22,7 +26,10 @@ Output lengths are enforced on the server with ignore_eos + max_tokens
 
 Prompt text: ShareGPT prompts are sent as is; synthetic prompts (fixed and
 rescaled lengths) are a filler word that our tokenizer (and the usual BPE
-vocabularies) encode as one token per repetition.
+vocabularies) encode as one token per repetition, after up to six other
+one-token words that spell the request's number, so that no two requests
+share a KV block (a server with prefix caching would otherwise compute
+only the first of many identical prompts).
 """
 
 from __future__ import annotations
@@ -42,9 +49,23 @@ from bench.records import JobClassName
 FILLER_WORD = " hello"
 
 
-def filler_prompt(num_tokens: int) -> str:
-    """A prompt of `num_tokens` tokens under our tokenizer (one per word)."""
-    return (FILLER_WORD * num_tokens).lstrip()
+# One token each under our tokenizer, as FILLER_WORD is, and none of them it.
+_SALT_WORDS = (" world", " apple", " river", " green", " music", " table", " house", " stone",
+               " light", " water", " paper", " night", " bread", " cloud", " chair")
+_SALT_POSITIONS = 6
+
+
+def filler_prompt(num_tokens: int, salt: int | None = None) -> str:
+    """A prompt of `num_tokens` tokens under our tokenizer (one per word);
+    with `salt`, its first words spell it (in base 15), so prompts of
+    different salts differ from their first token on."""
+    words = [FILLER_WORD] * num_tokens
+    if salt is not None:
+        base = len(_SALT_WORDS)
+        for i in range(min(num_tokens, _SALT_POSITIONS)):
+            words[i] = _SALT_WORDS[salt % base]
+            salt //= base
+    return "".join(words).lstrip()
 
 
 class LengthSpec(BaseModel):
@@ -68,6 +89,9 @@ class StreamSpec(BaseModel):
     num_requests: int = Field(100, ge=0)
     lengths: LengthSpec = LengthSpec()
     arrivals: ArrivalSpec = ArrivalSpec()
+    # Tokens of a system prompt every prompt of the stream begins with,
+    # before its own text and a newline (the same text in every stream).
+    shared_prefix_tokens: int = Field(0, ge=0)
 
 
 class WorkloadSpec(BaseModel):
@@ -101,6 +125,8 @@ class RequestSpec(BaseModel):
     output_tokens: int
     # None in simulator-only workloads (text is not needed there).
     prompt: str | None = None
+    # Leading tokens of `prompt` that other requests' prompts begin with too.
+    shared_prefix_tokens: int = 0
     # A response-length prediction replayed by the simulator (the trained
     # predictor's, studies/econoserve_sim); None: the job has none.
     predicted_output_tokens: int | None = None
@@ -163,13 +189,24 @@ def rescale_io_ratio(
     return new_in, total - new_in
 
 
+def shared_prefix(num_tokens: int) -> str:
+    """The system prompt of `shared_prefix_tokens`: one token per word, and
+    a newline (one more) before each request's own text."""
+    return filler_prompt(num_tokens, salt=_SYSTEM_SALT) + "\n"
+
+
+# A salt no request's own prompt gets in practice (the workload's size).
+_SYSTEM_SALT = len(_SALT_WORDS) ** _SALT_POSITIONS - 1
+
+
 def _stream_lengths(
-    s: StreamSpec, pool: ShareGPTPool | None, rng: np.random.Generator
+    s: StreamSpec, pool: ShareGPTPool | None, rng: np.random.Generator, first_salt: int = 0
 ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
     n = s.num_requests
     ls = s.lengths
     if ls.dataset == "fixed":
-        prompts: list[str | None] = [filler_prompt(ls.input_len)] * n
+        prompts: list[str | None] = [filler_prompt(ls.input_len, first_salt + i)
+                                     for i in range(n)]
         return np.full(n, ls.input_len), np.full(n, ls.output_len), prompts
     if pool is None or len(pool) == 0:
         raise ValueError(f"stream {s.name!r} needs the ShareGPT pool")
@@ -180,7 +217,7 @@ def _stream_lengths(
     p, o = pool.prompt_tokens[idx], pool.output_tokens[idx]
     if ls.io_ratio is not None:
         p, o = rescale_io_ratio(p, o, ls.io_ratio)
-        return p, o, [filler_prompt(int(k)) for k in p]
+        return p, o, [filler_prompt(int(k), first_salt + i) for i, k in enumerate(p)]
     texts: list[str | None] = (
         [pool.prompts[i] for i in idx] if pool.prompts is not None else [None] * n
     )
@@ -201,9 +238,15 @@ def build_workload(
         pool = pool() if spec.needs_sharegpt else None
     seeds = np.random.SeedSequence(spec.seed).spawn(len(spec.streams))
     reqs: list[RequestSpec] = []
+    salt = 0  # each synthetic prompt of the workload its own
     for s, ss in zip(spec.streams, seeds):
         len_rng, arr_rng = (np.random.default_rng(x) for x in ss.spawn(2))
-        p, o, texts = _stream_lengths(s, pool, len_rng)
+        p, o, texts = _stream_lengths(s, pool, len_rng, salt)
+        salt += s.num_requests
+        if s.shared_prefix_tokens:
+            head = shared_prefix(s.shared_prefix_tokens)
+            texts = [None if x is None else head + x for x in texts]
+            p = p + s.shared_prefix_tokens + 1
         t = arrival_times(s.arrivals, s.num_requests, arr_rng)
         prefix = s.name if len(spec.streams) > 1 else "req"
         for i in range(s.num_requests):
@@ -216,6 +259,7 @@ def build_workload(
                     prompt_tokens=int(p[i]),
                     output_tokens=int(o[i]),
                     prompt=texts[i],
+                    shared_prefix_tokens=s.shared_prefix_tokens,
                 )
             )
     # Stable: ties keep stream order, then index order.

@@ -293,7 +293,10 @@ class EngineLoop:
                     self.core.add(job, share_prompt_with=ids[0])
                 else:
                     held = req.resume_kv_blocks[i] if req.resume_kv_blocks else 0
-                    self.core.add(job, host_blocks=held)
+                    # Prompt logprobs need every prompt position computed
+                    # here, unless they came with the first token already.
+                    self.core.add(job, host_blocks=held,
+                                  use_prefix_cache=req.prompt_logprobs is None or bool(outputs))
                     if job.num_checkpointed_blocks:
                         self.stats.resumed_kv_tokens += job.num_computed_tokens
                 self._jobs[job_id] = job
@@ -509,4 +512,5 @@ class EngineLoop:
             swap_wait_time=job.swap_wait_time,
             num_preemptions=job.num_preemptions,
             predicted_output_len=job.predicted_output_len,
+            cached_tokens=job.num_cached_tokens,
         )

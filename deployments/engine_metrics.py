@@ -15,6 +15,8 @@ _GAUGES = {
     "num_waiting": ("engine_waiting_jobs", "Jobs waiting, preempted or swapped"),
     "kv_utilization": ("engine_kv_utilization", "Share of device KV blocks in use"),
     "host_used_blocks": ("engine_host_kv_blocks", "KV blocks held in the host tier"),
+    "cached_blocks": ("engine_prefix_cache_blocks",
+                      "Device KV blocks no job holds, kept by the prefix cache"),
 }
 _COUNTERS = {
     "num_preemptions": ("engine_preemptions", "Jobs preempted"),
@@ -29,6 +31,10 @@ _COUNTERS = {
                             "Preemptions back to a checkpoint, with no copy"),
     "tokens_discarded": ("engine_checkpoint_discarded_tokens",
                          "Computed tokens past a checkpoint given up by preemptions"),
+    "prefix_queried_tokens": ("engine_prefix_cache_queried_tokens",
+                              "Tokens of admitted jobs looked up in the prefix cache"),
+    "prefix_hit_tokens": ("engine_prefix_cache_hit_tokens",
+                          "Tokens whose KV admitted jobs found in the prefix cache"),
     "demotions": ("engine_mlfq_demotions", "MLFQ demotions"),
     "promotions": ("engine_mlfq_promotions", "MLFQ starvation promotions"),
     "econoserve_gts_admitted": ("engine_econoserve_gts_admitted",
@@ -79,6 +85,7 @@ class EngineMetrics:
     def update(self, snapshot: dict[str, Any]) -> None:
         """From `Engine.stats()`'s snapshot, the one source of these figures."""
         swap, policy = snapshot["swap"], snapshot["policy"]
+        prefix = snapshot.get("prefix_cache") or {}
         figures = {
             "num_running": snapshot["num_running"],
             "num_waiting": snapshot["num_waiting"],
@@ -92,13 +99,16 @@ class EngineMetrics:
             "checkpoint_blocks": swap.get("checkpoint_blocks"),
             "checkpoint_discards": swap.get("checkpoint_discards"),
             "tokens_discarded": swap.get("tokens_discarded"),
+            "cached_blocks": prefix.get("cached_blocks"),
+            "prefix_queried_tokens": prefix.get("queried_tokens"),
+            "prefix_hit_tokens": prefix.get("hit_tokens"),
             "demotions": policy.get("demotions"),
             "promotions": policy.get("promotions"),
             **{k: policy.get(k) for k in ("econoserve_gts_admitted", "econoserve_overruns",
                                           "econoserve_paused")},
         }
         for key, gauge in self.gauges.items():
-            if key in figures:
+            if figures.get(key) is not None:
                 gauge.set(figures[key])
         for key, counter in self.counters.items():
             value = figures.get(key)

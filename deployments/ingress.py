@@ -55,6 +55,7 @@ from api.protocol import (
 from api.responses import PromptInput, ResponseBuilder
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
+from scheduler.prefix_affinity import prefix_keys
 
 log = logging.getLogger("ray.serve")
 
@@ -336,7 +337,11 @@ class Ingress:
         all its prompts and choices, runs on one replica or gets a 429.
         With `failed_replica` (a request resumed after its replica failed),
         the Scheduler places it elsewhere without admission control."""
-        resumed = {} if failed_replica is None else {"failed_replica": failed_replica}
+        resumed: dict[str, Any] = ({} if failed_replica is None
+                                   else {"failed_replica": failed_replica})
+        keys = prefix_keys(gens[0].prompt_token_ids, self.cfg.block_size)
+        if keys:  # where its leading blocks are likely cached
+            resumed["prefix_keys"] = keys
         try:
             raw = await self.scheduler.admit.remote(
                 request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,

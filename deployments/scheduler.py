@@ -49,7 +49,8 @@ class Scheduler:
     def __init__(self, config: dict[str, Any] | None = None,
                  stale_after_s: float = 10.0) -> None:
         self.cfg = AppConfig(**(config or {}))
-        self.placement = Placement(stale_after_s=stale_after_s)
+        self.placement = Placement(stale_after_s=stale_after_s,
+                                   block_size=self.cfg.block_size)
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, int] = {}
         self.num_rejected = 0
@@ -110,7 +111,8 @@ class Scheduler:
 
     async def admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                     job_class: str = "online", n: int = 1,
-                    priority: int = 0, failed_replica: str | None = None) -> dict[str, Any]:
+                    priority: int = 0, failed_replica: str | None = None,
+                    prefix_keys: list[int] | None = None) -> dict[str, Any]:
         """Where the request runs, or a refusal when every replica's queued
         work is at its bound (the ingress answers 429).  An offline request
         under `policy: conserve` is never refused: the call returns once
@@ -118,7 +120,10 @@ class Scheduler:
         unknown): the request was admitted before and its replica failed
         (deployments/resume.py); that replica is forgotten until it reports
         again, and the request goes to the least loaded other one, past
-        admission control and the pool."""
+        admission control and the pool.  `prefix_keys`: the prompt's
+        leading blocks (scheduler/prefix_affinity.py), so that it goes
+        where they are likely cached unless that replica is busier by more
+        than they save."""
         if failed_replica is not None and self._stopping is not None:
             # Every engine is stopping: nowhere to go on.
             return Admission(admitted=False, retry_after_s=1.0,
@@ -127,7 +132,7 @@ class Scheduler:
             self.placement.forget(failed_replica)
             self.num_resumed += 1
             replica = self.placement.place(request_id, prompt_tokens + n * max_tokens,
-                                           time.monotonic())
+                                           time.monotonic(), prefix_keys)
             self.jobs[request_id] = {"class": job_class, "replica": replica,
                                      "admitted_at": time.time()}
             return Admission(admitted=True, replica=replica).model_dump()
@@ -139,7 +144,8 @@ class Scheduler:
             return Admission(admitted=True, replica=replica).model_dump()
         now = time.monotonic()
         if self.cfg.admission.enabled and bounded(job_class, self.cfg.policy):
-            res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now)
+            res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now,
+                                       prefix_keys)
         else:
             res = None
         if res is not None and not res.admitted:
@@ -150,7 +156,7 @@ class Scheduler:
                          f"request past its {self.cfg.admission.ttft_slo_s:g} s TTFT "
                          "objective; retry later")).model_dump()
         replica = res.replica if res is not None else self.placement.place(
-            request_id, prompt_tokens + n * max_tokens, now)
+            request_id, prompt_tokens + n * max_tokens, now, prefix_keys)
         self.jobs[request_id] = {"class": job_class, "replica": replica,
                                  "admitted_at": time.time()}
         return Admission(admitted=True, replica=replica).model_dump()
@@ -246,6 +252,7 @@ class Scheduler:
             "active_jobs": len(self.jobs),
             "rejected": self.num_rejected,
             "resumed": self.num_resumed,
+            "prefix_placements": self.placement.num_prefix_placements,
             "outcomes": dict(self.outcomes),
             "offline_pool": None if self.pool is None else {
                 **self.pool.stats(now), "cancelled": self.num_pool_cancelled},

@@ -8,8 +8,10 @@ as silent KV corruption.
 A block may be held by several jobs at once: siblings of one request
 (OpenAI `n` > 1) read the full blocks of their common prompt from the same
 device blocks (vLLM's prefix sharing, reference-counted as in nano-vllm's
-block manager).  A block goes back to the pool when its last holder lets
-go.  Shared blocks are read-only by construction: they cover only whole
+block manager), and so may jobs whose tokens begin the same way, through
+the prefix cache (`scheduler/prefix_cache.py`).  A block goes back to the
+pool when its last holder lets go; with the prefix cache, a block whose KV
+it indexed is parked instead, and counts as free until it is reused.  Shared blocks are read-only by construction: they cover only whole
 blocks of prompt positions that every holder has already computed, and a
 job only ever writes positions at or past its own computed tokens.
 """
@@ -20,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 
 from scheduler.job import BlockLocation, Job
+from scheduler.prefix_cache import PrefixCache
 from scheduler.watchers import Watchers
 
 
@@ -32,9 +35,11 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int,
+                 prefix_caching: bool = False) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.prefix = PrefixCache(block_size) if prefix_caching else None
         # FIFO reuse keeps recently freed blocks cold, which makes a stale
         # block table show up in tests instead of reading lucky data.
         self._free: deque[int] = deque(range(num_blocks))
@@ -62,7 +67,10 @@ class BlockManager:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: free ones and parked ones."""
+        if self.prefix is None:
+            return len(self._free)
+        return len(self._free) + self.prefix.num_parked
 
     @property
     def num_used(self) -> int:
@@ -78,7 +86,7 @@ class BlockManager:
         return max(0, target - len(job.block_table))
 
     def can_allocate(self, n: int) -> bool:
-        return n <= len(self._free)
+        return n <= self.num_free
 
     def grow(self, job: Job, num_new_tokens: int) -> bool:
         """Extend `job`'s block table to hold `num_new_tokens` more tokens.
@@ -90,14 +98,18 @@ class BlockManager:
         n = -(-(job.num_computed_tokens + num_new_tokens) // bs) - len(job.block_table)
         if n <= 0:
             return True  # a decode inside its last block: the common case
-        if n > len(self._free):
+        if self.prefix is not None:
+            # Its blocks filled so far (a decode's last one is full now),
+            # for later jobs to find.
+            self.prefix.index(job, job.num_computed_tokens)
+        if n > len(self._free) and n > self.num_free:
             return False
         self._take(job, n)
         return True
 
     def allocate_for(self, job: Job, n: int) -> None:
         """Give a job with an empty block table `n` fresh blocks (swap-in)."""
-        assert not job.block_table and n <= len(self._free)
+        assert not job.block_table and n <= self.num_free
         self._take(job, n)
 
     def _take(self, job: Job, n: int) -> None:
@@ -108,7 +120,13 @@ class BlockManager:
         # Comprehensions, not a loop body per block: a prefill chunk takes
         # a hundred blocks, and planning runs every iteration.
         pop = self._free.popleft
-        new = [pop() for _ in range(n)]
+        if n <= len(self._free):
+            new = [pop() for _ in range(n)]
+        else:  # the rest from the prefix cache, least recently used first
+            assert self.prefix is not None
+            new = [pop() for _ in range(len(self._free))]
+            evict = self.prefix.evict
+            new += [evict() for _ in range(n - len(new))]
         self._holders.update([(b, {jid}) for b in new])
         job.block_table += new
         job.block_locations += [BlockLocation.DEVICE] * n
@@ -136,10 +154,44 @@ class BlockManager:
             self._num_shared[job.job_id] = num_blocks
             self._now_holding(job)
 
+    def claim_cached(self, job: Job) -> int:
+        """Let `job` (no blocks yet, just arrived) hold the cached blocks
+        that begin its tokens, and count their tokens computed; returns how
+        many blocks."""
+        if self.prefix is None or job.block_table or job.num_computed_tokens:
+            return 0
+        found = self.prefix.match(job)
+        if not found:
+            return 0
+        jid, holders_of = job.job_id, self._holders
+        shared = 0
+        for b in found:
+            holders = holders_of.get(b)
+            if holders is None:  # parked: now this job's alone
+                holders_of[b] = {jid}
+                continue
+            if len(holders) == 1:  # its holder's exclusive block becomes shared
+                (other,) = holders
+                self._num_shared[other] = self._num_shared.get(other, 0) + 1
+            holders.add(jid)
+            shared += 1
+        if shared:
+            self._num_shared[jid] = shared
+        job.block_table += found
+        job.block_locations += [BlockLocation.DEVICE] * len(found)
+        job.num_computed_tokens = len(found) * self.block_size
+        if not job.output_token_ids:  # its prompt's (a resumed job has outputs)
+            job.num_cached_tokens = job.num_computed_tokens
+        self._now_holding(job)
+        return len(found)
+
     def free(self, job: Job) -> int:
         """Drop all of `job`'s references; returns how many blocks went back
         to the pool (those no other job holds)."""
         jid = job.job_id
+        if self.prefix is not None:
+            self.prefix.index(job, job.num_computed_tokens)
+            self.prefix.forget(job)
         if jid not in self._num_shared:
             freed = self._free_exclusive(job)
         else:
@@ -162,12 +214,24 @@ class BlockManager:
                 f"block {table[bad]} freed by {jid} but held by {sorted(held[bad] or ())}")
         for b in table:
             del holders[b]
-        self._free.extend(table)
+        self._release(table)
         return len(table)
+
+    def _release(self, blocks: list[int]) -> None:
+        """Blocks that lost their last holder: to the pool, or parked in the
+        prefix cache if it indexed their KV (tail first: the head of a
+        sequence, which other sequences may share, is evicted last)."""
+        if self.prefix is None:
+            self._free.extend(blocks)
+            return
+        park, free = self.prefix.park, self._free.append
+        for b in reversed(blocks):
+            if not park(b):
+                free(b)
 
     def _free_shared(self, job: Job) -> int:
         jid = job.job_id
-        freed = 0
+        released: list[int] = []
         for b in job.block_table:
             holders = self._holders.get(b)
             if holders is None or jid not in holders:
@@ -176,8 +240,7 @@ class BlockManager:
             holders.discard(jid)
             if not holders:
                 del self._holders[b]
-                self._free.append(b)
-                freed += 1
+                released.append(b)
             elif len(holders) == 1:  # its last other holder now has it alone
                 (last,) = holders
                 left = self._num_shared[last] - 1
@@ -186,7 +249,8 @@ class BlockManager:
                 else:
                     del self._num_shared[last]
         self._num_shared.pop(jid, None)
-        return freed
+        self._release(released)
+        return len(released)
 
     # Queries ----------------------------------------------------------
 
@@ -219,7 +283,15 @@ class BlockManager:
             raise BlockAccountingError("a block is in the free list twice")
         if free & self._holders.keys():
             raise BlockAccountingError("a block is both free and held")
-        if len(free) + len(self._holders) != self.num_blocks:
+        prefix = self.prefix
+        parked = set(prefix.parked()) if prefix is not None else set()
+        if parked & (free | self._holders.keys()):
+            raise BlockAccountingError("a parked block is also free or held")
+        if prefix is not None and any(
+                not prefix.is_indexed(b) for b in parked) or any(
+                prefix is not None and prefix.is_indexed(b) for b in free):
+            raise BlockAccountingError("parked blocks and indexed blocks disagree")
+        if len(free) + len(parked) + len(self._holders) != self.num_blocks:
             raise BlockAccountingError("blocks leaked")
         shared: Counter[str] = Counter()
         for b, holders in self._holders.items():

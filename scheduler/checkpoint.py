@@ -55,12 +55,16 @@ def survival_checkpoints(swap: SwapManager, running: Iterable[Job],
     """CHECKPOINT ops that keep every running job's KV copied to the host
     tier up to its last `every_blocks` full blocks (`survival.checkpoint`),
     within the iteration's copy budget; the jobs furthest behind first."""
-    behind = sorted(((swap.checkpointable(j), j) for j in running),
-                    key=lambda x: -x[0])
+    # Most iterations no job has filled `every_blocks` since its last copy:
+    # only those that have are sorted.
+    due = [(n, j) for j in running if (n := swap.checkpointable(j)) >= cfg.every_blocks]
+    if not due:
+        return []
+    due.sort(key=lambda x: -x[0])
     budget = swap.copies_per_iteration(cfg.max_blocks_per_iteration)
     ops: list[BlockOp] = []
-    for n, job in behind:
-        if n < cfg.every_blocks or budget <= 0 or swap.host_free <= 0:
+    for n, job in due:
+        if budget <= 0 or swap.host_free <= 0:
             break
         got = swap.checkpoint(job, budget)
         budget -= len(got)

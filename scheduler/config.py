@@ -204,6 +204,11 @@ class SchedulingSettings(BaseModel):
     # Proactive mode: free blocks kept for arrivals.  None: sized from the
     # recent arrival rate (FastServe §4.2, "handling a burst").
     reserve_blocks: int | None = Field(None, ge=0)
+    # Keep computed KV blocks after their jobs end, indexed by content, so
+    # that a later prompt beginning with the same tokens (a system prompt,
+    # a conversation's earlier turns) adopts them instead of computing
+    # them (scheduler/prefix_cache.py).
+    prefix_caching: bool = True
     mlfq: MLFQConfig = MLFQConfig()
     conserve: ConserveConfig = ConserveConfig()
     econoserve: EconoserveConfig = EconoserveConfig()

@@ -54,6 +54,12 @@ class CoreStats:
     # Cumulative prompt tokens that siblings (OpenAI `n` > 1) took from
     # their leader's KV instead of computing them.
     num_shared_prompt_tokens: int = 0
+    # Cumulative tokens of admitted jobs, and those whose KV they found in
+    # the prefix cache (`prefix_caching`).
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+    # Parked blocks: cached KV that no job holds, counted as free.
+    num_cached_blocks: int = 0
 
 
 class SchedulerCore:
@@ -61,7 +67,8 @@ class SchedulerCore:
                  cost: CostEstimator | None = None) -> None:
         self.config = config
         self.clock = clock
-        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.blocks = BlockManager(config.num_blocks, config.block_size,
+                                   prefix_caching=config.prefix_caching)
         self.swap = SwapManager(self.blocks, config.host_kv_blocks)
         self.policy = policy_class(config.policy)(config, self.blocks, clock, self.swap, cost)
         self.sharing = PromptSharing(self.blocks)
@@ -78,7 +85,7 @@ class SchedulerCore:
     # Lifecycle ----------------------------------------------------------
 
     def add(self, job: Job, share_prompt_with: str | None = None,
-            host_blocks: int = 0) -> None:
+            host_blocks: int = 0, use_prefix_cache: bool = True) -> None:
         """Admit `job`.  With `share_prompt_with`, `job` is a sibling of that
         already-added job (same prompt, another completion of one request):
         it reuses the prompt's KV blocks instead of prefilling them
@@ -86,7 +93,10 @@ class SchedulerCore:
         holds the KV of the job's first `host_blocks` blocks (checkpointed
         by a replica that died, `survival.checkpoint`): it starts as a job
         discarded to its checkpoint does, prefetching them and computing
-        only the tokens past them."""
+        only the tokens past them.  Otherwise, with `prefix_caching`, it
+        adopts the cached blocks that begin its tokens
+        (`scheduler/prefix_cache.py`), unless `use_prefix_cache` is False
+        (it needs the logits of every prompt position)."""
         if job.job_id in self.jobs:
             raise ValueError(f"duplicate job id {job.job_id}")
         if job.num_prompt_tokens == 0:
@@ -117,6 +127,8 @@ class SchedulerCore:
             return  # held until its leader has computed the shared blocks
         if host_blocks > 0:
             self.swap.adopt(job, host_blocks)
+        elif use_prefix_cache:
+            self.blocks.claim_cached(job)
         self.policy.add(job)
 
     def abort(self, job_id: str) -> bool:
@@ -175,12 +187,17 @@ class SchedulerCore:
         # Only leaders of held siblings (OpenAI `n` > 1) need the call.
         sharing = self.sharing if self.sharing.has_groups else None
         max_model_len = self.config.max_model_len
+        prefix = self.blocks.prefix
         # Once per chunk per iteration: the job's properties inlined.
         for chunk in plan.chunks:
             job = jobs.get(chunk.job_id)
             if job is None:  # aborted while the iteration ran
                 continue
             job.num_computed_tokens += len(chunk.token_ids)
+            if prefix is not None and len(chunk.token_ids) > 1:
+                # A prefilled prompt is found by jobs arriving from now on
+                # (blocks a decode fills are indexed at its next `grow`).
+                prefix.index(job, job.num_computed_tokens)
             job.attained_service += spent
             if sharing is not None:
                 self._release_siblings(sharing.on_computed(job))
@@ -249,4 +266,13 @@ class SchedulerCore:
             num_finished=self.num_finished,
             num_aborted=self.num_aborted,
             num_shared_prompt_tokens=self.sharing.num_shared_tokens,
+            **self._prefix_stats(),
         )
+
+    def _prefix_stats(self) -> dict[str, int]:
+        prefix = self.blocks.prefix
+        if prefix is None:
+            return {}
+        return {"num_prefix_queried_tokens": prefix.num_queried_tokens,
+                "num_prefix_hit_tokens": prefix.num_hit_tokens,
+                "num_cached_blocks": prefix.num_parked}

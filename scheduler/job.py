@@ -100,6 +100,9 @@ class Job:
     # Seconds of iteration time this job has been part of (MLFQ, §4.1).
     attained_service: float = 0.0
     num_preemptions: int = 0
+    # Prompt tokens whose KV it found in the prefix cache when it arrived
+    # (OpenAI's usage.prompt_tokens_details.cached_tokens).
+    num_cached_tokens: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -11,6 +11,12 @@ nothing is ahead of it), the one with the shortest estimate, and is refused,
 with the time until it should fit, when none has room.  A replica that
 reports no prefill load (or a fixed bound is configured) is judged by its
 queued tokens against the bound instead.
+
+Both weigh where a prompt's leading blocks are likely cached
+(`scheduler/prefix_affinity.py`): on such a replica the job's prompt work,
+and so its TTFT estimate, is smaller by the cached tokens, so a request
+goes where its prefix is unless that replica is busier by more than the
+prefill it saves.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.admission import PrefillLoad, request_work, ttft_estimate
+from scheduler.prefix_affinity import PrefixAffinity
 
 
 @dataclass
@@ -49,6 +56,10 @@ class ReplicaLoad:
     def pressure(self) -> float:
         """Outstanding work relative to the replica's KV capacity."""
         return (self.queued_tokens + self.placed_tokens) / max(1, self.num_blocks)
+
+    def work_with(self, tokens: int) -> float:
+        """Outstanding work with `tokens` more, relative to KV capacity."""
+        return (self.queued_tokens + self.placed_tokens + tokens) / max(1, self.num_blocks)
 
     @property
     def backlog(self) -> int:
@@ -92,10 +103,29 @@ class AdmitResult:
 
 
 class Placement:
-    def __init__(self, stale_after_s: float = 10.0) -> None:
+    def __init__(self, stale_after_s: float = 10.0, block_size: int = 16) -> None:
         self.stale_after_s = stale_after_s
+        self.block_size = block_size
         self.replicas: dict[str, ReplicaLoad] = {}
         self.job_replica: dict[str, str] = {}
+        self.affinity = PrefixAffinity()
+        # Placements that went to a replica holding some of the prompt.
+        self.num_prefix_placements = 0
+
+    def _cached(self, live: list[ReplicaLoad], keys: list[int] | None) -> dict[str, int]:
+        """Tokens of the prompt each live replica likely has cached."""
+        if not keys:
+            return {}
+        depth = self.affinity.match(keys, {r.replica_id for r in live})
+        return {r: d * self.block_size for r, d in depth.items()}
+
+    def _placed(self, job_id: str, replica: str, keys: list[int] | None,
+                cached: dict[str, int]) -> None:
+        self.job_replica[job_id] = replica
+        if keys:
+            self.affinity.record(keys, replica)
+        if cached.get(replica):
+            self.num_prefix_placements += 1
 
     def report(self, replica_id: str, num_blocks: int, free_blocks: int,
                queued_tokens: int, num_jobs: int, now: float, waiting_tokens: int = 0,
@@ -128,45 +158,55 @@ class Placement:
             del self.replicas[rid]
         return list(self.replicas.values())
 
-    def place(self, job_id: str, tokens: int, now: float) -> str | None:
-        """The replica for `job_id`, or None when no replica has reported."""
+    def place(self, job_id: str, tokens: int, now: float,
+              prefix_keys: list[int] | None = None) -> str | None:
+        """The replica for `job_id` (`tokens` of work, of which the leading
+        blocks `prefix_keys` stand for), or None when no replica has
+        reported: the least loaded one counting the prompt it has cached."""
         live = self.live(now)
         if not live:
             return None
-        best = min(live, key=lambda r: (r.pressure, r.replica_id))
-        best.placed_tokens += tokens
-        self.job_replica[job_id] = best.replica_id
+        cached = self._cached(live, prefix_keys)
+        best = min(live, key=lambda r: (r.work_with(tokens - cached.get(r.replica_id, 0)),
+                                        r.replica_id))
+        best.placed_tokens += tokens - cached.get(best.replica_id, 0)
+        self._placed(job_id, best.replica_id, prefix_keys, cached)
         return best.replica_id
 
     def admit(self, job_id: str, prompt_tokens: int, max_tokens: int, n: int,
-              now: float) -> AdmitResult:
+              now: float, prefix_keys: list[int] | None = None) -> AdmitResult:
         """Place `job_id` where its first token should come within the
-        objective (the soonest such replica), or refuse it when none can."""
+        objective (the soonest such replica, counting the prompt it has
+        cached), or refuse it when none can."""
         live = self.live(now)
         if not live:
             return AdmitResult(True, None)
-        fits: dict[str, tuple[float, int]] = {}
+        cached = self._cached(live, prefix_keys)
+        fits: dict[str, tuple[float, int, int]] = {}
         waits: list[float] = []
         for r in live:
-            work = request_work(prompt_tokens, max_tokens, n, r.mean_output_len)
-            est = r.ttft_s(prompt_tokens)
+            # It computes at least its last prompt token.
+            prompt = max(1, prompt_tokens - cached.get(r.replica_id, 0))
+            work = request_work(prompt, max_tokens, n, r.mean_output_len)
+            est = r.ttft_s(prompt)
             if est is None or r.ttft_slo_s is None:
                 if r.fits(work):
-                    fits[r.replica_id] = (r.pressure, work)
+                    fits[r.replica_id] = (r.work_with(work), work, prompt)
                 else:
                     waits.append(r.wait_s(work))
             elif est <= r.ttft_slo_s or r.starts_at_once():
-                fits[r.replica_id] = (est, work)
+                fits[r.replica_id] = (est, work, prompt)
             else:
                 waits.append(est - r.ttft_slo_s)
         if not fits:
             return AdmitResult(False, None, max(min(waits), 0.5))
         best = min((r for r in live if r.replica_id in fits),
                    key=lambda r: (fits[r.replica_id][0], r.replica_id))
-        best.placed_tokens += fits[best.replica_id][1]
-        best.placed_prefill += prompt_tokens
+        _, work, prompt = fits[best.replica_id]
+        best.placed_tokens += work
+        best.placed_prefill += prompt
         best.placed_jobs += n
-        self.job_replica[job_id] = best.replica_id
+        self._placed(job_id, best.replica_id, prefix_keys, cached)
         return AdmitResult(True, best.replica_id)
 
     def release(self, job_id: str) -> None:
@@ -174,5 +214,6 @@ class Placement:
 
     def forget(self, replica_id: str) -> None:
         """Drop a replica known to have failed; its next report (if it lives
-        on) brings it back."""
+        on) brings it back, with none of the prefixes it held."""
         self.replicas.pop(replica_id, None)
+        self.affinity.forget(replica_id)

@@ -5,7 +5,7 @@ handles and drives its Starlette app with Starlette's TestClient.  The fakes
 answer in the shapes the real deployments do:
 
 - scheduler: `admit.remote(request_id, prompt_tokens, max_tokens,
-  job_class, n, priority=...)` awaits to an `Admission` dict (admitted, or refused with
+  job_class, n, priority=..., prefix_keys=...)` awaits to an `Admission` dict (admitted, or refused with
   `retry_after_s` for a 429 when `reject` is set); `release.remote(
   request_id, outcome)` awaits to None.
 - batch jobs (`ingress.batches.jobs`, batch/jobs.py's `Jobs`): `FakeJobs`,
@@ -59,6 +59,8 @@ class FakeScheduler:
     reject: bool = False
     admitted: list[tuple[str, int, int, str, int]] = field(default_factory=list)
     released: dict[str, str] = field(default_factory=dict)
+    # The prompt's block keys each admitted request came with.
+    prefix_keys: dict[str, list[int] | None] = field(default_factory=dict)
     # Engine replicas reporting their load (what /health reads); None: the
     # scheduler does not answer.
     live_engines: int | None = 1
@@ -74,11 +76,13 @@ class FakeScheduler:
         return {"live_engines": self.live_engines, "engines": 1}
 
     async def _admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
-                     job_class: str = "online", n: int = 1, priority: int = 0) -> dict[str, Any]:
+                     job_class: str = "online", n: int = 1, priority: int = 0,
+                     prefix_keys: list[int] | None = None) -> dict[str, Any]:
         if self.reject:
             return {"admitted": False, "retry_after_s": 2.0,
                     "message": "the server is at capacity; retry in 2 s"}
         self.admitted.append((request_id, prompt_tokens, max_tokens, job_class, n))
+        self.prefix_keys[request_id] = prefix_keys
         return {"admitted": True, "replica": None}
 
     async def _release(self, request_id: str, outcome: str) -> None:

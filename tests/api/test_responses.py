@@ -45,7 +45,18 @@ def test_batch_prompts_with_n_choices_index_prompt_major_and_sum_usage(tokens: T
     r = b.response()
     assert [(c["index"], c["text"], c["finish_reason"]) for c in r["choices"]] == [
         (0, "q", "stop"), (1, "r", "stop"), (2, "stu", "length"), (3, "yz", "length")]
-    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                          "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_cached_prompt_tokens_count_once_per_prompt(tokens: TokenText) -> None:
+    prompts = [PromptInput(list(range(40)), "a"), PromptInput(list(range(20)), "b")]
+    b = ResponseBuilder("cmpl-x", "m", 0, chat=False, prompts=prompts, n=2, tokens=tokens)
+    for prompt, index, cached in ((0, 0, 32), (0, 1, 0), (1, 0, 0), (1, 1, 16)):
+        d = delta(index, [9], "q", "stop", prompt=prompt)
+        d["metrics"] = {"ttft": 0.1, "cached_tokens": cached}
+        b.apply(d, emit=False)
+    assert b.response()["usage"]["prompt_tokens_details"] == {"cached_tokens": 48}
 
 
 def test_echo_with_logprobs_returns_the_prompt_tokens_first(tokens: TokenText) -> None:

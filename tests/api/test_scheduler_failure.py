@@ -1,6 +1,7 @@
 """The Scheduler replica failing under a waiting `admit` call (an offline
 request in its pool when it dies or restarts) is a 503 to retry, and the
-request's priority reaches the Scheduler (the offline pool orders by it)."""
+request's priority reaches the Scheduler (the offline pool orders by it), as
+do its prompt's block keys (placement by cached prefix)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,16 @@ def test_priority_reaches_the_scheduler(served: Harness) -> None:
         served.scheduler.admit = real
     assert r.status_code == 200, r.text
     assert seen == [{"priority": -3}]
+
+
+def test_a_long_prompts_block_keys_reach_the_scheduler(served: Harness) -> None:
+    from scheduler.prefix_affinity import prefix_keys
+
+    prompt = "You are a careful assistant. " * 12
+    r = served.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    request_id = served.scheduler.admitted[-1][0]
+    tokens = served.ingress.tokenizer(prompt)["input_ids"]
+    block = served.ingress.cfg.block_size
+    keys = served.scheduler.prefix_keys[request_id]
+    assert keys == prefix_keys(tokens, block) and len(keys) == (len(tokens) - 1) // block

@@ -309,3 +309,25 @@ def test_replayed_predictions_reach_the_jobs_padded():
     assert seen == {"A": (10, 15), "B": (None, None)}
     assert [x.output_tokens for x in out.records] == [9, 5]
     assert out.stats.as_dict()["econoserve_gts_admitted"] >= 2
+
+
+def test_a_shared_system_prompt_is_prefilled_once_with_the_prefix_cache():
+    """The workload's shared prefix reaches the simulated scheduler as equal
+    leading token ids; with prefix caching, later requests prefill only
+    their own part, so their first tokens come sooner."""
+    cost = AnalyticCostModel.preset("opt-13b", "a100-80gb")
+    spec = WorkloadSpec(seed=0, streams=[StreamSpec(
+        num_requests=200, lengths=LengthSpec(dataset="fixed", input_len=64, output_len=16),
+        arrivals=ArrivalSpec(rate=20.0), shared_prefix_tokens=960)])
+    wl = build_workload(spec)
+    assert all(x.prompt_tokens == 64 + 961 for x in wl.requests)
+    assert all(x.prompt.startswith(wl.requests[0].prompt[:960 * 6]) for x in wl.requests)
+    ttft = {}
+    for caching in (True, False):
+        config = SchedulerConfig(num_blocks=cost.num_kv_blocks(), block_size=16,
+                                 max_batch_size=64, max_batch_tokens=2048, max_model_len=2048,
+                                 prefix_caching=caching)
+        out = simulate(wl.requests, config, cost)
+        assert all(x.ok and x.output_tokens == 16 for x in out.records)
+        ttft[caching] = summarize(out.records).ttft.median
+    assert ttft[True] < 0.7 * ttft[False]

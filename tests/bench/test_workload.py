@@ -99,8 +99,23 @@ def test_sharegpt_requests_come_from_pool(pool):
 def test_fixed_lengths_need_no_pool():
     wl = build_workload(spec(0, dataset="fixed", input_len=7, output_len=3))
     assert {(r.prompt_tokens, r.output_tokens) for r in wl.requests} == {(7, 3)}
-    assert wl.requests[0].prompt == filler_prompt(7)
-    assert len(wl.requests[0].prompt.split()) == 7
+    assert wl.requests[0].prompt == filler_prompt(7, salt=0)
+    assert all(len(r.prompt.split()) == 7 for r in wl.requests)
+    # No two prompts begin alike: a prefix cache finds nothing to share.
+    assert len({r.prompt.split()[0] + r.prompt.split()[1] for r in wl.requests}) == len(
+        wl.requests)
+
+
+def test_salted_filler_prompts_keep_one_token_per_word():
+    from transformers import AutoTokenizer
+
+    from engine.model_source import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("embedded:smollm2"))
+    for n, salt in ((1, 3), (4, 10**6), (40, 12_345)):
+        text = filler_prompt(n, salt)
+        assert len(tok(text, add_special_tokens=False)["input_ids"]) == n
+    assert filler_prompt(40, 1) != filler_prompt(40, 2)
 
 
 def test_rescaled_ratio_keeps_total_length(pool):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import threading
 import time
 
@@ -41,9 +43,14 @@ class FakeRunner:
         return StepResult(plan.step, outs, self.step_s)
 
 
+_first_tokens = itertools.count(1000)
+
+
 def req(rid: str, n_prompt: int = 5, max_tokens: int = 4) -> GenerateRequest:
+    """A request whose prompt shares no KV block with another's."""
+    prompt = [next(_first_tokens)] + list(range(2, n_prompt + 1))
     return GenerateRequest(
-        request_id=rid, prompt_token_ids=list(range(1, n_prompt + 1)), max_tokens=max_tokens,
+        request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens,
         temperature=0.0, top_p=1.0, top_k=-1, seed=None, stop=[], stop_token_ids=[],
         ignore_eos=True, min_tokens=0, arrival_time=time.monotonic())
 

@@ -21,14 +21,44 @@ class FakeClock:
         self.t += dt
 
 
+# Every core made during a test, so that the fake engine can read the true
+# tokens of the jobs it runs (`_track_cores`).
+_CORES: list[SchedulerCore] = []
+
+
+@pytest.fixture(autouse=True)
+def _track_cores(monkeypatch: pytest.MonkeyPatch):
+    init = SchedulerCore.__init__
+
+    def tracked(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        init(self, *args, **kwargs)
+        _CORES.append(self)
+
+    monkeypatch.setattr(SchedulerCore, "__init__", tracked)
+    yield
+    _CORES.clear()
+
+
+def _prefix_labels(tokens: list[int]) -> list[int]:
+    """One label per position: the hash of every token up to it, which is
+    what a position's KV depends on."""
+    out, h = [], 0
+    for t in tokens:
+        h = hash((h, t))
+        out.append(h)
+    return out
+
+
 class FakeEngine:
     """Samples token `1000 + output_index` for every sampling chunk.
 
-    Keeps a fake KV store: each device block holds the id of the job that
-    wrote it, so a test can tell that swapped blocks came back intact.  A
-    sibling registered with `share_prompt` may also read the full prompt
-    blocks that another job of its group wrote (same tokens, same KV).
-    Checkpoints copy a block's label to the host and leave it on the device.
+    Keeps a fake KV store: each position of a device block holds a label of
+    the tokens up to it (its "KV"), and every chunk checks that each
+    position it reads holds the label of its own job's tokens there, so a
+    test can tell that swapped blocks came back intact and that blocks
+    shared by siblings or found in the prefix cache hold the same tokens.
+    The jobs' true tokens come from the cores made during the test.
+    Checkpoints copy a block's labels to the host and leave it on the device.
     Swap-ins and prefetches land `swap_delay` steps after they were issued.
     """
 
@@ -38,35 +68,32 @@ class FakeEngine:
         self.clock = clock
         self.step_time = step_time
         self.swap_delay = swap_delay
-        self.device: dict[int, tuple[str, int]] = {}
-        self.host: dict[tuple[str, int], tuple[str, int]] = {}
+        self.device: dict[int, list[int | None]] = {}
+        self.host: dict[tuple[str, int], list[int | None]] = {}
         self.in_flight: list[tuple[int, str]] = []
         self.swapped_in_blocks = 0
         self.swapped_out_blocks = 0
         self.checkpointed_blocks = 0
-        self._group: dict[str, str] = {}
-        self._group_prompt_len: dict[str, int] = {}
         self._step = 0
 
     def share_prompt(self, sibling: str, leader: str, prompt_len: int) -> None:
-        group = self._group.setdefault(leader, leader)
-        self._group[sibling] = group
-        self._group_prompt_len[group] = prompt_len
+        """Kept for tests that name their siblings: labels are by content."""
 
-    def _holds(self, job_id: str, idx: int, label: tuple[str, int] | None) -> bool:
-        if label == (job_id, idx):
-            return True
-        group = self._group.get(job_id)
-        return (group is not None and label is not None and label[1] == idx
-                and self._group.get(label[0]) == group
-                and (idx + 1) * self.block_size <= self._group_prompt_len[group])
+    def _tokens(self, job_id: str, chunk_start: int, chunk_ids: list[int]) -> list[int] | None:
+        for core in reversed(_CORES):
+            job = core.jobs.get(job_id)
+            if job is not None:
+                tokens = job.token_slice(0, chunk_start + len(chunk_ids))
+                if tokens[chunk_start:] == chunk_ids:
+                    return tokens
+        return None
 
     def execute(self, plan: Plan) -> StepResult:
         self._step += 1
         landed_now: list[str] = []
         for op in plan.block_ops:
             if op.kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
-                self.host[(op.job_id, op.block_index)] = self.device[op.device_block]
+                self.host[(op.job_id, op.block_index)] = list(self.device[op.device_block])
                 if op.kind is BlockOpKind.SWAP_OUT:
                     self.swapped_out_blocks += 1
                 else:
@@ -74,22 +101,29 @@ class FakeEngine:
             elif op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
                 key = (op.job_id, op.block_index)
                 # A prefetch restores a checkpoint and keeps it.
-                self.device[op.device_block] = (self.host.pop(key) if op.kind is
-                                                BlockOpKind.SWAP_IN else self.host[key])
+                self.device[op.device_block] = list(self.host.pop(key) if op.kind is
+                                                    BlockOpKind.SWAP_IN else self.host[key])
                 self.swapped_in_blocks += 1
                 if op.block_index == 0:
                     self.in_flight.append((self._step + self.swap_delay, op.job_id))
             elif op.kind is BlockOpKind.DROP:
                 for k in [k for k in self.host if k[0] == op.job_id]:
                     del self.host[k]
+        bs = self.block_size
         for c in plan.chunks:
-            bs = self.block_size
-            for pos in range(c.start_pos, c.start_pos + c.num_tokens):
-                if pos % bs == 0:
-                    self.device[c.block_table[pos // bs]] = (c.job_id, pos // bs)
-            for idx in range((c.start_pos + c.num_tokens + bs - 1) // bs):
-                label = self.device.get(c.block_table[idx])
-                assert self._holds(c.job_id, idx, label), f"{c.job_id} block {idx} holds {label}"
+            end = c.start_pos + c.num_tokens
+            tokens = self._tokens(c.job_id, c.start_pos, c.token_ids)
+            labels = _prefix_labels(tokens) if tokens is not None else None
+            for pos in range(c.start_pos, end):
+                block = self.device.setdefault(c.block_table[pos // bs], [None] * bs)
+                block[pos % bs] = labels[pos] if labels is not None else None
+            if labels is None:
+                continue  # a job no core of this test knows: nothing to check
+            for pos in range(end):
+                block = self.device.get(c.block_table[pos // bs])
+                label = block[pos % bs] if block is not None else None
+                assert label == labels[pos], (
+                    f"{c.job_id} position {pos} (block {pos // bs}) holds other KV")
         done = [j for t, j in self.in_flight if t <= self._step]
         self.in_flight = [(t, j) for t, j in self.in_flight if t > self._step]
         landed_now += done
@@ -105,10 +139,14 @@ _ids = itertools.count()
 
 
 def make_job(prompt_len: int, max_tokens: int, t: float = 0.0, job_id: str | None = None,
-             priority: int = 0) -> Job:
+             priority: int = 0, prompt: list[int] | None = None) -> Job:
+    """A job whose prompt shares no block with any other's unless `prompt`
+    says otherwise (its first token is its own)."""
+    n = next(_ids)
     return Job(
-        job_id=job_id or f"j{next(_ids)}",
-        prompt_token_ids=list(range(1, prompt_len + 1)),
+        job_id=job_id or f"j{n}",
+        prompt_token_ids=(prompt if prompt is not None
+                          else [100_000 + n] + list(range(2, prompt_len + 1))),
         max_tokens=max_tokens,
         arrival_time=t,
         priority=priority,

@@ -21,7 +21,7 @@ def test_state_machine_allows_only_documented_moves():
 
 
 def test_token_slice_spans_prompt_and_output():
-    j = make_job(3, 5)
+    j = make_job(3, 5, prompt=[1, 2, 3])
     j.output_token_ids += [7, 8]
     assert j.token_slice(0, 5) == [1, 2, 3, 7, 8]
     assert j.token_slice(2, 4) == [3, 7]

@@ -350,7 +350,7 @@ def test_sharing_with_a_held_sibling_means_sharing_with_its_leader(clock):
     leader = make_job(P, 3, job_id="L")
     core.add(leader)
     (s1,) = add_siblings(core, engine, leader, 1)
-    s2 = make_job(P, 3, job_id="S2")
+    s2 = make_job(P, 3, job_id="S2", prompt=list(leader.prompt_token_ids))
     engine.share_prompt("S2", "L", P)
     core.add(s2, share_prompt_with="L.1")
     assert core.sharing.is_held(s1) and core.sharing.is_held(s2)

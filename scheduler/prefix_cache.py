@@ -1,0 +1,149 @@
+"""Automatic prefix caching: KV blocks outlive the jobs that computed them.
+
+Chat traffic repeats itself: every request of an assistant starts with the
+same system prompt, and each turn of a conversation re-sends the turns
+before it.  Here a full device block whose KV a job has computed is indexed
+by its content; when its last holder lets go it is parked, not freed, and a
+later job whose tokens begin the same way adopts it instead of computing it
+again (vLLM's automatic prefix caching, hash-chained full blocks; SGLang's
+RadixAttention keeps the same KV in a radix tree).  Parked blocks still count
+as free: an allocation that finds no truly free block evicts the parked one
+let go longest ago, so the cache never costs a running job its memory.
+
+A block's key is its tokens and the serial number its predecessor was
+indexed under, so two blocks match only if the whole prefix before them
+matches too.  Serials are never reused, which makes a match exact (a key is
+compared in full, not by hash) even after the predecessor's block has been
+evicted and reused for other tokens: its successors are then unreachable
+and age out.  A job's blocks are evicted tail first (parked in reverse), so
+a shared head outlives the tails that hang off it.
+
+Only whole blocks of computed positions whose tokens are all known are
+indexed, and a job adopts at most the blocks strictly before its last known
+token, so that it computes that token and samples from its own logits; like
+a sibling's shared prompt (`scheduler/sharing.py`), an adopted block is
+never written: every holder has computed those positions already.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+from scheduler.job import Job
+
+# The serial of "no predecessor": the first block of every sequence.
+_ROOT = 0
+
+_Key = tuple[int, tuple[int, ...]]
+
+
+class PrefixCache:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._index: dict[_Key, int] = {}  # key -> device block
+        self._entry: dict[int, tuple[_Key, int]] = {}  # block -> (key, serial)
+        self._serials = itertools.count(_ROOT + 1)
+        # Indexed blocks no job holds, least recently let go first.
+        self._parked: OrderedDict[int, None] = OrderedDict()
+        # Job id -> serials of its leading blocks' contents, as far as
+        # they are indexed (by its own block or an identical one).
+        self._paths: dict[str, list[int]] = {}
+        # Tokens asked about as jobs arrive, and those found cached.
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    @property
+    def num_parked(self) -> int:
+        return len(self._parked)
+
+    @property
+    def num_indexed(self) -> int:
+        return len(self._entry)
+
+    def is_parked(self, block: int) -> bool:
+        return block in self._parked
+
+    def parked(self) -> list[int]:
+        return list(self._parked)
+
+    def is_indexed(self, block: int) -> bool:
+        return block in self._entry
+
+    # Indexing ---------------------------------------------------------
+
+    def index(self, job: Job, upto: int) -> None:
+        """Index `job`'s full blocks lying before position `upto` (computed,
+        tokens known) that are not indexed yet."""
+        bs = self.block_size
+        path = self._paths.get(job.job_id)
+        if path is None:
+            path = self._paths[job.job_id] = []
+        i = len(path)
+        if (i + 1) * bs > upto:
+            return  # the common call: no block filled since the last one
+        table = job.block_table
+        while (i + 1) * bs <= upto and i < len(table):
+            tokens = tuple(job.token_slice(i * bs, (i + 1) * bs))
+            if min(tokens) < 0:
+                break  # a token still in flight (scheduler/ahead.py)
+            key = (path[-1] if path else _ROOT, tokens)
+            block = self._index.get(key)
+            if block is None:
+                block = table[i]
+                if block in self._entry:
+                    break  # indexed under other tokens: never expected
+                serial = next(self._serials)
+                self._index[key] = block
+                self._entry[block] = (key, serial)
+            path.append(self._entry[block][1])
+            i += 1
+
+    def forget(self, job: Job) -> None:
+        """`job` lets go of its blocks: its path goes with them."""
+        self._paths.pop(job.job_id, None)
+
+    # Parking and eviction ----------------------------------------------
+
+    def park(self, block: int) -> bool:
+        """`block` lost its last holder: keep it if it is indexed (True),
+        else the caller frees it."""
+        if block not in self._entry:
+            return False
+        self._parked[block] = None
+        return True
+
+    def evict(self) -> int:
+        """Un-index the parked block let go longest ago and hand it out."""
+        block, _ = self._parked.popitem(last=False)
+        key, _ = self._entry.pop(block)
+        del self._index[key]
+        return block
+
+    # Lookup -------------------------------------------------------------
+
+    def match(self, job: Job) -> list[int]:
+        """The indexed blocks holding `job`'s leading tokens, at most those
+        strictly before its last known token; they leave the parked set
+        (the caller makes `job` hold them) and become its path."""
+        bs = self.block_size
+        limit = (job.num_tokens - 1) // bs
+        self.num_queried_tokens += job.num_tokens
+        if limit <= 0 or not self._index:
+            return []
+        found: list[int] = []
+        path: list[int] = []
+        parent = _ROOT
+        for i in range(limit):
+            block = self._index.get((parent, tuple(job.token_slice(i * bs, (i + 1) * bs))))
+            if block is None:
+                break
+            found.append(block)
+            parent = self._entry[block][1]
+            path.append(parent)
+        for block in found:
+            self._parked.pop(block, None)
+        if path:
+            self._paths[job.job_id] = path
+        self.num_hit_tokens += len(found) * bs
+        return found
