@@ -193,7 +193,16 @@ class Scheduler:
 
     async def release(self, request_id: str, outcome: str) -> None:
         self.placement.release(request_id)
-        self.jobs.pop(request_id, None)
+        info = self.jobs.pop(request_id, None)
+        if self._kv_directory is not None and info is not None and (
+                outcome != "finished"
+                or info["replica"] not in {r.replica_id for r in self.placement.live(
+                    time.monotonic())}):
+            # Ended early, or its replica died: what a dead replica
+            # checkpointed of it and nobody resumed would otherwise stay in
+            # the host tier until the application stops (a live replica
+            # drops its own jobs' blocks as they end).
+            self._kv_directory.drop_request.remote(request_id)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if self.pool is not None:
             self.pool.release(request_id)

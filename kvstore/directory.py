@@ -84,6 +84,8 @@ class KVDirectory:
         self.bytes_in = 0
         self.bytes_out = 0
         self.rejected = 0
+        # Jobs dropped by `drop_request` (their writer had died).
+        self.dropped_orphans = 0
 
     def put(self, job_id: str, blocks: dict[int, Any], owner: str | None = None) -> bool:
         """Store `blocks` (index -> array) for `owner` (an engine replica);
@@ -141,6 +143,17 @@ class KVDirectory:
         self.used_bytes -= freed
         return freed
 
+    def drop_request(self, request_id: str) -> int:
+        """Forget the blocks of every job of one client request (its
+        prompts `-i`, choices `#i` and shards `#shardR`, deployments/
+        engine_loop.py and engine/shards.py); returns the bytes freed.  For
+        the checkpoints a dead replica left of a request nobody resumed."""
+        ours = [j for j in self.blocks if j == request_id
+                or j.startswith((request_id + "-", request_id + "#"))]
+        freed = sum(self.drop(j) for j in ours)
+        self.dropped_orphans += len(ours)
+        return freed
+
     def stats(self) -> dict[str, Any]:
         return {
             "capacity_blocks": self.capacity_blocks,
@@ -157,6 +170,7 @@ class KVDirectory:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "rejected": self.rejected,
+            "dropped_orphans": self.dropped_orphans,
         }
 
 

@@ -145,3 +145,32 @@ def test_a_stale_directory_of_the_same_name_is_replaced_not_inherited(ray_cluste
     assert st["used_blocks"] == 0 and st["jobs"] == 0
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(stale.stats.remote())
+
+
+def test_a_released_requests_orphaned_checkpoints_are_dropped(ray_cluster, serve_instance):
+    """Blocks a replica stored for a request and could not drop itself (it
+    died) go when the request ends: every job of it (prompts `-i`, choices
+    `#i`, shards `#shardR`), nothing of another request, and nothing of a
+    request that finished on a live replica (which drops its own)."""
+    ray = ray_cluster
+    h = run_scheduler(serve_instance, "app-o", config(host_kv_tokens=1024, replicas=2))
+    ref = DirectoryRef.model_validate(h.kv_directory.remote().result(timeout_s=60))
+    tier = ObjectStoreTier(ray.get_actor(ref.name, namespace=ref.namespace), name=ref.name)
+    jobs = ["cmpl-a", "cmpl-a#1", "cmpl-b-0#shard1", "cmpl-b-1", "cmpl-c", "cmpl-ab"]
+    for job in jobs:
+        assert tier.offload(job, [0], torch.zeros(1, 2, 8)).result()
+    h.report_load.remote("r0", 64, 64, 0, 0).result(timeout_s=60)
+    for rid in ("cmpl-a", "cmpl-b", "cmpl-c"):
+        assert h.admit.remote(rid, 10, 4).result(timeout_s=60)["replica"] == "r0"
+    # Finished on a replica that is alive: its replica drops what it stored.
+    h.release.remote("cmpl-c", "finished").result(timeout_s=60)
+    # Ended early: nobody will resume it.
+    h.release.remote("cmpl-a", "aborted").result(timeout_s=60)
+    wait_until(lambda: kv_tier(h)["jobs"] == 4)
+    # Its replica died: the ingress places it again (nowhere is live now),
+    # and it finishes there.
+    h.admit.remote("cmpl-b", 10, 4, failed_replica="r0").result(timeout_s=60)
+    h.release.remote("cmpl-b", "finished").result(timeout_s=60)
+    wait_until(lambda: kv_tier(h)["jobs"] == 2)
+    st = kv_tier(h)
+    assert st["dropped_orphans"] == 4 and st["used_blocks"] == 2
