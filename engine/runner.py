@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from engine.attention import SeqSpan, default_backend_name, get_attention_backend
+from engine.attention import default_backend_name, get_attention_backend
 from engine.detokenizer import IncrementalDetokenizer
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.model_source import resolve_model
-from engine.models import ForwardBatch, model_class
+from engine.models import model_class
 from engine.models.prepacked import PackMode
 from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.preemption import ForwardPreempted, PreemptFlag, SharedPreemptFlag
@@ -35,45 +34,23 @@ from engine.request import RequestState
 from engine.sampling import SampleRequest, Sampler
 from engine.sampling_params import SamplingParams
 from engine.prepared import PreparedStep
+from engine.runner_prepare import Pending, PlanPreparing
 from engine.runner_shards import ShardDriving
 from engine.shards import ShardGroup, ShardTier, SwapsInFlight
-from engine.step_logprobs import PromptRows, record_prompt_logprobs, sampled_logprobs
+from engine.step_logprobs import record_prompt_logprobs, sampled_logprobs
 from engine.swapper import BlockSwapper, HostKVTier
 from engine.tensor_parallel import SINGLE, TensorParallel
 from engine.threads import pin_threads
 from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
 from engine.weights import iter_weights
-from scheduler.plan import (
-    PENDING_TOKEN, BlockOpKind, JobOutput, Plan, ScheduledChunk, StepResult, TokenLogprob,
-)
+from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult, TokenLogprob
 
 if TYPE_CHECKING:
     from engine.cuda_graphs import DecodeGraphs
     from engine.cuda_graphs_mixed import MixedGraphs
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A launched plan (`ModelRunner.launch`) until `collect`."""
-
-    plan: Plan
-    prepared: PreparedStep | None
-    started: float
-    # The sampled ids: on the device, their host copy and its event (CUDA).
-    tokens: torch.Tensor | None = None
-    host_tokens: torch.Tensor | None = None
-    ready: Any = None
-    logits: torch.Tensor | None = None
-    # Job id -> its row among the sampled ids.
-    rows: dict[str, int] | None = None
-    # Already complete at launch: no chunks, or the pass was cut.
-    result: StepResult | None = None
-    # Collecting reads the logits (logprobs), which the next pass may
-    # overwrite (graph buckets keep theirs in place).
-    reads_logits: bool = False
-
-
-class ModelRunner(ShardDriving):
+class ModelRunner(PlanPreparing, ShardDriving):
     def __init__(
         self,
         model_path: str | Path,
@@ -199,7 +176,7 @@ class ModelRunner(ShardDriving):
         self._launch_due = False
         # The launched plan not yet collected, and when the last pass's
         # sampled ids were read (scheduler/ahead.py keeps one in flight).
-        self._in_flight: _Pending | None = None
+        self._in_flight: Pending | None = None
         self._landed = 0.0
 
     # KV tier --------------------------------------------------------------
@@ -335,7 +312,7 @@ class ModelRunner(ShardDriving):
         """
         return self.collect(self.launch(plan))
 
-    def launch(self, plan: Plan) -> _Pending:
+    def launch(self, plan: Plan) -> Pending:
         """`execute`'s first half: block ops, the pass and sampling queued
         (on a CPU, run), the sampled ids' copy to the host queued; returns
         the handle `collect` takes.  A plan made while another is in flight
@@ -348,7 +325,7 @@ class ModelRunner(ShardDriving):
             self._launched()
             raise
 
-    def collect(self, pending: _Pending) -> StepResult:
+    def collect(self, pending: Pending) -> StepResult:
         """`execute`'s second half: wait for `pending`'s sampled ids (running
         `on_launch` meanwhile) and apply them to the requests.  The token of
         a request removed since its launch is dropped."""
@@ -359,7 +336,7 @@ class ModelRunner(ShardDriving):
                 self._in_flight = None
             self._launched()
 
-    def can_run_ahead(self, pending: _Pending, plan: Plan) -> bool:
+    def can_run_ahead(self, pending: Pending, plan: Plan) -> bool:
         """Whether `plan` may be launched before `pending` is collected:
         neither collecting `pending` reads logits the next pass may
         overwrite, nor does a request of `plan` sample with what `pending`
@@ -385,7 +362,7 @@ class ModelRunner(ShardDriving):
         self.on_launch()
         return time.perf_counter() - t
 
-    def _launch(self, plan: Plan) -> _Pending:
+    def _launch(self, plan: Plan) -> Pending:
         if self.device.type != "cuda":
             self._launched()  # the pass would hold this thread
         for job_id in plan.preempted:
@@ -410,10 +387,10 @@ class ModelRunner(ShardDriving):
         if prepared is None:
             self._launched()  # before waiting for a swap-in
             done, failed = self._poll_swaps(self.swap_wait_s)
-            return _Pending(plan, None, started, result=StepResult(
+            return Pending(plan, None, started, result=StepResult(
                 plan.step, [], 0.0, swaps_in_done=done, swaps_in_failed=failed))
         sampled = prepared.sampled
-        pending = _Pending(plan, prepared, started)
+        pending = Pending(plan, prepared, started)
         with torch.inference_mode():
             try:
                 logits = self._logits(plan, prepared)
@@ -445,7 +422,7 @@ class ModelRunner(ShardDriving):
         self._in_flight = pending
         return pending
 
-    def _host_tokens(self, pending: _Pending) -> tuple[list[int], float]:
+    def _host_tokens(self, pending: Pending) -> tuple[list[int], float]:
         """The sampled ids on the host, and the seconds `on_launch` took: on
         a GPU the host runs `on_launch` before it waits for the copy."""
         if pending.tokens is None:
@@ -457,7 +434,7 @@ class ModelRunner(ShardDriving):
         assert pending.host_tokens is not None
         return pending.host_tokens.tolist(), spent
 
-    def _collect(self, pending: _Pending) -> StepResult:
+    def _collect(self, pending: Pending) -> StepResult:
         if pending.result is not None:
             return pending.result
         prepared, plan = pending.prepared, pending.plan
@@ -540,122 +517,3 @@ class ModelRunner(ShardDriving):
         assert logits is not None, "the plan samples no chunk"
         row = {c.job_id: i for i, (c, _) in enumerate(prepared.sampled)}
         return logits[[row[c.job_id] for c in plan.chunks if c.sample]]
-
-    def _prepare(self, plan: Plan) -> PreparedStep:
-        """Flatten the plan's chunks (decodes first: the attention backend
-        batches them in one call) into one forward batch.
-
-        The logits rows are the sampling chunks' last tokens, in `sampled`
-        order, then the prompt positions whose logprobs are owed.  Nothing
-        is recorded in any request's state: that happens after the forward
-        pass succeeded."""
-        ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
-        sampled: list[tuple[ScheduledChunk, RequestState]] = []
-        prompt_rows: list[PromptRows] = []
-        input_ids: list[int] = []
-        positions: list[int] = []
-        spans: list[SeqSpan] = []
-        logits_indices: list[int] = []
-        prompt_indices: list[int] = []
-        fill_rows: list[int] = []
-        fill_from: list[int] = []
-        for chunk in ordered:
-            state = self._state(chunk)
-            end = chunk.start_pos + chunk.num_tokens
-            if end > self.max_model_len:
-                raise ValueError(
-                    f"job {chunk.job_id}: position {end} exceeds max_model_len {self.max_model_len}"
-                )
-            owed = state.prompt_logprob_positions(chunk.start_pos, end)
-            if owed:
-                base = len(input_ids) - chunk.start_pos
-                prompt_indices.extend(range(base + owed.start, base + owed.stop))
-                prompt_rows.append(PromptRows(state, owed))
-            ids = chunk.token_ids
-            in_flight = 0
-            if ids and min(ids) < 0:
-                ids, in_flight = self._pending_token(chunk, state, len(input_ids),
-                                                     fill_rows, fill_from)
-            input_ids.extend(ids)
-            positions.extend(range(chunk.start_pos, end))
-            spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table,
-                                 len(state.prompt_token_ids)))
-            if chunk.sample:
-                self._check_sample_point(chunk, state, in_flight)
-                logits_indices.append(len(input_ids) - 1)
-                sampled.append((chunk, state))
-        return PreparedStep(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
-                         prompt_rows, fill_rows, fill_from)
-
-    def _pending_token(self, chunk: ScheduledChunk, state: RequestState, offset: int,
-                       fill_rows: list[int], fill_from: list[int]) -> tuple[list[int], int]:
-        """`chunk`'s ids with its last one, `PENDING_TOKEN`, resolved: from
-        the pass in flight on the device (a fill row; 1 output still to
-        land), or from the request's outputs where that pass was collected
-        since the plan was made (0)."""
-        ids = chunk.token_ids
-        if ids[-1] != PENDING_TOKEN or min(ids[:-1], default=0) < 0:
-            raise ValueError(f"job {chunk.job_id}: token ids {ids[:8]}... hold an id < 0 "
-                             "other than the last token's")
-        last = chunk.start_pos + len(ids) - 1
-        prev = self._in_flight
-        row = None if prev is None or prev.rows is None else prev.rows.get(chunk.job_id)
-        if row is not None:
-            fill_rows.append(offset + len(ids) - 1)
-            fill_from.append(row)
-            return ids[:-1] + [0], 1
-        index = last - len(state.prompt_token_ids)
-        if not 0 <= index < len(state.output_token_ids):
-            raise ValueError(f"job {chunk.job_id}: the token at position {last} is "
-                             "neither sampled nor in flight")
-        return ids[:-1] + [state.output_token_ids[index]], 0
-
-    def _fill(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows of the step's ids, their sampled ids) for the tokens the
-        pass in flight samples, read on the device; None if there are none."""
-        if not prepared.fill_rows:
-            return None
-        prev = self._in_flight
-        assert prev is not None and prev.tokens is not None
-        rows = torch.tensor([prepared.fill_rows, prepared.fill_from], dtype=torch.long)
-        if self.device.type == "cuda":
-            # A pageable copy would wait for the pass in flight.
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        return rows[0], prev.tokens.index_select(0, rows[1]).to(torch.long)
-
-    def _forward_batch(self, prepared: PreparedStep) -> ForwardBatch:
-        dev = self.device
-        ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
-        fill = self._fill(prepared)
-        if fill is not None:
-            ids.index_copy_(0, *fill)
-        return ForwardBatch(
-            input_ids=ids,
-            positions=torch.tensor(prepared.positions, dtype=torch.long, device=dev),
-            attn_metadata=self.attn.build_metadata(prepared.spans),
-            logits_indices=torch.tensor(prepared.logits_indices, dtype=torch.long, device=dev),
-        )
-
-    def _state(self, chunk: ScheduledChunk) -> RequestState:
-        try:
-            return self._requests[chunk.job_id]
-        except KeyError:
-            raise KeyError(
-                f"job {chunk.job_id!r} was scheduled but never added (add_request)"
-            ) from None
-
-    @staticmethod
-    def _check_sample_point(chunk: ScheduledChunk, state: RequestState,
-                            in_flight: int = 0) -> None:
-        # The seeded stream and the stop conditions count outputs; a drift
-        # between scheduler and engine would silently break reproducibility.
-        # `in_flight`: outputs sampled by the pass in flight, not yet here.
-        if (
-            chunk.output_index != len(state.output_token_ids) + in_flight
-            or chunk.start_pos + chunk.num_tokens != state.num_tokens + in_flight
-        ):
-            raise RuntimeError(
-                f"job {chunk.job_id}: scheduler samples output {chunk.output_index} after "
-                f"{chunk.start_pos + chunk.num_tokens} tokens, engine has "
-                f"{len(state.output_token_ids)} outputs and {state.num_tokens} tokens"
-            )

@@ -26,3 +26,8 @@ stop_server() {
   ray stop --force >/dev/null 2>&1 || true
   pid=
 }
+dump_engine_stats() {  # FILE: every engine replica's stats, as JSON
+  python -c "import json, sys; from bench.server_stats import RayStatsSource
+json.dump(RayStatsSource().engines(), open(sys.argv[1], 'w'), indent=1, default=str)" \
+    "$1" || true
+}

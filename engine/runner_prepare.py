@@ -1,0 +1,169 @@
+"""The part of `ModelRunner` that turns a `Plan` into one pass's inputs:
+the chunks flattened into one batch (decodes first), the rows whose logits
+are sampled or owed as prompt logprobs, and, for a plan launched while
+another is in flight (scheduler/ahead.py), the rows whose last token the
+device fills from that pass's sampled ids (`PENDING_TOKEN`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.attention import SeqSpan
+from engine.models import ForwardBatch
+from engine.prepared import PreparedStep
+from engine.request import RequestState
+from engine.step_logprobs import PromptRows
+from scheduler.plan import PENDING_TOKEN, Plan, ScheduledChunk, StepResult
+
+
+@dataclass(slots=True)
+class Pending:
+    """A launched plan (`ModelRunner.launch`) until `collect`."""
+
+    plan: Plan
+    prepared: PreparedStep | None
+    started: float
+    # The sampled ids: on the device, their host copy and its event (CUDA).
+    tokens: torch.Tensor | None = None
+    host_tokens: torch.Tensor | None = None
+    ready: Any = None
+    logits: torch.Tensor | None = None
+    # Job id -> its row among the sampled ids.
+    rows: dict[str, int] | None = None
+    # Already complete at launch: no chunks, or the pass was cut.
+    result: StepResult | None = None
+    # Collecting reads the logits (logprobs), which the next pass may
+    # overwrite (graph buckets keep theirs in place).
+    reads_logits: bool = False
+
+
+class PlanPreparing:
+    """Mixed into `ModelRunner`, which sets these attributes."""
+
+    device: torch.device
+    max_model_len: int
+    attn: Any
+    _requests: dict[str, RequestState]
+    _in_flight: Pending | None
+
+    def _prepare(self, plan: Plan) -> PreparedStep:
+        """Flatten the plan's chunks (decodes first: the attention backend
+        batches them in one call) into one forward batch.
+
+        The logits rows are the sampling chunks' last tokens, in `sampled`
+        order, then the prompt positions whose logprobs are owed.  Nothing
+        is recorded in any request's state: that happens after the forward
+        pass succeeded."""
+        ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
+        sampled: list[tuple[ScheduledChunk, RequestState]] = []
+        prompt_rows: list[PromptRows] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        spans: list[SeqSpan] = []
+        logits_indices: list[int] = []
+        prompt_indices: list[int] = []
+        fill_rows: list[int] = []
+        fill_from: list[int] = []
+        for chunk in ordered:
+            state = self._state(chunk)
+            end = chunk.start_pos + chunk.num_tokens
+            if end > self.max_model_len:
+                raise ValueError(
+                    f"job {chunk.job_id}: position {end} exceeds max_model_len {self.max_model_len}"
+                )
+            owed = state.prompt_logprob_positions(chunk.start_pos, end)
+            if owed:
+                base = len(input_ids) - chunk.start_pos
+                prompt_indices.extend(range(base + owed.start, base + owed.stop))
+                prompt_rows.append(PromptRows(state, owed))
+            ids = chunk.token_ids
+            in_flight = 0
+            if ids and min(ids) < 0:
+                ids, in_flight = self._pending_token(chunk, state, len(input_ids),
+                                                     fill_rows, fill_from)
+            input_ids.extend(ids)
+            positions.extend(range(chunk.start_pos, end))
+            spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table,
+                                 len(state.prompt_token_ids)))
+            if chunk.sample:
+                self._check_sample_point(chunk, state, in_flight)
+                logits_indices.append(len(input_ids) - 1)
+                sampled.append((chunk, state))
+        return PreparedStep(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
+                         prompt_rows, fill_rows, fill_from)
+
+    def _pending_token(self, chunk: ScheduledChunk, state: RequestState, offset: int,
+                       fill_rows: list[int], fill_from: list[int]) -> tuple[list[int], int]:
+        """`chunk`'s ids with its last one, `PENDING_TOKEN`, resolved: from
+        the pass in flight on the device (a fill row; 1 output still to
+        land), or from the request's outputs where that pass was collected
+        since the plan was made (0)."""
+        ids = chunk.token_ids
+        if ids[-1] != PENDING_TOKEN or min(ids[:-1], default=0) < 0:
+            raise ValueError(f"job {chunk.job_id}: token ids {ids[:8]}... hold an id < 0 "
+                             "other than the last token's")
+        last = chunk.start_pos + len(ids) - 1
+        prev = self._in_flight
+        row = None if prev is None or prev.rows is None else prev.rows.get(chunk.job_id)
+        if row is not None:
+            fill_rows.append(offset + len(ids) - 1)
+            fill_from.append(row)
+            return ids[:-1] + [0], 1
+        index = last - len(state.prompt_token_ids)
+        if not 0 <= index < len(state.output_token_ids):
+            raise ValueError(f"job {chunk.job_id}: the token at position {last} is "
+                             "neither sampled nor in flight")
+        return ids[:-1] + [state.output_token_ids[index]], 0
+
+    def _fill(self, prepared: PreparedStep) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows of the step's ids, their sampled ids) for the tokens the
+        pass in flight samples, read on the device; None if there are none."""
+        if not prepared.fill_rows:
+            return None
+        prev = self._in_flight
+        assert prev is not None and prev.tokens is not None
+        rows = torch.tensor([prepared.fill_rows, prepared.fill_from], dtype=torch.long)
+        if self.device.type == "cuda":
+            # A pageable copy would wait for the pass in flight.
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        return rows[0], prev.tokens.index_select(0, rows[1]).to(torch.long)
+
+    def _forward_batch(self, prepared: PreparedStep) -> ForwardBatch:
+        dev = self.device
+        ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
+        fill = self._fill(prepared)
+        if fill is not None:
+            ids.index_copy_(0, *fill)
+        return ForwardBatch(
+            input_ids=ids,
+            positions=torch.tensor(prepared.positions, dtype=torch.long, device=dev),
+            attn_metadata=self.attn.build_metadata(prepared.spans),
+            logits_indices=torch.tensor(prepared.logits_indices, dtype=torch.long, device=dev),
+        )
+
+    def _state(self, chunk: ScheduledChunk) -> RequestState:
+        try:
+            return self._requests[chunk.job_id]
+        except KeyError:
+            raise KeyError(
+                f"job {chunk.job_id!r} was scheduled but never added (add_request)"
+            ) from None
+
+    @staticmethod
+    def _check_sample_point(chunk: ScheduledChunk, state: RequestState,
+                            in_flight: int = 0) -> None:
+        # The seeded stream and the stop conditions count outputs; a drift
+        # between scheduler and engine would silently break reproducibility.
+        # `in_flight`: outputs sampled by the pass in flight, not yet here.
+        if (
+            chunk.output_index != len(state.output_token_ids) + in_flight
+            or chunk.start_pos + chunk.num_tokens != state.num_tokens + in_flight
+        ):
+            raise RuntimeError(
+                f"job {chunk.job_id}: scheduler samples output {chunk.output_index} after "
+                f"{chunk.start_pos + chunk.num_tokens} tokens, engine has "
+                f"{len(state.output_token_ids)} outputs and {state.num_tokens} tokens"
+            )
