@@ -75,6 +75,9 @@ class _SamplingFields(UnsupportedFields):
     # JCT SLO); `policy: econoserve` orders by the deadline it gives.
     # None: the policy's default (`econoserve.jct_slo_scale`).
     jct_slo_s: float | None = Field(None, gt=0.0, le=86400.0)
+    # vLLM's extension: the prefix cache shares KV only between requests of
+    # the same salt (a tenant's), so that none can time another's prompts.
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("stop")
     @classmethod
@@ -357,6 +360,7 @@ class GenerateRequest(BaseModel):
     priority: int = 0
     job_class: Literal["online", "offline"] = "online"
     jct_slo_s: float | None = None
+    cache_salt: str | None = None
     arrival_time: float
     # The client's end-user id (OpenAI `user`), for logs.
     user: str | None = None

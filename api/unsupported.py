@@ -30,7 +30,8 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "store": ((None, False), "completions are not stored"),
     "metadata": ((None,), "completions are not stored, so metadata has no use"),
     "service_tier": ((None, "auto", "default"), "service tiers are not offered"),
-    "prompt_cache_key": ((None,), "there is no prompt cache to key"),
+    "prompt_cache_key": ((None,), "routing by a client's key is not supported: a request "
+                         "goes where its prompt's beginning is likely cached"),
     # vLLM extensions.
     "min_p": ((None, 0, 0.0), "min_p sampling is not supported"),
     "use_beam_search": ((None, False), "beam search is not supported"),
@@ -51,7 +52,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "return_tokens_as_token_ids": ((None, False), "not supported"),
     "return_token_ids": ((None, False), "not supported"),
     "request_id": ((None,), "request ids are assigned by the server"),
-    "cache_salt": ((None,), "there is no prompt cache to salt"),
     "documents": ((None,), "documents are not supported"),
     "mm_processor_kwargs": ((None,), "this model reads text only"),
     "kv_transfer_params": ((None,), "KV transfer is not supported"),
@@ -109,7 +109,6 @@ class UnsupportedFields(BaseModel):
     return_tokens_as_token_ids: Any = None
     return_token_ids: Any = None
     request_id: Any = None
-    cache_salt: Any = None
     documents: Any = None
     mm_processor_kwargs: Any = None
     kv_transfer_params: Any = None

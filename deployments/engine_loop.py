@@ -276,6 +276,7 @@ class EngineLoop:
                     arrival_time=req.arrival_time,
                     job_class=JobClass(req.job_class),
                     priority=req.priority,
+                    cache_salt=req.cache_salt,
                 )
                 if outputs is not None:
                     self.stats.resumed_jobs += 1

@@ -289,7 +289,8 @@ class Ingress:
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
-            job_class=req.job_class, jct_slo_s=req.jct_slo_s, arrival_time=time.time(),
+            job_class=req.job_class, jct_slo_s=req.jct_slo_s, cache_salt=req.cache_salt,
+            arrival_time=time.time(),
             user=req.user or req.safety_identifier)
 
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
@@ -339,7 +340,7 @@ class Ingress:
         the Scheduler places it elsewhere without admission control."""
         resumed: dict[str, Any] = ({} if failed_replica is None
                                    else {"failed_replica": failed_replica})
-        keys = prefix_keys(gens[0].prompt_token_ids, self.cfg.block_size)
+        keys = prefix_keys(gens[0].prompt_token_ids, self.cfg.block_size, gens[0].cache_salt)
         if keys:  # where its leading blocks are likely cached
             resumed["prefix_keys"] = keys
         try:

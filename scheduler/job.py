@@ -100,6 +100,9 @@ class Job:
     # Seconds of iteration time this job has been part of (MLFQ, §4.1).
     attained_service: float = 0.0
     num_preemptions: int = 0
+    # vLLM's `cache_salt`: the prefix cache shares blocks only between jobs
+    # of the same salt (None is a salt of its own).
+    cache_salt: str | None = None
     # Prompt tokens whose KV it found in the prefix cache when it arrived
     # (OpenAI's usage.prompt_tokens_details.cached_tokens).
     num_cached_tokens: int = 0

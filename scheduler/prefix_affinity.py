@@ -14,6 +14,7 @@ have evicted the blocks since, and placement weighs the hint against load
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
@@ -23,15 +24,16 @@ from collections.abc import Collection, Sequence
 MAX_KEY_BLOCKS = 128
 
 
-def prefix_keys(token_ids: Sequence[int], block_size: int,
+def prefix_keys(token_ids: Sequence[int], block_size: int, salt: str | None = None,
                 max_blocks: int = MAX_KEY_BLOCKS) -> list[int]:
     """One key per full block before the prompt's last token (the blocks
     an engine may adopt, `PrefixCache.match`), each standing for every
-    token up to its block's end.  Python's hash of a tuple of ints is the
-    same in every process."""
+    token up to its block's end (and the request's `cache_salt`).  Python's
+    hash of a tuple of ints is the same in every process; a str's is not,
+    so a salt enters by its bytes' CRC."""
     n = min((len(token_ids) - 1) // block_size, max_blocks)
     keys: list[int] = []
-    h = 0
+    h = 0 if salt is None else zlib.crc32(salt.encode()) + 1
     for i in range(n):
         h = hash((h, tuple(token_ids[i * block_size:(i + 1) * block_size])))
         keys.append(h)

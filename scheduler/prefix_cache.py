@@ -18,6 +18,10 @@ evicted and reused for other tokens: its successors are then unreachable
 and age out.  A job's blocks are evicted tail first (parked in reverse), so
 a shared head outlives the tails that hang off it.
 
+A job with vLLM's `cache_salt` (a tenant's) starts from a root of its
+salt's, so it shares blocks only with jobs of the same salt: no tenant can
+tell from its latency what another's prompts were.
+
 Only whole blocks of computed positions whose tokens are all known are
 indexed, and a job adopts at most the blocks strictly before its last known
 token, so that it computes that token and samples from its own logits; like
@@ -35,7 +39,13 @@ from scheduler.job import Job
 # The serial of "no predecessor": the first block of every sequence.
 _ROOT = 0
 
-_Key = tuple[int, tuple[int, ...]]
+_Key = tuple[object, tuple[int, ...]]
+
+
+def _root(job: Job) -> object:
+    """The predecessor of a job's first block: a salted job's blocks form a
+    tree of their own (vLLM's `cache_salt`)."""
+    return _ROOT if job.cache_salt is None else ("salt", job.cache_salt)
 
 
 class PrefixCache:
@@ -87,7 +97,7 @@ class PrefixCache:
             tokens = tuple(job.token_slice(i * bs, (i + 1) * bs))
             if min(tokens) < 0:
                 break  # a token still in flight (scheduler/ahead.py)
-            key = (path[-1] if path else _ROOT, tokens)
+            key = (path[-1] if path else _root(job), tokens)
             block = self._index.get(key)
             if block is None:
                 block = table[i]
@@ -133,7 +143,7 @@ class PrefixCache:
             return []
         found: list[int] = []
         path: list[int] = []
-        parent = _ROOT
+        parent: object = _root(job)
         for i in range(limit):
             block = self._index.get((parent, tuple(job.token_slice(i * bs, (i + 1) * bs))))
             if block is None:

@@ -73,3 +73,20 @@ def test_a_long_prompts_block_keys_reach_the_scheduler(served: Harness) -> None:
     block = served.ingress.cfg.block_size
     keys = served.scheduler.prefix_keys[request_id]
     assert keys == prefix_keys(tokens, block) and len(keys) == (len(tokens) - 1) // block
+
+
+def test_a_cache_salt_reaches_the_engine_and_salts_the_keys(served: Harness) -> None:
+    from scheduler.prefix_affinity import prefix_keys
+
+    prompt = "You are a careful assistant. " * 12
+    r = served.client.post("/v1/completions", json={
+        "prompt": prompt, "max_tokens": 2, "cache_salt": "tenant-7"})
+    assert r.status_code == 200, r.text
+    assert served.engine.requests[-1].cache_salt == "tenant-7"
+    request_id = served.scheduler.admitted[-1][0]
+    tokens = served.ingress.tokenizer(prompt)["input_ids"]
+    assert served.scheduler.prefix_keys[request_id] == prefix_keys(
+        tokens, served.ingress.cfg.block_size, "tenant-7")
+    bad = served.client.post("/v1/completions", json={
+        "prompt": prompt, "max_tokens": 2, "cache_salt": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt", bad.text

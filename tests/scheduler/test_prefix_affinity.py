@@ -106,3 +106,11 @@ def test_admission_estimates_the_ttft_without_the_cached_prompt():
     _prefill_report(q, "a", prefill_tokens=100)
     _prefill_report(q, "b", prefill_tokens=0)
     assert q.admit("j", prompt_tokens=len(chat), max_tokens=20, n=1, now=0.1).replica == "b"
+
+
+def test_a_salt_changes_every_key():
+    plain = prefix_keys(SYSTEM + [1], BS)
+    salted = prefix_keys(SYSTEM + [1], BS, salt="tenant-1")
+    assert len(salted) == len(plain) and not set(salted) & set(plain)
+    assert prefix_keys(SYSTEM + [1], BS, salt="tenant-1") == salted
+    assert prefix_keys(SYSTEM + [1], BS, salt="tenant-2") != salted

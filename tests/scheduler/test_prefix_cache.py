@@ -166,3 +166,20 @@ def test_a_recomputed_job_is_not_given_its_own_blocks_back_while_queued(clock):
     drain(core, engine)
     assert victim.output_token_ids == [1000 + k for k in range(20)]
     core.blocks.check()
+
+
+def test_a_salt_shares_blocks_only_within_itself(clock):
+    """vLLM's `cache_salt`: a tenant's requests share their prefixes with
+    each other and with nobody else."""
+    core, engine = make_core(clock), FakeEngine(clock)
+    a = _job("a", SYSTEM + [1])
+    a.cache_salt = "tenant-1"
+    core.add(a)
+    drain(core, engine)
+    for salt, expected in ((None, 0), ("tenant-2", 0), ("tenant-1", len(SYSTEM))):
+        b = _job(f"b-{salt}", SYSTEM + [2])
+        b.cache_salt = salt
+        core.add(b)
+        assert b.num_computed_tokens == expected, salt
+        drain(core, engine)
+    core.blocks.check()
