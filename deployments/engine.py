@@ -31,7 +31,8 @@ from ray import serve
 from api.config import AppConfig
 from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_figures import EngineFigures
-from deployments.engine_loop import Delivery, EngineLoop, EngineStopped, choice_job_ids
+from deployments.delivery import Delivery, EngineStopped
+from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore

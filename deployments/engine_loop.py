@@ -26,11 +26,12 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from api.protocol import GenerateRequest, JobMetrics
+from deployments.delivery import Delivery
 from deployments.held_deliveries import HeldDeliveries
+from deployments.job_metrics import finished_latency, job_metrics
 from deployments.loop_stats import LoopStats
 from scheduler.admission import MeanOutput
 from scheduler.ahead import AheadDriver, OnWallClockAhead
@@ -48,23 +49,6 @@ class Runner(Protocol):
     def add_request(self, job_id: str, params: object, prompt_token_ids: list[int]) -> None: ...
     def remove_request(self, job_id: str) -> None: ...
     def execute(self, plan: Plan) -> StepResult: ...
-
-
-@dataclass(slots=True)
-class Delivery:
-    event: JobEvent
-    metrics: JobMetrics | None  # set on the job's last event
-    error: str | None = None
-    # The error is the replica stopping, not the request: the same request
-    # may succeed on another replica.
-    stopped: bool = False
-    # The error is ours (an iteration failed), not a refusal of the request.
-    internal: bool = False
-
-
-class EngineStopped(RuntimeError):
-    """A job ended because its engine replica shut down (not the request's
-    fault: retry elsewhere)."""
 
 
 Deliver = Callable[[list[Delivery]], None]
@@ -499,19 +483,7 @@ class EngineLoop:
         if job is None:
             return None
         self.mean_output.add(job.num_output_tokens)
-        arrival = job.arrival_time
-        if job.first_token_time is not None and job.finish_time is not None:
-            n = job.num_output_tokens
-            tpot = (job.finish_time - job.first_token_time) / (n - 1) if n > 1 else None
-            self.stats.finished_latencies.append(
-                (job.job_class.value, job.first_token_time - arrival, tpot))
-        return JobMetrics(
-            queue_time=(job.first_scheduled_time or arrival) - arrival,
-            ttft=(job.first_token_time or arrival) - arrival,
-            e2e=(job.finish_time or arrival) - arrival,
-            execution_time=job.attained_service,
-            swap_wait_time=job.swap_wait_time,
-            num_preemptions=job.num_preemptions,
-            predicted_output_len=job.predicted_output_len,
-            cached_tokens=job.num_cached_tokens,
-        )
+        latency = finished_latency(job)
+        if latency is not None:
+            self.stats.finished_latencies.append(latency)
+        return job_metrics(job)

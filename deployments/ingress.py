@@ -53,6 +53,7 @@ from api.protocol import (
     now_s,
 )
 from api.responses import PromptInput, ResponseBuilder
+from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
 from scheduler.prefix_affinity import prefix_keys
@@ -417,7 +418,7 @@ class Ingress:
     async def _collect(self, builder: ResponseBuilder, stream: Any) -> dict[str, Any]:
         outcome = "aborted"
         try:
-            async for delta in _engine_deltas(stream):
+            async for delta in engine_deltas(stream):
                 builder.apply(delta, emit=False)
             outcome = "finished" if builder.done else "aborted"
         except EngineRefused as e:
@@ -426,7 +427,7 @@ class Ingress:
         except EngineFailed as e:
             outcome = "error"
             log.warning("request %s failed in the engine: %r", builder.request_id, e.__cause__)
-            raise _engine_failure(e)
+            raise engine_failure(e)
         finally:
             self._finish(builder, stream, outcome)
         return builder.response()
@@ -437,7 +438,7 @@ class Ingress:
         try:
             for c in builder.opening_chunks():
                 yield _event(c)
-            async for delta in _engine_deltas(stream):
+            async for delta in engine_deltas(stream):
                 for c in builder.apply(delta):
                     yield _event(c)
             if include_usage:
@@ -453,7 +454,7 @@ class Ingress:
             elif isinstance(e, EngineFailed):
                 log.warning("stream %s failed in the engine: %r", builder.request_id,
                             e.__cause__)
-                err = _engine_failure(e)
+                err = engine_failure(e)
             else:
                 log.exception("stream %s failed", builder.request_id)
                 err = APIError(500, "internal server error")
@@ -467,48 +468,6 @@ def _app_name() -> str:
     """The Serve application this ingress serves: the one its batches'
     jobs send their requests to."""
     return serve.get_replica_context().app_name
-
-
-class EngineRefused(Exception):
-    """The engine refused the request (its error is the cause)."""
-
-
-class EngineFailed(Exception):
-    """The engine replica failed or went away mid-request (cause attached)."""
-
-
-def _engine_failure(e: "EngineFailed") -> APIError:
-    """503 (retry: another replica, or this one once restarted), with the
-    replica's reason when it stopped deliberately."""
-    from deployments.engine_loop import EngineStopped
-
-    reason = "the engine serving this request failed or shut down"
-    cause = e.__cause__
-    if isinstance(cause, EngineStopped):
-        # Through Ray the cause is a dual RayTaskError whose first argument
-        # is the original exception.
-        why: Any = cause
-        while isinstance(why, BaseException) and why.args:
-            why = why.args[0]
-        reason = f"the engine serving this request stopped: " \
-                 f"{why if isinstance(why, str) else 'shutting down'}"
-    return APIError(503, f"{reason}; retry", type_="service_unavailable")
-
-
-async def _engine_deltas(stream: Any) -> AsyncIterator[dict[str, Any]]:
-    """The engine stream's choice deltas, its failures told apart from ours:
-    a ValueError is the engine refusing the request; anything else, the
-    replica failing."""
-    try:
-        async for items in stream:
-            for d in items:
-                yield d
-    except ValueError as e:
-        raise EngineRefused() from e
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:
-        raise EngineFailed() from e
 
 
 def _event(obj: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ def replica_failed(e: BaseException) -> bool:
     stopping rather than the request being at fault."""
     from ray.exceptions import RayActorError
 
-    from deployments.engine_loop import EngineStopped
+    from deployments.delivery import EngineStopped
 
     return isinstance(e, (RayActorError, EngineStopped))
 

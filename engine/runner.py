@@ -336,23 +336,6 @@ class ModelRunner(PlanPreparing, ShardDriving):
                 self._in_flight = None
             self._launched()
 
-    def can_run_ahead(self, pending: Pending, plan: Plan) -> bool:
-        """Whether `plan` may be launched before `pending` is collected:
-        neither collecting `pending` reads logits the next pass may
-        overwrite, nor does a request of `plan` sample with what `pending`
-        samples for it (penalties over its outputs, min_tokens bans)."""
-        if self.world > 1 or pending.result is not None or pending.reads_logits:
-            return False
-        rows = pending.rows or {}
-        for chunk in plan.chunks:
-            if chunk.job_id in rows:
-                state = self._requests.get(chunk.job_id)
-                if state is not None and (
-                        state.params.has_penalties
-                        or state.params.min_tokens > len(state.output_token_ids)):
-                    return False
-        return True
-
     def _launched(self) -> float:
         """Run `on_launch` if this `execute` has not yet; returns its seconds."""
         if not self._launch_due or self.on_launch is None:
@@ -421,18 +404,6 @@ class ModelRunner(PlanPreparing, ShardDriving):
                     pending.ready.record(torch.cuda.current_stream(tokens.device))
         self._in_flight = pending
         return pending
-
-    def _host_tokens(self, pending: Pending) -> tuple[list[int], float]:
-        """The sampled ids on the host, and the seconds `on_launch` took: on
-        a GPU the host runs `on_launch` before it waits for the copy."""
-        if pending.tokens is None:
-            return [], 0.0
-        if pending.ready is None:
-            return pending.tokens.tolist(), 0.0
-        spent = self._launched()
-        pending.ready.synchronize()
-        assert pending.host_tokens is not None
-        return pending.host_tokens.tolist(), spent
 
     def _collect(self, pending: Pending) -> StepResult:
         if pending.result is not None:

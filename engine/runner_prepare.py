@@ -1,13 +1,14 @@
 """The part of `ModelRunner` that turns a `Plan` into one pass's inputs:
 the chunks flattened into one batch (decodes first), the rows whose logits
-are sampled or owed as prompt logprobs, and, for a plan launched while
-another is in flight (scheduler/ahead.py), the rows whose last token the
-device fills from that pass's sampled ids (`PENDING_TOKEN`)."""
+are sampled or owed as prompt logprobs, and what launching a plan while
+another is in flight needs (scheduler/ahead.py): whether it may be, the
+rows whose last token the device fills from that pass's sampled ids
+(`PENDING_TOKEN`), and those ids on the host once they land."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,8 +47,41 @@ class PlanPreparing:
     device: torch.device
     max_model_len: int
     attn: Any
+    world: int
     _requests: dict[str, RequestState]
     _in_flight: Pending | None
+
+    if TYPE_CHECKING:
+        def _launched(self) -> float: ...
+
+    def can_run_ahead(self, pending: Pending, plan: Plan) -> bool:
+        """Whether `plan` may be launched before `pending` is collected:
+        neither collecting `pending` reads logits the next pass may
+        overwrite, nor does a request of `plan` sample with what `pending`
+        samples for it (penalties over its outputs, min_tokens bans)."""
+        if self.world > 1 or pending.result is not None or pending.reads_logits:
+            return False
+        rows = pending.rows or {}
+        for chunk in plan.chunks:
+            if chunk.job_id in rows:
+                state = self._requests.get(chunk.job_id)
+                if state is not None and (
+                        state.params.has_penalties
+                        or state.params.min_tokens > len(state.output_token_ids)):
+                    return False
+        return True
+
+    def _host_tokens(self, pending: Pending) -> tuple[list[int], float]:
+        """The sampled ids on the host, and the seconds `on_launch` took: on
+        a GPU the host runs `on_launch` before it waits for the copy."""
+        if pending.tokens is None:
+            return [], 0.0
+        if pending.ready is None:
+            return pending.tokens.tolist(), 0.0
+        spent = self._launched()
+        pending.ready.synchronize()
+        assert pending.host_tokens is not None
+        return pending.host_tokens.tolist(), spent
 
     def _prepare(self, plan: Plan) -> PreparedStep:
         """Flatten the plan's chunks (decodes first: the attention backend

@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from api.protocol import GenerateRequest
-from deployments.engine_loop import Delivery, EngineLoop
+from deployments.delivery import Delivery
+from deployments.engine_loop import EngineLoop
 from engine.profiler import estimate_cost
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from deployments.engine_loop import Delivery, EngineLoop
+from deployments.delivery import Delivery
+from deployments.engine_loop import EngineLoop
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.plan import Plan, StepResult
@@ -160,7 +161,7 @@ def test_serve_logs_a_stopped_job_as_one_info_line_not_a_failure_traceback():
     import sys
 
     from deployments.engine import _StoppedJobLogs
-    from deployments.engine_loop import EngineStopped
+    from deployments.delivery import EngineStopped
 
     def record(exc: BaseException) -> logging.LogRecord:
         try:
