@@ -39,15 +39,7 @@ def plan_checkpoints(swap: SwapManager, victims_first: Iterable[Job],
         return []
     candidates = [j for j in victims_first if j.block_table and j.is_resident]
     n = jobs_to_cover(len(candidates), swap.blocks.utilization, cfg.checkpoint_threshold)
-    ops: list[BlockOp] = []
-    budget = swap.copies_per_iteration(cfg.checkpoint_max_blocks)
-    for job in candidates[:n]:
-        if budget <= 0 or swap.host_free <= 0:
-            break
-        got = swap.checkpoint(job, budget)
-        budget -= len(got)
-        ops += got
-    return ops
+    return _copy_in_order(swap, candidates[:n], cfg.checkpoint_max_blocks)
 
 
 def survival_checkpoints(swap: SwapManager, running: Iterable[Job],
@@ -61,9 +53,15 @@ def survival_checkpoints(swap: SwapManager, running: Iterable[Job],
     if not due:
         return []
     due.sort(key=lambda x: -x[0])
-    budget = swap.copies_per_iteration(cfg.max_blocks_per_iteration)
+    return _copy_in_order(swap, [j for _, j in due], cfg.max_blocks_per_iteration)
+
+
+def _copy_in_order(swap: SwapManager, jobs: list[Job], max_blocks: int) -> list[BlockOp]:
+    """CHECKPOINT ops for `jobs`' uncopied full blocks, in order, within the
+    iteration's copy budget and the host tier's room."""
+    budget = swap.copies_per_iteration(max_blocks)
     ops: list[BlockOp] = []
-    for n, job in due:
+    for job in jobs:
         if budget <= 0 or swap.host_free <= 0:
             break
         got = swap.checkpoint(job, budget)
