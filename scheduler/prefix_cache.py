@@ -67,13 +67,6 @@ class PrefixCache:
     def num_parked(self) -> int:
         return len(self._parked)
 
-    @property
-    def num_indexed(self) -> int:
-        return len(self._entry)
-
-    def is_parked(self, block: int) -> bool:
-        return block in self._parked
-
     def parked(self) -> list[int]:
         return list(self._parked)
 
