@@ -52,11 +52,6 @@ class ReplicaLoad:
     placed_prefill: int = 0
     placed_jobs: int = 0
 
-    @property
-    def pressure(self) -> float:
-        """Outstanding work relative to the replica's KV capacity."""
-        return (self.queued_tokens + self.placed_tokens) / max(1, self.num_blocks)
-
     def work_with(self, tokens: int) -> float:
         """Outstanding work with `tokens` more, relative to KV capacity."""
         return (self.queued_tokens + self.placed_tokens + tokens) / max(1, self.num_blocks)
