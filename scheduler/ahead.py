@@ -87,6 +87,7 @@ class PlanAhead:
         jobs, max_model_len = core.jobs, core.config.max_model_len
         sharing = core.sharing if core.sharing.has_groups else None
         now = core.clock()
+        prefix = core.blocks.prefix
         found: list[Job | None] = []
         finished: set[str] = set()
         for chunk in plan.chunks:
@@ -95,6 +96,10 @@ class PlanAhead:
             if job is None:
                 continue
             job.num_computed_tokens += len(chunk.token_ids)
+            if prefix is not None and len(chunk.token_ids) > 1:
+                # As `SchedulerCore.complete` does: a job adopting these
+                # blocks in the next plan reads them after this pass.
+                prefix.index(job, job.num_computed_tokens)
             if sharing is not None:
                 core._release_siblings(sharing.on_computed(job))
             if not chunk.sample:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from scheduler.job import BlockLocation, Job
 from scheduler.prefix_cache import PrefixCache
@@ -28,6 +29,12 @@ from scheduler.watchers import Watchers
 
 class BlockAccountingError(RuntimeError):
     pass
+
+
+class Adoption(NamedTuple):
+    """What `BlockManager.reclaim_cached` adopted, to undo it."""
+    num_blocks: int
+    cached_before: int
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -158,11 +165,47 @@ class BlockManager:
         """Let `job` (no blocks yet, just arrived) hold the cached blocks
         that begin its tokens, and count their tokens computed; returns how
         many blocks."""
-        if self.prefix is None or job.block_table or job.num_computed_tokens:
+        if (self.prefix is None or job.block_table or job.num_computed_tokens
+                or not job.adopts_cached_kv):
             return 0
         found = self.prefix.match(job)
         if not found:
+            job.prefix_missed_at = self.prefix.version
             return 0
+        self._adopt(job, found)
+        return len(found)
+
+    def reclaim_cached(self, job: Job) -> Adoption | None:
+        """`claim_cached` again as a job with no KV anywhere is about to
+        start: blocks computed since it arrived (by a job ahead of it with
+        the same system prompt, or its own, parked when it was preempted for
+        recomputation) are adopted instead of computed (vLLM looks its cache
+        up at scheduling too).  The policy sizes the job's chunk after this
+        call, and gives the blocks back (`undo_adoption`) if it does not
+        start after all.  None: nothing adopted."""
+        prefix = self.prefix
+        if (prefix is None or job.block_table or job.num_computed_tokens
+                or job.num_host_blocks or job.swap_pending is not None
+                or not job.adopts_cached_kv or job.prefix_missed_at == prefix.version):
+            return None
+        found = prefix.match(job, count=False)
+        if not found:
+            job.prefix_missed_at = prefix.version
+            return None
+        adoption = Adoption(len(found), job.num_cached_tokens)
+        prefix.count_kept(job, len(found))
+        self._adopt(job, found)
+        return adoption
+
+    def undo_adoption(self, job: Job, adoption: Adoption) -> None:
+        """Give back what `reclaim_cached` adopted: `job` is as before."""
+        assert self.prefix is not None
+        self.free(job)
+        job.num_computed_tokens = 0
+        job.num_cached_tokens = adoption.cached_before
+        self.prefix.count_kept(job, adoption.num_blocks, -1)
+
+    def _adopt(self, job: Job, found: list[int]) -> None:
         jid, holders_of = job.job_id, self._holders
         shared = 0
         for b in found:
@@ -180,10 +223,11 @@ class BlockManager:
         job.block_table += found
         job.block_locations += [BlockLocation.DEVICE] * len(found)
         job.num_computed_tokens = len(found) * self.block_size
-        if not job.output_token_ids:  # its prompt's (a resumed job has outputs)
+        # Its prompt's, before it first ran (a resumed or preempted job's
+        # own KV coming back is not a cache hit its client is told of).
+        if not job.output_token_ids and job.first_scheduled_time is None:
             job.num_cached_tokens = job.num_computed_tokens
         self._now_holding(job)
-        return len(found)
 
     def free(self, job: Job) -> int:
         """Drop all of `job`'s references; returns how many blocks went back

@@ -95,8 +95,9 @@ class SchedulerCore:
         discarded to its checkpoint does, prefetching them and computing
         only the tokens past them.  Otherwise, with `prefix_caching`, it
         adopts the cached blocks that begin its tokens
-        (`scheduler/prefix_cache.py`), unless `use_prefix_cache` is False
-        (it needs the logits of every prompt position)."""
+        (`scheduler/prefix_cache.py`), and looks again when it starts
+        from nothing, unless `use_prefix_cache` is False (it needs the
+        logits of every prompt position)."""
         if job.job_id in self.jobs:
             raise ValueError(f"duplicate job id {job.job_id}")
         if job.num_prompt_tokens == 0:
@@ -125,9 +126,10 @@ class SchedulerCore:
         self.jobs[job.job_id] = job
         if leader is not None and self.sharing.attach(job, leader):
             return  # held until its leader has computed the shared blocks
+        job.adopts_cached_kv = use_prefix_cache
         if host_blocks > 0:
             self.swap.adopt(job, host_blocks)
-        elif use_prefix_cache:
+        else:
             self.blocks.claim_cached(job)
         self.policy.add(job)
 

@@ -103,9 +103,15 @@ class Job:
     # vLLM's `cache_salt`: the prefix cache shares blocks only between jobs
     # of the same salt (None is a salt of its own).
     cache_salt: str | None = None
-    # Prompt tokens whose KV it found in the prefix cache when it arrived
-    # (OpenAI's usage.prompt_tokens_details.cached_tokens).
+    # Prompt tokens whose KV it found in the prefix cache before it first
+    # ran (OpenAI's usage.prompt_tokens_details.cached_tokens).
     num_cached_tokens: int = 0
+    # Whether it may adopt cached KV at all (not when it needs the logits
+    # of every prompt position), and the prefix cache's version when a
+    # lookup last found nothing for it: until something new is indexed, a
+    # lookup again would find nothing again (`BlockManager.reclaim_cached`).
+    adopts_cached_kv: bool = True
+    prefix_missed_at: int = -1
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

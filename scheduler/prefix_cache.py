@@ -59,9 +59,13 @@ class PrefixCache:
         # Job id -> serials of its leading blocks' contents, as far as
         # they are indexed (by its own block or an identical one).
         self._paths: dict[str, list[int]] = {}
-        # Tokens asked about as jobs arrive, and those found cached.
+        # Tokens of the lookups whose result a job kept (every arrival's,
+        # and each later one that found blocks), and those found cached.
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        # Blocks indexed so far: a lookup that found nothing at one version
+        # finds nothing until it grows (evictions only take entries away).
+        self.version = 0
 
     @property
     def num_parked(self) -> int:
@@ -99,6 +103,7 @@ class PrefixCache:
                 serial = next(self._serials)
                 self._index[key] = block
                 self._entry[block] = (key, serial)
+                self.version += 1
             path.append(self._entry[block][1])
             i += 1
 
@@ -125,13 +130,16 @@ class PrefixCache:
 
     # Lookup -------------------------------------------------------------
 
-    def match(self, job: Job) -> list[int]:
+    def match(self, job: Job, count: bool = True) -> list[int]:
         """The indexed blocks holding `job`'s leading tokens, at most those
         strictly before its last known token; they leave the parked set
-        (the caller makes `job` hold them) and become its path."""
+        (the caller makes `job` hold them) and become its path.  `count`:
+        the lookup counts in the hit statistics (else the caller counts it
+        if it keeps the result, `count_kept`)."""
         bs = self.block_size
         limit = (job.num_tokens - 1) // bs
-        self.num_queried_tokens += job.num_tokens
+        if count:
+            self.num_queried_tokens += job.num_tokens
         if limit <= 0 or not self._index:
             return []
         found: list[int] = []
@@ -148,5 +156,11 @@ class PrefixCache:
             self._parked.pop(block, None)
         if path:
             self._paths[job.job_id] = path
-        self.num_hit_tokens += len(found) * bs
+        if count:
+            self.num_hit_tokens += len(found) * bs
         return found
+
+    def count_kept(self, job: Job, num_blocks: int, sign: int = 1) -> None:
+        """Count (or, `sign` -1, uncount) a lookup that `match` did not."""
+        self.num_queried_tokens += sign * job.num_tokens
+        self.num_hit_tokens += sign * num_blocks * self.block_size

@@ -273,7 +273,13 @@ class ConservePolicy(Policy):
         """Plan online `job`'s next chunk within `tokens`, if it gets blocks
         (`_room_for`); `admit`: it comes from the waiting line.  Returns the
         chunk's tokens (0: not planned)."""
+        adopted = self.blocks.reclaim_cached(job) if admit else None
         n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan, victims)
+        if not n and adopted is not None:
+            # Short of blocks beside what it adopted: as if it had found
+            # nothing (a chunk into what is free, the parked blocks too).
+            self.blocks.undo_adoption(job, adopted)
+            n = self._room_for(job, min(job.num_uncomputed_tokens, tokens), plan, victims)
         if not n:
             return 0
         if admit:
@@ -332,8 +338,13 @@ class ConservePolicy(Policy):
                     break
                 running.append(waiting.pop_head())
                 continue
+            adopted = self.blocks.reclaim_cached(job)
             n = fit(job)
-            if n <= 0 or not self._make_room(job, n, plan, ()):
+            if adopted is not None and (n <= 0 or not self._make_room(job, n, plan, ())):
+                self.blocks.undo_adoption(job, adopted)  # as if it had found nothing
+                adopted = None
+                n = fit(job)
+            if adopted is None and (n <= 0 or not self._make_room(job, n, plan, ())):
                 break
             waiting.pop_head()
             self._forget_holding(job)

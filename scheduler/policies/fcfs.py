@@ -129,9 +129,17 @@ class FCFSPolicy(Policy):
                     plan.block_ops += ops
                     insort(self.running, self._waiting.pop_head(), key=_priority)
                     continue  # it runs once the copy lands
+                adopted = self.blocks.reclaim_cached(job)
                 n = min(job.num_uncomputed_tokens, budget)
                 if not self._grow_reclaiming(job, n, plan):
-                    break
+                    if adopted is None:
+                        break
+                    # Short of blocks beside what it adopted: as if it
+                    # had found nothing (a chunk into the parked blocks).
+                    self.blocks.undo_adoption(job, adopted)
+                    n = min(job.num_uncomputed_tokens, budget)
+                    if not self._grow_reclaiming(job, n, plan):
+                        break
                 self._waiting.pop_head()
                 self._forget_holding(job)
                 insort(self.running, job, key=_priority)

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler.config import SchedulerConfig
 from scheduler.job import JobState
-from tests.scheduler.conftest import FakeEngine, make_core, make_job
+from tests.scheduler.conftest import FakeEngine, drain, make_core, make_job
 
 
 def run_to_end(core, engine, max_steps: int = 10_000):
@@ -99,8 +99,10 @@ def test_preempts_newest_when_blocks_run_out(clock):
     assert core.blocks.num_free == 16
 
 
-def test_preempted_job_is_recomputed_with_its_outputs(clock):
-    core = make_core(clock, num_blocks=16, block_size=4, max_model_len=64)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preempted_job_is_recomputed_with_its_outputs(clock, prefix_caching):
+    core = make_core(clock, num_blocks=16, block_size=4, max_model_len=64,
+                     prefix_caching=prefix_caching)
     core.add(make_job(8, 16, job_id="old"))
     core.add(make_job(8, 16, job_id="new"))
     core.add(make_job(8, 16, job_id="newest"))
@@ -122,9 +124,20 @@ def test_preempted_job_is_recomputed_with_its_outputs(clock):
         if chunk is not None:
             break
         core.complete(plan, engine.execute(plan))
-    assert chunk.start_pos == 0
-    assert chunk.token_ids[:8] == victim.prompt_token_ids
-    assert chunk.token_ids[8:] == generated[: len(chunk.token_ids) - 8]
+    if not prefix_caching:
+        assert chunk.start_pos == 0
+        assert chunk.token_ids[:8] == victim.prompt_token_ids
+        assert chunk.token_ids[8:] == generated[: len(chunk.token_ids) - 8]
+    else:
+        # Its full blocks were parked when it was preempted (tail first, so
+        # that the others' growth evicts its tail first): it adopts those
+        # still there and computes only the rest.
+        full = (8 + len(generated) - 1) // 4 * 4
+        assert 8 <= chunk.start_pos <= full and chunk.start_pos % 4 == 0
+        tokens = victim.prompt_token_ids + generated
+        assert chunk.token_ids == tokens[chunk.start_pos:]
+    drain(core, engine)
+    assert victim.output_token_ids == [1000 + k for k in range(16)]
 
 
 def test_abort_frees_blocks_everywhere(clock):

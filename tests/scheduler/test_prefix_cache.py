@@ -5,6 +5,8 @@ position a job reads holds its own tokens' KV."""
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.job import Job
 from scheduler.prefix_cache import PrefixCache
 from tests.scheduler.conftest import FakeEngine, drain, make_core, make_job, step
@@ -149,25 +151,6 @@ def test_no_adoption_when_asked_or_when_off(clock):
     assert core.blocks.prefix is None and core.stats().num_cached_blocks == 0
 
 
-def test_a_recomputed_job_is_not_given_its_own_blocks_back_while_queued(clock):
-    """A job preempted for recomputation does not hold parked blocks while
-    it waits: the memory its preemption freed stays free."""
-    core = make_core(clock, policy="fcfs", num_blocks=16, max_model_len=64,
-                     max_batch_tokens=64)
-    engine = FakeEngine(clock)
-    a = _job("a", [1] * (6 * BS), max_tokens=20)
-    b = _job("b", [2] * (6 * BS), max_tokens=20)
-    core.add(a)
-    core.add(b)
-    while not core.num_preemptions:
-        step(core, engine)
-    victim = a if a.num_preemptions else b
-    assert not victim.block_table and victim.num_computed_tokens == 0
-    drain(core, engine)
-    assert victim.output_token_ids == [1000 + k for k in range(20)]
-    core.blocks.check()
-
-
 def test_a_salt_shares_blocks_only_within_itself(clock):
     """vLLM's `cache_salt`: a tenant's requests share their prefixes with
     each other and with nobody else."""
@@ -182,4 +165,141 @@ def test_a_salt_shares_blocks_only_within_itself(clock):
         core.add(b)
         assert b.num_computed_tokens == expected, salt
         drain(core, engine)
+    core.blocks.check()
+
+
+# Looked up again when a job starts ------------------------------------------
+
+_CONSERVE = {"tpot_slo_s": 10.0, "ttft_slo_s": 10.0}
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq", "conserve"])
+def test_a_burst_computes_its_shared_prompt_once(clock, policy):
+    """Jobs arriving together, before anyone has computed the prompt they
+    share: those that start after the first prefill adopt its blocks."""
+    kw = {"conserve": _CONSERVE} if policy == "conserve" else {}
+    core = make_core(clock, policy=policy, max_batch_tokens=len(SYSTEM) + 2, **kw)
+    engine = FakeEngine(clock)
+    jobs = [_job(f"j{i}", SYSTEM + [i + 1, i + 2], max_tokens=4) for i in range(4)]
+    for job in jobs:
+        core.add(job)
+        assert job.num_computed_tokens == 0  # nothing cached when they came
+    plans = drain(core, engine)
+    firsts: dict[str, int] = {}
+    for plan in plans:
+        for c in plan.chunks:
+            firsts.setdefault(c.job_id, c.start_pos)
+    assert sorted(firsts.values()) == [0, len(SYSTEM), len(SYSTEM), len(SYSTEM)]
+    for job in jobs:
+        assert job.output_token_ids == [1000, 1001, 1002, 1003]
+        assert job.num_cached_tokens == firsts[job.job_id]
+    stats = core.stats()
+    assert stats.num_prefix_hit_tokens == 3 * len(SYSTEM)
+    assert stats.num_prefix_hit_tokens <= stats.num_prefix_queried_tokens
+    core.blocks.check()
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq", "conserve"])
+def test_a_job_short_of_room_beside_its_adopted_blocks_is_left_as_it_was(clock, policy):
+    """With no room for the rest of its prompt, the blocks it adopted go
+    back parked, its counts and the cache's statistics as before; the
+    policy then treats it as it would without the cache."""
+    kw = {"conserve": _CONSERVE} if policy == "conserve" else {}
+    core = make_core(clock, policy=policy, num_blocks=8, max_model_len=32,
+                     max_batch_tokens=64, **kw)
+    engine = FakeEngine(clock)
+    a = _job("a", SYSTEM + [1], max_tokens=1)
+    hog = _job("hog", [7] * (4 * BS), max_tokens=12)
+    late = _job("w", SYSTEM + [2] * (3 * BS))  # 3 blocks a computes, 3 more
+    for job in (a, hog, late):
+        core.add(job)
+    assert late.num_computed_tokens == 0  # nothing cached yet
+    plan = step(core, engine)  # a and hog fill the cache; a ends
+    assert {c.job_id for c in plan.chunks} == {"a", "hog"}
+    assert core.stats().num_cached_blocks == 3
+    before = core.stats()
+    plan = step(core, engine)
+    mine = [c for c in plan.chunks if c.job_id == "w"]
+    # Planned only as it would be without the cache (conserve's chunk into
+    # the free blocks), never on the adopted blocks it had no room beside.
+    assert all(c.start_pos == 0 for c in mine)
+    after = core.stats()
+    assert after.num_prefix_hit_tokens == before.num_prefix_hit_tokens
+    assert after.num_prefix_queried_tokens == before.num_prefix_queried_tokens
+    core.blocks.check(core.jobs.values())
+    drain(core, engine)
+    assert late.output_token_ids == [1000, 1001, 1002]
+    core.blocks.check()
+
+
+def test_a_job_that_found_nothing_is_not_looked_up_again_for_nothing(clock, monkeypatch):
+    """Until a block is indexed, a lookup that found nothing would find
+    nothing again (evictions only take entries away): it is skipped."""
+    core, engine = make_core(clock), FakeEngine(clock)
+    calls: list[str] = []
+    match = PrefixCache.match
+
+    def counted(self, job, count=True):
+        calls.append(job.job_id)
+        return match(self, job, count)
+
+    monkeypatch.setattr(PrefixCache, "match", counted)
+    blocks = core.blocks
+    w = _job("w", SYSTEM + [1])  # never added: looked up by hand
+    assert blocks.claim_cached(w) == 0 and calls == ["w"]
+    assert blocks.reclaim_cached(w) is None and calls == ["w"]
+    core.add(_job("x", [3] * (2 * BS) + [1]))
+    drain(core, engine)  # indexes two blocks, none of them w's
+    assert blocks.reclaim_cached(w) is None and calls == ["w", "x", "w"]
+    assert blocks.reclaim_cached(w) is None and calls == ["w", "x", "w"]
+    core.add(_job("y", SYSTEM + [2]))
+    drain(core, engine)
+    parked = core.stats().num_cached_blocks
+    adopted = blocks.reclaim_cached(w)
+    assert adopted is not None and adopted.num_blocks == 3
+    assert w.num_computed_tokens == len(SYSTEM) == w.num_cached_tokens
+    blocks.undo_adoption(w, adopted)
+    assert w.num_computed_tokens == 0 == w.num_cached_tokens and not w.block_table
+    assert core.stats().num_cached_blocks == parked
+    blocks.check()
+
+
+def test_a_job_needing_every_prompt_logit_never_adopts(clock):
+    core = make_core(clock, policy="fcfs", max_batch_tokens=len(SYSTEM) + 1)
+    engine = FakeEngine(clock)
+    a, b = _job("a", SYSTEM + [1]), _job("b", SYSTEM + [2])
+    core.add(a)
+    core.add(b, use_prefix_cache=False)
+    plans = drain(core, engine)
+    assert [c.start_pos for p in plans for c in p.chunks if c.job_id == "b"][0] == 0
+    assert b.num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq"])
+def test_a_job_preempted_for_recomputation_gets_its_parked_blocks_back(clock, policy):
+    """While it waits it holds nothing (the memory its preemption freed
+    stays free); when it starts again it adopts those of its blocks still
+    parked."""
+    core = make_core(clock, policy=policy, num_blocks=16, max_model_len=64,
+                     max_batch_tokens=64, swap_mode="recompute")
+    engine = FakeEngine(clock)
+    a = _job("a", [1] * (4 * BS), max_tokens=24)
+    b = _job("b", [2] * (4 * BS), max_tokens=24)
+    core.add(a)
+    core.add(b)
+    while not core.num_preemptions:
+        step(core, engine)
+    victim = a if a.num_preemptions else b
+    assert not victim.block_table and victim.num_computed_tokens == 0
+    computed = victim.num_tokens - 1
+    restarts = []
+    while core.has_work:
+        plan = step(core, engine)
+        restarts += [c.start_pos for c in plan.chunks
+                     if c.job_id == victim.job_id and not restarts]
+    # Nothing else needed its blocks meanwhile past the prompt's head.
+    assert restarts and restarts[0] > 0 and restarts[0] % BS == 0
+    assert restarts[0] <= computed // BS * BS
+    assert victim.output_token_ids == [1000 + k for k in range(24)]
+    assert victim.num_cached_tokens == 0  # its own KV, not a cache hit
     core.blocks.check()
