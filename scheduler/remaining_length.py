@@ -14,8 +14,10 @@ over the ratios r = true length / prediction of the jobs that finished on
 this replica by themselves (an end-of-sequence token or a stop string;
 jobs cut by `max_tokens` do not show their length).  It needs no model
 call, and it learns the predictor's errors on what this server serves
-rather than on the training set.  Whether a job's hidden state at its last
-position would sharpen it further is not measured here.
+rather than on the training set.  The model's hidden state at the job's
+last position does not sharpen it on the embedded model
+(`studies/predictor/README.md`, "Does the hidden state sharpen the
+remaining length?").
 """
 
 from __future__ import annotations
