@@ -1,6 +1,7 @@
 """FastServe paper-scale simulated experiments (studies/fastserve_sim/README.md).
 
     python -m studies.fastserve_sim.run exp1 --gpu a100-40gb   # max rate under the SLO
+    python -m studies.fastserve_sim.run exp1 --model opt-66b --gpu a100-80gb   # tp 4 (opt-175b: tp 8 x pp 2)
     python -m studies.fastserve_sim.run exp2 --gpu a100-40gb   # Fig. 14, I/O ratio sweep
     python -m studies.fastserve_sim.run exp3 --gpu a100-40gb   # Fig. 15, swap modes
     python -m studies.fastserve_sim.run plots
@@ -51,14 +52,16 @@ SYSTEMS: dict[str, list[str]] = {
 _pools = _PoolCache(build_parser().parse_args(["simulate"]).tokenizer, need_text=False)
 
 
-def base(gpu: str, rate: float, extra: list[str] | None = None) -> list[str]:
+def base(gpu: str, rate: float, extra: list[str] | None = None,
+         model: str = "opt-13b") -> list[str]:
     return ["--dataset", "sharegpt", "-n", str(N), "--seed", str(SEED), "--rate", f"{rate:g}",
-            "--cost-model", "opt-13b", "--gpu", gpu, *(extra or [])]
+            "--cost-model", model, "--gpu", gpu, *(extra or [])]
 
 
-def slo_of(gpu: str) -> tuple[float, float]:
-    """(decode iteration at batch 1, SLO = 10x it) -- FastServe §6.1."""
-    cost = AnalyticCostModel.preset("opt-13b", gpu)
+def slo_of(gpu: str, model: str = "opt-13b") -> tuple[float, float]:
+    """(decode iteration at batch 1, SLO = 10x it) -- FastServe §6.1.  A
+    model split over GPUs runs in its preset TP x PP (Fig. 11)."""
+    cost = AnalyticCostModel.preset(model, gpu)
     t = CostEstimatorAdapter(cost).decode_time(1)
     return t, 10 * t
 
@@ -116,15 +119,15 @@ def save(name: str, data: dict[str, Any]) -> None:
 
 
 def max_rate(system: str, gpu: str, grid: list[float], slo: float, extra: list[str] | None = None,
-             rel_tol: float = 0.02) -> dict[str, Any]:
+             rel_tol: float = 0.02, model: str = "opt-13b") -> dict[str, Any]:
     """Highest rate with mean NL <= slo: walk the grid up to the first
     failure, then bisect between the last pass and it."""
-    print(f"{system} on {gpu} (SLO {slo:.4f} s/token)", flush=True)
+    print(f"{system} / {model} on {gpu} (SLO {slo:.4f} s/token)", flush=True)
     args = SYSTEMS[system] + (extra or [])
     pts: list[dict[str, Any]] = []
 
     def ok(rate: float) -> bool:
-        p = point(base(gpu, rate, args), abort=slo)
+        p = point(base(gpu, rate, args, model), abort=slo)
         pts.append(p)
         return (not p["aborted"]) and p["nl_mean"] <= slo
 
@@ -149,16 +152,19 @@ def max_rate(system: str, gpu: str, grid: list[float], slo: float, extra: list[s
 
 
 def exp1(gpu: str, systems: list[str], grid: list[float], tag: str = "",
-         extra: list[str] | None = None) -> None:
-    dec, slo = slo_of(gpu)
+         extra: list[str] | None = None, model: str = "opt-13b") -> None:
+    dec, slo = slo_of(gpu, model)
+    cost = AnalyticCostModel.preset(model, gpu)
     res = {"experiment": "max arrival rate meeting mean normalized latency <= 10x decode iteration",
+           "model": model, "tp": cost.tp, "pp": cost.pp, "kv_blocks": cost.num_kv_blocks(),
            "gpu": gpu, "n": N, "seed": SEED, "decode_iteration_b1_s": dec, "slo_s_per_token": slo,
            "grid": grid, "systems": {}}
-    path = OUT / f"exp1_{gpu}{tag}.json"
+    path = OUT / (f"exp1_{gpu}{tag}.json" if model == "opt-13b"
+                  else f"exp1_{model}_{gpu}{tag}.json")
     if path.exists():
         res = json.loads(path.read_text())
     for s in systems:
-        res["systems"][s + tag] = max_rate(s, gpu, grid, slo, extra)
+        res["systems"][s + tag] = max_rate(s, gpu, grid, slo, extra, model=model)
         save(path.name, res)
 
 
@@ -227,6 +233,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=["exp1", "exp2", "exp3", "plots"])
     p.add_argument("--gpu", default="a100-40gb")
+    p.add_argument("--model", default="opt-13b",
+                   help="exp1: opt-66b and opt-175b run in their Fig. 11 TP x PP")
     p.add_argument("--systems", nargs="+", default=None)
     p.add_argument("--grid", type=float, nargs="+", default=None)
     p.add_argument("--ratios", type=float, nargs="+", default=[0.25, 1, 4, 16, 64, 256])
@@ -238,7 +246,7 @@ def main() -> None:
     a = p.parse_args()
     if a.what == "exp1":
         exp1(a.gpu, a.systems or ["fcfs-recompute", "fcfs-reactive", "mlfq-proactive"],
-             a.grid or [3, 4, 5, 6, 7, 8, 10, 12], a.tag, a.extra)
+             a.grid or [3, 4, 5, 6, 7, 8, 10, 12], a.tag, a.extra, a.model)
     elif a.what == "exp2":
         exp2(a.gpu, a.ratios, a.load, a.systems or ["fcfs-reactive", "fixed-priority-proactive",
                                                   "mlfq-naive-proactive", "mlfq-proactive"])

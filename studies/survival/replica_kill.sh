@@ -3,6 +3,7 @@
 # of the pair's capacity; what became of the requests (studies/survival/README.md).
 #   bash studies/survival/replica_kill.sh [N] [KILL_AT_S]
 # CONFIG=studies/survival/two_replicas_checkpoints.yaml: with survival checkpoints.
+# RATE=R: offer R req/s instead of 70 % of a capacity probe (a pair of runs at one rate).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source studies/serve_lib.sh
@@ -14,12 +15,14 @@ mkdir -p "$OUT"
 export RAY_AUTH_MODE=disabled
 trap stop_server EXIT
 start_server "$CONFIG" "$OUT/server.log"
-# Capacity of the pair: 64 requests at once.
-python -m bench run --base-url http://127.0.0.1:8000/v1 --rate inf -n 64 --seed 7 \
-  --out "$OUT/probe.json" > "$OUT/probe.log"
-RATE=$(python -c "import json; r = json.load(open('$OUT/probe.json')); \
+if [ -z "${RATE:-}" ]; then
+  # Capacity of the pair: 64 requests at once.
+  python -m bench run --base-url http://127.0.0.1:8000/v1 --rate inf -n 64 --seed 7 \
+    --out "$OUT/probe.json" > "$OUT/probe.log"
+  RATE=$(python -c "import json; r = json.load(open('$OUT/probe.json')); \
 print(round(0.7 * r['summary']['request_throughput'], 3))")
-echo "probe: 70 % of capacity = $RATE req/s"
+  echo "probe: 70 % of capacity = $RATE req/s"
+fi
 python -m bench run --base-url http://127.0.0.1:8000/v1 --rate "$RATE" -n "$N" --seed 1 \
   --save-records --out "$OUT/run.json" > "$OUT/run.log" &
 run=$!
