@@ -247,14 +247,23 @@ class Engine(EngineFigures):
         """Per choice of a request resumed from a failed replica, the KV
         blocks its checkpoints left in the application's host tier
         (`survival.checkpoint`); None where there is nothing to look up.
-        The split model's shards keep theirs under keys of their own, which
-        this does not look up: they recompute."""
+        A split model's shards each stored a slice of every block under a
+        key of its own: the blocks every shard stored count, and only a
+        replica split the same way finds them (`engine/shards.py`)."""
         tier = self.kv_tier
-        if tier is None or not self.cfg.survival.checkpoint or self.shards is not None:
+        if tier is None or not self.cfg.survival.checkpoint:
             return None
+        from engine.shards import held_by_every_shard
+
         assert req.resume is not None
+        world = self.runner.world
+
+        def count(job_id: str) -> int:
+            return tier.held(job_id) if world == 1 else held_by_every_shard(
+                tier.held, job_id, world)
+
         ids = choice_job_ids(req.request_id, req.n)
-        held = [0 if out is None else await asyncio.to_thread(tier.held, job_id)
+        held = [0 if out is None else await asyncio.to_thread(count, job_id)
                 for job_id, out in zip(ids, req.resume)]
         log.info("request %s resumes with %s KV blocks of its choices checkpointed",
                  req.request_id, held)

@@ -186,7 +186,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         `tier` (e.g. `kvstore.tier.ObjectStoreTier`); a tensor-parallel
         shard stores its slice of each block under its own key."""
         if self.world > 1:
-            tier = ShardTier(tier, self.rank)  # type: ignore[assignment]
+            tier = ShardTier(tier, self.rank, self.world)  # type: ignore[assignment]
         self.swapper = BlockSwapper(self.kv_cache, tier)
 
     @property

@@ -105,15 +105,30 @@ class SwapsInFlight:
         return done, failed
 
 
+def shard_suffix(rank: int, world: int) -> str:
+    """What one shard's slice of a job's blocks is stored under, after the
+    job's id: the shard's global rank and the number of shards and stages
+    in all, so that a replica split another way never finds (and fetches) a
+    slice of another shape."""
+    return f"#shard{rank}of{world}"
+
+
+def held_by_every_shard(held: Callable[[str], int], job_id: str, world: int) -> int:
+    """The leading blocks of `job_id` whose slices every one of `world`
+    shards stored (`held`: a tier's count for one key): what a replica split
+    the same way can resume the job from (`survival.checkpoint`)."""
+    return min(held(job_id + shard_suffix(rank, world)) for rank in range(world))
+
+
 class ShardTier:
     """One shard's view of a host KV tier shared by all shards: its slice
     of a job's blocks (its heads of its stage's layers) is stored under the
-    job's id and the shard's global rank, so the tier's directory holds
-    (and counts) every shard's slice."""
+    job's id and the shard's place in the split (`shard_suffix`), so the
+    tier's directory holds (and counts) every shard's slice."""
 
-    def __init__(self, tier: HostKVTier, rank: int) -> None:
+    def __init__(self, tier: HostKVTier, rank: int, world: int) -> None:
         self.tier = tier
-        self.suffix = f"#shard{rank}"
+        self.suffix = shard_suffix(rank, world)
 
     def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor,
                 ready: Callable[[], None] | None = None) -> Future[bool]:

@@ -145,7 +145,7 @@ class KVDirectory:
 
     def drop_request(self, request_id: str) -> int:
         """Forget the blocks of every job of one client request (its
-        prompts `-i`, choices `#i` and shards `#shardR`, deployments/
+        prompts `-i`, choices `#i` and shards `#shardRofW`, deployments/
         engine_loop.py and engine/shards.py); returns the bytes freed.  For
         the checkpoints a dead replica left of a request nobody resumed."""
         ours = [j for j in self.blocks if j == request_id

@@ -20,6 +20,7 @@ from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from scheduler.plan import Plan, ScheduledChunk
 from tests.engine.helpers import drive, random_prompts, split_runner
+from tests.engine.test_survival_resume import resume_on_split_replica
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 KWARGS: dict[str, Any] = dict(dtype="float32", device="cpu", num_blocks=96, block_size=4,
@@ -188,3 +189,8 @@ def test_two_stages_checkpoint_and_prefetch(pp2: ModelRunner, whole: ModelRunner
         pp2.swapper = None
     assert got == want
     assert core.swap.num_checkpoint_discards > 0 and core.swap.num_recompute_fallbacks == 0
+
+
+def test_two_stages_resume_from_every_stages_checkpoints(pp2: ModelRunner,
+                                                         whole: ModelRunner) -> None:
+    resume_on_split_replica(pp2, whole)

@@ -32,11 +32,11 @@ def make_runner(path: Path, tier: LocalHostTier) -> ModelRunner:
     return runner
 
 
-def make_core(checkpoint: bool) -> SchedulerCore:
+def make_core(checkpoint: bool, max_model_len: int = 96) -> SchedulerCore:
     clock = itertools.count()
     return SchedulerCore(SchedulerConfig(
         policy="fcfs", block_size=BLOCK, num_blocks=64, max_batch_size=8, max_batch_tokens=32,
-        max_model_len=96, host_kv_blocks=200,
+        max_model_len=max_model_len, host_kv_blocks=200,
         survival={"checkpoint": checkpoint, "every_blocks": 2}),
         clock=lambda: float(next(clock)))
 
@@ -115,3 +115,77 @@ def test_a_job_goes_on_from_its_checkpoints_on_another_runner(
     tier.flush()
     assert all(tier.held(j) == 0 for j in PROMPTS)
     assert core.blocks.num_free == core.blocks.num_blocks and core.swap.host_used == 0
+
+
+def resume_on_split_replica(split: ModelRunner, whole: ModelRunner) -> None:
+    """`survival.checkpoint` with a split model (tensor-parallel shards or
+    pipeline stages, the first rank `split`, float32, a Ray cluster up):
+    each rank checkpoints its slice of every block; once the replica is
+    gone, one split the same way fetches every rank's slice (only the tail
+    past the checkpoints is recomputed) and goes on with the whole model's
+    greedy tokens.  A replica split another way finds nothing to fetch.
+    One process holds one group of ranks, so the same group plays the
+    replica that takes over, its device KV overwritten by other work."""
+    from engine.shards import held_by_every_shard
+    from kvstore.directory import KVDirectory
+    from kvstore.tier import ObjectStoreTier
+    from tests.engine.helpers import drive
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    max_len = split.max_model_len
+
+    def add(core: SchedulerCore, runner: ModelRunner, out: dict[str, list[int]],
+            held: dict[str, int] | None = None) -> dict[str, int]:
+        """Each job's tokens computed when it is added (those fetched)."""
+        computed = {}
+        for j, p in PROMPTS.items():
+            job = Job(j, p, MAX_TOKENS, arrival_time=0.0)
+            job.output_token_ids = list(out[j])
+            core.add(job, host_blocks=held[j] if held else 0)
+            computed[j] = job.num_computed_tokens
+            runner.add_request(j, params, p, output_token_ids=out[j] or None)
+        return computed
+
+    want: dict[str, list[int]] = {j: [] for j in PROMPTS}
+    core = make_core(False, max_len)
+    add(core, whole, want)
+    serve(whole, core, want)
+    directory = KVDirectory.remote(split.world * 200)  # a slice of each block per rank
+    tier = ObjectStoreTier(directory)
+    split.set_kv_tier(tier)
+    assert split.shards is not None
+    split.shards.set_kv_tier(directory)  # type: ignore[attr-defined]
+    got: dict[str, list[int]] = {j: [] for j in PROMPTS}
+    try:
+        core = make_core(True, max_len)
+        add(core, split, got)
+        serve(split, core, got, max_steps=14)
+        # The replica dies: its jobs go, and other work overwrites its KV.
+        for j in PROMPTS:
+            split.remove_request(j)
+        split.swapper = None
+        filler = random_prompts([60, 60, 60, 60], seed=9)
+        drive(split, filler, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              num_blocks=64, block_size=BLOCK, max_model_len=max_len, max_batch_tokens=32)
+        assert all(0 < len(t) < MAX_TOKENS for t in got.values())
+        held = {j: held_by_every_shard(tier.held, j, split.world) for j in PROMPTS}
+        assert all(n > 0 for n in held.values())
+        # Unsplit, or split four ways: none of these slices is of its shape.
+        assert all(tier.held(j) == 0 and held_by_every_shard(tier.held, j, 4) == 0
+                   for j in PROMPTS)
+        split.set_kv_tier(tier)
+        core = make_core(True, max_len)
+        fetched = add(core, split, got, held)
+        plans = serve(split, core, got)
+    finally:
+        split.swapper = None
+    assert got == want
+    assert core.swap.num_recompute_fallbacks == 0
+    # Each job's first chunk after the resume starts where what it fetched
+    # ends: only the tail past the checkpoints is recomputed.
+    starts: dict[str, int] = {}
+    for plan in plans:
+        for job_id, start, _, kind in plan:
+            if kind is None:
+                starts.setdefault(job_id, start)
+    assert starts == fetched and all(n > 0 for n in fetched.values())

@@ -1,8 +1,9 @@
 """Tensor parallelism on CPU (gloo): a model split over two shards, one in
 this process and one in a Ray actor, gives the greedy tokens of the whole
 model (float32), with recompute preemption, with swapping through the
-object-store tier (each shard moving its own slice of each block) and with
-passes cut between layers; and the pieces it is made of."""
+object-store tier (each shard moving its own slice of each block), with
+passes cut between layers and resuming from every shard's checkpoints; and
+the pieces it is made of."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from engine.tensor_parallel import TensorParallel, load_slice
 from scheduler.plan import BlockOp, BlockOpKind, Plan
 from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts, split_runner
 from tests.engine.test_layer_preemption import run as run_with_cuts
+from tests.engine.test_survival_resume import resume_on_split_replica
 
 
 NEW = 12
@@ -167,3 +169,9 @@ def test_a_pass_cut_between_layers_stops_every_shard(tp2: ModelRunner, whole: Mo
     got, interrupted = run_with_cuts(tp2, prompts, cut)
     assert interrupted == len(cut)
     assert got == want
+
+
+
+def test_a_job_resumes_from_every_shards_checkpoints(tp2: ModelRunner,
+                                                     whole: ModelRunner) -> None:
+    resume_on_split_replica(tp2, whole)

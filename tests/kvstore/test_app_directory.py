@@ -150,13 +150,13 @@ def test_a_stale_directory_of_the_same_name_is_replaced_not_inherited(ray_cluste
 def test_a_released_requests_orphaned_checkpoints_are_dropped(ray_cluster, serve_instance):
     """Blocks a replica stored for a request and could not drop itself (it
     died) go when the request ends: every job of it (prompts `-i`, choices
-    `#i`, shards `#shardR`), nothing of another request, and nothing of a
+    `#i`, shards `#shardRofW`), nothing of another request, and nothing of a
     request that finished on a live replica (which drops its own)."""
     ray = ray_cluster
     h = run_scheduler(serve_instance, "app-o", config(host_kv_tokens=1024, replicas=2))
     ref = DirectoryRef.model_validate(h.kv_directory.remote().result(timeout_s=60))
     tier = ObjectStoreTier(ray.get_actor(ref.name, namespace=ref.namespace), name=ref.name)
-    jobs = ["cmpl-a", "cmpl-a#1", "cmpl-b-0#shard1", "cmpl-b-1", "cmpl-c", "cmpl-ab"]
+    jobs = ["cmpl-a", "cmpl-a#1", "cmpl-b-0#shard1of2", "cmpl-b-1", "cmpl-c", "cmpl-ab"]
     for job in jobs:
         assert tier.offload(job, [0], torch.zeros(1, 2, 8)).result()
     h.report_load.remote("r0", 64, 64, 0, 0).result(timeout_s=60)
