@@ -114,11 +114,6 @@ class BlockManager:
         self._take(job, n)
         return True
 
-    def allocate_for(self, job: Job, n: int) -> None:
-        """Give a job with an empty block table `n` fresh blocks (swap-in)."""
-        assert not job.block_table and n <= self.num_free
-        self._take(job, n)
-
     def _take(self, job: Job, n: int) -> None:
         if not n:
             return
@@ -205,7 +200,29 @@ class BlockManager:
         job.num_cached_tokens = adoption.cached_before
         self.prefix.count_kept(job, adoption.num_blocks, -1)
 
-    def _adopt(self, job: Job, found: list[int]) -> None:
+    def keep_for_swap_in(self, job: Job, at_most: int) -> int:
+        """A swap-in of `job` (no device block, its KV on the host) first
+        takes the leading blocks whose KV is still on the device, indexed by
+        the prefix cache: its own, parked when it was swapped out and not
+        reused since, or another job's with the same tokens.  Returns how
+        many (at most `at_most`); the rest is copied back."""
+        if self.prefix is None or job.block_table:
+            return 0
+        # Only blocks it has computed whole: it writes the rest of a partly
+        # filled one, which must not be shared.
+        at_most = min(at_most, job.num_computed_tokens // self.block_size)
+        found = self.prefix.match(job, count=False, at_most=at_most)
+        if found:
+            self._adopt(job, found, computed=False)
+        return len(found)
+
+    def take(self, job: Job, n: int) -> None:
+        """`n` more fresh blocks at the end of `job`'s table (the rest of a
+        swap-in after `keep_for_swap_in`)."""
+        assert n <= self.num_free
+        self._take(job, n)
+
+    def _adopt(self, job: Job, found: list[int], computed: bool = True) -> None:
         jid, holders_of = job.job_id, self._holders
         shared = 0
         for b in found:
@@ -222,12 +239,14 @@ class BlockManager:
             self._num_shared[jid] = shared
         job.block_table += found
         job.block_locations += [BlockLocation.DEVICE] * len(found)
+        self._now_holding(job)
+        if not computed:  # a swap-in: its computed tokens are counted already
+            return
         job.num_computed_tokens = len(found) * self.block_size
         # Its prompt's, before it first ran (a resumed or preempted job's
         # own KV coming back is not a cache hit its client is told of).
         if not job.output_token_ids and job.first_scheduled_time is None:
             job.num_cached_tokens = job.num_computed_tokens
-        self._now_holding(job)
 
     def free(self, job: Job) -> int:
         """Drop all of `job`'s references; returns how many blocks went back

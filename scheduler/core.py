@@ -163,7 +163,7 @@ class SchedulerCore:
         if plan.block_ops:
             now = self.clock()
             for op in plan.block_ops:
-                if op.kind in _FETCHES and op.block_index == 0:
+                if op.kind in _FETCHES:  # the first op of a fetch may be past block 0
                     self.jobs[op.job_id].swap_in_issued_at = now
         survival = self.config.survival
         if survival.checkpoint and self.swap.host_capacity:

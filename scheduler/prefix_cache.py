@@ -130,14 +130,16 @@ class PrefixCache:
 
     # Lookup -------------------------------------------------------------
 
-    def match(self, job: Job, count: bool = True) -> list[int]:
+    def match(self, job: Job, count: bool = True, at_most: int | None = None) -> list[int]:
         """The indexed blocks holding `job`'s leading tokens, at most those
-        strictly before its last known token; they leave the parked set
-        (the caller makes `job` hold them) and become its path.  `count`:
-        the lookup counts in the hit statistics (else the caller counts it
-        if it keeps the result, `count_kept`)."""
+        strictly before its last known token (and `at_most`); they leave
+        the parked set (the caller makes `job` hold them) and become its
+        path.  `count`: the lookup counts in the hit statistics (else the
+        caller counts it if it keeps the result, `count_kept`)."""
         bs = self.block_size
         limit = (job.num_tokens - 1) // bs
+        if at_most is not None:
+            limit = min(limit, at_most)
         if count:
             self.num_queried_tokens += job.num_tokens
         if limit <= 0 or not self._index:

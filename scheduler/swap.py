@@ -60,6 +60,8 @@ class SwapManager:
         self.num_swap_in = 0
         self.blocks_out = 0
         self.blocks_in = 0
+        # Swap-in blocks found still on the device, not copied back.
+        self.blocks_kept = 0
         self.num_recompute_fallbacks = 0
         self.blocks_checkpointed = 0
         self.num_checkpoint_discards = 0
@@ -176,19 +178,33 @@ class SwapManager:
 
     def swap_in(self, job: Job) -> list[BlockOp] | None:
         """Start copying `job`'s host blocks back; None if no device room.
-        A checkpoint comes back by PREFETCH and stays on the host."""
+        A checkpoint comes back by PREFETCH and stays on the host.  Leading
+        blocks whose KV is still on the device (the prefix cache indexed
+        them) are taken as they are, and only the rest is copied; a job
+        whose blocks are all still there runs at once."""
         assert job.swap_pending is None and job.num_host_blocks > 0
         n = job.num_host_blocks
-        if not self.blocks.can_allocate(n):
+        kept = self.blocks.keep_for_swap_in(job, n)
+        if not self.blocks.can_allocate(n - kept):
+            if kept:
+                self.blocks.free(job)
             return None
-        # Allocate exactly the blocks holding its computed tokens.
-        self.blocks.allocate_for(job, n)
+        # Exactly the blocks holding its computed tokens.
+        self.blocks.take(job, n - kept)
+        self.blocks_kept += kept
+        self.host_only.discard(job.job_id)
+        if kept == n:  # nothing to copy
+            self._off_host(job.job_id)
+            if not job.num_checkpointed_blocks:  # a move: the host copy goes
+                self.host_used -= n
+                self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
+            job.num_host_blocks = 0
+            return []
         kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
         job.swap_pending = kind.value
-        self.host_only.discard(job.job_id)
         self.num_swap_in += 1
-        self.blocks_in += n
-        return [BlockOp(kind, job.job_id, i, b) for i, b in enumerate(job.block_table)]
+        self.blocks_in += n - kept
+        return [BlockOp(kind, job.job_id, i, job.block_table[i]) for i in range(kept, n)]
 
     def swap_in_done(self, job: Job) -> None:
         self._off_host(job.job_id)

@@ -91,6 +91,8 @@ class FakeEngine:
     def execute(self, plan: Plan) -> StepResult:
         self._step += 1
         landed_now: list[str] = []
+        fetching: set[str] = set()
+        moved: set[str] = set()
         for op in plan.block_ops:
             if op.kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
                 self.host[(op.job_id, op.block_index)] = list(self.device[op.device_block])
@@ -104,11 +106,19 @@ class FakeEngine:
                 self.device[op.device_block] = list(self.host.pop(key) if op.kind is
                                                     BlockOpKind.SWAP_IN else self.host[key])
                 self.swapped_in_blocks += 1
-                if op.block_index == 0:
+                # A fetch may start past block 0: the leading blocks still
+                # on the device are not copied (`SwapManager.swap_in`).
+                if op.job_id not in fetching:
+                    fetching.add(op.job_id)
                     self.in_flight.append((self._step + self.swap_delay, op.job_id))
+                if op.kind is BlockOpKind.SWAP_IN:
+                    moved.add(op.job_id)
             elif op.kind is BlockOpKind.DROP:
                 for k in [k for k in self.host if k[0] == op.job_id]:
                     del self.host[k]
+        # A swap-in is a move: the whole host copy goes, blocks not fetched too.
+        for k in [k for k in self.host if k[0] in moved]:
+            del self.host[k]
         bs = self.block_size
         for c in plan.chunks:
             end = c.start_pos + c.num_tokens

@@ -19,12 +19,12 @@ def ops(plan: Plan, kind: BlockOpKind) -> list[tuple[str, int]]:
     return [(op.job_id, op.block_index) for op in plan.block_ops if op.kind is kind]
 
 
-def ckpt_core(clock: FakeClock, **conserve) -> SchedulerCore:
+def ckpt_core(clock: FakeClock, prefix_caching: bool = True, **conserve) -> SchedulerCore:
     """16 blocks of 4 tokens, a host tier of 64 blocks, checkpointing from
     the first block in use."""
     conserve = {"tpot_slo_s": 0.05, "checkpoint_threshold": 0.0, **conserve}
     return core_for(clock, num_blocks=16, max_model_len=40, swap_mode="recompute",
-                    host_kv_blocks=64, conserve=conserve)
+                    host_kv_blocks=64, conserve=conserve, prefix_caching=prefix_caching)
 
 
 def finish(core: SchedulerCore, engine: FakeEngine) -> list[Plan]:
@@ -148,17 +148,25 @@ def test_preempting_a_checkpointed_job_copies_nothing(clock: FakeClock) -> None:
     core.blocks.check([])
 
 
-def test_a_resumed_job_keeps_its_checkpoint(clock: FakeClock) -> None:
-    """Preempted twice: the second discard needs no copy of what the first
-    checkpoint held, and the blocks it restores are the ones it wrote."""
-    core = ckpt_core(clock)
+def _checkpointed_offline_job(core: SchedulerCore, clock: FakeClock
+                              ) -> tuple[FakeEngine, Job, int]:
+    """An offline job run four steps, with at least two blocks checkpointed."""
     engine = FakeEngine(clock)
     job = offline(8, 20)
     core.add(job)
     for _ in range(4):
         step(core, engine)
-    k = job.num_checkpointed_blocks
-    assert k >= 2
+    assert job.num_checkpointed_blocks >= 2
+    return engine, job, job.num_checkpointed_blocks
+
+
+def test_a_resumed_job_keeps_its_checkpoint(clock: FakeClock) -> None:
+    """Preempted twice: the second discard needs no copy of what the first
+    checkpoint held, and the blocks it restores are the ones it wrote.
+    (Without the prefix cache, which would give its blocks back without a
+    copy: the next test.)"""
+    core = ckpt_core(clock, prefix_caching=False)
+    engine, job, k = _checkpointed_offline_job(core, clock)
     first: list[tuple[str, int]] = []
     for round_ in range(2):
         plan = Plan(step=0)
@@ -187,7 +195,7 @@ def test_a_resumed_job_keeps_its_checkpoint(clock: FakeClock) -> None:
 @pytest.mark.parametrize("swap_delay", [0, 3])
 def test_abort_while_a_prefetch_is_in_flight_leaks_nothing(clock: FakeClock,
                                                            swap_delay: int) -> None:
-    core = ckpt_core(clock)
+    core = ckpt_core(clock, prefix_caching=False)  # so that its blocks are fetched
     engine = FakeEngine(clock, swap_delay=swap_delay)
     job = offline(8, 20)
     core.add(job)
@@ -206,6 +214,25 @@ def test_abort_while_a_prefetch_is_in_flight_leaks_nothing(clock: FakeClock,
     assert core.blocks.num_free == 16
 
 
+def test_a_discarded_job_takes_back_its_blocks_still_on_the_device(clock: FakeClock) -> None:
+    """A discard to the checkpoint frees the job's blocks, and the prefix
+    cache keeps those it indexed: brought back before anything reused them,
+    the job takes them as they are, copies nothing, and keeps its
+    checkpoint; the tokens stay the run's."""
+    core = ckpt_core(clock)
+    engine, job, k = _checkpointed_offline_job(core, clock)
+    plan = Plan(step=0)
+    core.policy.remove(job)
+    core.policy.evict(job, plan.block_ops)
+    core.policy.add(job)
+    assert job.num_host_blocks == k and not job.block_table
+    plan, _ = step(core, engine)
+    assert not ops(plan, BlockOpKind.PREFETCH)
+    assert core.swap.blocks_kept == k and job.is_resident
+    assert job.num_checkpointed_blocks >= k and core.swap.host_used == job.num_checkpointed_blocks
+    finish(core, engine)
+    assert job.output_token_ids == expected_outputs(job)
+    assert core.swap.host_used == 0
 
 def test_an_iteration_checkpoints_what_the_link_copies_while_it_computes(
         clock: FakeClock) -> None:

@@ -56,9 +56,10 @@ def drive(core: SchedulerCore, ex: FakeExecutor, max_steps: int = 2000) -> list[
 
 
 def swapping_core(clock: FakeClock) -> SchedulerCore:
-    """Three jobs whose KV does not fit at once: reactive swapping."""
+    """Three jobs whose KV does not fit at once: reactive swapping (without
+    the prefix cache, which would give some blocks back without a copy)."""
     core = make_core(clock, num_blocks=16, block_size=4, max_model_len=64,
-                     swap_mode="reactive", host_kv_blocks=64)
+                     swap_mode="reactive", host_kv_blocks=64, prefix_caching=False)
     for i in range(3):
         core.add(make_job(8, 16, job_id=f"s{i}"))
     return core
