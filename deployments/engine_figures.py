@@ -76,6 +76,8 @@ class EngineFigures:
                 "swap_ins": self.core.swap.num_swap_in,
                 "blocks_out": self.core.swap.blocks_out,
                 "blocks_in": self.core.swap.blocks_in,
+                # Swap-in blocks still on the device (prefix cache): not copied.
+                "blocks_kept": self.core.swap.blocks_kept,
                 "recompute_fallbacks": self.core.swap.num_recompute_fallbacks,
                 "host_used_blocks": self.core.swap.host_used,
                 "checkpoint_blocks": self.core.swap.blocks_checkpointed,

@@ -35,8 +35,10 @@ def test_swapped_jobs_produce_the_same_tokens(server, mlfq_server, mlfq_engine):
     concurrent = asyncio.run(_all(mlfq_server))
     stats = wait_engine_idle(mlfq_engine, timeout=60)
     assert stats["swap"]["swap_outs"] > 0, f"no swap happened: {stats['swap']}"
-    # Every block that went out came back (none was lost or recomputed).
-    assert stats["swap"]["blocks_in"] == stats["swap"]["blocks_out"]
+    # Every block that went out came back, copied or still on the device
+    # (none was lost or recomputed).
+    assert (stats["swap"]["blocks_in"] + stats["swap"]["blocks_kept"]
+            == stats["swap"]["blocks_out"])
     assert stats["swap"]["recompute_fallbacks"] == 0
     assert stats["policy"]["name"] == "mlfq"
     for p, got in zip(PROMPTS, concurrent):

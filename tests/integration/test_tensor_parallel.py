@@ -43,7 +43,8 @@ def test_two_stages_of_three_shards_swap_and_answer_as_the_whole_model(server, t
     concurrent = asyncio.run(_all(tp_server))
     stats = wait_engine_idle(engine, timeout=60)
     assert stats["swap"]["swap_outs"] > 0, f"no swap happened: {stats['swap']}"
-    assert stats["swap"]["blocks_in"] == stats["swap"]["blocks_out"]
+    assert (stats["swap"]["blocks_in"] + stats["swap"]["blocks_kept"]
+            == stats["swap"]["blocks_out"])
     assert stats["swap"]["recompute_fallbacks"] == 0
     for p, got in zip(PROMPTS, concurrent):
         ref = httpx.post(f"{server}/v1/completions", json=body(p), timeout=300).json()
