@@ -192,6 +192,7 @@ class SwapManager:
         # Exactly the blocks holding its computed tokens.
         self.blocks.take(job, n - kept)
         self.blocks_kept += kept
+        self.num_swap_in += 1  # a job brought back, whatever it copies
         self.host_only.discard(job.job_id)
         if kept == n:  # nothing to copy
             self._off_host(job.job_id)
@@ -202,7 +203,6 @@ class SwapManager:
             return []
         kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
         job.swap_pending = kind.value
-        self.num_swap_in += 1
         self.blocks_in += n - kept
         return [BlockOp(kind, job.job_id, i, job.block_table[i]) for i in range(kept, n)]
 
