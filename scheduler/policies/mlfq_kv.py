@@ -70,6 +70,23 @@ class MLFQResidency:
                                 job.priority if cold else None)
                 and self.blocks.grow(job, n))
 
+    def _start_adopted(self, job: Job, budget: int, plan: Plan, pool: VictimPool,
+                       fail: float, cold: bool) -> int:
+        """The tokens of `job`'s chunk if it starts on cached KV found as
+        it comes up (`BlockManager.reclaim_cached`), with the same room
+        rules as a job without KV; 0: none found, or no room beside it, and
+        the job is as it was (the walk goes on as for any job without KV)."""
+        adopted = self.blocks.reclaim_cached(job)
+        if adopted is None:
+            return 0
+        n = min(job.num_tokens - job.num_computed_tokens, budget)
+        need = self.blocks.blocks_needed(job, n)
+        if need and (need >= fail or (cold and need > self._cold_cap(job.priority))
+                     or not self._make_room(job, n, plan, pool, cold)):
+            self.blocks.undo_adoption(job, adopted)
+            return 0
+        return n
+
     def _cold_cap(self, priority: int) -> int:
         """At most the blocks a job of `priority` with no KV can get: the
         free ones, what the host tier can take, and every block of the jobs
