@@ -47,6 +47,22 @@ class PredictorSettings(BaseModel):
     # (deployments/served_log.py), for `python -m predictor retrain`.
     # None: nothing is recorded.
     record_dir: str | None = None
+    # The engine's length head (engine/length_head.py): each job's answer
+    # length estimated from the served model's own final hidden state at
+    # its prompt's last position, when it samples its first token; it
+    # replaces the predictor's estimate from then on (or is the only one,
+    # with `enabled: false`: no second model).  `embedded`: the head
+    # fitted on the embedded model's answers; or a file written by
+    # `python -m predictor fit-head`.  None: no head.
+    engine_head: str | None = None
+
+    @field_validator("engine_head")
+    @classmethod
+    def _head_file(cls, v: str | None) -> str | None:
+        if v is not None and v != "embedded" and not Path(v).is_file():
+            raise ValueError(f"no such file: {v!r} (a file written by "
+                             "`python -m predictor fit-head`, or `embedded`)")
+        return v
 
     @model_validator(mode="after")
     def _gpu_share_for_cuda(self) -> "PredictorSettings":
@@ -212,6 +228,9 @@ class AppConfig(SchedulingSettings):
             self.scheduler_config()
         except ValidationError as e:
             raise ValueError(_in_app_terms(e)) from None
+        if self.predictor.engine_head is not None and self.pipeline_parallel_size > 1:
+            raise ValueError("predictor.engine_head: not available with pipeline_parallel_size "
+                             "> 1 (the last stage holds the final hidden states)")
         if self.swap_mode != "recompute" and self.host_kv_tokens < self.block_size:
             raise ValueError(
                 f"swap_mode={self.swap_mode!r} needs a host tier: set host_kv_tokens"
@@ -283,6 +302,7 @@ class AppConfig(SchedulingSettings):
             **shared,
             num_blocks=self.kv_cache_tokens // self.block_size,
             host_kv_blocks=self.host_kv_tokens // self.block_size,
+            length_padding_ratio=self.predictor.padding_ratio,
         )
 
 

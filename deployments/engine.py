@@ -169,11 +169,13 @@ class Engine(EngineFigures):
                                         stages=self.cfg.pipeline_parallel_size,
                                         device=self.cfg.device)
             tp, pp = await asyncio.to_thread(self.shards.join)
-            self.runner = ModelRunner(**runner_kwargs, tensor_parallel=tp, pipeline=pp)
+            # Only the driving rank reads the final hidden states.
+            self.runner = ModelRunner(**runner_kwargs, tensor_parallel=tp, pipeline=pp,
+                                      length_head=self.cfg.predictor.engine_head)
             await asyncio.to_thread(self.shards.wait_ready)
             self.runner.attach_shards(self.shards)
         else:
-            self.runner = ModelRunner(**runner_kwargs)
+            self.runner = ModelRunner(**runner_kwargs, length_head=self.cfg.predictor.engine_head)
         if not any(isinstance(f, _StoppedJobLogs) for f in log.filters):
             log.addFilter(_StoppedJobLogs())
         # Set when this replica is deliberately stopped (stop_serving, __del__).

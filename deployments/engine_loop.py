@@ -226,7 +226,9 @@ class EngineLoop:
                 # Every choice of the request answers the same prompt.
                 for job_id in self._groups.get(rid, [rid]):
                     job = self.core.jobs.get(job_id)
-                    if job is not None:  # it may have finished already
+                    # It may have finished already, or the engine's length
+                    # head may have estimated it from the model's own state.
+                    if job is not None and not job.length_from_engine:
                         job.predicted_output_len = n
                         job.allocated_output_len = alloc
                         self.core.policy.on_prediction(job)

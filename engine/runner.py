@@ -25,6 +25,7 @@ from engine.attention import default_backend_name, get_attention_backend
 from engine.detokenizer import IncrementalDetokenizer
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
+from engine.length_head import first_token_lengths, load_head
 from engine.model_source import resolve_model
 from engine.models import model_class
 from engine.models.prepacked import PackMode
@@ -68,6 +69,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         pack_projections: PackMode = "auto",
         tensor_parallel: TensorParallel = SINGLE,
         pipeline: PipelineStage = SINGLE_STAGE,
+        length_head: str | Path | None = None,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -147,6 +149,9 @@ class ModelRunner(PlanPreparing, ShardDriving):
                 self.model, self.kv_cache, self.attn, cuda_graph_max_batch, max_model_len,
                 pool)
         self.sampler = Sampler(seed=seed, device=self.device)
+        # Answer lengths estimated at first tokens (engine/length_head.py).
+        self.length_head = None if length_head is None else load_head(
+            length_head, self.config.hidden_size, self.pp.enabled, self.device)
         self._requests: dict[str, RequestState] = {}
         self.swapper: BlockSwapper | None = None
         # How long an iteration with no chunks waits for a swap-in to land
@@ -376,7 +381,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         pending = Pending(plan, prepared, started)
         with torch.inference_mode():
             try:
-                logits = self._logits(plan, prepared)
+                logits = self._logits(plan, prepared, pending)
             except ForwardPreempted:
                 done, failed = self._poll_swaps(0.0)
                 pending.result = StepResult(
@@ -424,6 +429,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self._landed = landed
 
         results: dict[str, JobOutput] = {}
+        lengths = pending.head_lengths()
         later = self.defer_text
         requests = self._requests
         for i, ((chunk, state), token) in enumerate(zip(sampled, tokens)):
@@ -434,12 +440,13 @@ class ModelRunner(PlanPreparing, ShardDriving):
                 decode, reason = state.append_later(token, self.max_model_len)
                 results[chunk.job_id] = JobOutput(
                     chunk.job_id, token, reason, logprobs=logprobs.get(i),
-                    prompt_logprobs=prompt_lps, text_later=decode)
+                    prompt_logprobs=prompt_lps, text_later=decode,
+                    predicted_output_len=lengths.get(chunk.job_id))
                 continue
             text, reason = state.append(token, self.max_model_len)
             results[chunk.job_id] = JobOutput(
-                chunk.job_id, token, reason, text, logprobs.get(i), prompt_lps
-            )
+                chunk.job_id, token, reason, text, logprobs.get(i), prompt_lps,
+                predicted_output_len=lengths.get(chunk.job_id))
         outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
         done, failed = self._poll_swaps(0.0)
         return StepResult(
@@ -447,13 +454,19 @@ class ModelRunner(PlanPreparing, ShardDriving):
             copy_rate=self.swapper.copy_rate.rate if self.swapper is not None else None,
         )
 
-    def _logits(self, plan: Plan, prepared: PreparedStep) -> torch.Tensor | None:
+    def _logits(self, plan: Plan, prepared: PreparedStep,
+                pending: Pending | None = None) -> torch.Tensor | None:
         """The forward pass and the lm_head: float32 logits of the rows in
         `prepared.logits_indices` (None where no row is wanted).  A
         decode-only step that fits a captured bucket replays its graph, and
-        so does a mixed step that fits a bucket of the mixed graphs."""
+        so does a mixed step that fits a bucket of the mixed graphs.  A length
+        head's estimates go to `pending.lengths` (eagerly: graphs keep no
+        hidden state)."""
         graphs, mixed = self.graphs, self.mixed_graphs
-        if graphs is not None and not plan.preemptible_at_layers and not prepared.prompt_rows:
+        firsts = [] if self.length_head is None else [
+            i for i, (c, _) in enumerate(prepared.sampled) if c.output_index == 0]
+        if graphs is not None and not plan.preemptible_at_layers and not prepared.prompt_rows \
+                and not firsts:
             n, num = len(prepared.input_ids), len(prepared.spans)
             if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
                 self.preempt_flag.clear()  # as after any pass that may not be cut
@@ -470,6 +483,9 @@ class ModelRunner(PlanPreparing, ShardDriving):
         hidden = self._forward(plan, self._forward_batch(prepared))
         if not prepared.logits_indices:
             return None
+        if firsts and pending is not None and self.length_head is not None:
+            pending.lengths = first_token_lengths(
+                self.length_head, hidden, prepared.sampled, firsts)
         return self.model.compute_logits(hidden)
 
     def logits(self, plan: Plan) -> torch.Tensor:

@@ -39,6 +39,15 @@ class Pending:
     # Collecting reads the logits (logprobs), which the next pass may
     # overwrite (graph buckets keep theirs in place).
     reads_logits: bool = False
+    # The length head's estimates for jobs that sampled their first token:
+    # their ids and the lengths, on the device until collected.
+    lengths: tuple[list[str], torch.Tensor] | None = None
+
+    def head_lengths(self) -> dict[str, int]:
+        """Job id -> the length head's estimate (read once the pass landed)."""
+        if self.lengths is None:
+            return {}
+        return dict(zip(self.lengths[0], self.lengths[1].tolist()))
 
 
 class PlanPreparing:

@@ -1,6 +1,7 @@
 """Command line of the response-length predictor: `python -m predictor --help`.
 
-Subcommands: build-dataset, train, evaluate, retrain, bench-latency.  The
+Subcommands: build-dataset, train, evaluate, retrain, bench-latency, and
+fit-head (the engine's length head, predictor/fit_head.py).  The
 studies that chose the shipped recipe (probe, scaling, capacity, ceiling,
 seed ensembles, served completions) are `python -m studies.predictor`, in the
 repository only.  Every command pins torch to `--threads` (default 1): on the
@@ -189,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=10, help="batches of the largest size (pool = size x reps prompts)")
     p.add_argument("--out", default=None, help="write the figures as JSON")
     p.set_defaults(func=cmd_bench_latency)
+
+    from predictor.fit_head import add_parser as add_fit_head
+
+    add_fit_head(sub)
 
     a = ap.parse_args(argv)
     import torch

@@ -230,6 +230,9 @@ class SchedulerConfig(SchedulingSettings):
     num_blocks: int = Field(..., ge=1)
     # Host KV tier capacity in blocks (0: no host tier, always recompute).
     host_kv_blocks: int = Field(0, ge=0)
+    # Padding of the allocation made from the engine's length head
+    # (`predictor.padding_ratio`, as the Predictor deployment's).
+    length_padding_ratio: float = Field(0.15, ge=0.0, le=4.0)
 
     @model_validator(mode="after")
     def _fits(self) -> "SchedulerConfig":

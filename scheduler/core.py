@@ -8,6 +8,7 @@ tokens, finishing and freeing.  Deterministic given its clock.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -208,6 +209,8 @@ class SchedulerCore:
                 continue
             produced = job.output_token_ids
             produced.append(out.token_id)
+            if out.predicted_output_len is not None:
+                self._engine_prediction(job, out.predicted_output_len)
             if job.first_token_time is None:
                 job.first_token_time = now
             reason = out.finish_reason
@@ -223,6 +226,16 @@ class SchedulerCore:
                                    out.text_later))
         self.policy.on_step_done(plan, result.iteration_time)
         return events
+
+    def _engine_prediction(self, job: Job, n: int) -> None:
+        """The engine's length head estimated `job`'s answer at its first
+        token (engine/length_head.py): it replaces the predictor's, with the
+        same padding, before the policy sees the job as generating."""
+        job.predicted_output_len = n
+        job.allocated_output_len = max(
+            1, math.ceil(n * (1.0 + self.config.length_padding_ratio) - 1e-9))
+        job.length_from_engine = True
+        self.policy.on_prediction(job)
 
     def apply_swaps(self, result: StepResult) -> None:
         """The swap-ins that landed or failed, and the copy and iteration

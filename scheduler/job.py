@@ -72,6 +72,10 @@ class Job:
     # The KV the predictor asks for: the prediction plus its padding
     # (EconoServe §2.3); `policy: econoserve` allocates it to the job.
     allocated_output_len: int | None = None
+    # The prediction came from the engine's length head (at the first
+    # token), which reads the served model's own state: the predictor's
+    # estimate, if it lands later, no longer replaces it.
+    length_from_engine: bool = False
 
     state: JobState = JobState.WAITING
     # Order of arrival at its scheduler core (stamped by `SchedulerCore.add`):

@@ -129,6 +129,9 @@ class JobOutput:
     # (no stop strings): called once, in token order for the job, it
     # returns the delta, so that decoding runs off the iteration's thread.
     text_later: Callable[[], str] | None = None
+    # On a job's first sampled token, with a length head: its answer length
+    # estimated from the prompt's last hidden state (engine/length_head.py).
+    predicted_output_len: int | None = None
 
 
 @dataclass(slots=True)

@@ -27,6 +27,15 @@ def test_predictor_on_cuda_takes_a_gpu_share() -> None:
         AppConfig(predictor={"device": "tpu"})
 
 
+def test_engine_length_head_is_checked_at_start(tmp_path: Path) -> None:
+    cfg = AppConfig(predictor={"engine_head": "embedded", "padding_ratio": 0.3})
+    assert cfg.scheduler_config().length_padding_ratio == 0.3
+    with pytest.raises(ValidationError, match=r"predictor\.engine_head[\s\S]*no such file"):
+        AppConfig(predictor={"engine_head": str(tmp_path / "none.pt")})
+    with pytest.raises(ValidationError, match="engine_head: not available with pipeline"):
+        AppConfig(predictor={"engine_head": "embedded"}, pipeline_parallel_size=2)
+
+
 def test_scheduler_fields_are_the_schedulers_own() -> None:
     # One statement of each scheduling field: the same bounds refuse the
     # same values in the application's config and in the scheduler's.

@@ -18,9 +18,12 @@ from scheduler.plan import JobOutput, Plan, StepResult
 
 
 class FakeRunner:
-    def __init__(self, step_s: float = 0.002, fail_on: str | None = None) -> None:
+    def __init__(self, step_s: float = 0.002, fail_on: str | None = None,
+                 head_estimate: int | None = None) -> None:
         self.step_s = step_s
         self.fail_on = fail_on
+        # Handed out with each first token, as a length head does.
+        self.head_estimate = head_estimate
         self.requests: dict[str, object] = {}
         self.resumed_from: dict[str, list[int]] = {}
 
@@ -39,7 +42,9 @@ class FakeRunner:
             raise RuntimeError("boom")
         time.sleep(self.step_s)
         outs = [JobOutput(c.job_id, 7 + c.output_index if c.sample else None,
-                          text=f"<{c.output_index}>" if c.sample else "")
+                          text=f"<{c.output_index}>" if c.sample else "",
+                          predicted_output_len=(self.head_estimate if c.sample
+                                                and c.output_index == 0 else None))
                 for c in plan.chunks]
         return StepResult(plan.step, outs, self.step_s)
 
@@ -233,6 +238,25 @@ def test_bad_request_and_failing_iteration_do_not_stop_the_loop():
         loop.submit(req("fine", max_tokens=3))
         sink.wait_finished({"fine"})
         assert core.blocks.num_free == core.blocks.num_blocks
+    finally:
+        loop.stop()
+
+
+def test_the_engine_heads_estimate_is_not_replaced_by_a_later_prediction():
+    """A predictor's answer landing after the engine's length head estimated
+    the job (at its first token) leaves the head's estimate in place."""
+    runner = FakeRunner(step_s=0.01, head_estimate=77)
+    loop, sink, core = make_loop(runner)
+    try:
+        loop.submit(req("p", max_tokens=40))
+        deadline = time.monotonic() + 5
+        while core.jobs.get("p") is None or not core.jobs["p"].length_from_engine:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        loop.set_prediction("p", 123, 142)
+        sink.wait_finished({"p"})
+        last = next(d for d in sink.items if d.event.finished)
+        assert last.metrics.predicted_output_len == 77
     finally:
         loop.stop()
 
