@@ -3,8 +3,9 @@
 EconoServe's predictor "undergoes continual retraining in the system"
 (§3.3.2).  Each Ingress replica appends one JSON line per finished choice to
 `served-<pid>.jsonl` in `predictor.record_dir`: the text the predictor read
-(the prompt, or a chat's last user message), the answer's length in tokens
-and how it ended.  The length counts the answer's tokens before the token
+(the prompt, or a chat's last user message), the prompt's token ids as the
+engine computed them (chat template included: what `python -m predictor
+fit-head` reads), the answer's length in tokens and how it ended.  The length counts the answer's tokens before the token
 that ended it (end of sequence or a stop token), as the ShareGPT lengths
 the predictor was trained on do.  An answer cut by `max_tokens` (`"censored": true`) is
 not an answer length, only a lower bound of one: `python -m predictor
@@ -34,6 +35,7 @@ class ServedLog:
         ends = self.eos_ids.union(stop_token_ids or ())
         return [
             {"id": f"{builder.request_id}/{c.index}", "prompt": texts[c.prompt],
+             "prompt_ids": builder.prompts[c.prompt].token_ids,
              "output_len": c.num_tokens - int(c.finish_reason == "stop"
                                               and c.last_token in ends),
              "finish_reason": c.finish_reason, "censored": c.finish_reason == "length"}

@@ -6,8 +6,10 @@
 Each line of FILE is one answer the served model gave: `prompt_ids` (the
 prompt as the engine computed it, chat template included), the answer's
 length (`output_len`, or `output_ids`) and whether `max_tokens` cut it
-(`censored`).  `python -m studies.predictor.hidden_refine` writes such a
-file from the engine's own answers.  The features are the model's final
+(`censored`).  The server's own log of what it served
+(`predictor.record_dir`, deployments/served_log.py) is such a file per
+Ingress replica: pass its folder.  `python -m studies.predictor.hidden_refine`
+writes one from the engine's answers to ShareGPT prompts.  The features are the model's final
 hidden state (after the last norm) at each prompt's last position, computed
 in float32 by `transformers`; the engine's forward pass gives the same rows
 (tests/engine/test_length_head.py).  Without `--lambda`, the ridge penalty
@@ -29,18 +31,30 @@ from engine.length_head import LengthHead, fit_head
 LAMBDAS = (100.0, 300.0, 1000.0, 3000.0, 10000.0)
 
 
-def read_answers(path: str | Path) -> list[dict[str, Any]]:
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        length = r.get("output_len", len(r.get("output_ids", [])))
-        if not r.get("prompt_ids") or length is None:
-            raise ValueError(f"{path}:{n}: needs prompt_ids and output_len (or output_ids)")
-        rows.append({"prompt_ids": list(r["prompt_ids"]), "length": int(length),
-                     "censored": bool(r.get("censored", False))})
-    return rows
+def read_answers(path: str | Path, cap: int) -> tuple[list[dict[str, Any]], int]:
+    """The answers in a JSONL file, or in every `served-*.jsonl` of a folder
+    (the server's log, `predictor.record_dir`), and how many lines were left
+    out: lines without `prompt_ids` (logs written before they were
+    recorded), and answers cut by `max_tokens` short of `cap`, whose
+    min(length, cap) is unknown."""
+    p = Path(path)
+    files = sorted(p.glob("served-*.jsonl")) if p.is_dir() else [p]
+    rows, left_out = [], 0
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            length = r.get("output_len", len(r.get("output_ids", [])))
+            if not isinstance(length, int):
+                raise ValueError(f"{f}:{n}: needs output_len (or output_ids)")
+            censored = bool(r.get("censored", False))
+            if not r.get("prompt_ids") or (censored and length < cap):
+                left_out += 1
+                continue
+            rows.append({"prompt_ids": list(r["prompt_ids"]), "length": length,
+                         "censored": censored})
+    return rows, left_out
 
 
 def prompt_states(model_path: str | Path, prompts: list[list[int]],
@@ -82,10 +96,9 @@ def choose_lambda(hidden: torch.Tensor, plens: torch.Tensor, lengths: torch.Tens
 def fit_from_answers(rows: list[dict[str, Any]], hidden: torch.Tensor, cap: int,
                      lam: float | None, model: str) -> LengthHead:
     plens = torch.tensor([len(r["prompt_ids"]) for r in rows])
-    # A censored answer is at least its count; it counts as `cap` (the head
-    # estimates min(length, cap)) when it reached it.
-    lengths = torch.tensor([cap if r["censored"] and r["length"] >= cap else r["length"]
-                            for r in rows])
+    # The head estimates min(length, cap): an answer cut at or past the cap
+    # counts as the cap (`read_answers` leaves out those cut short of it).
+    lengths = torch.tensor([min(r["length"], cap) for r in rows])
     if lam is None:
         lam = choose_lambda(hidden, plens, lengths, cap)
     return fit_head(hidden, plens, lengths, lam, cap, model=model)
@@ -105,8 +118,12 @@ def add_parser(sub: Any) -> None:
 def cmd_fit_head(a: argparse.Namespace) -> None:
     from engine.model_source import resolve_model
 
-    rows = read_answers(a.answers)
+    rows, left_out = read_answers(a.answers, a.cap)
+    if len(rows) < 20:
+        raise SystemExit(f"{a.answers}: {len(rows)} usable answers ({left_out} left out); "
+                         "a head needs many more")
     hidden = prompt_states(resolve_model(a.model), [r["prompt_ids"] for r in rows])
     head = fit_from_answers(rows, hidden, a.cap, a.lam, a.model)
+    head.fit["left_out"] = left_out
     head.save(a.out)
     print(json.dumps({"out": a.out, **head.fit}, indent=2))

@@ -162,9 +162,11 @@ class SchedulerCore:
         self.batch = frozenset(c.job_id for c in plan.chunks)
         self._release_siblings(self.sharing.release_evicted())
         if plan.block_ops:
-            now = self.clock()
+            now, last = self.clock(), None
             for op in plan.block_ops:
-                if op.kind in _FETCHES:  # the first op of a fetch may be past block 0
+                # Once per job (its ops are together); its first may be past block 0.
+                if op.kind in _FETCHES and op.job_id != last:
+                    last = op.job_id
                     self.jobs[op.job_id].swap_in_issued_at = now
         survival = self.config.survival
         if survival.checkpoint and self.swap.host_capacity:

@@ -456,11 +456,20 @@ class EconoservePolicy(Policy):
                 continue
             n = job.num_uncomputed_tokens
             if n > budget:
-                other = self._fitting_pt(i, budget, taken)
+                other = None if not self.ec.ordering else self.pts.longest_fitting(
+                    i, -budget, lambda j: (j.job_id not in taken and j.swap_pending is None
+                                           and not j.num_host_blocks))
                 if other is not None:
                     job, n = other, other.num_uncomputed_tokens
                 else:
                     n = budget  # chunked prefill
+            # Blocks computed since it arrived are adopted (its queue key keeps
+            # the longer prompt until the next resort, as a chunked one's does).
+            free = self.blocks.num_free
+            adopted = self.blocks.reclaim_cached(job)
+            taken_free = free - self.blocks.num_free  # parked ones count as free
+            headroom -= taken_free
+            n = min(n, job.num_uncomputed_tokens)
             # A PT is allocated its whole prompt's blocks (§3.3.1).  One that
             # does not fit is passed over for shorter ones, unless it is past
             # its deadline: then no new prompt starts until it fits.
@@ -470,6 +479,9 @@ class EconoservePolicy(Policy):
             if need > headroom or not self.blocks.grow(job, n):
                 if job.job_id in self._prefilling:
                     headroom -= need
+                if adopted is not None:  # it would not fit without them either
+                    self.blocks.undo_adoption(job, adopted)
+                    headroom += taken_free
                 if self.ec.ordering and self.pts.key(job)[0] == 0:
                     break
                 taken.add(job.job_id)  # passed over this iteration
@@ -480,20 +492,3 @@ class EconoservePolicy(Policy):
                 self._prefilling[job.job_id] = job
             chunks.append(self.chunk_for(job, n))
             budget -= n
-
-    def _fitting_pt(self, i: int, budget: int, taken: set[str]) -> Job | None:
-        """The longest PT after `i` in the same ranges whose prompt fits the
-        token budget whole (bisection on the length key, §3.4)."""
-        if not self.ec.ordering:
-            return None
-        key = self.pts.key(self.pts.at(i))
-        k = self.pts.first_from(key[:2] + (-budget,))
-        while k < len(self.pts):
-            job = self.pts.at(k)
-            if self.pts.key(job)[:2] != key[:2]:
-                return None
-            if (job.job_id not in taken and job.swap_pending is None
-                    and not job.num_host_blocks):
-                return job
-            k += 1
-        return None

@@ -76,6 +76,20 @@ class TaskQueue:
         """Index of the first task whose key is >= `prefix`."""
         return bisect_left(self._keys, prefix)
 
+    def longest_fitting(self, i: int, bound: Any, usable: Callable[[Job], bool]) -> Job | None:
+        """The first usable task after the one at `i` in the same ranges
+        (the first two key fields) whose third key field is at least `bound`:
+        for PTs keyed by minus their prompt, the longest one that fits a
+        token budget of -`bound` whole (bisection, §3.4)."""
+        ranges = self._keys[i][:2]
+        k = self.first_from(ranges + (bound,))
+        while k < len(self._keys) and self._keys[k][:2] == ranges:
+            job = self._jobs[self._keys[k]]
+            if usable(job):
+                return job
+            k += 1
+        return None
+
     def resort(self, key: Callable[[Job], Key]) -> None:
         jobs = [self._jobs[k] for k in self._keys]
         self._keys.clear()

@@ -3,6 +3,7 @@ the estimate the runner hands out with each job's first token."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -154,3 +155,34 @@ def test_runner_without_a_head_hands_out_none(tiny_llama_path: Path) -> None:
     assert step.outputs[0].predicted_output_len is None
     core.complete(plan, step)
     assert core.jobs["a"].predicted_output_len == 9 and not core.jobs["a"].length_from_engine
+
+
+def test_fit_head_reads_the_servers_log(tmp_path: Path, tiny_llama_path: Path) -> None:
+    """`python -m predictor fit-head` on a folder of served-*.jsonl logs:
+    lines without prompt ids and answers cut short of the cap are left out;
+    the head it writes loads into a runner of that model."""
+    from predictor.__main__ import main
+    from predictor.fit_head import read_answers
+
+    logs = tmp_path / "served"
+    logs.mkdir()
+    prompts = random_prompts([3 + k % 17 for k in range(40)], seed=5)
+    lines = [{"prompt_ids": p, "output_len": 5 + 3 * k, "censored": False}
+             for k, p in enumerate(prompts.values())]
+    lines += [{"prompt": "old line, no ids", "output_len": 9, "censored": False},
+              {"prompt_ids": [5, 6], "output_len": 12, "censored": True},  # short of the cap
+              {"prompt_ids": [5, 6, 7], "output_len": 64, "censored": True}]  # at the cap
+    for part in (0, 1):
+        (logs / f"served-{part}.jsonl").write_text(
+            "".join(json.dumps(x) + "\n" for x in lines[part::2]))
+    (logs / "other.jsonl").write_text("not a log\n")
+    rows, left_out = read_answers(logs, cap=64)
+    assert (len(rows), left_out) == (41, 2)
+    assert {"prompt_ids": [5, 6, 7], "length": 64, "censored": True} in rows
+    main(["fit-head", "--answers", str(logs), "--out", str(tmp_path / "h.pt"),
+          "--model", str(tiny_llama_path), "--cap", "64", "--lambda", "10"])
+    head = LengthHead.load(tmp_path / "h.pt")
+    assert head.fit["rows"] == 41 and head.fit["left_out"] == 2 and head.cap == 64
+    runner = ModelRunner(tiny_llama_path, num_blocks=16, block_size=4, max_model_len=64,
+                         length_head=tmp_path / "h.pt")
+    assert runner.length_head is not None and runner.length_head.hidden_size == 64

@@ -173,7 +173,7 @@ def test_a_salt_shares_blocks_only_within_itself(clock):
 _CONSERVE = {"tpot_slo_s": 10.0, "ttft_slo_s": 10.0}
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "mlfq", "conserve"])
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq", "conserve", "econoserve"])
 def test_a_burst_computes_its_shared_prompt_once(clock, policy):
     """Jobs arriving together, before anyone has computed the prompt they
     share: those that start after the first prefill adopt its blocks."""
@@ -199,12 +199,14 @@ def test_a_burst_computes_its_shared_prompt_once(clock, policy):
     core.blocks.check()
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "mlfq", "conserve"])
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq", "conserve", "econoserve"])
 def test_a_job_short_of_room_beside_its_adopted_blocks_is_left_as_it_was(clock, policy):
     """With no room for the rest of its prompt, the blocks it adopted go
     back parked, its counts and the cache's statistics as before; the
     policy then treats it as it would without the cache."""
-    kw = {"conserve": _CONSERVE} if policy == "conserve" else {}
+    kw: dict = {"conserve": _CONSERVE} if policy == "conserve" else {}
+    if policy == "econoserve":  # its prompts in arrival order, as the others'
+        kw["econoserve"] = {"ordering": False, "pt_reserve": 0.0}
     core = make_core(clock, policy=policy, num_blocks=8, max_model_len=32,
                      max_batch_tokens=64, **kw)
     engine = FakeEngine(clock)
