@@ -87,6 +87,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         ray_actor_options=engine_actor_options(cfg),
         placement_group_bundles=engine_bundles(cfg),
         placement_group_strategy="STRICT_PACK",
+        # A new length head is swapped in by `reconfigure` (no restart).
+        user_config={"engine_head": cfg.predictor.engine_head},
         request_router_config=RequestRouterConfig(
             request_router_class="deployments.routing:PlacementRouter"),
     ).bind(config, scheduler)

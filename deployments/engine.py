@@ -229,6 +229,7 @@ class Engine(EngineFigures):
                                cost=cost, live_cost=self.live_cost,
                                ahead=self.cfg.schedules_ahead)
         self.loop.start()
+        self.head_source = self.cfg.predictor.engine_head
         self.metrics = EngineMetrics(self.replica_id)
         # The load reporter's latest admission figures (monotonic time,
         # figures), which the autoscaling stats reuse.
@@ -345,6 +346,24 @@ class Engine(EngineFigures):
         the KV it asks for (the estimate padded, EconoServe §2.3); `replica`
         is for the request router: the job's own replica."""
         self.loop.set_prediction(request_id, predicted_len, allocation)
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve's lightweight update, `{"engine_head": file, "embedded" or
+        None}`: the length head is replaced between two passes, without a
+        restart or a dropped request (README, "The engine's length head")."""
+        source = config.get("engine_head")
+        if source == self.head_source:
+            return
+        head = None
+        if source is not None:
+            from engine.length_head import load_head
+
+            r = self.runner
+            head = await asyncio.to_thread(load_head, source, r.config.hidden_size,
+                                           r.pp.enabled, r.device)
+        self.runner.length_head = head  # read once per pass
+        self.head_source = source
+        log.info("length head now %s", source)
 
     async def stats(self) -> dict[str, Any]:
         return self._snapshot()

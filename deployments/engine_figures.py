@@ -27,6 +27,7 @@ class EngineFigures:
     loop: EngineLoop
     runner: Any
     replica_id: str
+    head_source: str | None
     bound: AdmissionBound
     cost: CostEstimator | None
     live_cost: LiveCost | None
@@ -44,6 +45,7 @@ class EngineFigures:
         jobs = list(self.core.jobs.values())
         return {
             "replica": self.replica_id,
+            "length_head": self.head_source,
             "num_waiting": s.num_waiting,
             "num_running": s.num_running,
             "free_blocks": s.num_free_blocks,

@@ -463,7 +463,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         head's estimates go to `pending.lengths` (eagerly: graphs keep no
         hidden state)."""
         graphs, mixed = self.graphs, self.mixed_graphs
-        firsts = [] if self.length_head is None else [
+        head = self.length_head  # read once: `reconfigure` may replace it
+        firsts = [] if head is None else [
             i for i, (c, _) in enumerate(prepared.sampled) if c.output_index == 0]
         if graphs is not None and not plan.preemptible_at_layers and not prepared.prompt_rows \
                 and not firsts:
@@ -483,9 +484,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         hidden = self._forward(plan, self._forward_batch(prepared))
         if not prepared.logits_indices:
             return None
-        if firsts and pending is not None and self.length_head is not None:
-            pending.lengths = first_token_lengths(
-                self.length_head, hidden, prepared.sampled, firsts)
+        if firsts and pending is not None and head is not None:
+            pending.lengths = first_token_lengths(head, hidden, prepared.sampled, firsts)
         return self.model.compute_logits(hidden)
 
     def logits(self, plan: Plan) -> torch.Tensor:
