@@ -110,6 +110,10 @@ def _add_live_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None)
     g.add_argument("--no-ignore-eos", action="store_true", help="for servers without ignore_eos")
     g.add_argument("--no-min-tokens", action="store_true", help="for servers without min_tokens")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help="every request's max_tokens, answers ending by themselves (no "
+                        "ignore_eos / min_tokens); default: the workload's lengths, forced")
     g.add_argument("--max-concurrency", type=int, default=None)
     g.add_argument("--request-timeout", type=float, default=600.0)
     g.add_argument("--max-duration", type=float, default=None, help="seconds; stop sending and cut off")

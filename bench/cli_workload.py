@@ -108,6 +108,8 @@ def _client_config(a: argparse.Namespace) -> Any:
         api_key=a.api_key,
         ignore_eos=not a.no_ignore_eos,
         send_min_tokens=not a.no_min_tokens,
+        temperature=a.temperature,
+        max_tokens=a.max_tokens,
         max_concurrency=a.max_concurrency,
         request_timeout=a.request_timeout,
         max_duration=a.max_duration,

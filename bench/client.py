@@ -74,6 +74,10 @@ class ClientConfig(BaseModel):
     ignore_eos: bool = True
     send_min_tokens: bool = True
     temperature: float = 0.0
+    # Every request asks for this many tokens at most and ends by itself
+    # (no ignore_eos, no min_tokens): the model's own answer lengths, e.g. to
+    # measure length estimates.  None: each request's workload length.
+    max_tokens: int | None = Field(None, ge=1)
     include_usage: bool = True
     max_concurrency: int | None = Field(None, ge=1)
     request_timeout: float = Field(600.0, gt=0)
@@ -161,7 +165,7 @@ def request_body(cfg: ClientConfig, model: str, req: RequestSpec,
                  variant: RequestVariant | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
-        "max_tokens": req.output_tokens,
+        "max_tokens": cfg.max_tokens or req.output_tokens,
         "temperature": cfg.temperature,
         "stream": True,
     }
@@ -172,9 +176,9 @@ def request_body(cfg: ClientConfig, model: str, req: RequestSpec,
         body["prompt"] = prompt
     if cfg.include_usage:
         body["stream_options"] = {"include_usage": True}
-    if cfg.ignore_eos:
+    if cfg.ignore_eos and cfg.max_tokens is None:
         body["ignore_eos"] = True
-    if cfg.send_min_tokens:
+    if cfg.send_min_tokens and cfg.max_tokens is None:
         body["min_tokens"] = req.output_tokens
     body.update(cfg.extra_body)
     body.update(cfg.class_extra_body.get(req.job_class, {}))

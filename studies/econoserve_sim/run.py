@@ -244,6 +244,8 @@ def plots() -> None:
 
     for path in sorted(OUT.glob("*.json")):
         data = json.loads(path.read_text())
+        if "points" not in data:  # refinement.json: estimates, not runs
+            continue
         pts = data["points"]
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         paddings = len({p["padding"] for p in pts}) > 1

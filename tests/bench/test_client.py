@@ -181,3 +181,16 @@ def test_hang_up_at_each_phase():
         run_requests([reqs[3].model_copy(update={"output_tokens": 2})], cfg, variants)
         body = srv.bodies[-1]
         assert body["n"] == 2 and body["stop"] == ["."] and "min_tokens" not in body
+
+
+def test_a_fixed_cap_lets_answers_end_by_themselves() -> None:
+    """`max_tokens` set: every request asks for that cap and nothing forces
+    its length (no ignore_eos, no min_tokens), at the temperature asked."""
+    from bench.client import request_body
+
+    r = req("a", 0.0, out=10)
+    forced = request_body(ClientConfig(), "m", r)
+    assert (forced["max_tokens"], forced["ignore_eos"], forced["min_tokens"]) == (10, True, 10)
+    free = request_body(ClientConfig(max_tokens=512, temperature=0.7), "m", r)
+    assert free["max_tokens"] == 512 and free["temperature"] == 0.7
+    assert "ignore_eos" not in free and "min_tokens" not in free
