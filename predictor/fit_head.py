@@ -106,12 +106,15 @@ def fit_from_answers(rows: list[dict[str, Any]], hidden: torch.Tensor, cap: int,
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fit-head", help="fit the engine's length head on a model's answers")
-    p.add_argument("--answers", required=True, help="JSONL: prompt_ids, output_len, censored")
-    p.add_argument("--out", required=True)
-    p.add_argument("--model", default="embedded:smollm2")
+    p.add_argument("--answers", required=True,
+                   help="a JSONL file (prompt_ids, output_len, censored) or a folder of the "
+                        "server's served-*.jsonl logs (predictor.record_dir)")
+    p.add_argument("--out", required=True, help="the head file (for predictor.engine_head)")
+    p.add_argument("--model", default="embedded:smollm2", help="the served model")
     p.add_argument("--cap", type=int, default=1024,
                    help="the answers' max_tokens: the head estimates min(length, cap)")
-    p.add_argument("--lambda", dest="lam", type=float, default=None)
+    p.add_argument("--lambda", dest="lam", type=float, default=None,
+                   help="ridge penalty; default: chosen by 5-fold cross-validation")
     p.set_defaults(func=cmd_fit_head)
 
 

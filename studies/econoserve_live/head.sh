@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# EconoServe live with its length estimates from the predictor (econoserve.yaml), from the
+# engine's length head (econoserve-head.yaml: no predictor), or from both, the head's replacing
+# the predictor's at the first token (econoserve-head-predictor.yaml: the predictor's CPU cost
+# without its estimates after the first token), answers ending by themselves: chat requests of
+# ShareGPT prompts, sampled (temperature 0.7), each capped at CAP tokens, Poisson at RATE.
+# Each on a freshly started server, one after the other; then, per run, how close the
+# estimates each request got were to its answer (summary in head_summary_RATE.json).
+# Usage: bash studies/econoserve_live/head.sh [N] [RATE]   (env CAP, OUT, CONFIGS)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export RAY_AUTH_MODE=disabled
+N=${1:-40}; RATE=${2:-0.15}
+CAP=${CAP:-256}
+OUT=${OUT:-studies/econoserve_live}
+CONFIGS=${CONFIGS:-econoserve econoserve-head econoserve-head-predictor}
+mkdir -p "$OUT/runs"
+source studies/serve_lib.sh
+trap stop_server EXIT
+runs=()
+for config in $CONFIGS; do
+  run=$OUT/runs/${config}_natural_$RATE
+  start_server "studies/econoserve_live/$config.yaml" "$OUT/runs/$config.natural.server.log"
+  python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$config" --endpoint chat \
+    --dataset sharegpt -n "$N" --max-total-len 1024 --seed 0 --rate "$RATE" \
+    --max-tokens "$CAP" --temperature 0.7 \
+    --max-duration 3600 --request-timeout 3600 --save-records --out "$run.json"
+  stop_server
+  runs+=("$run.json")
+done
+python - "$CAP" "$OUT/head_summary_$RATE.json" "${runs[@]}" <<'PY'
+import json, sys
+cap, out, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+summary = {}
+for path in paths:
+    d = json.load(open(path))
+    recs = [r for r in d["records"] if r.get("error") is None]
+    pairs = [(r["predicted_output_tokens"], r["output_tokens"]) for r in recs
+             if r.get("predicted_output_tokens") is not None]
+    err = sorted(abs(min(p, cap) - o) for p, o in pairs)
+    summary[d["meta"].get("system") or path] = {
+        "requests": len(recs), "with_estimate": len(pairs),
+        "capped": sum(r["output_tokens"] >= cap for r in recs),
+        "mae": sum(err) / max(1, len(err)),
+        "acc50": sum(e <= 50 for e in err) / max(1, len(err)),
+        "acc100": sum(e <= 100 for e in err) / max(1, len(err)),
+        "under": sum(p * 1.15 < o for p, o in pairs) / max(1, len(pairs)),
+    }
+json.dump(summary, open(out, "w"), indent=1)
+print(json.dumps(summary, indent=1))
+PY
