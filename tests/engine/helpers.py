@@ -137,6 +137,8 @@ class DriveResult:
     num_steps: int = 0
     # Text deltas the runner left for later (`JobOutput.text_later`).
     num_deferred_texts: int = 0
+    # The runner's length-head estimates, where it has a head.
+    head_estimates: dict[str, int] = field(default_factory=dict)
     core: SchedulerCore | None = None
 
 
@@ -215,6 +217,10 @@ def _drive(runner: ModelRunner, core: SchedulerCore, result: DriveResult,
         )
         step = runner.execute(plan)
         assert step.iteration_time > 0 or not plan.chunks
+        for out in step.outputs:
+            if out.predicted_output_len is not None:
+                assert out.job_id not in result.head_estimates, "estimated twice"
+                result.head_estimates[out.job_id] = out.predicted_output_len
         for ev in core.complete(plan, step):
             assert ev.token_id is not None
             result.tokens[ev.job_id].append(ev.token_id)

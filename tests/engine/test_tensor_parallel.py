@@ -116,6 +116,32 @@ def test_two_shards_give_the_whole_models_logits(tp2: ModelRunner, whole: ModelR
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_length_head_reads_the_whole_models_state(tp2: ModelRunner,
+                                                     whole: ModelRunner) -> None:
+    """The driving shard's final hidden states are the whole model's: the
+    length head gives the estimates the unsplit model gives."""
+    import math
+
+    from engine.length_head import LengthHead
+
+    size = whole.config.hidden_size
+    g = torch.Generator().manual_seed(4)
+    head = LengthHead(torch.zeros(size), torch.ones(size), 0.05 * torch.randn(size, generator=g),
+                      0.3, math.log(40.0), 400)
+    prompts = random_prompts([5, 9, 23, 41], seed=6)
+    got = {}
+    for name, runner in (("tp2", tp2), ("whole", whole)):
+        runner.length_head = head
+        try:
+            got[name] = drive(runner, prompts, GREEDY, num_blocks=40, block_size=4,
+                              max_model_len=80, max_batch_tokens=20).head_estimates
+        finally:
+            runner.length_head = None
+    assert got["tp2"].keys() == got["whole"].keys() == prompts.keys()
+    for j in prompts:
+        assert abs(got["tp2"][j] - got["whole"][j]) <= max(1, 0.01 * got["whole"][j]), j
+
+
 def test_greedy_tokens_with_recompute_preemption(tp2: ModelRunner, whole: ModelRunner,
                                                  model: Path) -> None:
     prompts = random_prompts([5, 23, 41, 60, 1, 17], seed=1)
