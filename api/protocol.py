@@ -78,6 +78,10 @@ class _SamplingFields(UnsupportedFields):
     # vLLM's extension: the prefix cache shares KV only between requests of
     # the same salt (a tenant's), so that none can time another's prompts.
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    # OpenAI's routing hint: requests with the same key go, load permitting,
+    # to a replica that served the key (scheduler/placement.py).  It neither
+    # shares nor separates cached KV (`cache_salt` does that).
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=1024)
 
     @field_validator("stop")
     @classmethod
@@ -361,6 +365,7 @@ class GenerateRequest(BaseModel):
     job_class: Literal["online", "offline"] = "online"
     jct_slo_s: float | None = None
     cache_salt: str | None = None
+    prompt_cache_key: str | None = None
     arrival_time: float
     # The client's end-user id (OpenAI `user`), for logs.
     user: str | None = None

@@ -30,8 +30,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "store": ((None, False), "completions are not stored"),
     "metadata": ((None,), "completions are not stored, so metadata has no use"),
     "service_tier": ((None, "auto", "default"), "service tiers are not offered"),
-    "prompt_cache_key": ((None,), "routing by a client's key is not supported: a request "
-                         "goes where its prompt's beginning is likely cached"),
     # vLLM extensions.
     "min_p": ((None, 0, 0.0), "min_p sampling is not supported"),
     "use_beam_search": ((None, False), "beam search is not supported"),
@@ -89,7 +87,6 @@ class UnsupportedFields(BaseModel):
     store: Any = None
     metadata: Any = None
     service_tier: Any = None
-    prompt_cache_key: Any = None
     min_p: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None

@@ -56,7 +56,7 @@ from api.responses import PromptInput, ResponseBuilder
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
-from scheduler.prefix_affinity import prefix_keys
+from scheduler.prefix_affinity import prefix_keys, route_key
 
 log = logging.getLogger("ray.serve")
 
@@ -291,6 +291,7 @@ class Ingress:
             repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
             job_class=req.job_class, jct_slo_s=req.jct_slo_s, cache_salt=req.cache_salt,
+            prompt_cache_key=req.prompt_cache_key,
             arrival_time=time.time(),
             user=req.user or req.safety_identifier)
 
@@ -344,6 +345,8 @@ class Ingress:
         keys = prefix_keys(gens[0].prompt_token_ids, self.cfg.block_size, gens[0].cache_salt)
         if keys:  # where its leading blocks are likely cached
             resumed["prefix_keys"] = keys
+            if gens[0].prompt_cache_key is not None:
+                resumed["route_key"] = route_key(gens[0].prompt_cache_key)
         try:
             raw = await self.scheduler.admit.remote(
                 request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,

@@ -112,7 +112,8 @@ class Scheduler:
     async def admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                     job_class: str = "online", n: int = 1,
                     priority: int = 0, failed_replica: str | None = None,
-                    prefix_keys: list[int] | None = None) -> dict[str, Any]:
+                    prefix_keys: list[int] | None = None,
+                    route_key: int | None = None) -> dict[str, Any]:
         """Where the request runs, or a refusal when every replica's queued
         work is at its bound (the ingress answers 429).  An offline request
         under `policy: conserve` is never refused: the call returns once
@@ -123,7 +124,8 @@ class Scheduler:
         admission control and the pool.  `prefix_keys`: the prompt's
         leading blocks (scheduler/prefix_affinity.py), so that it goes
         where they are likely cached unless that replica is busier by more
-        than they save."""
+        than they save; `route_key`: the client's `prompt_cache_key`, which
+        counts a replica that got it as holding all of them."""
         if failed_replica is not None and self._stopping is not None:
             # Every engine is stopping: nowhere to go on.
             return Admission(admitted=False, retry_after_s=1.0,
@@ -132,7 +134,7 @@ class Scheduler:
             self.placement.forget(failed_replica)
             self.num_resumed += 1
             replica = self.placement.place(request_id, prompt_tokens + n * max_tokens,
-                                           time.monotonic(), prefix_keys)
+                                           time.monotonic(), prefix_keys, route_key)
             self.jobs[request_id] = {"class": job_class, "replica": replica,
                                      "admitted_at": time.time()}
             return Admission(admitted=True, replica=replica).model_dump()
@@ -145,7 +147,7 @@ class Scheduler:
         now = time.monotonic()
         if self.cfg.admission.enabled and bounded(job_class, self.cfg.policy):
             res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now,
-                                       prefix_keys)
+                                       prefix_keys, route_key)
         else:
             res = None
         if res is not None and not res.admitted:
@@ -156,7 +158,7 @@ class Scheduler:
                          f"request past its {self.cfg.admission.ttft_slo_s:g} s TTFT "
                          "objective; retry later")).model_dump()
         replica = res.replica if res is not None else self.placement.place(
-            request_id, prompt_tokens + n * max_tokens, now, prefix_keys)
+            request_id, prompt_tokens + n * max_tokens, now, prefix_keys, route_key)
         self.jobs[request_id] = {"class": job_class, "replica": replica,
                                  "admitted_at": time.time()}
         return Admission(admitted=True, replica=replica).model_dump()

@@ -107,18 +107,26 @@ class Placement:
         # Placements that went to a replica holding some of the prompt.
         self.num_prefix_placements = 0
 
-    def _cached(self, live: list[ReplicaLoad], keys: list[int] | None) -> dict[str, int]:
-        """Tokens of the prompt each live replica likely has cached."""
-        if not keys:
-            return {}
-        depth = self.affinity.match(keys, {r.replica_id for r in live})
+    def _cached(self, live: list[ReplicaLoad], keys: list[int] | None,
+                route: int | None = None) -> dict[str, int]:
+        """Tokens of the prompt each live replica likely has cached.  A
+        replica that got the client's `route` key (`prompt_cache_key`)
+        counts as holding every block the prompt has keys for: the client
+        says its requests share their beginning."""
+        ids = {r.replica_id for r in live}
+        depth = self.affinity.match(keys, ids) if keys else {}
+        if route is not None and keys:
+            for r in self.affinity.match([route], ids):
+                depth[r] = len(keys)
         return {r: d * self.block_size for r, d in depth.items()}
 
     def _placed(self, job_id: str, replica: str, keys: list[int] | None,
-                cached: dict[str, int]) -> None:
+                cached: dict[str, int], route: int | None = None) -> None:
         self.job_replica[job_id] = replica
         if keys:
             self.affinity.record(keys, replica)
+        if route is not None:
+            self.affinity.record([route], replica)
         if cached.get(replica):
             self.num_prefix_placements += 1
 
@@ -154,29 +162,30 @@ class Placement:
         return list(self.replicas.values())
 
     def place(self, job_id: str, tokens: int, now: float,
-              prefix_keys: list[int] | None = None) -> str | None:
+              prefix_keys: list[int] | None = None, route_key: int | None = None) -> str | None:
         """The replica for `job_id` (`tokens` of work, of which the leading
         blocks `prefix_keys` stand for), or None when no replica has
         reported: the least loaded one counting the prompt it has cached."""
         live = self.live(now)
         if not live:
             return None
-        cached = self._cached(live, prefix_keys)
+        cached = self._cached(live, prefix_keys, route_key)
         best = min(live, key=lambda r: (r.work_with(tokens - cached.get(r.replica_id, 0)),
                                         r.replica_id))
         best.placed_tokens += tokens - cached.get(best.replica_id, 0)
-        self._placed(job_id, best.replica_id, prefix_keys, cached)
+        self._placed(job_id, best.replica_id, prefix_keys, cached, route_key)
         return best.replica_id
 
     def admit(self, job_id: str, prompt_tokens: int, max_tokens: int, n: int,
-              now: float, prefix_keys: list[int] | None = None) -> AdmitResult:
+              now: float, prefix_keys: list[int] | None = None,
+              route_key: int | None = None) -> AdmitResult:
         """Place `job_id` where its first token should come within the
         objective (the soonest such replica, counting the prompt it has
         cached), or refuse it when none can."""
         live = self.live(now)
         if not live:
             return AdmitResult(True, None)
-        cached = self._cached(live, prefix_keys)
+        cached = self._cached(live, prefix_keys, route_key)
         fits: dict[str, tuple[float, int, int]] = {}
         waits: list[float] = []
         for r in live:
@@ -201,7 +210,7 @@ class Placement:
         best.placed_tokens += work
         best.placed_prefill += prompt
         best.placed_jobs += n
-        self._placed(job_id, best.replica_id, prefix_keys, cached)
+        self._placed(job_id, best.replica_id, prefix_keys, cached, route_key)
         return AdmitResult(True, best.replica_id)
 
     def release(self, job_id: str) -> None:

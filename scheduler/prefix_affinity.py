@@ -40,6 +40,13 @@ def prefix_keys(token_ids: Sequence[int], block_size: int, salt: str | None = No
     return keys
 
 
+def route_key(prompt_cache_key: str) -> int:
+    """The affinity key of OpenAI's `prompt_cache_key`: requests a client
+    marks with one key share a long prefix, as far as it knows, before any
+    of their blocks is known here.  Tagged apart from the prefix keys."""
+    return hash(("prompt_cache_key", zlib.crc32(prompt_cache_key.encode())))
+
+
 # Replicas remembered per key: a prefix every request shares (a system
 # prompt) ends up cached on several replicas as load spreads it.
 _REPLICAS_PER_KEY = 4

@@ -61,6 +61,8 @@ class FakeScheduler:
     released: dict[str, str] = field(default_factory=dict)
     # The prompt's block keys each admitted request came with.
     prefix_keys: dict[str, list[int] | None] = field(default_factory=dict)
+    # The routing key (`prompt_cache_key`) each admitted request came with.
+    route_keys: dict[str, int | None] = field(default_factory=dict)
     # Engine replicas reporting their load (what /health reads); None: the
     # scheduler does not answer.
     live_engines: int | None = 1
@@ -77,12 +79,14 @@ class FakeScheduler:
 
     async def _admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                      job_class: str = "online", n: int = 1, priority: int = 0,
-                     prefix_keys: list[int] | None = None) -> dict[str, Any]:
+                     prefix_keys: list[int] | None = None,
+                     route_key: int | None = None) -> dict[str, Any]:
         if self.reject:
             return {"admitted": False, "retry_after_s": 2.0,
                     "message": "the server is at capacity; retry in 2 s"}
         self.admitted.append((request_id, prompt_tokens, max_tokens, job_class, n))
         self.prefix_keys[request_id] = prefix_keys
+        self.route_keys[request_id] = route_key
         return {"admitted": True, "replica": None}
 
     async def _release(self, request_id: str, outcome: str) -> None:

@@ -75,6 +75,28 @@ def test_a_long_prompts_block_keys_reach_the_scheduler(served: Harness) -> None:
     assert keys == prefix_keys(tokens, block) and len(keys) == (len(tokens) - 1) // block
 
 
+def test_a_prompt_cache_key_reaches_the_scheduler_as_a_routing_key(served: Harness) -> None:
+    """OpenAI's `prompt_cache_key` routes (scheduler/placement.py); it does
+    not salt the prefix keys, which requests without it share."""
+    from scheduler.prefix_affinity import prefix_keys, route_key
+
+    prompt = "You are a careful assistant. " * 12
+    r = served.client.post("/v1/completions", json={
+        "prompt": prompt, "max_tokens": 2, "prompt_cache_key": "thread-42"})
+    assert r.status_code == 200, r.text
+    request_id = served.scheduler.admitted[-1][0]
+    tokens = served.ingress.tokenizer(prompt)["input_ids"]
+    assert served.scheduler.prefix_keys[request_id] == prefix_keys(
+        tokens, served.ingress.cfg.block_size)
+    assert served.scheduler.route_keys[request_id] == route_key("thread-42")
+    assert served.engine.requests[-1].cache_salt is None
+    r = served.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert served.scheduler.route_keys[served.scheduler.admitted[-1][0]] is None
+    bad = served.client.post("/v1/completions", json={
+        "prompt": "hi", "max_tokens": 2, "prompt_cache_key": ""})
+    assert bad.status_code == 400 and "prompt_cache_key" in bad.text
+
+
 def test_a_cache_salt_reaches_the_engine_and_salts_the_keys(served: Harness) -> None:
     from scheduler.prefix_affinity import prefix_keys
 

@@ -1,7 +1,8 @@
 """Prefix caching through the served application: a request that begins
 like an earlier one reports the prompt tokens it found cached in its usage,
 and with two engine replicas, requests sharing a system prompt go to the
-replica that holds it (scheduler/prefix_affinity.py)."""
+replica that holds it (scheduler/prefix_affinity.py), and so do requests
+that share a `prompt_cache_key`."""
 
 from __future__ import annotations
 
@@ -75,5 +76,13 @@ def test_requests_sharing_a_prefix_go_to_the_replica_that_holds_it(server):
         by_replica = dict(hits)
         assert len(by_replica) == 2, hits
         assert sorted(v > 0 for v in by_replica.values()) == [False, True], by_replica
+        # Prompts sharing nothing, one client key: the 2nd and 3rd follow the 1st.
+        for i, topic in enumerate(("rye", "yeast", "croissants")):
+            time.sleep(1.0)
+            r = httpx.post(f"{base}/v1/completions", json={
+                "prompt": f"Tell me about {topic}. " * (8 + i), "max_tokens": 2,
+                "prompt_cache_key": "conversation-9"}, timeout=120)
+            assert r.status_code == 200, r.text
+        assert sched.stats.remote().result()["prefix_placements"] == 5
     finally:
         serve.delete("prefix2")

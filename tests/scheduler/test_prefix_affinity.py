@@ -5,7 +5,7 @@ were sent, unless that replica is busier by more than they save."""
 from __future__ import annotations
 
 from scheduler.placement import Placement
-from scheduler.prefix_affinity import PrefixAffinity, prefix_keys
+from scheduler.prefix_affinity import PrefixAffinity, prefix_keys, route_key
 
 BS = 16
 SYSTEM = list(range(100, 100 + 20 * BS))  # 20 blocks
@@ -78,6 +78,28 @@ def test_a_shared_prefix_goes_where_it_was_sent_while_the_load_allows():
     # A failed replica's prefixes go with it.
     p.forget(other)
     assert p.affinity.match(keys, {"a", "b"}) == {first: len(keys)}
+
+
+def test_a_prompt_cache_key_routes_requests_that_share_nothing_known_yet():
+    """Requests a client marks with one `prompt_cache_key` go where the key
+    went, as if that replica held their whole prompt, while the load
+    allows; without the key the less loaded replica gets them."""
+    p = Placement(block_size=BS)
+
+    def place(job: str, fill: int, key: str | None, queued_a: int = 40,
+              queued_b: int = 0) -> str | None:
+        """A prompt of 8 fresh blocks, after "a" and "b" report these loads."""
+        _idle(p, "a", queued=queued_a)
+        _idle(p, "b", queued=queued_b)
+        return p.place(job, 8 * BS + 50, now=0.1, prefix_keys=prefix_keys(
+            [fill] * (8 * BS) + [1], BS), route_key=None if key is None else route_key(key))
+
+    assert place("j1", 3, "thread-1", queued_a=0) == "a"
+    assert place("j2", 4, None) == "b"  # "a" a little busier
+    assert place("j3", 5, "thread-1") == "a"
+    assert place("j4", 6, "thread-2") == "b"  # another key is no hint
+    # Busier by more than the prompt: it spills.
+    assert place("j5", 7, "thread-1", queued_a=8 * BS + 500, queued_b=40) == "b"
 
 
 def _prefill_report(p: Placement, rid: str, prefill_tokens: int) -> None:
