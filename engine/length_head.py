@@ -102,6 +102,14 @@ def load_head(source: str | Path, hidden_size: int, split_stages: bool,
     return head.to(device)
 
 
+def first_token_rows(head: LengthHead | None, sampled: list[Any]) -> list[int]:
+    """The sampled rows of a pass (`(chunk, request state)` pairs) that
+    sample their job's first token: the head estimates those."""
+    if head is None:
+        return []
+    return [i for i, (chunk, _) in enumerate(sampled) if chunk.output_index == 0]
+
+
 def first_token_lengths(head: LengthHead, hidden: torch.Tensor, sampled: list[Any],
                         rows: list[int]) -> tuple[list[str], torch.Tensor]:
     """Estimates for the sampled rows `rows` of a pass (`(chunk, request

@@ -25,7 +25,7 @@ from engine.attention import default_backend_name, get_attention_backend
 from engine.detokenizer import IncrementalDetokenizer
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
-from engine.length_head import first_token_lengths, load_head
+from engine.length_head import first_token_lengths, first_token_rows, load_head
 from engine.model_source import resolve_model
 from engine.models import model_class
 from engine.models.prepacked import PackMode
@@ -205,8 +205,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
 
     @property
     def vocab_size(self) -> int:
-        """Width of the logits (the model's vocabulary, which may be padded
-        past the tokenizer's)."""
+        """Width of the logits (the vocabulary, maybe padded past the tokenizer's)."""
         return self.model.vocab_size
 
     @property
@@ -436,17 +435,14 @@ class ModelRunner(PlanPreparing, ShardDriving):
             if requests.get(chunk.job_id) is not state:
                 continue  # ended (or aborted) while this pass was in flight
             prompt_lps = state.take_prompt_logprobs() if chunk.output_index == 0 else None
+            text, decode = "", None
             if later and state.text_can_wait:
                 decode, reason = state.append_later(token, self.max_model_len)
-                results[chunk.job_id] = JobOutput(
-                    chunk.job_id, token, reason, logprobs=logprobs.get(i),
-                    prompt_logprobs=prompt_lps, text_later=decode,
-                    predicted_output_len=lengths.get(chunk.job_id))
-                continue
-            text, reason = state.append(token, self.max_model_len)
+            else:
+                text, reason = state.append(token, self.max_model_len)
             results[chunk.job_id] = JobOutput(
                 chunk.job_id, token, reason, text, logprobs.get(i), prompt_lps,
-                predicted_output_len=lengths.get(chunk.job_id))
+                text_later=decode, predicted_output_len=lengths.get(chunk.job_id))
         outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
         done, failed = self._poll_swaps(0.0)
         return StepResult(
@@ -459,15 +455,13 @@ class ModelRunner(PlanPreparing, ShardDriving):
         """The forward pass and the lm_head: float32 logits of the rows in
         `prepared.logits_indices` (None where no row is wanted).  A
         decode-only step that fits a captured bucket replays its graph, and
-        so does a mixed step that fits a bucket of the mixed graphs.  A length
-        head's estimates go to `pending.lengths` (eagerly: graphs keep no
-        hidden state)."""
+        so does a mixed step that fits a bucket of the mixed graphs.  Length
+        head estimates go to `pending.lengths` (eagerly: no graph keeps them)."""
         graphs, mixed = self.graphs, self.mixed_graphs
         head = self.length_head  # read once: `reconfigure` may replace it
-        firsts = [] if head is None else [
-            i for i, (c, _) in enumerate(prepared.sampled) if c.output_index == 0]
-        if graphs is not None and not plan.preemptible_at_layers and not prepared.prompt_rows \
-                and not firsts:
+        firsts = first_token_rows(head, prepared.sampled)
+        if graphs is not None and not (plan.preemptible_at_layers or prepared.prompt_rows
+                                       or firsts):
             n, num = len(prepared.input_ids), len(prepared.spans)
             if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
                 self.preempt_flag.clear()  # as after any pass that may not be cut

@@ -126,6 +126,15 @@ def engine_drift(rows: list[dict[str, Any]], head_path: Path, hidden: torch.Tens
             "mean_abs_tokens": statistics.fmean(abs(g - r) for g, r in zip(got, ref))}
 
 
+def _relative(path: Path) -> str:
+    """`path` from the repository root when it lies inside it."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def _markdown(rep: dict[str, Any]) -> str:
     ev = rep["evaluation"]
     lines = [
@@ -186,7 +195,7 @@ def main() -> None:
     report = {
         "command": f"python -m studies.predictor.length_head --n {a.n} --seed {a.seed}",
         "evaluation": evaluation,
-        "shipped_head": {"path": str(a.head_out), **head.fit},
+        "shipped_head": {"path": _relative(a.head_out), **head.fit},
         "engine_drift": engine_drift(rows, a.head_out, hidden, 100),
     }
     (a.out / "report.json").write_text(json.dumps(report, indent=1))

@@ -102,18 +102,63 @@ def _engine_handle(app: str):
 def _deploy(server: str, name: str, config: dict) -> str:
     """Run one more application on /<name> beside the default one; its URL
     once its /health answers."""
-    import httpx
     from ray import serve
 
     from app.builder import build_app
 
     serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+    return _healthy(server, name)
+
+
+def _healthy(server: str, name: str) -> str:
+    import httpx
+
     base = f"{server}/{name}"
     deadline = time.monotonic() + 120
     while httpx.get(f"{base}/health", timeout=5).status_code != 200:
         assert time.monotonic() < deadline, f"{name} app did not come up"
         time.sleep(0.5)
     return base
+
+
+def deploy_declared(name: str, config: dict, deployments: list[dict] | None = None) -> None:
+    """Deploy application `name` through Serve's declarative API, as `serve
+    deploy config.yaml` does (so that a later call with other deployment
+    options, e.g. a `user_config`, updates it in place), waiting until it runs."""
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    app = {"name": name, "route_prefix": f"/{name}", "import_path": "app.builder:build_app",
+           "args": config}
+    if deployments:
+        app["deployments"] = deployments
+    client = serve.context._get_global_client()
+    client.deploy_apps(ServeDeploySchema(applications=[app]), _blocking=True)
+
+
+@pytest.fixture(scope="module")
+def declared_server(server, request):
+    """A module's declared application (`deploy_declared`): the module's APP
+    and ARGS; its URL."""
+    from ray import serve
+
+    name, config = request.module.APP, request.module.ARGS
+    deploy_declared(name, config)
+    yield _healthy(server, name)
+    serve.delete(name)
+
+
+async def post_all(base: str, bodies: list[dict]) -> list[dict]:
+    """POST every body to /v1/completions at once; each answer's JSON (all 200)."""
+    import asyncio
+
+    import httpx
+
+    async with httpx.AsyncClient(timeout=300) as c:
+        rs = await asyncio.gather(*(c.post(f"{base}/v1/completions", json=b) for b in bodies))
+    for r in rs:
+        assert r.status_code == 200, r.text
+    return [r.json() for r in rs]
 
 
 @pytest.fixture(scope="session")

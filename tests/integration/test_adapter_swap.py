@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import SMALL_CONFIG, _engine_handle
+from tests.integration.conftest import SMALL_CONFIG, _engine_handle, deploy_declared
 
 pytestmark = pytest.mark.integration
 
@@ -26,41 +26,13 @@ ARGS = {**SMALL_CONFIG, "predictor": {"enabled": True, "num_cpus": 0.5},
         "admission": {"enabled": False}}
 
 
-def _deploy(predictor_user_config: dict | None) -> None:
-    """Deploy the app through Serve's declarative API (what `serve deploy
-    config.yaml` sends), waiting until it runs."""
-    from ray import serve
-    from ray.serve.schema import ServeDeploySchema
-
-    app = {"name": APP, "route_prefix": f"/{APP}", "import_path": "app.builder:build_app",
-           "args": ARGS}
-    if predictor_user_config is not None:
-        app["deployments"] = [{"name": "Predictor", "user_config": predictor_user_config}]
-    client = serve.context._get_global_client()
-    client.deploy_apps(ServeDeploySchema(applications=[app]), _blocking=True)
-
-
 def _predictor_info() -> dict:
     from ray import serve
 
     return serve.get_deployment_handle("Predictor", app_name=APP).info.remote().result()
 
 
-@pytest.fixture(scope="module")
-def swap_server(server):
-    from ray import serve
-
-    _deploy(None)
-    base = f"{server}/{APP}"
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{base}/health", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "swap app did not come up"
-        time.sleep(0.5)
-    yield base
-    serve.delete(APP)
-
-
-def test_a_new_adapter_is_swapped_in_without_restarting_a_replica(swap_server, tmp_path):
+def test_a_new_adapter_is_swapped_in_without_restarting_a_replica(declared_server, tmp_path):
     import predictor
 
     engine = _engine_handle(APP)
@@ -73,9 +45,11 @@ def test_a_new_adapter_is_swapped_in_without_restarting_a_replica(swap_server, t
 
     async def stream_while_redeploying() -> httpx.Response:
         async with httpx.AsyncClient(timeout=300) as c:
-            req = asyncio.create_task(c.post(f"{swap_server}/v1/completions", json=body))
+            req = asyncio.create_task(c.post(f"{declared_server}/v1/completions", json=body))
             await asyncio.sleep(0.5)
-            await asyncio.to_thread(_deploy, {"adapter": str(adapter), "padding_ratio": 0.3})
+            await asyncio.to_thread(deploy_declared, APP, ARGS, [{
+                "name": "Predictor",
+                "user_config": {"adapter": str(adapter), "padding_ratio": 0.3}}])
             return await req
 
     r = asyncio.run(stream_while_redeploying())
@@ -95,5 +69,5 @@ def test_a_new_adapter_is_swapped_in_without_restarting_a_replica(swap_server, t
     got = serve.get_deployment_handle("Predictor", app_name=APP).predict.remote(
         "Name the planets of the solar system.").result()
     assert got["allocation"] == max(1, math.ceil(got["predicted_len"] * 1.3 - 1e-9))
-    r = httpx.post(f"{swap_server}/v1/completions", json={**body, "max_tokens": 4}, timeout=300)
+    r = httpx.post(f"{declared_server}/v1/completions", json={**body, "max_tokens": 4}, timeout=300)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

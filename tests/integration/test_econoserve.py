@@ -11,7 +11,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.conftest import (PROMPTS, SMALL_CONFIG, _deploy, _engine_handle,
+from tests.integration.conftest import (PROMPTS, SMALL_CONFIG, _deploy, _engine_handle, post_all,
                                         wait_engine_idle)
 
 pytestmark = pytest.mark.integration
@@ -43,14 +43,8 @@ def body(prompt: str, n: int = 48, **extra: object) -> dict:
 
 
 async def _all(base: str) -> list[dict]:
-    async with httpx.AsyncClient(timeout=300) as c:
-        rs = await asyncio.gather(*(
-            c.post(f"{base}/v1/completions",
-                   json=body(p, **({"jct_slo_s": 5.0} if i % 2 else {})))
-            for i, p in enumerate(PROMPTS)))
-    for r in rs:
-        assert r.status_code == 200, r.text
-    return [r.json() for r in rs]
+    return await post_all(base, [body(p, **({"jct_slo_s": 5.0} if i % 2 else {}))
+                                 for i, p in enumerate(PROMPTS)])
 
 
 def test_econoserve_serves_every_prompt_as_fcfs_does(server, econo_server):

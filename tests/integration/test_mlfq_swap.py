@@ -12,7 +12,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.conftest import PROMPTS, wait_engine_idle
+from tests.integration.conftest import PROMPTS, post_all, wait_engine_idle
 
 pytestmark = pytest.mark.integration
 
@@ -22,17 +22,8 @@ def body(prompt: str, n: int = 64) -> dict:
     return {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}
 
 
-async def _all(base: str) -> list[dict]:
-    async with httpx.AsyncClient(timeout=300) as c:
-        rs = await asyncio.gather(*(c.post(f"{base}/v1/completions", json=body(p))
-                                    for p in PROMPTS))
-    for r in rs:
-        assert r.status_code == 200, r.text
-    return [r.json() for r in rs]
-
-
 def test_swapped_jobs_produce_the_same_tokens(server, mlfq_server, mlfq_engine):
-    concurrent = asyncio.run(_all(mlfq_server))
+    concurrent = asyncio.run(post_all(mlfq_server, [body(p) for p in PROMPTS]))
     stats = wait_engine_idle(mlfq_engine, timeout=60)
     assert stats["swap"]["swap_outs"] > 0, f"no swap happened: {stats['swap']}"
     # Every block that went out came back, copied or still on the device
