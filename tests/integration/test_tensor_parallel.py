@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.integration.conftest import MLFQ_CONFIG, PROMPTS, _deploy, _engine_handle, \
-    wait_engine_idle
-from tests.integration.test_mlfq_swap import _all, body
+    post_all, wait_engine_idle
+from tests.integration.test_mlfq_swap import body
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def tp_server(server):
 
 def test_two_stages_of_three_shards_swap_and_answer_as_the_whole_model(server, tp_server):
     engine = _engine_handle("tp")
-    concurrent = asyncio.run(_all(tp_server))
+    concurrent = asyncio.run(post_all(tp_server, [body(p) for p in PROMPTS]))
     stats = wait_engine_idle(engine, timeout=60)
     assert stats["swap"]["swap_outs"] > 0, f"no swap happened: {stats['swap']}"
     assert (stats["swap"]["blocks_in"] + stats["swap"]["blocks_kept"]
