@@ -194,12 +194,10 @@ class SwapManager:
         self.blocks_kept += kept
         self.num_swap_in += 1  # a job brought back, whatever it copies
         self.host_only.discard(job.job_id)
-        if kept == n:  # nothing to copy
-            self._off_host(job.job_id)
-            if not job.num_checkpointed_blocks:  # a move: the host copy goes
-                self.host_used -= n
+        if kept == n:  # nothing to copy: back already
+            if not job.num_checkpointed_blocks:  # a move: no copy lands to drop the host's
                 self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
-            job.num_host_blocks = 0
+            self.swap_in_done(job)
             return []
         kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
         job.swap_pending = kind.value
