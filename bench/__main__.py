@@ -172,20 +172,46 @@ def _sim_once(
     from bench.simulator import SimOptions, simulate
 
     trace_out = getattr(a, "trace_out", None)
-    out = simulate(wl.requests, sc, cost,
-                   SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None))
-    if trace_out is not None:
-        write_trace(trace_out, [r.to_json() for r in out.trace], out.stats.as_dict())
     system = a.system or f"{sc.policy}/{cost.name}"
+    details = {"scheduler": sc.model_dump(), "cost_model": cost.describe(),
+               "capacity": capacity, "source": wl.source}
+    if getattr(a, "replicas", 1) > 1 or getattr(a, "max_replicas", None) is not None:
+        if trace_out is not None:
+            raise SystemExit("--trace-out records one replica's plans: not with --replicas "
+                             "or --max-replicas")
+        records, details["cluster"] = _cluster_once(wl, cost, sc, a)
+    else:
+        out = simulate(wl.requests, sc, cost,
+                       SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None))
+        if trace_out is not None:
+            write_trace(trace_out, [r.to_json() for r in out.trace], out.stats.as_dict())
+        records, details["sim"] = out.records, out.stats.as_dict()
     return RunResult(
-        meta=RunMeta(
-            mode="sim", system=system, workload=wl.spec, rate=rate, load=load,
-            details={"scheduler": sc.model_dump(), "cost_model": cost.describe(),
-                     "sim": out.stats.as_dict(), "capacity": capacity, "source": wl.source},
-        ),
-        summary=summarize(out.records, slo),
-        records=out.records,
+        meta=RunMeta(mode="sim", system=system, workload=wl.spec, rate=rate, load=load,
+                     details=details),
+        summary=summarize(records, slo),
+        records=records,
     )
+
+
+def _cluster_once(wl: Workload, cost: Any, sc: Any,
+                  a: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    """Several replicas, autoscaled with --max-replicas (bench/cluster_sim.py)."""
+    from bench.cluster_sim import ClusterOptions, simulate_cluster
+    from scheduler.autoscale import AutoscaleSettings
+
+    scale: dict[str, Any] = {}
+    if a.max_replicas is not None:
+        scale = dict(enabled=True, min_replicas=a.replicas, max_replicas=a.max_replicas)
+        for kv in a.autoscale_opt:
+            k, _, v = kv.partition("=")
+            scale[k.strip()] = _json_value(v)
+    opts = ClusterOptions(replicas=a.replicas, autoscaling=AutoscaleSettings(**scale),
+                          startup_s=a.startup_s, ttft_slo_s=a.ttft_slo_s,
+                          overlap_swap=a.overlap_swap)
+    out = simulate_cluster(wl.requests, sc, cost, opts)
+    return out.records, {"options": opts.model_dump(), "replica_seconds": out.replica_seconds,
+                         "end_time": out.end_time, "timeline": out.timeline, **out.stats}
 
 
 def _capacity(spec: WorkloadSpec, pools: _PoolCache, cost: Any, sc: Any, basis: str) -> float:
@@ -217,9 +243,14 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if a.predictions_from is not None:
         wl = with_recorded_predictions(wl, a.predictions_from)
     res = _sim_once(wl, cost, sc, a, _slo(a), rate, a.load, capacity)
-    sim = res.meta.details["sim"]
+    sim = res.meta.details.get("sim") or res.meta.details["cluster"]
+    iterations = sim["iterations"]
+    if isinstance(iterations, dict):  # per replica
+        iterations = sum(iterations.values())
+        print(f"{sim['replicas_started']} replicas started, "
+              f"{sim['replica_seconds']:.1f} replica-seconds")
     print(f"simulated {res.summary.num_requests} requests, "
-          f"{sim['iterations']} iterations in {sim['wall_time']:.2f} s wall"
+          f"{iterations} iterations in {sim['wall_time']:.2f} s wall"
           + (f"; capacity {capacity:.3f} req/s, rate {rate:.3f}" if capacity else ""))
     _emit(res, a, f"simulated {res.meta.system}, rate {rate:g}/s")
     return 0

@@ -94,6 +94,20 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
                    help="any other SchedulerConfig field, e.g. swap_mode=\"proactive\"")
     g.add_argument("--overlap-swap", action="store_true",
                    help="KV copies overlap compute (proactive swapping, FastServe §4.2)")
+    g = p.add_argument_group("replicas (bench/cluster_sim.py)")
+    g.add_argument("--replicas", type=int, default=1,
+                   help="engine replicas at t = 0, placed by load (all of them without "
+                        "--max-replicas)")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscale between --replicas and this on the replicas' load reports "
+                        "(scheduler/autoscale.py)")
+    g.add_argument("--autoscale-opt", action="append", default=[], metavar="KEY=JSON",
+                   help="any other `autoscaling` setting, e.g. upscale_delay_s=10")
+    g.add_argument("--startup-s", type=float, default=30.0,
+                   help="seconds from asking for a replica to its first load report")
+    g.add_argument("--ttft-slo-s", type=float, default=2.0,
+                   help="the TTFT objective of the replicas' load estimate")
+    g = p.add_argument_group("capacity")
     g.add_argument("--capacity-basis", choices=["saturated", "mean-fixed"], default="saturated",
                    help="what load 1.0 means: the workload's own saturated throughput, or that "
                         "of fixed-length jobs of the workload's mean lengths")

@@ -250,6 +250,66 @@ def _prompt_ids(r: RequestSpec, own: int) -> list[int]:
     return [0] * shared + [own] + [0] * (r.prompt_tokens - shared - 1)
 
 
+def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
+             padding_ratio: float) -> Job:
+    """The scheduler's job for request `r` (its prompt's own first token
+    `own_token`), and the executor told where it ends when `max_tokens` is
+    only a cap."""
+    job = Job(
+        job_id=r.request_id,
+        # Its own first token: no two prompts share a cached block, as none
+        # do in the synthetic prompts a live run sends.
+        prompt_token_ids=_prompt_ids(r, own_token),
+        max_tokens=r.max_tokens or r.output_tokens,
+        arrival_time=r.arrival_time,
+        job_class=JobClass(r.job_class),
+        priority=r.priority,
+    )
+    if r.max_tokens is not None and r.max_tokens > r.output_tokens:
+        device.stop_lengths[r.request_id] = r.output_tokens
+    if r.predicted_output_tokens is not None:
+        job.predicted_output_len = r.predicted_output_tokens
+        # The predictor's rule (predictor/metrics.py, `allocation`).
+        job.allocated_output_len = max(1, math.ceil(
+            r.predicted_output_tokens * (1.0 + padding_ratio) - 1e-9))
+    return job
+
+
+def request_record(r: RequestSpec, job: Job | None, token_times: list[float],
+                   device: SimulatedExecutor, block_bytes: int, error: str | None) -> RequestRecord:
+    """What a live run would have recorded of request `r` (`job`: None when
+    it was never admitted, `error` says why)."""
+    rid = r.request_id
+    if job is None:
+        return RequestRecord(
+            request_id=rid, job_class=r.job_class, scheduled_time=r.arrival_time,
+            send_time=r.arrival_time, prompt_tokens=r.prompt_tokens,
+            expected_output_tokens=r.output_tokens, error=error or "not admitted")
+    end = job.finish_time
+    e2e = (end - r.arrival_time) if end is not None else math.nan
+    ex, sw = device.exec_time.get(rid, 0.0), device.swap_time.get(rid, 0.0)
+    # model_construct: these values are ours, skip re-validating thousands
+    # of token-time lists.
+    return RequestRecord.model_construct(
+        request_id=rid,
+        job_class=r.job_class,
+        scheduled_time=r.arrival_time,
+        send_time=r.arrival_time,
+        token_times=token_times,
+        end_time=end,
+        prompt_tokens=r.prompt_tokens,
+        output_tokens=job.num_output_tokens,
+        expected_output_tokens=r.output_tokens,
+        error=None if end is not None else "unfinished",
+        num_preemptions=job.num_preemptions,
+        queueing_time=max(0.0, e2e - ex - sw) if end is not None else None,
+        execution_time=ex,
+        swap_time=sw,
+        swap_bytes=device.swap_blocks.get(rid, 0) * block_bytes,
+        predicted_output_tokens=r.predicted_output_tokens,
+    )
+
+
 def simulate(
     requests: Sequence[RequestSpec],
     scheduler: SchedulerConfig,
@@ -296,23 +356,7 @@ def simulate(
             if opts.max_time is not None and r.arrival_time > opts.max_time:
                 errors[r.request_id] = "not sent: past max_time"
                 continue
-            job = Job(
-                job_id=r.request_id,
-                # Its own first token: no two prompts share a cached block,
-                # as none do in the synthetic prompts a live run sends.
-                prompt_token_ids=_prompt_ids(r, next(first_tokens)),
-                max_tokens=r.max_tokens or r.output_tokens,
-                arrival_time=r.arrival_time,
-                job_class=JobClass(r.job_class),
-                priority=r.priority,
-            )
-            if r.max_tokens is not None and r.max_tokens > r.output_tokens:
-                device.stop_lengths[r.request_id] = r.output_tokens
-            if r.predicted_output_tokens is not None:
-                job.predicted_output_len = r.predicted_output_tokens
-                # The predictor's rule (predictor/metrics.py, `allocation`).
-                job.allocated_output_len = max(1, math.ceil(
-                    r.predicted_output_tokens * (1.0 + opts.padding_ratio) - 1e-9))
+            job = make_job(r, next(first_tokens), device, opts.padding_ratio)
             try:
                 core.add(job)
             except ValueError as e:
@@ -394,48 +438,9 @@ def simulate(
         stats.extra.update(counters())
     stats.swap_bytes = stats.swap_blocks * block_bytes
     stats.wall_time = time.perf_counter() - wall0
-    records: list[RequestRecord] = []
-    for r in reqs:
-        rid = r.request_id
-        job = jobs.get(rid)
-        if job is None:
-            records.append(
-                RequestRecord(
-                    request_id=rid,
-                    job_class=r.job_class,
-                    scheduled_time=r.arrival_time,
-                    send_time=r.arrival_time,
-                    prompt_tokens=r.prompt_tokens,
-                    expected_output_tokens=r.output_tokens,
-                    error=errors.get(rid, "not admitted"),
-                )
-            )
-            continue
-        end = job.finish_time
-        e2e = (end - r.arrival_time) if end is not None else math.nan
-        ex, sw = device.exec_time.get(rid, 0.0), device.swap_time.get(rid, 0.0)
-        # model_construct: these values are ours, skip re-validating
-        # thousands of token-time lists.
-        records.append(
-            RequestRecord.model_construct(
-                request_id=rid,
-                job_class=r.job_class,
-                scheduled_time=r.arrival_time,
-                send_time=r.arrival_time,
-                token_times=token_times[rid],
-                end_time=end,
-                prompt_tokens=r.prompt_tokens,
-                output_tokens=job.num_output_tokens,
-                expected_output_tokens=r.output_tokens,
-                error=None if end is not None else "unfinished",
-                num_preemptions=job.num_preemptions,
-                queueing_time=max(0.0, e2e - ex - sw) if end is not None else None,
-                execution_time=ex,
-                swap_time=sw,
-                swap_bytes=device.swap_blocks.get(rid, 0) * block_bytes,
-                predicted_output_tokens=r.predicted_output_tokens,
-            )
-        )
+    records = [request_record(r, jobs.get(r.request_id), token_times.get(r.request_id, []),
+                              device, block_bytes, errors.get(r.request_id))
+               for r in reqs]
     return SimOutput(records=records, stats=stats, end_time=clock.now, trace=trace)
 
 

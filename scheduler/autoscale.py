@@ -27,7 +27,12 @@ when the online load would still sit under `downscale_at` on one replica
 fewer, for `downscale_delay_s`: offline work never holds a replica up,
 since the replicas left absorb it in the capacity chat leaves idle.  A
 replica that has not reported yet (still loading its model and profiling)
-counts as capacity to come, not as load.  Serve bounds the result by
+counts as capacity to come, not as load: the load is spread over it too,
+and a load still at `upscale_at` with it counted asks for more at once,
+without waiting for it to report (a burst's queue keeps growing while
+replicas start; waiting for each before asking for the next halved the
+SLO attainment of a simulated burst at paper scale,
+studies/autoscale_sim/README.md).  Serve bounds the result by
 `min_replicas` / `max_replicas`.
 """
 
@@ -112,8 +117,8 @@ def desired_replicas(signals: Mapping[str, ReplicaSignals], current: int,
     if ratio >= settings.upscale_at or crowded:
         state.pop("cold_since", None)
         since = state.setdefault("hot_since", now)
-        if now - since < settings.upscale_delay_s or reported < current:
-            return current, state  # not for long yet, or help is on its way
+        if now - since < settings.upscale_delay_s:
+            return current, state  # not for long yet
         state.pop("hot_since")
         wanted = math.ceil(max(current, reported) * ratio / settings.upscale_at)
         return max(current + 1, wanted), state

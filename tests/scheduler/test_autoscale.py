@@ -44,13 +44,19 @@ def test_a_blip_shorter_than_the_delay_does_not_scale() -> None:
 
 
 def test_replicas_still_starting_count_as_capacity_not_load() -> None:
-    # Two replicas wanted, one has reported: its load spreads over both,
-    # and no more are asked for until the new one reports.
+    # Two replicas wanted, one has reported: its load spreads over both.
     state: dict[str, Any] = {"hot_since": 0.0}
+    wanted, _ = desired_replicas({"a": sig(0.9)}, 2, SETTINGS, state, 10.0)
+    assert wanted == 2  # 0.9 over two is under 0.5: the starting one will do
+    # Still above upscale_at with the starting replica counted: more at
+    # once, not after it reports (the queue grows meanwhile).
     wanted, _ = desired_replicas({"a": sig(1.2)}, 2, SETTINGS, state, 10.0)
-    assert wanted == 2
+    assert wanted == 3  # 1.2 over two -> 2 * 0.6 / 0.5 = 2.4
     wanted, _ = desired_replicas({"a": sig(1.2), "b": sig(0.6)}, 2, SETTINGS, state, 10.0)
     assert wanted == 4  # average 0.9 over two -> 2 * 0.9 / 0.5 = 3.6
+    # ... and only after the delay, as any scale-up.
+    wanted, _ = desired_replicas({"a": sig(1.2)}, 2, SETTINGS, {"hot_since": 8.0}, 10.0)
+    assert wanted == 2
 
 
 def test_kv_pressure_with_online_work_scales_up() -> None:

@@ -1,0 +1,119 @@
+"""The cluster simulator: several replicas on one virtual clock, placed and
+autoscaled by the server's own code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.cluster_sim import Cluster, ClusterOptions, linear_cost, simulate_cluster
+from bench.costmodel import make_cost_model
+from bench.simulator import simulate
+from bench.workload import RequestSpec
+from scheduler.autoscale import AutoscaleSettings
+from scheduler.config import SchedulerConfig
+
+COST = make_cost_model("llama-2-7b", "a100-80gb")
+
+
+def config(policy: str = "mlfq") -> SchedulerConfig:
+    return SchedulerConfig(policy=policy, num_blocks=COST.num_kv_blocks(), block_size=16,
+                           max_batch_size=256, max_batch_tokens=2048, max_model_len=4096)
+
+
+def poisson(prefix: str, rate: float, start: float, end: float, seed: int,
+            prompt: int = 512, output: int = 256) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    t, out = start, []
+    while True:
+        t += rng.exponential(1.0 / rate)
+        if t >= end:
+            return out
+        out.append(RequestSpec(request_id=f"{prefix}-{len(out)}", arrival_time=t,
+                               prompt_tokens=int(rng.integers(prompt // 2, prompt)),
+                               output_tokens=int(rng.integers(output // 2, output))))
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq"])
+def test_one_replica_is_the_simulator(policy: str) -> None:
+    reqs = poisson("r", 6.0, 0.0, 30.0, seed=1)
+    one = simulate(reqs, config(policy), COST)
+    cluster = simulate_cluster(reqs, config(policy), COST, ClusterOptions(replicas=1))
+    assert [r.token_times for r in cluster.records] == [r.token_times for r in one.records]
+    assert cluster.end_time == one.end_time
+    assert cluster.replica_seconds == pytest.approx(one.end_time)
+
+
+def test_two_replicas_share_the_load_and_halve_the_queueing() -> None:
+    reqs = poisson("r", 25.0, 0.0, 30.0, seed=2)
+    one = simulate_cluster(reqs, config(), COST, ClusterOptions(replicas=1))
+    c = Cluster(reqs, config(), COST, ClusterOptions(replicas=2))
+    two = c.run()
+    assert all(r.ok for r in two.records)
+    placed = [sum(1 for rep in c.where.values() if rep is x) for x in c.replicas]
+    assert min(placed) > 0.4 * len(reqs)  # by load, not all on one
+    ttft = lambda out: np.mean([r.ttft for r in out.records])  # noqa: E731
+    assert ttft(two) < 0.5 * ttft(one)
+    assert two.replica_seconds == pytest.approx(2 * two.end_time)
+
+
+def test_a_burst_scales_up_after_the_delay_and_back_down_when_quiet() -> None:
+    burst = poisson("busy", 20.0, 10.0, 100.0, seed=3)
+    quiet = poisson("quiet", 0.5, 0.0, 250.0, seed=4)
+    reqs = burst + quiet
+    scale = AutoscaleSettings(enabled=True, min_replicas=1, max_replicas=3,
+                              upscale_delay_s=5.0, downscale_delay_s=30.0)
+    opts = ClusterOptions(replicas=1, startup_s=10.0, autoscaling=scale)
+    c = Cluster(reqs, config(), COST, opts)
+    out = c.run()
+    # Nothing is lost, on the replicas that drained either.
+    assert all(r.ok for r in out.records)
+    ups = [(t, n) for t, n in out.stats["decisions"] if n > 1]
+    assert ups and ups[0][0] >= 10.0 + scale.upscale_delay_s
+    assert max(n for _, n in out.stats["decisions"]) == 3
+    # A new replica takes jobs only once it has started and reported.
+    for rid, rep in c.where.items():
+        assert c.jobs[rid].arrival_time >= rep.ready_at
+    assert {rep.name for rep in c.where.values()} == {r.name for r in c.replicas}
+    # Back to one once the burst's work is done and the quiet stream stays.
+    assert out.timeline[-1][2] == 1 and out.stats["decisions"][-1][1] == 1
+    fixed = simulate_cluster(reqs, config(), COST, ClusterOptions(replicas=3))
+    alone = simulate_cluster(reqs, config(), COST, ClusterOptions(replicas=1))
+    assert out.replica_seconds < 0.8 * fixed.replica_seconds
+    p99 = lambda o: np.percentile([r.ttft for r in o.records], 99)  # noqa: E731
+    assert p99(out) < 0.5 * p99(alone)
+
+
+def test_the_replicas_cost_line_is_the_profilers_fit_of_the_model() -> None:
+    line = linear_cost(COST)
+    # A lone decode and a 256-token prompt as the cost model has them.
+    from bench.simulator import CostEstimatorAdapter
+
+    est = CostEstimatorAdapter(COST)
+    assert line.decode_time(1) == pytest.approx(est.decode_time(1))
+    assert line.prefill_time(256) == pytest.approx(est.prefill_time(256))
+    assert line.decode_time(8) == pytest.approx(est.decode_time(8))
+
+
+def test_cli_simulates_replicas_and_autoscaling(tmp_path) -> None:
+    from bench.__main__ import main
+    from bench.results import load_result
+
+    common = ["simulate", "--dataset", "fixed", "--input-len", "512", "--output-len", "128",
+              "-n", "600", "--rate", "30", "--cost-model", "llama-2-7b", "--policy", "mlfq"]
+    runs = {}
+    for name, extra in {"one": [], "two": ["--replicas", "2"],
+                        "auto": ["--max-replicas", "3", "--startup-s", "5",
+                                 "--autoscale-opt", "upscale_delay_s=2"]}.items():
+        path = tmp_path / f"{name}.json"
+        assert main([*common, *extra, "--out", str(path)]) == 0
+        runs[name] = load_result(path)
+    assert "cluster" not in runs["one"].meta.details
+    two, auto = runs["two"].meta.details["cluster"], runs["auto"].meta.details["cluster"]
+    assert two["replicas_started"] == 2 and two["decisions"] == []
+    assert auto["options"]["autoscaling"]["upscale_delay_s"] == 2
+    assert auto["replicas_started"] > 1 and auto["decisions"][0][0] >= 2
+    ttft = {k: r.summary.ttft.mean for k, r in runs.items()}
+    assert ttft["two"] < ttft["one"] and ttft["auto"] < ttft["one"]
+    with pytest.raises(SystemExit, match="--trace-out"):
+        main([*common, "--replicas", "2", "--trace-out", str(tmp_path / "t.json")])
