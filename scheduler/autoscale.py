@@ -120,7 +120,9 @@ def desired_replicas(signals: Mapping[str, ReplicaSignals], current: int,
         if now - since < settings.upscale_delay_s:
             return current, state  # not for long yet
         state.pop("hot_since")
-        wanted = math.ceil(max(current, reported) * ratio / settings.upscale_at)
+        wanted = math.ceil(spread * ratio / settings.upscale_at - 1e-9)
+        if reported < current:  # help on its way: only what its share leaves
+            return max(current, wanted), state
         return max(current + 1, wanted), state
     state.pop("hot_since", None)
     fewer = current - 1

@@ -48,6 +48,8 @@ def test_replicas_still_starting_count_as_capacity_not_load() -> None:
     state: dict[str, Any] = {"hot_since": 0.0}
     wanted, _ = desired_replicas({"a": sig(0.9)}, 2, SETTINGS, state, 10.0)
     assert wanted == 2  # 0.9 over two is under 0.5: the starting one will do
+    wanted, _ = desired_replicas({"a": sig(1.0)}, 2, SETTINGS, state, 10.0)
+    assert wanted == 2  # exactly upscale_at with it counted: it will do too
     # Still above upscale_at with the starting replica counted: more at
     # once, not after it reports (the queue grows meanwhile).
     wanted, _ = desired_replicas({"a": sig(1.2)}, 2, SETTINGS, state, 10.0)
