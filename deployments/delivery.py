@@ -20,8 +20,17 @@ class Delivery:
     stopped: bool = False
     # The error is ours (an iteration failed), not a refusal of the request.
     internal: bool = False
+    # The replica gave the request back unstarted (scheduler/offline_pool.py):
+    # the offline pool places it again.
+    moved: bool = False
 
 
 class EngineStopped(RuntimeError):
     """A job ended because its engine replica shut down (not the request's
     fault: retry elsewhere)."""
+
+
+class JobMoved(RuntimeError):
+    """A replica serving online work gave an unstarted offline request back
+    to the offline pool, which places it where there is room (not a
+    failure: nothing of it had run)."""

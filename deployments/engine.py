@@ -31,7 +31,7 @@ from ray import serve
 from api.config import AppConfig
 from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
 from deployments.engine_figures import EngineFigures
-from deployments.delivery import Delivery, EngineStopped
+from deployments.delivery import Delivery, EngineStopped, JobMoved
 from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from scheduler.admission import AdmissionBound
@@ -299,7 +299,9 @@ class Engine(EngineFigures):
             for req in reqs:
                 if req.resume is not None:
                     req.resume_kv_blocks = await self._checkpointed(req)
-                self.loop.submit(req)
+                # One prompt of an offline request: the replica may give
+                # it back unstarted (scheduler/offline_pool.py).
+                self.loop.submit(req, movable=len(reqs) == 1)
             while running:
                 items = [await q.get()]
                 while not q.empty():
@@ -309,7 +311,7 @@ class Engine(EngineFigures):
                     if d.error is not None:
                         # ValueError: the request was refused (the client's
                         # 400); the others are this replica's failures.
-                        kind = (EngineStopped if d.stopped
+                        kind = (EngineStopped if d.stopped else JobMoved if d.moved
                                 else RuntimeError if d.internal else ValueError)
                         raise kind(d.error)
                     ev = d.event
@@ -391,9 +393,11 @@ class Engine(EngineFigures):
                     queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
                     figures = self._admission_figures(jobs)
                     self._last_admission = (time.monotonic(), figures)
-                    await self.scheduler.report_load.remote(
+                    answer = await self.scheduler.report_load.remote(
                         self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
                         len(jobs), figures, offline=snap["offline"])
+                    if answer and answer.get("give_back"):
+                        self.loop.give_back(int(answer["give_back"]))
             except Exception:  # the scheduler may be restarting; keep serving
                 log.exception("load report failed")
             await asyncio.sleep(REPORT_INTERVAL_S)

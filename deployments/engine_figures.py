@@ -71,6 +71,8 @@ class EngineFigures:
                         "tokens_recomputed": ls.resumed_tokens - ls.resumed_kv_tokens,
                         "tokens_fetched": ls.resumed_kv_tokens},
             "preemptions_by_class": dict(ls.preemptions_by_class),
+            # Unstarted offline requests given back to the offline pool.
+            "offline_given_back": self.loop.num_given_back,
             "recent_forward_s": list(ls.recent_forward),
             "open_streams": len(self._streams),
             "swap": {

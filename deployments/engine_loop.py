@@ -8,10 +8,9 @@ replica).  With a runner that offers it (`on_launch`), an iteration's batch
 leaves, its text decoded, while the next iteration's pass runs: on a GPU
 between queuing that pass and reading its tokens, where the host would
 only wait; on a CPU just before the pass.  Each iteration is one step of
-`scheduler.iteration.IterationDriver`, the step the simulator runs too,
-with the runner on the wall clock
-(`OnWallClock`: waiting on a swap-in sleeps a millisecond).  No Ray here:
-the loop is tested with a fake runner.
+`scheduler.iteration.IterationDriver`, the simulator's step too, with the
+runner on the wall clock (`OnWallClock`: waiting on a swap-in sleeps a
+millisecond).  No Ray here: the loop is tested with a fake runner.
 
 `shutdown(reason)` ends the loop for good: every job in flight, and every
 request submitted from then on, ends at once with an error delivery that
@@ -33,6 +32,7 @@ from deployments.delivery import Delivery
 from deployments.held_deliveries import HeldDeliveries
 from deployments.job_metrics import finished_latency, job_metrics
 from deployments.loop_stats import LoopStats
+from deployments.pass_cut import PassCutter
 from scheduler.admission import MeanOutput
 from scheduler.ahead import AheadDriver, OnWallClockAhead
 from scheduler.cost import LinearCost
@@ -40,6 +40,7 @@ from scheduler.cost_fit import IterationShape, LiveCost
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.iteration import Iteration, IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
+from scheduler.offline_pool import unstarted_offline
 from scheduler.plan import Plan, StepResult
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,10 @@ class EngineLoop:
         self._jobs: dict[str, Job] = {}
         # Request id -> job ids of its choices still in the core.
         self._groups: dict[str, list[str]] = {}
+        # Offline requests it may give back unstarted (`give_back`): added
+        # before their "add", discarded on the loop thread with their group.
+        self._movable: set[str] = set()
+        self.num_given_back = 0  # requests given back
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         # Offline requests in the inbox: request id -> (jobs, prompt + n *
         # max_tokens).  The cluster's offline pool counts them as this
@@ -111,9 +116,8 @@ class EngineLoop:
         # every job ends with from then on.  Guarded by _lock so that no
         # request slips into the inbox after the last drain.
         self._lock = threading.Lock()
-        # (start of the preemptible pass under way, online prompt tokens
-        # that arrived during it): Algorithm 2 weighs them all.
-        self._cut_tally: tuple[float, int] = (0.0, 0)
+        # Online arrivals may cut a pure-offline pass (ConServe §4.3).
+        self.cutter = PassCutter(runner, core)
         self._closed: str | None = None
         self._closed_out = threading.Event()
         self.num_stopped_jobs = 0
@@ -160,7 +164,7 @@ class EngineLoop:
 
     # Thread-safe entry points -----------------------------------------
 
-    def submit(self, req: GenerateRequest) -> None:
+    def submit(self, req: GenerateRequest, movable: bool = False) -> None:
         with self._lock:
             reason = self._closed
             if reason is None:
@@ -168,38 +172,22 @@ class EngineLoop:
                     # Before the put: the loop thread pops it on draining.
                     self.inbox_offline[req.request_id] = (
                         req.n, len(req.prompt_token_ids) + req.n * req.max_tokens)
+                    if movable and req.resume is None:
+                        self._movable.add(req.request_id)
                 self._inbox.put(("add", req))
                 self._wake.set()
                 if req.job_class == JobClass.ONLINE.value:
-                    self._maybe_cut(len(req.prompt_token_ids) * max(1, req.n))
+                    self.cutter.online_arrived(len(req.prompt_token_ids) * max(1, req.n))
                 return
         self._deliver_safely(self._refusals(req, reason))
 
-    def _maybe_cut(self, prompt_tokens: int) -> None:
-        """An online request arrived: cut a pure-offline pass under way
-        (ConServe §4.3), unless the policy finds it ends soon enough for the
-        online prompts that arrived during it to meet their TTFT objective
-        after it (Algorithm 2).  With no pass under way the flag is set
-        anyway: the runner honours it only for a plan marked preemptible,
-        and spends it at the end of every pass."""
-        flag = getattr(self.runner, "preempt_flag", None)
-        if flag is None:
-            return
-        running = getattr(self.runner, "running_pass", None)
-        decide = getattr(self.core.policy, "cut_wanted", None)
-        if running is None or decide is None:
-            flag.set()
-            return
-        plan, started = running
-        if self._cut_tally[0] != started:
-            self._cut_tally = (started, 0)
-        tokens = self._cut_tally[1] + prompt_tokens
-        self._cut_tally = (started, tokens)
-        if decide(plan, time.monotonic() - started, tokens):
-            flag.set()
-
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def give_back(self, count: int) -> None:
+        """Give up to `count` unstarted offline requests back to the pool."""
+        self._inbox.put(("give_back", count))
         self._wake.set()
 
     def set_prediction(self, request_id: str, predicted_len: int,
@@ -232,10 +220,28 @@ class EngineLoop:
                         job.predicted_output_len = n
                         job.allocated_output_len = alloc
                         self.core.policy.on_prediction(job)
+            elif kind == "give_back":
+                assert isinstance(payload, int)
+                rejected += self._give_back(payload)
             else:
                 assert isinstance(payload, str)
+                self._movable.discard(payload)
                 for job_id in self._groups.pop(payload, [payload]):
                     self._drop(job_id)
+
+    def _give_back(self, count: int) -> list[Delivery]:
+        """Drop up to `count` unstarted offline requests; each stream ends
+        with `moved` set."""
+        out: list[Delivery] = []
+        movable = {rid: ids for rid, ids in self._groups.items() if rid in self._movable}
+        for rid in unstarted_offline(movable, self.core.jobs, self.core.batch, count):
+            self._movable.discard(rid)
+            for job_id in self._groups.pop(rid):
+                self._drop(job_id)
+            out.append(Delivery(JobEvent(rid, None, "", True, "moved"), None,
+                                "given back to the offline pool", moved=True))
+        self.num_given_back += len(out)
+        return out
 
     def _drop(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
@@ -295,6 +301,7 @@ class EngineLoop:
                                         output_token_ids=outputs)
         except Exception as e:  # a bad request must not take the loop down
             log.warning("rejected %s: %s", req.request_id, e)
+            self._movable.discard(req.request_id)
             for job_id in ids:
                 self._drop(job_id)
             return [Delivery(JobEvent(j, None, "", True, "error"), None, str(e)) for j in ids]
@@ -386,6 +393,7 @@ class EngineLoop:
             out.append(Delivery(JobEvent(job_id, None, "", True, "error"), None, reason,
                                 stopped=True))
         self._groups.clear()
+        self._movable.clear()
         self.num_stopped_jobs = len(ended)
         self._deliver_safely(out)
         # The aborted jobs' host copies are dropped by block ops, which ride
@@ -471,6 +479,7 @@ class EngineLoop:
             group.remove(job_id)
             if not group:
                 del self._groups[rid]
+                self._movable.discard(rid)
 
     def _fail(self, job_id: str) -> Delivery:
         self._jobs.pop(job_id, None)

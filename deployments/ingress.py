@@ -306,7 +306,8 @@ class Ingress:
         stream = ResumableStream(
             gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],
                                                        replica=replica),
-            lambda again, failed: self._resume(request_id, again, failed))
+            lambda again, failed: self._resume(request_id, again, failed),
+            move=lambda again, where: self._resume(request_id, again, where, moved=True))
         if self.predictor is not None:
             for g, text in zip(gens, predict_texts):
                 self._predict(g.request_id, text, replica)
@@ -327,21 +328,26 @@ class Ingress:
         return JSONResponse(await self._collect(builder, stream))
 
     async def _resume(self, request_id: str, gens: list[GenerateRequest],
-                      failed: str | None) -> tuple[str | None, Any]:
-        """Another replica for a request whose replica failed, and its stream
+                      failed: str | None, moved: bool = False) -> tuple[str | None, Any]:
+        """Another replica for a request whose replica failed, or (`moved`)
+        gave it back to the offline pool, and its stream
         (deployments/resume.py)."""
-        replica = await self._admit(request_id, gens, failed_replica=failed or "")
+        replica = await (self._admit(request_id, gens, moved_from=failed or "") if moved
+                         else self._admit(request_id, gens, failed_replica=failed or ""))
         return replica, self.engine.generate.remote([g.model_dump() for g in gens],
                                                     replica=replica)
 
     async def _admit(self, request_id: str, gens: list[GenerateRequest],
-                     failed_replica: str | None = None) -> str | None:
+                     failed_replica: str | None = None,
+                     moved_from: str | None = None) -> str | None:
         """Admission control (scheduler/admission.py): the whole request,
         all its prompts and choices, runs on one replica or gets a 429.
         With `failed_replica` (a request resumed after its replica failed),
         the Scheduler places it elsewhere without admission control."""
         resumed: dict[str, Any] = ({} if failed_replica is None
                                    else {"failed_replica": failed_replica})
+        if moved_from is not None:
+            resumed["moved_from"] = moved_from
         keys = prefix_keys(gens[0].prompt_token_ids, self.cfg.block_size, gens[0].cache_salt)
         if keys:  # where its leading blocks are likely cached
             resumed["prefix_keys"] = keys

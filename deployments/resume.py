@@ -14,6 +14,11 @@ and no duplicate, and greedy text is that of an uninterrupted run (exactly
 so in float32 and in deterministic mode).  Choices that had finished are
 not run again.
 
+A replica serving online work may also give an offline request back to
+the offline pool before starting it (`JobMoved`, scheduler/offline_pool.py):
+the request then goes through the pool again (`move`), not counted as a
+resume.
+
 With `survival.checkpoint`, the new replica first asks the application's
 KV directory how many of each choice's blocks the failed replica's
 checkpoints left there (`Engine._checkpointed`), fetches those and
@@ -32,6 +37,11 @@ log = logging.getLogger(__name__)
 
 # (the replica the request went to, its stream)
 Opened = tuple[str | None, Any]
+Reopen = Callable[[list[GenerateRequest], str | None], Awaitable[Opened]]
+
+# Times one request may be given back: each time a replica had it unstarted
+# while another had room; more would mean replicas passing it around.
+MAX_MOVES = 8
 
 
 def replica_failed(e: BaseException) -> bool:
@@ -44,15 +54,23 @@ def replica_failed(e: BaseException) -> bool:
     return isinstance(e, (RayActorError, EngineStopped))
 
 
+def job_moved(e: BaseException) -> bool:
+    from deployments.delivery import JobMoved
+
+    return isinstance(e, JobMoved)
+
+
 class ResumableStream:
     def __init__(self, gens: list[GenerateRequest], replica: str | None, stream: Any,
-                 reopen: Callable[[list[GenerateRequest], str | None], Awaitable[Opened]],
-                 max_resumes: int = 3) -> None:
+                 reopen: Reopen, max_resumes: int = 3, move: Reopen | None = None) -> None:
         self.gens = gens
         self.replica = replica
         self.stream = stream
         # (gens, the replica that failed) -> the new replica and stream.
         self._reopen = reopen
+        # (gens, the replica that gave it back) -> the new replica and stream.
+        self._move = move
+        self.moves = 0
         self.max_resumes = max_resumes
         self.resumes = 0
         self._outputs: dict[tuple[int, int], list[int]] = {
@@ -79,6 +97,14 @@ class ResumableStream:
                     yield items
                 return
             except Exception as e:
+                if (self._move is not None and not self._cancelled and job_moved(e)
+                        and self.moves < MAX_MOVES):
+                    self.moves += 1
+                    log.info("request %s: replica %s gave it back to the offline pool",
+                             self.gens[0].request_id, self.replica)
+                    # Nothing of it ran: sent again as it came.
+                    self.replica, self.stream = await self._move(self.gens, self.replica)
+                    continue
                 if len(self._finished) == len(self._outputs) and replica_failed(e):
                     return  # the client has every choice whole already
                 if self._cancelled or not replica_failed(e) or self.resumes >= self.max_resumes:

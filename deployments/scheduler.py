@@ -56,6 +56,8 @@ class Scheduler:
         self.num_rejected = 0
         # Requests placed again after their replica failed.
         self.num_resumed = 0
+        # Offline requests a replica gave back to the pool unstarted.
+        self.num_moved = 0
         self.pool: OfflinePool | None = None
         if self.cfg.policy == "conserve" and self.cfg.offline_pool.enabled:
             self.pool = OfflinePool(self.cfg.offline_pool, stale_after_s=stale_after_s)
@@ -89,10 +91,12 @@ class Scheduler:
     async def report_load(self, replica_id: str, num_blocks: int, free_blocks: int,
                           queued_tokens: int, num_jobs: int,
                           admission: dict[str, Any] | None = None,
-                          offline: dict[str, int] | None = None) -> None:
+                          offline: dict[str, int] | None = None) -> dict[str, int] | None:
         """A replica's load; `admission` holds its queued work, the bound on
         it and its measured speed (scheduler/admission.py), `offline` its
-        figures for the offline pool (`OfflineLoad`)."""
+        figures for the offline pool (`OfflineLoad`).  The answer asks the
+        replica to give back unstarted offline requests (`give_back`: how
+        many) that other replicas have room for."""
         now = time.monotonic()
         self.placement.report(replica_id, num_blocks, free_blocks, queued_tokens,
                               num_jobs, now, **(admission or {}))
@@ -100,6 +104,9 @@ class Scheduler:
             self.pool.report(replica_id, OfflineLoad(**offline), free_blocks, num_blocks,
                              (admission or {}).get("tokens_per_s"), now)
             self._hand_out()
+            if self._stopping is None and (k := self.pool.to_give_back(replica_id, now)):
+                return {"give_back": k}
+        return None
 
     async def ready(self) -> dict[str, int]:
         """How many engine replicas report their load now, of how many the
@@ -113,7 +120,8 @@ class Scheduler:
                     job_class: str = "online", n: int = 1,
                     priority: int = 0, failed_replica: str | None = None,
                     prefix_keys: list[int] | None = None,
-                    route_key: int | None = None) -> dict[str, Any]:
+                    route_key: int | None = None,
+                    moved_from: str | None = None) -> dict[str, Any]:
         """Where the request runs, or a refusal when every replica's queued
         work is at its bound (the ingress answers 429).  An offline request
         under `policy: conserve` is never refused: the call returns once
@@ -125,7 +133,9 @@ class Scheduler:
         leading blocks (scheduler/prefix_affinity.py), so that it goes
         where they are likely cached unless that replica is busier by more
         than they save; `route_key`: the client's `prompt_cache_key`, which
-        counts a replica that got it as holding all of them."""
+        counts a replica that got it as holding all of them.  `moved_from`:
+        the replica gave the (offline) request back unstarted; it waits in
+        the pool again."""
         if failed_replica is not None and self._stopping is not None:
             # Every engine is stopping: nowhere to go on.
             return Admission(admitted=False, retry_after_s=1.0,
@@ -138,6 +148,9 @@ class Scheduler:
             self.jobs[request_id] = {"class": job_class, "replica": replica,
                                      "admitted_at": time.time()}
             return Admission(admitted=True, replica=replica).model_dump()
+        if moved_from is not None and self.pool is not None:
+            self.pool.release(request_id)  # it arrived there, and ended
+            self.num_moved += 1
         if (self.pool is not None and job_class == JobClass.OFFLINE.value
                 and self._stopping is None):
             replica = await self._from_pool(request_id, prompt_tokens, max_tokens, n, priority)
@@ -263,6 +276,7 @@ class Scheduler:
             "active_jobs": len(self.jobs),
             "rejected": self.num_rejected,
             "resumed": self.num_resumed,
+            "moved": self.num_moved,
             "prefix_placements": self.placement.num_prefix_placements,
             "outcomes": dict(self.outcomes),
             "offline_pool": None if self.pool is None else {

@@ -268,3 +268,7 @@ class OfflinePoolConfig(BaseModel):
     # finish between two load reports (0.5 s apart), few enough that work
     # does not sit on a busy replica while another has idle capacity.
     replica_queue_jobs: int = Field(4, ge=1, le=4096)
+    # Offline requests a replica holds unstarted while it serves online work
+    # go back to the pool when another replica has free batch slots and the
+    # pool is empty (scheduler/offline_pool.py, `to_give_back`).
+    move_queued: bool = True

@@ -27,6 +27,19 @@ room for it:
   nothing behind it overtakes it, and a replica with room takes a request
   of any size, so nothing starves.
 
+- **Giving back.**  Room is judged when a request is handed out; a
+  replica may then take online work and leave the offline requests it was
+  handed waiting behind it while another replica runs out of offline work.
+  So, with `move_queued`, when the pool is empty and some replica has free
+  batch slots, a replica serving online work that holds offline jobs
+  outside its batch is asked (in the answer to its load report) to give
+  back as many of them as have not started -- no KV computed, nothing
+  streamed -- as the others' free slots take (`to_give_back`).  Their
+  streams end with `JobMoved`; the ingress sends each request to the pool
+  again (deployments/resume.py), from where it goes where there is room.
+  A replica is asked at most every `GIVE_BACK_EVERY_S`, so that its next
+  reports show what it gave before it is asked again.
+
 Replicas report their load about twice a second (`OfflineLoad`, computed
 by `offline_load` on the replica), with a count of the offline requests
 they have accepted so far.  A hand-out counts on top of its replica's
@@ -46,13 +59,17 @@ from __future__ import annotations
 
 import math
 from bisect import insort
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from scheduler.admission import queued_work
 from scheduler.config import OfflinePoolConfig
 from scheduler.job import Job, JobClass
+
+
+# Seconds between two requests to one replica to give back offline work.
+GIVE_BACK_EVERY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +129,26 @@ def offline_load(jobs: Iterable[Job], batch: Collection[str], mean_output_len: f
     )
 
 
+def unstarted_offline(groups: Mapping[str, list[str]], jobs: Mapping[str, Job],
+                      batch: Collection[str], count: int) -> list[str]:
+    """Up to `count` of the requests `groups` (request id -> its choices'
+    job ids, in arrival order) that a replica can give back whole: offline,
+    outside its batch, nothing computed (no KV, not even a prefix adopted
+    from the cache, no checkpoint) and nothing sampled.  Newest first: the
+    oldest are the nearest to a slot where they are."""
+    out: list[str] = []
+    for rid in reversed(list(groups)):
+        if len(out) >= count:
+            break
+        ids = groups[rid]
+        if ids and all((j := jobs.get(i)) is not None and j.job_class is JobClass.OFFLINE
+                       and i not in batch and j.num_computed_tokens == 0
+                       and not j.output_token_ids and not j.num_checkpointed_blocks
+                       for i in ids):
+            out.append(rid)
+    return out
+
+
 @dataclass(slots=True)
 class _Waiting:
     request_id: str
@@ -158,6 +195,9 @@ class OfflinePool:
         # Handed out and not yet released, by request id.
         self.handed: dict[str, _HandOut] = {}
         self.num_handed_out = 0
+        # Replica -> when it was last asked to give back offline work.
+        self._asked: dict[str, float] = {}
+        self.num_give_backs_asked = 0
         # Per replica: arrivals its count will show of hand-outs already
         # released (`release`), which settle no other hand-out.
         self._owed: dict[str, int] = {}
@@ -303,6 +343,25 @@ class OfflinePool:
             out.append((head.request_id, best.replica_id))
         return out
 
+    def to_give_back(self, replica_id: str, now: float) -> int:
+        """How many unstarted offline jobs the replica that just reported
+        should give back to the pool: those it holds outside its batch
+        while serving online work, up to the free batch slots of the other
+        replicas, when nothing waits in the pool for those slots."""
+        r = self.replicas.get(replica_id)
+        if (not self.config.move_queued or self._where or r is None
+                or r.load.online_tokens <= 0 or r.load.queued_jobs <= 0
+                or now - self._asked.get(replica_id, -math.inf) < GIVE_BACK_EVERY_S):
+            return 0
+        pending = self._pending()
+        free = sum(max(0, o.load.free_slots - pending.get(o.replica_id, (0, 0))[0])
+                   for o in self._live(now) if o.replica_id != replica_id)
+        wanted = min(r.load.queued_jobs, free)
+        if wanted > 0:
+            self._asked[replica_id] = now
+            self.num_give_backs_asked += 1
+        return wanted
+
     def stats(self, now: float) -> dict[str, Any]:
         live = self._live(now)
         pending = self._pending()
@@ -315,6 +374,7 @@ class OfflinePool:
             "waiting_jobs": sum(w.jobs for w in waiting),
             "oldest_wait_s": max((now - w.since for w in waiting), default=0.0),
             "handed_out": self.num_handed_out,
+            "give_backs_asked": self.num_give_backs_asked,
             "replica_queue_jobs": self.config.replica_queue_jobs,
             "replicas": {
                 r.replica_id: {

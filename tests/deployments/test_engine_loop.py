@@ -391,13 +391,13 @@ def test_an_online_arrival_cuts_a_long_offline_pass_but_not_one_about_to_end():
     plan = Plan(1, [ScheduledChunk("off", list(range(60)), 0, list(range(15)), True, 0)],
                 preemptible_at_layers=True)
     runner.running_pass = (plan, time.monotonic() - 0.02)  # type: ignore[attr-defined]
-    loop._maybe_cut(20)  # 50 + 30 <= 90: it waits for the pass
+    loop.cutter.online_arrived(20)  # 50 + 30 <= 90: it waits for the pass
     assert not runner.preempt_flag.is_set()  # type: ignore[attr-defined]
-    loop._maybe_cut(60)  # both prompts (64 tokens in an iteration): 50 + 74 > 90
+    loop.cutter.online_arrived(60)  # both prompts (64 tokens in an iteration): 50 + 74 > 90
     assert runner.preempt_flag.is_set()  # type: ignore[attr-defined]
     runner.preempt_flag.clear()  # type: ignore[attr-defined]
     runner.running_pass = None  # type: ignore[attr-defined]
-    loop._maybe_cut(20)  # no pass under way: set, for the runner to spend
+    loop.cutter.online_arrived(20)  # no pass under way: set, for the runner to spend
     assert runner.preempt_flag.is_set()  # type: ignore[attr-defined]
 
 
@@ -471,3 +471,35 @@ def test_a_resumed_choice_starts_from_the_blocks_its_checkpoints_left():
         loop.stop()
     with pytest.raises(ValueError, match="resume_kv_blocks goes with resume"):
         GenerateRequest.model_validate({**req("x").model_dump(), "resume_kv_blocks": [1]})
+
+
+def test_unstarted_offline_requests_are_given_back_whole_and_newest_first():
+    """What the offline pool asks of a replica busy with online work
+    (scheduler/offline_pool.py): only requests of one prompt (`movable`)
+    with nothing computed leave, each stream ended with `moved`."""
+    runner = FakeRunner()
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=1,
+                                         max_batch_tokens=64, max_model_len=64),
+                         time.monotonic)
+    sink = Collector()
+    loop = EngineLoop(runner, core, lambda r, i: "ok", sink)  # driven by hand
+    off = {"job_class": "offline"}
+    loop.submit(req("first").model_copy(update=off), movable=True)
+    loop.submit(req("a").model_copy(update=off), movable=True)
+    loop.submit(req("pair").model_copy(update={**off, "n": 2}), movable=True)
+    loop.submit(req("several").model_copy(update=off), movable=False)  # one prompt of more
+    loop.submit(req("b").model_copy(update=off), movable=True)
+    loop.submit(req("on"))
+    assert loop._drain_inbox() == []
+    loop._iterate()  # batch of one: "first" starts, the others wait
+    assert core.jobs["first"].num_computed_tokens > 0
+    loop.give_back(3)
+    moved = loop._drain_inbox()
+    assert [d.event.job_id for d in moved] == ["b", "pair", "a"]
+    assert all(d.moved and d.event.finished and d.error for d in moved)
+    assert set(core.jobs) == {"first", "several", "on"}
+    assert set(runner.requests) == {"first", "several", "on"}
+    assert loop.num_given_back == 3 and loop._movable == {"first"}
+    loop.give_back(5)  # nothing left that has not started or may move
+    assert loop._drain_inbox() == [] and loop.num_given_back == 3
+    loop.stop()

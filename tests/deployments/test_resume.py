@@ -113,3 +113,37 @@ def test_cancel_reaches_the_current_stream():
     stream = ResumableStream([gen()], "a", inner, None)  # type: ignore[arg-type]
     stream.cancel()
     assert inner.cancelled
+
+
+def test_a_request_given_back_unstarted_goes_through_the_pool_again_as_it_came():
+    from deployments.delivery import JobMoved
+    from deployments.resume import MAX_MOVES
+
+    moves: list[tuple[list[GenerateRequest], str | None]] = []
+
+    async def fail(gens: list[GenerateRequest], failed: str | None) -> tuple[str, Any]:
+        raise AssertionError("a move is not a failure")
+
+    async def move(gens: list[GenerateRequest], where: str | None) -> tuple[str, Any]:
+        moves.append((gens, where))
+        return "idle", FakeStream([[delta(0, [5, 6], "length")]])
+
+    original = [gen()]
+    stream = ResumableStream(original, "busy", FakeStream([], JobMoved("given back")), fail,
+                             move=move)
+    assert [d["token_ids"] for d in drain(stream)] == [[5, 6]]
+    (again, where), = moves
+    assert again is original and where == "busy"
+    assert (stream.replica, stream.moves, stream.resumes) == ("idle", 1, 0)
+
+    async def keep_moving(gens: list[GenerateRequest], where: str | None) -> tuple[str, Any]:
+        return "x", FakeStream([], JobMoved("again"))
+
+    # Passed around without end: bounded.  Without a mover, the error.
+    bouncing = ResumableStream([gen()], "a", FakeStream([], JobMoved("x")), fail,
+                               move=keep_moving)
+    with pytest.raises(JobMoved):
+        drain(bouncing)
+    assert bouncing.moves == MAX_MOVES
+    with pytest.raises(JobMoved):
+        drain(ResumableStream([gen()], "a", FakeStream([], JobMoved("x")), fail))

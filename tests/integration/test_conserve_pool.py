@@ -3,7 +3,9 @@ replicas.  A burst of offline requests larger than both replicas' room
 waits in the Scheduler deployment (its stats show it) while each replica
 holds its free batch slots and its queue's worth; both replicas get work;
 a client that gives up while its request waits in the pool takes it out;
-every answer is the one the FCFS application gives the same prompt.  Then
+every answer is the one the FCFS application gives the same prompt.  A
+replica busy with online work gives back the offline requests it holds
+unstarted when the other has room.  Then
 the Scheduler replica is killed under waiting requests: their clients get
 a 503, and once Serve has restarted it, offline requests are served again.
 
@@ -32,8 +34,9 @@ POOL_CONFIG = {
     "policy": "conserve",
     "num_engine_replicas": 2,
     "max_batch_size": 4,
-    # Room per idle replica: 2 batch slots + a queue of 1.
-    "conserve": {"offline_max_batch_size": 2},
+    # Room per idle replica: 2 batch slots + a queue of 1.  Objectives no
+    # iteration meets: no offline token joins online work on a replica.
+    "conserve": {"offline_max_batch_size": 2, "ttft_slo_s": 1e-6, "tpot_slo_s": 1e-6},
     "offline_pool": {"replica_queue_jobs": 1},
 }
 PROMPTS = [f"Write a short poem about a {thing}." for thing in
@@ -172,6 +175,54 @@ def test_offline_requests_wait_in_the_scheduler_and_flow_to_both_replicas(
         "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0,
         "ignore_eos": True}).json()["choices"][0]["text"] for p in PROMPTS}
     for p, got in zip(REQUESTS, answers):
+        assert got["choices"][0]["text"] == refs[p], p
+
+
+def test_unstarted_offline_work_leaves_a_replica_busy_with_online_work(
+        server, pool_server, scheduler):
+    """A long online request keeps one replica busy, where no offline token
+    may join it; of a burst of offline requests, that replica is handed its
+    queue's worth while the other fills its room.  Once the pool is empty
+    and the other replica has free slots, the busy one gives back what it
+    holds unstarted, and it runs there, with the same answers."""
+    before = scheduler.stats.remote().result()
+    online: dict[str, httpx.Response] = {}
+
+    def long_online() -> None:
+        online["r"] = httpx.post(f"{pool_server}/v1/completions", timeout=300, json={
+            "prompt": "Tell me a long story.", "max_tokens": 800, "temperature": 0,
+            "ignore_eos": True})
+
+    talker = threading.Thread(target=long_online)
+    talker.start()
+    deadline = time.monotonic() + 60
+    while not any(r["online_tokens"] > 0 for r in
+                  scheduler.stats.remote().result()["offline_pool"]["replicas"].values()):
+        assert time.monotonic() < deadline, "the online request never showed"
+        time.sleep(0.1)
+
+    async def burst() -> list[dict]:
+        async with httpx.AsyncClient(timeout=600) as c:
+            async def one(prompt: str) -> dict:
+                r = await c.post(f"{pool_server}/v1/completions", json=body(prompt))
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            return await asyncio.gather(*(one(p) for p in REQUESTS[:8]))
+
+    answers = asyncio.run(burst())
+    still_online = talker.is_alive()
+    talker.join(300)
+    assert online["r"].status_code == 200, online["r"].text
+    after = _wait_idle(scheduler)
+    assert still_online  # the busy replica never left its online work
+    assert after["moved"] - before["moved"] >= 1, after
+    given = {rid: s["offline_given_back"] for rid, s in _engine_stats(APP).items()}
+    assert sum(given.values()) >= after["moved"] - before["moved"], given
+    refs = {p: httpx.post(f"{server}/v1/completions", timeout=300, json={
+        "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0,
+        "ignore_eos": True}).json()["choices"][0]["text"] for p in PROMPTS}
+    for p, got in zip(REQUESTS[:8], answers):
         assert got["choices"][0]["text"] == refs[p], p
 
 

@@ -231,3 +231,61 @@ def test_config_bounds_name_the_field():
         OfflinePoolConfig(replica_queue_jobs=0)
     with pytest.raises(ValidationError, match="replica_queue_job\\b"):
         OfflinePoolConfig(replica_queue_job=3)
+
+
+def test_unstarted_work_on_a_replica_busy_with_online_work_goes_back_for_free_slots():
+    from scheduler.offline_pool import GIVE_BACK_EVERY_S
+
+    p = pool(queue_jobs=2)
+    busy = OfflineLoad(online_tokens=2000, queued_jobs=3)
+    report(p, "busy", busy, now=0.0)
+    report(p, "idle", OfflineLoad(free_slots=2), now=0.0)
+    # The idle replica's two free slots take two of the three.
+    assert p.to_give_back("busy", now=0.0) == 2
+    # Not asked again before its reports can show what it gave.
+    assert p.to_give_back("busy", now=GIVE_BACK_EVERY_S - 0.1) == 0
+    assert p.to_give_back("busy", now=GIVE_BACK_EVERY_S) == 2
+    assert p.stats(now=GIVE_BACK_EVERY_S)["give_backs_asked"] == 2
+    # Nothing for an idle replica to hold, or none serving online work.
+    assert p.to_give_back("idle", now=10.0) == 0
+    report(p, "calm", OfflineLoad(queued_jobs=3), now=10.0)
+    assert p.to_give_back("calm", now=10.0) == 0
+
+
+def test_nothing_goes_back_while_the_pool_has_work_for_the_free_slots():
+    p = pool(queue_jobs=2)
+    report(p, "busy", OfflineLoad(online_tokens=2000, queued_jobs=3), now=0.0)
+    report(p, "idle", OfflineLoad(free_slots=2, queued_jobs=2), now=0.0)
+    add(p, "w")  # the idle replica's room goes to the pool's own first
+    assert p.to_give_back("busy", now=0.0) == 0
+    assert [r for _, r in p.assign(now=0.0)] == ["idle"]
+    # Its hand-out, not yet in its figures, takes one of the two slots.
+    report(p, "idle", OfflineLoad(free_slots=2), now=0.1)
+    assert p.to_give_back("busy", now=0.1) == 1
+    # Switched off: never.
+    off = OfflinePool(OfflinePoolConfig(move_queued=False))
+    report(off, "busy", OfflineLoad(online_tokens=2000, queued_jobs=3), now=0.0)
+    report(off, "idle", OfflineLoad(free_slots=2), now=0.0)
+    assert off.to_give_back("busy", now=0.0) == 0
+
+
+def test_only_whole_unstarted_offline_requests_can_be_given_back():
+    from scheduler.offline_pool import unstarted_offline
+
+    def job(jid: str, cls: JobClass = JobClass.OFFLINE, computed: int = 0,
+            out: list[int] | None = None) -> Job:
+        j = Job(job_id=jid, prompt_token_ids=[1, 2, 3], max_tokens=4, arrival_time=0.0,
+                job_class=cls)
+        j.num_computed_tokens = computed
+        j.output_token_ids = list(out or [])
+        return j
+
+    jobs = {j.job_id: j for j in [
+        job("old"), job("started", computed=2), job("resumed", out=[5]),
+        job("online", JobClass.ONLINE), job("pair"), job("pair#1", computed=3),
+        job("running"), job("new")]}
+    groups = {rid: [rid] for rid in ("old", "started", "resumed", "online", "running", "new")}
+    groups["pair"] = ["pair", "pair#1"]  # one of its choices has started
+    assert unstarted_offline(groups, jobs, {"running"}, 10) == ["new", "old"]
+    assert unstarted_offline(groups, jobs, {"running"}, 1) == ["new"]
+    assert unstarted_offline(groups, jobs, (), 0) == []
