@@ -200,15 +200,22 @@ def _cluster_once(wl: Workload, cost: Any, sc: Any,
     from bench.cluster_sim import ClusterOptions, simulate_cluster
     from scheduler.autoscale import AutoscaleSettings
 
+    from scheduler.config import OfflinePoolConfig
+
+    def opts_of(pairs: list[str], fields: dict[str, Any]) -> dict[str, Any]:
+        for kv in pairs:
+            k, _, v = kv.partition("=")
+            fields[k.strip()] = _json_value(v)
+        return fields
+
     scale: dict[str, Any] = {}
     if a.max_replicas is not None:
-        scale = dict(enabled=True, min_replicas=a.replicas, max_replicas=a.max_replicas)
-        for kv in a.autoscale_opt:
-            k, _, v = kv.partition("=")
-            scale[k.strip()] = _json_value(v)
+        scale = opts_of(a.autoscale_opt, dict(enabled=True, min_replicas=a.replicas,
+                                              max_replicas=a.max_replicas))
     opts = ClusterOptions(replicas=a.replicas, autoscaling=AutoscaleSettings(**scale),
                           startup_s=a.startup_s, ttft_slo_s=a.ttft_slo_s,
-                          overlap_swap=a.overlap_swap)
+                          overlap_swap=a.overlap_swap,
+                          offline_pool=OfflinePoolConfig(**opts_of(a.offline_pool_opt, {})))
     out = simulate_cluster(wl.requests, sc, cost, opts)
     return out.records, {"options": opts.model_dump(), "replica_seconds": out.replica_seconds,
                          "end_time": out.end_time, "timeline": out.timeline, **out.stats}

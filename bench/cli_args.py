@@ -103,6 +103,8 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
                         "(scheduler/autoscale.py)")
     g.add_argument("--autoscale-opt", action="append", default=[], metavar="KEY=JSON",
                    help="any other `autoscaling` setting, e.g. upscale_delay_s=10")
+    g.add_argument("--offline-pool-opt", action="append", default=[], metavar="KEY=JSON",
+                   help="an `offline_pool` setting (policy conserve), e.g. move_queued=false")
     g.add_argument("--startup-s", type=float, default=30.0,
                    help="seconds from asking for a replica to its first load report")
     g.add_argument("--ttft-slo-s", type=float, default=2.0,

@@ -31,8 +31,10 @@ and draining ones too: what the deployment costs.
 Simplifications, said here so that no figure is read beyond them: the
 policy is called once a metrics interval (Serve's control loop runs every
 0.1 s, on metrics that change once a second); the iteration cost is the
-cost model's, so a replica's measured slowdown is 1; admission control and
-the offline pool are not modelled.
+cost model's, so a replica's measured slowdown is 1; admission control is
+not modelled.  Under `policy: conserve` offline requests wait in the
+Scheduler's offline pool (bench/cluster_pool.py) unless `offline_pool.
+enabled` is off, as live.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.cluster_pool import SimPool
 from bench.costmodel import CostModel
 from bench.records import RequestRecord
 from bench.sim_executor import SimulatedExecutor, VirtualClock
@@ -63,10 +66,12 @@ from scheduler.autoscale import (
     AutoscaleSettings,
     ReplicaSignals,
     desired_replicas,
+    kv_use,
+    online_cadence,
     replica_signals,
     tpot_ratio,
 )
-from scheduler.config import SchedulerConfig
+from scheduler.config import OfflinePoolConfig, SchedulerConfig
 from scheduler.cost import LinearCost
 from scheduler.iteration import IterationDriver
 from scheduler.job import Job, JobClass
@@ -89,6 +94,8 @@ class ClusterOptions(BaseModel):
     # As `SimOptions.overlap_swap`: KV copies overlap compute.
     overlap_swap: bool = False
     padding_ratio: float = Field(0.15, ge=0)
+    # The Scheduler's offline pool, under `policy: conserve`.
+    offline_pool: OfflinePoolConfig = OfflinePoolConfig()
 
 
 def linear_cost(cost: CostModel) -> LinearCost:
@@ -164,6 +171,9 @@ class Cluster:
         self.target = options.replicas
         self.timeline: list[tuple[float, int, int]] = []
         self.decisions: list[tuple[float, int]] = []
+        self.pool = (SimPool(options.offline_pool, self._place)
+                     if scheduler.policy == "conserve" and options.offline_pool.enabled
+                     else None)
         for _ in range(options.replicas):
             self._start(0.0, ready_at=0.0)
 
@@ -186,6 +196,8 @@ class Cluster:
             alive, key=lambda r: (len(r.core.jobs), -r.started_at))
         victim.stopping_at = now
         self.placement.forget(victim.name)
+        if self.pool is not None:
+            self.pool.forget(victim.name)
         if victim.ready_at > now or not victim.core.has_work:
             victim.stopped_at = now
 
@@ -206,12 +218,19 @@ class Cluster:
 
     def _arrive(self, r: RequestSpec, now: float) -> None:
         rid = r.request_id
+        if self.pool is not None and r.job_class == JobClass.OFFLINE.value:
+            self.pool.add(r, now)
+            return
         tokens = r.prompt_tokens + (r.max_tokens or r.output_tokens)
         name = self.placement.place(rid, tokens, now)
         rep = next((x for x in self.replicas if x.name == name), None)
         if rep is None:
             self.errors[rid] = "no replica ready"
             return
+        self._place(r, rep, now)
+
+    def _place(self, r: RequestSpec, rep: Replica, now: float) -> None:
+        rid = r.request_id
         job = make_job(r, next(self.tokens), rep.device, self.opts.padding_ratio)
         try:
             rep.core.add(job)
@@ -231,6 +250,8 @@ class Cluster:
         figures = self._admission_figures(rep, jobs)
         self.placement.report(rep.name, core.config.num_blocks, core.blocks.num_free, queued,
                               len(jobs), now, **figures)
+        if self.pool is not None:
+            self.pool.report(rep, now)
 
     def _admission_figures(self, rep: Replica, jobs: list[Job]) -> dict[str, Any]:
         cfg = rep.core.config
@@ -242,11 +263,11 @@ class Cluster:
         core = rep.core
         jobs = list(core.jobs.values())
         online = sum(1 for j in jobs if j.job_class is JobClass.ONLINE)
-        kv_use = 1.0 - core.blocks.num_free / max(1, core.config.num_blocks)
+        kv = kv_use(jobs, core.blocks.num_free, core.config.num_blocks, core.config.policy)
         since = now - self.scale.tpot_window_s
         gaps = [g for t, g in rep.decode_gaps if t >= since]
         tpot = tpot_ratio(gaps, self.lone_decode, self.scale.tpot_slo_s or 3 * self.lone_decode)
-        return replica_signals(self._admission_figures(rep, jobs), kv_use, online,
+        return replica_signals(self._admission_figures(rep, jobs), kv, online,
                                len(jobs) - online, self.scale.typical_prompt_tokens, tpot)
 
     def _autoscale(self, now: float) -> None:
@@ -284,14 +305,28 @@ class Cluster:
         if it.result.interrupted:
             return
         rep.iterations += 1
-        if any(c.is_decode for c in it.plan.chunks):
+        # The replica's jobs, and those this iteration finished (the engine
+        # loop's view when it counts the iteration).
+        ended = {ev.job_id: self.jobs[ev.job_id] for ev in it.events if ev.finished}
+        decodes, held, share = online_cadence(
+            it.plan, {**rep.core.jobs, **ended} if ended else rep.core.jobs, self.line)
+        if decodes:
             if rep.last_decode_end is not None:
-                rep.decode_gaps.append((now, now - rep.last_decode_end))
+                rep.decode_gaps.append((now, share * (now - rep.last_decode_end)))
             rep.last_decode_end = now
+        elif not held:
+            rep.last_decode_end = None
         for ev in it.events:
-            self.token_times[ev.job_id].append(now)
+            times = self.token_times[ev.job_id]
+            times.append(now)
+            if self.pool is not None and len(times) == 1 and \
+                    self.jobs[ev.job_id].job_class is JobClass.OFFLINE:
+                self.pool.first_token(rep.name)
             if ev.finished:
-                rep.mean_output.add(self.jobs[ev.job_id].num_output_tokens)
+                job = self.jobs[ev.job_id]
+                rep.mean_output.add(job.num_output_tokens)
+                if self.pool is not None and job.job_class is JobClass.OFFLINE:
+                    self.pool.finished(ev.job_id, now)
         if not rep.core.has_work:
             rep.last_decode_end = None  # idle: the next decode starts a new cadence
             if rep.stopping_at is not None:
@@ -304,7 +339,7 @@ class Cluster:
         while True:
             arrival = self.reqs[self.i].arrival_time if self.i < n else math.inf
             busy = [r for r in self.replicas if r.stopped_at is None and r.core.has_work]
-            if self.i >= n and not busy:
+            if self.i >= n and not busy and not (self.pool and len(self.pool)):
                 break
             step_at, rep = min(((r.clock.now, k) for k, r in enumerate(busy)),
                                default=(math.inf, -1))
@@ -339,6 +374,7 @@ class Cluster:
             "max_replicas_alive": max(p[1] for p in self.timeline),
             "decisions": self.decisions,
             "iterations": {r.name: r.iterations for r in self.replicas},
+            "offline_moved": self.pool.num_moved if self.pool is not None else 0,
             "wall_time": time.perf_counter() - wall0,
         }
         return ClusterOutput(records, end, self.timeline, seconds, stats)

@@ -11,7 +11,7 @@ from typing import Any
 from api.config import AppConfig
 from deployments.engine_loop import EngineLoop
 from scheduler.admission import AdmissionBound, bounded, load_report
-from scheduler.autoscale import replica_signals, tpot_ratio
+from scheduler.autoscale import kv_use, replica_signals, tpot_ratio
 from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
 from scheduler.cost_fit import COEFFICIENTS, LiveCost
@@ -112,8 +112,8 @@ class EngineFigures:
         scheduler/autoscale.py); Serve calls it every metrics interval."""
         jobs = list(self.core.jobs.values())
         online = sum(1 for j in jobs if j.job_class is JobClass.ONLINE)
-        blocks = self.core.blocks
-        kv_use = 1.0 - blocks.num_free / max(1, self.core.config.num_blocks)
+        kv = kv_use(jobs, self.core.blocks.num_free, self.core.config.num_blocks,
+                    self.cfg.policy)
         scale = self.cfg.autoscaling
         at, figures = self._last_admission
         if time.monotonic() - at > 1.0:  # the reporter's are older than a tick
@@ -124,7 +124,7 @@ class EngineFigures:
             gaps = [g for t, g in list(self.loop.stats.decode_gaps) if t >= since]
             lone = self.cost.decode_time(1)
             tpot = tpot_ratio(gaps, lone, scale.tpot_slo_s or 3 * lone)
-        return replica_signals(figures, kv_use, online, len(jobs) - online,
+        return replica_signals(figures, kv, online, len(jobs) - online,
                                scale.typical_prompt_tokens, tpot)
 
     def _offline_figures(self, jobs: list[Any], free_blocks: int) -> dict[str, int]:
@@ -138,7 +138,7 @@ class EngineFigures:
             batch_limit=cfg.conserve.offline_max_batch_size or cfg.max_batch_size,
             free_blocks=free_blocks, block_size=cfg.block_size,
             inbox_jobs=sum(n for n, _ in inbox), inbox_tokens=sum(t for _, t in inbox),
-            accepted=self.offline_accepted,
+            accepted=self.offline_accepted, started=self.loop.stats.offline_started,
         ).to_wire()
 
     def _policy_stats(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from deployments.loop_stats import LoopStats
 from deployments.pass_cut import PassCutter
 from scheduler.admission import MeanOutput
 from scheduler.ahead import AheadDriver, OnWallClockAhead
+from scheduler.autoscale import online_cadence
 from scheduler.cost import LinearCost
 from scheduler.cost_fit import IterationShape, LiveCost
 from scheduler.core import JobEvent, SchedulerCore
@@ -439,7 +440,7 @@ class EngineLoop:
             self.stats.interrupted_time += result.iteration_time
             return []
         if plan.chunks:
-            self.stats.count_iteration(it, elapsed)
+            self.stats.count_iteration(it, elapsed, online_cadence(plan, self._jobs, self.cost))
             if self.live_cost is not None:
                 # The whole iteration, planning included: what separates an
                 # online job's tokens (its TPOT).
@@ -457,13 +458,12 @@ class EngineLoop:
             if job is not None:
                 by_class[job.job_class.value] = by_class.get(job.job_class.value, 0) + 1
         out: list[Delivery] = []
-        tokens = self.stats.tokens_by_class
         for ev in it.events:
             if ev.token_id is not None:
                 self.stats.tokens_out += 1
                 job = self._jobs.get(ev.job_id)
                 if job is not None:
-                    tokens[job.job_class.value] = tokens.get(job.job_class.value, 0) + 1
+                    self.stats.count_token(job)
             metrics = None
             if ev.finished:  # the driver dropped it from the runner
                 metrics = self._metrics(ev.job_id)

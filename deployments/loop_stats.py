@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from scheduler.cost import LinearCost
 from scheduler.iteration import Iteration
+from scheduler.job import Job, JobClass
 from scheduler.plan import Plan
 from scheduler.trace import StepTrace
 
@@ -34,6 +35,9 @@ class LoopStats:
     # Per job class ("online" / "offline"): tokens generated, preemptions
     # (ConServe: offline work's tokens/s and how often it gave way).
     tokens_by_class: dict[str, int] = field(default_factory=dict)
+    # Offline jobs that sampled their first token: how fast the replica
+    # takes offline work in (the offline pool sizes its queue by it).
+    offline_started: int = 0
     # Choices resumed here after their replica failed (deployments/resume.py),
     # and their tokens (prompt and outputs) whose KV was to be rebuilt.
     resumed_jobs: int = 0
@@ -46,9 +50,9 @@ class LoopStats:
     # reporter hands them to the dashboard's histograms.
     finished_latencies: deque[tuple[str, float, float | None]] = field(
         default_factory=lambda: deque(maxlen=100_000))
-    # (monotonic time, seconds since the previous iteration with decodes)
-    # of each iteration with decodes while the loop stayed busy: the cadence
-    # of running jobs' tokens, the autoscaler's TPOT signal.
+    # (monotonic time, seconds since the previous iteration) of each
+    # iteration decoding an online job right after another: the cadence of
+    # online jobs' tokens, the autoscaler's TPOT signal.
     decode_gaps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Forward times of the latest iterations, for steady-state figures.
     recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
@@ -71,15 +75,20 @@ class LoopStats:
     # When the last iteration with decodes ended (None: idle since).
     last_decode_end: float | None = None
 
-    def count_iteration(self, it: Iteration, elapsed: float) -> None:
-        """An iteration that computed: its times, shape and decode cadence;
+    def count_iteration(self, it: Iteration, elapsed: float,
+                        online: tuple[bool, bool, float] = (True, True, 1.0)) -> None:
+        """An iteration that computed: its times, shape and the cadence of
+        online tokens (`online`: `scheduler.autoscale.online_cadence`);
         `elapsed`: its seconds from planning to completion."""
         plan, spent = it.plan, it.result.iteration_time
-        if any(c.is_decode for c in plan.chunks):
+        decodes, held, share = online
+        if decodes:
             now = time.monotonic()
             if self.last_decode_end is not None:
-                self.decode_gaps.append((now, now - self.last_decode_end))
+                self.decode_gaps.append((now, share * (now - self.last_decode_end)))
             self.last_decode_end = now
+        elif not held:  # no online job: the next one starts a new cadence
+            self.last_decode_end = None
         self.iterations += 1
         self.forward_time += spent
         self.plan_time += it.plan_s
@@ -87,6 +96,13 @@ class LoopStats:
         self.recent_forward.append(spent)
         self.recent_iterations.append((
             tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks), spent, elapsed))
+
+    def count_token(self, job: Job) -> None:
+        """A token `job` sampled: by class, and an offline job's first."""
+        cls = job.job_class.value
+        self.tokens_by_class[cls] = self.tokens_by_class.get(cls, 0) + 1
+        if job.job_class is JobClass.OFFLINE and job.num_output_tokens == 1:
+            self.offline_started += 1
 
     def idle(self) -> None:
         """The loop ran out of work: the next decode starts a new cadence."""

@@ -9,9 +9,10 @@ they are, so the engines report what admission already measures:
 - `ttft_ratio`: a typical newcomer's estimated TTFT on the replica (its
   queued prefill, decodes and measured iteration speed; scheduler/admission.py)
   over the TTFT objective: near 1 the replica is about to miss online SLOs;
-- `tpot_ratio`: how far its recent decode iterations (the time between a
-  running job's tokens) have moved from a lone decode's time towards the
-  TPOT objective: 0 idle or decoding alone, 1 at the objective.  Under
+- `tpot_ratio`: how far its recent iterations decoding online jobs (the
+  time between a running online job's tokens; `online_cadence`) have moved
+  from a lone decode's time towards the TPOT objective: 0 idle or decoding
+  alone, 1 at the objective.  Under
   MLFQ a newcomer's prefill jumps the queue, so a busy replica keeps its
   TTFT and lets every running job's TPOT stretch instead
   (studies/autoscale/README.md): TTFT alone would not see that load;
@@ -39,13 +40,16 @@ studies/autoscale_sim/README.md).  Serve bounds the result by
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.admission import PrefillLoad, ttft_estimate
+from scheduler.cost import CostEstimator
+from scheduler.job import Job, JobClass
+from scheduler.plan import Plan
 
 
 class AutoscaleSettings(BaseModel):
@@ -135,6 +139,46 @@ def desired_replicas(signals: Mapping[str, ReplicaSignals], current: int,
         return current, state
     state.pop("cold_since", None)
     return current, state
+
+
+def kv_use(jobs: Iterable[Job], free_blocks: int, num_blocks: int, policy: str) -> float:
+    """The share of device KV blocks in use; under `policy: conserve`, held
+    by online jobs only: offline jobs give theirs up to online work
+    (ConServe §4.3), so a batch backlog filling the cache, as co-serving
+    lets it, is no reason for another replica."""
+    if policy != "conserve":
+        return 1.0 - free_blocks / max(1, num_blocks)
+    held = sum(len(j.block_table) for j in jobs if j.job_class is JobClass.ONLINE)
+    return min(1.0, held / max(1, num_blocks))
+
+
+def online_cadence(plan: Plan, jobs: Mapping[str, Job],
+                   cost: CostEstimator | None = None) -> tuple[bool, bool, float]:
+    """(whether an iteration decodes an online job, whether the replica
+    holds one, the online jobs' share of its estimated time): the first
+    make the cadence `tpot_ratio` reads; iterations between them lengthen
+    its gaps while online jobs are held, and with none the cadence ends.
+    Offline jobs have no TPOT objective: a batch job running alone, whose
+    large batches make slow iterations, must not ask for replicas, nor must
+    the offline tokens co-serving adds to online iterations up to the TPOT
+    objective by design (ConServe §4.5), so a gap counts at the online
+    share of its iteration (1 without a cost estimate)."""
+    d_on = p_on = d_all = p_all = 0
+    for c in plan.chunks:
+        j = jobs.get(c.job_id)
+        online = j is not None and j.job_class is JobClass.ONLINE
+        if c.is_decode:
+            d_all += 1
+            d_on += online
+        else:
+            p_all += c.num_tokens
+            p_on += c.num_tokens if online else 0
+    held = d_on > 0 or any(j.job_class is JobClass.ONLINE for j in jobs.values())
+    share = 1.0
+    if cost is not None and (d_on, p_on) != (d_all, p_all):
+        whole = cost.batch_time(d_all, 0, p_all, 0)
+        share = min(1.0, cost.batch_time(d_on, 0, p_on, 0) / whole) if whole > 0 else 1.0
+    return d_on > 0, held, share
 
 
 def tpot_ratio(decode_gaps: list[float], lone_decode_s: float, tpot_slo_s: float) -> float:

@@ -9,10 +9,15 @@ replica idles.  So, under `policy: conserve`, the Scheduler deployment holds
 offline requests here and hands one to a replica only when that replica has
 room for it:
 
-- **Room.**  A replica may hold `replica_queue_jobs` offline jobs outside
-  its running batch, on top of the batch slots it has free now: enough to
+- **Room.**  A replica may hold a queue of offline jobs outside its
+  running batch, on top of the batch slots it has free now: enough to
   refill its offline batch as jobs finish between two load reports, and no
-  more, so that work does not sit on a replica that cannot run it.  Free
+  more, so that work does not sit on a replica that cannot run it.  The
+  queue is `replica_queue_jobs`, or twice the offline jobs the replica
+  started (sampled a first token) between its last two reports, if more:
+  a fast replica filling a large SLO budget takes in dozens a report, and
+  a queue that only matched its last intake would never let it grow
+  (studies/conserve_sim/README.md, "Several replicas").  Free
   slots count only on a replica with no online job and no offline job
   waiting (offline batching mode, §4.2), and no more of them than its free
   KV blocks hold answers of the replica's mean length; on a replica serving
@@ -26,7 +31,6 @@ room for it:
   one priority.  The head of the pool waits until some replica has room;
   nothing behind it overtakes it, and a replica with room takes a request
   of any size, so nothing starves.
-
 - **Giving back.**  Room is judged when a request is handed out; a
   replica may then take online work and leave the offline requests it was
   handed waiting behind it while another replica runs out of offline work.
@@ -89,6 +93,8 @@ class OfflineLoad:
     free_slots: int = 0
     # Offline requests (`generate` calls) it has accepted since it started.
     accepted: int = 0
+    # Offline jobs that sampled their first token since it started.
+    started: int = 0
 
     def to_wire(self) -> dict[str, int]:
         return asdict(self)
@@ -97,7 +103,7 @@ class OfflineLoad:
 def offline_load(jobs: Iterable[Job], batch: Collection[str], mean_output_len: float,
                  batch_limit: int, free_blocks: int, block_size: int,
                  inbox_jobs: int = 0, inbox_tokens: int = 0,
-                 accepted: int = 0) -> OfflineLoad:
+                 accepted: int = 0, started: int = 0) -> OfflineLoad:
     """A replica's figures for the pool, from its jobs and its latest plan's
     `batch`.  `batch_limit`: its offline batch size (offline batching mode);
     `inbox_jobs` / `inbox_tokens`: offline jobs accepted and not yet in
@@ -126,6 +132,7 @@ def offline_load(jobs: Iterable[Job], batch: Collection[str], mean_output_len: f
         running_jobs=running,
         free_slots=slots,
         accepted=accepted,
+        started=started,
     )
 
 
@@ -178,6 +185,8 @@ class _Replica:
     num_blocks: int
     tokens_per_s: float | None
     reported_at: float
+    # Offline jobs it started between its last two reports.
+    recent_starts: int = 0
 
 
 class OfflinePool:
@@ -257,8 +266,9 @@ class OfflinePool:
     def report(self, replica_id: str, load: OfflineLoad, free_blocks: int, num_blocks: int,
                tokens_per_s: float | None, now: float) -> None:
         prev = self.replicas.get(replica_id)
+        starts = max(0, load.started - prev.load.started) if prev is not None else 0
         self.replicas[replica_id] = _Replica(replica_id, load, free_blocks, num_blocks,
-                                             tokens_per_s, now)
+                                             tokens_per_s, now, starts)
         # Arrivals since its last report settle as many hand-outs, oldest
         # first (which one arrived does not matter: they are counted, not
         # named).  A replica new to the pool (or back after going stale)
@@ -305,8 +315,8 @@ class OfflinePool:
         return self._room(r, self._pending().get(replica_id, (0, 0))[0])
 
     def _room(self, r: _Replica, pending_jobs: int) -> int:
-        return (self.config.replica_queue_jobs + r.load.free_slots
-                - r.load.queued_jobs - pending_jobs)
+        queue = max(self.config.replica_queue_jobs, 2 * r.recent_starts)
+        return queue + r.load.free_slots - r.load.queued_jobs - pending_jobs
 
     # Decisions -------------------------------------------------------------
 

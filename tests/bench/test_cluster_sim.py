@@ -117,3 +117,38 @@ def test_cli_simulates_replicas_and_autoscaling(tmp_path) -> None:
     assert ttft["two"] < ttft["one"] and ttft["auto"] < ttft["one"]
     with pytest.raises(SystemExit, match="--trace-out"):
         main([*common, "--replicas", "2", "--trace-out", str(tmp_path / "t.json")])
+    conserve = ["simulate", "--dataset", "fixed", "--input-len", "256", "--output-len", "64",
+                "-n", "100", "--rate", "10", "--cost-model", "llama-2-7b", "--policy",
+                "conserve", "--offline-num-requests", "200", "--offline-dataset", "fixed",
+                "--replicas", "2"]
+    for extra, pooled in (([], True), (["--offline-pool-opt", "enabled=false"], False)):
+        path = tmp_path / f"conserve-{pooled}.json"
+        assert main([*conserve, *extra, "--out", str(path)]) == 0
+        res = load_result(path)
+        assert res.meta.details["cluster"]["options"]["offline_pool"]["enabled"] is pooled
+        assert res.summary.num_requests == res.summary.num_completed == 300
+
+
+def test_offline_work_waits_in_the_pool_for_a_replica_that_starts_later() -> None:
+    """Co-serving on two replicas, the second started by the autoscaler:
+    offline requests placed at once all land on the first; from the pool
+    (bench/cluster_pool.py over scheduler/offline_pool.py), the second takes
+    its share when it comes, and online requests queue less."""
+    from scheduler.config import OfflinePoolConfig
+
+    online = poisson("on", 16.0, 0.0, 40.0, seed=1)
+    offline = [r.model_copy(update={"job_class": "offline", "arrival_time": 0.0})
+               for r in poisson("off", 100.0, 0.0, 5.0, seed=2)]
+    scale = AutoscaleSettings(enabled=True, min_replicas=1, max_replicas=2,
+                              upscale_delay_s=2.0, downscale_delay_s=600.0)
+    shares, p99 = {}, {}
+    for name, pool in {"at once": OfflinePoolConfig(enabled=False),
+                       "pool": OfflinePoolConfig()}.items():
+        c = Cluster(online + offline, config("conserve"), COST, ClusterOptions(
+            replicas=1, startup_s=10.0, autoscaling=scale, offline_pool=pool))
+        out = c.run()
+        assert all(r.ok for r in out.records) and len(c.replicas) == 2
+        shares[name] = sum(1 for r in offline if c.where[r.request_id] is c.replicas[1])
+        p99[name] = np.percentile([r.ttft for r in out.records if r.job_class == "online"], 99)
+    assert shares["at once"] == 0 and shares["pool"] > 0.3 * len(offline)
+    assert p99["pool"] < p99["at once"]

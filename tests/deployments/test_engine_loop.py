@@ -362,6 +362,7 @@ def test_counts_tokens_preemptions_and_latencies_by_job_class():
         sink.wait_finished({"on", "off"})
         stats = loop.stats
         assert stats.tokens_by_class == {"online": 3, "offline": 10}
+        assert stats.offline_started == 1  # its first token, once, preempted or not
         assert stats.preemptions_by_class.get("offline", 0) >= 1
         assert "online" not in stats.preemptions_by_class
         latencies = {c: (ttft, tpot) for c, ttft, tpot in stats.finished_latencies}
@@ -503,3 +504,19 @@ def test_unstarted_offline_requests_are_given_back_whole_and_newest_first():
     loop.give_back(5)  # nothing left that has not started or may move
     assert loop._drain_inbox() == [] and loop.num_given_back == 3
     loop.stop()
+
+
+def test_only_online_decodes_make_the_autoscalers_tpot_cadence():
+    """A batch job alone decodes in large, slow iterations; they must not
+    read as online TPOT (scheduler/autoscale.py, `online_cadence`)."""
+    loop, sink, core = make_loop(FakeRunner(), policy="conserve")
+    try:
+        loop.submit(req("off", max_tokens=6).model_copy(update={"job_class": "offline"}))
+        sink.wait_finished({"off"})
+        assert not loop.stats.decode_gaps
+        loop.submit(req("on", max_tokens=6))
+        sink.wait_finished({"on"})
+        # Five decodes, each after another: four gaps.
+        assert len(loop.stats.decode_gaps) == 4
+    finally:
+        loop.stop()

@@ -144,3 +144,55 @@ def test_tpot_ratio_runs_from_a_lone_decode_to_the_objective() -> None:
     assert tpot_ratio([0.02], 0.02, 0.01) == pytest.approx(2.0)
     metrics = replica_signals({}, 0.5, 3, 1, 256, tpot=0.7)
     assert ReplicaSignals.of(metrics) == ReplicaSignals(0.0, 0.5, 3, 1, 0.7)
+
+
+def test_only_an_iteration_decoding_an_online_job_counts_for_tpot() -> None:
+    from scheduler.autoscale import online_cadence
+    from scheduler.job import Job, JobClass
+    from scheduler.plan import Plan, ScheduledChunk
+
+    def job(jid: str, cls: JobClass) -> Job:
+        j = Job(job_id=jid, prompt_token_ids=[1, 2], max_tokens=4, arrival_time=0.0,
+                job_class=cls)
+        j.num_computed_tokens = 2
+        return j
+
+    jobs = {"on": job("on", JobClass.ONLINE), "off": job("off", JobClass.OFFLINE)}
+    decode = lambda jid: ScheduledChunk(jid, [5], 2, [], True, 1)  # noqa: E731
+    prefill = ScheduledChunk("new", [1, 2], 0, [], True, 0)
+    assert online_cadence(Plan(1, [decode("off"), decode("on")]), jobs) == (True, True, 1.0)
+    # The online job waits (a prefill jumped ahead, or offline work ran):
+    # its gap goes on.
+    assert online_cadence(Plan(1, [decode("off")]), jobs) == (False, True, 1.0)
+    assert online_cadence(Plan(1, [prefill]), jobs) == (False, True, 1.0)
+    # A batch job alone: no cadence at all.
+    offline = {"off": jobs["off"]}
+    assert online_cadence(Plan(1, [decode("off")]), offline) == (False, False, 1.0)
+    assert online_cadence(Plan(1, [decode("gone")]), offline) == (False, False, 1.0)
+    # Offline tokens co-serving adds count out: the online share of the
+    # iteration's estimate (base 10 ms, 1 ms a decode, 0.1 ms a prompt token).
+    from scheduler.cost import LinearCost
+
+    cost = LinearCost(base_s=0.010, prefill_per_token_s=0.0001, decode_per_seq_s=0.001)
+    chunk = ScheduledChunk("off2", list(range(100)), 0, [], True, 0)
+    jobs["off2"] = job("off2", JobClass.OFFLINE)
+    _, _, share = online_cadence(Plan(1, [decode("on"), decode("off"), chunk]), jobs, cost)
+    assert share == pytest.approx(0.011 / 0.022)
+    assert online_cadence(Plan(1, [decode("on")]), jobs, cost)[2] == 1.0
+
+
+def test_under_conserve_only_online_jobs_kv_counts_as_use() -> None:
+    from scheduler.autoscale import kv_use
+    from scheduler.job import Job, JobClass
+
+    def job(cls: JobClass, blocks: int) -> Job:
+        j = Job(job_id=f"{cls.value}-{blocks}", prompt_token_ids=[1], max_tokens=1,
+                arrival_time=0.0, job_class=cls)
+        j.block_table = list(range(blocks))
+        return j
+
+    jobs = [job(JobClass.ONLINE, 10), job(JobClass.OFFLINE, 85)]
+    # A backlog fills the cache; online work would take it back.
+    assert kv_use(jobs, free_blocks=5, num_blocks=100, policy="conserve") == pytest.approx(0.10)
+    assert kv_use(jobs, free_blocks=5, num_blocks=100, policy="fcfs") == pytest.approx(0.95)
+    assert kv_use([], free_blocks=100, num_blocks=100, policy="conserve") == 0.0

@@ -289,3 +289,20 @@ def test_only_whole_unstarted_offline_requests_can_be_given_back():
     assert unstarted_offline(groups, jobs, {"running"}, 10) == ["new", "old"]
     assert unstarted_offline(groups, jobs, {"running"}, 1) == ["new"]
     assert unstarted_offline(groups, jobs, (), 0) == []
+
+
+def test_a_replica_taking_offline_work_in_fast_gets_a_deeper_queue():
+    p = pool(queue_jobs=2)
+    report(p, "fast", OfflineLoad(online_tokens=500, running_jobs=40, started=100), now=0.0)
+    assert p.room("fast") == 2  # nothing known of its pace yet
+    # Ten first tokens since its last report: a queue of twice that, so
+    # that its budget does not run dry before the next hand-out.
+    report(p, "fast", OfflineLoad(online_tokens=500, queued_jobs=5, running_jobs=45,
+                                  started=110), now=0.5)
+    assert p.room("fast") == 2 * 10 - 5
+    add(p, *(f"r{i}" for i in range(30)))
+    assert len(p.assign(now=0.5)) == 15
+    # Its pace drops (its online work grew): back to the configured queue.
+    report(p, "fast", OfflineLoad(online_tokens=900, queued_jobs=1, running_jobs=45,
+                                  started=110, accepted=15), now=1.0)
+    assert p.room("fast") == 1
