@@ -1,0 +1,60 @@
+"""The engine loop's part in the offline pool and the autoscaler: giving
+unstarted offline requests back, and the online token cadence (fake runner,
+no Ray)."""
+
+from __future__ import annotations
+
+import time
+
+from deployments.engine_loop import EngineLoop
+from scheduler.config import SchedulerConfig
+from scheduler.core import SchedulerCore
+from tests.deployments.test_engine_loop import Collector, FakeRunner, make_loop, req
+
+
+def test_unstarted_offline_requests_are_given_back_whole_and_newest_first():
+    """What the offline pool asks of a replica busy with online work
+    (scheduler/offline_pool.py): only requests of one prompt (`movable`)
+    with nothing computed leave, each stream ended with `moved`."""
+    runner = FakeRunner()
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=1,
+                                         max_batch_tokens=64, max_model_len=64),
+                         time.monotonic)
+    sink = Collector()
+    loop = EngineLoop(runner, core, lambda r, i: "ok", sink)  # driven by hand
+    off = {"job_class": "offline"}
+    loop.submit(req("first").model_copy(update=off), movable=True)
+    loop.submit(req("a").model_copy(update=off), movable=True)
+    loop.submit(req("pair").model_copy(update={**off, "n": 2}), movable=True)
+    loop.submit(req("several").model_copy(update=off), movable=False)  # one prompt of more
+    loop.submit(req("b").model_copy(update=off), movable=True)
+    loop.submit(req("on"))
+    assert loop._drain_inbox() == []
+    loop._iterate()  # batch of one: "first" starts, the others wait
+    assert core.jobs["first"].num_computed_tokens > 0
+    loop.give_back(3)
+    moved = loop._drain_inbox()
+    assert [d.event.job_id for d in moved] == ["b", "pair", "a"]
+    assert all(d.moved and d.event.finished and d.error for d in moved)
+    assert set(core.jobs) == {"first", "several", "on"}
+    assert set(runner.requests) == {"first", "several", "on"}
+    assert loop.num_given_back == 3 and loop._movable == {"first"}
+    loop.give_back(5)  # nothing left that has not started or may move
+    assert loop._drain_inbox() == [] and loop.num_given_back == 3
+    loop.stop()
+
+
+def test_only_online_decodes_make_the_autoscalers_tpot_cadence():
+    """A batch job alone decodes in large, slow iterations; they must not
+    read as online TPOT (scheduler/autoscale.py, `online_cadence`)."""
+    loop, sink, core = make_loop(FakeRunner(), policy="conserve")
+    try:
+        loop.submit(req("off", max_tokens=6).model_copy(update={"job_class": "offline"}))
+        sink.wait_finished({"off"})
+        assert not loop.stats.decode_gaps
+        loop.submit(req("on", max_tokens=6))
+        sink.wait_finished({"on"})
+        # Five decodes, each after another: four gaps.
+        assert len(loop.stats.decode_gaps) == 4
+    finally:
+        loop.stop()
