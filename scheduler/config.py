@@ -272,3 +272,8 @@ class OfflinePoolConfig(BaseModel):
     # go back to the pool when another replica has free batch slots and the
     # pool is empty (scheduler/offline_pool.py, `to_give_back`).
     move_queued: bool = True
+    # A replica's queue grows to this many times the offline jobs it started
+    # between its last two reports, when that is more than
+    # `replica_queue_jobs` (a fast replica takes in dozens a report).  0: the
+    # queue stays `replica_queue_jobs`.
+    queue_per_start: float = Field(2.0, ge=0)

@@ -13,8 +13,9 @@ room for it:
   running batch, on top of the batch slots it has free now: enough to
   refill its offline batch as jobs finish between two load reports, and no
   more, so that work does not sit on a replica that cannot run it.  The
-  queue is `replica_queue_jobs`, or twice the offline jobs the replica
-  started (sampled a first token) between its last two reports, if more:
+  queue is `replica_queue_jobs`, or `queue_per_start` (2) times the offline
+  jobs the replica started (sampled a first token) between its last two
+  reports, if more:
   a fast replica filling a large SLO budget takes in dozens a report, and
   a queue that only matched its last intake would never let it grow
   (studies/conserve_sim/README.md, "Several replicas").  Free
@@ -315,7 +316,8 @@ class OfflinePool:
         return self._room(r, self._pending().get(replica_id, (0, 0))[0])
 
     def _room(self, r: _Replica, pending_jobs: int) -> int:
-        queue = max(self.config.replica_queue_jobs, 2 * r.recent_starts)
+        queue = max(self.config.replica_queue_jobs,
+                    int(self.config.queue_per_start * r.recent_starts))
         return queue + r.load.free_slots - r.load.queued_jobs - pending_jobs
 
     # Decisions -------------------------------------------------------------

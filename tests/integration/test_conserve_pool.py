@@ -37,7 +37,8 @@ POOL_CONFIG = {
     # Room per idle replica: 2 batch slots + a queue of 1.  Objectives no
     # iteration meets: no offline token joins online work on a replica.
     "conserve": {"offline_max_batch_size": 2, "ttft_slo_s": 1e-6, "tpot_slo_s": 1e-6},
-    "offline_pool": {"replica_queue_jobs": 1},
+    # A fixed queue of 1, whatever the replica's intake: the bound below.
+    "offline_pool": {"replica_queue_jobs": 1, "queue_per_start": 0},
 }
 PROMPTS = [f"Write a short poem about a {thing}." for thing in
            ("cat", "ship", "mountain", "clock", "garden")]

@@ -306,3 +306,8 @@ def test_a_replica_taking_offline_work_in_fast_gets_a_deeper_queue():
     report(p, "fast", OfflineLoad(online_tokens=900, queued_jobs=1, running_jobs=45,
                                   started=110, accepted=15), now=1.0)
     assert p.room("fast") == 1
+    # Switched off: the configured queue whatever the pace.
+    fixed = OfflinePool(OfflinePoolConfig(replica_queue_jobs=2, queue_per_start=0))
+    report(fixed, "fast", OfflineLoad(started=100), now=0.0)
+    report(fixed, "fast", OfflineLoad(started=110), now=0.5)
+    assert fixed.room("fast") == 2
