@@ -91,5 +91,5 @@ class SimPool:
 
     def forget(self, name: str) -> None:
         """A replica let go: no more hand-outs to it."""
-        self.pool.replicas.pop(name, None)
+        self.pool.forget(name)
         self.replicas.pop(name, None)

@@ -291,6 +291,11 @@ class OfflinePool:
                 h.settled = True
                 arrived -= 1
 
+    def forget(self, replica_id: str) -> None:
+        """A replica let go: nothing more is handed to it."""
+        self.replicas.pop(replica_id, None)
+        self._owed.pop(replica_id, None)
+
     def _live(self, now: float) -> list[_Replica]:
         """The replicas that reported lately; the others are forgotten."""
         self.replicas = {rid: r for rid, r in self.replicas.items()
