@@ -3,7 +3,11 @@
 `scheduler.offline_pool.OfflinePool` and are handed to replicas with room on
 their load reports and on every request's end, as deployments/scheduler.py
 does; a replica serving online work gives back what it holds unstarted when
-the pool asks (`offline_pool.move_queued`).
+the pool asks (`offline_pool.move_queued`), and, with a host tier the
+replicas share (`ClusterOptions.shared_host_tier`), the started ones the
+server would move too (`movable_offline`, at most an iteration's prefill
+to recompute): their next replica adopts the blocks they had in the tier
+and recomputes the rest.
 
 Live, a hand-out reaches its replica after a Serve call and a give-back
 after the replica's next drain of its inbox; here both land at once.
@@ -17,12 +21,14 @@ from typing import Any
 from bench.workload import RequestSpec
 from scheduler.config import OfflinePoolConfig
 from scheduler.job import JobClass
-from scheduler.offline_pool import OfflinePool, offline_load, unstarted_offline
+from scheduler.offline_pool import OfflinePool, movable_offline, offline_load
+from scheduler.swap import SwapManager
 
 
 class SimPool:
     def __init__(self, config: OfflinePoolConfig,
-                 place: Callable[[RequestSpec, Any, float], None]) -> None:
+                 place: Callable[[RequestSpec, Any, float], None],
+                 shared_host_tier: bool = True) -> None:
         # Never stale, never lost: every replica reports on time here.
         self.pool = OfflinePool(config, stale_after_s=float("inf"),
                                 lost_after_s=float("inf"))
@@ -35,7 +41,11 @@ class SimPool:
         self.accepted: dict[str, int] = {}
         # Per replica: offline jobs that sampled their first token.
         self.started: dict[str, int] = {}
+        self.shared_host_tier = shared_host_tier
+        # Started requests given back: their blocks in the host tier.
+        self.carried: dict[str, int] = {}
         self.num_moved = 0
+        self.num_moved_started = 0
 
     def __len__(self) -> int:
         return len(self.pool)
@@ -71,9 +81,15 @@ class SimPool:
 
     def give_back(self, rep: Any, count: int, now: float) -> None:
         core = rep.core
+        cfg = core.config
         offline = {jid: [jid] for jid, j in core.jobs.items() if j.job_class is JobClass.OFFLINE}
-        for rid in unstarted_offline(offline, core.jobs, core.batch, count):
-            core.abort(rid)
+        limit = cfg.max_batch_tokens // cfg.block_size if self.shared_host_tier else None
+        for rid in movable_offline(offline, core.jobs, core.batch, count, limit):
+            job = core.jobs[rid]
+            if job.output_token_ids:
+                self.carried[rid] = SwapManager.host_blocks(job)
+                self.num_moved_started += 1
+            core.abort(rid, keep_host=True)
             self.pool.release(rid)
             r = self.specs[rid]
             self.pool.add(rid, r.prompt_tokens, r.max_tokens or r.output_tokens, 1,

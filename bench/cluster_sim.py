@@ -96,6 +96,10 @@ class ClusterOptions(BaseModel):
     padding_ratio: float = Field(0.15, ge=0)
     # The Scheduler's offline pool, under `policy: conserve`.
     offline_pool: OfflinePoolConfig = OfflinePoolConfig()
+    # The replicas share one host KV tier, as the server's object-store
+    # tier is: a started offline request may move with its KV there
+    # (`offline_pool.move_queued`); false: only unstarted ones move.
+    shared_host_tier: bool = True
 
 
 def linear_cost(cost: CostModel) -> LinearCost:
@@ -171,7 +175,7 @@ class Cluster:
         self.target = options.replicas
         self.timeline: list[tuple[float, int, int]] = []
         self.decisions: list[tuple[float, int]] = []
-        self.pool = (SimPool(options.offline_pool, self._place)
+        self.pool = (SimPool(options.offline_pool, self._place, options.shared_host_tier)
                      if scheduler.policy == "conserve" and options.offline_pool.enabled
                      else None)
         for _ in range(options.replicas):
@@ -231,9 +235,17 @@ class Cluster:
 
     def _place(self, r: RequestSpec, rep: Replica, now: float) -> None:
         rid = r.request_id
+        moved = self.jobs.get(rid)  # moved here after it started elsewhere
         job = make_job(r, next(self.tokens), rep.device, self.opts.padding_ratio)
+        host_blocks = 0
+        if moved is not None and moved.output_token_ids:
+            # As the server resumes it: from the tokens its client has and
+            # the blocks its old replica left in the host tier.
+            job.prompt_token_ids = moved.prompt_token_ids
+            job.output_token_ids = list(moved.output_token_ids)
+            host_blocks = self.pool.carried.pop(rid, 0) if self.pool is not None else 0
         try:
-            rep.core.add(job)
+            rep.core.add(job, host_blocks=host_blocks)
         except ValueError as e:
             self.errors[rid] = f"rejected: {e}"
             return
@@ -241,7 +253,7 @@ class Cluster:
         rep.clock.now = max(rep.clock.now, now)
         self.jobs[rid] = job
         self.where[rid] = rep
-        self.token_times[rid] = []
+        self.token_times.setdefault(rid, [])
 
     def _report(self, rep: Replica, now: float) -> None:
         core = rep.core
@@ -375,6 +387,8 @@ class Cluster:
             "decisions": self.decisions,
             "iterations": {r.name: r.iterations for r in self.replicas},
             "offline_moved": self.pool.num_moved if self.pool is not None else 0,
+            "offline_moved_started": (self.pool.num_moved_started if self.pool is not None
+                                      else 0),
             "wall_time": time.perf_counter() - wall0,
         }
         return ClusterOutput(records, end, self.timeline, seconds, stats)

@@ -20,8 +20,8 @@ class Delivery:
     stopped: bool = False
     # The error is ours (an iteration failed), not a refusal of the request.
     internal: bool = False
-    # The replica gave the request back unstarted (scheduler/offline_pool.py):
-    # the offline pool places it again.
+    # The replica gave the request back (scheduler/offline_pool.py): the
+    # offline pool places it again.
     moved: bool = False
 
 
@@ -31,6 +31,6 @@ class EngineStopped(RuntimeError):
 
 
 class JobMoved(RuntimeError):
-    """A replica serving online work gave an unstarted offline request back
-    to the offline pool, which places it where there is room (not a
-    failure: nothing of it had run)."""
+    """A replica serving online work gave an offline request back to the
+    offline pool, which places it where there is room (not a failure:
+    nothing of it had run, or what had is in the host tier)."""

@@ -228,6 +228,12 @@ class Engine(EngineFigures):
         self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver,
                                cost=cost, live_cost=self.live_cost,
                                ahead=self.cfg.schedules_ahead)
+        # Started offline requests may move, their KV through the
+        # application's tier, which one process writes here, and at most
+        # about an iteration's prefill of it recomputed (deployments/resume.py).
+        if scheduler is not None and world == 1:
+            self.loop.move_recompute_blocks = max(
+                1, sched_cfg.max_batch_tokens // sched_cfg.block_size)
         self.loop.start()
         self.head_source = self.cfg.predictor.engine_head
         self.metrics = EngineMetrics(self.replica_id)
@@ -247,14 +253,16 @@ class Engine(EngineFigures):
                 target[0].put_nowait(d)
 
     async def _checkpointed(self, req: GenerateRequest) -> list[int] | None:
-        """Per choice of a request resumed from a failed replica, the KV
-        blocks its checkpoints left in the application's host tier
-        (`survival.checkpoint`); None where there is nothing to look up.
+        """Per choice of a request resumed from a failed replica, or moved
+        here from another after it started (scheduler/offline_pool.py), the
+        KV blocks that replica's checkpoints (`survival.checkpoint`,
+        ConServe's of offline jobs) or swaps left in the application's host
+        tier; None where there is nothing to look up.
         A split model's shards each stored a slice of every block under a
         key of its own: the blocks every shard stored count, and only a
         replica split the same way finds them (`engine/shards.py`)."""
         tier = self.kv_tier
-        if tier is None or not self.cfg.survival.checkpoint:
+        if tier is None:
             return None
         from engine.shards import held_by_every_shard
 
@@ -309,6 +317,10 @@ class Engine(EngineFigures):
                 deltas: dict[tuple[int, int], GenerateDelta] = {}
                 for d in items:
                     if d.error is not None:
+                        if d.moved and self.kv_tier is not None:
+                            # Its host copies land before another replica
+                            # looks them up (one FIFO writer: scheduler/swap.py).
+                            await asyncio.to_thread(self.kv_tier.flush)
                         # ValueError: the request was refused (the client's
                         # 400); the others are this replica's failures.
                         kind = (EngineStopped if d.stopped else JobMoved if d.moved

@@ -41,7 +41,7 @@ from scheduler.cost_fit import IterationShape, LiveCost
 from scheduler.core import JobEvent, SchedulerCore
 from scheduler.iteration import Iteration, IterationDriver, IterationFailed, OnWallClock
 from scheduler.job import Job, JobClass
-from scheduler.offline_pool import unstarted_offline
+from scheduler.offline_pool import movable_offline
 from scheduler.plan import Plan, StepResult
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,11 @@ class EngineLoop:
         self._jobs: dict[str, Job] = {}
         # Request id -> job ids of its choices still in the core.
         self._groups: dict[str, list[str]] = {}
-        # Offline requests it may give back unstarted (`give_back`): added
-        # before their "add", discarded on the loop thread with their group.
+        # Offline requests it may give back (`give_back`): added before
+        # their "add", discarded on the loop thread with their group; started
+        # ones too, with at most this many device blocks to recompute.
         self._movable: set[str] = set()
+        self.move_recompute_blocks: int | None = None
         self.num_given_back = 0  # requests given back
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         # Offline requests in the inbox: request id -> (jobs, prompt + n *
@@ -173,7 +175,7 @@ class EngineLoop:
                     # Before the put: the loop thread pops it on draining.
                     self.inbox_offline[req.request_id] = (
                         req.n, len(req.prompt_token_ids) + req.n * req.max_tokens)
-                    if movable and req.resume is None:
+                    if movable:
                         self._movable.add(req.request_id)
                 self._inbox.put(("add", req))
                 self._wake.set()
@@ -187,7 +189,7 @@ class EngineLoop:
         self._wake.set()
 
     def give_back(self, count: int) -> None:
-        """Give up to `count` unstarted offline requests back to the pool."""
+        """Give up to `count` offline requests back to the pool."""
         self._inbox.put(("give_back", count))
         self._wake.set()
 
@@ -231,22 +233,24 @@ class EngineLoop:
                     self._drop(job_id)
 
     def _give_back(self, count: int) -> list[Delivery]:
-        """Drop up to `count` unstarted offline requests; each stream ends
-        with `moved` set."""
+        """Drop up to `count` offline requests that can go on elsewhere
+        (`movable_offline`), host copies kept; their streams end `moved`."""
         out: list[Delivery] = []
-        movable = {rid: ids for rid, ids in self._groups.items() if rid in self._movable}
-        for rid in unstarted_offline(movable, self.core.jobs, self.core.batch, count):
+        groups = {rid: ids for rid, ids in self._groups.items() if rid in self._movable}
+        core = self.core
+        for rid in movable_offline(groups, core.jobs, core.batch, count,
+                                   self.move_recompute_blocks):
             self._movable.discard(rid)
             for job_id in self._groups.pop(rid):
-                self._drop(job_id)
+                self._drop(job_id, keep_host=True)
             out.append(Delivery(JobEvent(rid, None, "", True, "moved"), None,
                                 "given back to the offline pool", moved=True))
         self.num_given_back += len(out)
         return out
 
-    def _drop(self, job_id: str) -> None:
+    def _drop(self, job_id: str, keep_host: bool = False) -> None:
         self._jobs.pop(job_id, None)
-        if self.core.abort(job_id):
+        if self.core.abort(job_id, keep_host):
             self.runner.remove_request(job_id)
 
     def _add(self, req: GenerateRequest) -> list[Delivery]:
@@ -452,11 +456,7 @@ class EngineLoop:
         trace = it.trace()
         if trace is not None:
             self.stats.recent_plans.append(trace)
-        by_class = self.stats.preemptions_by_class
-        for job_id in plan.preempted:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                by_class[job.job_class.value] = by_class.get(job.job_class.value, 0) + 1
+        self.stats.count_preempted(self._jobs.get(j) for j in plan.preempted)
         out: list[Delivery] = []
         for ev in it.events:
             if ev.token_id is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from scheduler.cost import LinearCost
@@ -96,6 +97,12 @@ class LoopStats:
         self.recent_forward.append(spent)
         self.recent_iterations.append((
             tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks), spent, elapsed))
+
+    def count_preempted(self, jobs: Iterable[Job | None]) -> None:
+        by_class = self.preemptions_by_class
+        for job in jobs:
+            if job is not None:
+                by_class[job.job_class.value] = by_class.get(job.job_class.value, 0) + 1
 
     def count_token(self, job: Job) -> None:
         """A token `job` sampled: by class, and an offline job's first."""

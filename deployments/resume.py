@@ -15,14 +15,18 @@ so in float32 and in deterministic mode).  Choices that had finished are
 not run again.
 
 A replica serving online work may also give an offline request back to
-the offline pool before starting it (`JobMoved`, scheduler/offline_pool.py):
-the request then goes through the pool again (`move`), not counted as a
-resume.
+the offline pool (`JobMoved`, scheduler/offline_pool.py): one it has not
+started, or one that started and waits preempted with its KV in the
+application's host tier.  The request then goes through the pool again
+(`move`), not counted as a resume; a started one goes with the tokens its
+client has, as after a failure, and its new replica fetches the blocks the
+old one left in the tier (`Engine._checkpointed`).
 
-With `survival.checkpoint`, the new replica first asks the application's
-KV directory how many of each choice's blocks the failed replica's
-checkpoints left there (`Engine._checkpointed`), fetches those and
-recomputes only the tokens past them (`SchedulerCore.add(host_blocks=)`).
+The new replica first asks the application's KV directory how many of
+each choice's blocks the failed replica's checkpoints (`survival.checkpoint`,
+or ConServe's of offline jobs) left there (`Engine._checkpointed`), fetches
+those and recomputes only the tokens past them
+(`SchedulerCore.add(host_blocks=)`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ log = logging.getLogger(__name__)
 Opened = tuple[str | None, Any]
 Reopen = Callable[[list[GenerateRequest], str | None], Awaitable[Opened]]
 
-# Times one request may be given back: each time a replica had it unstarted
+# Times one request may be given back: each time a replica held it waiting
 # while another had room; more would mean replicas passing it around.
 MAX_MOVES = 8
 
@@ -102,8 +106,10 @@ class ResumableStream:
                     self.moves += 1
                     log.info("request %s: replica %s gave it back to the offline pool",
                              self.gens[0].request_id, self.replica)
-                    # Nothing of it ran: sent again as it came.
-                    self.replica, self.stream = await self._move(self.gens, self.replica)
+                    # Sent again as it came, or from where its client has it.
+                    started = any(self._outputs.values())
+                    self.replica, self.stream = await self._move(
+                        self.resumed() if started else self.gens, self.replica)
                     continue
                 if len(self._finished) == len(self._outputs) and replica_failed(e):
                     return  # the client has every choice whole already

@@ -56,7 +56,7 @@ class Scheduler:
         self.num_rejected = 0
         # Requests placed again after their replica failed.
         self.num_resumed = 0
-        # Offline requests a replica gave back to the pool unstarted.
+        # Offline requests a replica gave back to the pool.
         self.num_moved = 0
         self.pool: OfflinePool | None = None
         if self.cfg.policy == "conserve" and self.cfg.offline_pool.enabled:
@@ -95,7 +95,7 @@ class Scheduler:
         """A replica's load; `admission` holds its queued work, the bound on
         it and its measured speed (scheduler/admission.py), `offline` its
         figures for the offline pool (`OfflineLoad`).  The answer asks the
-        replica to give back unstarted offline requests (`give_back`: how
+        replica to give back waiting offline requests (`give_back`: how
         many) that other replicas have room for."""
         now = time.monotonic()
         self.placement.report(replica_id, num_blocks, free_blocks, queued_tokens,
@@ -134,8 +134,8 @@ class Scheduler:
         where they are likely cached unless that replica is busier by more
         than they save; `route_key`: the client's `prompt_cache_key`, which
         counts a replica that got it as holding all of them.  `moved_from`:
-        the replica gave the (offline) request back unstarted; it waits in
-        the pool again."""
+        the replica gave the (offline) request back, unstarted or preempted
+        with its KV in the host tier; it waits in the pool again."""
         if failed_replica is not None and self._stopping is not None:
             # Every engine is stopping: nowhere to go on.
             return Admission(admitted=False, retry_after_s=1.0,

@@ -268,9 +268,10 @@ class OfflinePoolConfig(BaseModel):
     # finish between two load reports (0.5 s apart), few enough that work
     # does not sit on a busy replica while another has idle capacity.
     replica_queue_jobs: int = Field(4, ge=1, le=4096)
-    # Offline requests a replica holds unstarted while it serves online work
-    # go back to the pool when another replica has free batch slots and the
-    # pool is empty (scheduler/offline_pool.py, `to_give_back`).
+    # Offline requests a replica holds waiting while it serves online work
+    # (unstarted, or started with their KV in the host tier) go back to the
+    # pool when another replica has free batch slots and the pool is empty
+    # (scheduler/offline_pool.py, `to_give_back`).
     move_queued: bool = True
     # A replica's queue grows to this many times the offline jobs it started
     # between its last two reports, when that is more than

@@ -134,14 +134,15 @@ class SchedulerCore:
             self.blocks.claim_cached(job)
         self.policy.add(job)
 
-    def abort(self, job_id: str) -> bool:
-        """Abort a job wherever it is; frees its blocks.  False if unknown."""
+    def abort(self, job_id: str, keep_host: bool = False) -> bool:
+        """Abort a job wherever it is; frees its blocks.  False if unknown.
+        `keep_host`: its host copy stays in the tier (`SwapManager.release_host`)."""
         job = self.jobs.pop(job_id, None)
         if job is None:
             return False
         if not self.sharing.drop(job):
             self.blocks.free(job)
-            self.swap.release_host(job)
+            self.swap.release_host(job, keep=keep_host)
             self.policy.remove(job)
             self._release_siblings(self.sharing.on_gone(job))
         job.transition(JobState.ABORTED)

@@ -38,10 +38,13 @@ room for it:
   So, with `move_queued`, when the pool is empty and some replica has free
   batch slots, a replica serving online work that holds offline jobs
   outside its batch is asked (in the answer to its load report) to give
-  back as many of them as have not started -- no KV computed, nothing
-  streamed -- as the others' free slots take (`to_give_back`).  Their
-  streams end with `JobMoved`; the ingress sends each request to the pool
-  again (deployments/resume.py), from where it goes where there is room.
+  back as many of them as the others' free slots take (`to_give_back`):
+  those that have not started (no KV computed, nothing streamed), and
+  those that started whose KV is in the host tier, which every replica
+  reads, but for at most about one iteration's prefill (`movable_offline`).  Their streams end
+  with `JobMoved`; the ingress sends each request to the pool again, a
+  started one with the tokens its client has (deployments/resume.py), from
+  where it goes where there is room, and resumes there from the host tier.
   A replica is asked at most every `GIVE_BACK_EVERY_S`, so that its next
   reports show what it gave before it is asked again.
 
@@ -137,24 +140,39 @@ def offline_load(jobs: Iterable[Job], batch: Collection[str], mean_output_len: f
     )
 
 
-def unstarted_offline(groups: Mapping[str, list[str]], jobs: Mapping[str, Job],
-                      batch: Collection[str], count: int) -> list[str]:
+def movable_offline(groups: Mapping[str, list[str]], jobs: Mapping[str, Job],
+                    batch: Collection[str], count: int,
+                    recompute_blocks: int | None = None) -> list[str]:
     """Up to `count` of the requests `groups` (request id -> its choices'
     job ids, in arrival order) that a replica can give back whole: offline,
-    outside its batch, nothing computed (no KV, not even a prefix adopted
-    from the cache, no checkpoint) and nothing sampled.  Newest first: the
-    oldest are the nearest to a slot where they are."""
+    outside its batch, and nothing computed (no KV, not even a prefix
+    adopted from the cache, no checkpoint) and nothing sampled.  With
+    `recompute_blocks`, also those that started, with no copy in flight
+    and their KV either in the host tier or nowhere (preempted back to a
+    checkpoint, ConServe §4.4, swapped out, or to be recomputed) or on the
+    device with at most `recompute_blocks` blocks past their host copy:
+    resuming elsewhere fetches what resuming here would and recomputes at
+    most those blocks, about one iteration's prefill, provided the tier is
+    one every replica reads.  Newest first: the oldest are the nearest to a
+    slot where they are."""
     out: list[str] = []
     for rid in reversed(list(groups)):
         if len(out) >= count:
             break
         ids = groups[rid]
         if ids and all((j := jobs.get(i)) is not None and j.job_class is JobClass.OFFLINE
-                       and i not in batch and j.num_computed_tokens == 0
-                       and not j.output_token_ids and not j.num_checkpointed_blocks
-                       for i in ids):
+                       and i not in batch and _movable(j, recompute_blocks) for i in ids):
             out.append(rid)
     return out
+
+
+def _movable(job: Job, recompute_blocks: int | None) -> bool:
+    if recompute_blocks is not None and job.swap_pending is None:
+        return not job.block_table or (
+            job.num_host_blocks == 0
+            and len(job.block_table) - job.num_checkpointed_blocks <= recompute_blocks)
+    return (job.num_computed_tokens == 0 and not job.output_token_ids
+            and not job.num_checkpointed_blocks)
 
 
 @dataclass(slots=True)
@@ -361,7 +379,7 @@ class OfflinePool:
         return out
 
     def to_give_back(self, replica_id: str, now: float) -> int:
-        """How many unstarted offline jobs the replica that just reported
+        """How many offline jobs the replica that just reported
         should give back to the pool: those it holds outside its batch
         while serving online work, up to the free batch slots of the other
         replicas, when nothing waits in the pool for those slots."""

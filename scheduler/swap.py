@@ -223,13 +223,17 @@ class SwapManager:
         job.num_computed_tokens = 0
         self.num_recompute_fallbacks += 1
 
-    def release_host(self, job: Job) -> None:
-        """Forget `job`'s host copy (finished, aborted or dropped)."""
+    def release_host(self, job: Job, keep: bool = False) -> None:
+        """Forget `job`'s host copy (finished, aborted or dropped).  With
+        `keep`, the copy stays in the tier for another replica to adopt (a
+        job moved elsewhere, scheduler/offline_pool.py): this replica stops
+        counting it, and whoever adopts it drops it in the end."""
         self._off_host(job.job_id)
         held = self.host_blocks(job)
         if held:
             self.host_used -= held
-            self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
+            if not keep:
+                self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
         job.num_host_blocks = 0
         job.num_checkpointed_blocks = 0
         job.swap_pending = None

@@ -1,5 +1,5 @@
 """The engine loop's part in the offline pool and the autoscaler: giving
-unstarted offline requests back, and the online token cadence (fake runner,
+offline requests back, and the online token cadence (fake runner,
 no Ray)."""
 
 from __future__ import annotations
@@ -41,6 +41,35 @@ def test_unstarted_offline_requests_are_given_back_whole_and_newest_first():
     assert loop.num_given_back == 3 and loop._movable == {"first"}
     loop.give_back(5)  # nothing left that has not started or may move
     assert loop._drain_inbox() == [] and loop.num_given_back == 3
+    loop.stop()
+
+
+def test_started_offline_requests_are_given_back_where_their_kv_can_follow():
+    """A started request waiting with no device block (here one that came
+    resumed and has not run again) moves only where the replica's host tier
+    is one every replica reads (`move_recompute_blocks`), the Engine's case on an
+    unsplit model with the application's tier."""
+    runner = FakeRunner()
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=1,
+                                         max_batch_tokens=64, max_model_len=64),
+                         time.monotonic)
+    loop = EngineLoop(runner, core, lambda r, i: "ok", Collector())  # driven by hand
+    off = {"job_class": "offline"}
+    loop.submit(req("first").model_copy(update=off), movable=True)
+    loop.submit(req("started", max_tokens=6).model_copy(update={**off, "resume": [[7, 8]]}),
+                movable=True)
+    loop.submit(req("fresh").model_copy(update=off), movable=True)
+    assert loop._drain_inbox() == []
+    loop._iterate()  # batch of one: "first" starts, the others wait
+    assert core.jobs["started"].output_token_ids == [7, 8]
+    loop.give_back(5)
+    assert [d.event.job_id for d in loop._drain_inbox()] == ["fresh"]
+    loop.move_recompute_blocks = 4
+    loop.give_back(5)
+    moved = loop._drain_inbox()
+    assert [d.event.job_id for d in moved] == ["started"]
+    assert moved[0].moved and set(core.jobs) == set(runner.requests) == {"first"}
+    assert loop.num_given_back == 2 and loop._movable == {"first"}
     loop.stop()
 
 

@@ -147,3 +147,27 @@ def test_a_request_given_back_unstarted_goes_through_the_pool_again_as_it_came()
     assert bouncing.moves == MAX_MOVES
     with pytest.raises(JobMoved):
         drain(ResumableStream([gen()], "a", FakeStream([], JobMoved("x")), fail))
+
+
+def test_a_started_request_given_back_goes_on_from_the_clients_tokens():
+    """Moved after it streamed (its KV in the host tier): sent to the pool
+    with the tokens the client has, so the next replica goes on from there
+    without a gap or a duplicate."""
+    from deployments.delivery import JobMoved
+
+    moves: list[list[GenerateRequest]] = []
+
+    async def fail(gens: list[GenerateRequest], failed: str | None) -> tuple[str, Any]:
+        raise AssertionError("a move is not a failure")
+
+    async def move(gens: list[GenerateRequest], where: str | None) -> tuple[str, Any]:
+        moves.append(gens)
+        return "idle", FakeStream([[delta(0, [7, 8, 9], "length")]])
+
+    stream = ResumableStream([gen()], "busy",
+                             FakeStream([[delta(0, [4])], [delta(0, [5, 6])]],
+                                        JobMoved("given back")), fail, move=move)
+    assert [d["token_ids"] for d in drain(stream)] == [[4], [5, 6], [7, 8, 9]]
+    (again,), = moves
+    assert again.resume == [[4, 5, 6]] and again.request_id == "r"
+    assert (stream.moves, stream.resumes) == (1, 0)

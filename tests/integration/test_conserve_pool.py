@@ -5,7 +5,7 @@ holds its free batch slots and its queue's worth; both replicas get work;
 a client that gives up while its request waits in the pool takes it out;
 every answer is the one the FCFS application gives the same prompt.  A
 replica busy with online work gives back the offline requests it holds
-unstarted when the other has room.  Then
+waiting when the other has room, started ones through the host tier.  Then
 the Scheduler replica is killed under waiting requests: their clients get
 a 503, and once Serve has restarted it, offline requests are served again.
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.integration.conftest import SMALL_CONFIG, _deploy
+from tests.integration.conftest import SMALL_CONFIG, _deploy, post_all
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,10 @@ POOL_CONFIG = {
     "max_batch_size": 4,
     # Room per idle replica: 2 batch slots + a queue of 1.  Objectives no
     # iteration meets: no offline token joins online work on a replica.
-    "conserve": {"offline_max_batch_size": 2, "ttft_slo_s": 1e-6, "tpot_slo_s": 1e-6},
+    # Every full block of an offline job checkpointed to the host tier.
+    "conserve": {"offline_max_batch_size": 2, "ttft_slo_s": 1e-6, "tpot_slo_s": 1e-6,
+                 "checkpoint_threshold": 0.0},
+    "host_kv_tokens": 4096,
     # A fixed queue of 1, whatever the replica's intake: the bound below.
     "offline_pool": {"replica_queue_jobs": 1, "queue_per_start": 0},
 }
@@ -179,51 +182,66 @@ def test_offline_requests_wait_in_the_scheduler_and_flow_to_both_replicas(
         assert got["choices"][0]["text"] == refs[p], p
 
 
-def test_unstarted_offline_work_leaves_a_replica_busy_with_online_work(
+def test_offline_work_waiting_on_a_replica_busy_with_online_work_moves_to_one_with_room(
         server, pool_server, scheduler):
-    """A long online request keeps one replica busy, where no offline token
-    may join it; of a burst of offline requests, that replica is handed its
-    queue's worth while the other fills its room.  Once the pool is empty
-    and the other replica has free slots, the busy one gives back what it
-    holds unstarted, and it runs there, with the same answers."""
+    """Offline requests fill both replicas (2 running + 1 queued each);
+    then a long online request takes one of them, where no offline token
+    may join it: its offline jobs wait, the running ones with their full
+    blocks checkpointed.  Once the other replica has run out of offline
+    work (the pool is empty), the busy one gives back what it holds: the
+    queued ones as they came, the started ones with the tokens their
+    clients have, resumed on the other replica.  Every answer is whole and
+    the FCFS application's."""
     before = scheduler.stats.remote().result()
-    online: dict[str, httpx.Response] = {}
+    offline_before = {k: s["tokens_by_class"].get("offline", 0)
+                      for k, s in _engine_stats(APP).items()}
+    prompts = REQUESTS[:6]
+    max_tokens = 96
 
-    def long_online() -> None:
-        online["r"] = httpx.post(f"{pool_server}/v1/completions", timeout=300, json={
-            "prompt": "Tell me a long story.", "max_tokens": 800, "temperature": 0,
-            "ignore_eos": True})
-
-    talker = threading.Thread(target=long_online)
-    talker.start()
-    deadline = time.monotonic() + 60
-    while not any(r["online_tokens"] > 0 for r in
-                  scheduler.stats.remote().result()["offline_pool"]["replicas"].values()):
-        assert time.monotonic() < deadline, "the online request never showed"
-        time.sleep(0.1)
-
-    async def burst() -> list[dict]:
+    async def run() -> tuple[list[dict], httpx.Response, bool]:
         async with httpx.AsyncClient(timeout=600) as c:
             async def one(prompt: str) -> dict:
-                r = await c.post(f"{pool_server}/v1/completions", json=body(prompt))
+                r = await c.post(f"{pool_server}/v1/completions",
+                                 json={**body(prompt), "max_tokens": max_tokens})
                 assert r.status_code == 200, r.text
                 return r.json()
 
-            return await asyncio.gather(*(one(p) for p in REQUESTS[:8]))
+            offline = [asyncio.create_task(one(p)) for p in prompts]
+            # Both replicas' offline jobs have started (2 tokens each of
+            # their two) before the online request.
+            deadline = time.monotonic() + 120
+            while sum(s["tokens_by_class"].get("offline", 0) - offline_before.get(k, 0) >= 4
+                      for k, s in (await asyncio.to_thread(_engine_stats, APP)).items()) < 2:
+                assert time.monotonic() < deadline, "offline work never ran on both replicas"
+                await asyncio.sleep(0.1)
+            online = asyncio.create_task(c.post(f"{pool_server}/v1/completions", json={
+                "prompt": "Tell me a long story.", "max_tokens": 900, "temperature": 0,
+                "ignore_eos": True}))
+            answers = await asyncio.gather(*offline)
+            still_online = not online.done()
+            return answers, await online, still_online
 
-    answers = asyncio.run(burst())
-    still_online = talker.is_alive()
-    talker.join(300)
-    assert online["r"].status_code == 200, online["r"].text
+    answers, online, still_online = asyncio.run(run())
+    assert online.status_code == 200, online.text
     after = _wait_idle(scheduler)
     assert still_online  # the busy replica never left its online work
-    assert after["moved"] - before["moved"] >= 1, after
-    given = {rid: s["offline_given_back"] for rid, s in _engine_stats(APP).items()}
-    assert sum(given.values()) >= after["moved"] - before["moved"], given
-    refs = {p: httpx.post(f"{server}/v1/completions", timeout=300, json={
-        "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0,
-        "ignore_eos": True}).json()["choices"][0]["text"] for p in PROMPTS}
-    for p, got in zip(REQUESTS[:8], answers):
+    moved = after["moved"] - before["moved"]
+    assert moved >= 1, after
+    assert after["resumed"] == before["resumed"]  # no replica failed
+    engines = _engine_stats(APP)
+    assert sum(s["offline_given_back"] for s in engines.values()) >= moved
+    # A started request went on elsewhere from the tokens its client had
+    # (its KV fetched from the host tier where its blocks were copied,
+    # tests/scheduler/test_checkpoint.py; the rest recomputed).
+    resumed = [s["resumed"] for s in engines.values()]
+    assert sum(r["jobs"] for r in resumed) >= 1, resumed
+    distinct = sorted(set(prompts))
+    refs = dict(zip(distinct, (r["choices"][0]["text"] for r in asyncio.run(post_all(
+        server, [{"prompt": p, "max_tokens": max_tokens, "temperature": 0,
+                  "ignore_eos": True} for p in distinct])))))
+    for p, got in zip(prompts, answers):
+        # No gap, no duplicate: the whole answer, and the uninterrupted one.
+        assert got["usage"]["completion_tokens"] == max_tokens, got["usage"]
         assert got["choices"][0]["text"] == refs[p], p
 
 

@@ -256,3 +256,51 @@ def test_an_iteration_checkpoints_what_the_link_copies_while_it_computes(
 
     assert most_per_plan(100.0) == 1
     assert most_per_plan(None) > 1
+
+
+@pytest.mark.parametrize("preempted", [True, False])
+def test_a_started_offline_job_moves_to_another_replica_through_the_host_tier(
+        clock: FakeClock, preempted: bool) -> None:
+    """A replica gives a started offline job back (scheduler/offline_pool.py):
+    its host copy stays in the shared tier (`abort(keep_host=True)`: no
+    DROP), and another replica adopts it, fetches those blocks, recomputes
+    only the rest and ends with the uninterrupted run's tokens.  Preempted
+    back to its checkpoint, or resident with every block but its last
+    copied."""
+    from scheduler.offline_pool import movable_offline
+
+    here, there = ckpt_core(clock), ckpt_core(clock)
+    engine_here, engine_there = FakeEngine(clock), FakeEngine(clock)
+    engine_there.host = engine_here.host  # one tier, as the object store is
+    job = offline(9, 12)
+    here.add(job)
+    while not (job.num_checkpointed_blocks >= 3 and job.output_token_ids
+               and len(job.block_table) - job.num_checkpointed_blocks <= 1):
+        step(here, engine_here)
+    if preempted:
+        here.policy.remove(job)
+        here.policy.evict(job, [])
+        here.policy.add(job)
+        assert not job.block_table and job.num_host_blocks
+    groups = {job.job_id: [job.job_id]}
+    assert movable_offline(groups, here.jobs, (), 1, recompute_blocks=1) == [job.job_id]
+    copied = job.num_checkpointed_blocks
+    outputs = list(job.output_token_ids)
+    here.abort(job.job_id, keep_host=True)
+    assert not ops(here.schedule(), BlockOpKind.DROP)
+    assert here.swap.host_used == 0 and here.blocks.num_free == here.blocks.num_blocks
+    assert sorted(i for j, i in engine_here.host if j == job.job_id) == list(range(copied))
+
+    again = Job(job.job_id, list(job.prompt_token_ids), max_tokens=job.max_tokens,
+                arrival_time=clock(), job_class=JobClass.OFFLINE)
+    again.output_token_ids = outputs  # what its client has
+    there.add(again, host_blocks=copied)
+    assert again.num_computed_tokens == copied * 4
+    plans = finish(there, engine_there)
+    fetched = [op for p in plans for op in p.block_ops if op.kind is BlockOpKind.PREFETCH]
+    assert sorted(op.block_index for op in fetched) == list(range(copied))
+    # Computed there: only what lies past the copied blocks.
+    first = next(c for p in plans for c in p.chunks if c.job_id == again.job_id)
+    assert first.start_pos == copied * 4
+    assert again.output_token_ids == expected_outputs(again)
+    assert there.swap.host_used == 0 and not engine_here.host  # dropped where it ended

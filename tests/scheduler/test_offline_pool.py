@@ -270,7 +270,7 @@ def test_nothing_goes_back_while_the_pool_has_work_for_the_free_slots():
 
 
 def test_only_whole_unstarted_offline_requests_can_be_given_back():
-    from scheduler.offline_pool import unstarted_offline
+    from scheduler.offline_pool import movable_offline
 
     def job(jid: str, cls: JobClass = JobClass.OFFLINE, computed: int = 0,
             out: list[int] | None = None) -> Job:
@@ -278,6 +278,7 @@ def test_only_whole_unstarted_offline_requests_can_be_given_back():
                 job_class=cls)
         j.num_computed_tokens = computed
         j.output_token_ids = list(out or [])
+        j.block_table = [0] if computed else []
         return j
 
     jobs = {j.job_id: j for j in [
@@ -286,9 +287,47 @@ def test_only_whole_unstarted_offline_requests_can_be_given_back():
         job("running"), job("new")]}
     groups = {rid: [rid] for rid in ("old", "started", "resumed", "online", "running", "new")}
     groups["pair"] = ["pair", "pair#1"]  # one of its choices has started
-    assert unstarted_offline(groups, jobs, {"running"}, 10) == ["new", "old"]
-    assert unstarted_offline(groups, jobs, {"running"}, 1) == ["new"]
-    assert unstarted_offline(groups, jobs, (), 0) == []
+    assert movable_offline(groups, jobs, {"running"}, 10) == ["new", "old"]
+    assert movable_offline(groups, jobs, {"running"}, 1) == ["new"]
+    assert movable_offline(groups, jobs, (), 0) == []
+
+
+def test_started_offline_requests_move_with_little_kv_to_recompute():
+    """With `recompute_blocks`: a started job goes when its KV is in the
+    host tier or nowhere, or on the device with at most that many blocks
+    past its host copy, and no copy is in flight."""
+    from scheduler.offline_pool import movable_offline
+
+    def job(jid: str, device: int = 0, checkpointed: int = 0, host: int = 0,
+            swap: str | None = None, out: int = 1) -> Job:
+        j = Job(job_id=jid, prompt_token_ids=list(range(40)), max_tokens=64,
+                arrival_time=0.0, job_class=JobClass.OFFLINE)
+        j.output_token_ids = list(range(out))
+        j.block_table = list(range(device))
+        j.num_checkpointed_blocks = checkpointed
+        j.num_host_blocks = host
+        j.swap_pending = swap
+        j.num_computed_tokens = 16 * max(device, host)
+        return j
+
+    jobs = {j.job_id: j for j in [
+        job("to_checkpoint", host=3, checkpointed=3),  # preempted back to it
+        job("recompute", out=5),  # preempted, nothing kept: recomputed anywhere
+        job("all_but_last", device=3, checkpointed=2),  # resident, last block unsaved
+        job("two_unsaved", device=3, checkpointed=1),
+        job("never_saved", device=2),
+        job("long_unsaved", device=5, checkpointed=2),
+        job("swapping_in", host=3, checkpointed=3, swap="swap_in"),
+        job("in_batch", device=1, checkpointed=1),
+        job("unstarted", out=0)]}
+    groups = {rid: [rid] for rid in jobs}
+    moved = movable_offline(groups, jobs, {"in_batch"}, 10, recompute_blocks=2)
+    assert moved == ["unstarted", "never_saved", "two_unsaved", "all_but_last", "recompute",
+                     "to_checkpoint"]
+    assert movable_offline(groups, jobs, {"in_batch"}, 10, recompute_blocks=1) == [
+        "unstarted", "all_but_last", "recompute", "to_checkpoint"]
+    # Without (a tier other replicas cannot read), only the unstarted.
+    assert movable_offline(groups, jobs, {"in_batch"}, 10) == ["unstarted"]
 
 
 def test_a_replica_taking_offline_work_in_fast_gets_a_deeper_queue():
