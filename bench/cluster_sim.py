@@ -131,7 +131,9 @@ class Replica:
     # (time, signals) of each metrics tick within the look-back window.
     samples: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
     iterations: int = 0
-    busy_time: float = 0.0
+    # Its latest load report's admission figures, which the autoscaling
+    # stats reuse as the engine's do (deployments/engine.py).
+    figures: dict[str, Any] | None = None
 
     @property
     def core(self) -> Any:
@@ -259,7 +261,7 @@ class Cluster:
         core = rep.core
         jobs = list(core.jobs.values())
         queued = sum(j.max_total_tokens - j.num_computed_tokens for j in jobs)
-        figures = self._admission_figures(rep, jobs)
+        figures = rep.figures = self._admission_figures(rep, jobs)
         self.placement.report(rep.name, core.config.num_blocks, core.blocks.num_free, queued,
                               len(jobs), now, **figures)
         if self.pool is not None:
@@ -279,7 +281,8 @@ class Cluster:
         since = now - self.scale.tpot_window_s
         gaps = [g for t, g in rep.decode_gaps if t >= since]
         tpot = tpot_ratio(gaps, self.lone_decode, self.scale.tpot_slo_s or 3 * self.lone_decode)
-        return replica_signals(self._admission_figures(rep, jobs), kv, online,
+        figures = rep.figures if rep.figures is not None else self._admission_figures(rep, jobs)
+        return replica_signals(figures, kv, online,
                                len(jobs) - online, self.scale.typical_prompt_tokens, tpot)
 
     def _autoscale(self, now: float) -> None:

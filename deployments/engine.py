@@ -262,7 +262,10 @@ class Engine(EngineFigures):
         key of its own: the blocks every shard stored count, and only a
         replica split the same way finds them (`engine/shards.py`)."""
         tier = self.kv_tier
-        if tier is None:
+        if tier is None or not (self.cfg.survival.checkpoint
+                                or req.job_class == JobClass.OFFLINE.value):
+            # Only those two copy a job's blocks for another replica; a
+            # lookup waits for this replica's queued copies.
             return None
         from engine.shards import held_by_every_shard
 

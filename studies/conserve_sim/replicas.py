@@ -2,7 +2,7 @@
 placing offline requests at once (issue 17, item 5), in the cluster
 simulator (bench/cluster_sim.py, bench/cluster_pool.py).
 
-    python -m studies.conserve_sim.replicas         # ~10 min: replicas.json
+    python -m studies.conserve_sim.replicas         # ~13 min: replicas.json
     python -m studies.conserve_sim.replicas table   # the README's tables from replicas.json
 
 Llama-2-7B FP16, one A100-80GB per replica (analytic cost model), `policy:
@@ -17,7 +17,10 @@ Gamma arrivals with CV 4.  Offline: a backlog present at t = 0.
 
 Systems: `at-once` (`offline_pool.enabled: false`: an offline request is
 placed when it arrives, as an online one, by load), `pool` (the default:
-it waits in the Scheduler's pool until a replica has room), `pool-no-move`
+it waits in the Scheduler's pool until a replica has room; a replica busy
+with online work gives back waiting offline requests, started ones too,
+their KV through the host tier the replicas share), `pool-unstarted-moves`
+(only unstarted ones are given back: no shared tier), `pool-no-move`
 (`offline_pool.move_queued: false`).
 
 Offline throughput: offline tokens generated while the online stream
@@ -45,8 +48,11 @@ from scheduler.config import OfflinePoolConfig
 OUT = Path(__file__).resolve().parent
 SIM = ["simulate", "--cost-model", "llama-2-7b", "--gpu", "a100-80gb", "--policy", "conserve",
        "--dataset", "sharegpt"]
-POOLS = {"at-once": OfflinePoolConfig(enabled=False), "pool": OfflinePoolConfig(),
-         "pool-no-move": OfflinePoolConfig(move_queued=False)}
+# (the pool's settings, whether the replicas share a host tier)
+POOLS = {"at-once": (OfflinePoolConfig(enabled=False), True),
+         "pool": (OfflinePoolConfig(), True),
+         "pool-unstarted-moves": (OfflinePoolConfig(), False),
+         "pool-no-move": (OfflinePoolConfig(move_queued=False), True)}
 SETUPS: dict[str, dict[str, Any]] = {
     "fixed": {"phases": [(24.0, 300.0)], "offline": 12_000, "replicas": 4, "max": None},
     "autoscaled": {"phases": [(4.0, 120.0), (30.0, 300.0)], "offline": 12_000,
@@ -86,6 +92,7 @@ def summary(res: Any, tpot_slo: float) -> dict[str, Any]:
         "offline_makespan_s": max(r.end_time for r in off if r.end_time is not None),
         "replica_seconds": res.replica_seconds,
         "moved": res.stats["offline_moved"],
+        "moved_started": res.stats["offline_moved_started"],
         "decisions": res.stats["decisions"],
     }
 
@@ -100,9 +107,10 @@ def run() -> dict[str, Any]:
         wl = workload(setup)
         scale = AutoscaleSettings() if setup["max"] is None else AutoscaleSettings(
             enabled=True, min_replicas=1, max_replicas=setup["max"])
-        for pname, pool in POOLS.items():
+        for pname, (pool, shared) in POOLS.items():
             opts = ClusterOptions(replicas=setup["replicas"], autoscaling=scale, startup_s=30.0,
-                                  overlap_swap=True, offline_pool=pool)
+                                  overlap_swap=True, offline_pool=pool,
+                                  shared_host_tier=shared)
             res = simulate_cluster(wl.requests, sc, cost, opts)
             row = summary(res, tpot_slo)
             row["wall_s"] = res.stats["wall_time"]
@@ -115,13 +123,13 @@ def run() -> dict[str, Any]:
 
 def table(res: dict[str, Any]) -> None:
     print("| setup / system | online TTFT P50 / P99 (s) | online TPOT P50 / P99 (ms) | "
-          "offline tok/s while online runs | offline makespan (s) | moved |")
+          "offline tok/s while online runs | offline makespan (s) | moved (started) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, r in res["results"].items():
         print(f"| {name} | {r['online_ttft_p50_s']:.3f} / {r['online_ttft_p99_s']:.3f} | "
               f"{r['online_tpot_p50_s'] * 1e3:.1f} / {r['online_tpot_p99_s'] * 1e3:.1f} | "
               f"{r['offline_tokens_per_s_online_span']:,.0f} | {r['offline_makespan_s']:.1f} | "
-              f"{r['moved']} |")
+              f"{r['moved']} ({r.get('moved_started', 0)}) |")
 
 
 def main() -> None:

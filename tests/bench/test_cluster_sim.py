@@ -152,3 +152,39 @@ def test_offline_work_waits_in_the_pool_for_a_replica_that_starts_later() -> Non
         p99[name] = np.percentile([r.ttft for r in out.records if r.job_class == "online"], 99)
     assert shares["at once"] == 0 and shares["pool"] > 0.3 * len(offline)
     assert p99["pool"] < p99["at once"]
+
+
+def test_started_offline_work_leaves_a_replica_busy_with_online_work() -> None:
+    """Two replicas, three offline requests each (2 running, 1 queued),
+    then one long online request, beside which no offline token may run.
+    Once the other replica runs out of offline work, the busy one gives
+    back its queued request and, when the replicas share a host tier, its
+    started ones too, which go on there from their tokens and host blocks:
+    the offline work ends long before the online request instead of after
+    it, and the online request ends when it would have."""
+    from bench.workload import RequestSpec
+    from scheduler.config import OfflinePoolConfig
+
+    cfg = config("conserve").model_copy(update={"conserve": config().conserve.model_copy(
+        update={"offline_max_batch_size": 2, "ttft_slo_s": 1e-6, "tpot_slo_s": 1e-6})})
+    reqs = [RequestSpec(request_id=f"off-{i}", job_class="offline", arrival_time=0.0,
+                        prompt_tokens=200, output_tokens=400) for i in range(6)]
+    reqs.append(RequestSpec(request_id="on", arrival_time=1.0, prompt_tokens=100,
+                            output_tokens=3000))
+    pool = OfflinePoolConfig(replica_queue_jobs=1, queue_per_start=0)
+    out = {}
+    for shared in (False, True):
+        out[shared] = simulate_cluster(reqs, cfg, COST, ClusterOptions(
+            replicas=2, offline_pool=pool, shared_host_tier=shared))
+    ends = {}
+    for shared, res in out.items():
+        assert all(r.ok for r in res.records)
+        for r in res.records:  # every token once, in order, across the move
+            assert len(r.token_times) == r.output_tokens == r.expected_output_tokens
+            assert r.token_times == sorted(r.token_times)
+        ends[shared] = {r.job_class: max(x.end_time for x in res.records
+                                         if x.job_class == r.job_class) for r in res.records}
+    assert out[False].stats["offline_moved_started"] == 0
+    assert out[True].stats["offline_moved_started"] >= 1
+    assert ends[True]["online"] == pytest.approx(ends[False]["online"])
+    assert ends[False]["offline"] > ends[False]["online"] > 2 * ends[True]["offline"]
