@@ -85,11 +85,11 @@ class SimPool:
         offline = {jid: [jid] for jid, j in core.jobs.items() if j.job_class is JobClass.OFFLINE}
         limit = cfg.max_batch_tokens // cfg.block_size if self.shared_host_tier else None
         for rid in movable_offline(offline, core.jobs, core.batch, count, limit):
-            job = core.jobs[rid]
-            if job.output_token_ids:
-                self.carried[rid] = SwapManager.host_blocks(job)
+            started = bool(core.jobs[rid].output_token_ids)
+            if started:
+                self.carried[rid] = SwapManager.host_blocks(core.jobs[rid])
                 self.num_moved_started += 1
-            core.abort(rid, keep_host=True)
+            core.abort(rid, keep_host=started)
             self.pool.release(rid)
             r = self.specs[rid]
             self.pool.add(rid, r.prompt_tokens, r.max_tokens or r.output_tokens, 1,

@@ -322,7 +322,7 @@ class Engine(EngineFigures):
                     if d.error is not None:
                         if d.moved and self.kv_tier is not None:
                             # Its host copies land before another replica
-                            # looks them up (one FIFO writer: scheduler/swap.py).
+                            # looks them up (one FIFO writer: kvstore/tier.py).
                             await asyncio.to_thread(self.kv_tier.flush)
                         # ValueError: the request was refused (the client's
                         # 400); the others are this replica's failures.

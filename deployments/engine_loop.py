@@ -234,15 +234,15 @@ class EngineLoop:
 
     def _give_back(self, count: int) -> list[Delivery]:
         """Drop up to `count` offline requests that can go on elsewhere
-        (`movable_offline`), host copies kept; their streams end `moved`."""
+        (`movable_offline`); their streams end `moved`."""
         out: list[Delivery] = []
         groups = {rid: ids for rid, ids in self._groups.items() if rid in self._movable}
         core = self.core
         for rid in movable_offline(groups, core.jobs, core.batch, count,
                                    self.move_recompute_blocks):
             self._movable.discard(rid)
-            for job_id in self._groups.pop(rid):
-                self._drop(job_id, keep_host=True)
+            for job_id in self._groups.pop(rid):  # a started one's copy stays for its next replica
+                self._drop(job_id, keep_host=bool(core.jobs[job_id].output_token_ids))
             out.append(Delivery(JobEvent(rid, None, "", True, "moved"), None,
                                 "given back to the offline pool", moved=True))
         self.num_given_back += len(out)
