@@ -73,6 +73,34 @@ def test_started_offline_requests_are_given_back_where_their_kv_can_follow():
     loop.stop()
 
 
+def test_a_request_given_back_keeps_its_host_copy_only_if_its_client_has_tokens():
+    """Its next replica adopts the copy only when it resumes from the
+    client's tokens; a copy of one without any (here: a resumed request whose
+    client had none) is dropped here, not left in the tier."""
+    from scheduler.plan import BlockOpKind
+
+    runner = FakeRunner()
+    core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=1,
+                                         max_batch_tokens=64, max_model_len=64,
+                                         host_kv_blocks=16), time.monotonic)
+    loop = EngineLoop(runner, core, lambda r, i: "ok", Collector())  # driven by hand
+    loop.move_recompute_blocks = 4
+    off = {"job_class": "offline", "resume_kv_blocks": [1]}
+    loop.submit(req("first").model_copy(update={"job_class": "offline"}), movable=True)
+    loop.submit(req("tokens", n_prompt=6).model_copy(update={**off, "resume": [[7]]}),
+                movable=True)
+    loop.submit(req("none", n_prompt=6).model_copy(update={**off, "resume": [[]]}),
+                movable=True)
+    assert loop._drain_inbox() == []
+    loop._iterate()  # batch of one: "first"; the others wait on the host tier
+    assert core.swap.host_used == 2
+    loop.give_back(5)
+    assert {d.event.job_id for d in loop._drain_inbox()} == {"tokens", "none"}
+    drops = [op.job_id for op in core.swap.pending_ops if op.kind is BlockOpKind.DROP]
+    assert drops == ["none"] and core.swap.host_used == 0
+    loop.stop()
+
+
 def test_only_online_decodes_make_the_autoscalers_tpot_cadence():
     """A batch job alone decodes in large, slow iterations; they must not
     read as online TPOT (scheduler/autoscale.py, `online_cadence`)."""
