@@ -21,7 +21,8 @@ from typing import Any
 from bench.workload import RequestSpec
 from scheduler.config import OfflinePoolConfig
 from scheduler.job import JobClass
-from scheduler.offline_pool import OfflinePool, movable_offline, offline_load
+from scheduler.offline_pool import OfflinePool, movable_offline, offline_load, \
+    recompute_bound
 from scheduler.swap import SwapManager
 
 
@@ -81,9 +82,8 @@ class SimPool:
 
     def give_back(self, rep: Any, count: int, now: float) -> None:
         core = rep.core
-        cfg = core.config
         offline = {jid: [jid] for jid, j in core.jobs.items() if j.job_class is JobClass.OFFLINE}
-        limit = cfg.max_batch_tokens // cfg.block_size if self.shared_host_tier else None
+        limit = recompute_bound(core.config) if self.shared_host_tier else None
         for rid in movable_offline(offline, core.jobs, core.batch, count, limit):
             started = bool(core.jobs[rid].output_token_ids)
             if started:

@@ -39,6 +39,7 @@ from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
 from scheduler.cost_fit import LiveCost, typical_batch
 from scheduler.job import JobClass
+from scheduler.offline_pool import recompute_bound
 
 log = logging.getLogger("ray.serve")
 
@@ -232,8 +233,7 @@ class Engine(EngineFigures):
         # application's tier, which one process writes here, and at most
         # about an iteration's prefill of it recomputed (deployments/resume.py).
         if scheduler is not None and world == 1:
-            self.loop.move_recompute_blocks = max(
-                1, sched_cfg.max_batch_tokens // sched_cfg.block_size)
+            self.loop.move_recompute_blocks = recompute_bound(sched_cfg)
         self.loop.start()
         self.head_source = self.cfg.predictor.engine_head
         self.metrics = EngineMetrics(self.replica_id)
@@ -306,6 +306,9 @@ class Engine(EngineFigures):
                 self._streams[job_id] = (q, p, i)
                 running.add(job_id)
         jobs = list(running)
+        # Whether its client has tokens: only then does a move keep host
+        # copies for its next replica (deployments/engine_loop.py).
+        has_tokens = any(out for req in reqs for out in req.resume or ())
         try:
             for req in reqs:
                 if req.resume is not None:
@@ -320,7 +323,7 @@ class Engine(EngineFigures):
                 deltas: dict[tuple[int, int], GenerateDelta] = {}
                 for d in items:
                     if d.error is not None:
-                        if d.moved and self.kv_tier is not None:
+                        if d.moved and has_tokens and self.kv_tier is not None:
                             # Its host copies land before another replica
                             # looks them up (one FIFO writer: kvstore/tier.py).
                             await asyncio.to_thread(self.kv_tier.flush)
@@ -336,6 +339,7 @@ class Engine(EngineFigures):
                         delta = deltas[p, index] = GenerateDelta(
                             prompt=p, index=index, token_ids=[], text="")
                     if ev.token_id is not None:
+                        has_tokens = True
                         delta.token_ids.append(ev.token_id)
                         if ev.logprobs is not None:
                             delta.logprobs = (delta.logprobs or []) + [

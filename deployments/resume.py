@@ -17,10 +17,11 @@ not run again.
 A replica serving online work may also give an offline request back to
 the offline pool (`JobMoved`, scheduler/offline_pool.py): one it has not
 started, or one that started and waits with its KV in the application's
-host tier but for about one iteration's prefill.  The request then goes through the pool again
-(`move`), not counted as a resume; a started one goes with the tokens its
-client has, as after a failure, and its new replica fetches the blocks the
-old one left in the tier (`Engine._checkpointed`).
+host tier but for about one iteration's prefill.  The request then goes
+through the pool again (`move`), not counted as a resume; a started one
+goes with the tokens its client has, as after a failure, and its new
+replica fetches the blocks the old one left in the tier
+(`Engine._checkpointed`).
 
 The new replica first asks the application's KV directory how many of
 each choice's blocks the failed replica's checkpoints (`survival.checkpoint`,

@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from scheduler.admission import queued_work
-from scheduler.config import OfflinePoolConfig
+from scheduler.config import OfflinePoolConfig, SchedulerConfig
 from scheduler.job import Job, JobClass
 
 
@@ -164,6 +164,12 @@ def movable_offline(groups: Mapping[str, list[str]], jobs: Mapping[str, Job],
                        and i not in batch and _movable(j, recompute_blocks) for i in ids):
             out.append(rid)
     return out
+
+
+def recompute_bound(config: SchedulerConfig) -> int:
+    """Device blocks a started request may leave to recompute when it moves
+    (`movable_offline`): about one iteration's prefill."""
+    return max(1, config.max_batch_tokens // config.block_size)
 
 
 def _movable(job: Job, recompute_blocks: int | None) -> bool:
