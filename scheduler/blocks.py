@@ -200,18 +200,24 @@ class BlockManager:
         job.num_cached_tokens = adoption.cached_before
         self.prefix.count_kept(job, adoption.num_blocks, -1)
 
-    def keep_for_swap_in(self, job: Job, at_most: int) -> int:
-        """A swap-in of `job` (no device block, its KV on the host) first
-        takes the leading blocks whose KV is still on the device, indexed by
-        the prefix cache: its own, parked when it was swapped out and not
-        reused since, or another job's with the same tokens.  Returns how
-        many (at most `at_most`); the rest is copied back."""
-        if self.prefix is None or job.block_table:
-            return 0
+    def keep_for_swap_in(self, job: Job, n: int) -> int | None:
+        """A swap-in of `job`'s `n` blocks (no device block, its KV on the
+        host) first takes the leading blocks whose KV is still on the
+        device, indexed by the prefix cache: its own, parked when it was
+        swapped out and not reused since, or another job's with the same
+        tokens.  Returns how many; the rest is copied back into fresh
+        blocks.  None, taking nothing, when those fresh blocks cannot be
+        had: a swap-in that waits for room leaves the cache as it was."""
+        prefix = self.prefix
+        if prefix is None or job.block_table:
+            return 0 if self.can_allocate(n) else None
         # Only blocks it has computed whole: it writes the rest of a partly
         # filled one, which must not be shared.
-        at_most = min(at_most, job.num_computed_tokens // self.block_size)
-        found = self.prefix.match(job, count=False, at_most=at_most)
+        match = prefix.peek(job, min(n, job.num_computed_tokens // self.block_size))
+        # A parked block it takes back is one fewer free for the rest.
+        if not self.can_allocate(n - len(match.blocks) + match.parked):
+            return None
+        found = prefix.claim(job, match)
         if found:
             self._adopt(job, found, computed=False)
         return len(found)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from typing import NamedTuple
 
 from scheduler.job import Job
 
@@ -46,6 +47,15 @@ def _root(job: Job) -> object:
     """The predecessor of a job's first block: a salted job's blocks form a
     tree of their own (vLLM's `cache_salt`)."""
     return _ROOT if job.cache_salt is None else ("salt", job.cache_salt)
+
+
+class Match(NamedTuple):
+    """A lookup's result (`PrefixCache.peek`): the blocks, their contents'
+    serials, and how many of them are parked (free until taken)."""
+
+    blocks: list[int]
+    path: list[int]
+    parked: int
 
 
 class PrefixCache:
@@ -136,16 +146,25 @@ class PrefixCache:
         the parked set (the caller makes `job` hold them) and become its
         path.  `count`: the lookup counts in the hit statistics (else the
         caller counts it if it keeps the result, `count_kept`)."""
+        if count:
+            self.num_queried_tokens += job.num_tokens
+        found = self.claim(job, self.peek(job, at_most))
+        if count:
+            self.num_hit_tokens += len(found) * self.block_size
+        return found
+
+    def peek(self, job: Job, at_most: int | None = None) -> Match:
+        """What `match` would find, changing nothing: for a caller that
+        takes the blocks only if the rest of what it needs can be had
+        (`claim`)."""
         bs = self.block_size
         limit = (job.num_tokens - 1) // bs
         if at_most is not None:
             limit = min(limit, at_most)
-        if count:
-            self.num_queried_tokens += job.num_tokens
-        if limit <= 0 or not self._index:
-            return []
         found: list[int] = []
         path: list[int] = []
+        if limit <= 0 or not self._index:
+            return Match(found, path, 0)
         parent: object = _root(job)
         for i in range(limit):
             block = self._index.get((parent, tuple(job.token_slice(i * bs, (i + 1) * bs))))
@@ -154,13 +173,16 @@ class PrefixCache:
             found.append(block)
             parent = self._entry[block][1]
             path.append(parent)
-        for block in found:
+        return Match(found, path, sum(1 for b in found if b in self._parked))
+
+    def claim(self, job: Job, match: Match) -> list[int]:
+        """`match`'s blocks (from `peek`, nothing changed since) leave the
+        parked set and become `job`'s path."""
+        for block in match.blocks:
             self._parked.pop(block, None)
-        if path:
-            self._paths[job.job_id] = path
-        if count:
-            self.num_hit_tokens += len(found) * bs
-        return found
+        if match.path:
+            self._paths[job.job_id] = match.path
+        return match.blocks
 
     def count_kept(self, job: Job, num_blocks: int, sign: int = 1) -> None:
         """Count (or, `sign` -1, uncount) a lookup that `match` did not."""

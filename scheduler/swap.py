@@ -185,9 +185,7 @@ class SwapManager:
         assert job.swap_pending is None and job.num_host_blocks > 0
         n = job.num_host_blocks
         kept = self.blocks.keep_for_swap_in(job, n)
-        if not self.blocks.can_allocate(n - kept):
-            if kept:
-                self.blocks.free(job)
+        if kept is None:
             return None
         # Exactly the blocks holding its computed tokens.
         self.blocks.take(job, n - kept)

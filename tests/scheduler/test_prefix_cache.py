@@ -305,3 +305,37 @@ def test_a_job_preempted_for_recomputation_gets_its_parked_blocks_back(clock, po
     assert victim.output_token_ids == [1000 + k for k in range(24)]
     assert victim.num_cached_tokens == 0  # its own KV, not a cache hit
     core.blocks.check()
+
+
+def test_a_swap_in_short_of_room_leaves_its_parked_blocks_as_they_were():
+    """`keep_for_swap_in` takes a job's still-cached leading blocks only when
+    the rest of its blocks can be had; a swap-in that must wait changes
+    nothing: no block taken and given back, no parked block moved in the
+    eviction order, no change for the policies' holding followers."""
+    from scheduler.blocks import BlockManager
+
+    blocks = BlockManager(12, BS, prefix_caching=True)
+    job = _job("j", [1] * (6 * BS) + [9])
+    late = _job("l", [2] * (2 * BS) + [9])
+    for j in (job, late):
+        assert blocks.grow(j, j.num_tokens - 1)
+        j.num_computed_tokens = j.num_tokens - 1
+    own, later = list(job.block_table), list(late.block_table)
+    blocks.free(job)  # swapped out: its six blocks parked, tail first
+    blocks.free(late)
+    hog = _job("h", [3] * (7 * BS) + [9])
+    assert blocks.grow(hog, 7 * BS)  # the four free blocks, then job's last three
+    parked = blocks.prefix.parked()
+    assert parked == own[2::-1] + later[::-1] and blocks.num_free == 5
+    followed = blocks.watch_holding()
+    followed.clear()
+    # Six blocks wanted: its first three, still parked (they leave the free
+    # count), and three fresh, of which two are left.
+    assert blocks.keep_for_swap_in(job, 6) is None
+    assert not job.block_table and blocks.prefix.parked() == parked
+    assert not followed and blocks.num_free == 5
+    blocks.free(hog)
+    assert blocks.keep_for_swap_in(job, 6) == 3
+    assert job.block_table == own[:3] and blocks.num_free == 9
+    blocks.take(job, 3)
+    blocks.check()
