@@ -12,19 +12,20 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from pydantic import BaseModel
+
+from scheduler.job import padded_length
 
 PADDING_RATIOS: tuple[float, ...] = (0.0, 0.10, 0.15, 0.20)
 # Prompt-length buckets for the per-bucket-median baseline (tokens).
 PROMPT_BUCKETS: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def allocation(pred: float, ratio: float) -> int:
-    """KV tokens allocated for a predicted RL with padding `ratio` (>= 1)."""
-    return max(1, math.ceil(round(pred) * (1.0 + ratio) - 1e-9))
+# KV tokens allocated for a predicted RL with a padding ratio: the
+# scheduler's own rule, so that the scores describe what the server does.
+allocation = padded_length
 
 
 class PaddingRow(BaseModel):

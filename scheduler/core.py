@@ -8,14 +8,13 @@ tokens, finishing and freeing.  Deterministic given its clock.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.blocks import BlockManager
 from scheduler.checkpoint import survival_checkpoints
 from scheduler.config import SchedulerConfig
-from scheduler.job import Job, JobState
+from scheduler.job import Job, JobState, padded_length
 from scheduler.plan import BlockOpKind, Plan, StepResult, TokenLogprob
 from scheduler.policies import policy_class
 from scheduler.cost import CostEstimator
@@ -235,8 +234,7 @@ class SchedulerCore:
         token (engine/length_head.py): it replaces the predictor's, with the
         same padding, before the policy sees the job as generating."""
         job.predicted_output_len = n
-        job.allocated_output_len = max(
-            1, math.ceil(n * (1.0 + self.config.length_padding_ratio) - 1e-9))
+        job.allocated_output_len = padded_length(n, self.config.length_padding_ratio)
         job.length_from_engine = True
         self.policy.on_prediction(job)
 

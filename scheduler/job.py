@@ -16,6 +16,7 @@ here because recomputation after a preemption re-feeds prompt + output.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -49,6 +50,14 @@ _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.FINISHED: frozenset(),
     JobState.ABORTED: frozenset(),
 }
+
+
+def padded_length(predicted: float, ratio: float) -> int:
+    """The answer length a predicted one is provisioned for: the prediction
+    (rounded) plus a padding ratio, ceil(pred * (1 + ratio)), at least one
+    token (EconoServe §2.3 and §3.3.1; the predictor's metrics score the
+    same allocation, predictor/metrics.py)."""
+    return max(1, math.ceil(round(predicted) * (1.0 + ratio) - 1e-9))
 
 
 class InvalidTransition(RuntimeError):
