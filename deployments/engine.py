@@ -230,9 +230,10 @@ class Engine(EngineFigures):
                                cost=cost, live_cost=self.live_cost,
                                ahead=self.cfg.schedules_ahead)
         # Started offline requests may move, their KV through the
-        # application's tier, which one process writes here, and at most
-        # about an iteration's prefill of it recomputed (deployments/resume.py).
-        if scheduler is not None and world == 1:
+        # application's tier (every shard's slices of it, flushed before the
+        # move, `_flush_tiers`), and at most about an iteration's prefill of
+        # it recomputed (deployments/resume.py).
+        if scheduler is not None:
             self.loop.move_recompute_blocks = recompute_bound(sched_cfg)
         self.loop.start()
         self.head_source = self.cfg.predictor.engine_head
@@ -251,6 +252,13 @@ class Engine(EngineFigures):
             target = self._streams.get(d.event.job_id)
             if target is not None:
                 target[0].put_nowait(d)
+
+    def _flush_tiers(self) -> None:
+        """Wait for the host copies this replica has queued: its own tier's
+        (one FIFO writer, kvstore/tier.py) and every other shard's."""
+        self.kv_tier.flush()
+        if self.shards is not None:
+            self.shards.flush_kv_tier()
 
     async def _checkpointed(self, req: GenerateRequest) -> list[int] | None:
         """Per choice of a request resumed from a failed replica, or moved
@@ -325,8 +333,8 @@ class Engine(EngineFigures):
                     if d.error is not None:
                         if d.moved and has_tokens and self.kv_tier is not None:
                             # Its host copies land before another replica
-                            # looks them up (one FIFO writer: kvstore/tier.py).
-                            await asyncio.to_thread(self.kv_tier.flush)
+                            # looks them up.
+                            await asyncio.to_thread(self._flush_tiers)
                         # ValueError: the request was refused (the client's
                         # 400); the others are this replica's failures.
                         kind = (EngineStopped if d.stopped else JobMoved if d.moved

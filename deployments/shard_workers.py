@@ -49,6 +49,7 @@ class ShardWorker:
                                 timeout=timedelta(seconds=RENDEZVOUS_S))
         tp, pp = layout(rank, shards, stages)
         self.runner = ModelRunner(**runner_kwargs, tensor_parallel=tp, pipeline=pp)
+        self.tier: Any = None
 
     def ready(self) -> int:
         return self.runner.kv_cache.num_blocks
@@ -57,8 +58,12 @@ class ShardWorker:
                     owner: str | None) -> None:
         from kvstore.tier import ObjectStoreTier
 
-        self.runner.set_kv_tier(ObjectStoreTier(directory, name=name, namespace=namespace,
-                                                owner=owner))
+        self.tier = ObjectStoreTier(directory, name=name, namespace=namespace, owner=owner)
+        self.runner.set_kv_tier(self.tier)
+
+    def flush_kv_tier(self) -> None:
+        if self.tier is not None:
+            self.tier.flush()
 
     def step(self, step: ShardStep) -> SwapReport:
         return self.runner.execute_shard(step)
@@ -145,6 +150,12 @@ class RayShardGroup:
         same replica's (`owner`'s) share."""
         ray.get([w.set_kv_tier.remote(directory, name, namespace, owner)
                  for w in self.workers])
+
+    def flush_kv_tier(self) -> None:
+        """Wait until every other rank's queued host copies have landed.
+        Submitted after the step that queued them (calls from one process
+        to an actor run in order), so it waits for those too."""
+        ray.get([w.flush_kv_tier.remote() for w in self.workers])
 
     # ShardGroup -----------------------------------------------------------
 

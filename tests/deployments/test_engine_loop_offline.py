@@ -47,8 +47,8 @@ def test_unstarted_offline_requests_are_given_back_whole_and_newest_first():
 def test_started_offline_requests_are_given_back_where_their_kv_can_follow():
     """A started request waiting with no device block (here one that came
     resumed and has not run again) moves only where the replica's host tier
-    is one every replica reads (`move_recompute_blocks`), the Engine's case on an
-    unsplit model with the application's tier."""
+    is one every replica reads (`move_recompute_blocks`), the Engine's case
+    with the application's tier."""
     runner = FakeRunner()
     core = SchedulerCore(SchedulerConfig(block_size=4, num_blocks=64, max_batch_size=1,
                                          max_batch_tokens=64, max_model_len=64),
