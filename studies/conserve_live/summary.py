@@ -19,6 +19,8 @@ from bench.results import load_result
 
 COSERVED = ["vllm++", "conserve", "conserve-startup", "conserve-tpot300"]
 SYSTEMS = ["online-only", "offline-only", *COSERVED]
+# run.sh's sweep of the TPOT objective: conserve-tpot{seconds}.
+SWEEP = "conserve-tpot0."
 # The backlog's requests all arrive at t = 0: the ingress takes seconds to
 # pass 40 of them on, and online requests sent meanwhile queue behind them.
 # TTFT is also given for the online requests sent after this.
@@ -39,7 +41,10 @@ def add_ratios(row: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
 
 
 def main(folder: Path) -> None:
-    runs = {s: load_result(folder / f"{s}.json") for s in SYSTEMS if (folder / f"{s}.json").exists()}
+    swept = sorted((p.stem for p in folder.glob(f"{SWEEP}*.json")
+                    if not p.stem.endswith(".engine")), key=lambda s: float(s[len(SWEEP) - 2:]))
+    names = [*SYSTEMS, *swept]
+    runs = {s: load_result(folder / f"{s}.json") for s in names if (folder / f"{s}.json").exists()}
     span = max(r.send_time for r in runs["online-only"].records)
     rows: dict[str, dict[str, Any]] = {}
     for name, run in runs.items():
@@ -55,7 +60,8 @@ def main(folder: Path) -> None:
             rate, window = tokens_per_s_while(run.records, "offline", span)
             row.update(offline_tokens_per_s=rate, offline_window_s=window)
         rows[name] = row
-    for name in [n for n in COSERVED if n in rows]:
+    coserved = [n for n in [*COSERVED, *swept] if n in rows]
+    for name in coserved:
         add_ratios(rows[name], rows)
     (folder / "summary.json").write_text(json.dumps({"span_s": span, "systems": rows}, indent=1))
     lines = ["| system | online P50 / P99 TTFT (s) | P99 TTFT sent after 10 s | "
@@ -69,7 +75,7 @@ def main(folder: Path) -> None:
     (folder / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(json.dumps({k: {m: v for m, v in r.items() if "vs" in m} for k, r in rows.items()
-                      if k in COSERVED}, indent=1))
+                      if k in coserved}, indent=1))
 
 
 if __name__ == "__main__":
