@@ -28,7 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "kvstore": {"scheduler", "engine"},
     "api": {"scheduler", "engine"},
     "workloads": {"engine"},
-    "predictor": {"workloads", "engine"},
+    # scheduler: the allocation a predicted length is padded to, scored by
+    # the predictor's metrics as the scheduler makes it.
+    "predictor": {"workloads", "engine", "scheduler"},
     "bench": {"workloads", "scheduler", "engine", "kvstore"},
     # Batch files, their Ray Jobs and the /v1/files and /v1/batches routes:
     # wire shapes and HTTP checks from api, nothing of the engines.
