@@ -1,0 +1,75 @@
+"""How long a burst of offline HTTP requests delays online ones (a probe).
+
+    RAY_AUTH_MODE=disabled serve run studies/configs/coserve_conserve.yaml &
+    python -m studies.conserve_live.offline_burst --base-url http://127.0.0.1:8000 \
+        --offline 300 --out studies/conserve_live/offline_burst.json
+
+One online streaming request first (warm-up), then OFFLINE offline
+completions sent at once and a streaming online request at each of a few
+offsets after them; prints and writes each online request's time to its first
+token.  The offline requests are cancelled (their clients hang up) once the
+online ones have their first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPT = "Summarize the history of the printing press in a few paragraphs. " * 3
+OFFSETS_S = (0.05, 0.2, 0.5, 1.0, 1.5, 2.5, 4.0)
+
+
+async def _offline(c: httpx.AsyncClient, base: str, i: int) -> None:
+    try:
+        await c.post(f"{base}/v1/completions", json={
+            "prompt": PROMPT + str(i), "max_tokens": 64, "temperature": 0, "ignore_eos": True,
+            "job_class": "offline"})
+    except httpx.HTTPError:
+        pass
+
+
+async def _online(c: httpx.AsyncClient, base: str, delay: float) -> float:
+    await asyncio.sleep(delay)
+    t0 = time.perf_counter()
+    async with c.stream("POST", f"{base}/v1/completions", json={
+            "prompt": "Tell me about cats.", "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "stream": True}) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and '"text"' in line:
+                break
+    return time.perf_counter() - t0
+
+
+async def run(base: str, offline: int) -> dict[str, object]:
+    limits = httpx.Limits(max_connections=offline + 100, max_keepalive_connections=offline + 100)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as c:
+        warm = await _online(c, base, 0.0)
+        offs = [asyncio.create_task(_offline(c, base, i)) for i in range(offline)]
+        ttfts = await asyncio.gather(*(_online(c, base, d) for d in OFFSETS_S))
+        for t in offs:
+            t.cancel()
+        await asyncio.gather(*offs, return_exceptions=True)
+    return {"offline_requests": offline, "warm_ttft_s": round(warm, 3),
+            "online_ttft_s_by_offset_s": {str(d): round(t, 3) for d, t in zip(OFFSETS_S, ttfts)}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--offline", type=int, default=300)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    result = asyncio.run(run(args.base_url, args.offline))
+    print(json.dumps(result, indent=1))
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
