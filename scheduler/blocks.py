@@ -214,8 +214,10 @@ class BlockManager:
         # Only blocks it has computed whole: it writes the rest of a partly
         # filled one, which must not be shared.
         match = prefix.peek(job, min(n, job.num_computed_tokens // self.block_size))
-        # A parked block it takes back is one fewer free for the rest.
-        if not self.can_allocate(n - len(match.blocks) + match.parked):
+        # A parked block (one no job holds) it takes back is one fewer free
+        # for the rest.
+        parked = sum(1 for b in match.blocks if b not in self._holders)
+        if not self.can_allocate(n - len(match.blocks) + parked):
             return None
         found = prefix.claim(job, match)
         if found:

@@ -50,12 +50,11 @@ def _root(job: Job) -> object:
 
 
 class Match(NamedTuple):
-    """A lookup's result (`PrefixCache.peek`): the blocks, their contents'
-    serials, and how many of them are parked (free until taken)."""
+    """A lookup's result (`PrefixCache.peek`): the blocks and their
+    contents' serials."""
 
     blocks: list[int]
     path: list[int]
-    parked: int
 
 
 class PrefixCache:
@@ -164,7 +163,7 @@ class PrefixCache:
         found: list[int] = []
         path: list[int] = []
         if limit <= 0 or not self._index:
-            return Match(found, path, 0)
+            return Match(found, path)
         parent: object = _root(job)
         for i in range(limit):
             block = self._index.get((parent, tuple(job.token_slice(i * bs, (i + 1) * bs))))
@@ -173,7 +172,7 @@ class PrefixCache:
             found.append(block)
             parent = self._entry[block][1]
             path.append(parent)
-        return Match(found, path, sum(1 for b in found if b in self._parked))
+        return Match(found, path)
 
     def claim(self, job: Job, match: Match) -> list[int]:
         """`match`'s blocks (from `peek`, nothing changed since) leave the
