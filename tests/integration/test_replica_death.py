@@ -3,7 +3,11 @@
 every stream ends normally with the text an undisturbed run gives
 (deployments/resume.py; float32, greedy): with the KV recomputed on the
 replica that takes a stream over, and with it fetched from the checkpoints
-the dead replica left in the application's host tier (`survival`)."""
+the dead replica left in the application's host tier (`survival`), also
+when the model is split into two pipeline stages (the second stage an actor
+that dies with its replica; each stage checkpoints its own slice of every
+block, and the replica taking a stream over fetches only blocks both
+stages stored)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ N = 48
 # kill (a prompt here is about 10 tokens).
 CHECKPOINTED = {**TWO_CONFIG, "block_size": 4, "host_kv_tokens": 16384,
                 "survival": {"checkpoint": True, "every_blocks": 4}}
+SPLIT = {**CHECKPOINTED, "pipeline_parallel_size": 2}
+CONFIGS = {"recompute": TWO_CONFIG, "checkpoints": CHECKPOINTED, "checkpoints-pp": SPLIT}
 
 
 def body(prompt: str, n: int = N) -> dict:
@@ -88,15 +94,16 @@ def _resumed(app: str) -> dict[str, dict[str, int]]:
     return seen
 
 
-@pytest.mark.parametrize("config", ["recompute", "checkpoints"])
+@pytest.mark.parametrize("config", list(CONFIGS))
 def test_streams_survive_the_death_of_their_replica(server, config: str):
     import ray
     from ray import serve
 
-    base = _deploy(server, "two", TWO_CONFIG if config == "recompute" else CHECKPOINTED)
+    base = _deploy(server, "two", CONFIGS[config])
     # With checkpoints, longer streams: the copies run behind the passes,
-    # and the kill waits for every stream to have some.
-    n = N if config == "recompute" else 4 * N
+    # and the kill waits for every stream to have some (a split model's
+    # passes are slower, and its copies lag them less).
+    n = {"recompute": N, "checkpoints": 4 * N, "checkpoints-pp": 2 * N}[config]
     try:
         engines = _engine_actors("two")
         assert len(engines) == 2, engines
@@ -110,7 +117,7 @@ def test_streams_survive_the_death_of_their_replica(server, config: str):
                                                      counts, i, 4, n))
                          for i, p in enumerate(prompts)]
                 await asyncio.wait_for(started.wait(), 120)
-                if config == "checkpoints":
+                if config != "recompute":
                     # The copies run behind the passes: kill once every
                     # stream's KV has some in the host tier.
                     sched = serve.get_deployment_handle("Scheduler", app_name="two")
@@ -130,7 +137,7 @@ def test_streams_survive_the_death_of_their_replica(server, config: str):
         assert stats["resumed"] > 0, stats
         seen = _resumed("two")
         fetched = sum(r["tokens_fetched"] for r in seen.values())
-        assert (fetched > 0) if config == "checkpoints" else (fetched == 0), (seen, stats)
+        assert (fetched > 0) if config != "recompute" else (fetched == 0), (seen, stats)
         refs = asyncio.run(_undisturbed(server, sorted(set(prompts)), n))
         for p, (text, events) in zip(prompts, got):
             assert events[-1] == "[DONE]"
