@@ -1,9 +1,10 @@
 """Helpers of the live co-serving run whose batch work is a batch file
 submitted through Ray Jobs (studies/conserve_live/batch.sh).
 
-    python -m studies.conserve_live.batch make-file OUT.jsonl [N]
+    python -m studies.conserve_live.batch make-file OUT.jsonl [N [PRIORITY]]
         the offline stream of run.sh (N ShareGPT requests, prompt + answer
-        <= 320 tokens, seed 0) as an OpenAI Batch file of completions
+        <= 320 tokens, seed 0) as an OpenAI Batch file of completions, each
+        at PRIORITY (default 0; vllm++'s runs give their offline work 1)
     python -m studies.conserve_live.batch sample OUT.json
         every 0.5 s until stopped (SIGTERM), each engine replica's tokens
         by job class, with wall-clock times
@@ -24,7 +25,7 @@ from typing import Any
 SPAN_FROM = "online-only"
 
 
-def make_file(out: Path, n: int) -> None:
+def make_file(out: Path, n: int, priority: int = 0) -> None:
     from bench.__main__ import build_parser
     from bench.cli_workload import _PoolCache, _workload_spec
 
@@ -38,6 +39,8 @@ def make_file(out: Path, n: int) -> None:
         for r in offline:
             body = {"prompt": r.prompt, "max_tokens": r.output_tokens, "min_tokens": r.output_tokens,
                     "temperature": 0.0, "ignore_eos": True}
+            if priority:
+                body["priority"] = priority
             f.write(json.dumps({"custom_id": r.request_id, "method": "POST",
                                 "url": "/v1/completions", "body": body}) + "\n")
     print(f"wrote {len(offline)} lines to {out}")
@@ -114,7 +117,8 @@ def summarize(folder: Path) -> None:
 def main(argv: list[str]) -> None:
     cmd, path = argv[0], Path(argv[1])
     if cmd == "make-file":
-        make_file(path, int(argv[2]) if len(argv) > 2 else 40)
+        make_file(path, int(argv[2]) if len(argv) > 2 else 40,
+                  int(argv[3]) if len(argv) > 3 else 0)
     elif cmd == "sample":
         sample(path)
     elif cmd == "summarize":
