@@ -101,9 +101,8 @@ def test_streams_survive_the_death_of_their_replica(server, config: str):
 
     base = _deploy(server, "two", CONFIGS[config])
     # With checkpoints, longer streams: the copies run behind the passes,
-    # and the kill waits for every stream to have some (a split model's
-    # passes are slower, and its copies lag them less).
-    n = {"recompute": N, "checkpoints": 4 * N, "checkpoints-pp": 2 * N}[config]
+    # and the kill waits for every stream to have some.
+    n = N if config == "recompute" else 2 * N
     try:
         engines = _engine_actors("two")
         assert len(engines) == 2, engines
