@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.results import load_result
-from studies.autoscale.report import one
+from studies.autoscale.report import one, window
+from studies.conserve_live.batch import wait_for_offline
 
 
 def _log(path: Path) -> list[dict[str, Any]]:
@@ -30,15 +30,8 @@ def _log(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def wait_offline(path: Path, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and any(x.get("tokens_by_class", {}).get("offline", 0) > 0
-                                 for x in _log(path)):
-            time.sleep(5.0)
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"no offline tokens within {timeout_s:g} s ({path})")
+def wait_offline(path: Path) -> None:
+    wait_for_offline(lambda: _log(path) if path.exists() else [], str(path))
 
 
 def _offline_rate(log: list[dict[str, Any]], t0: float, t1: float) -> float:
@@ -52,15 +45,8 @@ def _offline_rate(log: list[dict[str, Any]], t0: float, t1: float) -> float:
 
 
 def _system(out: Path, system: str) -> dict[str, Any]:
-    from datetime import datetime
-
     row = one(out, system)
-    run = load_result(out / f"{system}.json")
-    rs = run.records
-    start = datetime.fromisoformat(run.meta.created).timestamp() \
-        - float(run.meta.details["wall_time"])
-    t0 = start + min(r.send_time for r in rs)
-    t1 = start + max(r.end_time or r.send_time for r in rs)
+    t0, t1 = window(load_result(out / f"{system}.json"))
     log = _log(out / f"{system}.replicas.jsonl")
     row["offline_tokens_per_s_online_span"] = round(_offline_rate(log, t0, t1), 1)
     row["offline_tokens_per_s_tail"] = round(_offline_rate(log, t1, log[-1]["time"]), 1)

@@ -21,16 +21,22 @@ from bench.results import RunResult, load_result
 SLO_TTFT_S = 2.0
 
 
+def window(run: RunResult) -> tuple[float, float]:
+    """Wall-clock times of the run's first send and last end.  Record
+    times count from the run's start: its end (`created`, to the second)
+    less its wall time; the replica log has wall-clock times."""
+    assert run.records is not None
+    start = datetime.fromisoformat(run.meta.created).timestamp() \
+        - float(run.meta.details["wall_time"])
+    return (start + min(r.send_time for r in run.records),
+            start + max(r.end_time or r.send_time for r in run.records))
+
+
 def one(out: Path, system: str) -> dict[str, Any]:
     run = load_result(out / f"{system}.json")
     assert isinstance(run, RunResult) and run.records is not None
     rs = run.records
-    # Record times count from the run's start: its end (`created`, to the
-    # second) less its wall time; the replica log has wall-clock times.
-    start = datetime.fromisoformat(run.meta.created).timestamp() \
-        - float(run.meta.details["wall_time"])
-    t0 = start + min(r.send_time for r in rs)
-    t1 = start + max(r.end_time or r.send_time for r in rs)
+    t0, t1 = window(run)
     done = [r for r in rs if r.error is None and not r.rejected]
     ttft = [r.ttft for r in done if r.ttft is not None]
     tpots = [t for t in (tpot(r) for r in done) if t is not None]

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SPAN_FROM = "online-only"
 
@@ -68,6 +68,19 @@ def sample(out: Path, app: str = "llm") -> None:
             samples.append({"t": time.time(), "error": repr(e)})
         out.write_text(json.dumps(samples))
         time.sleep(0.5)
+
+
+def wait_for_offline(read: Callable[[], list[dict[str, Any]]], what: str,
+                     timeout_s: float = 300.0) -> None:
+    """Until `read()` (samples with a `tokens_by_class` each) shows the
+    first offline tokens (a batch job's driver has started), then 5 s more."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(x.get("tokens_by_class", {}).get("offline", 0) > 0 for x in read()):
+            time.sleep(5.0)
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"no offline tokens within {timeout_s:g} s ({what})")
 
 
 def _tokens_at(samples: list[dict[str, Any]], t: float) -> float:

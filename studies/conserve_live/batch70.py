@@ -16,28 +16,23 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from studies.conserve_live.batch import _tokens_at
+from studies.conserve_live.batch import _tokens_at, wait_for_offline
 
 SYSTEMS = ["online-only", "offline-only-batch", "vllm++-batch", "conserve-batch"]
 SWEPT = "conserve-batch-tpot"
 
 
-def wait_offline(samples: Path, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_offline(samples: Path) -> None:
+    def read() -> list[dict[str, Any]]:
         try:
-            seen = json.loads(samples.read_text())
+            return list(json.loads(samples.read_text()))
         except (OSError, ValueError):  # not written yet, or mid-write
-            seen = []
-        if any(s.get("tokens_by_class", {}).get("offline", 0) > 0 for s in seen):
-            time.sleep(5.0)
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"no offline tokens within {timeout_s:g} s ({samples})")
+            return []
+
+    wait_for_offline(read, str(samples))
 
 
 def span(folder: Path) -> float:
