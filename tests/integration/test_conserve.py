@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import wait_engine_idle
+from tests.integration.conftest import reference_texts, wait_engine_idle
 
 pytestmark = pytest.mark.integration
 
@@ -70,17 +70,8 @@ def test_online_requests_overtake_an_offline_backlog(server, conserve_server, co
     assert max(t for _, t in online) < max(t for _, t in offline)
     cases = [(p, OFFLINE_TOKENS, got) for p, (got, _) in zip(OFFLINE, offline)]
     cases += [(p, 8, got) for p, (got, _) in zip(ONLINE, online)]
-    refs = asyncio.run(_references(server, [(p, n) for p, n, _ in cases]))
+    refs = reference_texts(server, [
+        {"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+        for p, n, _ in cases])
     for (p, _, got), ref in zip(cases, refs):
-        assert got["choices"][0]["text"] == ref["choices"][0]["text"], p
-
-
-async def _references(base: str, asks: list[tuple[str, int]]) -> list[dict]:
-    """The FCFS application's answers, asked together (float32 greedy)."""
-    async with httpx.AsyncClient(timeout=300) as c:
-        rs = await asyncio.gather(*(c.post(f"{base}/v1/completions", json={
-            "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True})
-            for p, n in asks))
-    for r in rs:
-        assert r.status_code == 200, r.text
-    return [r.json() for r in rs]
+        assert got["choices"][0]["text"] == ref, p

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.integration.conftest import SMALL_CONFIG, _deploy, post_all
+from tests.integration.conftest import SMALL_CONFIG, _deploy, reference_texts
 
 pytestmark = pytest.mark.integration
 
@@ -176,9 +176,9 @@ def test_offline_requests_wait_in_the_scheduler_and_flow_to_both_replicas(
     offline = [s["tokens_by_class"].get("offline", 0) for s in engines.values()]
     # Both replicas served offline work; the request given up never ran.
     assert all(t > 0 for t in offline) and sum(offline) == MAX_TOKENS * len(REQUESTS)
-    refs = {p: httpx.post(f"{server}/v1/completions", timeout=300, json={
-        "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0,
-        "ignore_eos": True}).json()["choices"][0]["text"] for p in PROMPTS}
+    refs = dict(zip(PROMPTS, reference_texts(server, [
+        {"prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        for p in PROMPTS])))
     for p, got in zip(REQUESTS, answers):
         assert got["choices"][0]["text"] == refs[p], p
 
@@ -204,7 +204,7 @@ def check_moves(server: str, pool_server: str, scheduler, app: str) -> None:
     offline_before = {k: s["tokens_by_class"].get("offline", 0)
                       for k, s in _engine_stats(app).items()}
     prompts = REQUESTS[:6]
-    max_tokens = 96
+    max_tokens = 64
 
     async def run() -> tuple[list[dict], bool]:
         async with httpx.AsyncClient(timeout=600) as c:
@@ -249,9 +249,9 @@ def check_moves(server: str, pool_server: str, scheduler, app: str) -> None:
     assert sum(r["jobs"] for r in resumed) >= 1, resumed
     assert sum(r["tokens_fetched"] for r in resumed) >= 16, resumed
     distinct = sorted(set(prompts))
-    refs = dict(zip(distinct, (r["choices"][0]["text"] for r in asyncio.run(post_all(
-        server, [{"prompt": p, "max_tokens": max_tokens, "temperature": 0,
-                  "ignore_eos": True} for p in distinct])))))
+    refs = dict(zip(distinct, reference_texts(server, [
+        {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        for p in distinct])))
     for p, got in zip(prompts, answers):
         # No gap, no duplicate: the whole answer, and the uninterrupted one.
         assert got["usage"]["completion_tokens"] == max_tokens, got["usage"]
