@@ -19,7 +19,11 @@ import pytest
 from tests.integration.conftest import _deploy
 from tests.integration.test_conserve_pool import POOL_CONFIG, check_moves
 
-pytestmark = pytest.mark.integration
+# In the long run (-m slow): the default run keeps the move scenario on an
+# unsplit model (test_conserve_pool.py) and resumes on split replicas
+# (tests/engine/test_tensor_parallel.py and test_pipeline_parallel.py; live,
+# test_replica_death.py's `checkpoints-pp`).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "pool-pp"
 SPLIT_CONFIG = {

@@ -43,6 +43,11 @@ def tp_server(server):
     serve.delete("tp")
 
 
+# In the long run (-m slow): six processes on two cores.  The default run
+# keeps the shards' and stages' parity with gloo (tests/engine/test_tp_pp.py
+# and its neighbours) and a live split model (test_replica_death.py's
+# `checkpoints-pp`).
+@pytest.mark.slow
 def test_two_stages_of_three_shards_swap_and_answer_as_the_whole_model(server, tp_server):
     engine = _engine_handle("tp")
     concurrent = asyncio.run(post_all(tp_server, [body(p, TOKENS) for p in PROMPTS]))
