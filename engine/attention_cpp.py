@@ -21,8 +21,16 @@ capability in the build's name, so that a cache shared by different CPUs
 never serves one a binary built for another.  Where the CPU has
 `avx512_bf16`, the build adds that instruction set (and `_bf16` to its
 name) for the bf16 dot product; PREEMPT_SERVE_CPP_BF16_DOT=0 builds
-without it.  Building needs a C++ compiler and ninja; where the build
-fails the backend says so once and attends with the torch reference.
+without it.  Where it also has AMX (`amx_tile`, `amx_bf16`), the build adds
+those (and `_amx`) and bf16 decodes go through tiles
+(`engine/csrc/paged_decode_amx.h`): keys straight from the cache as tiles,
+values interleaved by pairs of keys, the probabilities as two bf16 terms;
+on an Intel Xeon with AMX 1.3–1.6× faster than the vectors on a served
+batch's K/V drawn from memory (`studies/engine_cpu/decode_op.py`).
+PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a
+loaded build to its vectors.  A build that fails is retried without its
+last additions.  Building needs a C++ compiler and ninja; where no build
+succeeds the backend says so once and attends with the torch reference.
 
 Prefill chunks (`engine/csrc/paged_prefill.cpp`) go through one operator
 call per step on a build for an AVX512 capability: tiles of up to 64
@@ -92,11 +100,17 @@ def load_kernel() -> Callable[..., torch.Tensor]:
         capability = torch.backends.cpu.get_cpu_capability()
         flags = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                  *_ISA_FLAGS.get(capability, [])]
+        # The headers' text in the flags: torch rebuilds where a source or a
+        # flag changed, and hashes only the .cpp files.
+        flags.append(f"-DPREEMPT_SERVE_HEADERS={_headers_digest()}")
         name = f"preempt_serve_paged_decode_{capability.lower()}"
         builds = [(name, flags)]
         if capability == "AVX512" and bf16_dot_wanted():
-            # A compiler too old for the flag still gets the plain build.
+            # A compiler too old for a flag still gets the build without it.
             builds.insert(0, (f"{name}_bf16", [*flags, "-mavx512bf16"]))
+            if amx_wanted():
+                builds.insert(0, (f"{name}_bf16_amx",
+                                  [*flags, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]))
         for i, (build_name, build_flags) in enumerate(builds):
             try:
                 load(name=build_name, sources=[str(p) for p in (SOURCE, *OTHER_SOURCES)],
@@ -106,8 +120,8 @@ def load_kernel() -> Callable[..., torch.Tensor]:
             except Exception:
                 if i == len(builds) - 1:
                     raise
-                log.warning("C++ paged attention: the build with the bf16 dot product "
-                            "failed; building without it")
+                log.warning("C++ paged attention: the build %s failed; trying %s",
+                            build_name, builds[i + 1][0])
         _kernel = torch.ops.preempt_serve.paged_decode
     except Exception as e:  # no compiler, no ninja, or a build error
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -125,6 +139,31 @@ def bf16_dot_wanted() -> bool:
     """Whether to build bf16 scores on VDPBF16PS: where the CPU has it
     (`avx512_bf16`), unless PREEMPT_SERVE_CPP_BF16_DOT=0."""
     return os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0" and _cpu_has("avx512_bf16")
+
+
+def amx_wanted() -> bool:
+    """Whether to build bf16 decodes on AMX tiles (engine/csrc/paged_decode_amx.h):
+    where the CPU has `amx_tile` and `amx_bf16`, unless PREEMPT_SERVE_CPP_AMX=0."""
+    return (os.environ.get("PREEMPT_SERVE_CPP_AMX", "1") != "0"
+            and _cpu_has("amx_tile") and _cpu_has("amx_bf16"))
+
+
+def decode_amx(enable: bool = True) -> bool:
+    """Switch the loaded operator's AMX path for bf16 decodes on or off (for
+    studies and tests that run both paths of one build); returns whether bf16
+    decodes now take it (False wherever the build has no AMX path or the OS
+    refuses the tiles)."""
+    load_kernel()
+    return bool(torch.ops.preempt_serve.set_decode_amx(enable))
+
+
+def _headers_digest() -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(SOURCE.parent.glob("*.h")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # Head dims the prefill operator's AVX512 path is built for.

@@ -7,7 +7,7 @@
 // (scores minus their maximum are never positive): 2^n * e^r with
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
 // -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
-// zero it masks).  The scalar exp_nonpositive in paged_decode.cpp uses the
+// zero it masks).  max_of: the largest of n floats (the softmax's maximum).  The scalar exp_nonpositive in paged_decode.cpp uses the
 // same reduction and polynomial.
 #pragma once
 
@@ -41,6 +41,22 @@ inline __m512 exp_nonpositive16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+
+// The first n lanes' mask of a 16-lane vector (all of them for n >= 16).
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF)
+                 : (n > 0 ? static_cast<__mmask16>((1u << n) - 1u) : static_cast<__mmask16>(0));
+}
+
+// The largest of s[0..n), n >= 1.
+inline float max_of(const float* s, int64_t n) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  __m512 mv = neg_inf;
+  for (int64_t j = 0; j < n; j += 16) {
+    mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(neg_inf, first_lanes(n - j), s + j));
+  }
+  return _mm512_reduce_max_ps(mv);
 }
 
 }  // namespace preempt_serve_vec

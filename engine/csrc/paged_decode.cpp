@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include "kernel_util.h"
+#include "paged_decode_amx.h"
 
 #include <cmath>
 #include <cstdint>
@@ -299,7 +300,6 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
   // they are needed (bf16), or one row at a time among the multiplies
   // (float32, twice the lines a row): each the faster on an AVX512 EPYC.
   constexpr bool kSpread = !kBf16;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf_buf(heads * DIM), acc_buf(heads * DIM);
     std::vector<float> sc_buf;
@@ -388,13 +388,7 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
       // rescaling, every step independent of the one before.
       for (int64_t h = 0; h < heads; ++h) {
         float* s = sc + h * padded;
-        __m512 mv = _mm512_set1_ps(neg_inf);
-        for (int64_t j = 0; j < ctx; j += 16) {
-          const __mmask16 live = ctx - j >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                               : static_cast<__mmask16>((1u << (ctx - j)) - 1u);
-          mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(neg_inf), live, s + j));
-        }
-        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        const __m512 m = _mm512_set1_ps(preempt_serve_vec::max_of(s, ctx));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < ctx; j += 16) {
           const __mmask16 live = ctx - j >= 16 ? static_cast<__mmask16>(0xFFFF)
@@ -495,6 +489,28 @@ void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
                   const int64_t* ctx, float scale, at::Tensor& out) {
   const int64_t n = q.size(0), heads = q.size(1);
   const int64_t block_size = kc.size(1), kv_heads = kc.size(2);
+#ifdef PAGED_DECODE_AMX
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (preempt_serve_amx::usable(heads / kv_heads, block_size)) {
+#define PAGED_DECODE_AMX_DIM(D)                                                            \
+  case D:                                                                                 \
+    preempt_serve_amx::decode<D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),           \
+                                 vc.data_ptr<scalar_t>(), ids, starts, ctx, scale,          \
+                                 out.data_ptr<scalar_t>(), n, heads, kv_heads, block_size); \
+    return;
+      switch (dim) {
+        PAGED_DECODE_AMX_DIM(32)
+        PAGED_DECODE_AMX_DIM(64)
+        PAGED_DECODE_AMX_DIM(96)
+        PAGED_DECODE_AMX_DIM(128)
+        PAGED_DECODE_AMX_DIM(256)
+        default:
+          break;
+      }
+#undef PAGED_DECODE_AMX_DIM
+    }
+  }
+#endif
 #ifdef PAGED_DECODE_AVX512
   // Head dims in whole vectors (bfloat16: whole 32-element pieces).
   constexpr bool vectorized =
@@ -569,12 +585,26 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_cache,
   return out;
 }
 
+// Whether bfloat16 decodes go through the AMX tiles from now on: `enable`
+// where this build has the AMX path and the OS grants the tiles' state;
+// returns what holds after the call (false wherever there is no AMX path).
+bool set_decode_amx(bool enable) {
+#ifdef PAGED_DECODE_AMX
+  preempt_serve_amx::switched_on().store(enable);
+  return enable && preempt_serve_amx::tiles_permitted();
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(preempt_serve, m) {
   m.def(
       "paged_decode(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
       "Tensor table_starts, Tensor context_lens, float scale) -> Tensor");
+  m.def("set_decode_amx(bool enable) -> bool", &set_decode_amx);
 }
 
 TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) { m.impl("paged_decode", &paged_decode); }

@@ -14,7 +14,10 @@ bfloat16.  Two layouts of the cache:
 
 It times whatever `engine/csrc/paged_decode.cpp` holds when it runs (the
 build is cached by source), so an earlier operator is timed by checking out
-its source first.
+its source first.  Where the build has the AMX path
+(`engine/csrc/paged_decode_amx.h`), bfloat16 is timed on it (`path: amx`)
+and on the AVX512 vectors of the same build (`path: vectors`), alternated;
+elsewhere each dtype once on what the build has (`path: build`).
 
     python -m studies.engine_cpu.decode_op --out studies/engine_cpu/decode_op.json
 """
@@ -29,7 +32,7 @@ import torch
 
 from bench.report import machine_meta, write_report
 from bench.sampling_bench import _median_ms
-from engine.attention_cpp import bf16_dot_wanted, load_kernel
+from engine.attention_cpp import bf16_dot_wanted, decode_amx, load_kernel
 
 
 def _case(dtype: torch.dtype, batch: int, context: int, hot: bool, block_size: int = 16,
@@ -58,20 +61,26 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     op = load_kernel()
     rows = []
+    has_amx = decode_amx(True)
     for dtype in (torch.float32, torch.bfloat16):
         for hot in (False, True):
             args = _case(dtype, a.batch, a.context, hot)
-            op(*args)  # a first pass to touch the buffers
-            ms = _median_ms(lambda: op(*args), a.reps)
-            kv_bytes = 2 * a.batch * a.context * 3 * 64 * args[1].element_size()
-            row = {"dtype": str(dtype).removeprefix("torch."), "layout": "hot" if hot else "cold",
-                   "ms": round(ms, 3), "kv_gb_per_s": round(kv_bytes / ms / 1e6, 1)}
-            rows.append(row)
-            print(f"{row['dtype']:>9} {row['layout']:>4}: {ms:6.3f} ms "
-                  f"({row['kv_gb_per_s']} GB/s of K/V)")
+            paths = ["amx", "vectors"] * 2 if dtype is torch.bfloat16 and has_amx else ["build"]
+            for path in paths:
+                decode_amx(path == "amx")
+                op(*args)  # a first pass to touch the buffers
+                ms = _median_ms(lambda: op(*args), a.reps)
+                kv_bytes = 2 * a.batch * a.context * 3 * 64 * args[1].element_size()
+                row = {"dtype": str(dtype).removeprefix("torch."),
+                       "layout": "hot" if hot else "cold", "path": path,
+                       "ms": round(ms, 3), "kv_gb_per_s": round(kv_bytes / ms / 1e6, 1)}
+                rows.append(row)
+                print(f"{row['dtype']:>9} {row['layout']:>4} {path:>7}: {ms:6.3f} ms "
+                      f"({row['kv_gb_per_s']} GB/s of K/V)")
+    decode_amx(True)
     meta = {"batch": a.batch, "context": a.context, "reps": a.reps, "threads": 1,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "bf16_dot_wanted": bf16_dot_wanted(), **machine_meta()}
+            "bf16_dot_wanted": bf16_dot_wanted(), "amx": has_amx, **machine_meta()}
     write_report({"meta": meta, "rows": rows}, a.out)
 
 

@@ -193,34 +193,108 @@ def test_build_failure_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RuntimeError, match="command not found"):
         cpp.load_kernel()
     attempts = len(calls)
-    assert attempts in (1, 2)  # two where the bf16 dot build is tried first
+    assert attempts in (1, 2, 3)  # the AMX and bf16 dot builds are tried first where wanted
     with pytest.raises(RuntimeError, match="command not found"):
         cpp.load_kernel()
     assert len(calls) == attempts
 
 
-@needs_cxx
-def test_a_failed_bf16_dot_build_falls_back_to_the_plain_one(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def _builds_after_a_failure(monkeypatch: pytest.MonkeyPatch, failing_flag: str, amx: bool
+                            ) -> list[list[str]]:
+    """The flags of every build `load_kernel` tries on an AVX512 CPU with the
+    bf16 dot product (and AMX where `amx`) when builds with `failing_flag` fail."""
     real = cpp.load_kernel()  # the operator is registered in this process
     calls: list[list[str]] = []
 
     def load(**kwargs: object) -> None:
         flags = list(kwargs["extra_cflags"])  # type: ignore[call-overload]
         calls.append(flags)
-        if "-mavx512bf16" in flags:
-            raise RuntimeError("unrecognized command-line option '-mavx512bf16'")
+        if failing_flag in flags:
+            raise RuntimeError(f"unrecognized command-line option '{failing_flag}'")
 
     monkeypatch.setattr(cpp, "_kernel", None)
     monkeypatch.setattr(cpp, "_load_error", None)
     monkeypatch.setattr(cpp, "bf16_dot_wanted", lambda: True)
+    monkeypatch.setattr(cpp, "amx_wanted", lambda: amx)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    assert cpp.load_kernel() is real
+    return calls
+
+
+@needs_cxx
+def test_a_failed_bf16_dot_build_falls_back_to_the_plain_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger=cpp.__name__):
-        assert cpp.load_kernel() is real
+        calls = _builds_after_a_failure(monkeypatch, "-mavx512bf16", amx=False)
     assert ["-mavx512bf16" in c for c in calls] == [True, False]
-    assert "without it" in caplog.text
+    assert "_avx512_bf16 failed; trying preempt_serve_paged_decode_avx512" in caplog.text
+
+
+@needs_cxx
+def test_a_failed_amx_build_falls_back_to_the_bf16_dot_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=cpp.__name__):
+        calls = _builds_after_a_failure(monkeypatch, "-mamx-tile", amx=True)
+    assert [("-mamx-tile" in c, "-mavx512bf16" in c) for c in calls] == [(True, True),
+                                                                         (False, True)]
+    assert "_bf16_amx failed; trying preempt_serve_paged_decode_avx512_bf16" in caplog.text
+
+
+needs_amx = pytest.mark.skipif(not (HAS_CXX and cpp.amx_wanted()),
+                               reason="no AMX (amx_tile, amx_bf16) on this CPU")
+
+
+@pytest.fixture
+def amx_off_after() -> object:
+    yield
+    cpp.decode_amx(True)
+
+
+@needs_amx
+@pytest.mark.parametrize("heads,kv_heads,dim,bs", [
+    (9, 3, 64, 16),   # SmolLM2: a group of three from the tile by permutes
+    (16, 1, 64, 16),  # a group of 16: one tile row per head, gathered
+    (12, 2, 64, 48),  # 32-key steps across blocks of 48
+    (6, 3, 32, 16),   # one piece per row: half a group of output tiles
+    (4, 4, 96, 32),   # three pieces: a second group of two output tiles
+    (16, 2, 128, 16),  # four query tiles held
+    (8, 2, 256, 16),  # eight pieces: the queries reloaded per piece
+])
+def test_amx_path_matches_dense_attention_and_the_vector_path(
+        heads: int, kv_heads: int, dim: int, bs: int, amx_off_after: object) -> None:
+    contexts = [1, 15, 16, 17, 31, 32, 33, bs + 1, 5 * bs + 3, 40 * bs + 7]
+    q, keys, values, tables = _case(contexts, heads, kv_heads, dim, bs)
+    args = (q.bfloat16(), keys.bfloat16(), values.bfloat16(), tables, contexts)
+    assert cpp.decode_amx(True)  # this CPU has AMX: bf16 decodes must take it
+    tiles = _call(*args)
+    want = _reference(*(t.float() for t in args[:3]), tables, contexts)
+    torch.testing.assert_close(tiles.double(), want, rtol=8e-3, atol=8e-3)
+    assert not cpp.decode_amx(False)
+    vectors = _call(*args)
+    # p's two bf16 terms keep the weighted sum at the vector path's accuracy:
+    # the two differ by the output's last bf16 bit, and rarely (where a sum
+    # of terms near 1 cancels to near 0, by what float32 sums leave, ~1e-5).
+    diff = (tiles.float() - vectors.float()).abs()
+    assert (diff <= vectors.float().abs() * 2**-7 + 1e-4).all()
+    assert (diff > 0).float().mean() < 0.02
+
+
+@needs_amx
+def test_amx_path_keeps_extreme_scores_and_batch_invariance(amx_off_after: object) -> None:
+    contexts = [200, 63, 129, 5, 700]
+    q, keys, values, tables = _case(contexts, 9, 3, 64, 16, spread=40.0)
+    q, keys, values = q.bfloat16(), keys.bfloat16(), values.bfloat16()
+    assert cpp.decode_amx(True)
+    full = _call(q, keys, values, tables, contexts)
+    assert torch.isfinite(full).all()
+    want = _reference(q.float(), keys.float(), values.float(), tables, contexts)
+    torch.testing.assert_close(full.double(), want, rtol=8e-3, atol=8e-3)
+    some = [4, 1, 2]
+    part = _call(q[some], keys, values, [tables[i] for i in some], [contexts[i] for i in some])
+    assert torch.equal(full[some], part)
 
 
 _OTHER_BUILDS = {
