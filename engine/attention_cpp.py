@@ -25,8 +25,9 @@ without it.  Where it also has AMX (`amx_tile`, `amx_bf16`), the build adds
 those (and `_amx`) and bf16 decodes go through tiles
 (`engine/csrc/paged_decode_amx.h`): keys straight from the cache as tiles,
 values interleaved by pairs of keys, the probabilities as two bf16 terms;
-on an Intel Xeon with AMX 1.3–1.6× faster than the vectors on a served
-batch's K/V drawn from memory (`studies/engine_cpu/decode_op.py`).
+on an Intel Xeon with AMX 1.35–1.45× faster than the vectors on K/V from
+L3 and 1.74× from L1/L2 (`studies/engine_cpu/decode_op.py`), while whole
+decode steps over K/V read from DRAM gained 1.01× there.
 PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a
 loaded build to its vectors.  A build that fails is retried without its
 last additions.  Building needs a C++ compiler and ninja; where no build

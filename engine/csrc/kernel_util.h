@@ -7,8 +7,9 @@
 // (scores minus their maximum are never positive): 2^n * e^r with
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
 // -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
-// zero it masks).  max_of: the largest of n floats (the softmax's maximum).  The scalar exp_nonpositive in paged_decode.cpp uses the
-// same reduction and polynomial.
+// zero it masks).  The scalar exp_nonpositive in paged_decode.cpp uses the
+// same reduction and polynomial.  first_lanes / max_of (AVX512 builds): the
+// mask of a vector's first n lanes; the largest of n floats.
 #pragma once
 
 #include <cstdint>

@@ -391,8 +391,7 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
         const __m512 m = _mm512_set1_ps(preempt_serve_vec::max_of(s, ctx));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < ctx; j += 16) {
-          const __mmask16 live = ctx - j >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                               : static_cast<__mmask16>((1u << (ctx - j)) - 1u);
+          const __mmask16 live = preempt_serve_vec::first_lanes(ctx - j);
           const __m512 p = _mm512_maskz_mov_ps(
               live, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + j), m)));
           _mm512_storeu_ps(s + j, p);
@@ -481,6 +480,28 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
   });
 }
 
+// bf16 decodes on AMX tiles where the build has them and the shape suits
+// (paged_decode_amx.h), the rest on the AVX512 passes above.
+template <typename scalar_t, int DIM>
+void decode_vectorized(const scalar_t* q, const scalar_t* key_cache,
+                       const scalar_t* value_cache, const int64_t* block_ids,
+                       const int64_t* table_starts, const int64_t* context_lens, float scale,
+                       scalar_t* out, int64_t num_seqs, int64_t heads, int64_t kv_heads,
+                       int64_t block_size) {
+#ifdef PAGED_DECODE_AMX
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (preempt_serve_amx::usable(heads / kv_heads, block_size)) {
+      preempt_serve_amx::decode<DIM>(q, key_cache, value_cache, block_ids, table_starts,
+                                     context_lens, scale, out, num_seqs, heads, kv_heads,
+                                     block_size);
+      return;
+    }
+  }
+#endif
+  decode_avx512<scalar_t, DIM>(q, key_cache, value_cache, block_ids, table_starts,
+                               context_lens, scale, out, num_seqs, heads, kv_heads, block_size);
+}
+
 #endif  // AVX512
 
 template <typename scalar_t>
@@ -489,28 +510,6 @@ void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
                   const int64_t* ctx, float scale, at::Tensor& out) {
   const int64_t n = q.size(0), heads = q.size(1);
   const int64_t block_size = kc.size(1), kv_heads = kc.size(2);
-#ifdef PAGED_DECODE_AMX
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    if (preempt_serve_amx::usable(heads / kv_heads, block_size)) {
-#define PAGED_DECODE_AMX_DIM(D)                                                            \
-  case D:                                                                                 \
-    preempt_serve_amx::decode<D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),           \
-                                 vc.data_ptr<scalar_t>(), ids, starts, ctx, scale,          \
-                                 out.data_ptr<scalar_t>(), n, heads, kv_heads, block_size); \
-    return;
-      switch (dim) {
-        PAGED_DECODE_AMX_DIM(32)
-        PAGED_DECODE_AMX_DIM(64)
-        PAGED_DECODE_AMX_DIM(96)
-        PAGED_DECODE_AMX_DIM(128)
-        PAGED_DECODE_AMX_DIM(256)
-        default:
-          break;
-      }
-#undef PAGED_DECODE_AMX_DIM
-    }
-  }
-#endif
 #ifdef PAGED_DECODE_AVX512
   // Head dims in whole vectors (bfloat16: whole 32-element pieces).
   constexpr bool vectorized =
@@ -518,9 +517,10 @@ void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
   if constexpr (vectorized) {
 #define PAGED_DECODE_AVX512_DIM(D)                                                       \
   case D:                                                                               \
-    decode_avx512<scalar_t, D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),           \
-                               vc.data_ptr<scalar_t>(), ids, starts, ctx, scale,          \
-                               out.data_ptr<scalar_t>(), n, heads, kv_heads, block_size); \
+    decode_vectorized<scalar_t, D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),       \
+                                   vc.data_ptr<scalar_t>(), ids, starts, ctx, scale,      \
+                                   out.data_ptr<scalar_t>(), n, heads, kv_heads,          \
+                                   block_size);                                           \
     return;
     switch (dim) {
       PAGED_DECODE_AVX512_DIM(32)

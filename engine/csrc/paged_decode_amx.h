@@ -39,8 +39,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <vector>
 
 #include "kernel_util.h"
@@ -361,20 +359,20 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
             interleave_values<P>(rows, 2 * cg, vt);
             _tile_loadd(4, hi_buf.data() + h0 * padded + j0, p_stride);
             _tile_loadd(5, lo_buf.data() + h0 * padded + j0, p_stride);
-            _tile_loadd(6, vt[0], 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(0, 5, 6);
-            _tile_loadd(7, vt[1], 64);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(1, 5, 7);
+// Output tile OUT += p's two terms (tiles 4, 5) . the values in vt[n],
+// loaded into tile V (6 and 7 alternate, so that one loads while the other
+// multiplies).
+#define PS_ACCUMULATE(OUT, V, n)        \
+  _tile_loadd(V, vt[n], 64);            \
+  _tile_dpbf16ps(OUT, 4, V);            \
+  _tile_dpbf16ps(OUT, 5, V);
+            PS_ACCUMULATE(0, 6, 0)
+            PS_ACCUMULATE(1, 7, 1)
             if (four) {
-              _tile_loadd(6, vt[2], 64);
-              _tile_dpbf16ps(2, 4, 6);
-              _tile_dpbf16ps(2, 5, 6);
-              _tile_loadd(7, vt[3], 64);
-              _tile_dpbf16ps(3, 4, 7);
-              _tile_dpbf16ps(3, 5, 7);
+              PS_ACCUMULATE(2, 6, 2)
+              PS_ACCUMULATE(3, 7, 3)
             }
+#undef PS_ACCUMULATE
           }
           constexpr int64_t acc_stride = DIM * static_cast<int64_t>(sizeof(float));
           float* o = acc + h0 * DIM + 64 * cg;

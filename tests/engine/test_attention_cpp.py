@@ -248,7 +248,8 @@ needs_amx = pytest.mark.skipif(not (HAS_CXX and cpp.amx_wanted()),
 
 
 @pytest.fixture
-def amx_off_after() -> object:
+def amx_back_on() -> object:
+    # The path is process-wide: later tests get the tiles again.
     yield
     cpp.decode_amx(True)
 
@@ -264,7 +265,7 @@ def amx_off_after() -> object:
     (8, 2, 256, 16),  # eight pieces: the queries reloaded per piece
 ])
 def test_amx_path_matches_dense_attention_and_the_vector_path(
-        heads: int, kv_heads: int, dim: int, bs: int, amx_off_after: object) -> None:
+        heads: int, kv_heads: int, dim: int, bs: int, amx_back_on: object) -> None:
     contexts = [1, 15, 16, 17, 31, 32, 33, bs + 1, 5 * bs + 3, 40 * bs + 7]
     q, keys, values, tables = _case(contexts, heads, kv_heads, dim, bs)
     args = (q.bfloat16(), keys.bfloat16(), values.bfloat16(), tables, contexts)
@@ -283,7 +284,7 @@ def test_amx_path_matches_dense_attention_and_the_vector_path(
 
 
 @needs_amx
-def test_amx_path_keeps_extreme_scores_and_batch_invariance(amx_off_after: object) -> None:
+def test_amx_path_keeps_extreme_scores_and_batch_invariance(amx_back_on: object) -> None:
     contexts = [200, 63, 129, 5, 700]
     q, keys, values, tables = _case(contexts, 9, 3, 64, 16, spread=40.0)
     q, keys, values = q.bfloat16(), keys.bfloat16(), values.bfloat16()
