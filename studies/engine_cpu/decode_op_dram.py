@@ -5,14 +5,18 @@ every repetition; on a host with a large L3 those stay there.  Here each
 repetition reads another of `SETS` disjoint sets of blocks (batch 96 x 512
 tokens: 38 MB of K/V a set, 900 MB in all), as a served step reads a
 different layer's K/V each time.  bf16, SmolLM2's heads (9 / 3 of 64),
-blocks of 16, one thread; AMX tiles and vectors where the build has both.
+blocks of `--block` tokens (16), one thread; AMX tiles and vectors where the
+build has both.  `--run N` gives each sequence its blocks in runs of N
+consecutive ones (1: every block anywhere, as a served cache's blocks end up
+after a while; N = context / block: each sequence's K and V one span apiece).
 vLLM-CPU's operator on the same scheme: `vllm_cpu/attn_dram.py`.
 
-    taskset -c 0 python -m studies.engine_cpu.decode_op_dram
+    taskset -c 0 python -m studies.engine_cpu.decode_op_dram [--block 16] [--run 1]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -20,20 +24,30 @@ import torch
 
 from engine.attention_cpp import decode_amx, load_kernel
 
-BATCH, CONTEXT, BLOCK, HEADS, KV_HEADS, DIM, SETS = 96, 512, 16, 9, 3, 64, 24
+BATCH, CONTEXT, HEADS, KV_HEADS, DIM, SETS = 96, 512, 9, 3, 64, 24
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--block", type=int, default=16)
+    parser.add_argument("--run", type=int, default=1)
+    args = parser.parse_args(argv)
+    block, run = args.block, args.run
     torch.set_num_threads(1)
     op = load_kernel()
-    per = CONTEXT // BLOCK
+    per = CONTEXT // block
+    if per % run:
+        parser.error(f"--run must divide the {per} blocks of a sequence")
     need = BATCH * per
     total = need * SETS
     g = torch.Generator().manual_seed(0)
-    k = torch.randn(total, BLOCK, KV_HEADS, DIM, generator=g).bfloat16()
-    v = torch.randn(total, BLOCK, KV_HEADS, DIM, generator=g).bfloat16()
-    perm = torch.randperm(total, generator=g)
-    sets = [perm[i * need:(i + 1) * need].long().contiguous() for i in range(SETS)]
+    k = torch.randn(total, block, KV_HEADS, DIM, generator=g).bfloat16()
+    v = torch.randn(total, block, KV_HEADS, DIM, generator=g).bfloat16()
+    # Runs of `run` consecutive blocks at random places, a set's in order.
+    starts_of_runs = torch.randperm(total // run, generator=g) * run
+    per_set = need // run
+    sets = [(starts_of_runs[i * per_set:(i + 1) * per_set].view(-1, 1) + torch.arange(run))
+            .reshape(-1).long().contiguous() for i in range(SETS)]
     starts = torch.arange(BATCH) * per
     lens = torch.full((BATCH,), CONTEXT)
     q = torch.randn(BATCH, HEADS, DIM, generator=g).bfloat16()
@@ -47,7 +61,8 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         ms = statistics.median(times[SETS:]) * 1e3
         gbs = 2 * BATCH * CONTEXT * KV_HEADS * DIM * 2 / ms / 1e6
-        print(f"ours {path}: {ms:.2f} ms ({gbs:.1f} GB/s of K/V)", flush=True)
+        print(f"ours {path}, blocks of {block}, runs of {run}: {ms:.2f} ms ({gbs:.1f} GB/s of K/V)",
+              flush=True)
     decode_amx(True)
 
 

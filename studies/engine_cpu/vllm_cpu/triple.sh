@@ -4,7 +4,8 @@
 #   bash studies/engine_cpu/vllm_cpu/triple.sh bfloat16|float32 TAG [ours]
 # writes ours_b128_TAG_{1,2}.json (+ _engine_stats.json: the engine's stats
 # after the run) and vllm_TAG_1.json here; servers' logs under $LOGDIR (/tmp).
-# `ours` as a third argument runs our server once, alone.
+# `ours` as a third argument runs our server once, alone.  BENCH_EXTRA=--save-records
+# keeps every request's token times in the JSON files.
 set -u
 DT=$1; TAG=$2
 cd "$(dirname "$0")/../../.."
@@ -16,7 +17,7 @@ CFG=$OUTD/serve_b128.yaml; [ "$DT" = bfloat16 ] && CFG=$OUTD/serve_b128_bf16.yam
 ours() {
   RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/ours_${TAG}_$1.log
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
-    --endpoint completions --max-duration 540 --system preempt-serve --out $OUTD/ours_b128_${TAG}_$1.json 2>&1 | tail -3
+    --endpoint completions --max-duration 540 --system preempt-serve ${BENCH_EXTRA:-} --out $OUTD/ours_b128_${TAG}_$1.json 2>&1 | tail -3
   python -c "import json, sys; from bench.server_stats import RayStatsSource
 json.dump(RayStatsSource().engines(), open(sys.argv[1], 'w'), indent=1, default=str)" $OUTD/ours_b128_${TAG}_$1_engine_stats.json || true
   stop_server
@@ -29,7 +30,7 @@ vllm() {
   for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8011/v1 \
     --endpoint completions --model /root/.cache/peer-vllm/smollm2-bf16 --max-duration 540 \
-    --system vllm-cpu --out $OUTD/vllm_${TAG}_1.json 2>&1 | tail -3
+    --system vllm-cpu ${BENCH_EXTRA:-} --out $OUTD/vllm_${TAG}_1.json 2>&1 | tail -3
   pkill -TERM -f "vllm serve" ; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore; wait $vp 2>/dev/null
 }
 case "${3:-triple}" in ours) ours 1 ;; *) date -u +%H:%M; ours 1; date -u +%H:%M; vllm; date -u +%H:%M; ours 2; date -u +%H:%M ;; esac
