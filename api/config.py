@@ -120,7 +120,7 @@ class BatchSettings(BaseModel):
 
 class AppConfig(SchedulingSettings):
     """The application's fields, and the scheduler's (`policy`,
-    `block_size`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
+    `block_size`, `block_run`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
     `swap_mode`, `reserve_blocks`, `mlfq`) inherited with their bounds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

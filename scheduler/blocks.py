@@ -18,10 +18,11 @@ job only ever writes positions at or past its own computed tokens.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from scheduler.free_blocks import FreeBlocks
 from scheduler.job import BlockLocation, Job
 from scheduler.prefix_cache import PrefixCache
 from scheduler.watchers import Watchers
@@ -43,13 +44,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, block_run: int = 8) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix = PrefixCache(block_size) if prefix_caching else None
-        # FIFO reuse keeps recently freed blocks cold, which makes a stale
-        # block table show up in tests instead of reading lucky data.
-        self._free: deque[int] = deque(range(num_blocks))
+        # A job's blocks in runs of consecutive ids where the pool allows
+        # (scheduler/free_blocks.py: a CPU reads longer spans faster).
+        self._free = FreeBlocks(num_blocks, block_run)
         # Held block -> ids of the jobs whose block tables list it.
         self._holders: dict[int, set[str]] = {}
         # Job id -> how many of its blocks other jobs hold too; absent for
@@ -119,14 +120,12 @@ class BlockManager:
             return
         jid = job.job_id
         self._now_holding(job)
-        # Comprehensions, not a loop body per block: a prefill chunk takes
-        # a hundred blocks, and planning runs every iteration.
-        pop = self._free.popleft
+        last = job.block_table[-1] if job.block_table else None
         if n <= len(self._free):
-            new = [pop() for _ in range(n)]
+            new = self._free.take(jid, last, n)
         else:  # the rest from the prefix cache, least recently used first
             assert self.prefix is not None
-            new = [pop() for _ in range(len(self._free))]
+            new = self._free.take(jid, last, len(self._free))
             evict = self.prefix.evict
             new += [evict() for _ in range(n - len(new))]
         self._holders.update([(b, {jid}) for b in new])
@@ -293,12 +292,10 @@ class BlockManager:
         prefix cache if it indexed their KV (tail first: the head of a
         sequence, which other sequences may share, is evicted last)."""
         if self.prefix is None:
-            self._free.extend(blocks)
+            self._free.give_back(blocks)
             return
-        park, free = self.prefix.park, self._free.append
-        for b in reversed(blocks):
-            if not park(b):
-                free(b)
+        park = self.prefix.park
+        self._free.give_back([b for b in reversed(blocks) if not park(b)])
 
     def _free_shared(self, job: Job) -> int:
         jid = job.job_id
@@ -349,9 +346,10 @@ class BlockManager:
         the per-job shared counts match the holder sets.  Given the live
         `jobs`, also: the holders of every block are exactly the jobs whose
         block tables list it."""
-        free = set(self._free)
-        if len(free) != len(self._free):
-            raise BlockAccountingError("a block is in the free list twice")
+        try:
+            free = self._free.check()
+        except AssertionError as e:
+            raise BlockAccountingError(f"free pool: {e}") from None
         if free & self._holders.keys():
             raise BlockAccountingError("a block is both free and held")
         prefix = self.prefix

@@ -190,6 +190,9 @@ class SchedulingSettings(BaseModel):
     # A name in `scheduler.policies.POLICIES`.
     policy: str = "fcfs"
     block_size: int = Field(16, ge=1, le=256)
+    # How many consecutive blocks a job's growth is handed where the pool
+    # allows (scheduler/free_blocks.py); 1: first come, first served.
+    block_run: int = Field(8, ge=1, le=1024)
     max_batch_size: int = Field(32, ge=1, le=4096)
     # Token budget of one iteration: decodes count one each, prefill chunks
     # their length (chunked prefill, as in vLLM / Sarathi).

@@ -68,7 +68,8 @@ class SchedulerCore:
         self.config = config
         self.clock = clock
         self.blocks = BlockManager(config.num_blocks, config.block_size,
-                                   prefix_caching=config.prefix_caching)
+                                   prefix_caching=config.prefix_caching,
+                                   block_run=config.block_run)
         self.swap = SwapManager(self.blocks, config.host_kv_blocks)
         self.policy = policy_class(config.policy)(config, self.blocks, clock, self.swap, cost)
         self.sharing = PromptSharing(self.blocks)

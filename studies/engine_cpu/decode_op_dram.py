@@ -19,12 +19,25 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from engine.attention_cpp import decode_amx, load_kernel
 
 BATCH, CONTEXT, HEADS, KV_HEADS, DIM, SETS = 96, 512, 9, 3, 64, 24
+
+
+def median_ms(op: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sets: list[torch.Tensor],
+              starts: torch.Tensor, lens: torch.Tensor) -> float:
+    """The operator's median time over the second of two sweeps of `sets`
+    (another set of blocks each call), in ms."""
+    times = []
+    for r in range(2 * len(sets)):
+        t0 = time.perf_counter()
+        op(q, k, v, sets[r % len(sets)], starts, lens, q.shape[-1]**-0.5)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[len(sets):]) * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,12 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = ["amx", "vectors"] * 2 if decode_amx(True) else ["build"]
     for path in paths:
         decode_amx(path == "amx")
-        times = []
-        for r in range(2 * SETS):
-            t0 = time.perf_counter()
-            op(q, k, v, sets[r % SETS], starts, lens, DIM**-0.5)
-            times.append(time.perf_counter() - t0)
-        ms = statistics.median(times[SETS:]) * 1e3
+        ms = median_ms(op, q, k, v, sets, starts, lens)
         gbs = 2 * BATCH * CONTEXT * KV_HEADS * DIM * 2 / ms / 1e6
         print(f"ours {path}, blocks of {block}, runs of {run}: {ms:.2f} ms ({gbs:.1f} GB/s of K/V)",
               flush=True)
