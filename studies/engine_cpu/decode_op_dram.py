@@ -28,8 +28,9 @@ from engine.attention_cpp import decode_amx, load_kernel
 BATCH, CONTEXT, HEADS, KV_HEADS, DIM, SETS = 96, 512, 9, 3, 64, 24
 
 
-def median_ms(op: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sets: list[torch.Tensor],
-              starts: torch.Tensor, lens: torch.Tensor) -> float:
+def median_ms(op: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, sets: list[torch.Tensor], starts: torch.Tensor,
+              lens: torch.Tensor) -> float:
     """The operator's median time over the second of two sweeps of `sets`
     (another set of blocks each call), in ms."""
     times = []
