@@ -109,13 +109,14 @@ def test_cli_live_run_and_sweep(server, tmp_path):
     assert b is not None and b.mean_queueing == 0.005
     assert b.queueing_share + b.execution_share == pytest.approx(1.0)
     sweep = tmp_path / "sweep.json"
-    assert main(["sweep", *common, "--rates", "20", "100", "--criterion", "ttft.p99<=1",
+    assert main(["sweep", *common, "--rates", "2", "100", "--criterion", "ttft.p99<=1",
                  "--out", str(sweep)]) == 0
     sw = load_result(sweep)
     # Both meet the criterion, but 4 requests sent at 100/s end over the
     # fake server's latency, well under 95 % of the offered rate: a run
-    # that short does not show the rate is sustained.
-    assert isinstance(sw, SweepResult) and sw.max_rate == 20
+    # that short does not show the rate is sustained.  At 2/s that latency
+    # is a small part of the run even on a slow, busy host.
+    assert isinstance(sw, SweepResult) and sw.max_rate == 2
     assert sw.unstable_rates == [100]
 
 
