@@ -27,7 +27,7 @@ import torch
 
 from bench.report import machine_meta, write_report
 from engine.attention_cpp import load_kernel
-from scheduler.blocks import BlockManager
+from scheduler.blocks import BlockManager, blocks_for
 from scheduler.job import Job
 from studies.engine_cpu.decode_op_dram import median_ms
 
@@ -80,11 +80,7 @@ def churned_tables(block_run: int, steps: int = 3000) -> list[list[int]]:
             else:
                 assert bm.grow(j, 1)
                 j.num_computed_tokens += 1
-    return [j.block_table[:blocks_for(j.num_computed_tokens)] for j, _ in running]
-
-
-def blocks_for(tokens: int) -> int:
-    return -(-tokens // BLOCK)
+    return [j.block_table[:blocks_for(j.num_computed_tokens, BLOCK)] for j, _ in running]
 
 
 def mean_run(table: list[int]) -> float:
