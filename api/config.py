@@ -204,6 +204,11 @@ class AppConfig(SchedulingSettings):
     api_key: SecretStr | None = Field(None, validate_default=True)
     # Largest request body accepted (413 beyond it), counted as it arrives.
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # Offline requests (HTTP with `job_class: offline`, batch lines) an
+    # Ingress replica starts at once (tokenizes, admits, opens the engine
+    # stream); the others wait at its door, and none starts while an online
+    # request is starting (deployments/online_first.py).
+    offline_starts: int = Field(8, ge=1, le=4096)
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -54,6 +54,7 @@ from api.protocol import (
 )
 from api.responses import PromptInput, ResponseBuilder
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
+from deployments.online_first import OnlineFirstDoor
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
 from scheduler.prefix_affinity import prefix_keys, route_key
@@ -86,6 +87,7 @@ class Ingress:
         self.engine_calls = engine
         self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
+        self.door = OnlineFirstDoor(self.cfg.offline_starts)
         rec = self.cfg.predictor.record_dir
         self.served_log = (ServedLog(rec, eos_token_ids(model_path, self.tokenizer, None))
                            if rec else None)
@@ -156,11 +158,15 @@ class Ingress:
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
-        return await self._respond(req, await self._start_completion(req))
+        async with self.door.start(req.job_class == "offline", req.priority):
+            started = await self._start_completion(req)
+        return await self._respond(req, started)
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
-        return await self._respond(req, await self._start_chat(req))
+        async with self.door.start(req.job_class == "offline", req.priority):
+            started = await self._start_chat(req)
+        return await self._respond(req, started)
 
     async def batch_request(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """One line of a batch job, through a Serve handle: `body` checked
@@ -179,7 +185,8 @@ class Ingress:
                 raise APIError(400, "a batch request cannot be streamed", "stream")
             # Whatever the line says: batch work is what `offline` is for.
             req = req.model_copy(update={"job_class": "offline"})
-            started = await (self._start_chat(req) if chat else self._start_completion(req))
+            async with self.door.start(offline=True, priority=req.priority):
+                started = await (self._start_chat(req) if chat else self._start_completion(req))
             out = await self._collect(*started)
             return BatchResponse(status_code=200, request_id=out["id"], body=out).model_dump()
         except APIError as e:

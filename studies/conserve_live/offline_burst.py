@@ -69,22 +69,27 @@ async def _offline(c: httpx.AsyncClient, base: str, i: int) -> None:
         pass
 
 
-async def _online(c: httpx.AsyncClient, base: str, delay: float) -> float:
+async def _online(c: httpx.AsyncClient, base: str, delay: float) -> tuple[float, float]:
+    """(seconds to the response's headers, seconds to the first token).  The
+    Ingress sends the headers once the request has started (admitted, its
+    engine stream opened), so the first part is the door's and the HTTP
+    proxy's, the rest the Scheduler's and the engine's."""
     await asyncio.sleep(delay)
     t0 = time.perf_counter()
     async with c.stream("POST", f"{base}/v1/completions", json={
             "prompt": "Tell me about cats.", "max_tokens": 4, "temperature": 0,
             "ignore_eos": True, "stream": True}) as r:
+        headers = time.perf_counter() - t0
         async for line in r.aiter_lines():
             if line.startswith("data: ") and '"text"' in line:
                 break
-    return time.perf_counter() - t0
+    return headers, time.perf_counter() - t0
 
 
 async def run(base: str, offline: int) -> dict[str, object]:
     limits = httpx.Limits(max_connections=offline + 100, max_keepalive_connections=offline + 100)
     async with httpx.AsyncClient(timeout=600, limits=limits) as c:
-        warm = await _online(c, base, 0.0)
+        _, warm = await _online(c, base, 0.0)
         quiet0 = _cpu_s()
         await asyncio.sleep(OFFSETS_S[-1] + 1.0)
         cpu0 = _cpu_s()
@@ -98,7 +103,10 @@ async def run(base: str, offline: int) -> dict[str, object]:
         cpu1 = _cpu_s()
     quiet1 = dict(cpu0)
     return {"offline_requests": offline, "warm_ttft_s": round(warm, 3),
-            "online_ttft_s_by_offset_s": {str(d): round(t, 3) for d, t in zip(OFFSETS_S, ttfts)},
+            "online_ttft_s_by_offset_s": {str(d): round(t[1], 3)
+                                          for d, t in zip(OFFSETS_S, ttfts)},
+            "online_headers_s_by_offset_s": {str(d): round(t[0], 3)
+                                             for d, t in zip(OFFSETS_S, ttfts)},
             # From the burst to the last offline request's cancellation.
             "burst_span_s": round(span, 2),
             "cpu_s_over_burst": _diff(cpu0, cpu1),
