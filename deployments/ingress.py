@@ -54,6 +54,7 @@ from api.protocol import (
 )
 from api.responses import PromptInput, ResponseBuilder
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
+from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
@@ -88,6 +89,7 @@ class Ingress:
         self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
         self.door = OnlineFirstDoor(self.cfg.offline_starts)
+        self.metrics = IngressMetrics(self.door)
         rec = self.cfg.predictor.record_dir
         self.served_log = (ServedLog(rec, eos_token_ids(model_path, self.tokenizer, None))
                            if rec else None)
@@ -173,6 +175,7 @@ class Ingress:
         as the route checks a body, run as offline work, not streamed.  A
         `BatchResponse` dump, the OpenAI response or error body; never an
         exception, whatever the line holds."""
+        self.metrics.ensure_running()
         try:
             if url not in BATCH_ENDPOINTS:
                 raise APIError(404, f"no route {str(url)[:200]!r} for a batch", "url")
@@ -243,6 +246,7 @@ class Ingress:
     # Plumbing -------------------------------------------------------------
 
     async def _parse(self, request: Request, model: type) -> Any:
+        self.metrics.ensure_running()
         # Bounded, strict JSON (api/http.py): a 4xx for every malformed body.
         return self._validate(await read_json_object(request, self.cfg.max_request_bytes),
                               model)

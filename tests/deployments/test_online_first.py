@@ -156,3 +156,41 @@ def test_a_start_that_fails_frees_its_slot() -> None:
 def test_bad_quota_is_refused() -> None:
     with pytest.raises(ValueError, match="offline_starts"):
         OnlineFirstDoor(0)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def set(self, value: float) -> None:
+        self.values.append(value)
+
+
+def test_the_dashboard_gauges_follow_the_door() -> None:
+    from deployments.ingress_metrics import IngressMetrics
+
+    async def run() -> None:
+        door = OnlineFirstDoor(offline_starts=2)
+        m = IngressMetrics(door)
+        m.waiting, m.starting = _Recorder(), _Recorder()  # type: ignore[assignment]
+        release = asyncio.Event()
+
+        async def request() -> None:
+            async with door.start(offline=True):
+                await release.wait()
+
+        tasks = [asyncio.get_running_loop().create_task(request()) for _ in range(5)]
+        await _settle()
+        m.ensure_running()
+        first = m._task
+        m.ensure_running()  # one sampler per replica
+        assert m._task is first
+        await _settle()
+        assert (m.waiting.values[-1], m.starting.values[-1]) == (3, 2)
+        release.set()
+        await asyncio.gather(*tasks)
+        m.sample()
+        assert (m.waiting.values[-1], m.starting.values[-1]) == (0, 0)
+        first.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))

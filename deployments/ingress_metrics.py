@@ -1,0 +1,39 @@
+"""The Ingress's figures in the Ray dashboard (ray.util.metrics): offline
+requests at its door (deployments/online_first.py), sampled once a second
+from the door's counts, never on a request's path."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ray.util import metrics
+
+from deployments.online_first import OnlineFirstDoor
+
+SAMPLE_EVERY_S = 1.0
+
+
+class IngressMetrics:
+    def __init__(self, door: OnlineFirstDoor) -> None:
+        self.door = door
+        self.waiting = metrics.Gauge(
+            "ingress_offline_waiting", "Offline requests waiting at the Ingress's door")
+        self.starting = metrics.Gauge(
+            "ingress_offline_starting",
+            "Offline requests starting (admission, the engine stream), door places in use")
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure_running(self) -> None:
+        """Start sampling in the running event loop (the replica's) on the
+        first request: the constructor may run outside it."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._sample())
+
+    def sample(self) -> None:
+        self.waiting.set(self.door.offline_waiting)
+        self.starting.set(self.door.offline_starting)
+
+    async def _sample(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(SAMPLE_EVERY_S)
