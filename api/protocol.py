@@ -369,6 +369,9 @@ class GenerateRequest(BaseModel):
     arrival_time: float
     # The client's end-user id (OpenAI `user`), for logs.
     user: str | None = None
+    # The client reads tokens as they come (`stream`); otherwise the engine
+    # sends its output at most every `HOLD_UNSTREAMED_S` (deployments/engine.py).
+    streamed: bool = True
     # Resuming on this replica a request whose replica failed
     # (deployments/resume.py): per choice, the tokens the client already
     # has (the engine recomputes their KV and goes on from there), or None

@@ -44,6 +44,10 @@ from scheduler.offline_pool import recompute_bound
 log = logging.getLogger("ray.serve")
 
 REPORT_INTERVAL_S = 0.5
+# A client that reads only the whole answer (no `stream`: batch lines) gets
+# its output at most this often: an item a token cost the engine's core and
+# the Ingress ~0.4 ms each (studies/conserve_live/README.md, "Unstreamed").
+HOLD_UNSTREAMED_S = 1.0
 
 
 def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
@@ -317,6 +321,9 @@ class Engine(EngineFigures):
         # Whether its client has tokens: only then does a move keep host
         # copies for its next replica (deployments/engine_loop.py).
         has_tokens = any(out for req in reqs for out in req.resume or ())
+        hold = not any(req.streamed for req in reqs)
+        sent = time.monotonic()
+        deltas: dict[tuple[int, int], GenerateDelta] = {}
         try:
             for req in reqs:
                 if req.resume is not None:
@@ -328,9 +335,11 @@ class Engine(EngineFigures):
                 items = [await q.get()]
                 while not q.empty():
                     items.append(q.get_nowait())
-                deltas: dict[tuple[int, int], GenerateDelta] = {}
                 for d in items:
                     if d.error is not None:
+                        if deltas:  # output held back: a resume starts after it
+                            yield [dl.model_dump() for dl in deltas.values()]
+                            deltas = {}
                         if d.moved and has_tokens and self.kv_tier is not None:
                             # Its host copies land before another replica
                             # looks them up.
@@ -361,7 +370,11 @@ class Engine(EngineFigures):
                         running.discard(ev.job_id)
                         delta.finish_reason = ev.finish_reason
                         delta.metrics = d.metrics
+                if not deltas or (hold and running
+                                  and time.monotonic() - sent < HOLD_UNSTREAMED_S):
+                    continue
                 yield [dl.model_dump() for dl in deltas.values()]
+                deltas, sent = {}, time.monotonic()
         finally:
             for job_id in jobs:
                 self._streams.pop(job_id, None)

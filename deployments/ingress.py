@@ -303,7 +303,7 @@ class Ingress:
             prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
             job_class=req.job_class, jct_slo_s=req.jct_slo_s, cache_salt=req.cache_salt,
             prompt_cache_key=req.prompt_cache_key,
-            arrival_time=time.time(),
+            arrival_time=time.time(), streamed=bool(req.stream),
             user=req.user or req.safety_identifier)
 
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,

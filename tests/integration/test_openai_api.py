@@ -60,6 +60,41 @@ def test_non_streaming_completion_is_greedy_deterministic(server):
     assert a.model_extra["metrics"]["e2e"] > 0
 
 
+def test_an_unstreamed_answer_comes_in_few_items_with_the_same_tokens(server, engine_handle):
+    """The engine holds a non-streaming client's output back (at most every
+    HOLD_UNSTREAMED_S) instead of sending an item a token; the answer is the
+    same (greedy, float32)."""
+    import time
+
+    from api.protocol import GenerateRequest
+    from deployments.engine import HOLD_UNSTREAMED_S
+
+    stream_handle = engine_handle.options(stream=True)
+
+    def run(streamed: bool) -> tuple[list[int], int, float]:
+        req = GenerateRequest(
+            request_id=f"held-{streamed}", prompt_token_ids=[1, 504, 3458, 28, 253],
+            max_tokens=48, temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=[],
+            stop_token_ids=[], ignore_eos=True, min_tokens=0, arrival_time=time.time(),
+            streamed=streamed)
+        tokens: list[int] = []
+        items = 0
+        t0 = time.monotonic()
+        for item in stream_handle.generate.remote([req.model_dump()]):
+            items += 1
+            for d in item:
+                tokens += d["token_ids"]
+        return tokens, items, time.monotonic() - t0
+
+    streamed_tokens, streamed_items, _ = run(True)
+    held_tokens, held_items, took = run(False)
+    assert held_tokens == streamed_tokens and len(held_tokens) == 48
+    assert streamed_items >= 24  # about an item an iteration
+    assert held_items <= took / HOLD_UNSTREAMED_S + 2
+    assert held_items < streamed_items
+    wait_engine_idle(engine_handle)
+
+
 def test_stop_string_is_honoured(server):
     r = client(server).completions.create(
         model="smollm2", prompt="1, 2, 3, 4,", max_tokens=30, temperature=0,
