@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from engine.attention import SeqSpan
+from engine.attention import AttentionMetadata, SeqSpan
 from engine.attention_torch import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
@@ -69,10 +69,12 @@ from engine.attention_torch import (
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-# Built into the same library: the greedy argmax of the logits, and a Llama
-# layer's bf16 RMSNorm and rotary embedding as one operator each.
+# Built into the same library: the greedy argmax of the logits, a Llama
+# layer's bf16 RMSNorm (alone and after its residual sum), rotary embedding
+# and SwiGLU product as one operator each, and the write of a step's K/V.
 OTHER_SOURCES = [SOURCE.with_name("paged_prefill.cpp"), SOURCE.with_name("logits.cpp"),
-                 SOURCE.with_name("norm_rotary.cpp")]
+                 SOURCE.with_name("norm_rotary.cpp"), SOURCE.with_name("silu_mul.cpp"),
+                 SOURCE.with_name("kv_write.cpp")]
 
 # The flags ATen's own kernels of each capability are built with (vec256 /
 # vec512); "DEFAULT" gets the compiler's baseline for the architecture.
@@ -84,12 +86,13 @@ _ISA_FLAGS = {
 
 _kernel: Callable[..., torch.Tensor] | None = None
 _load_error: str | None = None
+_capability = ""  # ATen's CPU capability the loaded build was made for
 
 
 def load_kernel() -> Callable[..., torch.Tensor]:
     """Build (or load the cached build of) the operator; raises where this
     machine cannot build it, the same error on every later call."""
-    global _kernel, _load_error
+    global _kernel, _load_error, _capability
     if _kernel is not None:
         return _kernel
     if _load_error is not None:
@@ -124,6 +127,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
                 log.warning("C++ paged attention: the build %s failed; trying %s",
                             build_name, builds[i + 1][0])
         _kernel = torch.ops.preempt_serve.paged_decode
+        _capability = capability
     except Exception as e:  # no compiler, no ninja, or a build error
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         _load_error = f"{type(e).__name__}: {first}"
@@ -134,6 +138,13 @@ def load_kernel() -> Callable[..., torch.Tensor]:
 def loaded() -> bool:
     """Whether this process has loaded the operators (never builds them)."""
     return _kernel is not None
+
+
+def vectorized() -> bool:
+    """Whether the loaded operators are an AVX512 build, whose elementwise
+    ones (`silu_mul`) run in vectors; other builds loop element by element,
+    slower than ATen's own vectorized ops."""
+    return _kernel is not None and _capability == "AVX512"
 
 
 def bf16_dot_wanted() -> bool:
@@ -204,6 +215,11 @@ def _put_ninja_on_path() -> None:
     except ImportError:
         return
     os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
+def _token_rows(t: torch.Tensor) -> bool:
+    """Whether each token's rows of `t` [T, kv_heads, dim] lie together."""
+    return t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
 
 
 @dataclass(slots=True)
@@ -336,6 +352,25 @@ class CppAttentionBackend(TorchAttentionBackend):
             **fields,
         )
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        if self.kernel is None or not (_token_rows(k) and _token_rows(v)
+                                       and key_cache.is_contiguous()
+                                       and value_cache.is_contiguous()):
+            return super().forward(q, k, v, key_cache, value_cache, metadata, scale)
+        assert isinstance(metadata, TorchAttentionMetadata)
+        # The step's K/V into the cache: a copy per token (engine/csrc/kv_write.cpp).
+        torch.ops.preempt_serve.write_kv(k, v, key_cache, value_cache, metadata.slot_mapping)
+        return self._attend(q, k, v, key_cache, value_cache, metadata, scale)
+
     def _attend(
         self,
         q: torch.Tensor,
@@ -348,6 +383,11 @@ class CppAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         assert isinstance(md, CppAttentionMetadata)
         if md.prefill_rows is None:
+            if (self.kernel is not None and not md.prefills and md.decode_block_ids is not None
+                    and md.num_decodes == q.shape[0]):
+                # Decodes only: the operator's output is the whole answer (no copy).
+                return self.kernel(q, key_cache, value_cache, md.decode_block_ids,
+                                   md.decode_table_starts, md.decode_context_lens, scale)
             return super()._attend(q, k, v, key_cache, value_cache, md, scale)
         # Deterministic mode with prompt positions: each position to its
         # operator (build_metadata), the rows gathered and put back.

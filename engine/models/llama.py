@@ -3,8 +3,12 @@
 Pre-norm decoder: RMSNorm → attention with RoPE and grouped-query heads →
 residual → RMSNorm → SiLU-gated MLP → residual.  q/k/v are fused into one
 matrix at load time (one GEMM and one split instead of three GEMMs: neutral
-on a CPU, a win on GPUs).  gate and up stay separate: fusing them measured
-~10% slower on a CPU, where SiLU over half of a fused output runs strided.
+on a CPU, a win on GPUs), and so are gate and up: on oneDNN-packed bf16
+weights read from memory one GEMM of both is 1.05–1.1× the two at 8–96 rows
+(studies/engine_cpu/layer_ops.py), level with them in float32 on MKL.  On an AVX512 CPU, SiLU and the product read the two halves in one
+C++ operator (engine/csrc/silu_mul.cpp), and each residual sum is one
+operator with the norm that follows it (norm_rotary.cpp), with ATen's
+roundings: the same bits as the op-by-op forward in bf16.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return rms_norm(x, weight, eps)
 
 
+def add_rms_norm_cpu(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + r, its norm): one C++ operator for bfloat16 rows where it is
+    loaded (the same rounding as the add, then `rms_norm_cpu`)."""
+    if (x.dtype is torch.bfloat16 and r.dtype is torch.bfloat16 and x.dim() == 2
+            and x.stride(-1) == 1 and r.stride(-1) == 1 and attention_cpp.loaded()):
+        return torch.ops.preempt_serve.add_rms_norm_bf16(x, r, weight, eps)
+    x = x + r
+    return x, rms_norm(x, weight, eps)
+
+
 def _bias(n: int, enabled: bool, dtype: torch.dtype, device: torch.device) -> nn.Parameter | None:
     return frozen((n,), dtype, device) if enabled else None
 
@@ -69,19 +84,18 @@ class LlamaDecoderLayer(nn.Module):
         self.o = frozen((d, num_heads * head_dim), dtype, device)
         self.o_bias = _bias(d, attn_bias, dtype, device)
         self.post_norm = frozen((d,), dtype, device)
-        self.gate = frozen((inter, d), dtype, device)
-        self.gate_bias = _bias(inter, mlp_bias, dtype, device)
-        self.up = frozen((inter, d), dtype, device)
-        self.up_bias = _bias(inter, mlp_bias, dtype, device)
+        # gate's rows, then up's (this shard's of each).
+        self.gate_up = frozen((2 * inter, d), dtype, device)
+        self.gate_up_bias = _bias(2 * inter, mlp_bias, dtype, device)
         self.down = frozen((d, inter), dtype, device)
         self.down_bias = _bias(d, mlp_bias, dtype, device)
 
 
 class LlamaForCausalLM(CausalLM):
     model_type = "llama"
-    projection_names = ("qkv", "o", "gate", "up", "down")
-    tp_split = {"qkv": 0, "qkv_bias": 0, "o": 1, "gate": 0, "gate_bias": 0, "up": 0,
-                "up_bias": 0, "down": 1, "embed": 0, "lm_head": 0}
+    projection_names = ("qkv", "o", "gate_up", "down")
+    tp_split = {"qkv": 0, "qkv_bias": 0, "o": 1, "gate_up": 0, "gate_up_bias": 0,
+                "down": 1, "embed": 0, "lm_head": 0}
     tp_vocab = frozenset({"embed", "lm_head"})
 
     def __init__(
@@ -127,6 +141,11 @@ class LlamaForCausalLM(CausalLM):
             self.norm_fn = fused_triton.rms_norm
         self._q_size = self.num_heads * self.head_dim
         self._kv_size = self.num_kv_heads * self.head_dim
+        self._inter = tp.split(config.intermediate_size, "MLP columns")
+        # SiLU(gate) * up and the residual sums: one C++ operator each on an
+        # AVX512 CPU (bit-identical to the ATen ops there); elsewhere ATen's.
+        self._silu = getattr(config, "hidden_act", "silu") in ("silu", "swish")
+        self.add_norm_fn = add_rms_norm_cpu if device.type == "cpu" else None
 
     # Weights ----------------------------------------------------------
 
@@ -142,10 +161,10 @@ class LlamaForCausalLM(CausalLM):
         "self_attn.v_proj.bias": WeightTarget("qkv_bias", 2),
         "self_attn.o_proj.weight": WeightTarget("o"),
         "self_attn.o_proj.bias": WeightTarget("o_bias"),
-        "mlp.gate_proj.weight": WeightTarget("gate"),
-        "mlp.up_proj.weight": WeightTarget("up"),
-        "mlp.gate_proj.bias": WeightTarget("gate_bias"),
-        "mlp.up_proj.bias": WeightTarget("up_bias"),
+        "mlp.gate_proj.weight": WeightTarget("gate_up", 0),
+        "mlp.up_proj.weight": WeightTarget("gate_up", 1),
+        "mlp.gate_proj.bias": WeightTarget("gate_up_bias", 0),
+        "mlp.up_proj.bias": WeightTarget("gate_up_bias", 1),
         "mlp.down_proj.weight": WeightTarget("down"),
         "mlp.down_proj.bias": WeightTarget("down_bias"),
     }
@@ -175,6 +194,8 @@ class LlamaForCausalLM(CausalLM):
         leaf = param.rsplit(".", 1)[-1]
         if leaf in ("qkv", "qkv_bias"):
             return [self._q_size, self._kv_size, self._kv_size]
+        if leaf in ("gate_up", "gate_up_bias"):
+            return [self._inter, self._inter]
         return super().fused_shards(param)
 
     # Forward ----------------------------------------------------------
@@ -187,8 +208,10 @@ class LlamaForCausalLM(CausalLM):
         rotate = self._rotation(batch.positions)
         q_size, kv_size = self._q_size, self._kv_size
         norm = self.norm_fn
-        for i, layer in enumerate(self.layers):
-            h = norm(x, layer.input_norm, self.eps)
+        layers = self.layers
+        # Each residual sum goes with the norm after it (`_add_norm`).
+        h = norm(x, layers[0].input_norm, self.eps) if len(layers) else x
+        for i, layer in enumerate(layers):
             qkv = self.linear(h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
             q, k = rotate(q.view(t, self.num_heads, self.head_dim),
@@ -197,15 +220,33 @@ class LlamaForCausalLM(CausalLM):
             a = self.attn.forward(
                 q, k, v, kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, self.scale
             )
-            x = x + self.row_linear(a.view(t, q_size), layer.o, layer.o_bias)
-            h = norm(x, layer.post_norm, self.eps)
-            gate = self.act(self.linear(h, layer.gate, layer.gate_bias))
-            up = self.linear(h, layer.up, layer.up_bias)
-            x = x + self.row_linear(gate * up, layer.down, layer.down_bias)
+            o = self.row_linear(a.view(t, q_size), layer.o, layer.o_bias)
+            x, h = self._add_norm(x, o, layer.post_norm)
+            gate_up = self.linear(h, layer.gate_up, layer.gate_up_bias)
+            d = self.row_linear(self._gated(gate_up), layer.down, layer.down_bias)
+            if i + 1 < len(layers):
+                x, h = self._add_norm(x, d, layers[i + 1].input_norm)
+            else:
+                x = x + d
             self.safepoint(i)
         if not self.pp.last:
             return x
         return norm(x[batch.logits_indices], self.norm, self.eps)
+
+    def _add_norm(self, x: torch.Tensor, r: torch.Tensor,
+                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + r, its norm)."""
+        if self.add_norm_fn is not None:
+            return self.add_norm_fn(x, r, weight, self.eps)
+        x = x + r
+        return x, self.norm_fn(x, weight, self.eps)
+
+    def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up, from one GEMM's output of both."""
+        if self._silu and gate_up.device.type == "cpu" and attention_cpp.vectorized():
+            return torch.ops.preempt_serve.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act(gate) * up
 
     def _rotation(
         self, positions: torch.Tensor

@@ -337,6 +337,11 @@ def test_other_builds_of_this_cpu_match_too(build: str) -> None:
         "    nr.test_rotation_keeps_special_values_bit_for_bit(dtype)\n"
         "for n in [1, 17, 49157]:\n"
         "    lg.test_matches_aten_on_every_row(torch.ops.preempt_serve.argmax_rows, n)\n"
+        "from tests.engine import test_layer_ops_cpu as lo\n"
+        "for dtype in (torch.float32, torch.bfloat16):\n"
+        "    lo.test_silu_mul_is_the_op_by_op_product(dtype, 7, 37)\n"
+        "lo.test_add_norm_is_the_sum_then_the_norm(5, 10)\n"
+        "lo.test_write_kv_writes_what_index_copy_writes()\n"
         "print('ok')\n"
     )
     env = {**os.environ, **env_extra}

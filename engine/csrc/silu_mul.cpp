@@ -1,0 +1,82 @@
+// SwiGLU's elementwise half on CPU: silu(gate) * up, with gate and up side
+// by side in each row of one GEMM's output (engine/models/llama.py), in one
+// pass instead of ATen's silu over a strided half, then a multiply.  It
+// rounds where those ops round: silu(gate) to the model dtype, then the
+// product.  silu(x) = x / (1 + exp(-x)) as ATen computes it; an AVX512 build
+// takes exp from the SLEEF function ATen's own AVX512 silu calls
+// (Sleef_expf16_u10, exported by libtorch_cpu) for every element, a row's
+// tail included; other builds use std::exp.  Each element depends on its
+// own inputs only, so the result does not depend on the batch.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "vec16.h"
+
+#ifdef PREEMPT_SERVE_VEC16
+#include <sleef.h>
+#endif
+
+namespace {
+
+template <typename T>
+void silu_mul_rows(const T* y, int64_t stride, int64_t rows, int64_t n, T* out) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = y + r * stride;
+      const T* u = g + n;
+      T* o = out + r * n;
+      int64_t j = 0;
+#ifdef PREEMPT_SERVE_VEC16
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
+        using namespace preempt_serve_vec;
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (; j < n; j += 16) {
+          const int64_t left = n - j;
+          const __m512 x = left >= 16 ? load16(g + j) : load16(g + j, left);
+          const __m512 up = left >= 16 ? load16(u + j) : load16(u + j, left);
+          const __m512 s = round16<T>(
+              _mm512_div_ps(x, _mm512_add_ps(one, Sleef_expf16_u10(negate16(x)))));
+          if (left >= 16) {
+            store16(o + j, _mm512_mul_ps(s, up));
+          } else {
+            store16(o + j, _mm512_mul_ps(s, up), left);
+          }
+        }
+      }
+#endif
+      for (; j < n; ++j) {
+        const float x = static_cast<float>(g[j]);
+        const float s = static_cast<float>(static_cast<T>(x / (1.0f + std::exp(-x))));
+        o[j] = static_cast<T>(s * static_cast<float>(u[j]));
+      }
+    }
+  });
+}
+
+at::Tensor silu_mul(const at::Tensor& y) {
+  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1 && y.size(1) % 2 == 0,
+              "silu_mul: y [T, 2n] (gate, then up), rows contiguous");
+  const int64_t rows = y.size(0), n = y.size(1) / 2;
+  at::Tensor out = at::empty({rows, n}, y.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "silu_mul", [&] {
+    silu_mul_rows<scalar_t>(y.data_ptr<scalar_t>(), y.stride(0), rows, n,
+                            out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
+  m.def("silu_mul(Tensor y) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {
+  m.impl("silu_mul", &silu_mul);
+}
