@@ -108,6 +108,9 @@ class Policy(ABC):
             job.transition(JobState.RUNNING)
         if job.first_scheduled_time is None:
             job.first_scheduled_time = self.clock()
-        return ScheduledChunk(
-            job.job_id, job.token_slice(start, end), start, job.block_table.copy(),
-            end == len(job.prompt_token_ids) + len(outputs), len(outputs))
+        p = len(job.prompt_token_ids)
+        # A decode's token is its job's last output (most chunks of a plan).
+        tokens = (outputs[start - p:end - p] if start >= p
+                  else job.token_slice(start, end))
+        return ScheduledChunk(job.job_id, tokens, start, job.block_table.copy(),
+                              end == p + len(outputs), len(outputs))
