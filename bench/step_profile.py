@@ -36,7 +36,7 @@ _GROUPS = {
                   "aten::_scaled_dot_product_attention_math",
                   "aten::_scaled_dot_product_efficient_attention",
                   "aten::_scaled_dot_product_flash_attention"),
-    "kv gather / write": ("aten::index_select", "aten::index_copy_"),
+    "kv gather / write": ("aten::index_select", "aten::index_copy_", "preempt_serve::write_kv"),
 }
 
 

@@ -10,6 +10,7 @@ from bench.step_profile import _group, main
 def test_groups_name_the_ops():
     assert _group("aten::mm") == "matmul"
     assert _group("aten::index_select") == "kv gather / write"
+    assert _group("preempt_serve::write_kv") == "kv gather / write"
     assert _group("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert _group("aten::silu") == "other"
 
