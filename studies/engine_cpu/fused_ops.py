@@ -1,9 +1,11 @@
 """Decode steps with and without the small C++ operators on CPU.
 
-The operators are the bf16 RMSNorm and the rotation of q and k
-(`engine/csrc/norm_rotary.cpp`) and the greedy argmax
-(`engine/csrc/logits.cpp`); the model and the sampler take them wherever
-`engine.attention_cpp.loaded()` says the library is loaded.  Each round
+The operators are the bf16 RMSNorm (alone and with the residual sum before
+it) and the rotation of q and k (`engine/csrc/norm_rotary.cpp`) and the
+greedy argmax (`engine/csrc/logits.cpp`); the model and the sampler take them
+wherever `engine.attention_cpp.loaded()` says the library is loaded.  The
+switch leaves on the operators the layer takes by other tests (SiLU × up,
+the K/V write: `studies/engine_cpu/layer_ops.py` times those).  Each round
 runs five decode steps with them and five with that switch forced off
 (ATen's op-by-op versions), on the same runner and sequences (`--batch`
 sequences sharing a 300-token context, one thread), so that a noisy host

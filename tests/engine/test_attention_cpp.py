@@ -307,48 +307,58 @@ _OTHER_BUILDS = {
 }
 
 
+# The checks each other build runs, in a process of its own (one build of the
+# operators per process).
+_OTHER_BUILD_CHECK = (
+    "import torch\n"
+    "import engine.attention_cpp as cpp\n"
+    "from tests.engine import test_attention_cpp as t, test_logits_cpu as lg\n"
+    "from tests.engine import test_prefill_cpp as pf\n"
+    "cpp.load_kernel()\n"
+    "for shape in [(9, 3, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (6, 2, 8, 4)]:\n"
+    "    t.test_matches_dense_attention(*shape)\n"
+    "    t.test_bfloat16_cache_accumulates_in_float32(*shape)\n"
+    "    pf.test_prefill_matches_dense_attention(*shape)\n"
+    "    pf.test_prefill_bfloat16_within_its_rounding(*shape)\n"
+    "t.test_online_softmax_keeps_extreme_scores_exact()\n"
+    "pf.test_prefill_online_softmax_keeps_extreme_scores_exact()\n"
+    "from tests.engine import test_norm_rotary_cpu as nr\n"
+    "for dtype in (torch.float32, torch.bfloat16):\n"
+    "    nr.test_rotation_is_the_op_by_op_rotation_bit_for_bit(dtype, 4, 4, 2, 40)\n"
+    "    nr.test_rotation_keeps_special_values_bit_for_bit(dtype)\n"
+    "for n in [1, 17, 49157]:\n"
+    "    lg.test_matches_aten_on_every_row(torch.ops.preempt_serve.argmax_rows, n)\n"
+    "from tests.engine import test_layer_ops_cpu as lo\n"
+    "for dtype in (torch.float32, torch.bfloat16):\n"
+    "    lo.test_silu_mul_is_the_op_by_op_product(dtype, 7, 37)\n"
+    "lo.test_add_norm_is_the_sum_then_the_norm(5, 10)\n"
+    "lo.test_write_kv_writes_what_index_copy_writes()\n"
+    "print('ok')\n"
+)
+
+
 @needs_cxx
-@pytest.mark.parametrize("build", sorted(_OTHER_BUILDS))
-def test_other_builds_of_this_cpu_match_too(build: str) -> None:
-    # Checked in a process of their own: one build of the operators per process.
+def test_other_builds_of_this_cpu_match_too() -> None:
+    # The builds this CPU can also make, each checked in its own process; the
+    # processes run side by side (each spends most of its time compiling).
     import os
     import subprocess
     import sys
 
-    env_extra, differs = _OTHER_BUILDS[build]
-    if not differs:
-        pytest.skip("the same build as this process's")
-    script = (
-        "import torch\n"
-        "import engine.attention_cpp as cpp\n"
-        "from tests.engine import test_attention_cpp as t, test_logits_cpu as lg\n"
-        "from tests.engine import test_prefill_cpp as pf\n"
-        "cpp.load_kernel()\n"
-        "for shape in [(9, 3, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (6, 2, 8, 4)]:\n"
-        "    t.test_matches_dense_attention(*shape)\n"
-        "    t.test_bfloat16_cache_accumulates_in_float32(*shape)\n"
-        "    pf.test_prefill_matches_dense_attention(*shape)\n"
-        "    pf.test_prefill_bfloat16_within_its_rounding(*shape)\n"
-        "t.test_online_softmax_keeps_extreme_scores_exact()\n"
-        "pf.test_prefill_online_softmax_keeps_extreme_scores_exact()\n"
-        "from tests.engine import test_norm_rotary_cpu as nr\n"
-        "for dtype in (torch.float32, torch.bfloat16):\n"
-        "    nr.test_rotation_is_the_op_by_op_rotation_bit_for_bit(dtype, 4, 4, 2, 40)\n"
-        "    nr.test_rotation_keeps_special_values_bit_for_bit(dtype)\n"
-        "for n in [1, 17, 49157]:\n"
-        "    lg.test_matches_aten_on_every_row(torch.ops.preempt_serve.argmax_rows, n)\n"
-        "from tests.engine import test_layer_ops_cpu as lo\n"
-        "for dtype in (torch.float32, torch.bfloat16):\n"
-        "    lo.test_silu_mul_is_the_op_by_op_product(dtype, 7, 37)\n"
-        "lo.test_add_norm_is_the_sum_then_the_norm(5, 10)\n"
-        "lo.test_write_kv_writes_what_index_copy_writes()\n"
-        "print('ok')\n"
-    )
-    env = {**os.environ, **env_extra}
+    builds = [b for b, (_, differs) in sorted(_OTHER_BUILDS.items()) if differs]
+    if not builds:
+        pytest.skip("no other build than this process's")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=root)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    running = {b: subprocess.Popen([sys.executable, "-c", _OTHER_BUILD_CHECK],
+                                   env={**os.environ, **_OTHER_BUILDS[b][0]}, cwd=root,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for b in builds}
+    failed = {}
+    for b, proc in running.items():
+        out, err = proc.communicate(timeout=900)
+        if proc.returncode != 0 or not out.strip().endswith("ok"):
+            failed[b] = err[-3000:]
+    assert not failed, failed
 
 
 def test_cpu_default_is_cpp_and_cuda_is_refused() -> None:
