@@ -6,7 +6,8 @@ head_dim]`, both layers and K/V stacked into one allocation
 
 Why this layout: a token's K (or V) for all heads is one contiguous row, so
 writing a step's new tokens is one `index_copy_` over flat slot ids
-(`block * block_size + offset`), and gathering a sequence is one
+(`block * block_size + offset`; on CPU one copy per token,
+engine/csrc/kv_write.cpp), and gathering a sequence is one
 `index_select` of whole blocks that yields `[blocks, block_size, heads, dim]`
 already in token order.  A block (all its tokens and heads) is contiguous
 within a layer, which is what a swap or checkpoint copies (kvstore).  One
@@ -44,6 +45,10 @@ class KVCache:
             num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
             dtype=dtype, device=device,
         )
+        # Each layer's views, made once: two indexing ops a layer otherwise,
+        # a few microseconds each at every step.
+        self._keys = [self.data[layer, 0] for layer in range(num_layers)]
+        self._values = [self.data[layer, 1] for layer in range(num_layers)]
 
     @property
     def device(self) -> torch.device:
@@ -55,10 +60,10 @@ class KVCache:
 
     def key(self, layer: int) -> torch.Tensor:
         """`[num_blocks, block_size, num_kv_heads, head_dim]` view of layer K."""
-        return self.data[layer, 0]
+        return self._keys[layer]
 
     def value(self, layer: int) -> torch.Tensor:
-        return self.data[layer, 1]
+        return self._values[layer]
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """A copy of the blocks, `[n, num_layers, 2, block_size, kv_heads, head_dim]`
