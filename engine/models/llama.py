@@ -5,10 +5,11 @@ residual → RMSNorm → SiLU-gated MLP → residual.  q/k/v are fused into one
 matrix at load time (one GEMM and one split instead of three GEMMs: neutral
 on a CPU, a win on GPUs), and so are gate and up: on oneDNN-packed bf16
 weights read from memory one GEMM of both is 1.05–1.1× the two at 8–96 rows
-(studies/engine_cpu/layer_ops.py), level with them in float32 on MKL.  On an AVX512 CPU, SiLU and the product read the two halves in one
-C++ operator (engine/csrc/silu_mul.cpp), and each residual sum is one
-operator with the norm that follows it (norm_rotary.cpp), with ATen's
-roundings: the same bits as the op-by-op forward in bf16.
+(studies/engine_cpu/layer_ops.py), level with them in float32 on MKL.  On an
+AVX512 CPU, SiLU and the product read the two halves in one C++ operator
+(engine/csrc/silu_mul.cpp), and each residual sum is one operator with the
+norm that follows it (norm_rotary.cpp), with ATen's roundings: the same bits
+as the op-by-op forward in bf16.
 """
 
 from __future__ import annotations
