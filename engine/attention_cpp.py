@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from engine.attention import AttentionMetadata, SeqSpan
+from engine.attention import SeqSpan
 from engine.attention_torch import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
@@ -352,24 +352,15 @@ class CppAttentionBackend(TorchAttentionBackend):
             **fields,
         )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
+    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+                  value_cache: torch.Tensor, md: TorchAttentionMetadata) -> None:
         if self.kernel is None or not (_token_rows(k) and _token_rows(v)
                                        and key_cache.is_contiguous()
                                        and value_cache.is_contiguous()):
-            return super().forward(q, k, v, key_cache, value_cache, metadata, scale)
-        assert isinstance(metadata, TorchAttentionMetadata)
-        # The step's K/V into the cache: a copy per token (engine/csrc/kv_write.cpp).
-        torch.ops.preempt_serve.write_kv(k, v, key_cache, value_cache, metadata.slot_mapping)
-        return self._attend(q, k, v, key_cache, value_cache, metadata, scale)
+            super()._write_kv(k, v, key_cache, value_cache, md)
+            return
+        # A copy per token (engine/csrc/kv_write.cpp).
+        torch.ops.preempt_serve.write_kv(k, v, key_cache, value_cache, md.slot_mapping)
 
     def _attend(
         self,
@@ -386,8 +377,7 @@ class CppAttentionBackend(TorchAttentionBackend):
             if (self.kernel is not None and not md.prefills and md.decode_block_ids is not None
                     and md.num_decodes == q.shape[0]):
                 # Decodes only: the operator's output is the whole answer (no copy).
-                return self.kernel(q, key_cache, value_cache, md.decode_block_ids,
-                                   md.decode_table_starts, md.decode_context_lens, scale)
+                return self._decode(q, key_cache, value_cache, md, scale)
             return super()._attend(q, k, v, key_cache, value_cache, md, scale)
         # Deterministic mode with prompt positions: each position to its
         # operator (build_metadata), the rows gathered and put back.

@@ -149,11 +149,15 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         assert isinstance(metadata, TorchAttentionMetadata)
-        md = metadata
+        self._write_kv(k, v, key_cache, value_cache, metadata)
+        return self._attend(q, k, v, key_cache, value_cache, metadata, scale)
+
+    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+                  value_cache: torch.Tensor, md: TorchAttentionMetadata) -> None:
+        """The step's new K/V into the cache, at `md.slot_mapping`."""
         kvh, hd = self.num_kv_heads, self.head_dim
         key_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, k)
         value_cache.view(-1, kvh, hd).index_copy_(0, md.slot_mapping, v)
-        return self._attend(q, k, v, key_cache, value_cache, md, scale)
 
     def _attend(
         self,
