@@ -452,8 +452,9 @@ class ModelRunner(PlanPreparing, ShardDriving):
 
     def _logits(self, plan: Plan, prepared: PreparedStep,
                 pending: Pending | None = None) -> torch.Tensor | None:
-        """The forward pass and the lm_head: float32 logits of the rows in
-        `prepared.logits_indices` (None where no row is wanted).  A
+        """The forward pass and the lm_head: logits of the rows in
+        `prepared.logits_indices` (None where no row is wanted; float32, or
+        an unsplit CPU model's own dtype: `Model.vocab_logits`).  A
         decode-only step that fits a captured bucket replays its graph, and
         so does a mixed step that fits a bucket of the mixed graphs.  Length
         head estimates go to `pending.lengths` (eagerly: no graph keeps them)."""
@@ -497,4 +498,4 @@ class ModelRunner(PlanPreparing, ShardDriving):
             self.shards.finish()
         assert logits is not None, "the plan samples no chunk"
         row = {c.job_id: i for i, (c, _) in enumerate(prepared.sampled)}
-        return logits[[row[c.job_id] for c in plan.chunks if c.sample]]
+        return logits[[row[c.job_id] for c in plan.chunks if c.sample]].float()

@@ -305,7 +305,9 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
-        """One token per row of float32 `logits` `[rows, vocab]` (left unchanged)."""
+        """One token per row of `logits` `[rows, vocab]` (left unchanged):
+        float32, or a CPU model's bfloat16, which is widened to float32 for
+        every use but the plain greedy argmax (the same index either way)."""
         return self.sample_tensor(logits, requests).tolist()
 
     def sample_tensor(self, logits: torch.Tensor,
@@ -320,6 +322,7 @@ class Sampler:
             return torch.empty(0, dtype=torch.long, device=logits.device)
         if all(r.params.greedy and not r.adjusts_logits for r in requests):
             return argmax_rows(logits)
+        logits = logits.float()
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         if greedy:

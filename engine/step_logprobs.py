@@ -1,6 +1,6 @@
 """Logprobs a pass owes its requests: those of the tokens it sampled, and
 the prompt logprobs of the prompt positions it computed (OpenAI `logprobs`
-and vLLM's `prompt_logprobs`), from the pass's float32 logits rows.  Both
+and vLLM's `prompt_logprobs`), from the pass's logits rows, in float32.  Both
 are raw: before penalties, logit bias and temperature."""
 
 from __future__ import annotations

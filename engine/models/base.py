@@ -152,9 +152,15 @@ class CausalLM(nn.Module, ABC):
         return y if bias is None else y + bias
 
     def vocab_logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
-        """Float32 logits over the whole vocabulary on the first shard (None
-        on the others) from a vocab-parallel `head`."""
-        local = self.head_linear(hidden, head).float()
+        """Logits over the whole vocabulary on the first shard (None on the
+        others) from a vocab-parallel `head`: float32, but for an unsplit
+        model on CPU, whose logits stay in the model's dtype (a bfloat16
+        model's greedy argmax reads them as they are; a float32 copy of every
+        row costs 5-6 ms of a batch-96 SmolLM2 step; the sampler widens them
+        where it needs float32: `engine.sampling`)."""
+        local = self.head_linear(hidden, head)
+        if self.tp.enabled or self.pp.enabled or local.device.type != "cpu":
+            local = local.float()
         return self.tp.gather_logits(local, self.vocab_size)
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
@@ -176,8 +182,9 @@ class CausalLM(nn.Module, ABC):
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """`[S, vocab]` logits in float32 (with tensor parallelism, on the
-        first shard only; None on the others)."""
+        """`[S, vocab]` logits (with tensor parallelism, on the first shard
+        only; None on the others), in float32 but on an unsplit CPU model
+        (`vocab_logits`)."""
 
     @abstractmethod
     def weight_target(self, hf_name: str) -> WeightTarget | None:

@@ -30,7 +30,12 @@ from engine.runner import ModelRunner
 from scheduler.plan import Plan, ScheduledChunk
 
 
-def _steps(batch: int, context: int, steps: int, bs: int, seed: int) -> dict[str, object]:
+def spread_batch(batch: int, context: int, steps: int, bs: int,
+                 seed: int) -> tuple[ModelRunner, list[str], list[list[int]], int]:
+    """A bf16 SmolLM2 runner holding `batch` decoding sequences of `context`
+    tokens, each on its own copy of one prompt's blocks at random places,
+    with room for `steps` more tokens: (runner, job ids, block tables, the
+    first sampled token)."""
     per = context // bs
     own = -(-(steps + 2) // bs)
     num_blocks = per + batch * (per + own)
@@ -42,6 +47,7 @@ def _steps(batch: int, context: int, steps: int, bs: int, seed: int) -> dict[str
     runner.add_request("p", GREEDY, prompt)
     res = runner.execute(Plan(0, [ScheduledChunk("p", prompt, 0, list(range(per)), True, 0)]))
     first = res.outputs[0].token_id
+    assert first is not None
     runner.remove_request("p")
     # Each sequence's blocks: a copy of the prompt's at random places.
     free = (torch.randperm(num_blocks - per, generator=gen) + per).tolist()
@@ -56,6 +62,11 @@ def _steps(batch: int, context: int, steps: int, bs: int, seed: int) -> dict[str
     jobs = [f"s{i}" for i in range(batch)]
     for job in jobs:
         runner.add_request(job, GREEDY, prompt, output_token_ids=[first])
+    return runner, jobs, tables, first
+
+
+def _steps(batch: int, context: int, steps: int, bs: int, seed: int) -> dict[str, object]:
+    runner, jobs, tables, first = spread_batch(batch, context, steps, bs, seed)
     last = [first] * batch
     times: dict[str, list[float]] = {"amx": [], "vectors": []}
     for step in range(steps):

@@ -328,6 +328,8 @@ _OTHER_BUILD_CHECK = (
     "    nr.test_rotation_keeps_special_values_bit_for_bit(dtype)\n"
     "for n in [1, 17, 49157]:\n"
     "    lg.test_matches_aten_on_every_row(torch.ops.preempt_serve.argmax_rows, n)\n"
+    "    lg.test_bfloat16_rows_give_their_float32_copy_index(\n"
+    "        torch.ops.preempt_serve.argmax_rows, n)\n"
     "from tests.engine import test_layer_ops_cpu as lo\n"
     "for dtype in (torch.float32, torch.bfloat16):\n"
     "    lo.test_silu_mul_is_the_op_by_op_product(dtype, 7, 37)\n"

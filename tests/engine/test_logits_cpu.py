@@ -1,6 +1,7 @@
 """The greedy argmax operator: ATen's index on every row it is given
-(ties, NaN, infinities, tails past the last whole vector), and ATen's own
-call wherever the operator does not apply."""
+(ties, NaN, infinities, tails past the last whole vector), float32 and
+bfloat16 rows alike (a bfloat16 row's index is its float32 copy's), and
+ATen's own call wherever the operator does not apply."""
 
 from __future__ import annotations
 
@@ -43,25 +44,41 @@ def _rows_with_edges(n: int, gen: torch.Generator) -> torch.Tensor:
 
 @needs_cxx
 @pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 1000, 49152, 49157])
-def test_matches_aten_on_every_row(op, n: int) -> None:
-    x = _rows_with_edges(n, torch.Generator().manual_seed(n))
-    assert torch.equal(op(x), x.argmax(dim=-1))
-    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+def test_matches_aten_on_every_row(op, n: int, dtype: torch.dtype = torch.float32) -> None:
+    x = _rows_with_edges(n, torch.Generator().manual_seed(n)).to(dtype)
+    want = x.float().argmax(dim=-1)
+    assert torch.equal(op(x), want)
+    assert torch.equal(argmax_rows(x), want)
 
 
 @needs_cxx
-def test_reads_strided_rows(op) -> None:
-    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("n", [1, 15, 17, 33, 49152, 49157])
+def test_bfloat16_rows_give_their_float32_copy_index(op, n: int) -> None:
+    test_matches_aten_on_every_row(op, n, torch.bfloat16)
+    # Values that bfloat16 rounds together: ties at the largest value that a
+    # float32 row would not have, the first one wins.
+    x = torch.randn(8, n, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x[:, (n * 2) // 3] = 1000.0
+    x[:, n - 1] = 1001.0  # rounds to 1000.0 in bfloat16
+    want = x.float().argmax(dim=-1)
+    assert torch.equal(op(x), want)
+    assert torch.equal(op(x), x.argmax(dim=-1))
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reads_strided_rows(op, dtype: torch.dtype) -> None:
+    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1)).to(dtype)
     view = x[::2, 5:260]
     assert not view.is_contiguous()
-    assert torch.equal(op(view), view.argmax(dim=-1))
+    assert torch.equal(op(view), view.float().argmax(dim=-1))
 
 
 @needs_cxx
 def test_refuses_what_it_cannot_read(op) -> None:
-    with pytest.raises(RuntimeError, match="2-D float32"):
-        op(torch.randn(3, 4).bfloat16())
-    with pytest.raises(RuntimeError, match="2-D float32"):
+    with pytest.raises(RuntimeError, match="2-D float32 or bfloat16"):
+        op(torch.randn(3, 4).half())
+    with pytest.raises(RuntimeError, match="2-D float32 or bfloat16"):
         op(torch.randn(12))
     with pytest.raises(RuntimeError, match="empty"):
         op(torch.empty(3, 0))

@@ -210,6 +210,50 @@ def test_bfloat16_runs_with_finite_logits(fixture: str, request: pytest.FixtureR
     assert err < 0.05 * logits["float32"].abs().max() + 0.1
 
 
+def test_bfloat16_logits_on_cpu_sample_as_their_float32_copy(
+        tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bf16 model on CPU keeps its logits in bf16 (no float32 copy of every
+    # row); every sampling path must give what the float32 copy gave: plain
+    # greedy (the argmax reads bf16), greedy with logprobs, penalties and a
+    # logit bias, seeded sampling, prompt logprobs.
+    from engine.models.base import CausalLM as Model
+
+    r = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=96, block_size=4,
+                    max_model_len=80, num_threads=1)
+    prompts = random_prompts([5, 23, 41, 9, 2], seed=7)
+    params = dict(zip(prompts, [
+        _greedy(10, ignore_eos=True),
+        _greedy(10, ignore_eos=True, logprobs=3, prompt_logprobs=2),
+        _greedy(10, ignore_eos=True, repetition_penalty=1.3, logit_bias={5: 2.0}),
+        SamplingParams(temperature=0.8, top_k=20, seed=11, max_tokens=10, ignore_eos=True,
+                       logprobs=1),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=12, max_tokens=10, ignore_eos=True,
+                       presence_penalty=0.5),
+    ]))
+    seen: list[torch.dtype] = []
+    real = Model.vocab_logits
+
+    def spy(self: Model, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
+        out = real(self, hidden, head)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(Model, "vocab_logits", spy)
+    kept = drive(r, prompts, params, num_blocks=96, block_size=4, max_model_len=80)
+    greedy_only = drive(r, {"g": prompts["job0"]}, params["job0"], num_blocks=96,
+                        block_size=4, max_model_len=80)
+    assert set(seen) == {torch.bfloat16}
+    monkeypatch.setattr(Model, "vocab_logits",
+                        lambda self, hidden, head: real(self, hidden, head).float())
+    widened = drive(r, prompts, params, num_blocks=96, block_size=4, max_model_len=80)
+    assert kept.tokens == widened.tokens
+    assert kept.logprobs == widened.logprobs and kept.logprobs["job1"]
+    assert kept.prompt_logprobs == widened.prompt_logprobs and kept.prompt_logprobs["job1"]
+    # The plain greedy request alone (only the bf16 argmax) gives its tokens
+    # of the mixed batches.
+    assert greedy_only.tokens["g"] == widened.tokens["job0"]
+
+
 def test_model_facts_for_the_ingress(smollm2_runner: ModelRunner) -> None:
     r = smollm2_runner
     assert r.vocab_size == 49152
