@@ -2,8 +2,9 @@
 
 `studies.engine_cpu.decode_op`'s "cold" layout reads the same blocks on
 every repetition; on a host with a large L3 those stay there.  Here each
-repetition reads another of `SETS` disjoint sets of blocks (batch 96 x 512
-tokens: 38 MB of K/V a set, 900 MB in all), as a served step reads a
+repetition reads another of 24 disjoint sets of blocks (batch 96 x 512
+tokens: 38 MB of K/V a set, 900 MB in all; `--batch`, `--context` change
+the shape and the number of sets with it), as a served step reads a
 different layer's K/V each time.  bf16, SmolLM2's heads (9 / 3 of 64),
 blocks of `--block` tokens (16), one thread; AMX tiles and vectors where the
 build has both.  `--run N` gives each sequence its blocks in runs of N
@@ -25,7 +26,7 @@ import torch
 
 from engine.attention_cpp import decode_amx, load_kernel
 
-BATCH, CONTEXT, HEADS, KV_HEADS, DIM, SETS = 96, 512, 9, 3, 64, 24
+HEADS, KV_HEADS, DIM = 9, 3, 64
 
 
 def median_ms(op: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
@@ -45,15 +46,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block", type=int, default=16)
     parser.add_argument("--run", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=96)
+    parser.add_argument("--context", type=int, default=512)
     args = parser.parse_args(argv)
     block, run = args.block, args.run
+    batch, context = args.batch, args.context
+    # Sets enough for ~900 MB of K/V in all, whatever the batch and context.
+    num_sets = max(4, 24 * 512 * 96 // (context * batch))
     torch.set_num_threads(1)
     op = load_kernel()
-    per = CONTEXT // block
+    per = context // block
     if per % run:
         parser.error(f"--run must divide the {per} blocks of a sequence")
-    need = BATCH * per
-    total = need * SETS
+    need = batch * per
+    total = need * num_sets
     g = torch.Generator().manual_seed(0)
     k = torch.randn(total, block, KV_HEADS, DIM, generator=g).bfloat16()
     v = torch.randn(total, block, KV_HEADS, DIM, generator=g).bfloat16()
@@ -61,15 +67,15 @@ def main(argv: list[str] | None = None) -> None:
     starts_of_runs = torch.randperm(total // run, generator=g) * run
     per_set = need // run
     sets = [(starts_of_runs[i * per_set:(i + 1) * per_set].view(-1, 1) + torch.arange(run))
-            .reshape(-1).long().contiguous() for i in range(SETS)]
-    starts = torch.arange(BATCH) * per
-    lens = torch.full((BATCH,), CONTEXT)
-    q = torch.randn(BATCH, HEADS, DIM, generator=g).bfloat16()
+            .reshape(-1).long().contiguous() for i in range(num_sets)]
+    starts = torch.arange(batch) * per
+    lens = torch.full((batch,), context)
+    q = torch.randn(batch, HEADS, DIM, generator=g).bfloat16()
     paths = ["amx", "vectors"] * 2 if decode_amx(True) else ["build"]
     for path in paths:
         decode_amx(path == "amx")
         ms = median_ms(op, q, k, v, sets, starts, lens)
-        gbs = 2 * BATCH * CONTEXT * KV_HEADS * DIM * 2 / ms / 1e6
+        gbs = 2 * batch * context * KV_HEADS * DIM * 2 / ms / 1e6
         print(f"ours {path}, blocks of {block}, runs of {run}: {ms:.2f} ms ({gbs:.1f} GB/s of K/V)",
               flush=True)
     decode_amx(True)

@@ -4,9 +4,11 @@ disjoint sets of blocks; batch 96 x 512 tokens, SmolLM2's heads, bf16, one
 thread), blocks of 32 and 128, its AMX and vector paths.  Run in vLLM's
 venv (README "Exact commands"):
 
-    taskset -c 0 ~/.cache/peer-vllm/venv/bin/python studies/engine_cpu/vllm_cpu/attn_dram.py
+    taskset -c 0 ~/.cache/peer-vllm/venv/bin/python studies/engine_cpu/vllm_cpu/attn_dram.py \
+        [--batch 96] [--context 512] [--blocks 32,128]
 """
 
+import argparse
 import statistics
 import time
 
@@ -15,8 +17,14 @@ from vllm import _custom_ops as ops
 
 torch.set_num_threads(1)
 torch._C._cpu._init_amx()  # the tiles' state, which vLLM asks Linux for at start
-batch, context, heads, kv_heads, dim, n_sets = 96, 512, 9, 3, 64, 24
-for bs in (32, 128):
+ap = argparse.ArgumentParser()
+ap.add_argument("--batch", type=int, default=96)
+ap.add_argument("--context", type=int, default=512)
+ap.add_argument("--blocks", default="32,128")
+args = ap.parse_args()
+batch, context, heads, kv_heads, dim = args.batch, args.context, 9, 3, 64
+n_sets = max(4, 24 * 512 * 96 // (context * batch))  # ~900 MB of K/V in all
+for bs in [int(b) for b in args.blocks.split(",")]:
     per = context // bs
     need = batch * per
     total = need * n_sets
