@@ -454,7 +454,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
                 pending: Pending | None = None) -> torch.Tensor | None:
         """The forward pass and the lm_head: logits of the rows in
         `prepared.logits_indices` (None where no row is wanted; float32, or
-        an unsplit CPU model's own dtype: `Model.vocab_logits`).  A
+        an unsplit CPU model's own dtype: `CausalLM.vocab_logits`).  A
         decode-only step that fits a captured bucket replays its graph, and
         so does a mixed step that fits a bucket of the mixed graphs.  Length
         head estimates go to `pending.lengths` (eagerly: no graph keeps them)."""
