@@ -209,9 +209,11 @@ class LlamaForCausalLM(CausalLM):
         rotate = self._rotation(batch.positions)
         q_size, kv_size = self._q_size, self._kv_size
         norm = self.norm_fn
-        layers = self.layers
+        # A tuple: ModuleList's len() and indexing are Python calls, twice a
+        # layer on every pass.
+        layers = tuple(self.layers)
         # Each residual sum goes with the norm after it (`_add_norm`).
-        h = norm(x, layers[0].input_norm, self.eps) if len(layers) else x
+        h = norm(x, layers[0].input_norm, self.eps) if layers else x
         for i, layer in enumerate(layers):
             qkv = self.linear(h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
