@@ -452,12 +452,11 @@ class ModelRunner(PlanPreparing, ShardDriving):
 
     def _logits(self, plan: Plan, prepared: PreparedStep,
                 pending: Pending | None = None) -> torch.Tensor | None:
-        """The forward pass and the lm_head: logits of the rows in
-        `prepared.logits_indices` (None where no row is wanted; float32, or
-        an unsplit CPU model's own dtype: `CausalLM.vocab_logits`).  A
-        decode-only step that fits a captured bucket replays its graph, and
-        so does a mixed step that fits a bucket of the mixed graphs.  Length
-        head estimates go to `pending.lengths` (eagerly: no graph keeps them)."""
+        """The pass and the lm_head: logits (`CausalLM.vocab_logits`) of the rows
+        in `prepared.logits_indices` (None where no row is wanted).  A decode
+        step that fits a captured bucket replays its graph, and so does a mixed
+        step that fits a bucket of the mixed graphs.  Length head estimates go
+        to `pending.lengths` (eagerly: no graph keeps them)."""
         graphs, mixed = self.graphs, self.mixed_graphs
         head = self.length_head  # read once: `reconfigure` may replace it
         firsts = first_token_rows(head, prepared.sampled)
