@@ -58,13 +58,12 @@ def shares(raw: Path, root: str, rules: list[tuple[str, tuple[str, ...]]]) -> tu
     return total, cats
 
 
-def window_stats(bench: Path, lo: float, hi: float) -> dict[str, float]:
+def window_stats(records: list[dict[str, Any]], lo: float, hi: float) -> dict[str, float]:
     """In [lo, hi) s of the run: output tokens a second, requests running
     and their mean context, and the time of an iteration that gives every
     running request a token (running / tokens a second); the median gap
     between a request's tokens too (coarser: tokens reach the client in
     batches)."""
-    records = json.loads(bench.read_text())["records"]
     tokens = sum(1 for r in records for t in r["token_times"] if lo <= t < hi)
     gaps = [b - a for r in records for a, b in zip(r["token_times"], r["token_times"][1:])
             if lo <= b < hi]
@@ -84,9 +83,10 @@ def window_stats(bench: Path, lo: float, hi: float) -> dict[str, float]:
 def system(raw: Path, bench: Path, spec: tuple[str, list[tuple[str, tuple[str, ...]]]],
            lo: float, hi: float) -> dict[str, Any]:
     total, cats = shares(raw, *spec)
-    stats = window_stats(bench, lo, hi)
+    run = json.loads(bench.read_text())
+    stats = window_stats(run["records"], lo, hi)
     step = stats["step_ms"]
-    summary = json.loads(bench.read_text())["summary"]
+    summary = run["summary"]
     return {
         "samples": total, **{k: round(v, 2) for k, v in stats.items()},
         "output_tokens_per_s": round(summary["output_token_throughput"], 1),
