@@ -92,6 +92,7 @@ class EngineFigures:
             "engine": {
                 "dtype": str(self.runner.dtype).removeprefix("torch."),
                 "attention_backend": self.runner.attn.name,
+                "kv_layout": self.runner.attn.kv_layout,
                 "packed_projections": self.runner.model.packed,
                 "packing_speedup": self.runner.packing_speedup,
             },

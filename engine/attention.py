@@ -24,6 +24,8 @@ from typing import ClassVar
 
 import torch
 
+from engine.kv_layout import KVLayout
+
 
 @dataclass(slots=True, frozen=True)
 class SeqSpan:
@@ -54,6 +56,9 @@ class AttentionBackend(ABC):
     # with one fixed order of reductions over its own context, so that the
     # result does not depend on the step's other tokens (deterministic mode).
     batch_invariant: ClassVar[bool] = False
+    # How this backend's cache orders each block's bytes (engine/kv_layout.py);
+    # only the C++ backend ever picks `tiles`.
+    kv_layout: KVLayout = "rows"
 
     def __init__(
         self,
@@ -63,6 +68,7 @@ class AttentionBackend(ABC):
         block_size: int,
         device: torch.device,
         deterministic: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -79,6 +85,8 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.block_size = block_size
         self.device = device
+        # The cache's dtype, where the caller knows it (a layout may depend on it).
+        self.dtype = dtype
 
     @abstractmethod
     def build_metadata(self, spans: Sequence[SeqSpan]) -> AttentionMetadata:

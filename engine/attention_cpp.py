@@ -33,6 +33,16 @@ loaded build to its vectors.  A build that fails is retried without its
 last additions.  Building needs a C++ compiler and ninja; where no build
 succeeds the backend says so once and attends with the torch reference.
 
+Where bf16 decodes take the AMX tiles and prefills the C++ prefill
+operator, the backend keeps its cache in the tiles layout
+(`engine/kv_layout.py`, `kv_layout`): the K/V write stores each token's
+rows where the tiles read them (`write_kv_tiles`), decodes load every tile
+as one run of memory (`paged_decode_tiles`), and a prefill chunk's context
+blocks are read by the prefill operator as they lie (a key's pieces, a
+value picked out of its pair as it is widened).
+PREEMPT_SERVE_KV_LAYOUT=rows keeps rows; `tiles` fails at start where the
+tiles cannot be used.
+
 Prefill chunks (`engine/csrc/paged_prefill.cpp`) go through one operator
 call per step on a build for an AVX512 capability: tiles of up to 64
 query rows (a KV head's query heads for consecutive tokens) held
@@ -60,6 +70,7 @@ from typing import Any
 import torch
 
 from engine.attention import SeqSpan
+from engine.kv_layout import pick_layout
 from engine.attention_torch import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
@@ -289,6 +300,12 @@ class CppAttentionBackend(TorchAttentionBackend):
         if self.kernel is not None and prefill_vectorized(self.head_dim,
                                                           self.num_heads // self.num_kv_heads):
             self.prefill_kernel = torch.ops.preempt_serve.paged_prefill
+        self.kv_layout = pick_layout(
+            self.kernel is not None and self.prefill_kernel is not None
+            and self.dtype == torch.bfloat16 and torch.ops.preempt_serve.tiles_decodable(
+                self.num_heads // self.num_kv_heads, self.block_size, self.head_dim))
+        self.decode_kernel = (torch.ops.preempt_serve.paged_decode_tiles
+                              if self.kv_layout == "tiles" else self.kernel)
 
     def build_metadata(self, spans: Sequence[SeqSpan]) -> TorchAttentionMetadata:
         if not self.deterministic:
@@ -354,6 +371,10 @@ class CppAttentionBackend(TorchAttentionBackend):
 
     def _write_kv(self, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
                   value_cache: torch.Tensor, md: TorchAttentionMetadata) -> None:
+        if self.kv_layout == "tiles":
+            torch.ops.preempt_serve.write_kv_tiles(k.contiguous(), v.contiguous(), key_cache,
+                                                   value_cache, md.slot_mapping)
+            return
         if self.kernel is None or not (_token_rows(k) and _token_rows(v)
                                        and key_cache.is_contiguous()
                                        and value_cache.is_contiguous()):
@@ -383,13 +404,11 @@ class CppAttentionBackend(TorchAttentionBackend):
         # operator (build_metadata), the rows gathered and put back.
         assert self.kernel is not None and self.prefill_kernel is not None
         out = torch.empty_like(q)
-        out.index_copy_(0, md.prefill_rows, self.prefill_kernel(
-            q.index_select(0, md.prefill_rows), key_cache, value_cache, md.prefill_block_ids,
-            md.prefill_table_starts, md.prefill_query_starts, md.prefill_start_positions,
-            scale))
+        out.index_copy_(0, md.prefill_rows, self._prefill_op(
+            q.index_select(0, md.prefill_rows), key_cache, value_cache, md, scale))
         if md.num_decodes:
             assert md.decode_rows is not None
-            out.index_copy_(0, md.decode_rows, self.kernel(
+            out.index_copy_(0, md.decode_rows, self.decode_kernel(
                 q.index_select(0, md.decode_rows), key_cache, value_cache,
                 md.decode_block_ids, md.decode_table_starts, md.decode_context_lens, scale))
         return out
@@ -434,10 +453,15 @@ class CppAttentionBackend(TorchAttentionBackend):
             super()._prefill(q, k, v, key_cache, value_cache, md, scale, out)
             return
         # Prefill tokens follow the decodes, chunk after chunk.
-        nd = md.num_decodes
-        out[nd:] = self.prefill_kernel(
-            q[nd:], key_cache, value_cache, md.prefill_block_ids, md.prefill_table_starts,
-            md.prefill_query_starts, md.prefill_start_positions, scale)
+        out[md.num_decodes:] = self._prefill_op(q[md.num_decodes:], key_cache, value_cache, md,
+                                                scale)
+
+    def _prefill_op(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    md: CppAttentionMetadata, scale: float) -> torch.Tensor:
+        assert self.prefill_kernel is not None and md.prefill_block_ids is not None
+        return self.prefill_kernel(q, key_cache, value_cache, md.prefill_block_ids,
+                                   md.prefill_table_starts, md.prefill_query_starts,
+                                   md.prefill_start_positions, scale, self.kv_layout == "tiles")
 
     def _decode_fields(
         self, tables: list[Sequence[int]], contexts: list[int]
@@ -462,7 +486,7 @@ class CppAttentionBackend(TorchAttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         assert isinstance(md, CppAttentionMetadata)
-        if self.kernel is None or md.decode_block_ids is None:
+        if self.decode_kernel is None or md.decode_block_ids is None:
             return super()._decode(q, key_cache, value_cache, md, scale)
-        return self.kernel(q, key_cache, value_cache, md.decode_block_ids,
+        return self.decode_kernel(q, key_cache, value_cache, md.decode_block_ids,
                            md.decode_table_starts, md.decode_context_lens, scale)

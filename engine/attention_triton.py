@@ -154,9 +154,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-        device: torch.device, deterministic: bool = False,
+        device: torch.device, deterministic: bool = False, dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, block_size, device, deterministic)
+        super().__init__(num_heads, num_kv_heads, head_dim, block_size, device, deterministic,
+                         dtype)
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(
                 f"attention backend 'triton' runs on CUDA devices, not {device.type!r} "

@@ -4,6 +4,10 @@ Layout per layer: K and V each `[num_blocks, block_size, num_kv_heads,
 head_dim]`, both layers and K/V stacked into one allocation
 `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`.
 
+Within a block the bytes are in `rows` order (below) or, for the C++
+backend's AMX decode, in `tiles` order (engine/kv_layout.py); the shapes are
+the same either way, and `read_blocks` / `write_blocks` always speak `rows`.
+
 Why this layout: a token's K (or V) for all heads is one contiguous row, so
 writing a step's new tokens is one `index_copy_` over flat slot ids
 (`block * block_size + offset`; on CPU one copy per token,
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv_layout import KVLayout, from_rows, to_rows
+
 
 class KVCache:
     def __init__(
@@ -30,6 +36,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        layout: KVLayout = "rows",
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
@@ -39,6 +46,7 @@ class KVCache:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.layout: KVLayout = layout
         # Zeroed rather than empty: a masked-out padding slot must never hold
         # NaN bit patterns, which would leak through 0 * NaN in some kernels.
         self.data = torch.zeros(
@@ -67,17 +75,18 @@ class KVCache:
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """A copy of the blocks, `[n, num_layers, 2, block_size, kv_heads, head_dim]`
-        (all layers, K and V of one block together: the unit a host tier stores)."""
+        (all layers, K and V of one block together: the unit a host tier stores),
+        in `rows` order whatever this cache's layout."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        return self.data.movedim(2, 0).index_select(0, idx)
+        return to_rows(self.data.movedim(2, 0).index_select(0, idx), self.layout)
 
     def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         """Inverse of `read_blocks`.  From pinned host memory the copy is
         queued on the current stream without waiting (the caching host
         allocator keeps `blocks` until it is done)."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        src = blocks.to(device=self.device, dtype=self.dtype,
-                        non_blocking=blocks.is_pinned()).movedim(0, 2)
+        src = blocks.to(device=self.device, dtype=self.dtype, non_blocking=blocks.is_pinned())
+        src = from_rows(src, self.layout).movedim(0, 2)
         self.data.index_copy_(2, idx, src)
 
     @property

@@ -113,7 +113,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         backend = get_attention_backend(attention_backend or default_backend_name(self.device))
         self.attn = backend(
             self.model.num_heads, self.model.num_kv_heads, self.model.head_dim,
-            block_size, self.device, deterministic=deterministic,
+            block_size, self.device, deterministic=deterministic, dtype=self.dtype,
         )
         # Batch-invariant execution: every reduction a token's result goes
         # through runs in an order fixed by that token alone (fixed-shape
@@ -124,7 +124,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self.model.set_attention_backend(self.attn)
         self.kv_cache = KVCache(
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,
-            self.model.head_dim, self.dtype, self.device,
+            self.model.head_dim, self.dtype, self.device, self.attn.kv_layout,
         )
         # Decode-only steps of up to `cuda_graph_max_batch` requests replay
         # CUDA graphs (engine/cuda_graphs.py), and so do mixed steps of up to

@@ -555,10 +555,9 @@ void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
 #undef PAGED_DECODE_DIM
 }
 
-at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_cache,
-                        const at::Tensor& value_cache, const at::Tensor& block_ids,
-                        const at::Tensor& table_starts, const at::Tensor& context_lens,
-                        double scale) {
+void check_decode_args(const at::Tensor& q, const at::Tensor& key_cache,
+                       const at::Tensor& value_cache, const at::Tensor& block_ids,
+                       const at::Tensor& table_starts, const at::Tensor& context_lens) {
   TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4, "paged_decode: q [n, heads, dim], "
               "caches [blocks, block_size, kv_heads, dim]");
   TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "paged_decode: cache shapes differ");
@@ -575,6 +574,15 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_cache,
   }
   TORCH_CHECK(table_starts.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
               "paged_decode: one table start and one context length per query");
+}
+
+bool tiles_shape_ok(int64_t group, int64_t block_size, int64_t head_dim);
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, const at::Tensor& block_ids,
+                        const at::Tensor& table_starts, const at::Tensor& context_lens,
+                        double scale) {
+  check_decode_args(q, key_cache, value_cache, block_ids, table_starts, context_lens);
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
@@ -583,6 +591,72 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_cache,
                            context_lens.data_ptr<int64_t>(), static_cast<float>(scale), out);
   });
   return out;
+}
+
+// Decodes over a cache in the tiles layout (engine/kv_layout.py), which
+// only the AMX path reads: an error wherever it cannot run.
+at::Tensor paged_decode_tiles(const at::Tensor& q, const at::Tensor& key_cache,
+                              const at::Tensor& value_cache, const at::Tensor& block_ids,
+                              const at::Tensor& table_starts, const at::Tensor& context_lens,
+                              double scale) {
+  check_decode_args(q, key_cache, value_cache, block_ids, table_starts, context_lens);
+  TORCH_CHECK(tiles_shape_ok(q.size(1) / key_cache.size(2), key_cache.size(1), q.size(2)) &&
+                  q.scalar_type() == at::kBFloat16,
+              "paged_decode_tiles: needs the AMX build, bfloat16, a head dim in 32s, at most 16 "
+              "query heads per KV head and blocks of a multiple of 16 tokens");
+  const at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty_like(qc);
+#ifdef PAGED_DECODE_AMX
+  const int64_t n = q.size(0), heads = q.size(1), bs = key_cache.size(1), kvh = key_cache.size(2);
+  const auto* qp = qc.data_ptr<at::BFloat16>();
+  const auto* kp = key_cache.data_ptr<at::BFloat16>();
+  const auto* vp = value_cache.data_ptr<at::BFloat16>();
+  auto* op = out.data_ptr<at::BFloat16>();
+  const int64_t* ids = block_ids.data_ptr<int64_t>();
+  const int64_t* starts = table_starts.data_ptr<int64_t>();
+  const int64_t* ctx = context_lens.data_ptr<int64_t>();
+  const float sc = static_cast<float>(scale);
+#define PAGED_DECODE_TILES_DIM(D)                                                          \
+  case D:                                                                                  \
+    preempt_serve_amx::decode<D, true>(qp, kp, vp, ids, starts, ctx, sc, op, n, heads, kvh, bs); \
+    break;
+  switch (q.size(2)) {
+    PAGED_DECODE_TILES_DIM(32)
+    PAGED_DECODE_TILES_DIM(64)
+    PAGED_DECODE_TILES_DIM(96)
+    PAGED_DECODE_TILES_DIM(128)
+    PAGED_DECODE_TILES_DIM(256)
+    default:
+      TORCH_CHECK(false, "paged_decode_tiles: head dim ", q.size(2), " not built");
+  }
+#undef PAGED_DECODE_TILES_DIM
+#endif
+  return out;
+}
+
+// Whether the AMX path can decode a tiles-layout cache of this shape
+// (query heads per KV head, block size, head dim) in this process.
+bool tiles_shape_ok(int64_t group, int64_t block_size, int64_t head_dim) {
+#ifdef PAGED_DECODE_AMX
+  return group >= 1 && group <= 16 && block_size % 16 == 0 &&
+         (head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
+          head_dim == 256) &&
+         preempt_serve_amx::tiles_permitted();
+#else
+  (void)group;
+  (void)block_size;
+  (void)head_dim;
+  return false;
+#endif
+}
+
+// Whether a backend set up now should keep such a cache in the tiles layout:
+// as tiles_shape_ok, and AMX decodes not switched off (set_decode_amx).
+bool tiles_decodable(int64_t group, int64_t block_size, int64_t head_dim) {
+#ifdef PAGED_DECODE_AMX
+  if (!preempt_serve_amx::switched_on().load()) return false;
+#endif
+  return tiles_shape_ok(group, block_size, head_dim);
 }
 
 // Whether bfloat16 decodes go through the AMX tiles from now on: `enable`
@@ -604,7 +678,14 @@ TORCH_LIBRARY(preempt_serve, m) {
   m.def(
       "paged_decode(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
       "Tensor table_starts, Tensor context_lens, float scale) -> Tensor");
+  m.def(
+      "paged_decode_tiles(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
+      "Tensor table_starts, Tensor context_lens, float scale) -> Tensor");
   m.def("set_decode_amx(bool enable) -> bool", &set_decode_amx);
+  m.def("tiles_decodable(int group, int block_size, int head_dim) -> bool", &tiles_decodable);
 }
 
-TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) { m.impl("paged_decode", &paged_decode); }
+TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {
+  m.impl("paged_decode", &paged_decode);
+  m.impl("paged_decode_tiles", &paged_decode_tiles);
+}

@@ -25,6 +25,14 @@
 //     within the float32 path's accuracy (products exact, float32 sums).
 // Every key block must hold a multiple of 16 tokens (one tile of keys lies
 // within a block); other block sizes and float32 take decode_avx512.
+//
+// decode<DIM, true> reads a cache in the tiles layout (engine/kv_layout.py)
+// instead: a KV head's 16 keys of a 32-dim piece are one 1 KB tile in a
+// row, its values already interleaved by pairs of keys (no unpacks), each
+// block prefetched whole.  On blocks of 32 (or any multiple) its products
+// and sums are those of the row layout, bit for bit; on blocks of 16 a
+// value tile spans the block's 8 pairs of keys, so the weighted sum takes
+// 16 keys a tile multiply and its float32 sums round a little differently.
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
@@ -87,6 +95,14 @@ struct alignas(64) TileConfig {
 // (a 32-dim piece each; rows of dim pairs, a column per head).  Pass 3:
 // tiles 0-3 sum four 16-dim columns of the output (a row per head), 4 and
 // 5 hold p's two terms for 32 keys, 6 and 7 the values (rows of key pairs).
+// GCC 12 dropped some of a configuration's stores before the ldtilecfg
+// that reads them (found as a fault on an all-zero column width): the
+// barrier makes every store land first.
+inline void load_config(const TileConfig& cfg) {
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
 inline void configure_scores(int group) {
   TileConfig cfg;
   for (int t : {0, 1, 4, 5, 6, 7}) {
@@ -97,20 +113,19 @@ inline void configure_scores(int group) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
 }
 
-inline void configure_values(int group) {
+// `keys`: how many keys one step of the weighted sum takes (32, or 16 in
+// a tiles-layout cache of blocks of 16: a value tile lies within a block).
+inline void configure_values(int group, int keys) {
   TileConfig cfg;
-  for (int t = 0; t < 6; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(group);
-    cfg.colsb[t] = 64;
-  }
-  for (int t : {6, 7}) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  for (int t = 0; t < 6; ++t) cfg.rows[t] = static_cast<uint8_t>(group);
+  for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64;
+  cfg.colsb[4] = cfg.colsb[5] = static_cast<uint16_t>(2 * keys);
+  cfg.rows[6] = cfg.rows[7] = static_cast<uint8_t>(keys / 2);
+  cfg.colsb[6] = cfg.colsb[7] = 64;
+  load_config(cfg);
 }
 
 // The group's queries for pieces 0..min(P, 4)-1 into tiles 4-7.
@@ -122,30 +137,32 @@ inline void load_queries(const uint32_t* bq) {
   if constexpr (P >= 4) _tile_loadd(7, bq + 768, 64);
 }
 
-// Scores of 16 keys (rows of k, `stride` bytes apart) into tile S (a
-// macro: the tile's number must be a literal).
+// Scores of 16 keys (rows of k, `stride` bytes apart; a row's 32-dim pieces
+// `piece` elements apart) into tile S (a macro: the tile's number must be a
+// literal).
 #define PS_DEFINE_SCORE_CHUNK(S)                                                       \
   template <int P>                                                                     \
-  inline void score_chunk##S(const at::BFloat16* k, int64_t stride, const uint32_t* bq) { \
+  inline void score_chunk##S(const at::BFloat16* k, int64_t stride, int64_t piece,     \
+                             const uint32_t* bq) {                                     \
     _tile_zero(S);                                                                     \
     if constexpr (P <= 4) {                                                            \
       _tile_loadd(2, k, stride);                                                       \
       _tile_dpbf16ps(S, 2, 4);                                                         \
       if constexpr (P >= 2) {                                                          \
-        _tile_loadd(3, k + 32, stride);                                                \
+        _tile_loadd(3, k + piece, stride);                                             \
         _tile_dpbf16ps(S, 3, 5);                                                       \
       }                                                                                \
       if constexpr (P >= 3) {                                                          \
-        _tile_loadd(2, k + 64, stride);                                                \
+        _tile_loadd(2, k + 2 * piece, stride);                                         \
         _tile_dpbf16ps(S, 2, 6);                                                       \
       }                                                                                \
       if constexpr (P >= 4) {                                                          \
-        _tile_loadd(3, k + 96, stride);                                                \
+        _tile_loadd(3, k + 3 * piece, stride);                                         \
         _tile_dpbf16ps(S, 3, 7);                                                       \
       }                                                                                \
     } else {                                                                           \
       for (int c = 0; c < P; ++c) {                                                    \
-        _tile_loadd(2, k + 32 * c, stride);                                            \
+        _tile_loadd(2, k + piece * c, stride);                                         \
         _tile_loadd(4, bq + 256 * c, 64);                                              \
         _tile_dpbf16ps(S, 2, 4);                                                       \
       }                                                                                \
@@ -189,7 +206,24 @@ inline void interleave_values(const uint16_t* const* rows, int c0, uint16_t (*vt
   }
 }
 
-template <int DIM>
+// Values of keys j0.. (a tile of `pairs` key pairs at src, a tiles-layout
+// cache's rows of 64 bytes) past the context's end zeroed into dst: the
+// keys there hold whatever the block held before, and p = 0 times a NaN
+// left there would still be NaN.
+inline void values_to_end(const uint16_t* src, int64_t pairs, int64_t live_keys,
+                          uint16_t (*dst)[32]) {
+  for (int64_t r = 0; r < pairs; ++r) {
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(2, live_keys - 2 * r));
+    const __mmask32 keep = n == 2 ? 0xFFFFFFFFu : (n == 1 ? 0x55555555u : 0u);
+    _mm512_store_si512(dst[r], _mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(src + 32 * r)));
+  }
+}
+
+// TILES: the cache holds blocks in the tiles layout (engine/kv_layout.py):
+// every key and value tile is loaded as one run of memory, and nothing is
+// interleaved; the keys' and values' order of reduction is the same as in
+// the row layout, so both give the same result.
+template <int DIM, bool TILES = false>
 void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
             const at::BFloat16* value_cache, const int64_t* block_ids,
             const int64_t* table_starts, const int64_t* context_lens, float scale,
@@ -202,6 +236,15 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
   const int64_t tok_stride = kv_heads * DIM;
   const int64_t tok_bytes = tok_stride * static_cast<int64_t>(sizeof(at::BFloat16));
   const int64_t blk_stride = block_size * tok_stride;
+  const int64_t blk_bytes = blk_stride * static_cast<int64_t>(sizeof(at::BFloat16));
+  // The keys of one KV head as tiles: where in a block they start, rows of
+  // 16 keys `k_stride` bytes apart, a row's pieces `k_piece` elements apart.
+  const int64_t k_head = TILES ? P * block_size * 32 : DIM;
+  const int64_t k_token = TILES ? 32 : tok_stride;
+  const int64_t k_stride = TILES ? 64 : tok_bytes;
+  const int64_t k_piece = TILES ? block_size * 32 : 32;
+  // Keys a step of the weighted sum takes: a value tile lies within a block.
+  const int64_t v_keys = TILES && block_size % 32 != 0 ? 16 : 32;
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     // Per KV head and piece, the right-hand tile of the queries: row r,
     // column g = the pair of dims (32c + 2r, 32c + 2r + 1) of head g.
@@ -258,7 +301,18 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
         int64_t chunk = 0;
         for (int64_t bi = 0; bi < num_blocks; ++bi) {
           const int64_t len = bi == num_blocks - 1 ? ctx - bi * block_size : block_size;
-          if (kh == 0) {
+          if (TILES && kh == 0) {
+            // Whole blocks: a block's heads lie one after another.
+            for (int64_t f = bi == 0 ? 1 : kAhead; f <= kAhead; ++f) {
+              const int64_t fb = bi + f;
+              if (fb < num_blocks) {
+                preempt_serve_vec::prefetch_span(key_cache + table[fb] * blk_stride, blk_bytes);
+              } else if (fb - num_blocks < std::min(kAhead, num_blocks)) {
+                preempt_serve_vec::prefetch_span(value_cache + table[fb - num_blocks] * blk_stride,
+                                                 blk_bytes);
+              }
+            }
+          } else if (kh == 0) {
             if (bi == 0) {
               prefetch_tokens(key_cache, table, block_size, tok_stride, block_size,
                               std::min(ctx, kAhead * block_size));
@@ -272,14 +326,14 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
                               std::min<int64_t>(ctx, 32 * kAhead));
             }
           }
-          const at::BFloat16* kb = key_cache + table[bi] * blk_stride + kh * DIM;
+          const at::BFloat16* kb = key_cache + table[bi] * blk_stride + kh * k_head;
           for (int64_t t0 = 0; t0 < len; t0 += 16, ++chunk) {
             float* dense = tile_out[chunk & 1];
             if (chunk & 1) {
-              score_chunk1<P>(kb + t0 * tok_stride, tok_bytes, bqh);
+              score_chunk1<P>(kb + t0 * k_token, k_stride, k_piece, bqh);
               _tile_stored(1, dense, 4 * group);
             } else {
-              score_chunk0<P>(kb + t0 * tok_stride, tok_bytes, bqh);
+              score_chunk0<P>(kb + t0 * k_token, k_stride, k_piece, bqh);
               _tile_stored(0, dense, 4 * group);
             }
             const int64_t n = len - t0 < 16 ? len - t0 : 16;
@@ -326,20 +380,23 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
         inv[h] = 1.0f / _mm512_reduce_add_ps(sum);
       }
       // Pass 3: the weighted sum of the values, per KV head four 16-dim
-      // columns at a time summed in tiles over the whole context, 32 keys a
-      // step (on the first sweep, the rows kAhead steps on fetched meanwhile).
-      for (int64_t t = 0, b = 0, off = 0; t < ctx; ++t) {
-        vrows[t] = reinterpret_cast<const uint16_t*>(value_cache + (table[b] * block_size + off) *
-                                                                       tok_stride);
-        if (++off == block_size) {
-          off = 0;
-          ++b;
+      // columns at a time summed in tiles over the whole context, v_keys
+      // keys a step (on the first sweep, the values ahead fetched meanwhile).
+      if constexpr (!TILES) {
+        for (int64_t t = 0, b = 0, off = 0; t < ctx; ++t) {
+          vrows[t] = reinterpret_cast<const uint16_t*>(
+              value_cache + (table[b] * block_size + off) * tok_stride);
+          if (++off == block_size) {
+            off = 0;
+            ++b;
+          }
         }
       }
-      configure_values(static_cast<int>(group));
+      configure_values(static_cast<int>(group), static_cast<int>(v_keys));
       float* acc = acc_buf.data();
       const int64_t p_stride = padded * static_cast<int64_t>(sizeof(uint16_t));
       const uint16_t* rows[32];
+      const uint16_t* vsrc[4] = {vt[0][0], vt[1][0], vt[2][0], vt[3][0]};
       for (int64_t kh = 0; kh < kv_heads; ++kh) {
         const int64_t h0 = kh * group;
         for (int cg = 0; cg < (N + 3) / 4; ++cg) {
@@ -348,22 +405,42 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
           _tile_zero(1);
           _tile_zero(2);
           _tile_zero(3);
-          for (int64_t j0 = 0; j0 < ctx; j0 += 32) {
-            if (kh == 0 && cg == 0) {
-              prefetch_tokens(value_cache, table, block_size, tok_stride,
-                              std::min(ctx, j0 + 32 * kAhead), std::min(ctx, j0 + 32 * kAhead + 32));
+          for (int64_t j0 = 0; j0 < ctx; j0 += v_keys) {
+            if constexpr (TILES) {
+              const int64_t b = j0 / block_size, off = j0 % block_size;
+              if (kh == 0 && cg == 0 && off == 0 && b + kAhead < num_blocks) {
+                preempt_serve_vec::prefetch_span(value_cache + table[b + kAhead] * blk_stride,
+                                                 blk_bytes);
+              }
+              // Column n's tile of the step: v_keys / 2 rows of 64 bytes.
+              const uint16_t* base = reinterpret_cast<const uint16_t*>(value_cache) +
+                                     table[b] * blk_stride +
+                                     ((kh * N + 4 * cg) * (block_size / 2) + off / 2) * 32;
+              for (int n = 0; n < (four ? 4 : 2); ++n) {
+                vsrc[n] = base + n * (block_size / 2) * 32;
+                if (j0 + v_keys > ctx) {
+                  values_to_end(vsrc[n], v_keys / 2, ctx - j0, vt[n]);
+                  vsrc[n] = vt[n][0];
+                }
+              }
+            } else {
+              if (kh == 0 && cg == 0) {
+                prefetch_tokens(value_cache, table, block_size, tok_stride,
+                                std::min(ctx, j0 + 32 * kAhead),
+                                std::min(ctx, j0 + 32 * kAhead + 32));
+              }
+              for (int r = 0; r < 32; ++r) {
+                rows[r] = vrows[j0 + r] != nullptr ? vrows[j0 + r] + kh * DIM : nullptr;
+              }
+              interleave_values<P>(rows, 2 * cg, vt);
             }
-            for (int r = 0; r < 32; ++r) {
-              rows[r] = vrows[j0 + r] != nullptr ? vrows[j0 + r] + kh * DIM : nullptr;
-            }
-            interleave_values<P>(rows, 2 * cg, vt);
             _tile_loadd(4, hi_buf.data() + h0 * padded + j0, p_stride);
             _tile_loadd(5, lo_buf.data() + h0 * padded + j0, p_stride);
-// Output tile OUT += p's two terms (tiles 4, 5) . the values in vt[n],
+// Output tile OUT += p's two terms (tiles 4, 5) . the values vsrc[n],
 // loaded into tile V (6 and 7 alternate, so that one loads while the other
 // multiplies).
 #define PS_ACCUMULATE(OUT, V, n)        \
-  _tile_loadd(V, vt[n], 64);            \
+  _tile_loadd(V, vsrc[n], 64);          \
   _tile_dpbf16ps(OUT, 4, V);            \
   _tile_dpbf16ps(OUT, 5, V);
             PS_ACCUMULATE(0, 6, 0)
@@ -384,13 +461,15 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
           }
         }
       }
-      // Column l of tile n = 2c + s holds dim 32c + 8(l / 4) + 4s + l % 4.
+      // Rows layout: column l of tile n = 2c + s holds dim
+      // 32c + 8(l / 4) + 4s + l % 4 (the unpacks' order); tiles layout: dim
+      // 16n + l.
       for (int64_t h = 0; h < heads; ++h) {
         at::BFloat16* op = out + (i * heads + h) * DIM;
         const float* a = acc + h * DIM;
         for (int n = 0; n < N; ++n) {
           for (int l = 0; l < 16; ++l) {
-            const int d = 32 * (n / 2) + 8 * (l / 4) + 4 * (n % 2) + l % 4;
+            const int d = TILES ? 16 * n + l : 32 * (n / 2) + 8 * (l / 4) + 4 * (n % 2) + l % 4;
             op[d] = static_cast<at::BFloat16>(a[16 * n + l] * inv[h]);
           }
         }

@@ -20,6 +20,13 @@
 // Every sum is in float32.  Other builds, dtypes and head dims take a
 // portable loop (scores of one query over its context, softmax, weighted sum).
 //
+// `tiles`: the cache holds bf16 blocks in the tiles layout
+// (engine/kv_layout.py), which the AMX decode reads: a key's pairs of dims
+// are read from its 32-dim pieces (a block's `block_size * 32` elements
+// apart), a value row is picked out of its pairs of keys as it is widened;
+// the same numbers as from rows, so the same results bit for bit.  Only
+// the AVX512 path with the bf16 dot product reads it.
+//
 // A query row's arithmetic does not depend on the tile or chunk it falls
 // in: its scores, maximum, sum and weighted sum are computed in its own
 // vector lane, over key tiles that start at fixed positions (0, 32, 64, ...),
@@ -54,6 +61,7 @@ struct Chunk {
 
 struct Layout {
   int64_t heads, kv_heads, group, block_size, dim;
+  bool tiles = false;
   int64_t tok_stride() const { return kv_heads * dim; }
   int64_t blk_stride() const { return block_size * kv_heads * dim; }
 };
@@ -62,6 +70,18 @@ struct Layout {
 inline int64_t cache_row(const int64_t* table, int64_t j, int64_t kh, const Layout& l) {
   return table[j / l.block_size] * l.blk_stride() + (j % l.block_size) * l.tok_stride() +
          kh * l.dim;
+}
+
+// Tiles layout: where key position j's first 32-dim piece of KV head kh
+// starts, and where its pair of keys' first 16-dim column of values does.
+inline int64_t tiles_key(const int64_t* table, int64_t j, int64_t kh, const Layout& l) {
+  return table[j / l.block_size] * l.blk_stride() +
+         (kh * (l.dim / 32) * l.block_size + j % l.block_size) * 32;
+}
+
+inline int64_t tiles_value(const int64_t* table, int64_t j, int64_t kh, const Layout& l) {
+  return table[j / l.block_size] * l.blk_stride() +
+         (kh * (l.dim / 16) * (l.block_size / 2) + j % l.block_size / 2) * 32;
 }
 
 template <typename scalar_t>
@@ -198,20 +218,36 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 
   const scalar_t* kp[kKeyTile];
   const scalar_t* vp[kKeyTile];
+  // int32 pairs of dims between a key's 32-dim pieces; a tiles layout's
+  // value columns (scalar_t elements apart).
+  const int64_t k_piece = l.tiles ? l.block_size * 16 : 16;
+  const int64_t v_column = (l.block_size / 2) * 32;
   for (int64_t j0 = 0; j0 < num_keys; j0 += kKeyTile) {
     const int64_t kt = std::min<int64_t>(kKeyTile, num_keys - j0);
     for (int64_t t = 0; t < kt; ++t) {
-      const int64_t off = cache_row(table, j0 + t, kh, l);
-      kp[t] = kc + off;
-      vp[t] = vc + off;
+      if (l.tiles) {
+        kp[t] = kc + tiles_key(table, j0 + t, kh, l);
+        vp[t] = vc + tiles_value(table, j0 + t, kh, l);
+      } else {
+        const int64_t off = cache_row(table, j0 + t, kh, l);
+        kp[t] = kc + off;
+        vp[t] = vc + off;
+      }
     }
     // A short last step reuses its last row (scores computed, never used).
     for (int64_t t = kt; t < kKeyTile; ++t) kp[t] = kp[kt - 1];
     // The next step's rows lie anywhere in the cache: fetch them now.
     for (int64_t t = 0; t < kKeyTile && j0 + kKeyTile + t < num_keys; ++t) {
-      const int64_t off = cache_row(table, j0 + kKeyTile + t, kh, l);
-      prefetch_span(kc + off, row_bytes);
-      prefetch_span(vc + off, row_bytes);
+      if (l.tiles) {
+        const scalar_t* kn = kc + tiles_key(table, j0 + kKeyTile + t, kh, l);
+        const scalar_t* vn = vc + tiles_value(table, j0 + kKeyTile + t, kh, l);
+        for (int c = 0; c < DIM / 32; ++c) __builtin_prefetch(kn + c * l.block_size * 32);
+        for (int n = 0; n < DIM / 16; ++n) __builtin_prefetch(vn + n * v_column);
+      } else {
+        const int64_t off = cache_row(table, j0 + kKeyTile + t, kh, l);
+        prefetch_span(kc + off, row_bytes);
+        prefetch_span(vc + off, row_bytes);
+      }
     }
     float* s = sc.s.data();
     // Scores [key][rows].
@@ -229,8 +265,8 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
             qv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qt + d2 * R + 16 * v));
           }
           for (int k = 0; k < KS; ++k) {
-            const __m512bh kb = reinterpret_cast<__m512bh>(
-                _mm512_set1_epi32(reinterpret_cast<const int32_t*>(kp[t0 + k])[d2]));
+            const __m512bh kb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(
+                reinterpret_cast<const int32_t*>(kp[t0 + k])[(d2 / 16) * k_piece + d2 % 16]));
             for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], kb, qv[v]);
           }
         }
@@ -313,7 +349,19 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     const float* vrow[kKeyTile];
     if constexpr (kBf16) {
       for (int64_t t = 0; t < kt; ++t) {
-        widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(vp[t]), sc.vw.data() + t * DIM);
+        if (l.tiles) {
+          // Key j's values: the low (even j) or high halves of its pair's.
+          const auto* pr = reinterpret_cast<const int32_t*>(vp[t]);
+          const bool odd = (j0 + t) % 2 != 0;
+          for (int n = 0; n < DIM / 16; ++n) {
+            const __m512i x = _mm512_loadu_si512(pr + n * v_column / 2);
+            const __m512i f = odd ? _mm512_and_si512(x, _mm512_set1_epi32(-65536))
+                                  : _mm512_slli_epi32(x, 16);
+            _mm512_storeu_ps(sc.vw.data() + t * DIM + 16 * n, _mm512_castsi512_ps(f));
+          }
+        } else {
+          widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(vp[t]), sc.vw.data() + t * DIM);
+        }
         vrow[t] = sc.vw.data() + t * DIM;
       }
     } else {
@@ -424,7 +472,7 @@ void dispatch(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
 at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
                          const at::Tensor& value_cache, const at::Tensor& block_ids,
                          const at::Tensor& table_starts, const at::Tensor& query_starts,
-                         const at::Tensor& start_positions, double scale) {
+                         const at::Tensor& start_positions, double scale, bool tiles) {
   TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4, "paged_prefill: q [tokens, heads, dim], "
               "caches [blocks, block_size, kv_heads, dim]");
   TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "paged_prefill: cache shapes differ");
@@ -450,7 +498,21 @@ at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
     TORCH_CHECK(qs[i + 1] > qs[i], "paged_prefill: every sequence needs a query token");
   }
   const Layout l{q.size(1), key_cache.size(2), q.size(1) / key_cache.size(2),
-                 key_cache.size(1), q.size(2)};
+                 key_cache.size(1), q.size(2), tiles};
+  if (tiles) {
+    constexpr const char* kTilesNeed =
+        "paged_prefill: a tiles-layout cache needs the AVX512 build with the bf16 dot product, "
+        "bfloat16, an even block size and a head dim of 32, 64, 96, 128 or 256";
+#if defined(PAGED_PREFILL_AVX512) && defined(__AVX512BF16__)
+    const int64_t d = l.dim;
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16 && l.group <= kMaxRows &&
+                    l.block_size % 2 == 0 &&
+                    (d == 32 || d == 64 || d == 96 || d == 128 || d == 256),
+                kTilesNeed);
+#else
+    TORCH_CHECK(false, kTilesNeed);
+#endif
+  }
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill",
@@ -468,8 +530,8 @@ at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def(
       "paged_prefill(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
-      "Tensor table_starts, Tensor query_starts, Tensor start_positions, float scale) "
-      "-> Tensor");
+      "Tensor table_starts, Tensor query_starts, Tensor start_positions, float scale, "
+      "bool tiles=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) { m.impl("paged_prefill", &paged_prefill); }

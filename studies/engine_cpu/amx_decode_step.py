@@ -17,6 +17,7 @@ thread, pinned where the caller pins it.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -30,18 +31,27 @@ from engine.runner import ModelRunner
 from scheduler.plan import Plan, ScheduledChunk
 
 
-def spread_batch(batch: int, context: int, steps: int, bs: int,
-                 seed: int) -> tuple[ModelRunner, list[str], list[list[int]], int]:
+def spread_batch(batch: int, context: int, steps: int, bs: int, seed: int,
+                 layout: str = "auto") -> tuple[ModelRunner, list[str], list[list[int]], int]:
     """A bf16 SmolLM2 runner holding `batch` decoding sequences of `context`
     tokens, each on its own copy of one prompt's blocks at random places,
     with room for `steps` more tokens: (runner, job ids, block tables, the
-    first sampled token)."""
+    first sampled token).  `layout`: its cache's (PREEMPT_SERVE_KV_LAYOUT,
+    engine/kv_layout.py)."""
     per = context // bs
     own = -(-(steps + 2) // bs)
     num_blocks = per + batch * (per + own)
-    runner = ModelRunner("embedded:smollm2", dtype="bfloat16", device="cpu",
-                         num_blocks=num_blocks, block_size=bs,
-                         max_model_len=context + steps + 2, num_threads=1)
+    saved = os.environ.get("PREEMPT_SERVE_KV_LAYOUT")
+    os.environ["PREEMPT_SERVE_KV_LAYOUT"] = layout
+    try:
+        runner = ModelRunner("embedded:smollm2", dtype="bfloat16", device="cpu",
+                             num_blocks=num_blocks, block_size=bs,
+                             max_model_len=context + steps + 2, num_threads=1)
+    finally:
+        if saved is None:
+            os.environ.pop("PREEMPT_SERVE_KV_LAYOUT")
+        else:
+            os.environ["PREEMPT_SERVE_KV_LAYOUT"] = saved
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(100, 20000, (context,), generator=gen).tolist()
     runner.add_request("p", GREEDY, prompt)
@@ -66,7 +76,8 @@ def spread_batch(batch: int, context: int, steps: int, bs: int,
 
 
 def _steps(batch: int, context: int, steps: int, bs: int, seed: int) -> dict[str, object]:
-    runner, jobs, tables, first = spread_batch(batch, context, steps, bs, seed)
+    # Rows: the layout both paths read (a tiles cache is read by AMX only).
+    runner, jobs, tables, first = spread_batch(batch, context, steps, bs, seed, layout="rows")
     last = [first] * batch
     times: dict[str, list[float]] = {"amx": [], "vectors": []}
     for step in range(steps):

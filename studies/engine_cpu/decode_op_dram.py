@@ -7,7 +7,8 @@ tokens: 38 MB of K/V a set, 900 MB in all; `--batch`, `--context` change
 the shape and the number of sets with it), as a served step reads a
 different layer's K/V each time.  bf16, SmolLM2's heads (9 / 3 of 64),
 blocks of `--block` tokens (16), one thread; AMX tiles and vectors where the
-build has both.  `--run N` gives each sequence its blocks in runs of N
+build has both, and the AMX path over the same K/V in the tiles layout
+(`engine/kv_layout.py`).  `--run N` gives each sequence its blocks in runs of N
 consecutive ones (1: every block anywhere, as a served cache's blocks end up
 after a while; N = context / block: each sequence's K and V one span apiece).
 vLLM-CPU's operator on the same scheme: `vllm_cpu/attn_dram.py`.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from engine.attention_cpp import decode_amx, load_kernel
+from engine.kv_layout import pack_keys, pack_values
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 
@@ -71,10 +73,20 @@ def main(argv: list[str] | None = None) -> None:
     starts = torch.arange(batch) * per
     lens = torch.full((batch,), context)
     q = torch.randn(batch, HEADS, DIM, generator=g).bfloat16()
-    paths = ["amx", "vectors"] * 2 if decode_amx(True) else ["build"]
+    amx = decode_amx(True)
+    paths = ["amx", "tiles", "vectors"] * 2 if amx else ["build"]
+    if amx:
+        tiles_op = torch.ops.preempt_serve.paged_decode_tiles
+        kt, vt = pack_keys(k), pack_values(v)
+        same = tiles_op(q, kt, vt, sets[0], starts, lens, DIM**-0.5)
+        ref = op(q, k, v, sets[0], starts, lens, DIM**-0.5)
+        print(f"tiles against rows: max |diff| {(same.float() - ref.float()).abs().max():.2e}")
     for path in paths:
-        decode_amx(path == "amx")
-        ms = median_ms(op, q, k, v, sets, starts, lens)
+        decode_amx(path != "vectors")
+        if path == "tiles":
+            ms = median_ms(tiles_op, q, kt, vt, sets, starts, lens)
+        else:
+            ms = median_ms(op, q, k, v, sets, starts, lens)
         gbs = 2 * batch * context * KV_HEADS * DIM * 2 / ms / 1e6
         print(f"ours {path}, blocks of {block}, runs of {run}: {ms:.2f} ms ({gbs:.1f} GB/s of K/V)",
               flush=True)
