@@ -95,6 +95,7 @@ struct alignas(64) TileConfig {
 // (a 32-dim piece each; rows of dim pairs, a column per head).  Pass 3:
 // tiles 0-3 sum four 16-dim columns of the output (a row per head), 4 and
 // 5 hold p's two terms for 32 keys, 6 and 7 the values (rows of key pairs).
+
 // GCC 12 dropped some of a configuration's stores before the ldtilecfg
 // that reads them (found as a fault on an all-zero column width): the
 // barrier makes every store land first.
@@ -221,8 +222,8 @@ inline void values_to_end(const uint16_t* src, int64_t pairs, int64_t live_keys,
 
 // TILES: the cache holds blocks in the tiles layout (engine/kv_layout.py):
 // every key and value tile is loaded as one run of memory, and nothing is
-// interleaved; the keys' and values' order of reduction is the same as in
-// the row layout, so both give the same result.
+// interleaved; on blocks of a multiple of 32 every reduction runs in the
+// row layout's order, so both give the same result.
 template <int DIM, bool TILES = false>
 void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
             const at::BFloat16* value_cache, const int64_t* block_ids,
