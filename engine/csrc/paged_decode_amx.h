@@ -279,7 +279,7 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
         hi_buf.resize(heads * padded);
         lo_buf.resize(heads * padded);
       }
-      vrows.assign(padded, nullptr);
+      if constexpr (!TILES) vrows.assign(padded, nullptr);  // the row layout's values
       float* sc = sc_buf.data();
       const uint32_t* qd = reinterpret_cast<const uint32_t*>(q + i * heads * DIM);
       std::fill(bq.begin(), bq.end(), 0u);
