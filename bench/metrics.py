@@ -210,17 +210,21 @@ def duration_of(records: Sequence[RequestRecord]) -> float:
 
 
 def tokens_per_s_while(records: Sequence[RequestRecord], job_class: str,
-                       end: float) -> tuple[float, float]:
-    """(tokens/s, window) of `job_class`'s streamed tokens from the run's
-    start to `end`, or to its last token if that comes first: batch work's
-    throughput while the online stream lasts (ConServe §6.2), without the
-    tail where it runs alone."""
+                       end: float, start: float = 0.0) -> tuple[float, float]:
+    """(tokens/s, window) of `job_class`'s streamed tokens from `start` (the
+    run's start by default) to `end`, or to its last token if that comes
+    first: batch work's throughput while the online stream lasts (ConServe
+    §6.2), without the tail where it runs alone.  A later `start` leaves out
+    the warm-up, while the online jobs in flight build up to their steady
+    number (more of them, for longer, where online work is served slower)."""
     times = [t for r in records if r.job_class == job_class for t in r.token_times]
     if not times:
         return 0.0, 0.0
-    window = min(end, max(times))
-    n = sum(1 for t in times if t <= window)
-    return (n / window if window > 0 else 0.0), window
+    window = min(end, max(times)) - start
+    if window <= 0:
+        return 0.0, 0.0
+    n = sum(1 for t in times if start <= t <= start + window)
+    return n / window, window
 
 
 def breakdown_of(records: Sequence[RequestRecord]) -> LatencyBreakdown | None:

@@ -173,3 +173,7 @@ def test_tokens_per_s_while_the_online_stream_lasts():
     # A backlog that runs out first: its own span.
     assert tokens_per_s_while(off, "offline", 20.0) == (6 / 9.0, 9.0)
     assert tokens_per_s_while(on, "offline", 5.0) == (0.0, 0.0)
+    # From t = 2.5 (the warm-up left out): the tokens at 3, 4 and 5.
+    assert tokens_per_s_while(off + on, "offline", 5.0, start=2.5) == (3 / 2.5, 2.5)
+    # A window that starts after the last token holds nothing.
+    assert tokens_per_s_while(off, "offline", 20.0, start=9.5) == (0.0, 0.0)
