@@ -26,8 +26,9 @@ span's steady part, from STEADY_FROM of it on: in the warm-up the online
 jobs in flight build up to their steady number, and a system that serves
 them slower (vllm++) builds up more of them, for longer, so that online
 work it owes is counted as offline throughput it made.  Once steady, every
-system serves the online stream's rate (`online_tokens_per_s`, the same
-window), and the offline figures compare the capacity left beside it.
+system serves the online stream's rate (the online figures'
+`steady_tokens_per_s`, the same window), and the offline figures compare
+the capacity left beside it.
 """
 
 from __future__ import annotations
