@@ -84,24 +84,23 @@ def point(system: str, rate: float) -> dict[str, Any]:
 def class_figures(records: list[Any], t_end: float) -> dict[str, Any]:
     """Online latency percentiles and offline tokens/s until `t_end`."""
     res: dict[str, Any] = {}
+    start = STEADY_FROM * t_end
     online = [r for r in records if r.job_class == "online"]
     if online:
         s = summarize(online)
         res["online"] = {"completed": s.num_completed, "ttft_p50": s.ttft.median,
                          "ttft_p99": s.ttft.p99, "tpot_p50": s.tpot.median,
-                         "tpot_p99": s.tpot.p99}
+                         "tpot_p99": s.tpot.p99,
+                         "steady_tokens_per_s": tokens_per_s_while(
+                             online, "online", t_end, start)[0]}
     offline = [r for r in records if r.job_class == "offline"]
     if offline:
         rate_s, window = tokens_per_s_while(offline, "offline", t_end)
-        start = STEADY_FROM * t_end
         steady, steady_window = tokens_per_s_while(offline, "offline", t_end, start)
         res["offline"] = {"tokens_in_window": round(rate_s * window), "window_s": window,
                           "tokens_per_s": rate_s, "steady_from_s": start,
                           "steady_window_s": steady_window, "steady_tokens_per_s": steady,
                           "preemptions": sum(r.num_preemptions or 0 for r in offline)}
-    if online:
-        res["online"]["steady_tokens_per_s"] = tokens_per_s_while(
-            online, "online", t_end, STEADY_FROM * t_end)[0]
     return res
 
 
