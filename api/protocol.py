@@ -297,6 +297,9 @@ class JobMetrics(BaseModel):
     num_preemptions: int
     # The predictor's response-length estimate, if it landed in time.
     predicted_output_len: int | None = None
+    # Seconds from the job's arrival here to that estimate landing (it is
+    # asked for beside the job, never before it).
+    prediction_delay: float | None = None
     # Prompt tokens whose KV was found in the prefix cache.
     cached_tokens: int = 0
 

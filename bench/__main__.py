@@ -182,7 +182,8 @@ def _sim_once(
         records, details["cluster"] = _cluster_once(wl, cost, sc, a)
     else:
         out = simulate(wl.requests, sc, cost,
-                       SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None))
+                       SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None,
+                                  prediction_delay_s=getattr(a, "prediction_delay", None)))
         if trace_out is not None:
             write_trace(trace_out, [r.to_json() for r in out.trace], out.stats.as_dict())
         records, details["sim"] = out.records, out.stats.as_dict()
@@ -408,7 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also save every plan (python -m bench trace-summary)")
     q.add_argument("--predictions-from", type=Path, default=None, metavar="RUN.json",
                    help="give each request the response-length prediction the live run "
-                        "recorded for it (replaying a predictor-driven run)")
+                        "recorded for it (replaying a predictor-driven run), landing as "
+                        "long after the request's arrival as it did live where the run "
+                        "recorded when")
+    q.add_argument("--prediction-delay", type=float, default=None, metavar="S",
+                   help="every prediction lands S seconds after its request arrives "
+                        "(default: each request's recorded delay, else on arrival)")
     q.set_defaults(func=cmd_simulate)
 
     q = sub.add_parser("simulate-sweep", help="simulated runs over --rates or --loads")

@@ -60,6 +60,7 @@ _METRIC_FIELDS: dict[str, tuple[str, type]] = {
     "preemptions": ("num_preemptions", int),
     "swap_bytes": ("swap_bytes", int),
     "predicted_output_len": ("predicted_output_tokens", int),
+    "prediction_delay": ("prediction_delay_s", float),
 }
 
 

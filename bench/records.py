@@ -64,6 +64,9 @@ class RequestRecord(BaseModel):
     # reports one (ours: `metrics.predicted_output_len`, when the predictor
     # answered in time); `bench simulate --predictions-from` replays it.
     predicted_output_tokens: int | None = None
+    # Seconds from the request reaching its engine to that prediction
+    # landing there (ours: `metrics.prediction_delay`).
+    prediction_delay_s: float | None = None
 
     @property
     def ok(self) -> bool:

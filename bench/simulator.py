@@ -36,6 +36,7 @@ from __future__ import annotations
 import itertools
 
 import bisect
+import heapq
 
 import inspect
 import math
@@ -136,6 +137,9 @@ class SimOptions(BaseModel):
     # The predictor's padding (EconoServe §2.3) on replayed predictions:
     # `Job.allocated_output_len` = ceil(prediction * (1 + ratio)).
     padding_ratio: float = Field(0.15, ge=0.0)
+    # Every replayed prediction lands this many seconds after its job
+    # arrives, in place of each request's own `prediction_delay_s`.
+    prediction_delay_s: float | None = Field(None, ge=0.0)
 
 
 @dataclass
@@ -251,10 +255,10 @@ def _prompt_ids(r: RequestSpec, own: int) -> list[int]:
 
 
 def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
-             padding_ratio: float) -> Job:
+             padding_ratio: float, delayed: bool = False) -> Job:
     """The scheduler's job for request `r` (its prompt's own first token
     `own_token`), and the executor told where it ends when `max_tokens` is
-    only a cap."""
+    only a cap.  `delayed`: its prediction lands later (`give_prediction`)."""
     job = Job(
         job_id=r.request_id,
         # Its own first token: no two prompts share a cached block, as none
@@ -267,12 +271,15 @@ def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
     )
     if r.max_tokens is not None and r.max_tokens > r.output_tokens:
         device.stop_lengths[r.request_id] = r.output_tokens
-    if r.predicted_output_tokens is not None:
-        job.predicted_output_len = r.predicted_output_tokens
-        # The predictor's rule (predictor/metrics.py, `allocation`).
-        job.allocated_output_len = max(1, math.ceil(
-            r.predicted_output_tokens * (1.0 + padding_ratio) - 1e-9))
+    if r.predicted_output_tokens is not None and not delayed:
+        give_prediction(job, r.predicted_output_tokens, padding_ratio)
     return job
+
+
+def give_prediction(job: Job, predicted: int, padding_ratio: float) -> None:
+    job.predicted_output_len = predicted
+    # The predictor's rule (predictor/metrics.py, `allocation`).
+    job.allocated_output_len = max(1, math.ceil(predicted * (1.0 + padding_ratio) - 1e-9))
 
 
 def request_record(r: RequestSpec, job: Job | None, token_times: list[float],
@@ -307,6 +314,8 @@ def request_record(r: RequestSpec, job: Job | None, token_times: list[float],
         swap_time=sw,
         swap_bytes=device.swap_blocks.get(rid, 0) * block_bytes,
         predicted_output_tokens=r.predicted_output_tokens,
+        prediction_delay_s=(None if job.prediction_time is None
+                            else job.prediction_time - r.arrival_time),
     )
 
 
@@ -348,6 +357,9 @@ def simulate(
                                next_online_after, getattr(core.policy, "cut_wanted", None))
     driver = IterationDriver(core, device)
 
+    # Predictions still on their way: (when they land, request id, prediction).
+    landing: list[tuple[float, str, int]] = []
+
     def admit() -> None:
         nonlocal i
         while i < n and reqs[i].arrival_time <= clock.now:
@@ -356,7 +368,10 @@ def simulate(
             if opts.max_time is not None and r.arrival_time > opts.max_time:
                 errors[r.request_id] = "not sent: past max_time"
                 continue
-            job = make_job(r, next(first_tokens), device, opts.padding_ratio)
+            delay = (opts.prediction_delay_s if opts.prediction_delay_s is not None
+                     else r.prediction_delay_s) or 0.0
+            delayed = r.predicted_output_tokens is not None and delay > 0
+            job = make_job(r, next(first_tokens), device, opts.padding_ratio, delayed)
             try:
                 core.add(job)
             except ValueError as e:
@@ -364,6 +379,18 @@ def simulate(
                 continue
             jobs[r.request_id] = job
             token_times[r.request_id] = []
+            if delayed:
+                assert r.predicted_output_tokens is not None
+                heapq.heappush(landing, (r.arrival_time + delay, r.request_id,
+                                         r.predicted_output_tokens))
+        # As the live engine loop applies a prediction between iterations.
+        while landing and landing[0][0] <= clock.now:
+            _, rid, predicted = heapq.heappop(landing)
+            job = core.jobs.get(rid)
+            if job is not None:
+                give_prediction(job, predicted, opts.padding_ratio)
+                job.prediction_time = clock.now
+                core.policy.on_prediction(job)
 
     trace: list[StepTrace] = []
     abort_nl = opts.abort_mean_normalized_latency

@@ -130,6 +130,10 @@ class RequestSpec(BaseModel):
     # A response-length prediction replayed by the simulator (the trained
     # predictor's, studies/econoserve_sim); None: the job has none.
     predicted_output_tokens: int | None = None
+    # Seconds after its arrival at which that prediction reaches the
+    # scheduler (live, the predictor answers beside the prompt's
+    # computation); None or 0: on arrival.
+    prediction_delay_s: float | None = Field(None, ge=0.0)
     # The client's cap on the answer, when it is not the answer's length:
     # the job then ends by an end-of-sequence token at `output_tokens`,
     # which the scheduler does not know beforehand.  None: max_tokens =

@@ -222,6 +222,7 @@ class EngineLoop:
                     if job is not None and not job.length_from_engine:
                         job.predicted_output_len = n
                         job.allocated_output_len = alloc
+                        job.prediction_time = self.core.clock()
                         self.core.policy.on_prediction(job)
             elif kind == "give_back":
                 assert isinstance(payload, int)

@@ -18,6 +18,8 @@ def job_metrics(job: Job) -> JobMetrics:
         swap_wait_time=job.swap_wait_time,
         num_preemptions=job.num_preemptions,
         predicted_output_len=job.predicted_output_len,
+        prediction_delay=(None if job.prediction_time is None
+                          else max(0.0, job.prediction_time - arrival)),
         cached_tokens=job.num_cached_tokens,
     )
 

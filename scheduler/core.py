@@ -237,6 +237,7 @@ class SchedulerCore:
         job.predicted_output_len = n
         job.allocated_output_len = padded_length(n, self.config.length_padding_ratio)
         job.length_from_engine = True
+        job.prediction_time = self.clock()
         self.policy.on_prediction(job)
 
     def apply_swaps(self, result: StepResult) -> None:

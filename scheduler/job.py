@@ -126,6 +126,8 @@ class Job:
     adopts_cached_kv: bool = True
     prefix_missed_at: int = -1
     first_scheduled_time: float | None = None
+    # When its response-length prediction landed (None: on arrival, or never).
+    prediction_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: str | None = None

@@ -40,7 +40,12 @@ recomputation, `Policy.evict`), the least urgent and least computed first.
 
 A job whose prediction has not arrived is allocated
 `econoserve.default_output_len`, or the mean output length of the jobs this
-replica has finished; the under-prediction path covers it if that is short.
+replica has finished.  Live, the prediction is asked for beside the job, so
+a short prompt can be computed and its GT admitted before it lands: the GT
+keeps the allocation it was admitted on (a larger one landing would
+overcommit the KV the batch was admitted into and starve every new prompt
+of headroom), and when it runs past it the overrun extends it to the
+landed prediction.  A waiting job is regrouped when its prediction lands.
 A job's deadline is its request's (`jct_slo_s`), else its arrival here +
 `jct_slo_scale` × (prefill time + predicted length × a loaded iteration's
 time) from the cost estimate (§4).
@@ -53,6 +58,7 @@ import math
 from scheduler.blocks import blocks_for
 from scheduler.job import Job, JobState
 from scheduler.plan import Plan, ScheduledChunk
+from scheduler.policies.econoserve_pts import PromptFilling
 from scheduler.policies.kv_profile import Lease, Profile
 from scheduler.policies.task_queue import Key, TaskQueue, deadline_range
 from scheduler.policy import Policy
@@ -64,7 +70,7 @@ RESORT_S = 0.1
 FALLBACK_OUTPUT_LEN = 256
 
 
-class EconoservePolicy(Policy):
+class EconoservePolicy(PromptFilling, Policy):
     name = "econoserve"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -206,6 +212,17 @@ class EconoservePolicy(Policy):
         if self.lengths is not None and job.finish_reason == "stop" and job.predicted_output_len:
             self.lengths.observe(job.predicted_output_len, job.num_output_tokens)
 
+    def on_prediction(self, job: Job) -> None:
+        """`job`'s prediction landed after it arrived (live, the predictor
+        answers beside the prompt's computation, not before it): its
+        allocation, queue key and the batch's KV profile change with it."""
+        if job.job_id in self.batch:
+            return  # its allocation stays the one it was admitted with
+        for q, key in ((self.gts, self.gt_key), (self.pts, self.pt_key)):
+            if q.remove(job):
+                q.add(job, key(job, self.clock()))
+                return
+
     def num_waiting(self) -> int:
         return len(self.pts) + len(self.gts)
 
@@ -300,7 +317,7 @@ class EconoservePolicy(Policy):
                     continue
                 plan.block_ops += ops
             self.gts.remove(job)
-            self.batch[job.job_id] = job
+            self._admit(job)
             prof.add(lease)
             outside -= held
             slots -= 1
@@ -343,9 +360,18 @@ class EconoservePolicy(Policy):
                 return []
             plan.block_ops += ops
         self.gts.remove(head)
-        self.batch[head.job_id] = head
+        self._admit(head)
         self._profile = None
         return [head]
+
+    def _admit(self, job: Job) -> None:
+        """Into the batch.  A GT whose prediction has not landed keeps the
+        allocation it is admitted with: one that grew when the prediction
+        landed would overcommit the KV the batch was admitted into.  If it
+        runs past it, the overrun path extends it toward the prediction."""
+        if job.allocated_output_len is None and job.predicted_output_len is None:
+            self._extended.setdefault(job.job_id, self.allocation(job))
+        self.batch[job.job_id] = job
 
     def _overrun(self, job: Job, plan: Plan) -> bool:
         """`job` used its allocation unfinished (§3.3.2).  Extend it; True if
@@ -353,6 +379,9 @@ class EconoservePolicy(Policy):
         self.num_overruns += 1
         gen = job.num_output_tokens
         extra = max(self.bs, math.ceil(gen * self.ec.overrun_growth))
+        landed = job.allocated_output_len or job.predicted_output_len
+        if landed and landed > gen:  # admitted before its prediction landed
+            extra = max(self.bs, landed - gen)
         if self.lengths is not None and job.predicted_output_len:
             extra = max(self.bs, self.lengths.remaining(job.predicted_output_len, gen) or extra)
         extra = min(extra, job.max_tokens - gen, self.config.max_model_len - job.num_tokens)
@@ -424,71 +453,3 @@ class EconoservePolicy(Policy):
         plan.preempted.append(job.job_id)
         self.num_evicted += 1
         self._queue(job)
-
-    # PTs (Algorithm 1, line 5) -------------------------------------------
-
-    def _fill_pts(self, plan: Plan, chunks: list[ScheduledChunk], budget: int,
-                  now: float) -> None:
-        if not self.pts or budget <= 0:
-            return
-        prof = self.profile()
-        held_batch = self._held_by_batch()
-        # Free blocks promised neither to the batch's allocations nor to
-        # the rest of the prompts already started.
-        started = sum(self.blocks.blocks_needed(j, j.num_uncomputed_tokens)
-                      for j in self._prefilling.values() if j.is_resident)
-        headroom = self.blocks.num_free - max(0, prof.peak - held_batch) - started
-        taken: set[str] = set()
-        i = 0
-        while budget > 0 and i < len(self.pts):
-            job = self.pts.at(i)
-            if job.job_id in taken or job.swap_pending is not None:
-                i += 1
-                continue
-            if job.num_host_blocks:  # swapped out mid-prompt: bring it back first
-                n = job.num_host_blocks
-                if n <= headroom:
-                    ops = self.swap.swap_in(job)
-                    if ops is not None:
-                        plan.block_ops += ops
-                        headroom -= n
-                i += 1
-                continue
-            n = job.num_uncomputed_tokens
-            if n > budget:
-                other = None if not self.ec.ordering else self.pts.longest_fitting(
-                    i, -budget, lambda j: (j.job_id not in taken and j.swap_pending is None
-                                           and not j.num_host_blocks))
-                if other is not None:
-                    job, n = other, other.num_uncomputed_tokens
-                else:
-                    n = budget  # chunked prefill
-            # Blocks computed since it arrived are adopted (its queue key keeps
-            # the longer prompt until the next resort, as a chunked one's does).
-            free = self.blocks.num_free
-            adopted = self.blocks.reclaim_cached(job)
-            taken_free = free - self.blocks.num_free  # parked ones count as free
-            headroom -= taken_free
-            n = min(n, job.num_uncomputed_tokens)
-            # A PT is allocated its whole prompt's blocks (§3.3.1).  One that
-            # does not fit is passed over for shorter ones, unless it is past
-            # its deadline: then no new prompt starts until it fits.
-            need = self.blocks.blocks_needed(job, job.num_uncomputed_tokens)
-            if job.job_id in self._prefilling:
-                headroom += need  # already counted as started
-            if need > headroom or not self.blocks.grow(job, n):
-                if job.job_id in self._prefilling:
-                    headroom -= need
-                if adopted is not None:  # it would not fit without them either
-                    self.blocks.undo_adoption(job, adopted)
-                    headroom += taken_free
-                if self.ec.ordering and self.pts.key(job)[0] == 0:
-                    break
-                taken.add(job.job_id)  # passed over this iteration
-                continue
-            headroom -= need
-            taken.add(job.job_id)
-            if job.num_uncomputed_tokens > n:
-                self._prefilling[job.job_id] = job
-            chunks.append(self.chunk_for(job, n))
-            budget -= n

@@ -127,7 +127,7 @@ def make_app(engine: FakeEngine | None = None) -> Starlette:
                 "prompt_tokens": len(prompt.split()), "completion_tokens": n,
                 "total_tokens": n + len(prompt.split())},
                 "metrics": {"queue_time": 0.005, "num_preemptions": 2, "swap_bytes": 4096,
-                            "predicted_output_len": 37}})
+                            "predicted_output_len": 37, "prediction_delay": 0.25}})
             yield "data: [DONE]\n\n"
 
         return _Admitted(eng, gen(), media_type="text/event-stream")

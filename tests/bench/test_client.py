@@ -33,7 +33,7 @@ def test_streams_and_records(server, endpoint):
         assert r.token_times == sorted(r.token_times)
         # Server-reported scheduling figures reach the record.
         assert r.queueing_time == 0.005 and r.num_preemptions == 2 and r.swap_bytes == 4096
-        assert r.predicted_output_tokens == 37
+        assert r.predicted_output_tokens == 37 and r.prediction_delay_s == 0.25
         assert r.prompt_tokens == 2  # from usage
     # Open loop: b was sent at its arrival time, not after a finished.
     assert 0.03 <= b.send_time < a.end_time

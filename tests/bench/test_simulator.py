@@ -9,6 +9,7 @@ import pytest
 
 from bench.costmodel import AnalyticCostModel, BatchShape
 from bench.metrics import summarize
+from bench.records import RequestRecord
 from bench.simulator import SimOptions, SimulationError, VirtualClock, measure_capacity, simulate
 from bench.workload import ArrivalSpec, LengthSpec, RequestSpec, StreamSpec, WorkloadSpec, build_workload
 from scheduler.config import SchedulerConfig
@@ -309,6 +310,47 @@ def test_replayed_predictions_reach_the_jobs_padded():
     assert seen == {"A": (10, 15), "B": (None, None)}
     assert [x.output_tokens for x in out.records] == [9, 5]
     assert out.stats.as_dict()["econoserve_gts_admitted"] >= 2
+
+
+def test_a_delayed_prediction_lands_between_iterations_after_its_delay():
+    """Live, the predictor answers beside the prompt's computation: a
+    recorded delay (or `SimOptions.prediction_delay_s`) keeps the job without
+    its prediction until then."""
+    from scheduler.policies.econoserve import EconoservePolicy
+
+    landed: dict[str, tuple[float, int | None]] = {}
+    on_prediction = EconoservePolicy.on_prediction
+
+    def spy(self, job):  # type: ignore[no-untyped-def]
+        landed[job.job_id] = (self.clock(), job.allocated_output_len)
+        on_prediction(self, job)
+
+    def run(opts: SimOptions, delay: float | None) -> tuple[dict[str, RequestRecord], dict]:
+        landed.clear()
+        reqs = [RequestSpec(request_id="A", arrival_time=0.0, prompt_tokens=4, output_tokens=9,
+                            predicted_output_tokens=10, prediction_delay_s=delay),
+                RequestSpec(request_id="B", arrival_time=0.5, prompt_tokens=4, output_tokens=5,
+                            predicted_output_tokens=6, prediction_delay_s=delay)]
+        out = simulate(reqs, sc(policy="econoserve"), UnitCost(), opts)
+        return {r.request_id: r for r in out.records}, dict(landed)
+
+    EconoservePolicy.on_prediction = spy  # type: ignore[method-assign]
+    try:
+        recs, seen = run(SimOptions(padding_ratio=0.5), 2.5)
+        # A's lands at the first iteration boundary at or after 2.5 s (UnitCost:
+        # one second an iteration), B's at or after 3.0 s.
+        assert seen == {"A": (3.0, 15), "B": (3.0, 9)}
+        assert recs["A"].prediction_delay_s == 3.0 and recs["B"].prediction_delay_s == 2.5
+        # Predictions on arrival: nothing lands later, nothing to record.
+        recs, seen = run(SimOptions(), None)
+        assert seen == {} and recs["A"].prediction_delay_s is None
+        # The option overrides every recorded delay.
+        recs, seen = run(SimOptions(prediction_delay_s=0.0), 2.5)
+        assert seen == {} and recs["B"].predicted_output_tokens == 6
+        recs, seen = run(SimOptions(prediction_delay_s=1.0), None)
+        assert set(seen) == {"A", "B"} and recs["A"].prediction_delay_s == 1.0
+    finally:
+        EconoservePolicy.on_prediction = on_prediction  # type: ignore[method-assign]
 
 
 def test_a_shared_system_prompt_is_prefilled_once_with_the_prefix_cache():

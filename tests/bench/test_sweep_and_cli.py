@@ -174,11 +174,17 @@ def test_cli_replays_recorded_predictions(tmp_path):
     preds[live.records[0].request_id] = None
     for r in live.records:
         r.predicted_output_tokens = preds[r.request_id]
+    # And one that landed late: the replay gives it as late.
+    late = live.records[1]
+    late.prediction_delay_s = 0.3
     save_result(live, tmp_path / "live.json")
     assert main([*common, "--policy", "econoserve", "--save-records", "--predictions-from",
                  str(tmp_path / "live.json"), "--out", str(tmp_path / "sim.json")]) == 0
     sim = load_result(tmp_path / "sim.json")
     assert {r.request_id: r.predicted_output_tokens for r in sim.records} == preds
+    delays = {r.request_id: r.prediction_delay_s for r in sim.records}
+    assert delays.pop(late.request_id) >= 0.3
+    assert set(delays.values()) == {None}
     assert sim.summary.num_completed == 8
     # A run of other requests cannot lend them.
     other = ["simulate", "--dataset", "fixed", "--input-len", "32", "--output-len", "40",

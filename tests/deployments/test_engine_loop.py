@@ -280,6 +280,9 @@ def test_prediction_reaches_a_running_job_and_is_ignored_after_it_ends():
         sink.wait_finished({"p"})
         last = next(d for d in sink.items if d.event.finished)
         assert last.metrics.predicted_output_len == 123
+        # When it landed, counted from the job's arrival on the engine's clock.
+        assert last.metrics.prediction_delay is not None
+        assert 0.0 <= last.metrics.prediction_delay <= last.metrics.e2e
         loop.set_prediction("p", 5)  # too late: no job, no error
         loop.submit(req("q", max_tokens=2))
         sink.wait_finished({"q"})

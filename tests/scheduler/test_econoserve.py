@@ -347,6 +347,77 @@ def test_a_job_without_prediction_is_allocated_the_mean_finished_length(
     assert policy.allocation(fresh) == 23
 
 
+def land(core: SchedulerCore, j: Job, predicted: int) -> None:
+    """A prediction landing after `j` was added, as the engine loop applies one."""
+    j.predicted_output_len = predicted
+    j.allocated_output_len = predicted
+    core.policy.on_prediction(j)
+
+
+def test_late_predictions_never_overcommit_the_batch(clock: FakeClock) -> None:
+    """Live, a prompt may be computed and its GT admitted before its
+    prediction lands: the batch was admitted into the KV on the allocation
+    assumed then, which the prediction must not enlarge (it did: the batch's
+    peak went past the cache, and with it every new prompt's headroom)."""
+    rng = random.Random(3)
+    core = econo_core(clock, num_blocks=40, max_batch_size=6, max_batch_tokens=24,
+                      econoserve={"default_output_len": 6, "pt_reserve": 0.1})
+    engine = FakeEngine(clock)
+    policy = policy_of(core)
+    jobs = [job(rng.randint(1, 12), rng.randint(1, 40)) for _ in range(40)]
+    for j in jobs:
+        core.add(j)
+    due = {j.job_id: rng.randint(0, 30) for j in jobs}  # steps until it lands
+    steps = 0
+    while core.has_work:
+        for j in jobs:
+            if due[j.job_id] == steps and j.job_id in core.jobs:
+                land(core, j, max(1, j.max_tokens + rng.randint(-8, 8)))
+        plan = core.schedule()
+        outside = core.blocks.num_used - sum(len(j.block_table) for j in policy.batch.values())
+        peak = Profile([policy.lease(j) for j in policy.batch.values()], 4, True).peak
+        assert peak + outside <= core.blocks.num_blocks
+        core.complete(plan, engine.execute(plan))
+        core.blocks.check(core.jobs.values())
+        steps += 1
+        assert steps < 5000
+    assert all(j.num_output_tokens == j.max_tokens for j in jobs)
+
+
+def test_a_gt_admitted_before_its_prediction_overruns_straight_to_it(clock: FakeClock) -> None:
+    core = econo_core(clock, econoserve={"default_output_len": 4, "pt_reserve": 0.5})
+    engine = FakeEngine(clock)
+    policy = policy_of(core)
+    j = job(4, 40)
+    core.add(j)
+    step(core, engine)  # its prompt
+    step(core, engine)  # admitted as a GT of 4 output tokens
+    assert j.job_id in policy.batch and policy.allocation(j) == 4
+    land(core, j, 30)
+    assert policy.allocation(j) == 4  # what the batch was admitted on
+    while j.num_output_tokens < 5:
+        step(core, engine)
+    # One overrun took it to the prediction, not the growth rule's 4 + 4.
+    assert policy.num_overruns == 1 and policy.allocation(j) == 30
+    drain(core, engine)
+    assert j.num_output_tokens == 40 and policy.num_overruns == 2
+
+
+def test_a_late_prediction_regroups_a_waiting_gt(clock: FakeClock) -> None:
+    core = econo_core(clock, econoserve={"default_output_len": 4})
+    policy = policy_of(core)
+    j = job(4, 40)
+    core.add(j)
+    j.num_computed_tokens = j.num_prompt_tokens  # as if its prompt had run
+    j.output_token_ids.append(7)
+    policy.pts.remove(j)
+    policy.gts.add(j, policy.gt_key(j, 0.0))
+    assert policy.gts.key(j)[2] == -policy.group(j) == -1
+    land(core, j, 30)
+    assert policy.gts.key(j) == policy.gt_key(j, clock())
+    assert policy.gts.key(j)[2] == -8  # 29 tokens to go: 8 blocks of 4
+
+
 def test_deadline_from_the_jct_slo(clock: FakeClock) -> None:
     cost = LinearCost(base_s=0.01, prefill_per_token_s=0.001, decode_per_seq_s=0.001)
     core = econo_core(clock, cost=cost, econoserve={"jct_slo_scale": 2.0})
