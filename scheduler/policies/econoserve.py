@@ -214,8 +214,9 @@ class EconoservePolicy(PromptFilling, Policy):
 
     def on_prediction(self, job: Job) -> None:
         """`job`'s prediction landed after it arrived (live, the predictor
-        answers beside the prompt's computation, not before it): its
-        allocation, queue key and the batch's KV profile change with it."""
+        answers beside the prompt's computation, not before it).  Waiting,
+        its allocation and queue key change with it; in the batch, neither
+        (`_admit`)."""
         if job.job_id in self.batch:
             return  # its allocation stays the one it was admitted with
         for q, key in ((self.gts, self.gt_key), (self.pts, self.pt_key)):
