@@ -53,7 +53,7 @@ from bench.workload import RequestSpec
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.iteration import IterationDriver
-from scheduler.job import Job, JobClass
+from scheduler.job import Job, JobClass, padded_length
 from scheduler.plan import BlockOpKind
 from scheduler.trace import StepTrace
 
@@ -258,7 +258,7 @@ def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
              padding_ratio: float, delayed: bool = False) -> Job:
     """The scheduler's job for request `r` (its prompt's own first token
     `own_token`), and the executor told where it ends when `max_tokens` is
-    only a cap.  `delayed`: its prediction lands later (`give_prediction`)."""
+    only a cap.  `delayed`: its prediction lands later (`SchedulerCore.set_prediction`)."""
     job = Job(
         job_id=r.request_id,
         # Its own first token: no two prompts share a cached block, as none
@@ -272,14 +272,9 @@ def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
     if r.max_tokens is not None and r.max_tokens > r.output_tokens:
         device.stop_lengths[r.request_id] = r.output_tokens
     if r.predicted_output_tokens is not None and not delayed:
-        give_prediction(job, r.predicted_output_tokens, padding_ratio)
+        job.predicted_output_len = r.predicted_output_tokens
+        job.allocated_output_len = padded_length(r.predicted_output_tokens, padding_ratio)
     return job
-
-
-def give_prediction(job: Job, predicted: int, padding_ratio: float) -> None:
-    job.predicted_output_len = predicted
-    # The predictor's rule (predictor/metrics.py, `allocation`).
-    job.allocated_output_len = max(1, math.ceil(predicted * (1.0 + padding_ratio) - 1e-9))
 
 
 def request_record(r: RequestSpec, job: Job | None, token_times: list[float],
@@ -388,9 +383,7 @@ def simulate(
             _, rid, predicted = heapq.heappop(landing)
             job = core.jobs.get(rid)
             if job is not None:
-                give_prediction(job, predicted, opts.padding_ratio)
-                job.prediction_time = clock.now
-                core.policy.on_prediction(job)
+                core.set_prediction(job, predicted, padded_length(predicted, opts.padding_ratio))
 
     trace: list[StepTrace] = []
     abort_nl = opts.abort_mean_normalized_latency

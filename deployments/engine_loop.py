@@ -220,10 +220,7 @@ class EngineLoop:
                     # It may have finished already, or the engine's length
                     # head may have estimated it from the model's own state.
                     if job is not None and not job.length_from_engine:
-                        job.predicted_output_len = n
-                        job.allocated_output_len = alloc
-                        job.prediction_time = self.core.clock()
-                        self.core.policy.on_prediction(job)
+                        self.core.set_prediction(job, n, alloc)
             elif kind == "give_back":
                 assert isinstance(payload, int)
                 rejected += self._give_back(payload)

@@ -234,9 +234,14 @@ class SchedulerCore:
         """The engine's length head estimated `job`'s answer at its first
         token (engine/length_head.py): it replaces the predictor's, with the
         same padding, before the policy sees the job as generating."""
-        job.predicted_output_len = n
-        job.allocated_output_len = padded_length(n, self.config.length_padding_ratio)
         job.length_from_engine = True
+        self.set_prediction(job, n, padded_length(n, self.config.length_padding_ratio))
+
+    def set_prediction(self, job: Job, predicted: int, allocation: int | None) -> None:
+        """`job`'s response-length prediction (and its padded allocation)
+        landed now, after the job was added: the policy hears of it."""
+        job.predicted_output_len = predicted
+        job.allocated_output_len = allocation
         job.prediction_time = self.clock()
         self.policy.on_prediction(job)
 
