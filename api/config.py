@@ -301,6 +301,19 @@ class AppConfig(SchedulingSettings):
     def threads(self) -> int:
         return self.num_threads or max(1, int(self.engine_num_cpus))
 
+    def advice(self) -> list[str]:
+        """Settings that are valid but measured to serve worse than their
+        alternative; `build_app` logs each at start."""
+        out = []
+        if self.survival.checkpoint and self.host_kv_tokens < 2 * self.kv_cache_tokens:
+            # studies/survival/README.md, "When the host tier fills".
+            out.append(
+                f"survival.checkpoint: host_kv_tokens ({self.host_kv_tokens}) is under twice "
+                f"kv_cache_tokens ({self.kv_cache_tokens}); the host tier also holds preempted "
+                "and swapped-out requests, and while it is full running requests go "
+                "uncheckpointed (engine_survival_uncovered_tokens)")
+        return out
+
     def scheduler_config(self) -> SchedulerConfig:
         shared = {name: getattr(self, name) for name in SchedulingSettings.model_fields}
         return SchedulerConfig(

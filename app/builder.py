@@ -7,12 +7,15 @@ do it, and wires Ingress → Scheduler → Engine as ARCHITECTURE.md draws it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from api.config import AppConfig
+
+log = logging.getLogger("ray.serve")
 
 
 def engine_bundles(cfg: AppConfig) -> list[dict[str, float]]:
@@ -72,6 +75,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     from engine.model_source import resolve_model
 
     cfg = AppConfig(**(args or {}))
+    for advice in cfg.advice():
+        log.warning(advice)
     model_path = resolve_model(cfg.model)
     if cfg.tensor_parallel_size * cfg.pipeline_parallel_size > 1:
         from engine.tensor_parallel import check_shards

@@ -12,6 +12,7 @@ from api.config import AppConfig
 from deployments.engine_loop import EngineLoop
 from scheduler.admission import AdmissionBound, bounded, load_report
 from scheduler.autoscale import kv_use, replica_signals, tpot_ratio
+from scheduler.checkpoint import exposure
 from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
 from scheduler.cost_fit import COEFFICIENTS, LiveCost
@@ -26,6 +27,7 @@ class EngineFigures:
     core: SchedulerCore
     loop: EngineLoop
     runner: Any
+    kv_tier: Any
     replica_id: str
     head_source: str | None
     bound: AdmissionBound
@@ -88,6 +90,7 @@ class EngineFigures:
                 "checkpoint_discards": self.core.swap.num_checkpoint_discards,
                 "tokens_discarded": self.core.swap.tokens_discarded,
             },
+            "survival": self._survival_figures(jobs),
             "policy": self._policy_stats(),
             "engine": {
                 "dtype": str(self.runner.dtype).removeprefix("torch."),
@@ -97,6 +100,15 @@ class EngineFigures:
                 "packing_speedup": self.runner.packing_speedup,
             },
         }
+
+    def _survival_figures(self, jobs: list[Any]) -> dict[str, int]:
+        """What this replica's death now would make others recompute: its
+        resident jobs' tokens past their last checkpoint (all their tokens
+        without `survival.checkpoint`), and the host copies still queued."""
+        ex = exposure(jobs, self.core.config.block_size)
+        return {"resident_jobs": ex.jobs, "uncovered_tokens": ex.tokens,
+                "max_uncovered_tokens": ex.largest,
+                "tier_pending_blocks": self.kv_tier.pending_blocks if self.kv_tier else 0}
 
     def _admission_figures(self, jobs: list[Any]) -> dict[str, Any]:
         jobs = [j for j in jobs if bounded(j.job_class.value, self.cfg.policy)]

@@ -15,6 +15,11 @@ _GAUGES = {
     "num_waiting": ("engine_waiting_jobs", "Jobs waiting, preempted or swapped"),
     "kv_utilization": ("engine_kv_utilization", "Share of device KV blocks in use"),
     "host_used_blocks": ("engine_host_kv_blocks", "KV blocks held in the host tier"),
+    "uncovered_tokens": ("engine_survival_uncovered_tokens",
+                         "Computed tokens of resident jobs past their last checkpoint: "
+                         "recomputed elsewhere if the replica died now"),
+    "tier_pending_blocks": ("engine_kv_tier_pending_blocks",
+                            "KV blocks queued for the host tier and not stored yet"),
     "cached_blocks": ("engine_prefix_cache_blocks",
                       "Device KV blocks no job holds, kept by the prefix cache"),
 }
@@ -88,11 +93,14 @@ class EngineMetrics:
         """From `Engine.stats()`'s snapshot, the one source of these figures."""
         swap, policy = snapshot["swap"], snapshot["policy"]
         prefix = snapshot.get("prefix_cache") or {}
+        survival = snapshot.get("survival") or {}
         figures = {
             "num_running": snapshot["num_running"],
             "num_waiting": snapshot["num_waiting"],
             "kv_utilization": 1 - snapshot["free_blocks"] / snapshot["num_blocks"],
             "host_used_blocks": swap["host_used_blocks"],
+            "uncovered_tokens": survival.get("uncovered_tokens"),
+            "tier_pending_blocks": survival.get("tier_pending_blocks"),
             "num_preemptions": snapshot["num_preemptions"],
             "tokens_out": snapshot["tokens_out"],
             "blocks_out": swap["blocks_out"],

@@ -55,11 +55,24 @@ class ThreadedHostTier(HostKVTier, ABC):
         # One thread: FIFO order across offload / fetch / drop.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-tier")
         self._landed: queue.SimpleQueue[tuple[str, torch.Tensor | None]] = queue.SimpleQueue()
+        # Blocks handed to `offload` and not stored yet: a replica that dies
+        # loses them (`pending_blocks`).
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+
+    @property
+    def pending_blocks(self) -> int:
+        """Blocks queued for the tier and not stored yet (checkpoints and
+        swap-outs): how far the host copies lag behind the scheduler's
+        books."""
+        return self._pending
 
     def offload(self, job_id: str, indices: list[int], blocks: torch.Tensor,
                 ready: Callable[[], None] | None = None) -> Future[bool]:
         # Copied now, unless a device copy is still filling it (`ready`).
         data = blocks if ready is not None else blocks.contiguous()
+        with self._pending_lock:
+            self._pending += len(indices)
         return self._pool.submit(self._offload_sync, job_id, indices, data, ready)
 
     def fetch(self, job_id: str, indices: list[int],
@@ -117,6 +130,8 @@ class ThreadedHostTier(HostKVTier, ABC):
         except Exception as e:  # the directory is gone: a refused offload
             log.warning("offload of %s failed: %r", job_id, e)
             ok = False
+        with self._pending_lock:
+            self._pending -= len(indices)
         self.stats.swap_out_s += time.perf_counter() - t0
         if ok:
             self.stats.offloads += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from scheduler.config import ConserveConfig, SurvivalConfig
 from scheduler.job import Job
@@ -54,6 +55,29 @@ def survival_checkpoints(swap: SwapManager, running: Iterable[Job],
         return []
     due.sort(key=lambda x: -x[0])
     return _copy_in_order(swap, [j for _, j in due], cfg.max_blocks_per_iteration)
+
+
+class Exposure(NamedTuple):
+    """What a replica's death now would cost its resident jobs: the tokens
+    each computed past its last checkpoint, which another replica would
+    recompute (`survival.checkpoint`).  Checkpoints issued but still queued
+    on the tier's thread count as taken here; the tier reports those."""
+
+    jobs: int
+    tokens: int
+    largest: int
+
+
+def exposure(jobs: Iterable[Job], block_size: int) -> Exposure:
+    n = total = largest = 0
+    for job in jobs:
+        if not job.block_table or not job.is_resident:
+            continue
+        lag = max(0, job.num_computed_tokens - job.num_checkpointed_blocks * block_size)
+        n += 1
+        total += lag
+        largest = max(largest, lag)
+    return Exposure(n, total, largest)
 
 
 def _copy_in_order(swap: SwapManager, jobs: list[Job], max_blocks: int) -> list[BlockOp]:

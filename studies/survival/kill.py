@@ -27,8 +27,16 @@ def main() -> None:
                           "engine_stats": _engine_stats()}))
         return
     victims = engines()
-    ray.kill(ray.get_actor(victims[0], namespace="serve"), no_restart=False)
-    print(json.dumps({"time": time.time(), "killed": victims[0], "engines": victims}))
+    # What the victim's death is about to cost: its resident jobs' tokens
+    # past their last checkpoint, read a moment before the kill.  The
+    # victim is a replica whose figures came back (Serve may route every
+    # call to one of them).
+    before = {e["replica"]: e.get("survival") for e in _engine_stats()}
+    victim = next((v for v in victims if v.rsplit("#", 1)[-1] in before), victims[0])
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=False)
+    print(json.dumps({"time": time.time(), "killed": victim, "engines": victims,
+                      "exposure": before.get(victim.rsplit("#", 1)[-1]),
+                      "exposure_by_replica": before}))
 
 
 def _engine_stats() -> list[dict[str, object]]:
@@ -39,7 +47,8 @@ def _engine_stats() -> list[dict[str, object]]:
     for _ in range(16):
         st = handle.stats.remote().result()
         seen[str(st["replica"])] = {"replica": st["replica"], "resumed": st.get("resumed"),
-                                    "tokens_out": st.get("tokens_out")}
+                                    "tokens_out": st.get("tokens_out"),
+                                    "survival": st.get("survival")}
     return list(seen.values())
 
 

@@ -186,3 +186,13 @@ def test_autoscaling_starts_within_its_bounds_under_our_policy() -> None:
         AppConfig(autoscaling={"upscale_at": 2})
     with pytest.raises(ValidationError, match="autoscaling.nope|nope"):
         AppConfig(autoscaling={"nope": 1})
+
+
+def test_a_host_tier_too_small_for_survival_checkpoints_is_advised_against() -> None:
+    small = AppConfig(kv_cache_tokens=4096, host_kv_tokens=4096, survival={"checkpoint": True})
+    (advice,) = small.advice()
+    assert "host_kv_tokens (4096)" in advice and "kv_cache_tokens (4096)" in advice
+    assert AppConfig(kv_cache_tokens=4096, host_kv_tokens=8192,
+                     survival={"checkpoint": True}).advice() == []
+    # Without survival checkpoints the host tier holds preempted requests only.
+    assert AppConfig(kv_cache_tokens=4096, host_kv_tokens=4096).advice() == []

@@ -85,6 +85,8 @@ def _resumed(app: str) -> dict[str, dict[str, int]]:
     for _ in range(16):
         st = handle.stats.remote().result()
         seen[str(st["replica"])] = st["resumed"]
+        # Every stream has ended: no job left whose tokens a death would lose.
+        assert st["survival"]["resident_jobs"] == st["survival"]["uncovered_tokens"] == 0, st
     return seen
 
 

@@ -30,6 +30,23 @@ def test_local_tier_roundtrip_and_byte_accounting():
     assert tier.stats.fetch_failures == 1
 
 
+def test_pending_blocks_count_the_copies_not_stored_yet():
+    import threading
+
+    tier = LocalHostTier(capacity_bytes=10**6)
+    release = threading.Event()
+    first = tier.offload("a", [0, 1, 2], blocks(3), ready=release.wait)  # held on the thread
+    second = tier.offload("b", [0, 1], blocks(2, seed=1))
+    assert tier.pending_blocks == 5
+    release.set()
+    assert first.result() and second.result()
+    assert tier.pending_blocks == 0
+    # A refused offload is no longer pending either.
+    full = LocalHostTier(capacity_bytes=1)
+    assert not full.offload("c", [0], blocks(1)).result()
+    assert full.pending_blocks == 0
+
+
 def test_local_tier_refuses_past_capacity():
     data = blocks(4)
     tier = LocalHostTier(capacity_bytes=data.numel() * 2 - 1)

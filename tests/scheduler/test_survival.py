@@ -88,3 +88,27 @@ def test_survival_checkpoints_need_a_host_tier() -> None:
     with pytest.raises(ValidationError, match="host_kv_tokens above 0"):
         SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128,
                         survival={"checkpoint": True})
+
+
+def test_exposure_is_the_tokens_past_each_resident_jobs_checkpoint() -> None:
+    from scheduler.checkpoint import exposure
+
+    c = core(every_blocks=2, max_blocks_per_iteration=1)
+    c.add(Job("a", [7] * 18, max_tokens=30, arrival_time=0.0))
+    c.add(Job("b", [8] * 9, max_tokens=30, arrival_time=0.0))
+    assert exposure(c.jobs.values(), 4) == (0, 0, 0)  # nothing computed, nothing held
+    run(c, c.schedule())
+    # Prefilled, nothing copied yet: every computed token is exposed.
+    assert exposure(c.jobs.values(), 4) == (2, 27, 18)
+    for _ in range(3):  # one block copied an iteration (the budget), a's first
+        run(c, c.schedule())
+    a, b = c.jobs["a"], c.jobs["b"]
+    assert (a.num_checkpointed_blocks, b.num_checkpointed_blocks) == (3, 0)
+    # a: 21 computed, 12 copied; b: 12 computed, none copied.
+    assert exposure(c.jobs.values(), 4) == (2, 9 + 12, 12)
+    # Without checkpoints a resident job's every computed token is exposed.
+    off = SchedulerCore(SchedulerConfig(**{**c.config.model_dump(), "survival": {}}),
+                        clock=lambda: 0.0)
+    off.add(Job("c", [7] * 10, max_tokens=5, arrival_time=0.0))
+    run(off, off.schedule())
+    assert exposure(off.jobs.values(), 4) == (1, 10, 10)
