@@ -8,7 +8,8 @@
 # the live run recorded, and set beside it (replay.txt).
 # POLICIES (default "fcfs mlfq econoserve") may also name mlfq-predicted: skip-join MLFQ with
 # its prediction switches on (mlfq-predicted.yaml), replayed with the recorded predictions.
-# Usage: bash studies/econoserve_live/run.sh [N] [RATE...]   (env MAX_TOTAL, OUT, POLICIES)
+# SEED (default 0) draws the requests and their arrivals.
+# Usage: bash studies/econoserve_live/run.sh [N] [RATE...]   (env MAX_TOTAL, OUT, POLICIES, SEED)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled
@@ -26,7 +27,7 @@ for rate in $RATES; do
     run=$OUT/runs/${policy}_$rate
     start_server "studies/econoserve_live/$policy.yaml" "$OUT/runs/$policy.server.log"
     python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$policy" \
-      --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed 0 \
+      --dataset sharegpt -n "$N" --max-total-len "$MAX_TOTAL" --seed "${SEED:-0}" \
       --rate "$rate" --max-duration 1800 --request-timeout 1800 --save-records \
       --out "$run.json"
     python -m bench trace-live --out "$run.trace.json.gz"
