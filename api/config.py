@@ -304,9 +304,9 @@ class AppConfig(SchedulingSettings):
     def advice(self) -> list[str]:
         """Settings that are valid but measured to serve worse than their
         alternative; `build_app` logs each at start."""
-        out = []
+        out: list[str] = []
         if self.survival.checkpoint and self.host_kv_tokens < 2 * self.kv_cache_tokens:
-            # studies/survival/README.md, "When the host tier fills".
+            # studies/survival/README.md, "heavier load, and when the host tier fills".
             out.append(
                 f"survival.checkpoint: host_kv_tokens ({self.host_kv_tokens}) is under twice "
                 f"kv_cache_tokens ({self.kv_cache_tokens}); the host tier also holds preempted "
