@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import ray
 from ray import serve
@@ -31,25 +32,39 @@ def main() -> None:
     # past their last checkpoint, read a moment before the kill.  The
     # victim is a replica whose figures came back (Serve may route every
     # call to one of them).
-    before = {e["replica"]: e.get("survival") for e in _engine_stats()}
-    victim = next((v for v in victims if v.rsplit("#", 1)[-1] in before), victims[0])
+    before = {r: st.get("survival") for r, st in replica_stats(16).items()}
+    victim = next((v for v in victims if _replica_id(v) in before), victims[0])
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=False)
     print(json.dumps({"time": time.time(), "killed": victim, "engines": victims,
-                      "exposure": before.get(victim.rsplit("#", 1)[-1]),
+                      "exposure": before.get(_replica_id(victim)),
                       "exposure_by_replica": before}))
 
 
-def _engine_stats() -> list[dict[str, object]]:
-    """Each live engine replica's resume figures (Serve routes each call to
-    some replica: enough calls reach both)."""
+def _replica_id(actor_name: str) -> str:
+    """`SERVE_REPLICA::llm#Engine#<id>` -> `<id>`, as `Engine.stats()` names it."""
+    return actor_name.rsplit("#", 1)[-1]
+
+
+def replica_stats(calls: int, timeout_s: float = 60.0) -> dict[str, dict[str, Any]]:
+    """`Engine.stats()` of each live engine replica that `calls` calls
+    reached (Serve routes each call to some replica: enough calls reach
+    each); a call that fails (a replica dying or starting) is skipped."""
     handle = serve.get_deployment_handle("Engine", app_name="llm")
-    seen: dict[str, dict[str, object]] = {}
-    for _ in range(16):
-        st = handle.stats.remote().result()
-        seen[str(st["replica"])] = {"replica": st["replica"], "resumed": st.get("resumed"),
-                                    "tokens_out": st.get("tokens_out"),
-                                    "survival": st.get("survival")}
-    return list(seen.values())
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(calls):
+        try:
+            st = handle.stats.remote().result(timeout_s=timeout_s)
+        except Exception:
+            continue
+        seen[str(st["replica"])] = st
+    return seen
+
+
+def _engine_stats() -> list[dict[str, object]]:
+    """Each live engine replica's resume and survival figures."""
+    return [{"replica": st["replica"], "resumed": st.get("resumed"),
+             "tokens_out": st.get("tokens_out"), "survival": st.get("survival")}
+            for st in replica_stats(16).values()]
 
 
 if __name__ == "__main__":

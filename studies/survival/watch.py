@@ -15,32 +15,25 @@ import sys
 import time
 
 import ray
-from ray import serve
+
+from studies.survival.kill import replica_stats
 
 
 def main() -> None:
     out = sys.argv[1]
     interval = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
     ray.init(address="auto", namespace="serve", log_to_driver=False)
-    handle = serve.get_deployment_handle("Engine", app_name="llm")
     with open(out, "a") as f:
         while True:
             t = time.time()
-            seen: dict[str, dict[str, object]] = {}
-            # Serve routes each call to some replica: a few calls reach both.
-            for _ in range(6):
-                try:
-                    st = handle.stats.remote().result(timeout_s=10)
-                except Exception:  # a replica dying or starting: next sample
-                    continue
-                seen[str(st["replica"])] = {
-                    "t": t, "replica": st["replica"], "running": st["num_running"],
+            # Six calls: enough to reach both replicas most samples.
+            for r, st in replica_stats(6, timeout_s=10).items():
+                f.write(json.dumps({
+                    "t": t, "replica": r, "running": st["num_running"],
                     "waiting": st["num_waiting"],
                     "kv_use": round(1 - st["free_blocks"] / st["num_blocks"], 4),
                     "host_used_blocks": st["swap"]["host_used_blocks"],
-                    **(st.get("survival") or {})}
-            for row in seen.values():
-                f.write(json.dumps(row) + "\n")
+                    **(st.get("survival") or {})}) + "\n")
             f.flush()
             time.sleep(max(0.0, interval - (time.time() - t)))
 
