@@ -80,12 +80,12 @@ from engine.attention_torch import (
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-# Built into the same library: the greedy argmax of the logits, a Llama
-# layer's bf16 RMSNorm (alone and after its residual sum), rotary embedding
-# and SwiGLU product as one operator each, and the write of a step's K/V.
-OTHER_SOURCES = [SOURCE.with_name("paged_prefill.cpp"), SOURCE.with_name("logits.cpp"),
-                 SOURCE.with_name("norm_rotary.cpp"), SOURCE.with_name("silu_mul.cpp"),
-                 SOURCE.with_name("kv_write.cpp")]
+# Built into the same library: the prefill operator, the greedy argmax of
+# the logits, a Llama layer's bf16 RMSNorm (alone and after its residual
+# sum), rotary embedding and SwiGLU product as one operator each, and the
+# write of a step's K/V.  Compiled as two translation units that include
+# the sources (csrc/unit_decode.cpp says why).
+UNITS = [SOURCE.with_name("unit_decode.cpp"), SOURCE.with_name("unit_prefill.cpp")]
 
 # The flags ATen's own kernels of each capability are built with (vec256 /
 # vec512); "DEFAULT" gets the compiler's baseline for the architecture.
@@ -115,9 +115,9 @@ def load_kernel() -> Callable[..., torch.Tensor]:
         capability = torch.backends.cpu.get_cpu_capability()
         flags = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                  *_ISA_FLAGS.get(capability, [])]
-        # The headers' text in the flags: torch rebuilds where a source or a
-        # flag changed, and hashes only the .cpp files.
-        flags.append(f"-DPREEMPT_SERVE_HEADERS={_headers_digest()}")
+        # The included files' text in the flags: torch rebuilds where a
+        # source or a flag changed, and hashes only the units it is given.
+        flags.append(f"-DPREEMPT_SERVE_HEADERS={_sources_digest()}")
         name = f"preempt_serve_paged_decode_{capability.lower()}"
         builds = [(name, flags)]
         if capability == "AVX512" and bf16_dot_wanted():
@@ -128,7 +128,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
                                   [*flags, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]))
         for i, (build_name, build_flags) in enumerate(builds):
             try:
-                load(name=build_name, sources=[str(p) for p in (SOURCE, *OTHER_SOURCES)],
+                load(name=build_name, sources=[str(p) for p in UNITS],
                      extra_cflags=build_flags,
                      is_python_module=False, verbose=False)
                 break
@@ -180,11 +180,11 @@ def decode_amx(enable: bool = True) -> bool:
     return bool(torch.ops.preempt_serve.set_decode_amx(enable))
 
 
-def _headers_digest() -> str:
+def _sources_digest() -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for p in sorted(SOURCE.parent.glob("*.h")):
+    for p in sorted([*SOURCE.parent.glob("*.h"), *SOURCE.parent.glob("*.cpp")]):
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 

@@ -58,8 +58,8 @@ def test_two_replicas_share_the_load_and_halve_the_queueing() -> None:
 
 
 def test_a_burst_scales_up_after_the_delay_and_back_down_when_quiet() -> None:
-    burst = poisson("busy", 20.0, 10.0, 100.0, seed=3)
-    quiet = poisson("quiet", 0.5, 0.0, 250.0, seed=4)
+    burst = poisson("busy", 20.0, 10.0, 55.0, seed=3)
+    quiet = poisson("quiet", 0.5, 0.0, 160.0, seed=4)
     reqs = burst + quiet
     scale = AutoscaleSettings(enabled=True, min_replicas=1, max_replicas=3,
                               upscale_delay_s=5.0, downscale_delay_s=30.0)

@@ -34,6 +34,9 @@ def test_a_failed_run_is_reported_by_name(tmp_path: Path) -> None:
         capacity.run_parallel([("ok", ok, tmp_path / "ok.log"), ("bad", bad, tmp_path / "bad.log")], 2)
 
 
+# Four training runs in subprocesses, each importing torch, transformers and
+# peft (half a minute): a study's end-to-end run, left to -m slow.
+@pytest.mark.slow
 def test_study_selects_retrains_and_tests(tiny_llama: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Two variants on a tiny Llama, end to end through the command line."""

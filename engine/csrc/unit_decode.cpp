@@ -1,0 +1,9 @@
+// One of the two translation units the operators' library is built from
+// (engine/attention_cpp.py): ATen's and torch's headers take about ten
+// seconds to parse in each unit, longer than most of our sources take to
+// compile, so the sources are grouped into two units, one per core of a
+// small machine, instead of one unit each.  This one: the decode operator,
+// the K/V write and the SwiGLU product.
+#include "paged_decode.cpp"
+#include "kv_write.cpp"
+#include "silu_mul.cpp"
