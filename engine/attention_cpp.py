@@ -117,7 +117,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
                  *_ISA_FLAGS.get(capability, [])]
         # The included files' text in the flags: torch rebuilds where a
         # source or a flag changed, and hashes only the units it is given.
-        flags.append(f"-DPREEMPT_SERVE_HEADERS={_sources_digest()}")
+        flags.append(f"-DPREEMPT_SERVE_SOURCES={_sources_digest()}")
         name = f"preempt_serve_paged_decode_{capability.lower()}"
         builds = [(name, flags)]
         if capability == "AVX512" and bf16_dot_wanted():

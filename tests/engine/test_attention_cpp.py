@@ -339,7 +339,7 @@ _OTHER_BUILD_CHECK = (
 )
 
 
-# Each build compiles every operator (about a minute on two cores): the
+# Each build compiles every operator (about 40 s on two cores): the
 # default run checks the portable loops, which every AVX2 CPU runs; the
 # AVX512 build without bf16 dot products is left to the long run (-m slow).
 _LONG_RUN_BUILDS = {"no-bf16-dot"}
