@@ -388,14 +388,11 @@ class ModelRunner(PlanPreparing, ShardDriving):
                     swaps_in_failed=failed, interrupted=True)
                 return pending
             if logits is not None:
-                tokens = self.sampler.sample_tensor(
-                    logits[: len(sampled)],
-                    [
-                        SampleRequest(s.params, c.output_index, s.banned_token_ids(),
-                                      s.prompt_token_ids, s.output_token_ids)
-                        for c, s in sampled
-                    ],
-                )
+                requests = [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
+                                          s.prompt_token_ids, s.output_token_ids)
+                            for c, s in sampled]
+                tokens = self.sampler.sample_tensor(logits[: len(sampled)], requests,
+                                                    exact=pending.exact)
                 pending.tokens, pending.logits = tokens, logits
                 pending.reads_logits = bool(prepared.prompt_rows) or any(
                     s.params.logprobs is not None for _, s in sampled)
@@ -480,7 +477,10 @@ class ModelRunner(PlanPreparing, ShardDriving):
             return None
         if firsts and pending is not None and head is not None:
             pending.lengths = first_token_lengths(head, hidden, prepared.sampled, firsts)
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        if pending is not None:
+            pending.exact = self.model.exact_source(hidden, logits)
+        return logits
 
     def logits(self, plan: Plan) -> torch.Tensor:
         """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order.

@@ -42,6 +42,8 @@ class Pending:
     # The length head's estimates for jobs that sampled their first token:
     # their ids and the lengths, on the device until collected.
     lengths: tuple[list[str], torch.Tensor] | None = None
+    # What breaks ties of rounded logits (`CausalLM.exact_source`).
+    exact: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def head_lengths(self) -> dict[str, int]:
         """Job id -> the length head's estimate (read once the pass landed)."""

@@ -30,7 +30,7 @@ from itertools import chain, repeat
 
 import torch
 
-from engine.logits_cpu import argmax_rows
+from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
 from scheduler.plan import TokenLogprob
 
@@ -304,14 +304,18 @@ class Sampler:
         else:
             self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
+    def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest],
+               exact: ExactSource | None = None) -> list[int]:
         """One token per row of `logits` `[rows, vocab]` (left unchanged):
         float32, or a CPU model's bfloat16, which is widened to float32 for
-        every use but the plain greedy argmax (the same index either way)."""
-        return self.sample_tensor(logits, requests).tolist()
+        every use but the plain greedy argmax (the same index either way).
+        With `exact` (the rows' hidden states and the lm_head's weight), a
+        plain greedy row whose largest value is tied takes the token of the
+        largest exact logit (engine.logits_cpu)."""
+        return self.sample_tensor(logits, requests, exact).tolist()
 
-    def sample_tensor(self, logits: torch.Tensor,
-                      requests: Sequence[SampleRequest]) -> torch.Tensor:
+    def sample_tensor(self, logits: torch.Tensor, requests: Sequence[SampleRequest],
+                      exact: ExactSource | None = None) -> torch.Tensor:
         """`sample`, as a tensor on the logits' device.  Rows that are all
         plain greedy take one argmax with no index built on the host, so
         that on a GPU nothing here waits for the pass that computes
@@ -321,12 +325,12 @@ class Sampler:
         if not requests:
             return torch.empty(0, dtype=torch.long, device=logits.device)
         if all(r.params.greedy and not r.adjusts_logits for r in requests):
-            return argmax_rows(logits)
+            return argmax_rows(logits, exact)
         logits = logits.float()
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         if greedy:
-            _greedy_into(tokens, logits, greedy, requests)
+            _greedy_into(tokens, logits, greedy, requests, exact)
         rand = [i for i, r in enumerate(requests) if not r.params.greedy]
         if rand:
             tokens[rand] = self._sample_random(logits, rand, requests)
@@ -375,16 +379,16 @@ class Sampler:
 
 def _greedy_into(
     tokens: torch.Tensor, logits: torch.Tensor, rows: list[int],
-    requests: Sequence[SampleRequest],
+    requests: Sequence[SampleRequest], exact: ExactSource | None = None,
 ) -> None:
     """Argmax of rows `rows` into `tokens`, after the adjustments of the rows
     that ask for them.  Only those rows are copied: the others' argmax reads
     the caller's logits in place (an argmax over every row reads no more
-    than copying the greedy rows out would)."""
+    than copying the greedy rows out would), their ties broken by `exact`."""
     adjusted = [i for i in rows if requests[i].adjusts_logits]
     if len(adjusted) < len(rows):
         plain = [i for i in rows if not requests[i].adjusts_logits]
-        tokens[plain] = argmax_rows(logits)[plain]
+        tokens[plain] = argmax_rows(logits, exact)[plain]
     if adjusted:
         sub = logits[adjusted]
         adjust_logits(sub, [requests[i] for i in adjusted])

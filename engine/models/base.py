@@ -163,6 +163,23 @@ class CausalLM(nn.Module, ABC):
             local = local.float()
         return self.tp.gather_logits(local, self.vocab_size)
 
+    def head_weight(self) -> torch.Tensor | None:
+        """The lm_head's weight `[vocab rows, hidden]` (this shard's rows;
+        None where this stage holds none)."""
+        return None
+
+    def exact_source(self, hidden: torch.Tensor,
+                     logits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What breaks the ties of `logits` (from `compute_logits(hidden)`)
+        by their exact values (engine.logits_cpu): the hidden rows and the
+        head's weight, where the logits stayed rounded to the model's dtype
+        (an unsplit bfloat16 model on CPU, `vocab_logits`); None elsewhere."""
+        head = self.head_weight()
+        if logits is None or logits.dtype == torch.float32 or head is None \
+                or head.is_mkldnn or self.tp.enabled or self.pp.enabled:
+            return None
+        return hidden, head[: logits.shape[1]]
+
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         self.attn = backend
 

@@ -267,6 +267,8 @@ class LlamaForCausalLM(CausalLM):
         cos, sin = self.rotary.cos_sin(positions)
         return lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))
 
+    def head_weight(self) -> torch.Tensor | None:
+        return self.embed if self.lm_head is None else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        head = self.embed if self.lm_head is None else self.lm_head
-        return self.vocab_logits(hidden, head)
+        return self.vocab_logits(hidden, self.head_weight())

@@ -218,6 +218,8 @@ class OPTForCausalLM(CausalLM):
             x = self.linear(x, self.project_out)
         return x
 
+    def head_weight(self) -> torch.Tensor | None:
+        return self.embed if self.lm_head is None else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        head = self.embed if self.lm_head is None else self.lm_head
-        return self.vocab_logits(hidden, head)
+        return self.vocab_logits(hidden, self.head_weight())

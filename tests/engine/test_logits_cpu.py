@@ -97,3 +97,72 @@ def test_aten_where_the_operator_is_not_loaded(monkeypatch: pytest.MonkeyPatch) 
     x = torch.randn(3, 50)
     assert argmax_rows(x).tolist() == real(x, dim=-1).tolist()
     assert calls == [x.shape]
+
+
+def _tied_at_the_top(n: int, dim: int, logits_dtype: torch.dtype,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 hidden rows and head weight whose rounded logits tie at the top:
+    rows of the head near the likeliest one's, a few hundredths of a logit
+    apart (in one vector lane, in others, in the tail past the last whole
+    vector), so that their exact logits differ where the rounded ones do not."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 12
+    hidden = torch.randn(rows, dim, generator=gen).bfloat16()
+    weight = (torch.randn(n, dim, generator=gen) * 0.02).bfloat16()
+    top = int((hidden[0].float() @ weight.float().T).argmax())
+    weight[top] = hidden[0] * 0.5  # well ahead of the others in row 0
+    for j in {top + 16, top + 3, (top + n // 2) % n, n - 1} - {top}:
+        weight[j] = (weight[top].float() * (1 + 1e-2 * torch.randn(dim, generator=gen))).bfloat16()
+    exact = hidden.float() @ weight.float().T
+    logits = exact.bfloat16().to(logits_dtype)
+    logits[rows - 1, n // 3] = float("nan")  # a NaN row keeps its first NaN
+    return logits, hidden, weight
+
+
+def _exact_argmax(logits: torch.Tensor, hidden: torch.Tensor,
+                  weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The index each row should get, and how many rows tie at their top."""
+    want = logits.float().argmax(dim=-1)
+    ties = 0
+    for r in range(logits.shape[0]):
+        row = logits[r].float()
+        if row.isnan().any():
+            continue
+        ids = (row == row.max()).nonzero().flatten()
+        if len(ids) > 1:
+            ties += 1
+            want[r] = ids[int((weight[ids].float() @ hidden[r].float()).argmax())]
+    return want, ties
+
+
+@pytest.mark.parametrize("logits_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [40, 1000, 49157])
+def test_a_tie_at_the_top_goes_to_the_largest_exact_logit(
+        n: int, logits_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    logits, hidden, weight = _tied_at_the_top(n, 64, logits_dtype, seed=n)
+    want, ties = _exact_argmax(logits, hidden, weight)
+    assert ties >= 1
+    # Where the first tied index is not the exact one, the plain argmax is wrong.
+    assert not torch.equal(logits.float().argmax(dim=-1), want)
+    if HAS_CXX:
+        cpp.load_kernel()
+        assert torch.equal(argmax_rows(logits, (hidden, weight)), want)
+        assert torch.equal(
+            torch.ops.preempt_serve.argmax_rows_exact(logits, hidden, weight), want)
+        # Without the exact source the operator keeps the first index.
+        assert torch.equal(argmax_rows(logits), logits.float().argmax(dim=-1))
+    monkeypatch.setattr(cpp, "_kernel", None)  # ATen's path
+    assert torch.equal(argmax_rows(logits, (hidden, weight)), want)
+
+
+@needs_cxx
+def test_the_exact_argmax_refuses_mismatched_shapes() -> None:
+    cpp.load_kernel()
+    op = torch.ops.preempt_serve.argmax_rows_exact
+    logits, hidden, weight = _tied_at_the_top(100, 16, torch.bfloat16, seed=0)
+    with pytest.raises(RuntimeError, match="hidden"):
+        op(logits, hidden[:3], weight)
+    with pytest.raises(RuntimeError, match="hidden"):
+        op(logits, hidden, weight[:50])
+    with pytest.raises(RuntimeError, match="hidden"):
+        op(logits, hidden.float(), weight)

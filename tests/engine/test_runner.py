@@ -248,6 +248,9 @@ def test_bfloat16_logits_on_cpu_sample_as_their_float32_copy(
     assert set(seen) == {torch.bfloat16}
     monkeypatch.setattr(Model, "vocab_logits",
                         lambda self, hidden, head: real(self, hidden, head).float())
+    # The widened copy's ties broken as the bf16 rows' are (engine.logits_cpu).
+    monkeypatch.setattr(Model, "exact_source", lambda self, hidden, logits: (
+        hidden, self.head_weight()[: logits.shape[1]]))
     widened = drive(r, prompts, params, num_blocks=96, block_size=4, max_model_len=80)
     widened_greedy = drive(r, prompts, greedy, num_blocks=96, block_size=4, max_model_len=80)
     assert kept.tokens == widened.tokens
@@ -255,6 +258,63 @@ def test_bfloat16_logits_on_cpu_sample_as_their_float32_copy(
     assert kept.prompt_logprobs == widened.prompt_logprobs and kept.prompt_logprobs["job1"]
     assert kept_greedy.tokens == widened_greedy.tokens
 
+
+
+def _next_bf16(x: torch.Tensor, up: bool) -> None:
+    """Move the bf16 scalar view `x` to its neighbour above (`up`) or below."""
+    bits = x.view(torch.int16)
+    bits += 1 if (float(x) >= 0) == up else -1
+
+
+def test_bfloat16_greedy_breaks_a_tie_of_rounded_logits_by_the_exact_ones(
+        tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bf16 lm_head rounds two close logits to one value; the greedy token
+    # must then be the one whose exact logit is larger, not the lower id
+    # (engine.logits_cpu).  Token b gets token a's head row moved by one bf16
+    # step in the dimension that moves its exact logit most, upwards.
+    r = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=32, block_size=4,
+                    max_model_len=80, num_threads=1)
+    model = type(r.model)
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = model.compute_logits
+
+    def spy(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[no-untyped-def]
+        out = real(self, hidden)
+        calls.append((hidden.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(model, "compute_logits", spy)
+    prompts = random_prompts([9], seed=3)
+    one = _greedy(1, ignore_eos=True)
+
+    def first_token() -> tuple[int, torch.Tensor, torch.Tensor]:
+        calls.clear()
+        got = drive(r, prompts, one, num_blocks=32, block_size=4, max_model_len=80)
+        hidden, logits = calls[0]
+        return got.tokens["job0"][0], hidden[0], logits[0]
+
+    a, hidden, logits = first_token()
+    assert logits.dtype == torch.bfloat16
+    head = r.model.head_weight()
+    b = head.shape[0] - 1
+    assert a < b and b not in prompts["job0"]
+    row_a = head[a].clone()
+    tied = False
+    for d in hidden.float().abs().argsort(descending=True)[:8].tolist():
+        with torch.no_grad():
+            head[b] = row_a
+            _next_bf16(head[b, d], up=float(hidden[d]) > 0)
+        exact = head[[a, b]].float() @ hidden.float()
+        assert exact[1] > exact[0]
+        token, _, logits = first_token()
+        if logits[a] == logits[b]:
+            tied = True
+            break
+    assert tied, "no dimension gave a tie of the rounded logits"
+    assert token == b
+    # The rounded logits alone would have given the lower id.
+    monkeypatch.setattr(model, "exact_source", lambda self, hidden, logits: None)
+    assert first_token()[0] == a
 
 def test_model_facts_for_the_ingress(smollm2_runner: ModelRunner) -> None:
     r = smollm2_runner
