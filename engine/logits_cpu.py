@@ -12,7 +12,7 @@ bfloat16 model's logits as they are (ATen's bfloat16 argmax is slower
 still than its float32 one), the same index as argmax of their float32 copy.
 
 A bfloat16 lm_head rounds its float32 sums to 8 significant bits: at
-SmolLM2's logit magnitudes (8-32) neighbours 1/32-1/8 apart, so the two
+SmolLM2's logit magnitudes (8-32) neighbours 1/16-1/8 apart, so the two
 likeliest tokens of a step often come out equal, and the first index then
 wins whatever the model computed.  With `exact` (the rows' hidden states and
 the head's weight) a tie at the top is broken by the exact logits: the
