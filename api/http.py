@@ -177,10 +177,18 @@ class JSONServerErrors:
     If the response had already started (a stream), nothing valid can be
     sent any more: the exception propagates and the server drops the
     connection.
+
+    `disconnected`: exceptions that only say the client went away (Ray
+    Serve cancels a request's task when its HTTP client disconnects, and a
+    stream's wait for `http.disconnect` then raises `TaskCancelledError`
+    instead): logged as a disconnect, without a traceback, and nothing is
+    sent.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp,
+                 disconnected: tuple[type[Exception], ...] = ()) -> None:
         self.app = app
+        self.disconnected = disconnected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -196,6 +204,8 @@ class JSONServerErrors:
 
         try:
             await self.app(scope, receive, send_tracking)
+        except self.disconnected:
+            log.info("client disconnected during %s %s", scope.get("method"), scope.get("path"))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if started:

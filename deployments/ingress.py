@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
 from ray import serve
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, TaskCancelledError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -117,7 +117,7 @@ class Ingress:
             ],
             middleware=[
                 # Outermost: whatever escapes below still answers JSON.
-                Middleware(JSONServerErrors),
+                Middleware(JSONServerErrors, disconnected=(TaskCancelledError,)),
                 Middleware(BearerKeyAuth, api_key=self.cfg.api_key),
             ],
             exception_handlers={APIError: api_error_handler,

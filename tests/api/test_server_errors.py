@@ -88,3 +88,37 @@ def test_health_is_503_until_an_engine_serves(served: Harness, live: int | None)
     finally:
         served.scheduler.live_engines = 1
     assert served.client.get("/health").status_code == 200
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def test_a_client_disconnect_mid_stream_is_logged_as_one(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray Serve cancels the request's task when its client goes away; the
+    # stream then fails with that cancellation, which is no server error.
+    async def events() -> Any:
+        yield "data: 1\n\n"
+        raise _ClientGone()
+
+    async def endpoint(request: Any) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    import logging
+
+    import api.http
+
+    # Ray's own logger does not propagate to pytest's capture.
+    monkeypatch.setattr(api.http, "log", logging.getLogger("tests.api.server_errors"))
+    app = JSONServerErrors(Starlette(routes=[Route("/s", endpoint)]),
+                           disconnected=(_ClientGone,))
+    with caplog.at_level("INFO", logger="tests.api.server_errors"), TestClient(app) as client:
+        r = client.get("/s")
+    assert r.status_code == 200 and r.text == "data: 1\n\n"
+    assert any("client disconnected during GET /s" in m for m in caplog.messages)
+    assert not [rec for rec in caplog.records if rec.levelname == "ERROR"]
+    # Any other exception is still an unhandled error.
+    plain = JSONServerErrors(Starlette(routes=[Route("/s", endpoint)]))
+    with TestClient(plain) as client, pytest.raises(_ClientGone):
+        client.get("/s")
