@@ -40,7 +40,7 @@ def argmax_rows(logits: torch.Tensor, exact: ExactSource | None = None) -> torch
            and logits.shape[1] > 0 and attention_cpp.loaded())
     if exact is not None and exact[1].dtype in _DTYPES and exact[0].dtype == exact[1].dtype:
         hidden, weight = exact
-        if cpp and hasattr(torch.ops.preempt_serve, "argmax_rows_exact"):
+        if cpp:  # built with argmax_rows, in one library
             return torch.ops.preempt_serve.argmax_rows_exact(logits, hidden, weight)
         return _argmax_exact(logits, hidden, weight)
     if cpp:

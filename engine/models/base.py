@@ -176,7 +176,7 @@ class CausalLM(nn.Module, ABC):
         (an unsplit bfloat16 model on CPU, `vocab_logits`); None elsewhere."""
         head = self.head_weight()
         if logits is None or logits.dtype == torch.float32 or head is None \
-                or head.is_mkldnn or self.tp.enabled or self.pp.enabled:
+                or self.tp.enabled or self.pp.enabled:
             return None
         return hidden, head[: logits.shape[1]]
 
