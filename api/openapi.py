@@ -60,17 +60,20 @@ _EVENT: dict[str, Any] = {
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
 }
 
+_MODEL: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                   "created": {"type": "integer"}, "owned_by": {"type": "string"},
+                   "max_model_len": {"type": "integer"}},
+}
+
 _MODEL_LIST: dict[str, Any] = {
     "type": "object",
     "required": ["object", "data"],
     "properties": {
         "object": {"const": "list"},
-        "data": {"type": "array", "items": {
-            "type": "object",
-            "required": ["id", "object", "owned_by"],
-            "properties": {"id": {"type": "string"}, "object": {"const": "model"},
-                           "owned_by": {"type": "string"}},
-        }},
+        "data": {"type": "array", "items": _MODEL},
     },
 }
 
@@ -124,6 +127,16 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
                 "200": {"description": "the model list",
                         "content": {"application/json": {"schema": _MODEL_LIST}}},
                 **_errors(_GET_ERRORS, error_ref),
+            },
+        }},
+        "/v1/models/{model}": {"get": {
+            "summary": "The served model, by id",
+            "parameters": [{"name": "model", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {
+                "200": {"description": "the model",
+                        "content": {"application/json": {"schema": _MODEL}}},
+                **_errors({**_GET_ERRORS, "404": "no model of that id is served"}, error_ref),
             },
         }},
         "/v1/completions": {"post": _completion_op("Text completion", completion_ref, error_ref)},

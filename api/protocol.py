@@ -130,6 +130,9 @@ class CompletionRequest(_SamplingFields):
     # A string or token ids, or a batch of either: each prompt gets `n`
     # choices, indexed prompt-major as OpenAI does.
     prompt: Prompt
+    # OpenAI's and vLLM's default for completions; `null` asks for the rest
+    # of the context, as chat's default does.
+    max_tokens: int | None = Field(16, gt=0, le=_I32_MAX)
     echo: bool = False
     # OpenAI: the sampled token's logprob and up to 5 alternatives.
     logprobs: int | None = Field(None, ge=0, le=5)

@@ -43,6 +43,7 @@ from api.http import (
     read_json_object,
 )
 from api.logprobs import TokenText
+from api.models_route import ModelRoutes
 from api.openapi import build_openapi, openapi_endpoint
 from api.protocol import (
     Admission,
@@ -100,6 +101,7 @@ class Ingress:
         self.openapi = build_openapi(auth=self.cfg.api_key is not None)
         self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
                                RayJobs(self.cfg.batch.jobs_address))
+        self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len)
         self.batch_routes = BatchRoutes(self.batches, self.cfg.batch, _app_name,
                                         self.cfg.model_name, self.cfg.max_request_bytes)
         if self.cfg.api_key is not None:
@@ -108,7 +110,7 @@ class Ingress:
     def __serve_build_asgi_app__(self) -> Starlette:
         app = Starlette(
             routes=[
-                Route("/v1/models", self.models, methods=["GET"]),
+                *self.model_routes.routes(),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
@@ -145,18 +147,6 @@ class Ingress:
                            "loading the model or restarting); retry",
                            type_="service_unavailable", headers={"Retry-After": "1"})
         return Response(status_code=200)
-
-    async def models(self, request: Request) -> Response:
-        return JSONResponse({
-            "object": "list",
-            "data": [{
-                "id": self.cfg.model_name,
-                "object": "model",
-                "created": now_s(),
-                "owned_by": "preempt-serve",
-                "max_model_len": self.cfg.max_model_len,
-            }],
-        })
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
