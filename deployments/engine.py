@@ -423,7 +423,7 @@ class Engine(EngineFigures):
             try:
                 snap = self._snapshot()
                 self.metrics.update(snap)
-                done = self.loop.stats.finished_latencies
+                done = self.loop.stats.finished
                 # popleft is atomic: the loop thread may append meanwhile.
                 self.metrics.observe([done.popleft() for _ in range(len(done))])
                 if self.scheduler is not None:

@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 from api.protocol import GenerateRequest, JobMetrics
 from deployments.delivery import Delivery
 from deployments.held_deliveries import HeldDeliveries
-from deployments.job_metrics import finished_latency, job_metrics
+from deployments.job_metrics import finished_record, job_metrics
 from deployments.loop_stats import LoopStats
 from deployments.pass_cut import PassCutter
 from scheduler.admission import MeanOutput
@@ -228,7 +228,7 @@ class EngineLoop:
                 assert isinstance(payload, str)
                 self._movable.discard(payload)
                 for job_id in self._groups.pop(payload, [payload]):
-                    self._drop(job_id)
+                    self._drop(job_id, count=True)
 
     def _give_back(self, count: int) -> list[Delivery]:
         """Drop up to `count` offline requests that can go on elsewhere
@@ -246,10 +246,13 @@ class EngineLoop:
         self.num_given_back += len(out)
         return out
 
-    def _drop(self, job_id: str, keep_host: bool = False) -> None:
-        self._jobs.pop(job_id, None)
+    def _drop(self, job_id: str, keep_host: bool = False, count: bool = False) -> None:
+        """`count`: the client went away, a finished job for the dashboard."""
+        job = self._jobs.pop(job_id, None)
         if self.core.abort(job_id, keep_host):
             self.runner.remove_request(job_id)
+            if count and job is not None:
+                self.stats.finished.append(finished_record(job))
 
     def _add(self, req: GenerateRequest) -> list[Delivery]:
         """Add the request's `n` choices as jobs; the first prefills the
@@ -386,7 +389,7 @@ class EngineLoop:
             elif kind == "abort":
                 assert isinstance(payload, str)
                 for job_id in self._groups.pop(payload, [payload]):
-                    self._drop(job_id)
+                    self._drop(job_id, count=True)
         ended = list(self._jobs) + [j for j in list(self.core.jobs) if j not in self._jobs]
         for job_id in ended:
             try:
@@ -492,7 +495,5 @@ class EngineLoop:
         if job is None:
             return None
         self.mean_output.add(job.num_output_tokens)
-        latency = finished_latency(job)
-        if latency is not None:
-            self.stats.finished_latencies.append(latency)
+        self.stats.finished.append(finished_record(job))
         return job_metrics(job)

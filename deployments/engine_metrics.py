@@ -10,6 +10,8 @@ from typing import Any
 
 from ray.util import metrics
 
+from deployments.job_metrics import FinishedJob
+
 _GAUGES = {
     "num_running": ("engine_running_jobs", "Jobs in the running batch"),
     "num_waiting": ("engine_waiting_jobs", "Jobs waiting, preempted or swapped"),
@@ -56,6 +58,7 @@ _COUNTERS = {
 # Seconds; the dashboard's percentiles interpolate within these buckets.
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300]
 _TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]
+_E2E_BUCKETS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800]
 
 
 class EngineMetrics:
@@ -76,18 +79,38 @@ class EngineMetrics:
         self.tpot = metrics.Histogram("engine_tpot_seconds", "Time per output token after the "
                                       "first, of finished jobs, by job class", _TPOT_BUCKETS,
                                       tag_keys=by_class)
+        self.e2e = metrics.Histogram("engine_e2e_seconds", "Arrival at the replica to the last "
+                                     "token, of finished jobs, by job class", _E2E_BUCKETS,
+                                     tag_keys=by_class)
+        self.queue_time = metrics.Histogram(
+            "engine_queue_seconds", "Arrival at the replica to the first iteration, of finished "
+            "jobs, by job class", _TTFT_BUCKETS, tag_keys=by_class)
+        self.finished = metrics.Counter(
+            "engine_finished_jobs", "Jobs finished, by job class and finish reason (stop, "
+            "length, abort: the client went away, error)",
+            tag_keys=(*by_class, "finish_reason"))
+        self.prompt_tokens = metrics.Counter(
+            "engine_finished_prompt_tokens", "Prompt tokens of finished jobs, by job class",
+            tag_keys=by_class)
         for m in (*self.gauges.values(), *self.counters.values(), self.queues, self.class_tokens,
-                  self.class_preemptions, self.ttft, self.tpot):
+                  self.class_preemptions, self.ttft, self.tpot, self.e2e, self.queue_time,
+                  self.finished, self.prompt_tokens):
             m.set_default_tags(tags)
         self._last: dict[str, float] = {}
 
-    def observe(self, finished: list[tuple[str, float, float | None]]) -> None:
-        """Latencies of finished jobs: (class, TTFT, TPOT or None)."""
-        for job_class, ttft, tpot in finished:
-            tags = {"job_class": job_class}
-            self.ttft.observe(ttft, tags=tags)
-            if tpot is not None:
-                self.tpot.observe(tpot, tags=tags)
+    def observe(self, finished: list[FinishedJob]) -> None:
+        """Finished jobs, handed over by the iteration loop."""
+        for job in finished:
+            tags = {"job_class": job.job_class}
+            self.finished.inc(1, tags={**tags, "finish_reason": job.finish_reason})
+            if job.prompt_tokens:
+                self.prompt_tokens.inc(job.prompt_tokens, tags=tags)
+            self.e2e.observe(job.e2e, tags=tags)
+            self.queue_time.observe(job.queue_time, tags=tags)
+            if job.ttft is not None:
+                self.ttft.observe(job.ttft, tags=tags)
+            if job.tpot is not None:
+                self.tpot.observe(job.tpot, tags=tags)
 
     def update(self, snapshot: dict[str, Any]) -> None:
         """From `Engine.stats()`'s snapshot, the one source of these figures."""

@@ -1,8 +1,10 @@
 """What a finished job's client learns of where its time went (`JobMetrics`,
-on the last chunk of its stream), and the latencies the replica's per-class
-histograms count (deployments/engine_metrics.py)."""
+on the last chunk of its stream), and what the replica's dashboard figures
+count of it (deployments/engine_metrics.py)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from api.protocol import JobMetrics
 from scheduler.job import Job
@@ -24,11 +26,34 @@ def job_metrics(job: Job) -> JobMetrics:
     )
 
 
-def finished_latency(job: Job) -> tuple[str, float, float | None] | None:
-    """(class, TTFT, TPOT or None for a one-token answer) of a job that
-    produced a token; None if it produced none."""
-    if job.first_token_time is None or job.finish_time is None:
-        return None
+class FinishedJob(NamedTuple):
+    """A finished job as the replica's dashboard figures count it."""
+
+    job_class: str
+    # "stop", "length", "abort" (the client went away), "error".
+    finish_reason: str
+    queue_time: float
+    # None for a job that produced no token.
+    ttft: float | None
+    # None for an answer of fewer than two tokens.
+    tpot: float | None
+    e2e: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def finished_record(job: Job) -> FinishedJob:
+    arrival = job.arrival_time
+    finish = job.finish_time if job.finish_time is not None else arrival
     n = job.num_output_tokens
-    tpot = (job.finish_time - job.first_token_time) / (n - 1) if n > 1 else None
-    return job.job_class.value, job.first_token_time - job.arrival_time, tpot
+    first = job.first_token_time
+    return FinishedJob(
+        job_class=job.job_class.value,
+        finish_reason=job.finish_reason or "abort",
+        queue_time=(job.first_scheduled_time or finish) - arrival,
+        ttft=None if first is None else first - arrival,
+        tpot=(finish - first) / (n - 1) if first is not None and n > 1 else None,
+        e2e=finish - arrival,
+        prompt_tokens=job.num_prompt_tokens,
+        output_tokens=n,
+    )

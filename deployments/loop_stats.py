@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from deployments.job_metrics import FinishedJob
 from scheduler.cost import LinearCost
 from scheduler.iteration import Iteration
 from scheduler.job import Job, JobClass
@@ -47,10 +48,9 @@ class LoopStats:
     # checkpoints instead of being recomputed (`survival.checkpoint`).
     resumed_kv_tokens: int = 0
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
-    # (class, TTFT, TPOT or None) of finished jobs, until the replica's
-    # reporter hands them to the dashboard's histograms.
-    finished_latencies: deque[tuple[str, float, float | None]] = field(
-        default_factory=lambda: deque(maxlen=100_000))
+    # Finished jobs, until the replica's reporter hands them to the
+    # dashboard's figures.
+    finished: deque[FinishedJob] = field(default_factory=lambda: deque(maxlen=100_000))
     # (monotonic time, seconds since the previous iteration) of each
     # iteration decoding an online job right after another: the cadence of
     # online jobs' tokens, the autoscaler's TPOT signal.

@@ -221,6 +221,10 @@ def test_abort_frees_blocks_and_runner_state():
             time.sleep(0.005)
         assert core.blocks.num_free == core.blocks.num_blocks
         assert core.num_aborted == 1
+        # The dashboard counts it, as its client left it.
+        [gone] = loop.stats.finished
+        assert gone.finish_reason == "abort" and 0 < gone.output_tokens < 50
+        assert gone.ttft is not None and gone.e2e >= gone.ttft
     finally:
         loop.stop()
 
@@ -368,9 +372,12 @@ def test_counts_tokens_preemptions_and_latencies_by_job_class():
         assert stats.offline_started == 1  # its first token, once, preempted or not
         assert stats.preemptions_by_class.get("offline", 0) >= 1
         assert "online" not in stats.preemptions_by_class
-        latencies = {c: (ttft, tpot) for c, ttft, tpot in stats.finished_latencies}
-        assert set(latencies) == {"online", "offline"}
-        assert all(ttft > 0 and tpot is not None and tpot > 0 for ttft, tpot in latencies.values())
+        done = {f.job_class: f for f in stats.finished}
+        assert set(done) == {"online", "offline"}
+        assert all(f.ttft is not None and f.ttft > 0 and f.tpot is not None and f.tpot > 0
+                   and f.e2e >= f.ttft >= f.queue_time >= 0 for f in done.values())
+        assert [(f.finish_reason, f.prompt_tokens, f.output_tokens)
+                for f in (done["online"], done["offline"])] == [("length", 9, 3), ("length", 4, 10)]
     finally:
         loop.stop()
 
