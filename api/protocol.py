@@ -349,6 +349,10 @@ class GenerateRequest(BaseModel):
     """
 
     request_id: str
+    # The id the Scheduler admitted the client request under: its prompts'
+    # request ids differ when it has several (the replica reports it taken
+    # in, scheduler/placement.py).  None: `request_id`.
+    admission_id: str | None = None
     prompt_token_ids: list[int]
     max_tokens: int
     temperature: float

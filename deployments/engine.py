@@ -427,6 +427,7 @@ class Engine(EngineFigures):
                 # popleft is atomic: the loop thread may append meanwhile.
                 self.metrics.observe([done.popleft() for _ in range(len(done))])
                 if self.scheduler is not None:
+                    arrived = self.loop.stats.take_arrived()  # first: all among the jobs
                     # list() copies the dict under the GIL; the loop thread
                     # may add or drop jobs meanwhile.
                     jobs = list(self.core.jobs.values())
@@ -435,7 +436,7 @@ class Engine(EngineFigures):
                     self._last_admission = (time.monotonic(), figures)
                     answer = await self.scheduler.report_load.remote(
                         self.replica_id, snap["num_blocks"], snap["free_blocks"], queued,
-                        len(jobs), figures, offline=snap["offline"])
+                        len(jobs), {**figures, "arrived": arrived}, offline=snap["offline"])
                     if answer and answer.get("give_back"):
                         self.loop.give_back(int(answer["give_back"]))
             except Exception:  # the scheduler may be restarting; keep serving

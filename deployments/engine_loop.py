@@ -210,6 +210,7 @@ class EngineLoop:
             if kind == "add":
                 assert isinstance(payload, GenerateRequest)
                 rejected += self._add(payload)
+                self.stats.arrived.append(payload.admission_id or payload.request_id)
                 # After the add: in between, a snapshot would see it nowhere.
                 self.inbox_offline.pop(payload.request_id, None)
             elif kind == "predict":

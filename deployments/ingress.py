@@ -303,6 +303,8 @@ class Ingress:
         gens = [self._generate_request(req, p, request_id if len(prompts) == 1
                                        else f"{request_id}-{i}", chat)
                 for i, p in enumerate(prompts)]
+        for g in gens:
+            g.admission_id = request_id
         replica = await self._admit(request_id, gens)
         stream = ResumableStream(
             gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],

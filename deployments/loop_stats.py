@@ -48,6 +48,9 @@ class LoopStats:
     # checkpoints instead of being recomputed (`survival.checkpoint`).
     resumed_kv_tokens: int = 0
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
+    # Admission ids of the requests taken in since the replica's last load
+    # report (scheduler/placement.py).
+    arrived: deque[str] = field(default_factory=deque)
     # Finished jobs, until the replica's reporter hands them to the
     # dashboard's figures.
     finished: deque[FinishedJob] = field(default_factory=lambda: deque(maxlen=100_000))
@@ -75,6 +78,12 @@ class LoopStats:
     prefill_slowdown: float = 1.0
     # When the last iteration with decodes ended (None: idle since).
     last_decode_end: float | None = None
+
+    def take_arrived(self) -> list[str]:
+        """The requests taken in since the last call; popleft is atomic, and
+        the loop thread appends after adding a request's jobs, so each one
+        taken is among the core's jobs read after this (or finished)."""
+        return [self.arrived.popleft() for _ in range(len(self.arrived))]
 
     def count_iteration(self, it: Iteration, elapsed: float,
                         online: tuple[bool, bool, float] = (True, True, 1.0)) -> None:

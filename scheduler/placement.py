@@ -1,9 +1,14 @@
 """Cluster-level placement: which engine replica a new job goes to.
 
 Each engine replica reports its load (queued tokens, free KV blocks) a few
-times a second; between reports, jobs this placer sent are counted on top,
-so a burst does not all land on the replica that looked idlest at the last
-report.  Replicas that stop reporting are dropped (a killed replica).
+times a second; jobs this placer sent are counted on top until a report
+counts them, so a burst does not all land on the replica that looked idlest
+at the last report.  A replica's report names the requests it has taken in
+since the one before (`arrived`): under a burst a request admitted here may
+take longer than a report interval to reach its replica (the ingress opens
+its stream after the admission; the replica takes it in at its next
+iteration), and a report that did not count it must not make it vanish.
+Replicas that stop reporting are dropped (a killed replica).
 
 `admit` adds admission control (scheduler/admission.py): a job goes only
 to a replica where its estimated TTFT is within the objective (or where
@@ -22,7 +27,7 @@ prefill it saves.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.admission import PrefillLoad, request_work, ttft_estimate
@@ -37,7 +42,7 @@ class ReplicaLoad:
     queued_tokens: int = 0  # tokens still to compute for its jobs
     num_jobs: int = 0
     reported_at: float = 0.0
-    # Tokens of jobs placed since the last report.
+    # Tokens of jobs placed here that its reports have not counted yet.
     placed_tokens: int = 0
     # Admission: tokens of jobs outside the running batch, the bound on
     # them, and the replica's measured throughput (tokens/s).
@@ -48,9 +53,27 @@ class ReplicaLoad:
     # For the TTFT estimate; None: the token bound above decides.
     prefill: PrefillLoad | None = None
     ttft_slo_s: float | None = None
-    # Prompt tokens and jobs placed since the last report.
+    # Prompt tokens and jobs of those.
     placed_prefill: int = 0
     placed_jobs: int = 0
+    # Those jobs: id -> (tokens, prompt tokens, jobs, when placed).
+    in_transit: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
+
+    def place(self, job_id: str, tokens: int, prompt: int, jobs: int, now: float) -> None:
+        self.arrive(job_id)  # placed again (resumed): counted once
+        self.in_transit[job_id] = (tokens, prompt, jobs, now)
+        self.placed_tokens += tokens
+        self.placed_prefill += prompt
+        self.placed_jobs += jobs
+
+    def arrive(self, job_id: str) -> None:
+        """`job_id` is counted by the replica's report (or gone)."""
+        placed = self.in_transit.pop(job_id, None)
+        if placed is not None:
+            tokens, prompt, jobs, _ = placed
+            self.placed_tokens -= tokens
+            self.placed_prefill -= prompt
+            self.placed_jobs -= jobs
 
     def work_with(self, tokens: int) -> float:
         """Outstanding work with `tokens` more, relative to KV capacity."""
@@ -135,7 +158,11 @@ class Placement:
                capacity_tokens: float = math.inf, tokens_per_s: float | None = None,
                mean_output_len: float | None = None,
                prefill: dict[str, Any] | None = None,
-               ttft_slo_s: float | None = None) -> None:
+               ttft_slo_s: float | None = None,
+               arrived: list[str] | None = None) -> None:
+        """`arrived`: the jobs the replica took in since its last report,
+        counted by this one; None: every job placed so far (a replica that
+        takes jobs in at once, as the simulator's do)."""
         r = self.replicas.get(replica_id)
         if r is None:
             r = self.replicas[replica_id] = ReplicaLoad(replica_id, num_blocks)
@@ -144,9 +171,14 @@ class Placement:
         r.queued_tokens = queued_tokens
         r.num_jobs = num_jobs
         r.reported_at = now
-        r.placed_tokens = 0
-        r.placed_prefill = 0
-        r.placed_jobs = 0
+        gone = list(r.in_transit) if arrived is None else [
+            *arrived,
+            # Placed long ago and never reported: the request ended before
+            # its stream opened, or the report naming it was lost.
+            *(j for j, (_, _, _, at) in r.in_transit.items()
+              if now - at > self.stale_after_s)]
+        for job_id in gone:
+            r.arrive(job_id)
         r.prefill = PrefillLoad(**prefill) if prefill is not None else None
         r.ttft_slo_s = ttft_slo_s
         r.waiting_tokens = waiting_tokens
@@ -172,7 +204,7 @@ class Placement:
         cached = self._cached(live, prefix_keys, route_key)
         best = min(live, key=lambda r: (r.work_with(tokens - cached.get(r.replica_id, 0)),
                                         r.replica_id))
-        best.placed_tokens += tokens - cached.get(best.replica_id, 0)
+        best.place(job_id, tokens - cached.get(best.replica_id, 0), 0, 0, now)
         self._placed(job_id, best.replica_id, prefix_keys, cached, route_key)
         return best.replica_id
 
@@ -207,14 +239,14 @@ class Placement:
         best = min((r for r in live if r.replica_id in fits),
                    key=lambda r: (fits[r.replica_id][0], r.replica_id))
         _, work, prompt = fits[best.replica_id]
-        best.placed_tokens += work
-        best.placed_prefill += prompt
-        best.placed_jobs += n
+        best.place(job_id, work, prompt, n, now)
         self._placed(job_id, best.replica_id, prefix_keys, cached, route_key)
         return AdmitResult(True, best.replica_id)
 
     def release(self, job_id: str) -> None:
-        self.job_replica.pop(job_id, None)
+        replica = self.replicas.get(self.job_replica.pop(job_id, ""))
+        if replica is not None:
+            replica.arrive(job_id)
 
     def forget(self, replica_id: str) -> None:
         """Drop a replica known to have failed; its next report (if it lives

@@ -49,3 +49,4 @@ def test_completions_default_to_16_tokens_chat_to_the_context(served: Harness) -
     prompt, asked = _asked(served, "/v1/chat/completions",
                            {"messages": [{"role": "user", "content": "hi"}]})
     assert prompt + asked == MAX_MODEL_LEN
+

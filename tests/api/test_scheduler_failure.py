@@ -1,7 +1,8 @@
 """The Scheduler replica failing under a waiting `admit` call (an offline
 request in its pool when it dies or restarts) is a 503 to retry, and the
 request's priority reaches the Scheduler (the offline pool orders by it), as
-do its prompt's block keys (placement by cached prefix)."""
+do its prompt's block keys (placement by cached prefix), and the engine
+request carries the id it was admitted under."""
 
 from __future__ import annotations
 
@@ -112,3 +113,16 @@ def test_a_cache_salt_reaches_the_engine_and_salts_the_keys(served: Harness) -> 
     bad = served.client.post("/v1/completions", json={
         "prompt": prompt, "max_tokens": 2, "cache_salt": ""})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt", bad.text
+
+
+def test_each_prompt_reaches_the_engine_under_the_admitted_id(served: Harness) -> None:
+    """The replica reports a request taken in under the id the Scheduler
+    admitted it by (scheduler/placement.py), whatever its prompts' ids."""
+    sent = len(served.engine.requests)
+    r = served.client.post("/v1/completions", json={
+        "model": served.model_name, "prompt": ["one", "two"], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    admitted = served.scheduler.admitted[-1][0]
+    gens = served.engine.requests[sent:]
+    assert len({g.request_id for g in gens}) == 2
+    assert [g.admission_id for g in gens] == [admitted, admitted]

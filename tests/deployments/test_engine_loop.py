@@ -221,6 +221,8 @@ def test_abort_frees_blocks_and_runner_state():
             time.sleep(0.005)
         assert core.blocks.num_free == core.blocks.num_blocks
         assert core.num_aborted == 1
+        # Reported taken in (the Scheduler stops counting it as in transit).
+        assert loop.stats.take_arrived() == ["long"] and loop.stats.take_arrived() == []
         # The dashboard counts it, as its client left it.
         [gone] = loop.stats.finished
         assert gone.finish_reason == "abort" and 0 < gone.output_tokens < 50
@@ -359,15 +361,18 @@ def test_counts_tokens_preemptions_and_latencies_by_job_class():
     # Room for one job's KV at a time: the online job takes the offline one's.
     loop, sink, core = make_loop(runner, policy="conserve", num_blocks=4, max_model_len=16)
     try:
-        off = req("off", n_prompt=4, max_tokens=10).model_copy(update={"job_class": "offline"})
+        off = req("off-0", n_prompt=4, max_tokens=10).model_copy(
+            update={"job_class": "offline", "admission_id": "off"})
         loop.submit(off)
         deadline = time.monotonic() + 5
         while loop.stats.tokens_by_class.get("offline", 0) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.002)
         loop.submit(req("on", n_prompt=9, max_tokens=3))
-        sink.wait_finished({"on", "off"})
+        sink.wait_finished({"on", "off-0"})
         stats = loop.stats
+        # A prompt of a request is reported under the request's admission id.
+        assert stats.take_arrived() == ["off", "on"]
         assert stats.tokens_by_class == {"online": 3, "offline": 10}
         assert stats.offline_started == 1  # its first token, once, preempted or not
         assert stats.preemptions_by_class.get("offline", 0) >= 1

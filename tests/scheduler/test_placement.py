@@ -115,10 +115,10 @@ def _prefill(prefill_tokens=0, decodes=0, jobs=0, batch=4, budget=100, slowdown=
             "per_token_s": 0.01, "per_seq_s": 0.02, "slowdown": slowdown}
 
 
-def _report_prefill(p, rid, slo=2.0, now=0.0, waiting=0, tps=100.0, **kw):
+def _report_prefill(p, rid, slo=2.0, now=0.0, waiting=0, tps=100.0, arrived=None, **kw):
     p.report(rid, num_blocks=100, free_blocks=100, queued_tokens=0, num_jobs=kw.get("jobs", 0),
              now=now, waiting_tokens=waiting, capacity_tokens=0.0, tokens_per_s=tps,
-             mean_output_len=50.0, prefill=_prefill(**kw), ttft_slo_s=slo)
+             mean_output_len=50.0, prefill=_prefill(**kw), ttft_slo_s=slo, arrived=arrived)
 
 
 def test_ttft_estimate_counts_iterations_at_the_token_budget_beside_the_decodes():
@@ -194,3 +194,43 @@ def test_ttft_admission_prefers_the_replica_with_the_sooner_first_token():
     _report_prefill(p, "a", prefill_tokens=80, decodes=1, jobs=2)
     _report_prefill(p, "b", decodes=3, jobs=3)
     assert p.admit("j", prompt_tokens=20, max_tokens=10, n=1, now=0.1).replica == "b"
+
+
+def test_jobs_in_transit_count_until_a_report_counts_them():
+    """Under a burst an admitted request may reach its replica after the
+    replica's next report: that report must not make it vanish, or the
+    next admissions see a replica emptier than it is."""
+    p = Placement()
+    _report_prefill(p, "a", batch=8)
+    first = [p.admit(f"j{i}", prompt_tokens=30, max_tokens=500, n=1, now=0.1).admitted
+             for i in range(5)]
+    assert first == [True, True, True, True, False]  # as without a report between
+    # A report that took in only j0 (its prompt among its figures): the
+    # three others still count.  A 40-token prompt: 160 tokens to prefill,
+    # three steps of 0.16 s and 1.6 s of tokens, over the objective (0.9 s
+    # had the report wiped the three).
+    _report_prefill(p, "a", now=0.2, prefill_tokens=30, jobs=1, batch=8, arrived=["j0"])
+    r = p.admit("k", prompt_tokens=40, max_tokens=500, n=1, now=0.3)
+    assert not r.admitted and r.retry_after_s == pytest.approx(0.5)
+    assert sorted(p.replicas["a"].in_transit) == ["j1", "j2", "j3"]
+    # Once reported, each is counted by the report alone, not twice.
+    _report_prefill(p, "a", now=0.4, decodes=4, jobs=4, batch=8, arrived=["j1", "j2", "j3"])
+    a = p.replicas["a"]
+    assert (a.in_transit, a.placed_jobs, a.placed_prefill, a.placed_tokens) == ({}, 0, 0, 0)
+    assert p.admit("k", prompt_tokens=30, max_tokens=500, n=1, now=0.5).admitted
+
+
+def test_a_job_never_reported_stops_counting_when_released_or_stale():
+    p = Placement(stale_after_s=10.0)
+    _report_prefill(p, "a", batch=8)
+    assert p.admit("gone", prompt_tokens=30, max_tokens=500, n=1, now=0.1).admitted
+    assert p.admit("lost", prompt_tokens=30, max_tokens=500, n=1, now=0.1).admitted
+    # The client of `gone` left before its stream opened: released.
+    p.release("gone")
+    assert list(p.replicas["a"].in_transit) == ["lost"]
+    # `lost` was never named by a report (a lost report): dropped after
+    # the staleness window.
+    _report_prefill(p, "a", now=5.0, batch=8, arrived=[])
+    assert list(p.replicas["a"].in_transit) == ["lost"]
+    _report_prefill(p, "a", now=10.2, batch=8, arrived=[])
+    assert p.replicas["a"].in_transit == {} and p.replicas["a"].placed_jobs == 0
