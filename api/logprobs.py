@@ -89,6 +89,23 @@ def completion_logprobs(entries: list[Entry], tt: TokenText, offset: int = 0
     return out, offset
 
 
+def prompt_logprobs(entries: list[Entry], tt: TokenText) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (None for the first),
+    `{token id: {logprob, rank, decoded_token}}` for the prompt's token and
+    the most likely alternatives at that position."""
+    out: list[dict[str, Any] | None] = []
+    for token_id, lp in entries:
+        if lp is None:
+            out.append(None)
+            continue
+        at = {str(token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                              "decoded_token": tt.text(token_id)}}
+        for rank, (t, v) in enumerate(lp.top, 1):
+            at.setdefault(str(t), {"logprob": v, "rank": rank, "decoded_token": tt.text(t)})
+        out.append(at)
+    return out
+
+
 def chat_logprobs(entries: list[Entry], tt: TokenText) -> dict[str, Any]:
     """The chat format: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
     content = []

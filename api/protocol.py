@@ -119,6 +119,14 @@ class _SamplingFields(UnsupportedFields):
             raise ValueError("only allowed when stream is true")
         return v
 
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # As vLLM: they come with the whole response, not in a stream.
+        if v is not None and info.data.get("stream", False):
+            raise ValueError("not available when stream is true")
+        return v
+
     def bias_by_id(self) -> dict[int, float]:
         return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
@@ -407,6 +415,7 @@ class WireLogprob(BaseModel):
 
     logprob: float
     top: list[tuple[int, float]] = Field(default_factory=list)
+    rank: int | None = None
 
 
 class GenerateDelta(BaseModel):

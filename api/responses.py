@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs
+from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs, prompt_logprobs
 from api.protocol import PromptTokensDetails, Usage, WireLogprob
 
 
@@ -40,7 +40,8 @@ class _Choice:
 class ResponseBuilder:
     def __init__(self, request_id: str, model: str, created: int, chat: bool,
                  prompts: list[PromptInput], n: int, tokens: TokenText,
-                 logprobs: bool = False, echo: bool = False) -> None:
+                 logprobs: bool = False, echo: bool = False,
+                 prompt_logprobs: bool = False) -> None:
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -51,6 +52,9 @@ class ResponseBuilder:
         self.want_logprobs = logprobs
         self.echo = echo and not chat
         self.choices = [_Choice(p * n + i, p) for p in range(len(prompts)) for i in range(n)]
+        # vLLM's `prompt_logprobs`, per prompt, from its first choice that has them.
+        self.want_prompt_logprobs = prompt_logprobs
+        self.prompt_logprobs: list[list[dict[str, Any] | None] | None] = [None] * len(prompts)
 
     @property
     def object(self) -> str:
@@ -87,6 +91,11 @@ class ResponseBuilder:
         (none unless `emit`)."""
         prompt = delta.get("prompt", 0)
         c = self.choices[prompt * self.n + delta["index"]]
+        plps = delta.get("prompt_logprobs")
+        if self.want_prompt_logprobs and plps is not None and self.prompt_logprobs[prompt] is None:
+            self.prompt_logprobs[prompt] = prompt_logprobs(
+                [(t, None if lp is None else WireLogprob.model_validate(lp))
+                 for t, lp in zip(self.prompts[prompt].token_ids, plps)], self.tokens)
         text: str = delta["text"]
         entries = self._entries(delta["token_ids"], delta.get("logprobs"))
         if not c.started:
@@ -158,10 +167,14 @@ class ResponseBuilder:
             else:
                 choices.append({"index": c.index, "text": text, "logprobs": logprobs,
                                 "finish_reason": c.finish_reason})
-        return {"id": self.request_id, "object": "chat.completion" if self.chat
-                else "text_completion", "created": self.created, "model": self.model,
-                "choices": choices, "usage": self.usage(),
-                "metrics": self.choices[0].metrics}
+                if self.want_prompt_logprobs:
+                    choices[-1]["prompt_logprobs"] = self.prompt_logprobs[c.prompt]
+        out = {"id": self.request_id, "object": "chat.completion" if self.chat
+               else "text_completion", "created": self.created, "model": self.model,
+               "choices": choices, "usage": self.usage()}
+        if self.want_prompt_logprobs and self.chat:
+            out["prompt_logprobs"] = self.prompt_logprobs[0]  # vLLM's place for chat
+        return {**out, "metrics": self.choices[0].metrics}
 
     # Logprobs -------------------------------------------------------------
 

@@ -102,7 +102,7 @@ class _StoppedJobLogs(logging.Filter):
 
 
 def _wire(lp: Any) -> dict[str, Any]:
-    return {"logprob": lp.logprob, "top": lp.top}
+    return {"logprob": lp.logprob, "top": lp.top, "rank": lp.rank}
 
 
 def _pin(cfg: AppConfig) -> None:

@@ -319,7 +319,8 @@ class Ingress:
         logprobs = (req.logprobs if chat else req.logprobs is not None)
         builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
                                   req.n, self.token_text, logprobs=bool(logprobs),
-                                  echo=bool(getattr(req, "echo", False)))
+                                  echo=bool(getattr(req, "echo", False)),
+                                  prompt_logprobs=req.prompt_logprobs is not None)
         return builder, stream
 
     async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:

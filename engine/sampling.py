@@ -277,20 +277,22 @@ def token_logprobs(
 ) -> list[TokenLogprob]:
     """Log-probability of `token_ids[i]` under row i of the raw `logits`
     `[rows, vocab]`, with the row's `num_top[i]` most likely tokens, most
-    likely first.  One log_softmax and one top-k for all rows."""
+    likely first, and its rank.  One log_softmax and one top-k for all rows."""
     if not token_ids:
         return []
     logp = logits.float().log_softmax(dim=-1)
     ids = torch.tensor(token_ids, dtype=torch.long, device=logp.device)
-    chosen: list[float] = logp.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
+    picked = logp.gather(1, ids.unsqueeze(1))
+    chosen: list[float] = picked.squeeze(1).tolist()
+    ranks: list[int] = ((logp > picked).sum(dim=-1) + 1).tolist()
     k = min(max(num_top), logp.shape[-1])
     if k <= 0:
-        return [TokenLogprob(c) for c in chosen]
+        return [TokenLogprob(c, rank=r) for c, r in zip(chosen, ranks)]
     top_values, top_ids = logp.topk(k, dim=-1)
     values: list[list[float]] = top_values.tolist()
     tids: list[list[int]] = top_ids.tolist()
     return [
-        TokenLogprob(c, list(zip(tids[i][:n], values[i][:n])))
+        TokenLogprob(c, list(zip(tids[i][:n], values[i][:n])), ranks[i])
         for i, (c, n) in enumerate(zip(chosen, num_top))
     ]
 

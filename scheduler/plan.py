@@ -107,6 +107,8 @@ class TokenLogprob:
     # (token id, logprob) of the `k` most likely tokens, most likely first;
     # empty when the request asked for 0 alternatives.
     top: list[tuple[int, float]] = field(default_factory=list)
+    # 1 + the number of tokens more likely than this one (vLLM's rank).
+    rank: int | None = None
 
 
 @dataclass(slots=True)

@@ -74,6 +74,11 @@ def test_dependent_fields_are_refused_at_the_field_that_needs_the_other() -> Non
                                            "max_completion_tokens": 4})[0] == "max_completion_tokens"
     assert refusal(CompletionRequest, {"prompt": "x", "suffix": "end"})[0] == "suffix"
     assert refusal(ChatCompletionRequest, {"messages": MSG, "echo": True})[0] == "echo"
+    # vLLM's rule: prompt logprobs come with the whole response only.
+    for model, body in ((CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest, {"messages": MSG})):
+        param, msg = refusal(model, {**body, "stream": True, "prompt_logprobs": 1})
+        assert param == "prompt_logprobs" and "stream" in msg
+        assert model.model_validate({**body, "prompt_logprobs": 1}).prompt_logprobs == 1
 
 
 @pytest.mark.parametrize("field", sorted(UNSUPPORTED_FIELDS))

@@ -107,3 +107,30 @@ def test_chat_stream_opens_every_choice_and_ends_each_with_its_metrics(tokens: T
     assert all(c["object"] == "chat.completion.chunk" and c["created"] == 5 for c in chunks)
     b.apply(delta(0, [6, 7], "yo", "length"))
     assert b.usage_chunk()["usage"]["completion_tokens"] == 3
+
+
+def test_prompt_logprobs_in_vllms_shape(tokens: TokenText) -> None:
+    """vLLM's `prompt_logprobs`: on each completion choice, at the top of a
+    chat response; per prompt token (None for the first) the token and the
+    alternatives, each with its logprob, rank and text."""
+    prompt_ids = [19556, 905]
+    plps = [None, {"logprob": -2.0, "top": [(40, -0.1), (905, -2.0)], "rank": 2}]
+    want = [None, {"905": {"logprob": -2.0, "rank": 2, "decoded_token": tokens.text(905)},
+                   "40": {"logprob": -0.1, "rank": 1, "decoded_token": tokens.text(40)}}]
+    for chat in (False, True):
+        b = ResponseBuilder("x", "m", 0, chat=chat, prompts=[PromptInput(prompt_ids, "")], n=2,
+                            tokens=tokens, prompt_logprobs=True)
+        for index in (0, 1):
+            b.apply(delta(index, [30], "a", "length", prompt_logprobs=plps), emit=False)
+        out = b.response()
+        if chat:
+            assert out["prompt_logprobs"] == want
+            assert all("prompt_logprobs" not in c for c in out["choices"])
+        else:
+            assert [c["prompt_logprobs"] for c in out["choices"]] == [want, want]
+            assert "prompt_logprobs" not in out
+    # Not asked for (an echo's internal prompt logprobs): not returned.
+    b = ResponseBuilder("x", "m", 0, chat=False, prompts=[PromptInput(prompt_ids, "")], n=1,
+                        tokens=tokens)
+    b.apply(delta(0, [30], "a", "length", prompt_logprobs=plps), emit=False)
+    assert "prompt_logprobs" not in b.response()["choices"][0]

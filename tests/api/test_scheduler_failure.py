@@ -126,3 +126,4 @@ def test_each_prompt_reaches_the_engine_under_the_admitted_id(served: Harness) -
     gens = served.engine.requests[sent:]
     assert len({g.request_id for g in gens}) == 2
     assert [g.admission_id for g in gens] == [admitted, admitted]
+

@@ -267,6 +267,11 @@ def test_token_logprobs_match_log_softmax() -> None:
         order = ref[i].argsort(descending=True)[:k].tolist()
         assert [t for t, _ in got[i].top] == order
         assert [lp for _, lp in got[i].top] == pytest.approx(ref[i, order].tolist(), abs=1e-5)
+        # vLLM's rank: 1 + the tokens more likely (random logits: no ties).
+        assert got[i].rank == ref[i].argsort(descending=True).tolist().index(tok) + 1
+    # The most likely token ranks first.
+    top_id = int(logits[0].argmax())
+    assert token_logprobs(logits[:1], [top_id], [0])[0].rank == 1
     # More alternatives than the vocabulary: all of it, most likely first.
     (whole,) = token_logprobs(logits[:1], [0], [VOCAB + 10])
     assert len(whole.top) == VOCAB
