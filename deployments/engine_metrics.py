@@ -87,7 +87,7 @@ class EngineMetrics:
             "jobs, by job class", _TTFT_BUCKETS, tag_keys=by_class)
         self.finished = metrics.Counter(
             "engine_finished_jobs", "Jobs finished, by job class and finish reason (stop, "
-            "length, abort: the client went away, error)",
+            "length, abort: the client went away)",
             tag_keys=(*by_class, "finish_reason"))
         self.prompt_tokens = metrics.Counter(
             "engine_finished_prompt_tokens", "Prompt tokens of finished jobs, by job class",

@@ -30,7 +30,7 @@ class FinishedJob(NamedTuple):
     """A finished job as the replica's dashboard figures count it."""
 
     job_class: str
-    # "stop", "length", "abort" (the client went away), "error".
+    # "stop", "length" or "abort" (the client went away).
     finish_reason: str
     queue_time: float
     # None for a job that produced no token.
