@@ -49,8 +49,9 @@ class LoopStats:
     resumed_kv_tokens: int = 0
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
     # Admission ids of the requests taken in since the replica's last load
-    # report (scheduler/placement.py).
-    arrived: deque[str] = field(default_factory=deque)
+    # report (scheduler/placement.py).  Bounded: a replica with no Scheduler
+    # never reads them, and one dropped here only counts until it goes stale.
+    arrived: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
     # Finished jobs, until the replica's reporter hands them to the
     # dashboard's figures.
     finished: deque[FinishedJob] = field(default_factory=lambda: deque(maxlen=100_000))
