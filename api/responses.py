@@ -93,9 +93,8 @@ class ResponseBuilder:
         c = self.choices[prompt * self.n + delta["index"]]
         plps = delta.get("prompt_logprobs")
         if self.want_prompt_logprobs and plps is not None and self.prompt_logprobs[prompt] is None:
-            self.prompt_logprobs[prompt] = prompt_logprobs(
-                [(t, None if lp is None else WireLogprob.model_validate(lp))
-                 for t, lp in zip(self.prompts[prompt].token_ids, plps)], self.tokens)
+            self.prompt_logprobs[prompt] = prompt_logprobs(self._wire_prompt(prompt, plps),
+                                                           self.tokens)
         text: str = delta["text"]
         entries = self._entries(delta["token_ids"], delta.get("logprobs"))
         if not c.started:
@@ -194,8 +193,11 @@ class ResponseBuilder:
                         ) -> list[Entry]:
         if not self.want_logprobs:
             return []
-        ids = self.prompts[prompt].token_ids
         if plps is None:
             raise RuntimeError("echo with logprobs needs the prompt's logprobs")
+        return self._wire_prompt(prompt, plps)
+
+    def _wire_prompt(self, prompt: int, plps: list[dict[str, Any] | None]) -> list[Entry]:
+        """A prompt's tokens with the engine's logprobs of each (None first)."""
         return [(t, None if lp is None else WireLogprob.model_validate(lp))
-                for t, lp in zip(ids, plps)]
+                for t, lp in zip(self.prompts[prompt].token_ids, plps)]

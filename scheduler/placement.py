@@ -42,8 +42,6 @@ class ReplicaLoad:
     queued_tokens: int = 0  # tokens still to compute for its jobs
     num_jobs: int = 0
     reported_at: float = 0.0
-    # Tokens of jobs placed here that its reports have not counted yet.
-    placed_tokens: int = 0
     # Admission: tokens of jobs outside the running batch, the bound on
     # them, and the replica's measured throughput (tokens/s).
     waiting_tokens: int = 0
@@ -53,27 +51,29 @@ class ReplicaLoad:
     # For the TTFT estimate; None: the token bound above decides.
     prefill: PrefillLoad | None = None
     ttft_slo_s: float | None = None
-    # Prompt tokens and jobs of those.
-    placed_prefill: int = 0
-    placed_jobs: int = 0
-    # Those jobs: id -> (tokens, prompt tokens, jobs, when placed).
+    # Jobs placed here that its reports have not counted yet:
+    # id -> (tokens, prompt tokens, jobs, when placed).
     in_transit: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
 
+    @property
+    def placed_tokens(self) -> int:
+        return sum(t for t, _, _, _ in self.in_transit.values())
+
+    @property
+    def placed_prefill(self) -> int:
+        return sum(p for _, p, _, _ in self.in_transit.values())
+
+    @property
+    def placed_jobs(self) -> int:
+        return sum(j for _, _, j, _ in self.in_transit.values())
+
     def place(self, job_id: str, tokens: int, prompt: int, jobs: int, now: float) -> None:
-        self.arrive(job_id)  # placed again (resumed): counted once
+        # Placed again (resumed): counted once.
         self.in_transit[job_id] = (tokens, prompt, jobs, now)
-        self.placed_tokens += tokens
-        self.placed_prefill += prompt
-        self.placed_jobs += jobs
 
     def arrive(self, job_id: str) -> None:
         """`job_id` is counted by the replica's report (or gone)."""
-        placed = self.in_transit.pop(job_id, None)
-        if placed is not None:
-            tokens, prompt, jobs, _ = placed
-            self.placed_tokens -= tokens
-            self.placed_prefill -= prompt
-            self.placed_jobs -= jobs
+        self.in_transit.pop(job_id, None)
 
     def work_with(self, tokens: int) -> float:
         """Outstanding work with `tokens` more, relative to KV capacity."""
