@@ -23,7 +23,9 @@ from pydantic import (
     model_validator,
 )
 
+from api.structured import ResponseFormat, StructuredOutputs
 from api.unsupported import UnsupportedFields
+from engine.sampling_params import StructuredOutput
 
 # OpenAI's integer fields are 64-bit; the engine's seed stream and token
 # arithmetic assume it (vLLM bounds `seed` the same way).
@@ -82,6 +84,9 @@ class _SamplingFields(UnsupportedFields):
     # to a replica that served the key (scheduler/placement.py).  It neither
     # shares nor separates cached KV (`cache_salt` does that).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=1024)
+    # Structured output (api/structured.py): OpenAI's field, or vLLM's.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -377,6 +382,8 @@ class GenerateRequest(BaseModel):
     logit_bias: dict[int, float] = Field(default_factory=dict)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # The grammar the output must follow (structured output).
+    structured: StructuredOutput | None = None
     n: int = 1
     # vLLM's meaning: lower runs first; 0 is the default.
     priority: int = 0

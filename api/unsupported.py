@@ -20,7 +20,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "function_call": ((None, "none"), "function calling is not supported"),
     # Only meaningful with tools, which are refused above.
     "parallel_tool_calls": ((None, True, False), ""),
-    "response_format": ((None, {"type": "text"}), "structured output is not supported"),
     "audio": ((None,), "audio output is not supported"),
     "modalities": ((None, ["text"]), "only text output is supported"),
     "prediction": ((None,), "predicted outputs are not supported"),
@@ -46,7 +45,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "guided_regex": ((None,), "structured output is not supported"),
     "guided_choice": ((None,), "structured output is not supported"),
     "guided_grammar": ((None,), "structured output is not supported"),
-    "structured_outputs": ((None,), "structured output is not supported"),
     "return_tokens_as_token_ids": ((None, False), "not supported"),
     "return_token_ids": ((None, False), "not supported"),
     "request_id": ((None,), "request ids are assigned by the server"),
@@ -77,7 +75,6 @@ class UnsupportedFields(BaseModel):
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -102,7 +99,6 @@ class UnsupportedFields(BaseModel):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    structured_outputs: Any = None
     return_tokens_as_token_ids: Any = None
     return_token_ids: Any = None
     request_id: Any = None

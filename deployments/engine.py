@@ -71,6 +71,7 @@ def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-u
         logit_bias=req.logit_bias,
         logprobs=req.logprobs,
         prompt_logprobs=req.prompt_logprobs,
+        structured=req.structured,
     )
 
 

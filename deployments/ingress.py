@@ -54,6 +54,7 @@ from api.protocol import (
     now_s,
 )
 from api.responses import PromptInput, ResponseBuilder
+from api.structured import requested_structure
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
@@ -303,8 +304,9 @@ class Ingress:
         gens = [self._generate_request(req, p, request_id if len(prompts) == 1
                                        else f"{request_id}-{i}", chat)
                 for i, p in enumerate(prompts)]
+        structure = await requested_structure(req)
         for g in gens:
-            g.admission_id = request_id
+            g.admission_id, g.structured = request_id, structure
         replica = await self._admit(request_id, gens)
         stream = ResumableStream(
             gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],
@@ -314,7 +316,8 @@ class Ingress:
         if self.predictor is not None:
             for g, text in zip(gens, predict_texts):
                 self._predict(g.request_id, text, replica)
-        if self.served_log is not None and not req.ignore_eos and not req.min_tokens:
+        if (self.served_log is not None and not req.ignore_eos and not req.min_tokens
+                and structure is None):
             self._recording[request_id] = (predict_texts, req.stop_token_ids or [])
         logprobs = (req.logprobs if chat else req.logprobs is not None)
         builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,

@@ -4,7 +4,8 @@ It lives from `add_request` to `remove_request` and deliberately survives
 preemption: a preempted job's KV is dropped and recomputed, but its sampled
 tokens, its detokenizer (what text was already streamed) and its seed
 stream position are kept, so the client never sees text twice and seeded
-sampling continues where it left off.  So are the prompt logprobs computed
+sampling continues where it left off; so is the grammar's matcher of a
+structured request.  So are the prompt logprobs computed
 so far: a recomputed prompt does not compute or deliver them again.
 """
 
@@ -16,6 +17,7 @@ from functools import partial
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+from engine.structured import RequestGrammar
 from scheduler.plan import TokenLogprob
 
 
@@ -35,6 +37,10 @@ class RequestState:
     # which has no context, is None), as far as computed.  None when not
     # asked for or already delivered.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # Its grammar's matcher (`engine.structured.RequestGrammar`) when it
+    # asked for structured output; kept, like its outputs, across
+    # preemption.
+    grammar: RequestGrammar | None = None
 
     def __post_init__(self) -> None:
         # A request resumed with outputs (migration) delivered them where

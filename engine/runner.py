@@ -32,13 +32,14 @@ from engine.models.prepacked import PackMode
 from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.preemption import ForwardPreempted, PreemptFlag, SharedPreemptFlag
 from engine.request import RequestState
-from engine.sampling import SampleRequest, Sampler
+from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
 from engine.prepared import PreparedStep
 from engine.runner_prepare import Pending, PlanPreparing
 from engine.runner_shards import ShardDriving
 from engine.shards import ShardGroup, ShardTier, SwapsInFlight
 from engine.step_logprobs import record_prompt_logprobs, sampled_logprobs
+from engine.structured import GrammarCompiler
 from engine.swapper import BlockSwapper, HostKVTier
 from engine.tensor_parallel import SINGLE, TensorParallel
 from engine.threads import pin_threads
@@ -182,6 +183,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         # The launched plan not yet collected, and when the last pass's
         # sampled ids were read (scheduler/ahead.py keeps one in flight).
         self._in_flight: Pending | None = None
+        # Built on the first structured request (it imports xgrammar).
+        self.grammars: GrammarCompiler | None = None
         self._landed = 0.0
 
     # KV tier --------------------------------------------------------------
@@ -220,13 +223,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
 
     # Requests ---------------------------------------------------------------
 
-    def add_request(
-        self,
-        job_id: str,
-        params: SamplingParams,
-        prompt_token_ids: list[int],
-        output_token_ids: list[int] | None = None,
-    ) -> None:
+    def add_request(self, job_id: str, params: SamplingParams, prompt_token_ids: list[int],
+                    output_token_ids: list[int] | None = None) -> None:
         """Register a request before its first chunk is scheduled.
 
         `output_token_ids` resumes a request whose tokens were produced
@@ -239,22 +237,23 @@ class ModelRunner(PlanPreparing, ShardDriving):
         outputs = list(output_token_ids or [])
         out_of_vocab = [t for t in params.logit_bias if t >= self.vocab_size]
         if out_of_vocab:
-            raise ValueError(
-                f"logit_bias token ids {out_of_vocab} are outside the vocabulary "
-                f"(size {self.vocab_size})"
-            )
+            raise ValueError(f"logit_bias token ids {out_of_vocab} are outside the "
+                             f"vocabulary (size {self.vocab_size})")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
+        grammar = None
+        if params.structured is not None:
+            if self.grammars is None:
+                self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size,
+                                                self.eos_token_ids)
+            grammar = self.grammars.start(params.structured, outputs)
         self._requests[job_id] = RequestState(
-            job_id=job_id,
-            params=params,
-            prompt_token_ids=list(prompt_token_ids),
+            job_id=job_id, params=params, prompt_token_ids=list(prompt_token_ids),
             detokenizer=IncrementalDetokenizer(
                 self.tokenizer, list(prompt_token_ids) + outputs, params.stop
             ),
-            stop_token_ids=frozenset(stop_ids),
-            output_token_ids=outputs,
+            stop_token_ids=frozenset(stop_ids), output_token_ids=outputs, grammar=grammar,
         )
 
     def remove_request(self, job_id: str) -> None:
@@ -388,10 +387,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
                     swaps_in_failed=failed, interrupted=True)
                 return pending
             if logits is not None:
-                requests = [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
-                                          s.prompt_token_ids, s.output_token_ids)
-                            for c, s in sampled]
-                tokens = self.sampler.sample_tensor(logits[: len(sampled)], requests,
+                tokens = self.sampler.sample_tensor(logits[: len(sampled)],
+                                                    self._sample_requests(sampled),
                                                     exact=pending.exact)
                 pending.tokens, pending.logits = tokens, logits
                 pending.reads_logits = bool(prepared.prompt_rows) or any(

@@ -16,6 +16,8 @@ from engine.attention import SeqSpan
 from engine.models import ForwardBatch
 from engine.prepared import PreparedStep
 from engine.request import RequestState
+from engine.sampling import SampleRequest
+from engine.structured import GrammarCompiler
 from engine.step_logprobs import PromptRows
 from scheduler.plan import PENDING_TOKEN, Plan, ScheduledChunk, StepResult
 
@@ -61,6 +63,7 @@ class PlanPreparing:
     world: int
     _requests: dict[str, RequestState]
     _in_flight: Pending | None
+    grammars: GrammarCompiler | None
 
     if TYPE_CHECKING:
         def _launched(self) -> float: ...
@@ -77,10 +80,31 @@ class PlanPreparing:
             if chunk.job_id in rows:
                 state = self._requests.get(chunk.job_id)
                 if state is not None and (
-                        state.params.has_penalties
+                        state.params.has_penalties or state.grammar is not None
                         or state.params.min_tokens > len(state.output_token_ids)):
                     return False
         return True
+
+    def _sample_requests(
+        self, sampled: list[tuple[ScheduledChunk, RequestState]]
+    ) -> list[SampleRequest]:
+        """What sampling needs of each sampled row: its parameters, its seed
+        stream position, its bans and histories, and for a structured
+        request the tokens its grammar allows next (the grammar having
+        accepted every output: a plan that samples for it is never run
+        ahead of the pass that samples its previous token)."""
+        grammars = [(i, s.grammar) for i, (_, s) in enumerate(sampled) if s.grammar is not None]
+        allowed: dict[int, torch.Tensor] = {}
+        if grammars:
+            assert self.grammars is not None
+            bitmask = self.grammars.bitmask(len(grammars))
+            for k, (i, grammar) in enumerate(grammars):
+                grammar.advance(sampled[i][1].output_token_ids)
+                if grammar.fill(bitmask, k):
+                    allowed[i] = bitmask[k]
+        return [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
+                              s.prompt_token_ids, s.output_token_ids, allowed.get(i))
+                for i, (c, s) in enumerate(sampled)]
 
     def _host_tokens(self, pending: Pending) -> tuple[list[int], float]:
         """The sampled ids on the host, and the seconds `on_launch` took: on

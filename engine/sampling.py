@@ -1,7 +1,8 @@
 """Batched next-token sampling: logit bias, penalties, greedy, temperature,
 top-k, top-p, seeds; and the logprobs of chosen tokens.
 
-The logits of a row pass through, in vLLM's order: logit_bias, the
+The logits of a row pass through, in vLLM's order: its grammar's mask
+(structured output, `engine/structured.py`), logit_bias, the
 min_tokens bans, the repetition penalty (over prompt and output), the
 presence / frequency penalties (over the output), then temperature, top-k
 and top-p.  Greedy rows take the argmax after bias and penalties.  Each
@@ -32,6 +33,7 @@ import torch
 
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
+from engine.structured import mask_logits
 from scheduler.plan import TokenLogprob
 
 __all__ = [
@@ -70,12 +72,30 @@ class SampleRequest:
     # copies: read only while the batch is sampled).
     prompt_token_ids: Sequence[int] = field(default_factory=tuple)
     output_token_ids: Sequence[int] = field(default_factory=tuple)
+    # The tokens its grammar allows now (structured output), as an int32
+    # bitmask row (`engine.structured.mask_logits`); None: any token.
+    allowed: torch.Tensor | None = None
 
     @property
     def adjusts_logits(self) -> bool:
-        """True when bias, bans or penalties change this row's logits."""
+        """True when a grammar, bias, bans or penalties change this row's
+        logits."""
         p = self.params
-        return bool(self.banned_token_ids or p.logit_bias or p.has_penalties)
+        return bool(self.allowed is not None or self.banned_token_ids or p.logit_bias
+                    or p.has_penalties)
+
+    @property
+    def only_grammar(self) -> bool:
+        """A grammar is the one thing that changes this row's logits."""
+        p = self.params
+        return self.allowed is not None and not (
+            self.banned_token_ids or p.logit_bias or p.has_penalties)
+
+    def allows(self, token: int) -> bool:
+        """Whether the row's grammar (if any) allows `token` now."""
+        if self.allowed is None:
+            return True
+        return bool((int(self.allowed[token >> 5]) >> (token & 31)) & 1)
 
 
 # Candidates read per row, widened for the rows whose kept set may reach
@@ -201,6 +221,20 @@ def _unique_cells(
     return torch.unique(rows * vocab + ids, return_counts=True)
 
 
+def _grammar_masks(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    rows = [i for i, r in enumerate(reqs) if r.allowed is not None]
+    if not rows:
+        return
+    masks = torch.stack([reqs[i].allowed for i in rows])  # type: ignore[misc]
+    if len(rows) < len(reqs):
+        # Row-aligned with the logits; the rows without a grammar are skipped.
+        full = masks.new_full((len(reqs), masks.shape[1]), -1)
+        full[rows] = masks
+        mask_logits(logits, full, rows)
+        return
+    mask_logits(logits, masks)
+
+
 def _add_logit_bias(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
     biased = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
     if not biased:
@@ -260,12 +294,14 @@ def _presence_frequency_penalties(logits: torch.Tensor, reqs: Sequence[SampleReq
 
 
 def adjust_logits(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
-    """Apply logit_bias, the min_tokens bans and the penalties in place to
-    the contiguous float logits `[rows, vocab]`, in vLLM's order."""
+    """Apply the grammars' masks, logit_bias, the min_tokens bans and the
+    penalties in place to the contiguous float logits `[rows, vocab]`, in
+    vLLM's order."""
     if logits.shape[0] != len(reqs):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(reqs)} requests")
     if not logits.is_contiguous():
         raise ValueError("adjust_logits needs contiguous logits (it indexes the flat view)")
+    _grammar_masks(logits, reqs)
     _add_logit_bias(logits, reqs)
     _ban_tokens(logits, reqs)
     _repetition_penalty(logits, reqs)
@@ -386,11 +422,21 @@ def _greedy_into(
     """Argmax of rows `rows` into `tokens`, after the adjustments of the rows
     that ask for them.  Only those rows are copied: the others' argmax reads
     the caller's logits in place (an argmax over every row reads no more
-    than copying the greedy rows out would), their ties broken by `exact`."""
-    adjusted = [i for i in rows if requests[i].adjusts_logits]
+    than copying the greedy rows out would), their ties broken by `exact`.
+
+    A row whose only adjustment is its grammar keeps its plain argmax where
+    the grammar allows that token (the masked row's argmax is then the same
+    token): the mask, which costs more than the argmax, is applied only to
+    the rows whose favourite token the grammar refuses."""
+    adjusted = [i for i in rows if requests[i].adjusts_logits
+                and not requests[i].only_grammar]
+    masked = [i for i in rows if requests[i].only_grammar]
     if len(adjusted) < len(rows):
-        plain = [i for i in rows if not requests[i].adjusts_logits]
-        tokens[plain] = argmax_rows(logits, exact)[plain]
+        first = [i for i in rows if not requests[i].adjusts_logits or requests[i].only_grammar]
+        tokens[first] = argmax_rows(logits, exact)[first]
+        if masked:
+            picked = tokens[masked].tolist()
+            adjusted += [i for i, t in zip(masked, picked) if not requests[i].allows(t)]
     if adjusted:
         sub = logits[adjusted]
         adjust_logits(sub, [requests[i] for i in adjusted])

@@ -6,7 +6,32 @@ importing the engine's tensor code; `engine.sampling` re-exports it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class StructuredOutput(BaseModel):
+    """A grammar the output must follow (`engine/structured.py` masks every
+    token outside it).  `json_object`: any JSON object; `json_schema`: JSON
+    valid under `spec`, a JSON Schema as text; `regex`: text matching the
+    regular expression `spec`; `choice`: exactly one of `choices`;
+    `grammar`: the EBNF grammar `spec` (xgrammar's dialect, as vLLM's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+    spec: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _has_spec(self) -> "StructuredOutput":
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("a choice needs at least one string")
+        elif self.kind != "json_object" and not self.spec:
+            raise ValueError(f"{self.kind} needs a spec")
+        return self
 
 
 class SamplingParams(BaseModel):
@@ -43,6 +68,10 @@ class SamplingParams(BaseModel):
     # The same for every prompt token (`echo` with `logprobs`); delivered
     # with the first sampled token.
     prompt_logprobs: int | None = Field(None, ge=0)
+    # Constrained decoding: every sampled token keeps the output inside
+    # this grammar.  Its end is a stop token, so EOS must stay a stop
+    # (no `ignore_eos`) and be allowed at once (no `min_tokens`).
+    structured: StructuredOutput | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -83,6 +112,13 @@ class SamplingParams(BaseModel):
             raise ValueError(
                 f"min_tokens={self.min_tokens} must not exceed max_tokens={self.max_tokens}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _grammar_can_end(self) -> "SamplingParams":
+        if self.structured is not None and (self.ignore_eos or self.min_tokens):
+            raise ValueError("structured output ends at EOS: it cannot be combined with "
+                             "ignore_eos or min_tokens")
         return self
 
     @property
