@@ -62,6 +62,11 @@ class _SamplingFields(UnsupportedFields):
     user: str | None = None
     # Extensions with vLLM's names and meanings.
     top_k: int = Field(-1, ge=-1, le=_I32_MAX)
+    # vLLM's: keep only the prompt's last k tokens (-1: as many as the
+    # context holds with max_tokens).
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_I32_MAX)
+    # Tokens less likely than min_p times the likeliest are dropped.
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
     min_tokens: int = Field(0, ge=0, le=_I32_MAX)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
@@ -97,6 +102,13 @@ class _SamplingFields(UnsupportedFields):
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keep_some(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("must be at least 1, or -1 for the model's context")
+        return v
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -371,6 +383,7 @@ class GenerateRequest(BaseModel):
     temperature: float
     top_p: float
     top_k: int
+    min_p: float = 0.0
     seed: int | None
     stop: list[str]
     stop_token_ids: list[int]

@@ -9,6 +9,7 @@ either stream chunks or one final response.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,14 @@ class PromptInput:
     token_ids: list[int]
     # What `echo` returns: the prompt string, or the decoded token ids.
     text: str
+
+    def keep_last(self, k: int, decode: Callable[[list[int]], str]) -> None:
+        """vLLM's `truncate_prompt_tokens`: only the last `k` tokens stay
+        (and what echo returns is their text)."""
+        if 0 < k < len(self.token_ids):
+            self.token_ids = self.token_ids[-k:]
+            if self.text:
+                self.text = decode(self.token_ids)
 
 
 @dataclass(slots=True)

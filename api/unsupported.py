@@ -30,7 +30,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "metadata": ((None,), "completions are not stored, so metadata has no use"),
     "service_tier": ((None, "auto", "default"), "service tiers are not offered"),
     # vLLM extensions.
-    "min_p": ((None, 0, 0.0), "min_p sampling is not supported"),
     "use_beam_search": ((None, False), "beam search is not supported"),
     "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search only"),
     "include_stop_str_in_output": ((None, False), "stop strings are never included"),
@@ -40,7 +39,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "continue_final_message": ((None, False), "continuing a final message is not supported"),
     "chat_template": ((None,), "the model's own chat template is used"),
     "chat_template_kwargs": ((None, {}), "the chat template takes no arguments"),
-    "truncate_prompt_tokens": ((None,), "prompts are never truncated"),
     "guided_json": ((None,), "structured output is not supported"),
     "guided_regex": ((None,), "structured output is not supported"),
     "guided_choice": ((None,), "structured output is not supported"),
@@ -58,7 +56,7 @@ UNSUPPORTED_FIELDS = frozenset(_OFF)
 
 
 def _is_off(value: Any, allowed: tuple[Any, ...]) -> bool:
-    # `True == 1` in Python: compare types too, so `min_p: true` is refused.
+    # `True == 1` in Python: compare types too, so `use_beam_search: 1` is refused.
     return any(value == a and type(value) is type(a) for a in allowed if a is not None) \
         or value is None
 
@@ -84,7 +82,6 @@ class UnsupportedFields(BaseModel):
     store: Any = None
     metadata: Any = None
     service_tier: Any = None
-    min_p: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
     include_stop_str_in_output: Any = None
@@ -94,7 +91,6 @@ class UnsupportedFields(BaseModel):
     continue_final_message: Any = None
     chat_template: Any = None
     chat_template_kwargs: Any = None
-    truncate_prompt_tokens: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None

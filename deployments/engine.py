@@ -50,29 +50,19 @@ REPORT_INTERVAL_S = 0.5
 HOLD_UNSTREAMED_S = 1.0
 
 
+# The request fields a choice's SamplingParams take as they are.
+_PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "max_tokens",
+           "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
+           "repetition_penalty", "logit_bias", "logprobs", "prompt_logprobs", "structured")
+
+
 def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
     """Choice `index`'s parameters: seeded `seed + index` (vLLM's rule), so
     the choices differ yet each is reproducible."""
     from engine.sampling_params import SamplingParams
 
-    return SamplingParams(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        seed=None if req.seed is None else req.seed + index,
-        stop=req.stop,
-        stop_token_ids=req.stop_token_ids,
-        max_tokens=req.max_tokens,
-        ignore_eos=req.ignore_eos,
-        min_tokens=req.min_tokens,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty,
-        logit_bias=req.logit_bias,
-        logprobs=req.logprobs,
-        prompt_logprobs=req.prompt_logprobs,
-        structured=req.structured,
-    )
+    return SamplingParams(seed=None if req.seed is None else req.seed + index,
+                          **{f: getattr(req, f) for f in _PARAMS})
 
 
 def _graph_limits(cfg: AppConfig, sched: Any) -> tuple[int, int]:
@@ -329,6 +319,10 @@ class Engine(EngineFigures):
             for req in reqs:
                 if req.resume is not None:
                     req.resume_kv_blocks = await self._checkpointed(req)
+                if req.structured is not None:
+                    # Compiled here, off the loop's thread, which finds it
+                    # cached: no running request waits for a large schema.
+                    await asyncio.to_thread(self.runner.grammars.prepare, req.structured)
                 # One prompt of an offline request: the replica may give
                 # it back unstarted (scheduler/offline_pool.py).
                 self.loop.submit(req, movable=len(reqs) == 1)

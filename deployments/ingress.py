@@ -256,8 +256,12 @@ class Ingress:
                           chat: bool) -> GenerateRequest:
         """The engine request for one prompt of `req` (all its `n` choices);
         a 400 for anything the engine could not serve."""
-        ids = prompt.token_ids
         limit = self.cfg.max_model_len
+        if (keep := req.truncate_prompt_tokens) is not None:
+            asked = req.token_limit if chat else req.max_tokens
+            prompt.keep_last(keep if keep > 0 else max(1, limit - (asked or 1)),
+                             self.tokenizer.decode)
+        ids = prompt.token_ids
         param = "messages" if chat else "prompt"
         if len(ids) >= limit:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's maximum "
@@ -286,7 +290,8 @@ class Ingress:
             prompt_logprobs = max(prompt_logprobs or 0, logprobs)
         return GenerateRequest(
             request_id=request_id, prompt_token_ids=ids, max_tokens=max_tokens,
-            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+            seed=req.seed,
             stop=req.stop or [], stop_token_ids=stop_ids, ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,

@@ -183,8 +183,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         # The launched plan not yet collected, and when the last pass's
         # sampled ids were read (scheduler/ahead.py keeps one in flight).
         self._in_flight: Pending | None = None
-        # Built on the first structured request (it imports xgrammar).
-        self.grammars: GrammarCompiler | None = None
+        # Imports xgrammar on the first structured request.
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self._landed = 0.0
 
     # KV tier --------------------------------------------------------------
@@ -242,12 +242,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
-        grammar = None
-        if params.structured is not None:
-            if self.grammars is None:
-                self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size,
-                                                self.eos_token_ids)
-            grammar = self.grammars.start(params.structured, outputs)
+        grammar = (None if params.structured is None
+                   else self.grammars.start(params.structured, outputs))
         self._requests[job_id] = RequestState(
             job_id=job_id, params=params, prompt_token_ids=list(prompt_token_ids),
             detokenizer=IncrementalDetokenizer(

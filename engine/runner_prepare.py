@@ -63,7 +63,7 @@ class PlanPreparing:
     world: int
     _requests: dict[str, RequestState]
     _in_flight: Pending | None
-    grammars: GrammarCompiler | None
+    grammars: GrammarCompiler
 
     if TYPE_CHECKING:
         def _launched(self) -> float: ...
@@ -96,7 +96,6 @@ class PlanPreparing:
         grammars = [(i, s.grammar) for i, (_, s) in enumerate(sampled) if s.grammar is not None]
         allowed: dict[int, torch.Tensor] = {}
         if grammars:
-            assert self.grammars is not None
             bitmask = self.grammars.bitmask(len(grammars))
             for k, (i, grammar) in enumerate(grammars):
                 grammar.advance(sampled[i][1].output_token_ids)

@@ -4,8 +4,8 @@ top-k, top-p, seeds; and the logprobs of chosen tokens.
 The logits of a row pass through, in vLLM's order: its grammar's mask
 (structured output, `engine/structured.py`), logit_bias, the
 min_tokens bans, the repetition penalty (over prompt and output), the
-presence / frequency penalties (over the output), then temperature, top-k
-and top-p.  Greedy rows take the argmax after bias and penalties.  Each
+presence / frequency penalties (over the output), then temperature, min_p,
+top-k and top-p.  Greedy rows take the argmax after bias and penalties.  Each
 stage touches only the rows that use it, and a batch where no row does
 skips them all.
 
@@ -194,6 +194,16 @@ def _top_k_top_p_sorted(
         drop[:, -1] = False  # the most likely token always survives
         sorted_logits.masked_fill_(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def _apply_min_p(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    """vLLM's min_p, in place on the tempered logits: p / p_max < min_p is
+    logit < max logit + ln(min_p), so no softmax is needed (ln 0 = -inf
+    drops nothing)."""
+    min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype,
+                         device=logits.device)
+    floor = logits.amax(dim=-1) + min_p.log()
+    logits.masked_fill_(logits < floor.unsqueeze(1), float("-inf"))
 
 
 def _long_tensor(values: Iterable[int], device: torch.device) -> torch.Tensor:
@@ -386,6 +396,8 @@ class Sampler:
         vocab = logits.shape[-1]
         temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
         logits.div_(temps.unsqueeze(1))
+        if any(r.params.min_p > 0.0 for r in reqs):
+            _apply_min_p(logits, reqs)
         top_k = top_p = None
         if any(r.params.top_k_enabled for r in reqs):
             top_k = torch.tensor(

@@ -42,6 +42,9 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # -1 or 0 turn top-k off.
     top_k: int = Field(-1, ge=-1)
+    # vLLM's min_p: after temperature, a token whose probability is below
+    # min_p times the likeliest token's is dropped.  0 = off.
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
     # With a seed, the k-th output token depends only on (seed, k) and the
     # logits, so a recomputation after preemption reproduces it.
     seed: int | None = None

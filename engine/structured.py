@@ -13,16 +13,19 @@ still cut it short ("length"), as with OpenAI.
 
 The matcher lives with the request's engine state, so it survives
 preemption with the outputs it has accepted; a request resumed on another
-replica (migration) replays its outputs into a new matcher.  Compiled
-grammars are cached by xgrammar's compiler (a schema compiles once per
-replica, ~10 ms for a small one on a CPU core, in the engine's thread).
-xgrammar is imported on the first structured request only.
+replica (migration) replays its outputs into a new matcher.  A grammar
+compiles once per replica, in a worker thread before its request reaches
+the engine's loop (`GrammarCompiler.prepare`): ~10 ms for a small schema
+on a CPU core, seconds for a large one, which the running requests must
+not wait for.  xgrammar is imported on the first structured request only.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,24 +109,49 @@ class RequestGrammar:
 
 
 class GrammarCompiler:
-    """A replica's grammar compiler over its tokenizer and vocabulary."""
+    """A replica's grammars over its tokenizer and vocabulary: compiled
+    once each (a bounded cache) and a matcher per request.
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
-        import xgrammar as xgr
+    Compiling is the costly part (a large schema takes seconds on a CPU
+    core), so the replica compiles a request's grammar in a worker thread
+    before the request reaches the engine's loop (`prepare`, which
+    xgrammar runs without the GIL); the loop's `start` then finds it here
+    and every running request keeps its pace.  xgrammar's tokenizer table
+    is built on first use (0.2-0.45 s for SmolLM2's 49k tokens)."""
 
-        self._xgr = xgr
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
+                 cache_size: int = 256) -> None:
         self.vocab_size = vocab_size
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids))
-        # One thread: it compiles in the engine's own thread, beside the
-        # pass's; the cache keeps each distinct grammar once.
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._tokenizer = tokenizer
+        self._stop = sorted(stop_token_ids)
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+        self._compiled: OrderedDict[StructuredOutput, Any] = OrderedDict()
+        self.cache_size = cache_size
 
-    def start(self, so: StructuredOutput, outputs: Sequence[int] = ()) -> RequestGrammar:
-        """A matcher for a new request, past `outputs` if it resumes.
-        ValueError for a structure that does not compile or outputs
-        outside it."""
-        c = self._compiler
+    def _xgrammar_compiler(self) -> Any:
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop)
+                # Our cache is the bounded one; one thread per compile.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def cached(self, so: StructuredOutput) -> bool:
+        with self._lock:
+            return so in self._compiled
+
+    def compile(self, so: StructuredOutput) -> Any:
+        """The compiled grammar (ValueError if it does not compile)."""
+        with self._lock:
+            compiled = self._compiled.get(so)
+            if compiled is not None:
+                self._compiled.move_to_end(so)
+                return compiled
+        c = self._xgrammar_compiler()
         try:
             if so.kind == "json_object":
                 compiled = c.compile_json_schema(_ANY_OBJECT)
@@ -137,7 +165,27 @@ class GrammarCompiler:
                 compiled = c.compile_grammar(so.spec)
         except RuntimeError as e:
             raise ValueError(f"{so.kind} does not compile: {_message(e)}") from None
-        grammar = RequestGrammar(self._xgr.GrammarMatcher(compiled))
+        with self._lock:
+            self._compiled[so] = compiled
+            while len(self._compiled) > self.cache_size:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    def prepare(self, so: StructuredOutput) -> None:
+        """Compile `so` ahead of its request (any thread).  A structure that
+        does not compile is left for `start` to refuse with the request."""
+        try:
+            self.compile(so)
+        except ValueError:
+            pass
+
+    def start(self, so: StructuredOutput, outputs: Sequence[int] = ()) -> RequestGrammar:
+        """A matcher for a new request, past `outputs` if it resumes.
+        ValueError for a structure that does not compile or outputs
+        outside it."""
+        import xgrammar as xgr
+
+        grammar = RequestGrammar(xgr.GrammarMatcher(self.compile(so)))
         grammar.advance(outputs)
         return grammar
 

@@ -149,6 +149,27 @@ def test_top_k_top_p_support() -> None:
     assert seen == {3, 4}
 
 
+def test_min_p_drops_what_is_less_likely_than_its_share_of_the_top() -> None:
+    # Logits 0..4 at temperature 0.5 are 0, 2, .., 8: against the top token,
+    # the next ones have e^-2 = 0.135, e^-4 = 0.018, e^-6 = 0.0025 of its
+    # probability (min_p applies after temperature).
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]])
+    s = Sampler(seed=0)
+    rows = 1000
+    for min_p, want in ((0.1, {3, 4}), (0.01, {2, 3, 4}), (0.5, {4})):
+        p = SamplingParams(temperature=0.5, min_p=min_p)
+        seen = set(s.sample(logits.repeat(rows, 1), [SampleRequest(p, 0)] * rows))
+        assert seen == want, (min_p, seen)
+    # Off: tokens 1 and 0 (0.2 % and 0.03 %) may come; token 2 (1.6 %) does.
+    p = SamplingParams(temperature=0.5)
+    assert {2, 3, 4} <= set(s.sample(logits.repeat(rows, 1), [SampleRequest(p, 0)] * rows))
+    # Per row: one row's min_p does not touch its neighbour's draws.
+    mixed = [SampleRequest(SamplingParams(temperature=0.5, min_p=0.5 if i % 2 else 0.0), 0)
+             for i in range(rows)]
+    picked = s.sample(logits.repeat(rows, 1), mixed)
+    assert set(picked[1::2]) == {4} and len(set(picked[0::2])) >= 3
+
+
 def test_banned_tokens_are_never_sampled() -> None:
     logits = _logits(4)
     top = logits.argmax(-1).tolist()

@@ -146,3 +146,25 @@ def test_choices_with_quotes_and_backslashes_compile(runner: ModelRunner) -> Non
     grammar = compiler.start(StructuredOutput(kind="choice", choices=CHOICES),
                              runner.tokenizer.encode(CHOICES[2]))
     assert grammar.accepted == len(runner.tokenizer.encode(CHOICES[2]))
+
+
+def test_a_prepared_grammar_is_found_compiled(runner: ModelRunner) -> None:
+    compiler = GrammarCompiler(runner.tokenizer, runner.vocab_size, runner.eos_token_ids,
+                               cache_size=2)
+    so = StructuredOutput(kind="regex", spec="[a-c]{2}")
+    assert not compiler.cached(so)
+    compiler.prepare(so)  # what the replica runs off the loop's thread
+    assert compiler.cached(so)
+    grammar = compiler.start(so, runner.tokenizer.encode("ab"))
+    assert grammar.accepted == len(runner.tokenizer.encode("ab"))
+    # A structure that does not compile is left for `start` to refuse.
+    bad = StructuredOutput(kind="grammar", spec="root ::= ")
+    compiler.prepare(bad)
+    assert not compiler.cached(bad)
+    with pytest.raises(ValueError, match="grammar does not compile"):
+        compiler.start(bad)
+    # The cache is bounded: the least recently used grammar goes first.
+    others = [StructuredOutput(kind="choice", choices=(c,)) for c in ("x", "y")]
+    for other in others:
+        compiler.prepare(other)
+    assert not compiler.cached(so) and all(compiler.cached(o) for o in others)
