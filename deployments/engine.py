@@ -132,10 +132,12 @@ class Engine(EngineFigures):
         from engine.dtypes import resolve_dtype
         from engine.model_source import resolve_model
         from engine.runner import ModelRunner
+        from engine.threads import side_pool
 
         self.cfg = AppConfig(**config)
         # Before the runner starts torch's thread pool, which inherits it.
         _pin(self.cfg)
+        self._side = side_pool("grammar")  # after the pinning it steps aside from
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
         runner_kwargs: dict[str, Any] = dict(
@@ -322,7 +324,8 @@ class Engine(EngineFigures):
                 if req.structured is not None:
                     # Compiled here, off the loop's thread, which finds it
                     # cached: no running request waits for a large schema.
-                    await asyncio.to_thread(self.runner.grammars.prepare, req.structured)
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._side, self.runner.grammars.prepare, req.structured)
                 # One prompt of an offline request: the replica may give
                 # it back unstarted (scheduler/offline_pool.py).
                 self.loop.submit(req, movable=len(reqs) == 1)

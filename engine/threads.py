@@ -10,8 +10,10 @@ visible in one place.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -70,6 +72,34 @@ def pin_process(cpus: Sequence[int]) -> set[int]:
         except ProcessLookupError:  # the thread ended meanwhile
             pass
     return os.sched_getaffinity(0)
+
+
+def _beside(engine: frozenset[int]) -> None:
+    """Move the calling thread off the engine's cores, where others exist,
+    and below its priority (Linux; a thread's own nice value)."""
+    others = set(range(os.cpu_count() or 1)) - engine
+    if others and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, others)
+        except OSError:  # outside the container's cpuset: it stays
+            pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (OSError, AttributeError):
+        pass
+
+
+def side_pool(name: str) -> ThreadPoolExecutor:
+    """One worker thread for work beside the engine's loop (compiling a
+    structured request's grammar: seconds for a large schema).  Threads
+    inherit the engine's pinning (`pin_process`), so on a pinned CPU engine
+    a plain worker thread would share the loop's one core; this one runs on
+    the other cores where there are any, at a lower priority everywhere.
+    Call after `pin_process`."""
+    engine = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else frozenset()
+    return ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_beside,
+                              initargs=(engine,))
 
 
 def _read_proc_stat() -> str:

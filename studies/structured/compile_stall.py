@@ -6,7 +6,8 @@ a JSON Schema of `--fields` patterned string fields (seconds to compile on a
 CPU core).  Prints, per stream, the largest gap between two tokens and the
 median, and the structured request's time to its first token.
 
-    python -m studies.structured.compile_stall --out studies/structured/compile_stall.json
+    python -m studies.structured.compile_stall --fields 300 --label side-thread \
+        --out studies/structured/compile_stall.json
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ async def main_async(a: argparse.Namespace) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fields", type=int, default=300)
+    ap.add_argument("--label", default="", help="what the server ran (kept with the run)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    r = asyncio.run(main_async(a))
+    r = {"label": a.label, **asyncio.run(main_async(a))}
     print(json.dumps(r))
     if a.out is not None:
         runs = json.loads(a.out.read_text()) if a.out.exists() else []

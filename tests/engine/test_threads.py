@@ -48,6 +48,26 @@ def test_every_thread_is_pinned_and_new_ones_inherit() -> None:
     assert all(cpus == allowed for cpus in _threads_affinity().values())
 
 
+def test_the_side_thread_leaves_the_engine_its_core() -> None:
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed)
+    try:
+        pin_process([core])
+        pool = threads_mod.side_pool("side-test")
+        cpus, nice = pool.submit(lambda: (
+            os.sched_getaffinity(0),
+            os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))).result()
+        pool.shutdown()
+        # The calling thread keeps the engine's core and its priority.
+        assert os.sched_getaffinity(0) == {core}
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < nice
+    finally:
+        pin_process(sorted(allowed))
+    others = set(range(os.cpu_count() or 1)) - {core}
+    assert cpus == (others or {core}) or not others & allowed
+    assert nice >= 10
+
+
 def test_refuses_cores_this_process_may_not_use() -> None:
     allowed = os.sched_getaffinity(0)
     before = _threads_affinity()
