@@ -40,8 +40,9 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    # vLLM's extension; only its "off" value is served.
-    continuous_usage_stats: Literal[False] = False
+    # vLLM's extension: with include_usage, every chunk carries the usage
+    # so far.
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(UnsupportedFields):
@@ -65,6 +66,8 @@ class _SamplingFields(UnsupportedFields):
     # vLLM's: keep only the prompt's last k tokens (-1: as many as the
     # context holds with max_tokens).
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_I32_MAX)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     # Tokens less likely than min_p times the likeliest are dropped.
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     min_tokens: int = Field(0, ge=0, le=_I32_MAX)
@@ -386,6 +389,8 @@ class GenerateRequest(BaseModel):
     min_p: float = 0.0
     seed: int | None
     stop: list[str]
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     stop_token_ids: list[int]
     ignore_eos: bool
     min_tokens: int

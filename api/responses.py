@@ -64,6 +64,8 @@ class ResponseBuilder:
         # vLLM's `prompt_logprobs`, per prompt, from its first choice that has them.
         self.want_prompt_logprobs = prompt_logprobs
         self.prompt_logprobs: list[list[dict[str, Any] | None] | None] = [None] * len(prompts)
+        # vLLM's `continuous_usage_stats`: the usage so far on every chunk.
+        self.continuous_usage = False
 
     @property
     def object(self) -> str:
@@ -156,6 +158,8 @@ class ResponseBuilder:
                                 "choices": [choice]}
         if metrics is not None:
             body["metrics"] = metrics
+        if self.continuous_usage:
+            body["usage"] = self.usage()
         return body
 
     # Whole response -------------------------------------------------------

@@ -32,8 +32,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     # vLLM extensions.
     "use_beam_search": ((None, False), "beam search is not supported"),
     "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search only"),
-    "include_stop_str_in_output": ((None, False), "stop strings are never included"),
-    "skip_special_tokens": ((None, True), "special tokens are always skipped"),
     "spaces_between_special_tokens": ((None, True), "not configurable"),
     "add_generation_prompt": ((None, True), "the generation prompt is always added"),
     "continue_final_message": ((None, False), "continuing a final message is not supported"),
@@ -84,8 +82,6 @@ class UnsupportedFields(BaseModel):
     service_tier: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
-    include_stop_str_in_output: Any = None
-    skip_special_tokens: Any = None
     spaces_between_special_tokens: Any = None
     add_generation_prompt: Any = None
     continue_final_message: Any = None

@@ -51,7 +51,8 @@ HOLD_UNSTREAMED_S = 1.0
 
 
 # The request fields a choice's SamplingParams take as they are.
-_PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "max_tokens",
+_PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
+           "skip_special_tokens", "stop_token_ids", "max_tokens",
            "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
            "repetition_penalty", "logit_bias", "logprobs", "prompt_logprobs", "structured")
 

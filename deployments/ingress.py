@@ -293,6 +293,8 @@ class Ingress:
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
             seed=req.seed,
             stop=req.stop or [], stop_token_ids=stop_ids, ignore_eos=req.ignore_eos,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
             min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
@@ -335,6 +337,7 @@ class Ingress:
         builder, stream = started
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            builder.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
             return StreamingResponse(self._sse(builder, stream, include_usage),
                                      media_type="text/event-stream")
         return JSONResponse(await self._collect(builder, stream))

@@ -5,7 +5,7 @@ are held back: bytes of a UTF-8 character split across tokens (the tokenizer
 library's `DecodeStream` buffers those), and any tail of the text that could
 be the beginning of a stop string.  When a stop string appears, the text is
 cut just before it and the request stops (OpenAI semantics: the stop string
-is not returned).  Decoding starts with the prompt as context, so the first
+is not returned, unless vLLM's `include_stop_str_in_output` asks for it).  Decoding starts with the prompt as context, so the first
 output token gets the same leading space it would in the full text.
 """
 
@@ -65,6 +65,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        include_stop: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
@@ -77,6 +78,9 @@ class IncrementalDetokenizer:
         else:
             self._stream = _OffsetDecoder(tokenizer, context, skip_special_tokens)
         self.stop = tuple(stop)
+        # vLLM's include_stop_str_in_output: the matched stop string ends
+        # the text instead of being cut off.
+        self.include_stop = include_stop
         # Tokens fed since the decoder last produced text (a split character).
         self._undecoded: list[int] = []
         self._pending = ""  # decoded, held back
@@ -102,7 +106,7 @@ class IncrementalDetokenizer:
             hit = self._find_stop()
             if hit is not None:
                 cut, self.stop_reason = hit
-                delta = self._pending[:cut]
+                delta = self._pending[:cut + (len(self.stop_reason) if self.include_stop else 0)]
                 self._pending = ""
                 self.stopped = True
                 self.text += delta

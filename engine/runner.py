@@ -247,8 +247,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self._requests[job_id] = RequestState(
             job_id=job_id, params=params, prompt_token_ids=list(prompt_token_ids),
             detokenizer=IncrementalDetokenizer(
-                self.tokenizer, list(prompt_token_ids) + outputs, params.stop
-            ),
+                self.tokenizer, list(prompt_token_ids) + outputs, params.stop,
+                params.skip_special_tokens, params.include_stop_str_in_output),
             stop_token_ids=frozenset(stop_ids), output_token_ids=outputs, grammar=grammar,
         )
 

@@ -49,6 +49,10 @@ class SamplingParams(BaseModel):
     # logits, so a recomputation after preemption reproduces it.
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
+    # vLLM's: return the stop string that ended the text; keep special
+    # tokens' text in the output.
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     stop_token_ids: list[int] = Field(default_factory=list)
     # None: until EOS, a stop condition, or the model's max length.
     max_tokens: int | None = Field(None, ge=1)

@@ -87,7 +87,7 @@ def test_unsupported_fields_pass_when_off_and_are_named_when_on(field: str) -> N
                "functions": [{"name": "f"}], "function_call": "auto",
                "response_format": {"type": "json_object"}, "modalities": ["audio"],
                "store": True, "service_tier": "flex", "parallel_tool_calls": "yes",
-               "skip_special_tokens": False, "spaces_between_special_tokens": False,
+               "spaces_between_special_tokens": False,
                "add_generation_prompt": False, "length_penalty": 2.0,
                "chat_template_kwargs": {"x": 1}}.get(field, "on")
     param, msg = refusal(ChatCompletionRequest, {"messages": MSG, field: on})

@@ -65,6 +65,27 @@ def test_stop_string_truncates_and_holds_back(tok: Any) -> None:
     assert emitted == "alpha beta " == detok.text
 
 
+def test_the_stop_string_is_returned_when_asked(tok: Any) -> None:
+    ids = tok.encode("alpha beta STOP gamma", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [], stop=["STOP"], include_stop=True)
+    emitted = ""
+    for t in ids:
+        emitted += detok.add_token(t)
+        if detok.stopped:
+            break
+    assert detok.stopped and emitted == "alpha beta STOP" == detok.text
+
+
+def test_special_tokens_are_kept_when_asked(tok: Any) -> None:
+    ids = tok.encode("<|im_start|>user hi<|im_end|> there", add_special_tokens=False)
+    assert tok.convert_tokens_to_ids("<|im_start|>") in ids
+    for skip in (True, False):
+        detok = IncrementalDetokenizer(tok, [], skip_special_tokens=skip)
+        text = "".join(detok.add_token(t) for t in ids) + detok.flush()
+        assert text == tok.decode(ids, skip_special_tokens=skip)
+        assert ("<|im_start|>" in text) is not skip
+
+
 def test_held_prefix_is_released_when_it_does_not_complete(tok: Any) -> None:
     ids = tok.encode("a ST b", add_special_tokens=False)
     detok = IncrementalDetokenizer(tok, [], stop=["STOP"])
