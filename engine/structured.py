@@ -51,7 +51,8 @@ def choice_grammar(choices: Sequence[str]) -> str:
 
 
 def _grammar(xgr: Any, so: StructuredOutput) -> Any:
-    """The structure as an xgrammar `Grammar` (no tokenizer needed)."""
+    """The structure as an xgrammar `Grammar`: what the ingress checks (no
+    tokenizer needed) and what a replica compiles."""
     if so.kind == "json_object":
         return xgr.Grammar.from_json_schema(_ANY_OBJECT)
     if so.kind == "json_schema":
@@ -152,18 +153,11 @@ class GrammarCompiler:
                 self._compiled.move_to_end(so)
                 return compiled
         c = self._xgrammar_compiler()
+        import xgrammar as xgr
+
         try:
-            if so.kind == "json_object":
-                compiled = c.compile_json_schema(_ANY_OBJECT)
-            elif so.kind == "json_schema":
-                compiled = c.compile_json_schema(so.spec)
-            elif so.kind == "regex":
-                compiled = c.compile_regex(so.spec)
-            elif so.kind == "choice":
-                compiled = c.compile_grammar(choice_grammar(so.choices or []))
-            else:
-                compiled = c.compile_grammar(so.spec)
-        except RuntimeError as e:
+            compiled = c.compile_grammar(_grammar(xgr, so))
+        except (RuntimeError, ValueError, TypeError) as e:
             raise ValueError(f"{so.kind} does not compile: {_message(e)}") from None
         with self._lock:
             self._compiled[so] = compiled
