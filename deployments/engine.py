@@ -138,7 +138,7 @@ class Engine(EngineFigures):
         self.cfg = AppConfig(**config)
         # Before the runner starts torch's thread pool, which inherits it.
         _pin(self.cfg)
-        self._side = side_pool("grammar")  # after the pinning it steps aside from
+        self._side = side_pool("grammar")  # after `_pin`: it leaves the engine's cores
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
         runner_kwargs: dict[str, Any] = dict(

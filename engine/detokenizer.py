@@ -5,8 +5,9 @@ are held back: bytes of a UTF-8 character split across tokens (the tokenizer
 library's `DecodeStream` buffers those), and any tail of the text that could
 be the beginning of a stop string.  When a stop string appears, the text is
 cut just before it and the request stops (OpenAI semantics: the stop string
-is not returned, unless vLLM's `include_stop_str_in_output` asks for it).  Decoding starts with the prompt as context, so the first
-output token gets the same leading space it would in the full text.
+is not returned, unless vLLM's `include_stop_str_in_output` asks for it).
+Decoding starts with the prompt as context, so the first output token gets
+the same leading space it would in the full text.
 """
 
 from __future__ import annotations

@@ -77,19 +77,21 @@ class SampleRequest:
     allowed: torch.Tensor | None = None
 
     @property
+    def biased(self) -> bool:
+        """Bias, bans or penalties change this row's logits."""
+        p = self.params
+        return bool(self.banned_token_ids or p.logit_bias or p.has_penalties)
+
+    @property
     def adjusts_logits(self) -> bool:
         """True when a grammar, bias, bans or penalties change this row's
         logits."""
-        p = self.params
-        return bool(self.allowed is not None or self.banned_token_ids or p.logit_bias
-                    or p.has_penalties)
+        return self.allowed is not None or self.biased
 
     @property
     def only_grammar(self) -> bool:
         """A grammar is the one thing that changes this row's logits."""
-        p = self.params
-        return self.allowed is not None and not (
-            self.banned_token_ids or p.logit_bias or p.has_penalties)
+        return self.allowed is not None and not self.biased
 
     def allows(self, token: int) -> bool:
         """Whether the row's grammar (if any) allows `token` now."""
@@ -440,11 +442,10 @@ def _greedy_into(
     the grammar allows that token (the masked row's argmax is then the same
     token): the mask, which costs more than the argmax, is applied only to
     the rows whose favourite token the grammar refuses."""
-    adjusted = [i for i in rows if requests[i].adjusts_logits
-                and not requests[i].only_grammar]
+    adjusted = [i for i in rows if requests[i].biased]
     masked = [i for i in rows if requests[i].only_grammar]
     if len(adjusted) < len(rows):
-        first = [i for i in rows if not requests[i].adjusts_logits or requests[i].only_grammar]
+        first = [i for i in rows if not requests[i].biased]
         tokens[first] = argmax_rows(logits, exact)[first]
         if masked:
             picked = tokens[masked].tolist()
