@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from api.structured import ResponseFormat, StructuredOutputs
+from api.tools import ToolCall, ToolChoice, ToolDefinition
 from api.unsupported import UnsupportedFields
 from engine.sampling_params import StructuredOutput
 
@@ -227,12 +228,14 @@ def _text_parts(v: Any) -> Any:
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[ContentPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    # None only for an assistant message that made tool calls.
+    content: str | list[ContentPart] | None = None
     # Passed to the chat template, which may use it.
     name: str | None = None
-    # Tool calling is not served: only the empty values are accepted.
-    tool_calls: list[Any] | None = None
+    # An earlier answer's calls, and (role `tool`) the call a result answers.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
     refusal: None = None
 
     _parts = field_validator("content", mode="before")(classmethod(
@@ -240,21 +243,30 @@ class ChatMessage(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_tools(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            if v.get("role") in ("tool", "function"):
-                raise ValueError(f"role {v['role']!r} is not supported: this server "
-                                 "does not do tool calling")
-            if v.get("tool_calls"):
-                raise ValueError("tool_calls: this server does not do tool calling")
+    def _no_functions(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("role") == "function":
+            raise ValueError("role 'function' is deprecated and not served: send a "
+                             "'tool' message with the tool_call_id it answers")
         return v
 
+    @model_validator(mode="after")
+    def _tool_fields(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls is only read on assistant messages")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message needs tool_call_id, and only a tool message "
+                             "has one")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only on an assistant "
+                             "message with tool_calls)")
+        return self
+
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(p.text for p in self.content)
 
-    def template_dict(self) -> dict[str, str]:
+    def template_dict(self) -> dict[str, Any]:
         d = {"role": self.role, "content": self.text()}
         if self.name is not None:
             d["name"] = self.name
@@ -269,6 +281,10 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # vLLM's chat extension; only "off" is served.
     echo: bool | None = None
+    # Tool calling (api/tools.py).
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("max_completion_tokens")
     @classmethod

@@ -15,6 +15,8 @@ from typing import Any
 
 from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs, prompt_logprobs
 from api.protocol import PromptTokensDetails, Usage, WireLogprob
+from api.tool_parser import ToolCallParser
+from api.tools import ToolUse
 
 
 @dataclass(slots=True)
@@ -44,13 +46,15 @@ class _Choice:
     started: bool = False
     text_offset: int = 0
     last_token: int | None = None
+    # Splits a chat answer into content and tool calls (tools offered).
+    parser: ToolCallParser | None = None
 
 
 class ResponseBuilder:
     def __init__(self, request_id: str, model: str, created: int, chat: bool,
                  prompts: list[PromptInput], n: int, tokens: TokenText,
                  logprobs: bool = False, echo: bool = False,
-                 prompt_logprobs: bool = False) -> None:
+                 prompt_logprobs: bool = False, tools: ToolUse | None = None) -> None:
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -61,6 +65,9 @@ class ResponseBuilder:
         self.want_logprobs = logprobs
         self.echo = echo and not chat
         self.choices = [_Choice(p * n + i, p) for p in range(len(prompts)) for i in range(n)]
+        if tools is not None and chat:
+            for c in self.choices:
+                c.parser = ToolCallParser(tools)
         # vLLM's `prompt_logprobs`, per prompt, from its first choice that has them.
         self.want_prompt_logprobs = prompt_logprobs
         self.prompt_logprobs: list[list[dict[str, Any] | None] | None] = [None] * len(prompts)
@@ -126,6 +133,8 @@ class ResponseBuilder:
                 c.finish_reason = finish
                 c.metrics = delta.get("metrics")
             return chunks
+        if c.parser is not None:
+            return self._tool_chunks(c, text, entries, finish, delta.get("metrics"))
         if text or entries or finish is None:
             chunks.append(self._chunk(self._stream_choice(c, text, entries, None)))
         if finish is not None:
@@ -135,17 +144,39 @@ class ResponseBuilder:
             chunks.append(self._chunk(last, metrics=c.metrics))
         return chunks
 
+    def _tool_chunks(self, c: _Choice, text: str, entries: list[Entry], finish: str | None,
+                     metrics: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """A chat answer's chunks with tools offered: content and tool-call
+        deltas as the parser releases them; the finish reason is
+        `tool_calls` where calls ended the answer."""
+        assert c.parser is not None
+        content, calls = c.parser.feed(text)
+        if finish is not None:
+            rest, more, finish = c.parser.finish(finish)
+            content, calls = content + rest, calls + more
+        chunks: list[dict[str, Any]] = []
+        if content or calls or entries:
+            chunks.append(self._chunk(self._stream_choice(c, content or None, entries, None,
+                                                          calls)))
+        if finish is not None:
+            c.finish_reason, c.metrics = finish, metrics
+            chunks.append(self._chunk(self._stream_choice(c, None, [], finish), metrics=metrics))
+        return chunks
+
     def usage_chunk(self) -> dict[str, Any]:
         return {"id": self.request_id, "object": self.object, "created": self.created,
                 "model": self.model, "choices": [], "usage": self.usage()}
 
     def _stream_choice(self, c: _Choice, text: str | None, entries: list[Entry],
-                       finish: str | None) -> dict[str, Any]:
+                       finish: str | None, calls: list[dict[str, Any]] | None = None
+                       ) -> dict[str, Any]:
         logprobs = None
         if self.want_logprobs and entries:
             logprobs = self._logprobs(c, entries)
         if self.chat:
-            delta = {} if text is None else {"content": text}
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if calls:
+                delta["tool_calls"] = calls
             return {"index": c.index, "delta": delta, "logprobs": logprobs,
                     "finish_reason": finish}
         return {"index": c.index, "text": text or "", "logprobs": logprobs,
@@ -173,9 +204,14 @@ class ResponseBuilder:
                 logprobs = self._logprobs(c, c.logprobs)
             text = "".join(c.text)
             if self.chat:
-                choices.append({"index": c.index,
-                                "message": {"role": "assistant", "content": text},
-                                "logprobs": logprobs, "finish_reason": c.finish_reason})
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                finish = c.finish_reason
+                if c.parser is not None:
+                    c.parser.feed(text)
+                    finish = c.parser.finish(finish)[2]
+                    message.update(c.parser.message())
+                choices.append({"index": c.index, "message": message,
+                                "logprobs": logprobs, "finish_reason": finish})
             else:
                 choices.append({"index": c.index, "text": text, "logprobs": logprobs,
                                 "finish_reason": c.finish_reason})

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from api.tools import ToolUse, tool_use
 from engine.sampling_params import StructuredOutput
 
 
@@ -102,10 +103,20 @@ def _problem(so: StructuredOutput) -> str | None:
     return check_structured(so)
 
 
+def _tool_problem(use: ToolUse) -> tuple[int, str] | None:
+    """The first tool whose parameters xgrammar cannot enforce, and why."""
+    for i, t in enumerate(use.tools):
+        problem = _problem(StructuredOutput(
+            kind="json_schema", spec=json.dumps(t.function.schema(), sort_keys=True)))
+        if problem is not None:
+            return i, problem
+    return None
+
+
 async def requested_structure(req: Any) -> StructuredOutput | None:
-    """The structure `req` asks for (None: free text).  `APIError` 400,
-    naming the field, for a structure that cannot be built or a request
-    that could not end it."""
+    """The structure `req` asks for, by its format or its tools (None: free
+    text).  `APIError` 400, naming the field, for a structure that cannot be
+    built or a request that could not end it."""
     from api.errors import APIError
 
     fmt: ResponseFormat | None = req.response_format
@@ -117,6 +128,16 @@ async def requested_structure(req: Any) -> StructuredOutput | None:
             raise APIError(400, "send response_format or structured_outputs, not both",
                            "structured_outputs")
         structure, param = ext.structure(), "structured_outputs"
+    use = tool_use(req)
+    if use is not None:
+        if structure is not None:
+            raise APIError(400, f"{param} cannot be combined with tools unless tool_choice "
+                           "is none", param)
+        structure, param = use.structure(), "tools"
+        where = await asyncio.to_thread(_tool_problem, use)
+        if where is not None:
+            raise APIError(400, f"the function's parameters cannot be enforced: {where[1]}",
+                           f"tools.{where[0]}.function.parameters")
     if structure is None:
         return None
     for field, on in (("ignore_eos", req.ignore_eos), ("min_tokens", req.min_tokens)):

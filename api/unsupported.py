@@ -14,12 +14,9 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 # field -> the values that ask for nothing, and why anything else is refused
 _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((None, []), "tool calling is not supported"),
-    "tool_choice": ((None, "none"), "tool calling is not supported"),
-    "functions": ((None, []), "function calling is not supported"),
-    "function_call": ((None, "none"), "function calling is not supported"),
-    # Only meaningful with tools, which are refused above.
-    "parallel_tool_calls": ((None, True, False), ""),
+    # OpenAI's deprecated forms of `tools` / `tool_choice`, served on chat.
+    "functions": ((None, []), "deprecated: send tools to /v1/chat/completions"),
+    "function_call": ((None, "none"), "deprecated: send tool_choice with tools"),
     "audio": ((None,), "audio output is not supported"),
     "modalities": ((None, ["text"]), "only text output is supported"),
     "prediction": ((None,), "predicted outputs are not supported"),
@@ -66,11 +63,8 @@ class UnsupportedFields(BaseModel):
     # Strict types as OpenAI's API: "5" is not an integer, true is not 1.
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None

@@ -55,6 +55,8 @@ from api.protocol import (
 )
 from api.responses import PromptInput, ResponseBuilder
 from api.structured import requested_structure
+from api.tool_prompt import chat_prompt
+from api.tools import tool_use
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
@@ -210,15 +212,9 @@ class Ingress:
             pi.text for pi in prompts])
 
     async def _start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
-        from engine.tokenizer import render_chat
-
-        messages = [m.template_dict() for m in req.messages]
-        try:
-            text = render_chat(self.tokenizer, messages)
-        except Exception as e:  # a template may reject a role order
-            raise APIError(400, f"messages do not fit the chat template: {e}", "messages")
+        text = chat_prompt(req, self.tokenizer)
         ids = self._encode(text, "messages", chat=True)
-        users = [m["content"] for m in messages if m["role"] == "user"]
+        users = [m.text() for m in req.messages if m.role == "user"]
         return await self._start(req, [PromptInput(ids, text)], chat=True,
                                  predict_texts=[users[-1] if users else text])
 
@@ -330,7 +326,8 @@ class Ingress:
         builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
                                   req.n, self.token_text, logprobs=bool(logprobs),
                                   echo=bool(getattr(req, "echo", False)),
-                                  prompt_logprobs=req.prompt_logprobs is not None)
+                                  prompt_logprobs=req.prompt_logprobs is not None,
+                                  tools=tool_use(req))
         return builder, stream
 
     async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:

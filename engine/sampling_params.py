@@ -16,11 +16,13 @@ class StructuredOutput(BaseModel):
     token outside it).  `json_object`: any JSON object; `json_schema`: JSON
     valid under `spec`, a JSON Schema as text; `regex`: text matching the
     regular expression `spec`; `choice`: exactly one of `choices`;
-    `grammar`: the EBNF grammar `spec` (xgrammar's dialect, as vLLM's)."""
+    `grammar`: the EBNF grammar `spec` (xgrammar's dialect, as vLLM's);
+    `structural_tag`: xgrammar's structural tag `spec` as JSON text (tool
+    calls, `api/tools.py`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+    kind: Literal["json_object", "json_schema", "regex", "choice", "grammar", "structural_tag"]
     spec: str | None = None
     choices: tuple[str, ...] | None = None
 

@@ -61,6 +61,8 @@ def _grammar(xgr: Any, so: StructuredOutput) -> Any:
         return xgr.Grammar.from_regex(so.spec)
     if so.kind == "choice":
         return xgr.Grammar.from_ebnf(choice_grammar(so.choices or []))
+    if so.kind == "structural_tag":
+        return xgr.Grammar.from_structural_tag(so.spec)
     return xgr.Grammar.from_ebnf(so.spec)
 
 

@@ -121,6 +121,9 @@ class _EngineState:
     # Every request the ingress sent, validated as the real engine does.
     requests: list[GenerateRequest] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
+    # What every choice answers instead (whole, then ends with "stop"),
+    # one token per engine wake-up: a test of how answers are read sets it.
+    answer: str | None = None
 
 
 class FakeEngine:
@@ -163,10 +166,13 @@ class FakeEngine:
         return WireLogprob(logprob=-0.25, top=top[:k]).model_dump()
 
     def _deltas(self, prompt: int, req: GenerateRequest) -> list[list[dict[str, Any]]]:
-        count = min(req.max_tokens, max(3, min(req.min_tokens, 16)))
-        finish = "length" if count == req.max_tokens else "stop"
         tok = self.state.tokenizer
-        output = tok(_OUTPUT_TEXT, add_special_tokens=False)["input_ids"]
+        answer = self.state.answer
+        output = tok(answer or _OUTPUT_TEXT, add_special_tokens=False)["input_ids"]
+        count = min(req.max_tokens, len(output) if answer is not None
+                    else max(3, min(req.min_tokens, 16)))
+        finish = "stop" if answer is not None and count == len(output) \
+            else "length" if count == req.max_tokens else "stop"
         tokens = [output[i % len(output)] for i in range(count)]
         metrics = JobMetrics(queue_time=0.001, ttft=0.01, e2e=0.02, execution_time=0.015,
                              swap_wait_time=0.0, num_preemptions=0).model_dump()
@@ -185,6 +191,9 @@ class FakeEngine:
                 d.finish_reason, d.metrics = finish, JobMetrics.model_validate(metrics)
             return d.model_dump()
 
+        if answer is not None:
+            return [[delta(i, tokens[k:k + 1], k == 0, k == count - 1) for i in range(req.n)]
+                    for k in range(count)]
         # One engine wake-up with every choice's first token, one with the rest.
         first = [delta(i, tokens[:1], True, count == 1) for i in range(req.n)]
         if count == 1:

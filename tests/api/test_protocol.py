@@ -83,10 +83,8 @@ def test_dependent_fields_are_refused_at_the_field_that_needs_the_other() -> Non
 
 @pytest.mark.parametrize("field", sorted(UNSUPPORTED_FIELDS))
 def test_unsupported_fields_pass_when_off_and_are_named_when_on(field: str) -> None:
-    on: Any = {"tools": [{"type": "function"}], "tool_choice": "auto",
-               "functions": [{"name": "f"}], "function_call": "auto",
-               "response_format": {"type": "json_object"}, "modalities": ["audio"],
-               "store": True, "service_tier": "flex", "parallel_tool_calls": "yes",
+    on: Any = {"functions": [{"name": "f"}], "function_call": "auto",
+               "modalities": ["audio"], "store": True, "service_tier": "flex",
                "spaces_between_special_tokens": False,
                "add_generation_prompt": False, "length_penalty": 2.0,
                "chat_template_kwargs": {"x": 1}}.get(field, "on")
@@ -100,12 +98,24 @@ def test_unknown_fields_are_refused_by_name() -> None:
     assert param == "max_token"
 
 
-def test_chat_messages_take_text_only_and_no_tool_roles() -> None:
+def test_chat_messages_take_text_only_and_tool_roles_with_their_ids() -> None:
     image = [{"type": "image_url", "image_url": {"url": "http://x"}}]
     param, msg = refusal(ChatCompletionRequest, {"messages": [{"role": "user", "content": image}]})
     assert param is not None and param.startswith("messages.0.content") and "image_url" in msg
     param, msg = refusal(ChatCompletionRequest, {"messages": [{"role": "tool", "content": "x"}]})
-    assert param is not None and param.startswith("messages.0") and "tool" in msg
+    assert param is not None and param.startswith("messages.0") and "tool_call_id" in msg
+    param, msg = refusal(ChatCompletionRequest, {"messages": [{"role": "function", "content": "x",
+                                                               "name": "f"}]})
+    assert param == "messages.0" and "deprecated" in msg
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for bad in ({"role": "user", "content": "x", "tool_calls": [call]},  # calls are answers
+                {"role": "user", "content": None},  # only an answer with calls has none
+                {"role": "user", "content": "x", "tool_call_id": "c"}):
+        assert refusal(ChatCompletionRequest, {"messages": [bad]})[0] == "messages.0"
+    ok = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "c"}]})
+    assert ok.messages[0].text() == "" and ok.messages[1].tool_call_id == "c"
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     req = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": parts, "name": "ann"}]})
