@@ -20,6 +20,9 @@ from starlette.responses import JSONResponse, Response
 from api.openapi_batch import MODELS as BATCH_MODELS
 from api.openapi_batch import batch_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from api.responses_api import ResponsesRequest
+from api.tokenize_route import MODELS as TOKENIZE_MODELS
+from api.tokenize_route import tokenize_paths
 
 _REF = "#/components/schemas/{model}"
 
@@ -48,6 +51,17 @@ _COMPLETION_RESPONSE: dict[str, Any] = {
         "created": {"type": "integer"},
         "model": {"type": "string"},
         "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": ["object", "null"]},
+    },
+}
+
+_RESPONSE: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created_at", "status", "model", "output"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "response"},
+        "created_at": {"type": "integer"}, "status": {"type": "string"},
+        "model": {"type": "string"}, "output": {"type": "array", "items": {"type": "object"}},
         "usage": {"type": ["object", "null"]},
     },
 }
@@ -90,8 +104,8 @@ def _errors(statuses: dict[str, str], error_ref: dict[str, Any]) -> dict[str, An
             for code, why in statuses.items()}
 
 
-def _completion_op(summary: str, request_ref: dict[str, Any],
-                   error_ref: dict[str, Any]) -> dict[str, Any]:
+def _completion_op(summary: str, request_ref: dict[str, Any], error_ref: dict[str, Any],
+                   answer: dict[str, Any] = _COMPLETION_RESPONSE) -> dict[str, Any]:
     return {
         "summary": summary,
         "requestBody": {"required": True,
@@ -99,7 +113,7 @@ def _completion_op(summary: str, request_ref: dict[str, Any],
         "responses": {
             "200": {
                 "description": "the completion, or with `stream: true` its server-sent events",
-                "content": {"application/json": {"schema": _COMPLETION_RESPONSE},
+                "content": {"application/json": {"schema": answer},
                             "text/event-stream": {"schema": _EVENT}},
             },
             **_errors(_POST_ERRORS, error_ref),
@@ -113,8 +127,10 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
     models: list[tuple[type[BaseModel], Any]] = [
         (CompletionRequest, "validation"),
         (ChatCompletionRequest, "validation"),
+        (ResponsesRequest, "validation"),
         (ErrorResponse, "serialization"),
         *BATCH_MODELS,
+        *TOKENIZE_MODELS,
     ]
     refs, top = models_json_schema(models, ref_template=_REF)
     completion_ref = refs[(CompletionRequest, "validation")]
@@ -141,6 +157,9 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         }},
         "/v1/completions": {"post": _completion_op("Text completion", completion_ref, error_ref)},
         "/v1/chat/completions": {"post": _completion_op("Chat completion", chat_ref, error_ref)},
+        "/v1/responses": {"post": _completion_op(
+            "A Response (not stored), served as a chat completion",
+            refs[(ResponsesRequest, "validation")], error_ref, _RESPONSE)},
         "/health": {"get": {
             "summary": "Readiness: 200 once an engine replica serves, 503 while none does "
                        "(never needs a key)",
@@ -151,6 +170,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
                                             "does not answer); retry"}, error_ref)},
         }},
         **batch_paths(refs, error_ref),
+        **tokenize_paths(refs, error_ref),
     }
     doc: dict[str, Any] = {
         "openapi": "3.1.0",

@@ -22,7 +22,7 @@ from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCall, ToolUse, tool_us
 _READS_TOOLS = re.compile(r"\btools\b")
 
 
-def chat_prompt(req: Any, tokenizer: Any) -> str:
+def chat_prompt(req: Any, tokenizer: Any, add_generation_prompt: bool = True) -> str:
     """The prompt text of chat request `req` in the model's template.
     `APIError` 400 naming the field for what the template cannot take."""
     from api.errors import APIError
@@ -30,7 +30,7 @@ def chat_prompt(req: Any, tokenizer: Any) -> str:
 
     messages, kwargs = template_input(req.messages, tool_use(req), tokenizer.chat_template)
     try:
-        return render_chat(tokenizer, messages, **kwargs)
+        return render_chat(tokenizer, messages, add_generation_prompt, **kwargs)
     except Exception as e:  # a template may reject a role order
         raise APIError(400, f"messages do not fit the chat template: {e}", "messages")
 

@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
@@ -55,11 +56,13 @@ from api.protocol import (
 )
 from api.responses import PromptInput, ResponseBuilder
 from api.structured import requested_structure
+from api.tokenize_route import TokenizeRoutes, encode
 from api.tool_prompt import chat_prompt
 from api.tools import tool_use
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
+from deployments.responses_route import ResponsesRoute
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
 from scheduler.prefix_affinity import prefix_keys, route_key
@@ -105,6 +108,9 @@ class Ingress:
         self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
                                RayJobs(self.cfg.batch.jobs_address))
         self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len)
+        self.responses_route = ResponsesRoute(self)
+        self.tokenize_routes = TokenizeRoutes(self.tokenizer, self.cfg.model_name,
+                                              self.cfg.max_model_len, self.cfg.max_request_bytes)
         self.batch_routes = BatchRoutes(self.batches, self.cfg.batch, _app_name,
                                         self.cfg.model_name, self.cfg.max_request_bytes)
         if self.cfg.api_key is not None:
@@ -119,6 +125,8 @@ class Ingress:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/openapi.json", openapi_endpoint(self.openapi), methods=["GET"]),
                 *self.batch_routes.routes(),
+                *self.tokenize_routes.routes(),
+                *self.responses_route.routes(),
             ],
             middleware=[
                 # Outermost: whatever escapes below still answers JSON.
@@ -197,7 +205,7 @@ class Ingress:
         prompts: list[PromptInput] = []
         for p in req.prompts():
             if isinstance(p, str):
-                prompts.append(PromptInput(self._encode(p, "prompt"), p))
+                prompts.append(PromptInput(encode(self.tokenizer, p, "prompt"), p))
             else:
                 ids = list(p)
                 if any(not 0 <= t < self.vocab_size for t in ids):
@@ -213,22 +221,10 @@ class Ingress:
 
     async def _start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
         text = chat_prompt(req, self.tokenizer)
-        ids = self._encode(text, "messages", chat=True)
+        ids = encode(self.tokenizer, text, "messages", chat=True)
         users = [m.text() for m in req.messages if m.role == "user"]
         return await self._start(req, [PromptInput(ids, text)], chat=True,
                                  predict_texts=[users[-1] if users else text])
-
-    def _encode(self, text: str, param: str, chat: bool = False) -> list[int]:
-        """`chat`: `text` is a rendered chat template, which carries its own
-        special tokens."""
-        from engine.tokenizer import encode_chat_text
-
-        try:
-            if chat:
-                return encode_chat_text(self.tokenizer, text)
-            return list(self.tokenizer(text)["input_ids"])
-        except Exception as e:  # e.g. text the tokenizer cannot encode
-            raise APIError(400, f"{param} cannot be tokenized: {e}", param)
 
     # Plumbing -------------------------------------------------------------
 
@@ -455,20 +451,27 @@ class Ingress:
 
     async def _sse(self, builder: ResponseBuilder, stream: Any,
                    include_usage: bool) -> AsyncIterator[str]:
+        async with aclosing(self.chunks(builder, stream, include_usage)) as chunks:
+            async for c in chunks:
+                yield _event(c)
+        yield "data: [DONE]\n\n"
+
+    async def chunks(self, builder: ResponseBuilder, stream: Any,
+                     include_usage: bool = False) -> AsyncIterator[dict[str, Any]]:
+        """A streamed answer's chunks; if it fails once started (status 200
+        sent), an error body last, so the stream still ends and no client
+        hangs.  The request is released when they end or are closed."""
         outcome = "aborted"
         try:
             for c in builder.opening_chunks():
-                yield _event(c)
+                yield c
             async for delta in engine_deltas(stream):
                 for c in builder.apply(delta):
-                    yield _event(c)
+                    yield c
             if include_usage:
-                yield _event(builder.usage_chunk())
+                yield builder.usage_chunk()
             outcome = "finished" if builder.done else "aborted"
-            yield "data: [DONE]\n\n"
         except Exception as e:
-            # The stream has started (status 200 sent): the error goes in
-            # the stream, and the stream still ends, so no client hangs.
             outcome = "error"
             if isinstance(e, EngineRefused):
                 err = APIError(400, str(e.__cause__))
@@ -479,8 +482,7 @@ class Ingress:
             else:
                 log.exception("stream %s failed", builder.request_id)
                 err = APIError(500, "internal server error")
-            yield _event(err.body())
-            yield "data: [DONE]\n\n"
+            yield err.body()
         finally:
             self._finish(builder, stream, outcome)
 

@@ -17,7 +17,7 @@ from engine.models import ForwardBatch
 from engine.prepared import PreparedStep
 from engine.request import RequestState
 from engine.sampling import SampleRequest
-from engine.structured import GrammarCompiler
+from engine.structured import GrammarCompiler, open_rows
 from engine.step_logprobs import PromptRows
 from scheduler.plan import PENDING_TOKEN, Plan, ScheduledChunk, StepResult
 
@@ -96,11 +96,13 @@ class PlanPreparing:
         grammars = [(i, s.grammar) for i, (_, s) in enumerate(sampled) if s.grammar is not None]
         allowed: dict[int, torch.Tensor] = {}
         if grammars:
-            bitmask = self.grammars.bitmask(len(grammars))
+            bitmask = self.grammars.bitmask(len(grammars))  # every token allowed
             for k, (i, grammar) in enumerate(grammars):
                 grammar.advance(sampled[i][1].output_token_ids)
-                if grammar.fill(bitmask, k):
-                    allowed[i] = bitmask[k]
+                grammar.fill(bitmask, k)  # left as it is once the grammar has ended
+            # A row its grammar leaves open samples as a free one.
+            open_ = open_rows(bitmask, self.grammars.vocab_size)
+            allowed = {i: bitmask[k] for k, (i, _) in enumerate(grammars) if not open_[k]}
         return [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
                               s.prompt_token_ids, s.output_token_ids, allowed.get(i))
                 for i, (c, s) in enumerate(sampled)]

@@ -34,7 +34,7 @@ import torch
 from engine.sampling_params import StructuredOutput
 
 __all__ = ["GrammarCompiler", "RequestGrammar", "check_structured", "choice_grammar",
-           "mask_logits"]
+           "mask_logits", "open_rows"]
 
 
 # OpenAI's `json_object`: a JSON object, not any JSON value (xgrammar's
@@ -188,6 +188,19 @@ class GrammarCompiler:
     def bitmask(self, rows: int) -> torch.Tensor:
         """An int32 `[rows, ceil(vocab / 32)]` bitmask, every token allowed."""
         return torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def open_rows(bitmask: torch.Tensor, vocab_size: int) -> list[bool]:
+    """Per row of `bitmask`, whether it allows every token of the
+    vocabulary: a row that does (free text before a tool call, under
+    `tool_choice: auto`) samples as if it had no grammar, without the mask
+    (~0.15-0.2 ms a row on a CPU core)."""
+    full, rest = divmod(vocab_size, 32)
+    out = (bitmask[:, :full] == -1).all(dim=1)
+    if rest:
+        tail = (1 << rest) - 1
+        out &= (bitmask[:, full] & tail) == tail
+    return out.tolist()
 
 
 def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor,

@@ -27,6 +27,21 @@ def keyed() -> Iterator[Harness]:
         yield h
 
 
+@pytest.fixture(scope="session")
+def _wide() -> Iterator[Harness]:
+    with harness(max_model_len=1024) as h:
+        yield h
+
+
+@pytest.fixture
+def wide(_wide: Harness) -> Iterator[Harness]:
+    """A harness with room for long prompts (a tool description); the
+    canned answer a test gives its engine (`engine.state.answer`) ends with
+    the test."""
+    yield _wide
+    _wide.engine.state.answer = None
+
+
 @pytest.fixture
 def refusing(served: Harness) -> Iterator[Harness]:
     """`served` while its scheduler refuses every admission (429)."""

@@ -202,7 +202,7 @@ def test_media_type_rule() -> None:
 
 @pytest.mark.parametrize("path", [
     "/", "/v1", "/v1/", "/v1/completions/", "/v2/completions",
-    "/v1/embeddings", "/v1/responses", "/%00", "/..%2f..%2fetc/passwd",
+    "/v1/embeddings", "/v1/responses/resp_1", "/%00", "/..%2f..%2fetc/passwd",
 ])
 def test_unknown_paths_are_404(served: Harness, path: str) -> None:
     for method in ("GET", "POST", "DELETE"):
@@ -213,7 +213,8 @@ def test_unknown_paths_are_404(served: Harness, path: str) -> None:
     ("GET", COMPLETIONS, "POST"), ("PUT", CHAT, "POST"), ("DELETE", COMPLETIONS, "POST"),
     ("PATCH", CHAT, "POST"), ("OPTIONS", COMPLETIONS, "POST"),
     ("POST", "/v1/models", "GET, HEAD"), ("POST", "/health", "GET, HEAD"),
-    ("DELETE", "/openapi.json", "GET, HEAD"),
+    ("DELETE", "/openapi.json", "GET, HEAD"), ("GET", "/v1/responses", "POST"),
+    ("GET", "/tokenize", "POST"),
 ])
 def test_wrong_methods_are_405_with_allow(served: Harness, method: str, path: str,
                                           allow: str) -> None:

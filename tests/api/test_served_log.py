@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from api.tokenize_route import encode
 from engine.tokenizer import render_chat
 from predictor.dataset import read_served_completions
 from tests.api.harness import harness
@@ -43,7 +44,8 @@ def test_finished_choices_are_recorded_with_their_ending(tmp_path: Path) -> None
     # The prompt as the engine computed it, for `python -m predictor fit-head`.
     assert recs[0]["prompt_ids"] == recs[1]["prompt_ids"] == list(
         h.ingress.tokenizer("Say hi")["input_ids"])
-    assert recs[3]["prompt_ids"] == h.ingress._encode(
+    assert recs[3]["prompt_ids"] == encode(
+        h.ingress.tokenizer,
         render_chat(h.ingress.tokenizer, [{"role": "system", "content": "Be brief."},
                                           {"role": "user", "content": "Name a color."}]),
         "messages", chat=True)

@@ -6,12 +6,11 @@ cannot be served."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.api.harness import Harness, harness
+from tests.api.harness import Harness
 
 pytest.importorskip("xgrammar")
 
@@ -24,16 +23,9 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def h() -> Iterator[Harness]:
-    with harness(max_model_len=1024) as h:
-        yield h
-
-
-@pytest.fixture(autouse=True)
-def _plain_answers(h: Harness) -> Iterator[None]:
-    yield
-    h.engine.state.answer = None
+@pytest.fixture
+def h(wide: Harness) -> Harness:
+    return wide
 
 
 def _chat(h: Harness, **extra: Any) -> Any:

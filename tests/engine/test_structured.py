@@ -168,3 +168,15 @@ def test_a_prepared_grammar_is_found_compiled(runner: ModelRunner) -> None:
     for other in others:
         compiler.prepare(other)
     assert not compiler.cached(so) and all(compiler.cached(o) for o in others)
+
+
+def test_open_rows_are_those_that_allow_every_token() -> None:
+    from engine.structured import open_rows
+
+    vocab = 100  # three full words and 4 bits of a fourth
+    bitmask = torch.full((4, 4), -1, dtype=torch.int32)
+    bitmask[1, 2] = ~(1 << 5)  # token 69 refused
+    bitmask[2, 3] = 0b1111  # bits past the vocabulary clear: still open
+    bitmask[3, 3] = 0b0111  # token 99 refused
+    assert open_rows(bitmask, vocab) == [True, False, True, False]
+    assert open_rows(bitmask[:, :3], 96) == [True, False, True, True]

@@ -1,0 +1,298 @@
+"""OpenAI's Responses API (`POST /v1/responses`), served as a chat
+completion: the request becomes a `ChatCompletionRequest`, its answer an
+OpenAI Response object, its stream the Responses API's semantic events.
+
+Responses are not stored: `store` must be absent or false, and
+`previous_response_id` (which needs a stored response) is a 400; a
+conversation sends its earlier turns, calls and results in `input`, as with
+`store: false`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+from api.protocol import ChatCompletionRequest
+from api.structured import JsonSchemaFormat
+from api.tools import FunctionDefinition
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class TextPart(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    # Output text's citations (an earlier answer sent back): none are made here.
+    annotations: list[Any] | None = None
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[TextPart]
+    # An earlier answer's item sent back.
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str = Field(..., min_length=1)
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
+def _item_kind(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return v.get("type", "message")
+    return getattr(v, "type", None) or "message"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_kind, custom_error_type="input_item",
+                  custom_error_message="an input item is a message, a function_call or a "
+                  "function_call_output (reasoning, files and images are not served)")]
+
+
+class FunctionTool(FunctionDefinition):
+    """A Responses function tool: the chat tool's function, flat."""
+
+    type: Literal["function"]
+
+
+class NamedFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(JsonSchemaFormat):
+    """`text.format`: chat's `response_format` with the schema's fields
+    beside its type."""
+
+    name: str | None = None  # type: ignore[assignment]
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    # Only the default: this model's answers are not made terser or longer.
+    verbosity: Literal["medium"] | None = None
+
+
+_OFF = {"store": "responses are not stored; send the conversation in input",
+        "previous_response_id": "responses are not stored; send the conversation in input",
+        "background": "background responses are not supported",
+        "reasoning": "this model does not reason",
+        "max_tool_calls": "not supported",
+        "conversation": "conversations are not stored; send the conversation in input",
+        "prompt": "stored prompts are not supported",
+        "metadata": "responses are not stored, so metadata has no use"}
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    # A string is one user message.
+    input: list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, gt=0, le=2**31 - 1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stream: bool = False
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    truncation: Literal["disabled"] | None = None
+    include: list[str] | None = Field(None, max_length=0)
+    service_tier: Literal["auto", "default"] | None = None
+    # Accepted only with the value that asks for nothing (`_OFF`).
+    store: bool | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    conversation: Any = None
+    prompt: Any = None
+    metadata: dict[str, str] | None = None
+
+    @field_validator(*_OFF, mode="after")
+    @classmethod
+    def _off(cls, v: Any, info: Any) -> Any:
+        if v not in (None, False, {}):
+            raise ValueError(f"not supported by this server ({_OFF[info.field_name]})")
+        return v
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_message(cls, v: Any) -> Any:
+        return [{"role": "user", "content": v}] if isinstance(v, str) else v
+
+    @field_validator("input", mode="after")
+    @classmethod
+    def _some_input(cls, v: Any) -> Any:
+        if not v:
+            raise ValueError("input must not be empty")
+        return v
+
+    def chat(self) -> ChatCompletionRequest:
+        """The chat completion this response is served as (a 400 naming a
+        chat field, which `param_of` maps back, where it cannot be)."""
+        return ChatCompletionRequest.model_validate(self._chat_body())
+
+    def _chat_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model, "messages": self._messages(), "temperature": self.temperature,
+            "top_p": self.top_p, "stream": self.stream, "user": self.user,
+            "safety_identifier": self.safety_identifier,
+            "prompt_cache_key": self.prompt_cache_key}
+        if self.max_output_tokens is not None:
+            body["max_completion_tokens"] = self.max_output_tokens
+        if self.tools is not None:
+            body["tools"] = [{"type": "function", "function": t.model_dump(
+                exclude={"type"}, exclude_none=True)} for t in self.tools]
+        if isinstance(self.tool_choice, NamedFunction):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.type != "text":
+            body["response_format"] = {"type": fmt.type} if fmt.type == "json_object" else {
+                "type": "json_schema", "json_schema": fmt.model_dump(
+                    by_alias=True, exclude={"type"}, exclude_none=True)}
+        return body
+
+    def _messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.instructions is not None:
+            out.append({"role": "system", "content": self.instructions})
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                content = item.content if isinstance(item.content, str) \
+                    else "".join(p.text for p in item.content)
+                out.append({"role": item.role, "content": content})
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                last = out[-1] if out else None
+                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                    last["tool_calls"].append(call)  # the calls of one answer
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                out.append({"role": "tool", "content": item.output,
+                            "tool_call_id": item.call_id})
+        return out
+
+
+def param_of(chat_param: str | None) -> str | None:
+    """The Responses field a chat field's error is about."""
+    if chat_param is None:
+        return None
+    head, _, rest = chat_param.partition(".")
+    if head == "tools":  # tools.1.function.parameters -> tools.1.parameters
+        return chat_param.replace(".function.", ".", 1)
+    mapped = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+              "max_tokens": "max_output_tokens", "response_format": "text.format"}.get(head)
+    return mapped if mapped is not None else chat_param
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+def response_object(req: ResponsesRequest, response_id: str, created: float,
+                    status: str, output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None) -> dict[str, Any]:
+    """The Response object, echoing the request's settings as OpenAI does."""
+    fmt = req.text.format if req.text is not None and req.text.format is not None else None
+    tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) \
+        else (req.tool_choice or ("auto" if req.tools else "none"))
+    return {
+        "id": response_id, "object": "response", "created_at": int(created),
+        "status": status, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+        else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "model": req.model, "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": None, "reasoning": None, "store": False,
+        "temperature": req.temperature, "top_p": req.top_p,
+        "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
+                 if fmt is not None else {"type": "text"}},
+        "tool_choice": tool_choice,
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "truncation": "disabled", "usage": usage, "user": req.user, "metadata": {},
+    }
+
+
+def usage_of(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    return {"input_tokens": chat_usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": chat_usage.get(
+                "prompt_tokens_details", {}).get("cached_tokens", 0)},
+            "output_tokens": chat_usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat_usage["total_tokens"]}
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [] if status == "in_progress" else [text_part(text)]}
+
+
+def call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call["id"],
+            "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"] if status == "completed" else "",
+            "status": status}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def item_id(kind: str) -> str:
+    return f"{kind}_{uuid.uuid4().hex[:24]}"
+
+
+def output_of(chat: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """A whole chat answer's output items and the response's status."""
+    choice = chat["choices"][0]
+    message = choice["message"]
+    output: list[dict[str, Any]] = []
+    if message.get("content"):
+        output.append(message_item(item_id("msg"), message["content"]))
+    for call in message.get("tool_calls") or []:
+        output.append(call_item(item_id("fc"), call))
+    return output, "incomplete" if choice["finish_reason"] == "length" else "completed"
+
+
+def now() -> float:
+    return time.time()
+
+
+def sse(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"

@@ -1,0 +1,163 @@
+"""`POST /tokenize` and `POST /detokenize`, vLLM's tokenizer endpoints.
+
+A client counts a prompt's tokens here exactly as the server counts them
+for a request: a `prompt` as `/v1/completions` encodes it, `messages` (with
+their `tools`) rendered by the same chat template and the same tool
+description as `/v1/chat/completions` (`api/tool_prompt.py`).  Nothing is
+generated and the engine is not asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from api.errors import APIError, validation_error
+from api.http import read_json_object
+from api.protocol import ChatMessage
+from api.tools import ToolChoice, ToolDefinition
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TokenizePromptRequest(_Strict):
+    model: str | None = None
+    prompt: str
+    # The tokenizer's own special tokens (a BOS), as /v1/completions adds them.
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Strict):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # As /v1/chat/completions renders it: ending where the answer begins.
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+def encode(tokenizer: Any, text: str, param: str, chat: bool = False,
+           add_special_tokens: bool = True) -> list[int]:
+    """Token ids of `text` (`chat`: a rendered chat template, which carries
+    its own special tokens); a 400 naming `param` for text the tokenizer
+    cannot encode."""
+    from engine.tokenizer import encode_chat_text
+
+    try:
+        if chat:
+            return encode_chat_text(tokenizer, text)
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    except Exception as e:  # e.g. text the tokenizer cannot encode
+        raise APIError(400, f"{param} cannot be tokenized: {e}", param)
+
+
+class TokenizeRoutes:
+    def __init__(self, tokenizer: Any, model_name: str, max_model_len: int,
+                 max_request_bytes: int) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.max_request_bytes = max_request_bytes
+
+    def routes(self) -> list[Route]:
+        return [Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"])]
+
+    async def tokenize(self, request: Request) -> Response:
+        from api.tool_prompt import chat_prompt
+
+        body = await read_json_object(request, self.max_request_bytes)
+        chat = "messages" in body
+        req = self._validate(body, TokenizeChatRequest if chat else TokenizePromptRequest)
+        if isinstance(req, TokenizeChatRequest):
+            text = chat_prompt(req, self.tokenizer, req.add_generation_prompt)
+            ids = encode(self.tokenizer, text, "messages", chat=True)
+        else:
+            ids = encode(self.tokenizer, req.prompt, "prompt",
+                         add_special_tokens=req.add_special_tokens)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": self.max_model_len,
+                               "tokens": ids}
+        if req.return_token_strs:
+            out["token_strs"] = self.tokenizer.convert_ids_to_tokens(ids)
+        return JSONResponse(out)
+
+    async def detokenize(self, request: Request) -> Response:
+        req = self._validate(await read_json_object(request, self.max_request_bytes),
+                             DetokenizeRequest)
+        assert isinstance(req, DetokenizeRequest)
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", "tokens")
+        return JSONResponse({"prompt": self.tokenizer.decode(req.tokens)})
+
+    def _validate(self, body: dict[str, Any], model: type[BaseModel]) -> BaseModel:
+        try:
+            req = model.model_validate(body)
+        except ValidationError as e:
+            raise validation_error(e)
+        name = getattr(req, "model", None)
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves "
+                           f"{self.model_name!r}", "model", "model_not_found")
+        return req
+
+
+# `GET /openapi.json`'s part (api/openapi.py builds the document).
+MODELS: list[tuple[type[BaseModel], Any]] = [
+    (TokenizePromptRequest, "validation"),
+    (TokenizeChatRequest, "validation"),
+    (DetokenizeRequest, "validation"),
+]
+_ERRORS = {
+    "400": "a field is invalid or the text cannot be tokenized",
+    "401": "the API key is missing or wrong (when the server requires one)",
+    "404": "the `model` is not served",
+    "413": "the body is larger than the server's limit",
+    "415": "the Content-Type is not JSON",
+    "500": "an internal error",
+}
+_TOKENS: dict[str, Any] = {
+    "type": "object", "required": ["count", "max_model_len", "tokens"],
+    "properties": {"count": {"type": "integer"}, "max_model_len": {"type": "integer"},
+                   "tokens": {"type": "array", "items": {"type": "integer"}},
+                   "token_strs": {"type": "array", "items": {"type": "string"}}},
+}
+_TEXT: dict[str, Any] = {"type": "object", "required": ["prompt"],
+                         "properties": {"prompt": {"type": "string"}}}
+
+
+def tokenize_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
+                   ) -> dict[str, Any]:
+    def op(summary: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
+        return {"summary": summary,
+                "requestBody": {"required": True,
+                                "content": {"application/json": {"schema": body}}},
+                "responses": {
+                    "200": {"description": summary,
+                            "content": {"application/json": {"schema": ok}}},
+                    **{code: {"description": why,
+                              "content": {"application/json": {"schema": error_ref}}}
+                       for code, why in _ERRORS.items()}}}
+
+    either = {"anyOf": [refs[(TokenizePromptRequest, "validation")],
+                        refs[(TokenizeChatRequest, "validation")]]}
+    return {
+        "/tokenize": {"post": op("The token ids of a prompt, or of chat messages as the "
+                                 "chat template renders them", either, _TOKENS)},
+        "/detokenize": {"post": op("The text of token ids",
+                                   refs[(DetokenizeRequest, "validation")], _TEXT)},
+    }
