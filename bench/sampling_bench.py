@@ -2,12 +2,15 @@
 replaced, in one run.
 
 For a batch of random logits (`--scale` sets how peaked they are), times
-`Sampler.sample` with temperature alone, with top-p, with top-k and with a
-seed, and beside it the same step done the textbook way: the exponential
-race over the whole vocabulary (`argmax(probs / Exp(1))`) for the draw, and
-a full sort of every row for top-k / top-p.
+`Sampler.sample` with temperature alone (also on bfloat16 logits), with
+top-p, with top-k and with a seed; beside it the same step without the C++
+sampling operator (`engine/csrc/sample_rows.cpp`, which takes the rows at a
+plain temperature where it is built: ATen's softmax and float64 running
+sum instead), and done the textbook way: the exponential race over the
+whole vocabulary (`argmax(probs / Exp(1))`) for the draw, and a full sort of
+every row for top-k / top-p.
 
-    python -m bench.sampling_bench --out studies/engine_cpu/sampling.json
+    python -m bench.sampling_bench --batch 32,96 --out studies/engine_cpu/sampling.json
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from typing import Any, Callable
 import torch
 
 from bench.report import machine_meta, write_report
+from engine import attention_cpp
 from engine.sampling import SampleRequest, Sampler, SamplingParams, _top_k_top_p_sorted
 
 _CASES: dict[str, dict[str, Any]] = {
     "temperature": dict(temperature=0.8),
+    "temperature_bf16": dict(temperature=0.8),
     "top_p": dict(temperature=0.8, top_p=0.9),
     "top_k": dict(temperature=0.8, top_k=50),
     "seeded": dict(temperature=0.8, seed=1),
@@ -54,9 +59,20 @@ def _median_ms(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times) * 1000
 
 
+def _without_operator(fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        loaded = attention_cpp.loaded
+        attention_cpp.loaded = lambda: False  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            attention_cpp.loaded = loaded  # type: ignore[assignment]
+    return run
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.sampling_bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", default="32", help="comma-separated batch sizes")
     ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary")
     ap.add_argument("--scales", type=float, nargs="+", default=[3.0, 8.0],
                     help="logits = randn * scale (larger: more peaked)")
@@ -65,21 +81,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
+    try:
+        attention_cpp.load_kernel()
+    except RuntimeError as e:
+        print(f"no C++ operators ({e}): ours is the torch path", flush=True)
     results = []
-    for scale in a.scales:
-        logits = torch.randn(a.batch, a.vocab, generator=torch.Generator().manual_seed(0)) * scale
-        for name, kw in _CASES.items():
-            params = SamplingParams(**kw)
-            reqs = [SampleRequest(params, 5)] * a.batch
-            sampler = Sampler(seed=0)
-            gen = torch.Generator().manual_seed(0)
-            ours = _median_ms(lambda: sampler.sample(logits, reqs), a.reps)
-            ref = _median_ms(lambda: _textbook(logits, params, gen), a.reps)
-            results.append({"scale": scale, "case": name, "ours_ms": round(ours, 2),
-                            "textbook_ms": round(ref, 2), "speedup": round(ref / ours, 2)})
-            print(f"scale {scale:>4}: {name:<12} ours {ours:7.1f} ms   textbook {ref:7.1f} ms   "
-                  f"x{ref / ours:.1f}", flush=True)
-    meta = {"batch": a.batch, "vocab": a.vocab, "threads": a.threads, **machine_meta()}
+    for batch in (int(b) for b in a.batch.split(",") if b):
+        for scale in a.scales:
+            logits = torch.randn(batch, a.vocab, generator=torch.Generator().manual_seed(0)) * scale
+            for name, kw in _CASES.items():
+                params = SamplingParams(**kw)
+                reqs = [SampleRequest(params, 5)] * batch
+                rows = logits.bfloat16() if name.endswith("bf16") else logits
+                sampler = Sampler(seed=0)
+                gen = torch.Generator().manual_seed(0)
+                ours = _median_ms(lambda: sampler.sample(rows, reqs), a.reps)
+                torch_path = _median_ms(_without_operator(lambda: sampler.sample(rows, reqs)),
+                                        a.reps)
+                ref = _median_ms(lambda: _textbook(rows.float(), params, gen), a.reps)
+                results.append({"batch": batch, "scale": scale, "case": name,
+                                "ours_ms": round(ours, 2), "torch_path_ms": round(torch_path, 2),
+                                "textbook_ms": round(ref, 2), "speedup": round(ref / ours, 2)})
+                print(f"batch {batch:>3} scale {scale:>4}: {name:<16} ours {ours:7.2f} ms   "
+                      f"torch path {torch_path:7.2f} ms   textbook {ref:7.1f} ms", flush=True)
+    meta = {"vocab": a.vocab, "threads": a.threads, "operator": attention_cpp.loaded(),
+            **machine_meta()}
     write_report({"meta": meta, "results": results}, a.out)
 
 

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
 # Built into the same library: the prefill operator, the greedy argmax of
-# the logits, a Llama layer's bf16 RMSNorm (alone and after its residual
+# the logits, sampling at a temperature, a Llama layer's bf16 RMSNorm (alone and after its residual
 # sum), rotary embedding and SwiGLU product as one operator each, and the
 # write of a step's K/V.  Compiled as two translation units that include
 # the sources (csrc/unit_decode.cpp says why).

@@ -31,6 +31,7 @@ from itertools import chain, repeat
 
 import torch
 
+from engine import attention_cpp
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.structured import mask_logits
@@ -87,6 +88,14 @@ class SampleRequest:
         """True when a grammar, bias, bans or penalties change this row's
         logits."""
         return self.allowed is not None or self.biased
+
+    @property
+    def plain_temperature(self) -> bool:
+        """A random row that only its temperature changes (no grammar,
+        bias, bans, penalties, min_p, top-k or top-p)."""
+        p = self.params
+        return not (self.adjusts_logits or p.greedy or p.min_p > 0.0 or p.top_k_enabled
+                    or p.top_p < 1.0)
 
     @property
     def only_grammar(self) -> bool:
@@ -376,20 +385,65 @@ class Sampler:
             return torch.empty(0, dtype=torch.long, device=logits.device)
         if all(r.params.greedy and not r.adjusts_logits for r in requests):
             return argmax_rows(logits, exact)
-        logits = logits.float()
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+        rand = [i for i, r in enumerate(requests) if not r.params.greedy]
+        fused = logits.device.type == "cpu" and attention_cpp.loaded() \
+            and logits.dtype in (torch.float32, torch.bfloat16)
+        plain = [i for i in rand if requests[i].plain_temperature] if fused else []
+        # A bfloat16 model's logits are widened once, only for rows that
+        # need them in float32 (the operator reads them as they are).
+        raw, logits = logits, (logits.float() if greedy or len(plain) < len(rand)
+                               else logits)
         if greedy:
             _greedy_into(tokens, logits, greedy, requests, exact)
-        rand = [i for i, r in enumerate(requests) if not r.params.greedy]
         if rand:
-            tokens[rand] = self._sample_random(logits, rand, requests)
+            tokens[rand] = self._sample_random(logits, rand, requests, raw, set(plain))
         return tokens
 
     def _sample_random(
-        self, logits: torch.Tensor, rows: list[int], requests: Sequence[SampleRequest]
+        self, logits: torch.Tensor, rows: list[int], requests: Sequence[SampleRequest],
+        raw: torch.Tensor, fused: set[int],
     ) -> torch.Tensor:
+        """Rows `rows`; those in `fused` (plain temperature, CPU) by the C++
+        operator, which reads `raw` where it is, in two passes."""
         reqs = [requests[i] for i in rows]
+        u = self._uniforms(reqs, logits.device)
+        if not fused:
+            return self._inverse_cdf(logits, rows, reqs, u)
+        plain = [j for j, i in enumerate(rows) if i in fused]
+        out = torch.empty(len(reqs), dtype=torch.long)
+        out[plain] = torch.ops.preempt_serve.sample_rows(
+            raw, torch.tensor([rows[j] for j in plain], dtype=torch.long),
+            torch.tensor([1.0 / reqs[j].params.temperature for j in plain],
+                         dtype=torch.float32),
+            u[plain].flatten())
+        rest = [j for j, i in enumerate(rows) if i not in fused]
+        if rest:
+            out[rest] = self._inverse_cdf(logits, [rows[j] for j in rest],
+                                          [reqs[j] for j in rest], u[rest])
+        return out
+
+    def _uniforms(self, reqs: Sequence[SampleRequest], device: torch.device) -> torch.Tensor:
+        """One uniform variate per row `[rows, 1]` (float64): a seeded row's
+        from its own stream, the others from the shared generator, in row
+        order."""
+        u = torch.empty((len(reqs), 1), dtype=torch.float64, device=device)
+        unseeded = [j for j, r in enumerate(reqs) if r.params.seed is None]
+        if unseeded:
+            u[unseeded] = torch.rand((len(unseeded), 1), dtype=torch.float64,
+                                     device=device, generator=self.generator)
+        for j, r in enumerate(reqs):
+            if r.params.seed is not None:
+                gen = torch.Generator(device=device)
+                gen.manual_seed(stream_seed(r.params.seed, r.output_index))
+                u[j] = torch.rand(1, dtype=torch.float64, device=device, generator=gen)
+        return u
+
+    def _inverse_cdf(self, logits: torch.Tensor, rows: list[int],
+                     reqs: Sequence[SampleRequest], u: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` of `logits` through every stage, then the inverse of
+        each row's cumulative distribution at `u`."""
         # A copy (list indexing) that is adjusted and scaled in place: the
         # caller's logits stay raw, for logprobs.
         logits = logits[rows]
@@ -411,17 +465,7 @@ class Sampler:
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p)
         cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
-
-        u = torch.empty((len(reqs), 1), dtype=torch.float64, device=cdf.device)
-        unseeded = [j for j, r in enumerate(reqs) if r.params.seed is None]
-        if unseeded:
-            u[unseeded] = torch.rand((len(unseeded), 1), dtype=torch.float64,
-                                     device=cdf.device, generator=self.generator)
-        for j, r in enumerate(reqs):
-            if r.params.seed is not None:
-                gen = torch.Generator(device=cdf.device)
-                gen.manual_seed(stream_seed(r.params.seed, r.output_index))
-                u[j] = torch.rand(1, dtype=torch.float64, device=cdf.device, generator=gen)
+        u = u.clone()
         # The first entry whose running sum exceeds u·total: u < 1 keeps it
         # inside the row, and a zero-probability token (a flat step of the
         # sum) is never the first to exceed it.

@@ -1,4 +1,5 @@
-// Helpers the CPU operators share (paged_decode.cpp, paged_prefill.cpp).
+// Helpers the CPU operators share (paged_decode.cpp, paged_prefill.cpp,
+// sample_rows.cpp).
 //
 // prefetch_span: asks for every cache line of a span, for data at an
 // unpredictable place (a cache block) that is needed soon.
@@ -7,14 +8,36 @@
 // (scores minus their maximum are never positive): 2^n * e^r with
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
 // -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
-// zero it masks).  The scalar exp_nonpositive in paged_decode.cpp uses the
-// same reduction and polynomial.  first_lanes / max_of (AVX512 builds): the
-// mask of a vector's first n lanes; the largest of n floats.
+// zero it masks).  exp_nonpositive (every build) is the same reduction and
+// polynomial on one float.  first_lanes / max_of (AVX512 builds): the mask
+// of a vector's first n lanes; the largest of n floats.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace preempt_serve_vec {
+
+// exp(x) for x <= 0 (scores minus their running max): 2^n * e^r with
+// |r| <= ln2/2 and a degree-7 polynomial; relative error ~1e-7.  Written
+// without library calls so that the compiler vectorizes the loop using it
+// (paged_decode.cpp's scalar path, sample_rows.cpp).
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
 
 inline void prefetch_span(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);

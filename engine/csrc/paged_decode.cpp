@@ -38,25 +38,7 @@ namespace {
 template <typename T>
 inline float to_float(T x) { return static_cast<float>(x); }
 
-// exp(x) for x <= 0 (scores minus their running max): 2^n * e^r with
-// |r| <= ln2/2 and a degree-7 polynomial; relative error ~1e-7.  Written
-// without library calls so that the compiler vectorizes the loop using it.
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+using preempt_serve_vec::exp_nonpositive;
 
 using preempt_serve_vec::prefetch_span;
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from scheduler.plan import TokenLogprob
 # Random prompts draw from this id range: ordinary tokens of the SmolLM2
 # tokenizer that the tiny models reuse, all inside their small vocabulary.
 TINY_VOCAB = 1024
+
+# A C++ compiler for the CPU operators (engine/attention_cpp.py builds them).
+HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
 def save_random_model(config: object, tokenizer_src: Path, out: Path, seed: int = 0) -> Path:

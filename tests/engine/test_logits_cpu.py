@@ -5,15 +5,13 @@ ATen's own call wherever the operator does not apply."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 import engine.attention_cpp as cpp
 from engine.logits_cpu import argmax_rows
+from tests.engine.helpers import HAS_CXX
 
-HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="no C++ compiler")
 
 
