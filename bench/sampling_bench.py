@@ -4,11 +4,12 @@ replaced, in one run.
 For a batch of random logits (`--scale` sets how peaked they are), times
 `Sampler.sample` with temperature alone (also on bfloat16 logits), with
 top-p, with top-k and with a seed; beside it the same step without the C++
-sampling operator (`engine/csrc/sample_rows.cpp`, which takes the rows at a
-plain temperature where it is built: ATen's softmax and float64 running
-sum instead), and done the textbook way: the exponential race over the
-whole vocabulary (`argmax(probs / Exp(1))`) for the draw, and a full sort of
-every row for top-k / top-p.
+sampling operator (`engine/csrc/sample_rows.cpp`, which takes every random
+row no bias, ban, penalty or grammar changes where it is built: ATen's
+softmax, top-k candidates and float64 running sum instead), and done the
+textbook way: the exponential race over the whole vocabulary
+(`argmax(probs / Exp(1))`) for the draw, and a full sort of every row for
+top-k / top-p.
 
     python -m bench.sampling_bench --batch 32,96 --out studies/engine_cpu/sampling.json
 """
@@ -25,7 +26,8 @@ import torch
 
 from bench.report import machine_meta, write_report
 from engine import attention_cpp
-from engine.sampling import SampleRequest, Sampler, SamplingParams, _top_k_top_p_sorted
+from engine.sampling import SampleRequest, Sampler, SamplingParams
+from engine.top_k_top_p import _top_k_top_p_sorted
 
 _CASES: dict[str, dict[str, Any]] = {
     "temperature": dict(temperature=0.8),

@@ -19,7 +19,11 @@ variate comes from its own generator, seeded from `(seed, output_index)`:
 the k-th output token of a seeded request depends only on its logits, its
 seed and k, not on which other requests share the batch, nor on whether the
 request was preempted and recomputed in between (preemption transparency).
-Unseeded rows share one global generator.
+Unseeded rows share one global generator.  On CPU the random rows that no
+grammar, bias, ban or penalty changes are drawn by a C++ operator
+(`engine/csrc/sample_rows.cpp`: temperature, min_p, top-k, top-p and the
+draw, reading the logits where they are), the same rules and variates as
+the torch stages here; the other rows, and every row on a GPU, take these.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from engine import attention_cpp
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.structured import mask_logits
+from engine.top_k_top_p import apply_top_k_top_p
 from scheduler.plan import TokenLogprob
 
 __all__ = [
@@ -90,12 +95,11 @@ class SampleRequest:
         return self.allowed is not None or self.biased
 
     @property
-    def plain_temperature(self) -> bool:
-        """A random row that only its temperature changes (no grammar,
-        bias, bans, penalties, min_p, top-k or top-p)."""
-        p = self.params
-        return not (self.adjusts_logits or p.greedy or p.min_p > 0.0 or p.top_k_enabled
-                    or p.top_p < 1.0)
+    def fusable(self) -> bool:
+        """A random row the C++ operator draws: temperature, min_p, top-k
+        and top-p alone change its logits (no grammar, bias, bans or
+        penalties)."""
+        return not (self.adjusts_logits or self.params.greedy)
 
     @property
     def only_grammar(self) -> bool:
@@ -107,104 +111,6 @@ class SampleRequest:
         if self.allowed is None:
             return True
         return bool((int(self.allowed[token >> 5]) >> (token & 31)) & 1)
-
-
-# Candidates read per row, widened for the rows whose kept set may reach
-# past them, before a full sort: a nucleus or a top-k list is nearly always
-# far shorter than the vocabulary.
-_TOP_WIDTHS = (256, 4096)
-
-
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """Mask logits outside each row's top-k and nucleus with -inf.
-
-    top_k: `[rows]` long (vocab size = off); top_p: `[rows]` float (1 = off).
-    A token survives top-k if its logit is at least the k-th largest (ties
-    kept), then top-p if the mass of the surviving tokens ranked above it is
-    below `top_p` (the most likely token always survives).
-
-    Each row is first cut to its 256 largest logits (`topk`, not a sort of
-    the vocabulary: a full sort of 32 rows of a 49k vocabulary cost ~180 ms
-    on a CPU core); a row whose kept set might reach past them (a flat
-    distribution, a large k, ties at the edge) is cut to 4,096, then sorted
-    in full.
-    """
-    active = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    if top_k is not None:
-        active |= top_k < logits.shape[-1]
-    if top_p is not None:
-        active |= top_p < 1.0
-    out = logits.clone()
-    rows = active.nonzero().squeeze(1)
-    for width in _TOP_WIDTHS:
-        if not rows.numel():
-            return out
-        cut, fits = _top_k_top_p_candidates(
-            logits[rows], None if top_k is None else top_k[rows],
-            None if top_p is None else top_p[rows], width)
-        out[rows[fits]] = cut[fits]
-        rows = rows[~fits]
-    if rows.numel():
-        out[rows] = _top_k_top_p_sorted(
-            logits[rows], None if top_k is None else top_k[rows],
-            None if top_p is None else top_p[rows])
-    return out
-
-
-def _top_k_top_p_candidates(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, width: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`apply_top_k_top_p` over each row's `width` largest logits, and
-    whether each row's kept set surely lies among them."""
-    rows, vocab = logits.shape
-    width = min(vocab, width)
-    vals, idx = logits.topk(width, dim=-1)  # descending
-    keep = torch.ones_like(vals, dtype=torch.bool)
-    fits = torch.ones(rows, dtype=torch.bool, device=logits.device)
-    k_on = torch.zeros(rows, dtype=torch.bool, device=logits.device)
-    if top_k is not None:
-        k = top_k.clamp(1, vocab)
-        k_on = k < vocab
-        kth = vals.gather(1, (k.clamp(max=width) - 1).unsqueeze(1))
-        keep &= ~k_on.unsqueeze(1) | (vals >= kth)
-        # k past the candidates, or ties with the k-th running past them.
-        fits &= ~k_on | ((k <= width) & ((vals[:, -1] < kth.squeeze(1)) | (width == vocab)))
-    if top_p is not None:
-        p_on = top_p < 1.0
-        kept_vals = vals.masked_fill(~keep, float("-inf"))
-        # Normaliser: the kept candidates under top-k, else the whole row.
-        log_z = torch.where(k_on, kept_vals.logsumexp(dim=-1), logits.logsumexp(dim=-1))
-        mass = (kept_vals - log_z.unsqueeze(1)).exp()
-        before = mass.cumsum(dim=-1) - mass
-        nucleus = before < top_p.unsqueeze(1)
-        nucleus[:, 0] = True
-        keep &= ~p_on.unsqueeze(1) | nucleus
-        # Without top-k, the nucleus ends inside the candidates only if
-        # their mass reaches top_p.
-        fits &= ~p_on | k_on | (mass.sum(dim=-1) >= top_p) | (width == vocab)
-    out = torch.full_like(logits, float("-inf")).scatter_(
-        -1, idx, vals.masked_fill(~keep, float("-inf")))
-    return out, fits
-
-
-def _top_k_top_p_sorted(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """`apply_top_k_top_p` by a full sort of each row (the general case)."""
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1)  # ascending
-    if top_k is not None:
-        kth_index = (vocab - top_k.clamp(1, vocab)).unsqueeze(1)
-        kth = sorted_logits.gather(1, kth_index)
-        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
-    if top_p is not None:
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1.0 - top_p).unsqueeze(1)
-        drop[:, -1] = False  # the most likely token always survives
-        sorted_logits.masked_fill_(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
 def _apply_min_p(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
@@ -390,7 +296,7 @@ class Sampler:
         rand = [i for i, r in enumerate(requests) if not r.params.greedy]
         fused = logits.device.type == "cpu" and attention_cpp.loaded() \
             and logits.dtype in (torch.float32, torch.bfloat16)
-        plain = [i for i in rand if requests[i].plain_temperature] if fused else []
+        plain = [i for i in rand if requests[i].fusable] if fused else []
         # A bfloat16 model's logits are widened once, only for rows that
         # need them in float32 (the operator reads them as they are).
         raw, logits = logits, (logits.float() if greedy or len(plain) < len(rand)
@@ -405,19 +311,26 @@ class Sampler:
         self, logits: torch.Tensor, rows: list[int], requests: Sequence[SampleRequest],
         raw: torch.Tensor, fused: set[int],
     ) -> torch.Tensor:
-        """Rows `rows`; those in `fused` (plain temperature, CPU) by the C++
-        operator, which reads `raw` where it is, in two passes."""
+        """Rows `rows`; those in `fused` (CPU, no grammar, bias, bans or
+        penalties) by the C++ operator, which reads `raw` where it is."""
         reqs = [requests[i] for i in rows]
         u = self._uniforms(reqs, logits.device)
         if not fused:
             return self._inverse_cdf(logits, rows, reqs, u)
         plain = [j for j, i in enumerate(rows) if i in fused]
+        params = [reqs[j].params for j in plain]
+        vocab = raw.shape[-1]
+        top_k = torch.tensor([p.top_k if p.top_k_enabled else vocab for p in params]) \
+            if any(p.top_k_enabled for p in params) else None
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32) \
+            if any(p.top_p < 1.0 for p in params) else None
+        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32) \
+            if any(p.min_p > 0.0 for p in params) else None
         out = torch.empty(len(reqs), dtype=torch.long)
         out[plain] = torch.ops.preempt_serve.sample_rows(
             raw, torch.tensor([rows[j] for j in plain], dtype=torch.long),
-            torch.tensor([1.0 / reqs[j].params.temperature for j in plain],
-                         dtype=torch.float32),
-            u[plain].flatten())
+            torch.tensor([1.0 / p.temperature for p in params], dtype=torch.float32),
+            u[plain].flatten(), top_k, top_p, min_p)
         rest = [j for j, i in enumerate(rows) if i not in fused]
         if rest:
             out[rest] = self._inverse_cdf(logits, [rows[j] for j in rest],

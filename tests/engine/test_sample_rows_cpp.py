@@ -1,9 +1,10 @@
 """The C++ sampling operator (`engine/csrc/sample_rows.cpp`): the inverse of
 each row's cumulative distribution at its uniform variate, as the float64
 reference computes it, on float32 and bfloat16 logits, at any temperature,
-never a token of weight zero; degenerate rows draw their argmax; and the
-sampler sends it exactly its plain-temperature rows, seeded rows drawing
-the same tokens whatever shares their batch."""
+after min_p, top-k and top-p, never a token of weight zero; degenerate rows
+draw their argmax; and the sampler sends it exactly the rows no bias, ban,
+penalty or grammar changes, seeded rows drawing the same tokens whatever
+shares their batch."""
 
 from __future__ import annotations
 
@@ -27,6 +28,56 @@ def _reference(row: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.
     """The sampler's torch path: softmax, float64 running sum, search."""
     cdf = (row.float() / temperature).softmax(-1).double().cumsum(0)
     return torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=row.numel() - 1)
+
+
+def _truncated_reference(row: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                         min_p: float, u: torch.Tensor) -> torch.Tensor:
+    """The sampler's rules in float64: min_p, then top-k (ties at the k-th
+    kept), then top-p over the kept weight (the first token always kept),
+    then the inverse of the kept tokens' distribution in index order."""
+    key = row.double() / temperature
+    key = key - key.max()
+    weight = key.exp()
+    weight[key < torch.tensor(min_p, dtype=torch.float64).log()] = 0.0
+    order = sorted(range(row.numel()), key=lambda j: (-float(key[j]), j))
+    order = [j for j in order if weight[j] > 0]
+    k_on = top_k < len(order)  # a k past the finite tokens keeps them all
+    if k_on:
+        kth = float(key[order[top_k - 1]])
+        order = [j for j in order if float(key[j]) >= kth]
+    if top_p < 1.0:
+        z = float(weight[order].sum()) if k_on else float(weight.sum())
+        kept, before = [], 0.0
+        for j in order:
+            if kept and before >= top_p * z:
+                break
+            kept.append(j)
+            before += float(weight[j])
+        order = kept
+    keep = torch.zeros_like(weight)
+    keep[order] = weight[order]
+    cdf = keep.cumsum(0)
+    return torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=row.numel() - 1)
+
+
+@pytest.mark.parametrize("cuts", [dict(top_k=50), dict(top_p=0.9), dict(top_k=20, top_p=0.5),
+                                  dict(min_p=0.05), dict(min_p=0.1, top_p=0.8), dict(top_k=1),
+                                  dict(top_p=0.01), dict(top_p=0.999), dict(top_k=999)])
+@pytest.mark.parametrize("scale", [1.0, 4.0, 10.0])
+def test_it_cuts_as_the_sampler_does(op, cuts: dict, scale: float) -> None:
+    vocab, draws, temperature = 1000, 1000, 0.8
+    gen = torch.Generator().manual_seed(int(scale))
+    logits = torch.randn(2, vocab, generator=gen) * scale
+    logits[0, 100:150] = float("-inf")
+    logits[1, :5] = logits[1, 5]  # ties at the top
+    u = (torch.arange(draws, dtype=torch.float64) + 0.5) / draws
+    top_k, top_p, min_p = cuts.get("top_k", vocab), cuts.get("top_p", 1.0), cuts.get("min_p", 0.0)
+    for row in (0, 1):
+        got = op(logits, torch.full((draws,), row), torch.full((draws,), 1 / temperature), u,
+                 torch.full((draws,), top_k), torch.full((draws,), top_p),
+                 torch.full((draws,), min_p))
+        want = _truncated_reference(logits[row], temperature, top_k, top_p, min_p, u)
+        assert int((got != want).sum()) <= 2, (row, cuts)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -69,28 +120,31 @@ def test_degenerate_rows_draw_their_argmax(op) -> None:
     assert got.tolist() == logits.argmax(dim=-1).tolist()
 
 
-def test_the_sampler_sends_it_plain_rows_only(op, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sampler_sends_it_the_rows_it_can_draw(op, monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(1)
-    logits = torch.randn(6, 2000, generator=gen) * 2
+    logits = torch.randn(7, 2000, generator=gen) * 2
     params = [SamplingParams(temperature=0.8, seed=11), SamplingParams(temperature=1.0),
               SamplingParams(temperature=1.0, top_p=0.9, seed=3), SamplingParams(temperature=0),
               SamplingParams(temperature=1.2, min_p=0.1, seed=4),
-              SamplingParams(temperature=0.7, seed=12)]
+              SamplingParams(temperature=0.7, seed=12),
+              SamplingParams(temperature=0.9, seed=6, presence_penalty=0.5)]
     reqs = [SampleRequest(p, 5) for p in params]
     sent: list[list[int]] = []
 
-    def spy(x, rows, inv_t, u):
+    def spy(x, rows, *args):
         sent.append(rows.tolist())
-        return op(x, rows, inv_t, u)
+        return op(x, rows, *args)
 
     monkeypatch.setattr(torch.ops.preempt_serve, "sample_rows", spy, raising=False)
     tokens = Sampler(seed=0).sample(logits, reqs)
-    assert sent == [[0, 1, 5]]
+    assert sent == [[0, 1, 2, 4, 5]]  # not the greedy row, nor the penalised one
     # A seeded row draws the same token in a batch of one, and without the
     # operator.
     alone = Sampler(seed=9).sample(logits[5:6], reqs[5:6])
     assert alone == [tokens[5]]
     monkeypatch.setattr(cpp, "loaded", lambda: False)
     torch_path = Sampler(seed=0).sample(logits, reqs)
-    assert torch_path[0] == tokens[0] and torch_path[5] == tokens[5]
-    assert torch_path[2:5] == tokens[2:5]  # the same path for the other rows
+    assert torch_path[3] == tokens[3] and torch_path[6] == tokens[6]  # the same path
+    # The seeded rows the operator drew: the same tokens as the torch path
+    # (both invert the same distribution at the same variate).
+    assert [torch_path[i] for i in (0, 2, 4, 5)] == [tokens[i] for i in (0, 2, 4, 5)]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from engine.sampling import SampleRequest, Sampler, SamplingParams, apply_top_k_top_p
-from engine.sampling import _top_k_top_p_sorted
+from engine.sampling import SampleRequest, Sampler, SamplingParams
+from engine.top_k_top_p import _top_k_top_p_sorted, apply_top_k_top_p
 from tests.engine.helpers import reference_adjust
 
 VOCAB = 500
