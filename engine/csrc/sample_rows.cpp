@@ -25,15 +25,17 @@
 //
 // With top-k or top-p (`sample_truncated`), a vectorized pass writes every
 // token's key (x - m) / T, weight and bucket (1/16 nat steps below the
-// largest key) to a scratch row, a second counts and weighs the buckets;
-// the buckets from the top that hold the k largest keys, or else the top_p
-// share of the weight, bound the kept set; the tokens of those buckets are
-// collected, the few candidates sorted by key
-// (ties by index) and cut exactly: a key below the k-th largest goes, then a
-// token goes if the weight of the kept tokens ranked above it reaches top_p
-// of the kept weight (of the row's whole weight without top-k), the first
-// always staying.  min_p drops a key below ln(min_p).  The draw runs over the
-// kept tokens in index order, as over the masked row.
+// largest key) to a scratch row, and a second counts and weighs the
+// buckets.  Every token of a bucket before the one holding the k-th largest
+// key is in the top k, and only that bucket's tokens are sorted (by key,
+// ties by index) to cut it exactly, ties with the k-th kept.  Then top-p: a
+// token stays if the kept weight ranked above it is below top_p of the kept
+// weight (of the row's whole weight without top-k), the first always staying;
+// every token of a bucket before the one where that weight is reached stays,
+// and only that bucket's tokens are sorted to find the last.  min_p drops a
+// key below ln(min_p).  The draw runs over the kept tokens in index order, as
+// over the masked row, whatever the distribution's shape: a flat row whose
+// nucleus holds thousands of tokens sorts one bucket of them.
 //
 // A logit of bfloat16 is read as it is (widened to float32 exactly), so a
 // bfloat16 model's logits need no float32 copy.  A row without a finite
@@ -164,68 +166,95 @@ int64_t sample_truncated(const T* row, int64_t n, float m, float inv_t, int64_t 
   }
   double total = 0.0;
   for (int b = 0; b < kBuckets; ++b) total += mass[b];
-  // The last bucket that can hold a kept token.
-  int last = kBuckets - 1;
+  // The kept set is every token of a bucket before `edge`, and those of
+  // bucket `edge` at or above (key, index) = (cut_key, cut_index) in the
+  // order by key, then index: only one bucket's tokens are ever sorted.
+  int edge = kBuckets;  // nothing cut: every token of weight > 0
+  float cut_key = -std::numeric_limits<float>::infinity();
+  int64_t cut_index = n;
+  auto& cand = sc.cand;
+  // The tokens of bucket b (of them, those already kept), by key then index.
+  auto sorted_bucket = [&](int b) {
+    cand.clear();
+    for (int64_t j = 0; j < n; ++j) {
+      if (bucket[j] == b && (b != edge || key[j] >= cut_key)) cand.emplace_back(key[j], j);
+    }
+    std::sort(cand.begin(), cand.end(), [](const auto& x, const auto& y) {
+      return x.first > y.first || (x.first == y.first && x.second < y.second);
+    });
+  };
+  double kept_mass[kBuckets + 1];
+  std::copy(mass, mass + kBuckets + 1, kept_mass);
+  kept_mass[kBuckets] = 0.0;
+  double z = total;
   if (top_k < n) {
     int64_t seen = 0;
     for (int b = 0; b < kBuckets; ++b) {
+      if (seen + count[b] >= top_k) {  // the k-th largest key is in bucket b
+        sorted_bucket(b);
+        edge = b;
+        cut_key = cand[static_cast<size_t>(top_k - seen) - 1].first;  // ties stay
+        double in_edge = 0.0;
+        for (const auto& c : cand) {
+          if (c.first >= cut_key) in_edge += weight[c.second];
+        }
+        kept_mass[b] = in_edge;
+        for (int r = b + 1; r < kBuckets; ++r) kept_mass[r] = 0.0;
+        z = 0.0;
+        for (int r = 0; r <= b; ++r) z += kept_mass[r];
+        break;
+      }
       seen += count[b];
-      if (seen >= top_k) {
-        last = b;
-        break;
-      }
     }
-  } else if (top_p < 1.0f) {
-    double seen = 0.0;
-    for (int b = 0; b < kBuckets; ++b) {
-      seen += mass[b];
-      if (seen >= top_p * total) {
-        last = b;
-        break;
-      }
-    }
-  }
-  auto& cand = sc.cand;
-  cand.clear();
-  for (int64_t j = 0; j < n; ++j) {
-    if (bucket[j] <= last) cand.emplace_back(key[j], j);
-  }
-  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  });
-  size_t kept = cand.size();
-  if (top_k < n && static_cast<size_t>(top_k) < kept) {
-    const float kth = cand[static_cast<size_t>(top_k) - 1].first;
-    while (kept > static_cast<size_t>(top_k) && cand[kept - 1].first < kth) --kept;
   }
   if (top_p < 1.0f) {
-    double z = 0.0;
-    if (top_k < n) {
-      for (size_t i = 0; i < kept; ++i) z += weight[cand[i].second];
-    } else {
-      z = total;
+    // A token stays if the kept weight ranked above it is below top_p * z:
+    // every token of a bucket before the one where that weight is reached.
+    double above = 0.0;
+    const int stop = edge < kBuckets ? edge : kBuckets - 1;
+    for (int b = 0; b <= stop; ++b) {
+      if (kept_mass[b] > 0.0 && (above + kept_mass[b] >= top_p * z || b == stop)) {
+        sorted_bucket(b);
+        size_t i = 0;
+        for (; i < cand.size(); ++i) {
+          if (i > 0 || above > 0.0) {
+            if (above >= top_p * z) break;
+          }
+          above += weight[cand[i].second];
+        }
+        if (i > 0) {
+          edge = b;
+          cut_key = cand[i - 1].first;
+          cut_index = cand[i - 1].second;
+        }
+        break;
+      }
+      above += kept_mass[b];
     }
-    double before = 0.0;
-    size_t i = 1;
-    before += weight[cand[0].second];
-    for (; i < kept; ++i) {
-      if (before >= top_p * z) break;
-      before += weight[cand[i].second];
-    }
-    kept = i;
   }
-  cand.resize(kept);
-  std::sort(cand.begin(), cand.end(),
-            [](const auto& a, const auto& b) { return a.second < b.second; });
+  // The draw, over the kept tokens in index order.
+  auto kept = [&](int64_t j) {
+    const int b = bucket[j];
+    return weight[j] > 0.0f &&
+           (b < edge || (b == edge && (key[j] > cut_key || (key[j] == cut_key && j <= cut_index))));
+  };
   double sum = 0.0;
-  for (const auto& c : cand) sum += weight[c.second];
+  int64_t last_kept = -1;
+  for (int64_t j = 0; j < n; ++j) {
+    if (kept(j)) {
+      sum += weight[j];
+      last_kept = j;
+    }
+  }
   const double target = u * sum;
   double run = 0.0;
-  for (const auto& c : cand) {
-    run += weight[c.second];
-    if (run > target) return c.second;
+  for (int64_t j = 0; j < n; ++j) {
+    if (kept(j)) {
+      run += weight[j];
+      if (run > target) return j;
+    }
   }
-  return cand.back().second;
+  return last_kept;
 }
 
 // Per row i of `rows`: top_k (n or more: off), top_p (1: off), min_p (0:

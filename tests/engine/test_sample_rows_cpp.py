@@ -62,7 +62,10 @@ def _truncated_reference(row: torch.Tensor, temperature: float, top_k: int, top_
 
 @pytest.mark.parametrize("cuts", [dict(top_k=50), dict(top_p=0.9), dict(top_k=20, top_p=0.5),
                                   dict(min_p=0.05), dict(min_p=0.1, top_p=0.8), dict(top_k=1),
-                                  dict(top_p=0.01), dict(top_p=0.999), dict(top_k=999)])
+                                  dict(top_p=0.01), dict(top_p=0.999), dict(top_k=999),
+                                  # the nucleus ends in a bucket before the k-th key's
+                                  dict(top_k=500, top_p=0.3),
+                                  dict(min_p=0.2, top_k=30)])
 @pytest.mark.parametrize("scale", [1.0, 4.0, 10.0])
 def test_it_cuts_as_the_sampler_does(op, cuts: dict, scale: float) -> None:
     vocab, draws, temperature = 1000, 1000, 0.8
