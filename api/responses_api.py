@@ -42,21 +42,22 @@ class MessageItem(_Strict):
     status: str | None = None
 
 
-class FunctionCallItem(_Strict):
-    type: Literal["function_call"]
+class _CallItem(_Strict):
+    """What a function call and its output share: the call they belong to."""
     call_id: str = Field(..., min_length=1)
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(_CallItem):
+    type: Literal["function_call"]
     name: str
     arguments: str
-    id: str | None = None
-    status: str | None = None
 
 
-class FunctionCallOutputItem(_Strict):
+class FunctionCallOutputItem(_CallItem):
     type: Literal["function_call_output"]
-    call_id: str = Field(..., min_length=1)
     output: str
-    id: str | None = None
-    status: str | None = None
 
 
 def _item_kind(v: Any) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from api.tools import ToolUse, tool_use
+from api.tools import ToolUse
 from engine.sampling_params import StructuredOutput
 
 
@@ -113,10 +113,11 @@ def _tool_problem(use: ToolUse) -> tuple[int, str] | None:
     return None
 
 
-async def requested_structure(req: Any) -> StructuredOutput | None:
-    """The structure `req` asks for, by its format or its tools (None: free
-    text).  `APIError` 400, naming the field, for a structure that cannot be
-    built or a request that could not end it."""
+async def requested_structure(req: Any, use: ToolUse | None) -> StructuredOutput | None:
+    """The structure `req` asks for, by its format or the tools it offers
+    (`use`: `api.tools.tool_use(req)`; None: free text).  `APIError` 400,
+    naming the field, for a structure that cannot be built or a request
+    that could not end it."""
     from api.errors import APIError
 
     fmt: ResponseFormat | None = req.response_format
@@ -128,7 +129,6 @@ async def requested_structure(req: Any) -> StructuredOutput | None:
             raise APIError(400, "send response_format or structured_outputs, not both",
                            "structured_outputs")
         structure, param = ext.structure(), "structured_outputs"
-    use = tool_use(req)
     if use is not None:
         if structure is not None:
             raise APIError(400, f"{param} cannot be combined with tools unless tool_choice "

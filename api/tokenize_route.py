@@ -79,12 +79,14 @@ class TokenizeRoutes:
 
     async def tokenize(self, request: Request) -> Response:
         from api.tool_prompt import chat_prompt
+        from api.tools import tool_use
 
         body = await read_json_object(request, self.max_request_bytes)
         chat = "messages" in body
         req = self._validate(body, TokenizeChatRequest if chat else TokenizePromptRequest)
         if isinstance(req, TokenizeChatRequest):
-            text = chat_prompt(req, self.tokenizer, req.add_generation_prompt)
+            text = chat_prompt(req, self.tokenizer, tools=tool_use(req),
+                               add_generation_prompt=req.add_generation_prompt)
             ids = encode(self.tokenizer, text, "messages", chat=True)
         else:
             ids = encode(self.tokenizer, req.prompt, "prompt",

@@ -17,18 +17,21 @@ import json
 import re
 from typing import Any
 
-from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCall, ToolUse, tool_use
+from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCall, ToolUse
 
 _READS_TOOLS = re.compile(r"\btools\b")
 
 
-def chat_prompt(req: Any, tokenizer: Any, add_generation_prompt: bool = True) -> str:
-    """The prompt text of chat request `req` in the model's template.
-    `APIError` 400 naming the field for what the template cannot take."""
+def chat_prompt(req: Any, tokenizer: Any, *, tools: ToolUse | None,
+                add_generation_prompt: bool = True) -> str:
+    """The prompt text of chat request `req` in the model's template, with
+    the tools it offers (`api.tools.tool_use(req)`, derived once by the
+    caller).  `APIError` 400 naming the field for what the template cannot
+    take."""
     from api.errors import APIError
     from engine.tokenizer import render_chat
 
-    messages, kwargs = template_input(req.messages, tool_use(req), tokenizer.chat_template)
+    messages, kwargs = template_input(req.messages, tools, tokenizer.chat_template)
     try:
         return render_chat(tokenizer, messages, add_generation_prompt, **kwargs)
     except Exception as e:  # a template may reject a role order

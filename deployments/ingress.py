@@ -58,7 +58,7 @@ from api.responses import PromptInput, ResponseBuilder
 from api.structured import requested_structure
 from api.tokenize_route import TokenizeRoutes, encode
 from api.tool_prompt import chat_prompt
-from api.tools import tool_use
+from api.tools import ToolUse, tool_use
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
@@ -160,15 +160,15 @@ class Ingress:
         return Response(status_code=200)
 
     async def completions(self, request: Request) -> Response:
-        req = await self._parse(request, CompletionRequest)
+        req = await self.parse_body(request, CompletionRequest)
         async with self.door.start(req.job_class == "offline", req.priority):
             started = await self._start_completion(req)
         return await self._respond(req, started)
 
     async def chat_completions(self, request: Request) -> Response:
-        req = await self._parse(request, ChatCompletionRequest)
+        req = await self.parse_body(request, ChatCompletionRequest)
         async with self.door.start(req.job_class == "offline", req.priority):
-            started = await self._start_chat(req)
+            started = await self.start_chat(req)
         return await self._respond(req, started)
 
     async def batch_request(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -190,8 +190,8 @@ class Ingress:
             # Whatever the line says: batch work is what `offline` is for.
             req = req.model_copy(update={"job_class": "offline"})
             async with self.door.start(offline=True, priority=req.priority):
-                started = await (self._start_chat(req) if chat else self._start_completion(req))
-            out = await self._collect(*started)
+                started = await (self.start_chat(req) if chat else self._start_completion(req))
+            out = await self.collect(*started)
             return BatchResponse(status_code=200, request_id=out["id"], body=out).model_dump()
         except APIError as e:
             return BatchResponse(status_code=e.status, body=e.body()).model_dump()
@@ -219,16 +219,18 @@ class Ingress:
         return await self._start(req, prompts, chat=False, predict_texts=[
             pi.text for pi in prompts])
 
-    async def _start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
-        text = chat_prompt(req, self.tokenizer)
+    async def start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
+        """Admit chat request `req`; open its stream (the Responses route too)."""
+        tools = tool_use(req)  # the prompt, the grammar and the parser read it
+        text = chat_prompt(req, self.tokenizer, tools=tools)
         ids = encode(self.tokenizer, text, "messages", chat=True)
         users = [m.text() for m in req.messages if m.role == "user"]
         return await self._start(req, [PromptInput(ids, text)], chat=True,
-                                 predict_texts=[users[-1] if users else text])
+                                 predict_texts=[users[-1] if users else text], tools=tools)
 
     # Plumbing -------------------------------------------------------------
 
-    async def _parse(self, request: Request, model: type) -> Any:
+    async def parse_body(self, request: Request, model: type) -> Any:
         self.metrics.ensure_running()
         # Bounded, strict JSON (api/http.py): a 4xx for every malformed body.
         return self._validate(await read_json_object(request, self.cfg.max_request_bytes),
@@ -297,13 +299,14 @@ class Ingress:
             user=req.user or req.safety_identifier)
 
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
-                     predict_texts: list[str]) -> tuple[ResponseBuilder, Any]:
+                     predict_texts: list[str], tools: ToolUse | None = None,
+                     ) -> tuple[ResponseBuilder, Any]:
         """Admit the request and open its engine stream."""
         request_id = new_id("chatcmpl" if chat else "cmpl")
         gens = [self._generate_request(req, p, request_id if len(prompts) == 1
                                        else f"{request_id}-{i}", chat)
                 for i, p in enumerate(prompts)]
-        structure = await requested_structure(req)
+        structure = await requested_structure(req, tools)
         for g in gens:
             g.admission_id, g.structured = request_id, structure
         replica = await self._admit(request_id, gens)
@@ -323,7 +326,7 @@ class Ingress:
                                   req.n, self.token_text, logprobs=bool(logprobs),
                                   echo=bool(getattr(req, "echo", False)),
                                   prompt_logprobs=req.prompt_logprobs is not None,
-                                  tools=tool_use(req))
+                                  tools=tools)
         return builder, stream
 
     async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:
@@ -333,7 +336,7 @@ class Ingress:
             builder.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
             return StreamingResponse(self._sse(builder, stream, include_usage),
                                      media_type="text/event-stream")
-        return JSONResponse(await self._collect(builder, stream))
+        return JSONResponse(await self.collect(builder, stream))
 
     async def _resume(self, request_id: str, gens: list[GenerateRequest],
                       failed: str | None, moved: bool = False) -> tuple[str | None, Any]:
@@ -432,7 +435,7 @@ class Ingress:
             except OSError as e:  # a full disk must not fail the request
                 log.warning("could not record served completions: %r", e)
 
-    async def _collect(self, builder: ResponseBuilder, stream: Any) -> dict[str, Any]:
+    async def collect(self, builder: ResponseBuilder, stream: Any) -> dict[str, Any]:
         outcome = "aborted"
         try:
             async for delta in engine_deltas(stream):

@@ -42,7 +42,7 @@ class ResponsesRoute:
 
     async def create(self, request: Request) -> Response:
         ing = self.ingress
-        req = await ing._parse(request, ResponsesRequest)
+        req = await ing.parse_body(request, ResponsesRequest)
         req = req.model_copy(update={"model": ing.cfg.model_name})
         try:
             chat = req.chat()
@@ -50,14 +50,14 @@ class ResponsesRoute:
             raise _as_responses(validation_error(e)) from None
         try:
             async with ing.door.start(False, 0):
-                builder, stream = await ing._start_chat(chat)
+                builder, stream = await ing.start_chat(chat)
         except APIError as e:
             raise _as_responses(e) from None
         response_id, created = new_response_id(), now()
         if req.stream:
             return StreamingResponse(self._events(req, builder, stream, response_id, created),
                                      media_type="text/event-stream")
-        out = await ing._collect(builder, stream)
+        out = await ing.collect(builder, stream)
         output, status = output_of(out)
         return JSONResponse(response_object(req, response_id, created, status, output,
                                             usage_of(out["usage"])))

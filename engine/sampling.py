@@ -316,7 +316,7 @@ class Sampler:
         reqs = [requests[i] for i in rows]
         u = self._uniforms(reqs, logits.device)
         if not fused:
-            return self._inverse_cdf(logits, rows, reqs, u)
+            return _inverse_cdf(logits, rows, reqs, u)
         plain = [j for j, i in enumerate(rows) if i in fused]
         params = [reqs[j].params for j in plain]
         vocab = raw.shape[-1]
@@ -333,8 +333,8 @@ class Sampler:
             u[plain].flatten(), top_k, top_p, min_p)
         rest = [j for j, i in enumerate(rows) if i not in fused]
         if rest:
-            out[rest] = self._inverse_cdf(logits, [rows[j] for j in rest],
-                                          [reqs[j] for j in rest], u[rest])
+            out[rest] = _inverse_cdf(logits, [rows[j] for j in rest], [reqs[j] for j in rest],
+                                     u[rest])
         return out
 
     def _uniforms(self, reqs: Sequence[SampleRequest], device: torch.device) -> torch.Tensor:
@@ -352,38 +352,6 @@ class Sampler:
                 gen.manual_seed(stream_seed(r.params.seed, r.output_index))
                 u[j] = torch.rand(1, dtype=torch.float64, device=device, generator=gen)
         return u
-
-    def _inverse_cdf(self, logits: torch.Tensor, rows: list[int],
-                     reqs: Sequence[SampleRequest], u: torch.Tensor) -> torch.Tensor:
-        """Rows `rows` of `logits` through every stage, then the inverse of
-        each row's cumulative distribution at `u`."""
-        # A copy (list indexing) that is adjusted and scaled in place: the
-        # caller's logits stay raw, for logprobs.
-        logits = logits[rows]
-        if any(r.adjusts_logits for r in reqs):
-            adjust_logits(logits, reqs)
-        vocab = logits.shape[-1]
-        temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
-        logits.div_(temps.unsqueeze(1))
-        if any(r.params.min_p > 0.0 for r in reqs):
-            _apply_min_p(logits, reqs)
-        top_k = top_p = None
-        if any(r.params.top_k_enabled for r in reqs):
-            top_k = torch.tensor(
-                [r.params.top_k if r.params.top_k_enabled else vocab for r in reqs],
-                device=logits.device,
-            )
-        if any(r.params.top_p < 1.0 for r in reqs):
-            top_p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
-        if top_k is not None or top_p is not None:
-            logits = apply_top_k_top_p(logits, top_k, top_p)
-        cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
-        u = u.clone()
-        # The first entry whose running sum exceeds u·total: u < 1 keeps it
-        # inside the row, and a zero-probability token (a flat step of the
-        # sum) is never the first to exceed it.
-        picked = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)
-        return picked.squeeze(1).clamp_(max=vocab - 1)
 
 
 def _greedy_into(
@@ -411,3 +379,36 @@ def _greedy_into(
         sub = logits[adjusted]
         adjust_logits(sub, [requests[i] for i in adjusted])
         tokens[adjusted] = argmax_rows(sub)
+
+
+def _inverse_cdf(logits: torch.Tensor, rows: list[int],
+                 reqs: Sequence[SampleRequest], u: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of `logits` through every stage, then the inverse of
+    each row's cumulative distribution at `u`."""
+    # A copy (list indexing) that is adjusted and scaled in place: the
+    # caller's logits stay raw, for logprobs.
+    logits = logits[rows]
+    if any(r.adjusts_logits for r in reqs):
+        adjust_logits(logits, reqs)
+    vocab = logits.shape[-1]
+    temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
+    logits.div_(temps.unsqueeze(1))
+    if any(r.params.min_p > 0.0 for r in reqs):
+        _apply_min_p(logits, reqs)
+    top_k = top_p = None
+    if any(r.params.top_k_enabled for r in reqs):
+        top_k = torch.tensor(
+            [r.params.top_k if r.params.top_k_enabled else vocab for r in reqs],
+            device=logits.device,
+        )
+    if any(r.params.top_p < 1.0 for r in reqs):
+        top_p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
+    if top_k is not None or top_p is not None:
+        logits = apply_top_k_top_p(logits, top_k, top_p)
+    cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
+    u = u.clone()
+    # The first entry whose running sum exceeds u·total: u < 1 keeps it
+    # inside the row, and a zero-probability token (a flat step of the
+    # sum) is never the first to exceed it.
+    picked = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)
+    return picked.squeeze(1).clamp_(max=vocab - 1)

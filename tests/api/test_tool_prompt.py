@@ -40,11 +40,13 @@ def test_a_template_that_reads_tools_renders_them_itself() -> None:
     assert renders_tools(NATIVE) and not renders_tools("{{ messages }} toolset")
     tok = load_tokenizer(resolve_model("embedded:smollm2"))
     tok.chat_template = NATIVE
-    text = chat_prompt(_request(), tok)
+    req = _request()
+    text = chat_prompt(req, tok, tools=tool_use(req))
     assert text == ("TOOLS:get_weather;[system]Be brief.[user]Oslo?"
                     "[assistant]CALL get_weather(Oslo)[tool]<call_7>-3 C[assistant]")
     # tool_choice none: the template is not handed the tools.
-    assert not chat_prompt(_request(tool_choice="none"), tok).startswith("TOOLS")
+    req = _request(tool_choice="none")
+    assert not chat_prompt(req, tok, tools=tool_use(req)).startswith("TOOLS")
 
 
 def test_a_template_without_tools_reads_them_in_the_system_message() -> None:

@@ -58,7 +58,7 @@ def _requests(runner: ModelRunner) -> tuple[dict[str, list[int]], dict[str, Samp
             "temperature": 0.0, **extra})
         use = tool_use(req)
         assert use is not None
-        prompts[name] = encode_chat_text(runner.tokenizer, chat_prompt(req, runner.tokenizer))
+        prompts[name] = encode_chat_text(runner.tokenizer, chat_prompt(req, runner.tokenizer, tools=use))
         params[name] = SamplingParams(temperature=req.temperature, seed=req.seed,
                                       max_tokens=48, structured=use.structure())
         uses[name] = use
