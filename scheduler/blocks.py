@@ -126,10 +126,10 @@ class BlockManager:
         else:  # the rest from the prefix cache, least recently used first
             assert self.prefix is not None
             new = self._free.take(jid, last, len(self._free))
-            evict = self.prefix.evict
-            new += [evict() for _ in range(n - len(new))]
+            new += self.prefix.evict_many(n - len(new))
         self._holders.update([(b, {jid}) for b in new])
         job.block_table += new
+        job.table_copy = None
         job.block_locations += [BlockLocation.DEVICE] * n
 
     def share(self, job: Job, source: Job, num_blocks: int) -> None:
@@ -150,6 +150,7 @@ class BlockManager:
                 self._num_shared[source.job_id] = self._num_shared.get(source.job_id, 0) + 1
             holders.add(job.job_id)
             job.block_table.append(b)
+            job.table_copy = None
             job.block_locations.append(BlockLocation.DEVICE)
         if num_blocks:
             self._num_shared[job.job_id] = num_blocks
@@ -245,6 +246,7 @@ class BlockManager:
         if shared:
             self._num_shared[jid] = shared
         job.block_table += found
+        job.table_copy = None
         job.block_locations += [BlockLocation.DEVICE] * len(found)
         self._now_holding(job)
         if not computed:  # a swap-in: its computed tokens are counted already
@@ -269,6 +271,7 @@ class BlockManager:
         if self.holding.pop(jid, None) is not None:
             self._holding_watchers.changed(jid)
         job.block_table.clear()
+        job.table_copy = None
         job.block_locations.clear()
         return freed
 

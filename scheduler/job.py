@@ -97,6 +97,11 @@ class Job:
     # Device block ids in logical order; index i holds tokens
     # [i*block_size, (i+1)*block_size).
     block_table: list[int] = field(default_factory=list)
+    # A copy of `block_table` that plans hand the engine, made once per
+    # change instead of once per chunk (most decodes keep their table):
+    # `BlockManager` drops it whenever it changes the table.  Never
+    # changed in place.
+    table_copy: list[int] | None = field(default=None, repr=False)
     block_locations: list[BlockLocation] = field(default_factory=list)
     # Blocks of this job's KV held in the host tier only (FastServe §4.2
     # swap, or a preemption back to its checkpoint): fetched before it runs.

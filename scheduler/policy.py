@@ -19,6 +19,9 @@ from scheduler.job import Job, JobState
 from scheduler.plan import BlockOp, Plan, ScheduledChunk
 from scheduler.swap import SwapManager, SwapMode
 
+# An enum member's lookup costs ~0.12 µs on Python 3.11: once per chunk.
+_RUNNING = JobState.RUNNING
+
 Clock = Callable[[], float]
 
 
@@ -104,13 +107,16 @@ class Policy(ABC):
         start = job.num_computed_tokens
         end = start + num_tokens
         outputs = job.output_token_ids
-        if job.state is not JobState.RUNNING:
-            job.transition(JobState.RUNNING)
+        if job.state is not _RUNNING:
+            job.transition(_RUNNING)
         if job.first_scheduled_time is None:
             job.first_scheduled_time = self.clock()
         p = len(job.prompt_token_ids)
         # A decode's token is its job's last output (most chunks of a plan).
         tokens = (outputs[start - p:end - p] if start >= p
                   else job.token_slice(start, end))
-        return ScheduledChunk(job.job_id, tokens, start, job.block_table.copy(),
-                              end == p + len(outputs), len(outputs))
+        table = job.table_copy
+        if table is None or len(table) != len(job.block_table):
+            table = job.table_copy = job.block_table.copy()
+        return ScheduledChunk(job.job_id, tokens, start, table, end == p + len(outputs),
+                              len(outputs))

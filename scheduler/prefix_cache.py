@@ -98,22 +98,36 @@ class PrefixCache:
         i = len(path)
         if (i + 1) * bs > upto:
             return  # the common call: no block filled since the last one
-        table = job.block_table
-        while (i + 1) * bs <= upto and i < len(table):
-            tokens = tuple(job.token_slice(i * bs, (i + 1) * bs))
-            if min(tokens) < 0:
-                break  # a token still in flight (scheduler/ahead.py)
-            key = (path[-1] if path else _root(job), tokens)
-            block = self._index.get(key)
-            if block is None:
-                block = table[i]
-                if block in self._entry:
-                    break  # indexed under other tokens: never expected
+        # Once per filled block, on the scheduler's hot path (each prefill
+        # indexes its prompt): the key hashed once for a new block, and the
+        # prompt's blocks sliced from it directly.
+        table, prompt = job.block_table, job.prompt_token_ids
+        stop = min(upto // bs, len(table))
+        index, entry = self._index, self._entry
+        parent = path[-1] if path else _root(job)
+        while i < stop:
+            lo = i * bs
+            if lo + bs <= len(prompt):
+                tokens = tuple(prompt[lo:lo + bs])
+            else:
+                tokens = tuple(job.token_slice(lo, lo + bs))
+                if min(tokens) < 0:
+                    break  # a token still in flight (scheduler/ahead.py)
+            key = (parent, tokens)
+            mine = table[i]
+            block = index.setdefault(key, mine)
+            found = entry.get(block)
+            if found is None:  # a new entry: `mine` under this key
                 serial = next(self._serials)
-                self._index[key] = block
-                self._entry[block] = (key, serial)
+                entry[block] = (key, serial)
                 self.version += 1
-            path.append(self._entry[block][1])
+            elif block == mine and found[0] != key:
+                del index[key]  # `mine` is indexed under other tokens: never expected
+                break
+            else:
+                serial = found[1]
+            path.append(serial)
+            parent = serial
             i += 1
 
     def forget(self, job: Job) -> None:
@@ -132,10 +146,18 @@ class PrefixCache:
 
     def evict(self) -> int:
         """Un-index the parked block let go longest ago and hand it out."""
-        block, _ = self._parked.popitem(last=False)
-        key, _ = self._entry.pop(block)
-        del self._index[key]
-        return block
+        return self.evict_many(1)[0]
+
+    def evict_many(self, n: int) -> list[int]:
+        """`evict` `n` times (an allocation that finds the free list dry
+        takes all its blocks here: one call, not one per block)."""
+        popitem, entry, index = self._parked.popitem, self._entry, self._index
+        out: list[int] = []
+        for _ in range(n):
+            block, _ = popitem(last=False)
+            del index[entry.pop(block)[0]]
+            out.append(block)
+        return out
 
     # Lookup -------------------------------------------------------------
 

@@ -122,6 +122,18 @@ def execute_times(class_level_counts: dict[int, list[int]], quanta: list[float],
     prefix sums."""
     n = len(quanta)
     prefix = prefix_sums(quanta)
+    if shortfall is None and len(class_level_counts) == 1:
+        # One class, every job charged all its quanta (the common case,
+        # once per plan): the loop below with nothing ahead of the class.
+        (p, own), = class_level_counts.items()
+        row: list[float] = []
+        s0 = s1 = 0.0
+        for lvl in range(n):
+            ahead = prefix[lvl] * s0 - s1
+            row.append(ahead / batch if ahead > 0.0 else 0.0)
+            s0 += own[lvl]
+            s1 += own[lvl] * prefix[lvl]
+        return {p: row}
     out: dict[int, list[float]] = {}
     above = [0] * n  # jobs of the more important classes, per level
     less = [0.0] * n  # what their predictions take off, per level
@@ -134,7 +146,7 @@ def execute_times(class_level_counts: dict[int, list[int]], quanta: list[float],
                 tail[k] = tail[k + 1] + above[k] * quanta[k]
         own_less, outranking_less = (shortfall.rows(p) if shortfall is not None
                                      else ([0.0] * n, [0.0] * n))
-        row: list[float] = []
+        row = []
         s0 = s1 = a0 = a1 = 0.0
         for lvl in range(n):
             ahead = prefix[lvl] * s0 - s1 - own_less[lvl]

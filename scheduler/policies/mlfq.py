@@ -444,7 +444,9 @@ class MLFQPolicy(Policy, MLFQResidency):
                         fail = min(fail, job.num_host_blocks)
                 continue
             computed = job.num_computed_tokens
-            n = min(len(job.prompt_token_ids) + len(job.output_token_ids) - computed, budget)
+            n = len(job.prompt_token_ids) + len(job.output_token_ids) - computed
+            if n > budget:
+                n = budget
             need = -(-(computed + n) // bs) - len(table)
             if need >= fail:
                 continue

@@ -129,9 +129,14 @@ class MLFQResidency:
         instead of saturating the link."""
         reserve = self.reserve_target(now)
         idle = pool.settled_idle()  # largest (priority, ENST) first
-        while (idle.head is not None and self.blocks.num_free < reserve
-               and self.swap.can_swap_out(idle.head)):
+        # A full host tier (most plans under overload) takes no swap-out:
+        # the idle candidates are then not even read.
+        swap = self.swap
+        while (self.blocks.num_free < reserve and swap.host_free
+               and idle.head is not None and swap.can_swap_out(idle.head)):
             self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
+        if self.blocks.num_free < reserve and not swap.host_free:
+            return  # no swap-in fits below the reserve, and no swap-out makes room
         budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
         host = self._host.ascending(ranking, lambda j: j.swap_pending is None
                                     and j.job_id not in pool.swapped_out)
@@ -139,9 +144,9 @@ class MLFQResidency:
             n = h.num_host_blocks
             if n > budget and budget < self.blocks.num_blocks // _SWAP_IN_SHARE:
                 break  # (the first job always goes, however large)
-            while (self.blocks.num_free - n < reserve and idle.head is not None
-                   and ranking.key(idle.head) > ranking.key(h)
-                   and self.swap.can_swap_out(idle.head)):
+            while (self.blocks.num_free - n < reserve and swap.host_free
+                   and idle.head is not None and ranking.key(idle.head) > ranking.key(h)
+                   and swap.can_swap_out(idle.head)):
                 self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
             if self.blocks.num_free - n < reserve:
                 break

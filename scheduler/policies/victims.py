@@ -5,6 +5,7 @@ first within a class."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from scheduler.blocks import BlockManager, ReleaseTally
 from scheduler.job import Job
@@ -147,15 +148,27 @@ class VictimPool:
         return Peek(j for j in self._live() if self._settled(j))
 
 
+_UNREAD = object()
+
+
 class Peek:
-    """An iterator whose next item can be looked at before it is taken."""
+    """An iterator whose next item can be looked at before it is taken.
+    Nothing is read until the head is first looked at: most plans never
+    look (`MLFQResidency._proactive` asks only while a swap-out could
+    happen), and reading the first candidate starts the ENST merge."""
 
     def __init__(self, items: Iterator[Job]) -> None:
         self._items = items
-        self.head: Job | None = next(items, None)
+        self._head: Any = _UNREAD
+
+    @property
+    def head(self) -> Job | None:
+        if self._head is _UNREAD:
+            self._head = next(self._items, None)
+        return self._head
 
     def pop(self) -> Job:
         job = self.head
         assert job is not None
-        self.head = next(self._items, None)
+        self._head = next(self._items, None)
         return job

@@ -4,7 +4,7 @@ is full (FastServe §4.1, the highest-priority ready jobs each iteration)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, filterfalse
+from itertools import chain, filterfalse, takewhile
 from typing import Any
 
 from scheduler.job import Job
@@ -46,11 +46,18 @@ class Walk:
             self._rest = rest
 
     def __iter__(self) -> Iterator[Job]:
-        for job in self._jobs:
-            yield job
-            if self._rest is not None:
-                yield from self._rest
-                return
+        # Iterated in C, item by item (a plan reads most of its batch from
+        # the narrowed rest): the jobs until the walk is narrowed (the one
+        # drawn after that is dropped; drawing it changes nothing), then
+        # the rest.
+        return chain.from_iterable(self._phases())
+
+    def _phases(self) -> Iterator[Iterable[Job]]:
+        yield takewhile(self._not_narrowed, self._jobs)
+        yield self._rest or ()
+
+    def _not_narrowed(self, _: Job) -> bool:
+        return self._rest is None
 
 
 def queue_order(levels: Mapping[int, Sequence[dict[str, Job]]],

@@ -103,3 +103,17 @@ def test_predicted_enst_leaves_no_tally_behind(clock):
     assert not sf._jobs
     assert all(not any(r.cnt) and not any(abs(x) > 1e-9 for x in r.base + r.cur)
                for r in sf.classes.values())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_one_class_alone_gets_the_times_it_gets_beside_an_empty_class(seed):
+    """The single-class shortcut of `execute_times` returns, to the bit,
+    what the general computation gives that class."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 14)
+    quanta = [rng.uniform(0.001, 0.02) * 2**i for i in range(n)]
+    counts = [rng.choice([0, 1, 5, rng.randint(0, 900)]) for _ in range(n)]
+    batch = rng.choice([1, 8, 64])
+    alone = execute_times({2: counts}, quanta, batch)
+    general = execute_times({2: counts, 3: [0] * n}, quanta, batch)
+    assert alone == {2: general[2]}

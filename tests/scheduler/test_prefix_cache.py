@@ -339,3 +339,19 @@ def test_a_swap_in_short_of_room_leaves_its_parked_blocks_as_they_were():
     assert job.block_table == own[:3] and blocks.num_free == 9
     blocks.take(job, 3)
     blocks.check()
+
+
+def test_evicting_many_takes_the_longest_parked_first_and_unindexes_them():
+    cache = PrefixCache(BS)
+    a = _job("a", [1] * BS + [2] * BS + [3] * BS + [4])
+    a.block_table[:] = [5, 6, 7]
+    a.num_computed_tokens = 3 * BS
+    cache.index(a, a.num_computed_tokens)
+    cache.forget(a)
+    for b in (7, 6, 5):  # tail first, as a job lets go
+        cache.park(b)
+    assert cache.evict_many(2) == [7, 6] and cache.parked() == [5]
+    assert not cache.is_indexed(7) and not cache.is_indexed(6) and cache.is_indexed(5)
+    # Only the head is still found.
+    assert cache.match(_job("b", [1] * BS + [2] * BS + [3] * BS + [4])) == [5]
+
