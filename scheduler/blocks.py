@@ -27,6 +27,9 @@ from scheduler.job import BlockLocation, Job
 from scheduler.prefix_cache import PrefixCache
 from scheduler.watchers import Watchers
 
+# An enum member's lookup costs ~0.12 µs on Python 3.11: once per allocation.
+_DEVICE = BlockLocation.DEVICE
+
 
 class BlockAccountingError(RuntimeError):
     pass
@@ -77,8 +80,8 @@ class BlockManager:
     def num_free(self) -> int:
         """Blocks an allocation may take: free ones and parked ones."""
         if self.prefix is None:
-            return len(self._free)
-        return len(self._free) + self.prefix.num_parked
+            return self._free.count
+        return self._free.count + self.prefix.num_parked
 
     @property
     def num_used(self) -> int:
@@ -110,27 +113,31 @@ class BlockManager:
             # Its blocks filled so far (a decode's last one is full now),
             # for later jobs to find.
             self.prefix.index(job, job.num_computed_tokens)
-        if n > len(self._free) and n > self.num_free:
+        if n > self._free.count and n > self.num_free:
             return False
         self._take(job, n)
         return True
 
     def _take(self, job: Job, n: int) -> None:
+        # A decode's next block, every 16 tokens of every running job: the
+        # free list's count read once, no call for an empty free list.
         if not n:
             return
-        jid = job.job_id
-        self._now_holding(job)
-        last = job.block_table[-1] if job.block_table else None
-        if n <= len(self._free):
-            new = self._free.take(jid, last, n)
+        jid, table = job.job_id, job.block_table
+        if jid not in self.holding:
+            self._now_holding(job)
+        free = self._free
+        have = free.count
+        if n <= have:
+            new = free.take(jid, table[-1] if table else None, n)
         else:  # the rest from the prefix cache, least recently used first
             assert self.prefix is not None
-            new = self._free.take(jid, last, len(self._free))
-            new += self.prefix.evict_many(n - len(new))
+            new = free.take(jid, table[-1] if table else None, have) if have else []
+            new += self.prefix.evict_many(n - have)
         self._holders.update([(b, {jid}) for b in new])
-        job.block_table += new
+        table += new
         job.table_copy = None
-        job.block_locations += [BlockLocation.DEVICE] * n
+        job.block_locations += [_DEVICE] * n
 
     def share(self, job: Job, source: Job, num_blocks: int) -> None:
         """Let `job` (no blocks yet) hold the first `num_blocks` of

@@ -39,12 +39,15 @@ class FreeBlocks:
         self.run = run
         self._queue: deque[int] = deque(range(num_blocks))
         self._is_free = bytearray(b"\x01") * num_blocks
-        self._count = num_blocks
+        # How many blocks are free (`len`); read directly on the hot path,
+        # where a call to `__len__` costs more than the rest of a decode's
+        # allocation.  Changed only here.
+        self.count = num_blocks
         # Block -> the job whose growth it is set aside for.
         self._set_aside: dict[int, str] = {}
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def is_free(self, block: int) -> bool:
         return bool(self._is_free[block])
@@ -54,7 +57,7 @@ class FreeBlocks:
         `after` (None: no blocks yet): the blocks right after it while they
         are free, else the oldest free one, from which the next run starts.
         The caller checks that `n` are free."""
-        assert n <= self._count
+        assert n <= self.count
         out: list[int] = []
         is_free, nb = self._is_free, self.num_blocks
         last = after
@@ -68,7 +71,7 @@ class FreeBlocks:
             is_free[b] = 0
             out.append(b)
             last = b
-        self._count -= n
+        self.count -= n
         if last is not None:
             self._set_aside_after(last, owner)
         return out
@@ -80,7 +83,7 @@ class FreeBlocks:
             assert not is_free[b], f"block {b} freed twice"
             is_free[b] = 1
         self._queue.extend(blocks)
-        self._count += len(blocks)
+        self.count += len(blocks)
         if len(self._queue) > 4 * self.num_blocks:
             self._compact()
 
@@ -118,7 +121,7 @@ class FreeBlocks:
         """The free blocks; raises AssertionError where the count or the
         queue disagrees with them."""
         free = {b for b in range(self.num_blocks) if self._is_free[b]}
-        assert len(free) == self._count, f"{len(free)} free blocks counted as {self._count}"
+        assert len(free) == self.count, f"{len(free)} free blocks counted as {self.count}"
         missing = free - set(self._queue)
         assert not missing, f"free blocks {sorted(missing)[:5]} not in the queue"
         return free

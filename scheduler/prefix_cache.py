@@ -10,12 +10,16 @@ RadixAttention keeps the same KV in a radix tree).  Parked blocks still count
 as free: an allocation that finds no truly free block evicts the parked one
 let go longest ago, so the cache never costs a running job its memory.
 
-A block's key is its tokens and the serial number its predecessor was
-indexed under, so two blocks match only if the whole prefix before them
-matches too.  Serials are never reused, which makes a match exact (a key is
-compared in full, not by hash) even after the predecessor's block has been
-evicted and reused for other tokens: its successors are then unreachable
-and age out.  A job's blocks are evicted tail first (parked in reverse), so
+A block's key is the serial number its predecessor was indexed under and
+the hash of its tokens, so two blocks match only if the whole prefix before
+them matches too; the tokens are kept beside the entry and compared on every
+hit, so a match is exact (two contents whose hashes collide are never
+confused: the second is not indexed).  Keys hold the hash, not the tokens,
+because evicting a block deletes its key: hashing sixteen token ids again,
+each its own object somewhere in memory, cost more than the rest of an
+allocation.  Serials are never reused, which keeps a match exact even after
+the predecessor's block has been evicted and reused for other tokens: its
+successors are then unreachable and age out.  A job's blocks are evicted tail first (parked in reverse), so
 a shared head outlives the tails that hang off it.
 
 A job with vLLM's `cache_salt` (a tenant's) starts from a root of its
@@ -40,7 +44,7 @@ from scheduler.job import Job
 # The serial of "no predecessor": the first block of every sequence.
 _ROOT = 0
 
-_Key = tuple[object, tuple[int, ...]]
+_Key = tuple[object, int]  # (predecessor's serial or root, hash of the tokens)
 
 
 def _root(job: Job) -> object:
@@ -61,7 +65,8 @@ class PrefixCache:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._index: dict[_Key, int] = {}  # key -> device block
-        self._entry: dict[int, tuple[_Key, int]] = {}  # block -> (key, serial)
+        # block -> (key, serial, tokens)
+        self._entry: dict[int, tuple[_Key, int, tuple[int, ...]]] = {}
         self._serials = itertools.count(_ROOT + 1)
         # Indexed blocks no job holds, least recently let go first.
         self._parked: OrderedDict[int, None] = OrderedDict()
@@ -113,17 +118,19 @@ class PrefixCache:
                 tokens = tuple(job.token_slice(lo, lo + bs))
                 if min(tokens) < 0:
                     break  # a token still in flight (scheduler/ahead.py)
-            key = (parent, tokens)
+            key = (parent, hash(tokens))
             mine = table[i]
             block = index.setdefault(key, mine)
             found = entry.get(block)
             if found is None:  # a new entry: `mine` under this key
                 serial = next(self._serials)
-                entry[block] = (key, serial)
+                entry[block] = (key, serial, tokens)
                 self.version += 1
-            elif block == mine and found[0] != key:
+            elif found[0] != key:
                 del index[key]  # `mine` is indexed under other tokens: never expected
                 break
+            elif found[2] != tokens:
+                break  # another content with the same hash holds the key
             else:
                 serial = found[1]
             path.append(serial)
@@ -188,11 +195,14 @@ class PrefixCache:
             return Match(found, path)
         parent: object = _root(job)
         for i in range(limit):
-            block = self._index.get((parent, tuple(job.token_slice(i * bs, (i + 1) * bs))))
+            tokens = tuple(job.token_slice(i * bs, (i + 1) * bs))
+            block = self._index.get((parent, hash(tokens)))
             if block is None:
                 break
+            _, parent, held = self._entry[block]
+            if held != tokens:
+                break  # the same hash, other tokens
             found.append(block)
-            parent = self._entry[block][1]
             path.append(parent)
         return Match(found, path)
 

@@ -355,3 +355,25 @@ def test_evicting_many_takes_the_longest_parked_first_and_unindexes_them():
     # Only the head is still found.
     assert cache.match(_job("b", [1] * BS + [2] * BS + [3] * BS + [4])) == [5]
 
+
+
+def test_contents_whose_hashes_collide_are_never_confused(monkeypatch):
+    """Keys hold a hash of the tokens; a hit compares the tokens, so where
+    every hash collides a content matches only itself, and a second content
+    under the same predecessor is simply not indexed."""
+    import scheduler.prefix_cache as module
+
+    monkeypatch.setattr(module, "hash", lambda tokens: 0, raising=False)
+    cache = PrefixCache(BS)
+    a = _job("a", [1] * BS + [2] * BS + [3])
+    a.block_table[:] = [5, 6]
+    a.num_computed_tokens = 2 * BS
+    cache.index(a, a.num_computed_tokens)
+    b = _job("b", [4] * BS + [6])
+    b.block_table[:] = [9]
+    b.num_computed_tokens = BS
+    cache.index(b, b.num_computed_tokens)
+    assert cache.is_indexed(5) and cache.is_indexed(6) and not cache.is_indexed(9)
+    assert cache.match(_job("c", [1] * BS + [2] * BS + [7])) == [5, 6]
+    assert cache.match(_job("d", [4] * BS + [6])) == []
+    assert cache.match(_job("e", [1] * BS + [4] * BS + [3])) == [5]
