@@ -26,7 +26,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import cache, partial
 
 from scheduler.blocks import blocks_for
 from scheduler.job import Job
@@ -368,14 +369,16 @@ class MLFQPolicy(Policy, MLFQResidency):
         now = self.clock()
         self._promote_starved(now)
         plan = Plan(step=step)
-        ranking = self._ranking(now)
+        # ENST is read only where a plan evicts or swaps (most plans of a
+        # steady batch do neither): made at its first use, from the same
+        # queue lengths, since nothing moves a job between levels in a plan.
+        ranking = cache(partial(self._ranking, now))
         if self._resident_changed is None or self._host_changed is None:
             self._resident_changed = self.blocks.watch_holding()
             self._host_changed = self.swap.watch_on_host()
         self._resident.sync(self.blocks.holding, self._rank, self.last_run, self._resident_changed)
         self._host.sync(self.swap.on_host, self._rank, self.last_run, self._host_changed)
-        pool = VictimPool(self._resident.descending(ranking, _not_in_flight), self._step,
-                          self.swapped_in_step, self.blocks)
+        pool = VictimPool(self._by_enst(ranking), self._step, self.swapped_in_step, self.blocks)
         walk = self.walk()
 
         selected: list[Job] = []
@@ -469,6 +472,11 @@ class MLFQPolicy(Policy, MLFQResidency):
         plan.chunks = chunks
         self.selected = selected
         return plan
+
+    def _by_enst(self, ranking: Callable[[], EnstRanking]) -> Iterator[Job]:
+        """The resident jobs not being swapped in, largest ENST first, ranked
+        when the first is read."""
+        yield from self._resident.descending(ranking(), _not_in_flight)
 
     def _narrow(self, walk: Walk, job: Job, with_host: bool) -> None:
         """The rest of the walk: the jobs ranked after `job` that held device

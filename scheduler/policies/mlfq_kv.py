@@ -8,6 +8,7 @@ ahead of their turn.  A mixin of `MLFQPolicy`, which holds the state."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -119,7 +120,7 @@ class MLFQResidency:
         self.swapped_in_step[job.job_id] = self._step
         return True
 
-    def _proactive(self, plan: Plan, pool: VictimPool, ranking: EnstRanking,
+    def _proactive(self, plan: Plan, pool: VictimPool, ranked: Callable[[], EnstRanking],
                    now: float) -> None:
         """ENST-ordered residency (FastServe §4.2, Figure 9): keep the burst
         reserve free by swapping out the largest-ENST idle jobs, and bring
@@ -138,6 +139,7 @@ class MLFQResidency:
         if self.blocks.num_free < reserve and not swap.host_free:
             return  # no swap-in fits below the reserve, and no swap-out makes room
         budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
+        ranking = ranked()
         host = self._host.ascending(ranking, lambda j: j.swap_pending is None
                                     and j.job_id not in pool.swapped_out)
         for h in host:

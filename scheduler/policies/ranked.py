@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 from itertools import islice
+from operator import itemgetter
 from collections.abc import Callable, Iterator, Mapping
 
 from scheduler.job import Job
@@ -132,7 +133,7 @@ class RankedSet:
         """Members ranked after `rank`, in rank order."""
         by_rank, jobs = self._by_rank, self._jobs
         i = bisect.bisect_right(by_rank, (rank, "\U0010ffff"))
-        return [jobs[jid] for _, jid in by_rank[i:]]
+        return list(map(jobs.__getitem__, map(itemgetter(1), by_rank[i:])))
 
     # Orders ---------------------------------------------------------------
 
