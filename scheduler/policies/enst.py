@@ -21,6 +21,7 @@ fall, and with them where T_promote takes over.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.job import Job
@@ -214,3 +215,21 @@ class EnstRanking:
     def exec_row(self) -> list[float]:
         """T_execute per level of the only class (`single_class` rankings)."""
         return self._exec[self._only_class]
+
+
+class RankingOnce:
+    """A plan's `EnstRanking`, made by `make` when first asked for: a
+    steady decode plan evicts and swaps nothing and needs none.  (A
+    `functools.cache` of it cost more to create than the ranking itself.)"""
+
+    __slots__ = ("_make", "_ranking")
+
+    def __init__(self, make: Callable[[], EnstRanking]) -> None:
+        self._make = make
+        self._ranking: EnstRanking | None = None
+
+    def __call__(self) -> EnstRanking:
+        if self._ranking is None:
+            self._ranking = self._make()
+        return self._ranking
+

@@ -27,13 +27,13 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
-from functools import cache, partial
+from functools import partial
 
 from scheduler.blocks import blocks_for
 from scheduler.job import Job
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.burst_reserve import BurstReserve
-from scheduler.policies.enst import EnstRanking, Shortfall, execute_times
+from scheduler.policies.enst import EnstRanking, RankingOnce, Shortfall, execute_times
 from scheduler.policies.mlfq_kv import MLFQResidency
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
@@ -372,7 +372,7 @@ class MLFQPolicy(Policy, MLFQResidency):
         # ENST is read only where a plan evicts or swaps (most plans of a
         # steady batch do neither): made at its first use, from the same
         # queue lengths, since nothing moves a job between levels in a plan.
-        ranking = cache(partial(self._ranking, now))
+        ranking = RankingOnce(partial(self._ranking, now))
         if self._resident_changed is None or self._host_changed is None:
             self._resident_changed = self.blocks.watch_holding()
             self._host_changed = self.swap.watch_on_host()
