@@ -56,6 +56,7 @@ class SwapManager:
         # it skips them by set lookup instead of visiting each.
         self.host_only: set[str] = set()
         self._host_watchers = Watchers()
+        self._host_only_watchers = Watchers()
         self.num_swap_out = 0
         self.num_swap_in = 0
         self.blocks_out = 0
@@ -78,17 +79,29 @@ class SwapManager:
         """`BlockManager.watch_holding` for `on_host`."""
         return self._host_watchers.follow(self.on_host)
 
+    def watch_host_only(self) -> set[str]:
+        """`BlockManager.watch_holding` for `host_only`."""
+        return self._host_only_watchers.follow(self.host_only)
+
     def _to_host(self, job: Job) -> None:
         """`job`'s KV is now only in the host tier."""
         if job.job_id not in self.on_host:
             self.on_host[job.job_id] = job
             self._host_watchers.changed(job.job_id)
-        self.host_only.add(job.job_id)
+        self._host_only(job.job_id, True)
 
     def _off_host(self, job_id: str) -> None:
         if self.on_host.pop(job_id, None) is not None:
             self._host_watchers.changed(job_id)
-        self.host_only.discard(job_id)
+        self._host_only(job_id, False)
+
+    def _host_only(self, job_id: str, only: bool) -> None:
+        if (job_id in self.host_only) != only:
+            if only:
+                self.host_only.add(job_id)
+            else:
+                self.host_only.discard(job_id)
+            self._host_only_watchers.changed(job_id)
 
     def copies_per_iteration(self, cap: int) -> int:
         """Blocks the tier stores while one iteration computes (ConServe
@@ -191,7 +204,7 @@ class SwapManager:
         self.blocks.take(job, n - kept)
         self.blocks_kept += kept
         self.num_swap_in += 1  # a job brought back, whatever it copies
-        self.host_only.discard(job.job_id)
+        self._host_only(job.job_id, False)
         if kept == n:  # nothing to copy: back already
             if not job.num_checkpointed_blocks:  # a move: no copy lands to drop the host's
                 self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))

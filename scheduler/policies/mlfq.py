@@ -23,7 +23,6 @@ important class first.  With one class this is FastServe as published.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -37,7 +36,8 @@ from scheduler.policies.enst import EnstRanking, RankingOnce, Shortfall, execute
 from scheduler.policies.mlfq_kv import MLFQResidency
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
-from scheduler.policies.walk import Walk, queue_order
+from scheduler.policies.mlfq_walk import MLFQWalking
+from scheduler.policies.walk import queue_order
 from scheduler.policy import Policy
 from scheduler.swap import SwapMode
 
@@ -45,7 +45,7 @@ from scheduler.swap import SwapMode
 _DEFAULT_Q1_S = 0.02
 
 
-class MLFQPolicy(Policy, MLFQResidency):
+class MLFQPolicy(Policy, MLFQResidency, MLFQWalking):
     """Planning costs what one iteration touches, not what is queued: the
     queues are insertion-ordered dicts per (class, level), walked lazily
     until the batch is full; starvation is found from the front of a
@@ -179,6 +179,7 @@ class MLFQPolicy(Policy, MLFQResidency):
         self._rank.pop(jid, None)
         self._resident.discard(jid)
         self._host.discard(jid)
+        self._walk_removed(jid)
         if self._shortfall is not None:
             self._shortfall.discard(jid)
         self.used.pop(jid, None)
@@ -194,6 +195,7 @@ class MLFQPolicy(Policy, MLFQResidency):
         self._next_seq += 1
         self._reranked(job.job_id)
         self._levels[job.priority][lvl][job.job_id] = job
+        self._walk_reranked(job)
         self._predicted_left(job)
 
     def _move(self, job: Job, lvl: int) -> None:
@@ -347,17 +349,6 @@ class MLFQPolicy(Policy, MLFQResidency):
 
     # Planning -------------------------------------------------------------
 
-    def walk(self) -> Walk:
-        """The priority walk: by (priority, level, position in level).  In
-        proactive mode it leaves out the jobs whose KV is only on the host:
-        the ENST-ordered prefetch brings them back, never the walk, and
-        under memory pressure they are most of the queue."""
-        skip = self.swap.host_only if self.swap_mode is SwapMode.PROACTIVE else None
-        return Walk(queue_order(self._levels, skip), self._walk_rank)
-
-    def _walk_rank(self, job: Job) -> tuple[int, int, int]:
-        return self._rank[job.job_id]
-
     def reserve_target(self, now: float) -> int:
         """Free blocks kept for arrivals: those expected over the horizon."""
         if self.config.reserve_blocks is not None:
@@ -477,22 +468,6 @@ class MLFQPolicy(Policy, MLFQResidency):
         """The resident jobs not being swapped in, largest ENST first, ranked
         when the first is read."""
         yield from self._resident.descending(ranking(), _not_in_flight)
-
-    def _narrow(self, walk: Walk, job: Job, with_host: bool) -> None:
-        """The rest of the walk: the jobs ranked after `job` that held device
-        blocks when the plan began, and (`with_host`, reactive mode) those
-        with a host copy, which the walk would fetch."""
-        if walk.narrowed:
-            return
-        host = with_host and self.swap_mode is SwapMode.REACTIVE
-        if walk.rank != self._walk_rank:  # a subclass's own order (bench/oracle.py)
-            walk.narrow(job, [*self._resident.members(), *(self._host.members() if host else ())])
-            return
-        rank = self._rank[job.job_id]
-        rest = self._resident.ranked_after(rank)
-        if host:
-            rest = list(heapq.merge(rest, self._host.ranked_after(rank), key=self._walk_rank))
-        walk.narrow_to(rest)
 
 
 def _not_in_flight(job: Job) -> bool:

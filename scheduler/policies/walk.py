@@ -3,8 +3,10 @@ is full (FastServe §4.1, the highest-priority ready jobs each iteration)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, filterfalse, takewhile
+from operator import itemgetter
 from typing import Any
 
 from scheduler.job import Job
@@ -69,3 +71,47 @@ def queue_order(levels: Mapping[int, Sequence[dict[str, Job]]],
     out = skip.__contains__
     return chain.from_iterable(map(q.__getitem__, filterfalse(out, q))
                                for p in sorted(levels) for q in levels[p])
+
+
+class WalkOrder:
+    """The jobs a proactive MLFQ's walk visits, in rank order (priority,
+    level, entry into the level): every job but those whose KV is only on
+    the host.  Under memory pressure those are most of the queue (about
+    650 of 1,000 jobs in `bench/plan_time.py`) and lie ahead of the jobs the
+    walk wants, so passing over them by set lookup cost a plan about as
+    much as its ENST ranking; kept here as jobs change instead."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._rank: dict[str, Any] = {}
+        self._by_rank: list[tuple[Any, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def put(self, job: Job, rank: Any) -> None:
+        """`job` is walked, at `rank` (added, or moved if its rank changed)."""
+        jid = job.job_id
+        old = self._rank.get(jid)
+        if old is not None:
+            if old == rank:
+                return
+            del self._by_rank[bisect_left(self._by_rank, (old, jid))]
+        self._rank[jid] = rank
+        self._jobs[jid] = job
+        insort(self._by_rank, (rank, jid))
+
+    def discard(self, job_id: str) -> None:
+        old = self._rank.pop(job_id, None)
+        if old is not None:
+            del self._jobs[job_id]
+            del self._by_rank[bisect_left(self._by_rank, (old, job_id))]
+
+    def jobs(self) -> Iterator[Job]:
+        """The members in rank order, as they are now (a copy of the order:
+        the walk may run while members change)."""
+        return map(self._jobs.__getitem__, map(itemgetter(1), self._by_rank[:]))
+

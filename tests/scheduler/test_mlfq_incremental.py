@@ -122,9 +122,14 @@ def _run(policy: str, mode: str, seed: int, starvation_s: float | None,
         core.blocks.check(core.jobs.values())
         assert set(core.swap.on_host) == {j.job_id for j in core.jobs.values()
                                           if j.num_host_blocks}
-        # What a proactive walk passes over by set lookup.
+        # What a proactive walk leaves out.
         assert core.swap.host_only == {j.job_id for j in core.swap.on_host.values()
                                        if j.swap_pending is None and not j.block_table}
+        pol = core.policy
+        if pol._walk_order is not None:  # caught up as the next walk will be
+            pol._sync_walk_order(pol._walk_order, pol._host_only_changed)
+            assert [j.job_id for j in pol._walk_order.jobs()] == [
+                j.job_id for j in pol.jobs() if j.job_id not in core.swap.host_only]
     return prints, finished
 
 
