@@ -209,6 +209,9 @@ class AppConfig(SchedulingSettings):
     # stream); the others wait at its door, and none starts while an online
     # request is starting (deployments/online_first.py).
     offline_starts: int = Field(8, ge=1, le=4096)
+    # How the model writes tool calls (api/tool_formats.py): "auto" picks by
+    # its chat template; "hermes" (<tool_call> blocks); "llama3_json".
+    tool_call_format: Literal["auto", "hermes", "llama3_json"] = "auto"
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -19,6 +19,8 @@ from starlette.routing import Route
 from api.errors import APIError, validation_error
 from api.http import read_json_object
 from api.protocol import ChatMessage
+from api.config import AppConfig
+from api.tool_formats import ToolFormat
 from api.tools import ToolChoice, ToolDefinition
 
 
@@ -66,12 +68,12 @@ def encode(tokenizer: Any, text: str, param: str, chat: bool = False,
 
 
 class TokenizeRoutes:
-    def __init__(self, tokenizer: Any, model_name: str, max_model_len: int,
-                 max_request_bytes: int) -> None:
+    def __init__(self, tokenizer: Any, cfg: AppConfig, tool_format: ToolFormat) -> None:
         self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.max_model_len = max_model_len
-        self.max_request_bytes = max_request_bytes
+        self.tool_format = tool_format
+        self.model_name = cfg.model_name
+        self.max_model_len = cfg.max_model_len
+        self.max_request_bytes = cfg.max_request_bytes
 
     def routes(self) -> list[Route]:
         return [Route("/tokenize", self.tokenize, methods=["POST"]),
@@ -85,7 +87,7 @@ class TokenizeRoutes:
         chat = "messages" in body
         req = self._validate(body, TokenizeChatRequest if chat else TokenizePromptRequest)
         if isinstance(req, TokenizeChatRequest):
-            text = chat_prompt(req, self.tokenizer, tools=tool_use(req),
+            text = chat_prompt(req, self.tokenizer, tools=tool_use(req, self.tool_format),
                                add_generation_prompt=req.add_generation_prompt)
             ids = encode(self.tokenizer, text, "messages", chat=True)
         else:

@@ -2,22 +2,24 @@
 streams (`api/tools.py` says what the grammar lets the model write).
 
 A named choice's whole output is its function's arguments: they stream as
-the call's `arguments` deltas.  Otherwise each `<tool_call>` block becomes
-one call, sent whole in one delta once its block closes (its arguments are
-only known to be complete then); the text around the blocks is the
-message's content, streamed as it comes except a tail that may be the start
-of a block, and whitespace until text follows it: whitespace before a call
-or at the end of an answer with calls is not content.  A block cut short by
-`max_tokens` stays in the content, as text.
+the call's `arguments` deltas.  Otherwise each call (a `<tool_call>` block,
+or a Llama 3 JSON object: `api/tool_formats.py`) becomes one call, sent
+whole in one delta once it is complete (its arguments are only known to be
+complete then); the text around the calls is the message's content,
+streamed as it comes except a tail that may be the start of a call, and
+whitespace (and the format's separator) until text follows it: what lies
+before a call, between calls or at the end of an answer with calls is not
+content.  A call cut short by `max_tokens` stays in the content, as text.
 """
 
 from __future__ import annotations
 
 import json
+import string
 import uuid
 from typing import Any
 
-from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolUse
+from api.tools import ToolUse
 
 
 def _call_id() -> str:
@@ -45,6 +47,9 @@ class ToolCallParser:
         self._arguments: list[str] = []  # a named call's arguments so far
         self._named_id = _call_id()
         self._names = {t.function.name for t in use.tools}
+        # Not content around calls: whitespace, and the format's separator.
+        self._sep = use.fmt.separator.strip()
+        self._blanks = string.whitespace + self._sep
 
     # Streaming -------------------------------------------------------------
 
@@ -57,11 +62,12 @@ class ToolCallParser:
         content: list[str] = []
         out: list[str] = []
         deltas: list[dict[str, Any]] = []
+        trigger = self.use.fmt.trigger
         while True:
             if not self._in_call:
-                k = self._buf.find(TOOL_CALL_BEGIN)
+                k = self._buf.find(trigger)
                 if k < 0:
-                    cut = len(self._buf) - _partial_tail(self._buf, TOOL_CALL_BEGIN)
+                    cut = len(self._buf) - _partial_tail(self._buf, trigger)
                     content.append(self._buf[:cut])
                     self._buf = self._buf[cut:]
                     break
@@ -69,15 +75,14 @@ class ToolCallParser:
                 self._buf = self._buf[k:]
                 self._in_call = True
             else:
-                e = self._buf.find(TOOL_CALL_END)
+                e = self.use.fmt.call_end(self._buf)
                 if e < 0:
                     break
-                block = self._buf[len(TOOL_CALL_BEGIN):e]
-                self._buf = self._buf[e + len(TOOL_CALL_END):]
+                text, self._buf = self._buf[:e], self._buf[e:]
                 self._in_call = False
-                call = self._parse(block)
+                call = self._parse(text)
                 if call is None:  # not a call after all: it is content
-                    content.append(TOOL_CALL_BEGIN + block + TOOL_CALL_END)
+                    content.append(text)
                 else:
                     out.append(self._emit("".join(content)))
                     content, self._blank = [], ""
@@ -127,25 +132,24 @@ class ToolCallParser:
         return [{"index": 0, "function": {"arguments": text}}] if text else []
 
     def _emit(self, text: str) -> str:
-        """Content, less the whitespace at its end: held until text follows
-        it, dropped where a call follows it."""
+        """Content, less the whitespace (and separator) at its end: held
+        until text follows it, dropped where a call follows it; after a
+        call, what separates it from the next is not content either."""
         text = self._blank + text
-        body = text.rstrip()
+        if self.calls and self._sep:
+            text = text.lstrip(self._blanks)
+        body = text.rstrip(self._blanks)
         self._blank = text[len(body):]
         if body:
             self._content.append(body)
         return body
 
-    def _parse(self, block: str) -> dict[str, Any] | None:
-        try:
-            call = json.loads(block)
-        except ValueError:
-            return None
-        if not (isinstance(call, dict) and call.get("name") in self._names
-                and isinstance(call.get("arguments"), dict)):
+    def _parse(self, text: str) -> dict[str, Any] | None:
+        call = self.use.fmt.read(text)
+        if call is None or call[0] not in self._names:
             return None
         wire = {"index": len(self.calls), **_wire(
-            _call_id(), call["name"], json.dumps(call["arguments"], ensure_ascii=False))}
+            _call_id(), call[0], json.dumps(call[1], ensure_ascii=False))}
         self.calls.append(wire)
         return wire
 

@@ -17,7 +17,8 @@ import json
 import re
 from typing import Any
 
-from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCall, ToolUse
+from api.tool_formats import HERMES, ToolFormat
+from api.tools import ToolCall, ToolUse
 
 _READS_TOOLS = re.compile(r"\btools\b")
 
@@ -66,8 +67,9 @@ def template_input(messages: list[Any], use: ToolUse | None, template: str | Non
                 continue
             d = {"role": "user", "content": text, "_results": True}
         elif calls:
-            blocks = [_block(c.function.name, args) for c, args in calls]
-            d["content"] = "\n".join(([d["content"]] if d["content"] else []) + blocks)
+            fmt = use.fmt if use is not None else HERMES
+            written = fmt.separator.join(fmt.write(c.function.name, args) for c, args in calls)
+            d["content"] = "\n".join(([d["content"]] if d["content"] else []) + [written])
         out.append(d)
     for d in out:
         d.pop("_results", None)
@@ -85,10 +87,7 @@ def tools_instructions(use: ToolUse) -> str:
                        for t in use.tools)
     text = ("# Tools\n\nYou may call one or more functions to help with the user's "
             "request. The functions are described in JSON Schema within <tools></tools>:\n"
-            f"<tools>\n{listed}\n</tools>\n\nTo call a function, write its name and "
-            "arguments as a JSON object within <tool_call></tool_call> tags:\n"
-            f'{TOOL_CALL_BEGIN}\n{{"name": <function-name>, "arguments": '
-            f"<args-json-object>}}\n{TOOL_CALL_END}")
+            f"<tools>\n{listed}\n</tools>\n\n{_how_to_call(use.fmt)}")
     if use.mode == "named":
         text += (f"\n\nCall {use.name} now: answer with its arguments only, as one JSON "
                  "object.")
@@ -105,9 +104,14 @@ def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, An
     return [{"role": "system", "content": text}, *messages]
 
 
-def _block(name: str, arguments: dict[str, Any]) -> str:
-    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_BEGIN}\n{call}\n{TOOL_CALL_END}"
+def _how_to_call(fmt: ToolFormat) -> str:
+    example = (fmt.opening("<function-name>").replace('"<function-name>"', "<function-name>")
+               + "<args-json-object>" + fmt.closing)
+    if fmt.tagged:
+        return ("To call a function, write its name and arguments as a JSON object within "
+                f"<tool_call></tool_call> tags:\n{example}")
+    return ("To call a function, write its name and arguments as one JSON object, and "
+            f"nothing else; separate several calls with {fmt.separator.strip()!r}:\n{example}")
 
 
 def _arguments(call: ToolCall, i: int, j: int) -> dict[str, Any]:

@@ -1,21 +1,17 @@
 """Tool calling on the wire: OpenAI's `tools`, `tool_choice` and
 `parallel_tool_calls`, turned into what the request asks of the engine.
 
-Tool calls are written in the Hermes format, one call per block:
+Tool calls are written in the model family's format (`api/tool_formats.py`:
+Hermes' `<tool_call>` blocks, or Llama 3's bare JSON objects), and every
+call the model writes is held to its function's `parameters` schema by a
+grammar (xgrammar's structural tags), so a call's arguments always parse
+and follow the schema:
 
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-the format Qwen, Hermes and SmolLM3 models are trained on, and the one the
-prompt describes to a model whose chat template renders no tools
-(`api/tool_prompt.py`).  Every call the model writes is held to its
-function's `parameters` schema by a grammar (xgrammar's structural tags),
-so a call's arguments always parse and follow the schema:
-
-- `auto` (the default with tools): free text, and once the model writes
-  `<tool_call>` the rest of the block is constrained to one of the tools;
-- `required`: only tool calls, at least one, separated by newlines;
+- `auto` (the default with tools): free text, and once the model begins a
+  call (`<tool_call>`, or `{"name":`) the rest of it is constrained to one
+  of the tools;
+- `required`: only tool calls, at least one, separated as the format
+  separates them;
 - a named function: the output is that function's arguments as JSON (no
   block around them), as vLLM serves a named choice;
 - `none`: no tool is offered (the prompt does not list them) and nothing
@@ -32,10 +28,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.tool_formats import HERMES, ToolFormat
 from engine.sampling_params import StructuredOutput
 
-TOOL_CALL_BEGIN = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
 # The arguments of a function that declares no `parameters`: OpenAI reads
 # that as an empty parameter list.
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {},
@@ -99,6 +94,7 @@ class ToolUse:
     # The function a named choice forces.
     name: str | None = None
     parallel: bool = True
+    fmt: ToolFormat = HERMES
 
     def structure(self) -> StructuredOutput:
         """The grammar its output must follow."""
@@ -106,28 +102,25 @@ class ToolUse:
             fn = next(t.function for t in self.tools if t.function.name == self.name)
             return StructuredOutput(kind="json_schema",
                                     spec=json.dumps(fn.schema(), sort_keys=True))
-        tags = [{"type": "tag", "begin": call_opening(t.function.name),
+        form = self.fmt
+        tags = [{"type": "tag", "begin": form.opening(t.function.name),
                  "content": {"type": "json_schema", "json_schema": t.function.schema()},
-                 "end": "}\n" + TOOL_CALL_END} for t in self.tools]
+                 "end": form.closing} for t in self.tools]
         if self.mode == "required":
             fmt: dict[str, Any] = {"type": "tags_with_separator", "tags": tags,
-                                   "separator": "\n", "at_least_one": True,
+                                   "separator": form.separator, "at_least_one": True,
                                    "stop_after_first": not self.parallel}
         else:
-            fmt = {"type": "triggered_tags", "triggers": [TOOL_CALL_BEGIN], "tags": tags,
+            fmt = {"type": "triggered_tags", "triggers": [form.trigger], "tags": tags,
                    "at_least_one": False, "stop_after_first": not self.parallel}
         return StructuredOutput(kind="structural_tag", spec=json.dumps(
             {"type": "structural_tag", "format": fmt}, sort_keys=True))
 
 
-def call_opening(name: str) -> str:
-    """A call's text up to its arguments."""
-    return f'{TOOL_CALL_BEGIN}\n{{"name": {json.dumps(name)}, "arguments": '
-
-
-def tool_use(req: Any) -> ToolUse | None:
-    """What `req`'s tools ask for (None: no tool is offered).  `APIError`
-    400 naming the field for a choice that cannot be served."""
+def tool_use(req: Any, fmt: ToolFormat = HERMES) -> ToolUse | None:
+    """What `req`'s tools ask for, its calls written in `fmt` (None: no
+    tool is offered).  `APIError` 400 naming the field for a choice that
+    cannot be served."""
     from api.errors import APIError
 
     tools: list[ToolDefinition] | None = getattr(req, "tools", None)
@@ -148,5 +141,5 @@ def tool_use(req: Any) -> ToolUse | None:
         if choice.function.name not in names:
             raise APIError(400, f"tool_choice names function {choice.function.name!r}, "
                            "which is not among the tools", "tool_choice")
-        return ToolUse(tuple(tools), "named", choice.function.name, parallel)
-    return ToolUse(tuple(tools), choice or "auto", None, parallel)
+        return ToolUse(tuple(tools), "named", choice.function.name, parallel, fmt)
+    return ToolUse(tuple(tools), choice or "auto", None, parallel, fmt)

@@ -58,6 +58,7 @@ from api.responses import PromptInput, ResponseBuilder
 from api.structured import requested_structure
 from api.tokenize_route import TokenizeRoutes, encode
 from api.tool_prompt import chat_prompt
+from api.tool_formats import tool_format
 from api.tools import ToolUse, tool_use
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
@@ -109,8 +110,8 @@ class Ingress:
                                RayJobs(self.cfg.batch.jobs_address))
         self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len)
         self.responses_route = ResponsesRoute(self)
-        self.tokenize_routes = TokenizeRoutes(self.tokenizer, self.cfg.model_name,
-                                              self.cfg.max_model_len, self.cfg.max_request_bytes)
+        self.tool_format = tool_format(self.cfg.tool_call_format, self.tokenizer.chat_template)
+        self.tokenize_routes = TokenizeRoutes(self.tokenizer, self.cfg, self.tool_format)
         self.batch_routes = BatchRoutes(self.batches, self.cfg.batch, _app_name,
                                         self.cfg.model_name, self.cfg.max_request_bytes)
         if self.cfg.api_key is not None:
@@ -221,7 +222,7 @@ class Ingress:
 
     async def start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
         """Admit chat request `req`; open its stream (the Responses route too)."""
-        tools = tool_use(req)  # the prompt, the grammar and the parser read it
+        tools = tool_use(req, self.tool_format)  # the prompt, grammar and parser read it
         text = chat_prompt(req, self.tokenizer, tools=tools)
         ids = encode(self.tokenizer, text, "messages", chat=True)
         users = [m.text() for m in req.messages if m.role == "user"]
@@ -341,8 +342,7 @@ class Ingress:
     async def _resume(self, request_id: str, gens: list[GenerateRequest],
                       failed: str | None, moved: bool = False) -> tuple[str | None, Any]:
         """Another replica for a request whose replica failed, or (`moved`)
-        gave it back to the offline pool, and its stream
-        (deployments/resume.py)."""
+        gave it back to the offline pool, and its stream (deployments/resume.py)."""
         replica = await (self._admit(request_id, gens, moved_from=failed or "") if moved
                          else self._admit(request_id, gens, failed_replica=failed or ""))
         return replica, self.engine.generate.remote([g.model_dump() for g in gens],

@@ -190,3 +190,49 @@ def test_a_batch_line_with_tools_answers_with_calls(h: Harness) -> None:
     choice = out["body"]["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+@pytest.fixture(scope="module")
+def llama() -> Any:
+    from tests.api.harness import harness
+
+    with harness(max_model_len=1024, tool_call_format="llama3_json") as h:
+        yield h
+
+
+def test_llama3_json_format_end_to_end(llama: Harness) -> None:
+    """`tool_call_format: llama3_json`: the grammar, the prompt (earlier calls
+    included) and the answer read back all in Llama 3's bare JSON calls."""
+    earlier = [{"role": "user", "content": "Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [{
+                   "id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "12 C"},
+               {"role": "user", "content": "And Rome?"}]
+    llama.engine.state.answer = 'Sure. {"name": "get_weather", "parameters": {"city": "Rome"}}'
+    try:
+        r = llama.client.post("/v1/chat/completions", json={
+            "model": llama.model_name, "messages": earlier, "tools": [WEATHER],
+            "max_tokens": 64})
+    finally:
+        llama.engine.state.answer = None
+    assert r.status_code == 200, r.text
+    fmt = _format(llama)
+    assert fmt["triggers"] == ['{"name":']
+    assert fmt["tags"][0]["begin"] == '{"name": "get_weather", "parameters": '
+    prompt = _prompt(llama)
+    assert '"parameters": <args-json-object>}' in prompt and "<tool_call>" not in prompt
+    assert '{"name": "get_weather", "parameters": {"city": "Paris"}}' in prompt
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
+
+
+def test_an_unknown_tool_call_format_fails_the_config_by_name() -> None:
+    from pydantic import ValidationError
+
+    from api.config import AppConfig
+
+    with pytest.raises(ValidationError, match="tool_call_format"):
+        AppConfig(model="embedded:smollm2", tool_call_format="mistral")

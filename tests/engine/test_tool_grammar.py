@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from api.protocol import ChatCompletionRequest
+from api.tool_formats import HERMES, LLAMA3_JSON, ToolFormat
 from api.tool_parser import ToolCallParser
 from api.tool_prompt import chat_prompt
 from api.tools import ToolUse, tool_use
@@ -49,16 +50,17 @@ def runner(smollm2_path: Path) -> ModelRunner:
                        max_model_len=384, num_threads=1)
 
 
-def _requests(runner: ModelRunner) -> tuple[dict[str, list[int]], dict[str, SamplingParams],
-                                             dict[str, ToolUse]]:
+def _requests(runner: ModelRunner, fmt: ToolFormat = HERMES
+              ) -> tuple[dict[str, list[int]], dict[str, SamplingParams], dict[str, ToolUse]]:
     prompts, params, uses = {}, {}, {}
     for name, (extra, question) in ASKS.items():
         req = ChatCompletionRequest.model_validate({
             "messages": [{"role": "user", "content": question}], "tools": [WEATHER, TIME],
             "temperature": 0.0, **extra})
-        use = tool_use(req)
+        use = tool_use(req, fmt)
         assert use is not None
-        prompts[name] = encode_chat_text(runner.tokenizer, chat_prompt(req, runner.tokenizer, tools=use))
+        text = chat_prompt(req, runner.tokenizer, tools=use)
+        prompts[name] = encode_chat_text(runner.tokenizer, text)
         params[name] = SamplingParams(temperature=req.temperature, seed=req.seed,
                                       max_tokens=48, structured=use.structure())
         uses[name] = use
@@ -102,3 +104,24 @@ def test_calls_follow_their_schemas_through_preemption(runner: ModelRunner) -> N
                   max_batch_tokens=128)
     assert tight.num_mid_generation_preemptions > 0
     assert tight.tokens == alone.tokens
+
+
+def test_llama3_json_calls_are_written_and_read_back(runner: ModelRunner) -> None:
+    """Llama 3's format: the prompt teaches it (SmolLM2's template renders no
+    tools), the grammar holds the model to it, the parser reads it back."""
+    prompts, params, uses = _requests(runner, LLAMA3_JSON)
+    out = drive(runner, prompts, params, num_blocks=100, block_size=16, max_model_len=384)
+    assert out.text["required"].startswith('{"name": "')
+    messages = {}
+    for name in ("required", "many"):
+        parser = ToolCallParser(uses[name])
+        parser.feed(out.text[name])
+        messages[name] = (parser.finish(out.finish[name])[2], parser.message())
+    finish, message = messages["required"]
+    (call,) = message["tool_calls"]  # parallel_tool_calls false: one call, then EOS
+    assert finish == "tool_calls" and message["content"] is None
+    assert _valid(call["function"]["name"], json.loads(call["function"]["arguments"]))
+    finish, message = messages["many"]
+    assert message["tool_calls"], out.text["many"]
+    for call in message["tool_calls"]:
+        assert _valid(call["function"]["name"], json.loads(call["function"]["arguments"]))
