@@ -51,9 +51,9 @@ class SwapManager:
         # Jobs with a copy in the host tier (what proactive swap-in ranks).
         self.on_host: dict[str, Job] = {}
         # Of those, the ids of jobs whose KV is only there: no device block,
-        # no fetch in flight.  A proactive MLFQ's walk passes over them
-        # (they come back by its ENST-ordered prefetch, not by the walk), so
-        # it skips them by set lookup instead of visiting each.
+        # no fetch in flight.  A proactive MLFQ's walk leaves them out (they
+        # come back by its ENST-ordered prefetch, not by the walk), following
+        # this set's changes (`watch_host_only`, scheduler/policies/mlfq_walk.py).
         self.host_only: set[str] = set()
         self._host_watchers = Watchers()
         self._host_only_watchers = Watchers()
@@ -88,14 +88,14 @@ class SwapManager:
         if job.job_id not in self.on_host:
             self.on_host[job.job_id] = job
             self._host_watchers.changed(job.job_id)
-        self._host_only(job.job_id, True)
+        self._set_host_only(job.job_id, True)
 
     def _off_host(self, job_id: str) -> None:
         if self.on_host.pop(job_id, None) is not None:
             self._host_watchers.changed(job_id)
-        self._host_only(job_id, False)
+        self._set_host_only(job_id, False)
 
-    def _host_only(self, job_id: str, only: bool) -> None:
+    def _set_host_only(self, job_id: str, only: bool) -> None:
         if (job_id in self.host_only) != only:
             if only:
                 self.host_only.add(job_id)
@@ -204,7 +204,7 @@ class SwapManager:
         self.blocks.take(job, n - kept)
         self.blocks_kept += kept
         self.num_swap_in += 1  # a job brought back, whatever it copies
-        self._host_only(job.job_id, False)
+        self._set_host_only(job.job_id, False)
         if kept == n:  # nothing to copy: back already
             if not job.num_checkpointed_blocks:  # a move: no copy lands to drop the host's
                 self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))

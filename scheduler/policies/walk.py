@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, filterfalse, takewhile
+from itertools import chain, takewhile
 from operator import itemgetter
 from typing import Any
 
@@ -62,15 +62,9 @@ class Walk:
         return self._rest is None
 
 
-def queue_order(levels: Mapping[int, Sequence[dict[str, Job]]],
-                skip: set[str] | None = None) -> Iterator[Job]:
-    """Jobs by (priority class, level, position in level), lazily, leaving
-    out the ids in `skip` by set lookup, without visiting their jobs."""
-    if not skip:
-        return chain.from_iterable(q.values() for p in sorted(levels) for q in levels[p])
-    out = skip.__contains__
-    return chain.from_iterable(map(q.__getitem__, filterfalse(out, q))
-                               for p in sorted(levels) for q in levels[p])
+def queue_order(levels: Mapping[int, Sequence[dict[str, Job]]]) -> Iterator[Job]:
+    """Jobs by (priority class, level, position in level), lazily."""
+    return chain.from_iterable(q.values() for p in sorted(levels) for q in levels[p])
 
 
 class WalkOrder:
