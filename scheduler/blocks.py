@@ -157,8 +157,8 @@ class BlockManager:
                 self._num_shared[source.job_id] = self._num_shared.get(source.job_id, 0) + 1
             holders.add(job.job_id)
             job.block_table.append(b)
-            job.table_copy = None
-            job.block_locations.append(BlockLocation.DEVICE)
+            job.block_locations.append(_DEVICE)
+        job.table_copy = None
         if num_blocks:
             self._num_shared[job.job_id] = num_blocks
             self._now_holding(job)
@@ -254,7 +254,7 @@ class BlockManager:
             self._num_shared[jid] = shared
         job.block_table += found
         job.table_copy = None
-        job.block_locations += [BlockLocation.DEVICE] * len(found)
+        job.block_locations += [_DEVICE] * len(found)
         self._now_holding(job)
         if not computed:  # a swap-in: its computed tokens are counted already
             return
