@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from api.tool_formats import ToolCallFormatName
 from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
 
@@ -211,7 +212,7 @@ class AppConfig(SchedulingSettings):
     offline_starts: int = Field(8, ge=1, le=4096)
     # How the model writes tool calls (api/tool_formats.py): "auto" picks by
     # its chat template; "hermes" (<tool_call> blocks); "llama3_json".
-    tool_call_format: Literal["auto", "hermes", "llama3_json"] = "auto"
+    tool_call_format: ToolCallFormatName = "auto"
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -60,15 +60,19 @@ class ToolFormat:
         return (self.opening(function) + json.dumps(arguments, ensure_ascii=False)
                 + self.closing)
 
-    def call_end(self, text: str) -> int:
+    def call_end(self, text: str, new: int = 0) -> int:
         """`text` begins with `trigger`: the length of the call there, or
         -1 while it is not complete (it may never be: the parser gives up
-        at the answer's end, and the text is content)."""
+        at the answer's end, and the text is content).  `text[:new]` was
+        already found incomplete: a call still streaming is not re-read
+        whole for every piece, only where a piece can close it."""
         if self.tagged:
-            end = text.find(_END_TAG)
+            end = text.find(_END_TAG, max(0, new - len(_END_TAG) + 1))
             return -1 if end < 0 else end + len(_END_TAG)
+        if text.find("}", new) < 0:  # a JSON object ends only at a '}'
+            return -1
         try:
-            _, end = json.JSONDecoder().raw_decode(text)
+            _, end = _JSON.raw_decode(text)
         except ValueError:
             return -1
         return end
@@ -90,6 +94,7 @@ class ToolFormat:
 
 
 _BEGIN_TAG, _END_TAG = "<tool_call>", "</tool_call>"
+_JSON = json.JSONDecoder()
 HERMES = ToolFormat("hermes", _BEGIN_TAG, _BEGIN_TAG + '\n{"name": ', "arguments",
                     "}\n" + _END_TAG, "\n", tagged=True)
 LLAMA3_JSON = ToolFormat("llama3_json", '{"name":', '{"name": ', "parameters", "}", "; ",

@@ -43,6 +43,7 @@ class ToolCallParser:
         self._content: list[str] = []
         self._buf = ""  # text not yet known to be content or a call
         self._in_call = False
+        self._seen = 0  # how much of an open call's text was found incomplete
         self._blank = ""  # whitespace held back until text follows it
         self._arguments: list[str] = []  # a named call's arguments so far
         self._named_id = _call_id()
@@ -73,10 +74,11 @@ class ToolCallParser:
                     break
                 content.append(self._buf[:k])
                 self._buf = self._buf[k:]
-                self._in_call = True
+                self._in_call, self._seen = True, 0
             else:
-                e = self.use.fmt.call_end(self._buf)
+                e = self.use.fmt.call_end(self._buf, self._seen)
                 if e < 0:
+                    self._seen = len(self._buf)
                     break
                 text, self._buf = self._buf[:e], self._buf[e:]
                 self._in_call = False

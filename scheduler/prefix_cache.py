@@ -151,13 +151,10 @@ class PrefixCache:
         self._parked[block] = None
         return True
 
-    def evict(self) -> int:
-        """Un-index the parked block let go longest ago and hand it out."""
-        return self.evict_many(1)[0]
-
     def evict_many(self, n: int) -> list[int]:
-        """`evict` `n` times (an allocation that finds the free list dry
-        takes all its blocks here: one call, not one per block)."""
+        """Un-index the `n` parked blocks let go longest ago and hand them
+        out (an allocation that finds the free list dry takes all its
+        blocks here: one call, not one per block)."""
         popitem, entry, index = self._parked.popitem, self._entry, self._index
         out: list[int] = []
         for _ in range(n):

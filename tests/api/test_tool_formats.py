@@ -84,6 +84,31 @@ def test_llama3_calls_stream_out_of_the_content_whatever_the_pieces() -> None:
         assert message["content"] == "Checking both."
 
 
+def test_a_long_call_streamed_in_small_pieces_is_read_whole_only_where_it_can_close(
+        monkeypatch) -> None:
+    """Reading the open call again for every piece costs the square of its
+    length: a call is parsed only when a piece brings a '}'."""
+    import api.tool_formats as formats
+
+    reads = []
+
+    class Counting(json.JSONDecoder):
+        def raw_decode(self, s, idx=0):
+            reads.append(len(s))
+            return super().raw_decode(s, idx)
+
+    monkeypatch.setattr(formats, "_JSON", Counting())
+    text = _call("get_weather", {"city": "x" * 4000, "opts": {"u": "c"}})
+    content, calls, _, _ = _run(text, list(text))
+    assert content == "" and json.loads(calls[0]["function"]["arguments"])["city"] == "x" * 4000
+    assert len(reads) == text.count("}")
+    # Hermes: its end tag is found whatever the pieces it streams in.
+    p = ToolCallParser(ToolUse(TOOLS, "auto", fmt=HERMES))
+    text = HERMES.write("get_time", {"tz": "y" * 300})
+    got = [d for ch in text for d in p.feed(ch)[1]]
+    assert [json.loads(d["function"]["arguments"]) for d in got] == [{"tz": "y" * 300}]
+
+
 @pytest.mark.parametrize("text", [
     '{"name": "get_weather", "parameters": {"city": "Par',  # cut short by max_tokens
     '{"name": "nope", "parameters": {}}',  # not one of the tools
