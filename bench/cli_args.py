@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
+from typing import Any
 
 from workloads.sharegpt import DEFAULT_TOKENIZER
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError("a JSON object is needed")
+    return obj
+
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
@@ -127,6 +139,8 @@ def _add_live_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-ignore-eos", action="store_true", help="for servers without ignore_eos")
     g.add_argument("--no-min-tokens", action="store_true", help="for servers without min_tokens")
     g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--extra-body", type=_json_object, default={}, metavar="JSON",
+                   help='fields added to every request, e.g. \'{"top_p": 0.95}\'')
     g.add_argument("--max-tokens", type=int, default=None,
                    help="every request's max_tokens, answers ending by themselves (no "
                         "ignore_eos / min_tokens); default: the workload's lengths, forced")

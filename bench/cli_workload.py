@@ -112,6 +112,7 @@ def _client_config(a: argparse.Namespace) -> Any:
         ignore_eos=not a.no_ignore_eos,
         send_min_tokens=not a.no_min_tokens,
         temperature=a.temperature,
+        extra_body=a.extra_body,
         max_tokens=a.max_tokens,
         max_concurrency=a.max_concurrency,
         request_timeout=a.request_timeout,

@@ -195,3 +195,19 @@ def test_a_fixed_cap_lets_answers_end_by_themselves() -> None:
     free = request_body(ClientConfig(max_tokens=512, temperature=0.7), "m", r)
     assert free["max_tokens"] == 512 and free["temperature"] == 0.7
     assert "ignore_eos" not in free and "min_tokens" not in free
+
+
+def test_extra_body_from_the_command_line_reaches_every_request() -> None:
+    """`bench run --extra-body '{...}'`: sampled traffic (top_p, top_k, ...)
+    for a side-by-side run; anything but a JSON object is refused."""
+    from bench.__main__ import build_parser
+    from bench.cli_workload import _client_config
+    from bench.client import request_body
+
+    a = build_parser().parse_args(
+        ["run", "--temperature", "0.8", "--extra-body", '{"top_p": 0.95, "top_k": 50}'])
+    body = request_body(_client_config(a), "m", req("a", 0.0, out=10))
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.8, 0.95, 50)
+    for bad in ("[1]", "{top_p"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--extra-body", bad])
