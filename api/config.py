@@ -119,6 +119,34 @@ class BatchSettings(BaseModel):
         return cache_root() / "batches"
 
 
+class ResponsesSettings(BaseModel):
+    """`/v1/responses`: the responses kept for `previous_response_id` and
+    `GET /v1/responses/{id}` (api/responses_store.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Keep responses; a request that does not say `store` is kept, as with
+    # OpenAI.  False: none is, and a request with `store: true` or a
+    # `previous_response_id` is refused (400).
+    store: bool = True
+    # Every Ingress replica reads and writes here, so on a multi-node
+    # cluster it must be a filesystem every node mounts at this path.  None:
+    # `responses/` under the cache directory (PREEMPT_SERVE_CACHE, else
+    # ~/.cache/preempt-serve).
+    storage_dir: str | None = None
+    # How long a response is kept (OpenAI keeps them 30 days).
+    retention_hours: float = Field(720.0, gt=0)
+    # Most responses kept; the oldest go first.
+    max_stored: int = Field(100_000, ge=1)
+
+    def storage_path(self) -> Path:
+        from engine.model_source import cache_root
+
+        if self.storage_dir:
+            return Path(self.storage_dir).expanduser()
+        return cache_root() / "responses"
+
+
 class AppConfig(SchedulingSettings):
     """The application's fields, and the scheduler's (`policy`,
     `block_size`, `block_run`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
@@ -181,6 +209,7 @@ class AppConfig(SchedulingSettings):
     # with room (the Scheduler deployment's pool, scheduler/offline_pool.py).
     offline_pool: OfflinePoolConfig = OfflinePoolConfig()
     batch: BatchSettings = BatchSettings()
+    responses: ResponsesSettings = ResponsesSettings()
     # Shards (engine/tensor_parallel.py) × pipeline stages
     # (engine/pipeline_parallel.py) of each engine replica's model: one
     # process each, in the replica's placement group, each with

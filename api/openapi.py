@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from api.openapi_batch import MODELS as BATCH_MODELS
 from api.openapi_batch import batch_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from api.openapi_responses import responses_paths
 from api.responses_api import ResponsesRequest
 from api.tokenize_route import MODELS as TOKENIZE_MODELS
 from api.tokenize_route import tokenize_paths
@@ -31,7 +32,8 @@ _POST_ERRORS = {
     "400": "the body is not a JSON object, a field is invalid or out of range, "
            "or the request cannot be served (e.g. longer than the context)",
     "401": "the API key is missing or wrong (when the server requires one)",
-    "404": "the `model` is not served",
+    "404": "the `model` is not served (or, for a Response, no stored response has the "
+           "`previous_response_id`)",
     "413": "the body is larger than the server's limit",
     "415": "the Content-Type is not JSON",
     "429": "the server is at capacity; retry after `Retry-After` seconds",
@@ -158,8 +160,10 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         "/v1/completions": {"post": _completion_op("Text completion", completion_ref, error_ref)},
         "/v1/chat/completions": {"post": _completion_op("Chat completion", chat_ref, error_ref)},
         "/v1/responses": {"post": _completion_op(
-            "A Response (not stored), served as a chat completion",
+            "A Response, served as a chat completion (stored unless `store` is false; "
+            "`previous_response_id` continues a stored one, 404 where none is stored)",
             refs[(ResponsesRequest, "validation")], error_ref, _RESPONSE)},
+        **responses_paths(error_ref, _RESPONSE),
         "/health": {"get": {
             "summary": "Readiness: 200 once an engine replica serves, 503 while none does "
                        "(never needs a key)",

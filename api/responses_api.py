@@ -2,10 +2,12 @@
 completion: the request becomes a `ChatCompletionRequest`, its answer an
 OpenAI Response object, its stream the Responses API's semantic events.
 
-Responses are not stored: `store` must be absent or false, and
-`previous_response_id` (which needs a stored response) is a 400; a
-conversation sends its earlier turns, calls and results in `input`, as with
-`store: false`.
+A response is stored unless the request says `store: false` (or the
+server keeps none, `responses.store`: api/responses_store.py); a request
+naming a stored `previous_response_id` continues its conversation (its
+inputs and outputs come before the new input; its instructions do not, as
+with OpenAI).  A conversation can also send its earlier turns, calls and
+results in `input`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+)
 
 from api.protocol import ChatCompletionRequest
 from api.structured import JsonSchemaFormat
@@ -29,8 +39,10 @@ class _Strict(BaseModel):
 class TextPart(_Strict):
     type: Literal["input_text", "output_text"]
     text: str
-    # Output text's citations (an earlier answer sent back): none are made here.
+    # Output text's citations and log probabilities (an earlier answer sent
+    # back): the text is what the conversation keeps.
     annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
 
 
 class MessageItem(_Strict):
@@ -99,14 +111,12 @@ class TextConfig(_Strict):
     verbosity: Literal["medium"] | None = None
 
 
-_OFF = {"store": "responses are not stored; send the conversation in input",
-        "previous_response_id": "responses are not stored; send the conversation in input",
-        "background": "background responses are not supported",
+_OFF = {"background": "background responses are not supported",
         "reasoning": "this model does not reason",
         "max_tool_calls": "not supported",
-        "conversation": "conversations are not stored; send the conversation in input",
-        "prompt": "stored prompts are not supported",
-        "metadata": "responses are not stored, so metadata has no use"}
+        "conversation": "conversation objects are not supported; continue a conversation "
+                        "with previous_response_id, or send it in input",
+        "prompt": "stored prompts are not supported"}
 
 
 class ResponsesRequest(_Strict):
@@ -128,21 +138,31 @@ class ResponsesRequest(_Strict):
     truncation: Literal["disabled"] | None = None
     include: list[str] | None = Field(None, max_length=0)
     service_tier: Literal["auto", "default"] | None = None
-    # Accepted only with the value that asks for nothing (`_OFF`).
+    # None: the server's default (`responses.store`).
     store: bool | None = None
-    previous_response_id: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1)
+    # Kept with the response and echoed (OpenAI's limits).
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16)
+    # Accepted only with the value that asks for nothing (`_OFF`).
     background: bool | None = None
     reasoning: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     conversation: Any = None
     prompt: Any = None
-    metadata: dict[str, str] | None = None
 
     @field_validator(*_OFF, mode="after")
     @classmethod
     def _off(cls, v: Any, info: Any) -> Any:
         if v not in (None, False, {}):
             raise ValueError(f"not supported by this server ({_OFF[info.field_name]})")
+        return v
+
+    @field_validator("metadata", mode="after")
+    @classmethod
+    def _short_keys(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None and any(len(k) > 64 for k in v):
+            raise ValueError("a metadata key is at most 64 characters")
         return v
 
     @field_validator("input", mode="before")
@@ -157,14 +177,28 @@ class ResponsesRequest(_Strict):
             raise ValueError("input must not be empty")
         return v
 
-    def chat(self) -> ChatCompletionRequest:
-        """The chat completion this response is served as (a 400 naming a
-        chat field, which `param_of` maps back, where it cannot be)."""
-        return ChatCompletionRequest.model_validate(self._chat_body())
+    def chat(self, context: list[Any] | None = None) -> ChatCompletionRequest:
+        """The chat completion this response is served as, after `context`
+        (a stored conversation's items: `items_of`); a 400 naming a chat
+        field, which `param_of` maps back, where it cannot be."""
+        return ChatCompletionRequest.model_validate(self._chat_body(context or []))
 
-    def _chat_body(self) -> dict[str, Any]:
+    def input_records(self) -> list[dict[str, Any]]:
+        """The input items as stored: each with an id (OpenAI's, where the
+        client gave none)."""
+        out = []
+        for item in self.input:
+            record = item.model_dump(exclude_none=True)
+            if isinstance(item, MessageItem):
+                record.setdefault("type", "message")
+            record.setdefault("id", item_id(_ID_PREFIX[record["type"]]))
+            out.append(record)
+        return out
+
+    def _chat_body(self, context: list[Any]) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model, "messages": self._messages(), "temperature": self.temperature,
+            "model": self.model, "messages": self._messages(context),
+            "temperature": self.temperature,
             "top_p": self.top_p, "stream": self.stream, "user": self.user,
             "safety_identifier": self.safety_identifier,
             "prompt_cache_key": self.prompt_cache_key}
@@ -186,11 +220,11 @@ class ResponsesRequest(_Strict):
                     by_alias=True, exclude={"type"}, exclude_none=True)}
         return body
 
-    def _messages(self) -> list[dict[str, Any]]:
+    def _messages(self, context: list[Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if self.instructions is not None:
             out.append({"role": "system", "content": self.instructions})
-        for item in self.input:
+        for item in [*context, *self.input]:
             if isinstance(item, MessageItem):
                 content = item.content if isinstance(item.content, str) \
                     else "".join(p.text for p in item.content)
@@ -207,6 +241,16 @@ class ResponsesRequest(_Strict):
                 out.append({"role": "tool", "content": item.output,
                             "tool_call_id": item.call_id})
         return out
+
+
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
+
+
+def items_of(records: list[dict[str, Any]]) -> list[Any]:
+    """A stored conversation's items (inputs and output items alike) as
+    input items."""
+    return _ITEMS.validate_python(records)
 
 
 def param_of(chat_param: str | None) -> str | None:
@@ -227,8 +271,9 @@ def new_response_id() -> str:
 
 def response_object(req: ResponsesRequest, response_id: str, created: float,
                     status: str, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None) -> dict[str, Any]:
-    """The Response object, echoing the request's settings as OpenAI does."""
+                    usage: dict[str, Any] | None, stored: bool = False) -> dict[str, Any]:
+    """The Response object, echoing the request's settings as OpenAI does;
+    `stored`: it is kept (`store`)."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else None
     tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) \
         else (req.tool_choice or ("auto" if req.tools else "none"))
@@ -240,13 +285,14 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "model": req.model, "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": None, "reasoning": None, "store": False,
+        "previous_response_id": req.previous_response_id, "reasoning": None, "store": stored,
         "temperature": req.temperature, "top_p": req.top_p,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
                  if fmt is not None else {"type": "text"}},
         "tool_choice": tool_choice,
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-        "truncation": "disabled", "usage": usage, "user": req.user, "metadata": {},
+        "truncation": "disabled", "usage": usage, "user": req.user,
+        "metadata": req.metadata or {},
     }
 
 

@@ -25,8 +25,10 @@ from api.responses_api import (
 
 
 class ResponseEvents:
-    def __init__(self, req: ResponsesRequest, response_id: str, created: float) -> None:
+    def __init__(self, req: ResponsesRequest, response_id: str, created: float,
+                 stored: bool = False) -> None:
         self.req = req
+        self.stored = stored
         self.response_id = response_id
         self.created = created
         self.sequence = 0
@@ -131,7 +133,7 @@ class ResponseEvents:
 
     def _response(self, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         return response_object(self.req, self.response_id, self.created, status,
-                               list(self.output), usage)
+                               list(self.output), usage, self.stored)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}

@@ -1,20 +1,25 @@
-"""`POST /v1/responses`: the Responses API on the ingress's chat path.
+"""`/v1/responses`: the Responses API on the ingress's chat path.
 
-The request is validated as a Responses request, served as the chat
-completion it amounts to (`api/responses_api.py`: admission, the engine
+`POST`: the request is validated as a Responses request, served as the
+chat completion it amounts to after the stored conversation it continues
+(`previous_response_id`; `api/responses_api.py`: admission, the engine
 stream, tools and structured output as for chat), and answered as a
 Response object or its semantic events (`api/responses_stream.py`).  An
 error about a chat field is reported under the Responses field it came
-from.
+from.  A response is stored (`api/responses_store.py`) before its last
+event or its body is sent, so a follow-up the client sends on reading it
+finds it.  `GET /v1/responses/{id}`, `GET .../input_items` and `DELETE`
+read and remove stored ones.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -22,6 +27,7 @@ from starlette.routing import Route
 from api.errors import APIError, validation_error
 from api.responses_api import (
     ResponsesRequest,
+    items_of,
     new_response_id,
     now,
     output_of,
@@ -30,22 +36,51 @@ from api.responses_api import (
     sse,
     usage_of,
 )
+from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
+
+
+class InputItemsQuery(BaseModel):
+    """`GET /v1/responses/{id}/input_items`'s query."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(20, ge=1, le=100)
+    order: Literal["asc", "desc"] = "desc"
+    after: str | None = None
 
 
 class ResponsesRoute:
     def __init__(self, ingress: Any) -> None:
         self.ingress = ingress
+        settings = ingress.cfg.responses
+        self.keep = settings.store
+        self.store = ResponseStore(settings.storage_path(), settings.retention_hours * 3600,
+                                   settings.max_stored) if settings.store else None
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/responses", self.create, methods=["POST"])]
+        return [Route("/v1/responses", self.create, methods=["POST"]),
+                # One route for both methods, so a 405 lists both in `Allow`.
+                Route("/v1/responses/{response_id}", self.stored_response,
+                      methods=["GET", "DELETE"]),
+                Route("/v1/responses/{response_id}/input_items", self.input_items,
+                      methods=["GET"])]
 
     async def create(self, request: Request) -> Response:
         ing = self.ingress
         req = await ing.parse_body(request, ResponsesRequest)
         req = req.model_copy(update={"model": ing.cfg.model_name})
+        keep = self.keep if req.store is None else req.store
+        if (keep or req.previous_response_id) and self.store is None:
+            param = "store" if req.store else "previous_response_id"
+            raise APIError(400, f"{param}: this server keeps no responses (responses.store: "
+                           "false); send the conversation in input", param)
+        context: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            context = (await self._stored(req.previous_response_id,
+                                          "previous_response_id")).conversation()
         try:
-            chat = req.chat()
+            chat = req.chat(items_of(context))
         except ValidationError as e:
             raise _as_responses(validation_error(e)) from None
         try:
@@ -54,17 +89,24 @@ class ResponsesRoute:
         except APIError as e:
             raise _as_responses(e) from None
         response_id, created = new_response_id(), now()
+        record = (lambda response: StoredResponse(
+            response=response, context=context, input_items=req.input_records())
+            ) if keep else None
         if req.stream:
-            return StreamingResponse(self._events(req, builder, stream, response_id, created),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._events(req, builder, stream, response_id, created, record),
+                media_type="text/event-stream")
         out = await ing.collect(builder, stream)
         output, status = output_of(out)
-        return JSONResponse(response_object(req, response_id, created, status, output,
-                                            usage_of(out["usage"])))
+        response = response_object(req, response_id, created, status, output,
+                                   usage_of(out["usage"]), keep)
+        if record is not None:
+            await self._put(record(response))
+        return JSONResponse(response)
 
     async def _events(self, req: ResponsesRequest, builder: Any, stream: Any,
-                      response_id: str, created: float) -> AsyncIterator[str]:
-        events = ResponseEvents(req, response_id, created)
+                      response_id: str, created: float, record: Any) -> AsyncIterator[str]:
+        events = ResponseEvents(req, response_id, created, stored=record is not None)
         for e in events.opening():
             yield sse(e)
         async with aclosing(self.ingress.chunks(builder, stream)) as chunks:
@@ -75,8 +117,64 @@ class ResponsesRoute:
                     return
                 for e in events.feed(chunk):
                     yield sse(e)
-        for e in events.closing(builder.usage()):
+        closing = events.closing(builder.usage())
+        if record is not None:
+            await self._put(record(closing[-1]["response"]))
+        for e in closing:
             yield sse(e)
+
+    async def stored_response(self, request: Request) -> Response:
+        if request.method == "DELETE":
+            return await self.delete(request)
+        return await self.retrieve(request)
+
+    async def retrieve(self, request: Request) -> Response:
+        unknown = sorted(set(request.query_params) - {"include"})
+        if unknown or request.query_params.getlist("include"):
+            param = unknown[0] if unknown else "include"
+            raise APIError(400, f"{param}: not supported by this server", param)
+        found = await self._stored(request.path_params["response_id"], "response_id")
+        return JSONResponse(found.response)
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        if self.store is None or not await asyncio.to_thread(self.store.delete, response_id):
+            raise _missing(response_id, "response_id")
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    async def input_items(self, request: Request) -> Response:
+        try:
+            query = InputItemsQuery.model_validate(dict(request.query_params))
+        except ValidationError as e:
+            raise validation_error(e) from None
+        found = await self._stored(request.path_params["response_id"], "response_id")
+        items = found.input_items if query.order == "asc" else found.input_items[::-1]
+        if query.after is not None:
+            ids = [i.get("id") for i in items]
+            if query.after not in ids:
+                raise APIError(404, f"no input item {query.after[:100]!r}", "after")
+            items = items[ids.index(query.after) + 1:]
+        page = items[:query.limit]
+        return JSONResponse({"object": "list", "data": page,
+                             "first_id": page[0]["id"] if page else None,
+                             "last_id": page[-1]["id"] if page else None,
+                             "has_more": len(items) > len(page)})
+
+    async def _stored(self, response_id: str, param: str) -> StoredResponse:
+        found = None if self.store is None else await asyncio.to_thread(
+            self.store.get, response_id)
+        if found is None:
+            raise _missing(response_id, param)
+        return found
+
+    async def _put(self, record: StoredResponse) -> None:
+        assert self.store is not None
+        await asyncio.to_thread(self.store.put, record)
+
+
+def _missing(response_id: str, param: str) -> APIError:
+    return APIError(404, f"no stored response {response_id[:100]!r} (never stored, deleted "
+                    "or expired)", param)
 
 
 # Chat's names in an error's message, and the Responses fields they stand for.

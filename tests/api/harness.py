@@ -239,7 +239,8 @@ def harness(api_key: str | None = None, max_request_bytes: int = 64 * 1024,
 
     with tempfile.TemporaryDirectory(prefix="batches-") as storage:
         cfg = {"model": "embedded:smollm2", "max_request_bytes": max_request_bytes,
-               "api_key": api_key, "batch": {"storage_dir": storage}, **config}
+               "api_key": api_key, "batch": {"storage_dir": storage},
+               "responses": {"storage_dir": f"{storage}/responses"}, **config}
         with _no_env_key():
             AppConfig(**cfg)  # a bad harness config fails here, not in the ingress
             scheduler = FakeScheduler()

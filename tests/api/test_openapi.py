@@ -21,7 +21,9 @@ PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions"
          "/health": {"get"}, "/v1/files": {"post"}, "/v1/files/{file_id}": {"get"},
          "/v1/files/{file_id}/content": {"get"}, "/v1/batches": {"get", "post"},
          "/v1/batches/{batch_id}": {"get"}, "/v1/batches/{batch_id}/cancel": {"post"},
-         "/tokenize": {"post"}, "/detokenize": {"post"}, "/v1/responses": {"post"}}
+         "/tokenize": {"post"}, "/detokenize": {"post"}, "/v1/responses": {"post"},
+         "/v1/responses/{response_id}": {"get", "delete"},
+         "/v1/responses/{response_id}/input_items": {"get"}}
 
 
 def test_document_covers_the_api(served: Harness) -> None:

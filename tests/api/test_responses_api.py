@@ -72,7 +72,7 @@ def test_a_text_answer_is_a_response(h: Harness) -> None:
     body = r.json()
     _valid(Response, body)
     assert body["status"] == "completed" and body["model"] == h.model_name
-    assert body["id"].startswith("resp_") and body["store"] is False
+    assert body["id"].startswith("resp_") and body["store"] is True
     (item,) = body["output"]
     assert item["type"] == "message" and item["content"][0]["text"] == "Paris is sunny."
     request = h.engine.requests[-1]
@@ -163,8 +163,9 @@ def test_text_format_is_structured_output(h: Harness, fmt: dict[str, Any], kind:
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"store": True}, "store"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "metadata"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"background": True}, "background"),
     ({"input": []}, "input"),

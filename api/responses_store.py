@@ -1,0 +1,118 @@
+"""Stored responses: what `previous_response_id`, `GET /v1/responses/{id}`,
+its input items and `DELETE` read (`responses.storage_dir`).
+
+    <response id>.json      one StoredResponse
+
+A record holds the Response object as it was answered, the conversation
+it continued (the inputs and outputs of the responses before it in its
+chain, so a follow-up reads one file however long the chain, and still
+finds its context after an earlier response of the chain is deleted) and
+its own input items.  Every Ingress replica reads and writes the same
+directory, so a follow-up may land on any of them; on a multi-node cluster
+it must be a filesystem every node mounts at this path.  Records are
+replaced whole (written aside, then renamed), so a reader never sees half
+of one.  Ids are checked against their pattern before they touch a path.
+Records older than `retention_hours` are gone (read as missing, and swept),
+and beyond `max_stored` the oldest are swept first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+_ID = re.compile(r"resp_[0-9a-f]{32}")
+# A sweep lists the directory: one in this many writes of a process.
+_SWEEP_EVERY = 256
+
+
+class StoredResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The Response object, as `POST /v1/responses` answered it.
+    response: dict[str, Any]
+    # The conversation before this request's input: the chain's inputs and
+    # outputs, oldest first.
+    context: list[dict[str, Any]]
+    # This request's own input items, each with its id.
+    input_items: list[dict[str, Any]]
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """What a follow-up continues: the context, this input, this output."""
+        return [*self.context, *self.input_items, *self.response["output"]]
+
+
+class ResponseStore:
+    def __init__(self, root: Path, retention_s: float, max_stored: int) -> None:
+        self.root = root
+        self.retention_s = retention_s
+        self.max_stored = max_stored
+        self._writes = 0
+        root.mkdir(parents=True, exist_ok=True)
+
+    def put(self, record: StoredResponse) -> None:
+        path = self._path(record.response["id"])
+        if path is None:
+            raise ValueError(f"not a response id: {record.response['id']!r}")
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        tmp.write_text(record.model_dump_json())
+        os.replace(tmp, path)
+        self._writes += 1
+        if self._writes % _SWEEP_EVERY == 0:
+            self.sweep()
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        """The record, or None: no such id, deleted, expired, or unreadable."""
+        path = self._path(response_id)
+        if path is None:
+            return None
+        try:
+            if time.time() - path.stat().st_mtime > self.retention_s:
+                path.unlink(missing_ok=True)
+                return None
+            return StoredResponse.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError):
+            return None
+
+    def delete(self, response_id: str) -> bool:
+        path = self._path(response_id)
+        if path is None:
+            return False
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def sweep(self) -> int:
+        """Remove expired records, then the oldest beyond `max_stored`;
+        how many went."""
+        now = time.time()
+        kept: list[tuple[float, Path]] = []
+        gone = 0
+        for path in self.root.glob("resp_*.json"):
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:  # another replica swept it
+                continue
+            if now - mtime > self.retention_s:
+                path.unlink(missing_ok=True)
+                gone += 1
+            else:
+                kept.append((mtime, path))
+        kept.sort()
+        for _, path in kept[:max(0, len(kept) - self.max_stored)]:
+            path.unlink(missing_ok=True)
+            gone += 1
+        return gone
+
+    def _path(self, response_id: str) -> Path | None:
+        if not _ID.fullmatch(response_id):
+            return None
+        return self.root / f"{response_id}.json"
