@@ -135,7 +135,10 @@ class ResponsesRequest(_Strict):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    truncation: Literal["disabled"] | None = None
+    # "auto": items are dropped from the conversation's beginning until it
+    # fits the context with room for max_output_tokens (deployments/
+    # responses_route.py); "disabled": a conversation too long is a 400.
+    truncation: Literal["disabled", "auto"] | None = None
     include: list[str] | None = Field(None, max_length=0)
     service_tier: Literal["auto", "default"] | None = None
     # None: the server's default (`responses.store`).
@@ -177,11 +180,13 @@ class ResponsesRequest(_Strict):
             raise ValueError("input must not be empty")
         return v
 
-    def chat(self, context: list[Any] | None = None) -> ChatCompletionRequest:
-        """The chat completion this response is served as, after `context`
-        (a stored conversation's items: `items_of`); a 400 naming a chat
-        field, which `param_of` maps back, where it cannot be."""
-        return ChatCompletionRequest.model_validate(self._chat_body(context or []))
+    def chat(self, items: list[Any] | None = None) -> ChatCompletionRequest:
+        """The chat completion this response is served as, on `items` (the
+        conversation: a stored one's items, `items_of`, then `input`; by
+        default `input` alone); a 400 naming a chat field, which `param_of`
+        maps back, where it cannot be."""
+        return ChatCompletionRequest.model_validate(self._chat_body(
+            list(self.input) if items is None else items))
 
     def input_records(self) -> list[dict[str, Any]]:
         """The input items as stored: each with an id (OpenAI's, where the
@@ -195,9 +200,9 @@ class ResponsesRequest(_Strict):
             out.append(record)
         return out
 
-    def _chat_body(self, context: list[Any]) -> dict[str, Any]:
+    def _chat_body(self, items: list[Any]) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model, "messages": self._messages(context),
+            "model": self.model, "messages": self._messages(items),
             "temperature": self.temperature,
             "top_p": self.top_p, "stream": self.stream, "user": self.user,
             "safety_identifier": self.safety_identifier,
@@ -220,11 +225,11 @@ class ResponsesRequest(_Strict):
                     by_alias=True, exclude={"type"}, exclude_none=True)}
         return body
 
-    def _messages(self, context: list[Any]) -> list[dict[str, Any]]:
+    def _messages(self, items: list[Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if self.instructions is not None:
             out.append({"role": "system", "content": self.instructions})
-        for item in [*context, *self.input]:
+        for item in items:
             if isinstance(item, MessageItem):
                 content = item.content if isinstance(item.content, str) \
                     else "".join(p.text for p in item.content)
@@ -291,7 +296,7 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
                  if fmt is not None else {"type": "text"}},
         "tool_choice": tool_choice,
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-        "truncation": "disabled", "usage": usage, "user": req.user,
+        "truncation": req.truncation or "disabled", "usage": usage, "user": req.user,
         "metadata": req.metadata or {},
     }
 

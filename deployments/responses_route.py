@@ -37,6 +37,10 @@ from api.responses_api import (
     usage_of,
 )
 from api.responses_store import ResponseStore, StoredResponse
+from api.responses_truncation import fit
+from api.tokenize_route import encode
+from api.tool_prompt import chat_prompt
+from api.tools import tool_use
 from api.responses_stream import ResponseEvents
 
 
@@ -79,10 +83,16 @@ class ResponsesRoute:
         if req.previous_response_id is not None:
             context = (await self._stored(req.previous_response_id,
                                           "previous_response_id")).conversation()
+        items = [*items_of(context), *req.input]
         try:
-            chat = req.chat(items_of(context))
+            if req.truncation == "auto":
+                items = fit(items, lambda kept: self._prompt_tokens(req.chat(kept)),
+                            req.max_output_tokens or 1, ing.cfg.max_model_len)
+            chat = req.chat(items)
         except ValidationError as e:
             raise _as_responses(validation_error(e)) from None
+        except APIError as e:
+            raise _as_responses(e) from None
         try:
             async with ing.door.start(False, 0):
                 builder, stream = await ing.start_chat(chat)
@@ -159,6 +169,12 @@ class ResponsesRoute:
                              "first_id": page[0]["id"] if page else None,
                              "last_id": page[-1]["id"] if page else None,
                              "has_more": len(items) > len(page)})
+
+    def _prompt_tokens(self, chat: Any) -> int:
+        """How many tokens `chat`'s prompt is, as the ingress will render it."""
+        ing = self.ingress
+        text = chat_prompt(chat, ing.tokenizer, tools=tool_use(chat, ing.tool_format))
+        return len(encode(ing.tokenizer, text, "messages", chat=True))
 
     async def _stored(self, response_id: str, param: str) -> StoredResponse:
         found = None if self.store is None else await asyncio.to_thread(

@@ -200,3 +200,52 @@ def test_a_server_that_keeps_nothing_says_so() -> None:
             bad = _post(h, input="Hi", **extra)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param
         assert h.client.get(f"/v1/responses/{r.json()['id']}").status_code == 404
+
+
+# truncation: "auto" ---------------------------------------------------------------
+
+
+def test_fit_drops_the_fewest_items_from_the_beginning() -> None:
+    from api.responses_api import FunctionCallOutputItem, MessageItem
+    from api.responses_truncation import fit
+
+    def msg(n: int) -> MessageItem:
+        return MessageItem(role="user", content="x" * n)
+
+    out = FunctionCallOutputItem(type="function_call_output", call_id="c", output="o" * 5)
+    probes: list[int] = []
+
+    def tokens(kept: list[Any]) -> int:
+        probes.append(len(kept))
+        return sum(len(i.content) if isinstance(i, MessageItem) else len(i.output)
+                   for i in kept)
+
+    items = [msg(50), msg(40), msg(30), msg(20), msg(10)]
+    assert fit(items, tokens, room=10, limit=200) == items  # fits whole
+    assert fit(items, tokens, room=10, limit=65) == items[3:]  # 30 + 10 room; 60 + 10 not
+    assert fit(items, tokens, room=10, limit=15) == items[-1:]  # the last stays
+    probes.clear()
+    long = [msg(10) for _ in range(64)]
+    assert fit(long, tokens, room=0, limit=105) == long[-10:]
+    assert len(probes) <= 8  # a binary search, not one probe per item
+    # A result whose call was dropped goes with it.
+    assert fit([msg(50), out, msg(10)], tokens, room=0, limit=20) == [items[-1]]
+
+
+def test_auto_truncation_lets_a_long_chain_go_on(h: Harness) -> None:
+    h.engine.state.answer = "Noted."
+    first = _post(h, input="alpha " + "word " * 600).json()
+    long_turn = "omega " + "word " * 500
+    refused = _post(h, input=long_turn, previous_response_id=first["id"])
+    assert refused.status_code == 400, refused.text
+    r = _post(h, input=long_turn, previous_response_id=first["id"], truncation="auto",
+              instructions="Be brief.")
+    assert r.status_code == 200, r.text
+    assert r.json()["truncation"] == "auto"
+    prompt = _prompt(h)
+    assert "omega" in prompt and "alpha" not in prompt and prompt.startswith(
+        "<|im_start|>system\nBe brief.")
+    assert r.json()["usage"]["input_tokens"] + 64 <= 1024
+    # The stored record keeps the whole conversation.
+    items = h.client.get(f"/v1/responses/{r.json()['id']}/input_items").json()["data"]
+    assert [i["content"][:5] for i in items] == ["omega"]
