@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     Tag,
     TypeAdapter,
+    ValidationInfo,
     field_validator,
 )
 
@@ -139,7 +140,10 @@ class ResponsesRequest(_Strict):
     # fits the context with room for max_output_tokens (deployments/
     # responses_route.py); "disabled": a conversation too long is a 400.
     truncation: Literal["disabled", "auto"] | None = None
-    include: list[str] | None = Field(None, max_length=0)
+    # The only inclusion served: each output text token's log probability
+    # (with `top_logprobs` alternatives).
+    include: list[Literal["message.output_text.logprobs"]] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     service_tier: Literal["auto", "default"] | None = None
     # None: the server's default (`responses.store`).
     store: bool | None = None
@@ -167,6 +171,19 @@ class ResponsesRequest(_Strict):
         if v is not None and any(len(k) > 64 for k in v):
             raise ValueError("a metadata key is at most 64 characters")
         return v
+
+    @field_validator("include", "top_logprobs", mode="after")
+    @classmethod
+    def _logprobs_without_tools(cls, v: Any, info: ValidationInfo) -> Any:
+        if v not in (None, []) and info.data.get("tools"):
+            raise ValueError("output text logprobs are not served with tools (the answer's "
+                             "tokens may be calls, not text)")
+        return v
+
+    @property
+    def logprobs(self) -> bool:
+        """Output text logprobs asked for (`include`, or `top_logprobs` set)."""
+        return bool(self.include) or self.top_logprobs is not None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -209,6 +226,8 @@ class ResponsesRequest(_Strict):
             "prompt_cache_key": self.prompt_cache_key}
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
+        if self.logprobs:
+            body["logprobs"], body["top_logprobs"] = True, self.top_logprobs or 0
         if self.tools is not None:
             body["tools"] = [{"type": "function", "function": t.model_dump(
                 exclude={"type"}, exclude_none=True)} for t in self.tools]
@@ -310,9 +329,10 @@ def usage_of(chat_usage: dict[str, Any]) -> dict[str, Any]:
             "total_tokens": chat_usage["total_tokens"]}
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def message_item(item_id: str, text: str, status: str = "completed",
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [] if status == "in_progress" else [text_part(text)]}
+            "content": [] if status == "in_progress" else [text_part(text, logprobs)]}
 
 
 def call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
@@ -322,8 +342,8 @@ def call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> 
             "status": status}
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def item_id(kind: str) -> str:
@@ -336,7 +356,8 @@ def output_of(chat: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     message = choice["message"]
     output: list[dict[str, Any]] = []
     if message.get("content"):
-        output.append(message_item(item_id("msg"), message["content"]))
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        output.append(message_item(item_id("msg"), message["content"], logprobs=logprobs))
     for call in message.get("tool_calls") or []:
         output.append(call_item(item_id("fc"), call))
     return output, "incomplete" if choice["finish_reason"] == "length" else "completed"

@@ -34,6 +34,8 @@ class ResponseEvents:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # finished items
         self._text: list[str] | None = None  # the open message's text
+        self._logprobs: list[dict[str, Any]] = []  # the open message's, so far
+        self._pending: list[dict[str, Any]] = []  # of tokens whose text is still held
         self._message_id = ""
         self._call: dict[str, Any] | None = None  # the open call's item
         self._finish: str | None = None
@@ -48,6 +50,7 @@ class ResponseEvents:
         events: list[dict[str, Any]] = []
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})
+            self._pending += (choice.get("logprobs") or {}).get("content") or []
             if delta.get("content"):
                 events += self._close_call()
                 events += self._text_delta(delta["content"])
@@ -82,18 +85,23 @@ class ResponseEvents:
             events.append(self._event("response.content_part.added", **self._where(),
                                       part=text_part("")))
         self._text.append(text)
+        logprobs, self._pending = self._pending, []
+        self._logprobs += logprobs
         events.append(self._event("response.output_text.delta", **self._where(), delta=text,
-                                  logprobs=[]))
+                                  logprobs=logprobs))
         return events
 
     def _close_message(self) -> list[dict[str, Any]]:
         if self._text is None:
             return []
         text, where = "".join(self._text), self._where()
-        item = message_item(self._message_id, text)
-        self._text = None
-        events = [self._event("response.output_text.done", **where, text=text, logprobs=[]),
-                  self._event("response.content_part.done", **where, part=text_part(text)),
+        logprobs = self._logprobs + self._pending
+        item = message_item(self._message_id, text, logprobs=logprobs)
+        self._text, self._logprobs, self._pending = None, [], []
+        events = [self._event("response.output_text.done", **where, text=text,
+                              logprobs=logprobs),
+                  self._event("response.content_part.done", **where,
+                              part=text_part(text, logprobs)),
                   self._event("response.output_item.done", output_index=len(self.output),
                               item=item)]
         self.output.append(item)

@@ -162,6 +162,34 @@ def test_text_format_is_structured_output(h: Harness, fmt: dict[str, Any], kind:
     assert r.json()["text"]["format"]["type"] == fmt["type"]
 
 
+def test_output_text_logprobs_as_included(h: Harness) -> None:
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: every
+    token of the text with its alternatives, whole on the text part and
+    piece by piece on the stream's deltas."""
+    h.engine.state.answer = "Paris is sunny."
+    plain = _post(h).json()
+    assert plain["output"][0]["content"][0]["logprobs"] == []
+    assert h.engine.requests[-1].logprobs is None
+    body = _post(h, include=["message.output_text.logprobs"], top_logprobs=2).json()
+    _valid(Response, body)
+    assert h.engine.requests[-1].logprobs == 2
+    lps = body["output"][0]["content"][0]["logprobs"]
+    assert "".join(lp["token"] for lp in lps) == "Paris is sunny."
+    assert len(lps) == body["usage"]["output_tokens"]
+    assert all(lp["logprob"] == -0.25 and len(lp["top_logprobs"]) == 2 for lp in lps)
+    assert lps[0]["top_logprobs"][0]["token"] == lps[0]["token"]
+    events = _events(_post(h, include=["message.output_text.logprobs"], top_logprobs=2,
+                           stream=True))
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert all(len(e["logprobs"]) == 1 for e in deltas)  # one token a chunk here
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert [lp for e in deltas for lp in e["logprobs"]] == done["logprobs"] == lps
+    assert events[-1]["response"]["output"][0]["content"][0]["logprobs"] == lps
+    # top_logprobs alone asks for them too; 0 alternatives gives the tokens alone.
+    only = _post(h, top_logprobs=0).json()["output"][0]["content"][0]["logprobs"]
+    assert [lp["top_logprobs"] for lp in only] == [[]] * len(lps)
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"metadata": {"k" * 65: "v"}}, "metadata"),
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
@@ -176,7 +204,10 @@ def test_text_format_is_structured_output(h: Harness, fmt: dict[str, Any], kind:
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}},
      "text.format"),
     ({"max_output_tokens": 5000}, "max_output_tokens"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["message.output_text.logprobs"], "tools": [WEATHER]}, "include"),
+    ({"top_logprobs": 2, "tools": [WEATHER]}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
 ])
 def test_what_cannot_be_served_is_named(h: Harness, extra: dict[str, Any], param: str) -> None:
     before = len(h.engine.requests)
