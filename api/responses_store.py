@@ -54,7 +54,10 @@ class ResponseStore:
         self.retention_s = retention_s
         self.max_stored = max_stored
         self._writes = 0
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # at start, with the setting named
+            raise ValueError(f"responses.storage_dir: cannot use {str(root)!r}: {e}") from None
 
     def put(self, record: StoredResponse) -> None:
         path = self._path(record.response["id"])

@@ -15,6 +15,7 @@ read and remove stored ones.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Literal
@@ -42,6 +43,9 @@ from api.tokenize_route import encode
 from api.tool_prompt import chat_prompt
 from api.tools import tool_use
 from api.responses_stream import ResponseEvents
+
+
+log = logging.getLogger("ray.serve")
 
 
 class InputItemsQuery(BaseModel):
@@ -110,8 +114,8 @@ class ResponsesRoute:
         output, status = output_of(out)
         response = response_object(req, response_id, created, status, output,
                                    usage_of(out["usage"]), keep)
-        if record is not None:
-            await self._put(record(response))
+        if record is not None and not await self._put(record(response)):
+            response["store"] = False
         return JSONResponse(response)
 
     async def _events(self, req: ResponsesRequest, builder: Any, stream: Any,
@@ -128,8 +132,9 @@ class ResponsesRoute:
                 for e in events.feed(chunk):
                     yield sse(e)
         closing = events.closing(builder.usage())
-        if record is not None:
-            await self._put(record(closing[-1]["response"]))
+        final = closing[-1]["response"]
+        if record is not None and not await self._put(record(final)):
+            final["store"] = False
         for e in closing:
             yield sse(e)
 
@@ -183,9 +188,16 @@ class ResponsesRoute:
             raise _missing(response_id, param)
         return found
 
-    async def _put(self, record: StoredResponse) -> None:
+    async def _put(self, record: StoredResponse) -> bool:
+        """Keep `record`; False where the store fails (a full disk, say):
+        the answer still goes out, saying it was not stored."""
         assert self.store is not None
-        await asyncio.to_thread(self.store.put, record)
+        try:
+            await asyncio.to_thread(self.store.put, record)
+        except OSError as e:
+            log.error("response %s not stored: %s", record.response["id"], e)
+            return False
+        return True
 
 
 def _missing(response_id: str, param: str) -> APIError:

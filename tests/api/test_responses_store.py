@@ -249,3 +249,26 @@ def test_auto_truncation_lets_a_long_chain_go_on(h: Harness) -> None:
     # The stored record keeps the whole conversation.
     items = h.client.get(f"/v1/responses/{r.json()['id']}/input_items").json()["data"]
     assert [i["content"][:5] for i in items] == ["omega"]
+
+
+def test_a_store_that_fails_loses_no_answer(h: Harness, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    """A write that fails (a full disk) still answers, with `store: false`."""
+    store = h.ingress.responses_route.store
+
+    def full(record: StoredResponse) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "put", full)
+    h.engine.state.answer = "Still answered."
+    body = _post(h, input="Hi").json()
+    assert body["store"] is False and body["output"][0]["content"][0]["text"] == "Still answered."
+    r = _post(h, input="Hi", stream=True)
+    final = json.loads(r.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert final["type"] == "response.completed" and final["response"]["store"] is False
+
+
+def test_an_unusable_storage_dir_fails_at_start_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="responses.storage_dir"):
+        ResponseStore(tmp_path / "file" / "responses", 3600, 10)
