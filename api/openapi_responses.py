@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 _WHY = {
-    "400": "a query parameter is invalid or not supported",
+    "400": "a query parameter is invalid or not supported, or the response was not made "
+           "in the background (cancel)",
     "401": "the API key is missing or wrong (when the server requires one)",
     "404": "no stored response of that id (never stored, deleted or expired), or no "
            "input item `after` names",
@@ -58,6 +59,9 @@ def responses_paths(error_ref: dict[str, Any], response: dict[str, Any]) -> dict
             "get": _op("A stored Response", response, "400 401 404 500", error_ref),
             "delete": _op("Delete a stored Response", _DELETED, "401 404 500", error_ref),
         },
+        "/v1/responses/{response_id}/cancel": {"post": _op(
+            "Cancel a background Response (it says `cancelled` once stopped; one that had "
+            "ended is returned as it is)", response, "400 401 404 500", error_ref)},
         "/v1/responses/{response_id}/input_items": {"get": _op(
             "A stored Response's own input items (newest first unless `order` is asc)",
             _ITEM_LIST, "400 401 404 500", error_ref, page)},

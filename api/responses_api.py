@@ -112,8 +112,7 @@ class TextConfig(_Strict):
     verbosity: Literal["medium"] | None = None
 
 
-_OFF = {"background": "background responses are not supported",
-        "reasoning": "this model does not reason",
+_OFF = {"reasoning": "this model does not reason",
         "max_tool_calls": "not supported",
         "conversation": "conversation objects are not supported; continue a conversation "
                         "with previous_response_id, or send it in input",
@@ -151,8 +150,10 @@ class ResponsesRequest(_Strict):
     # Kept with the response and echoed (OpenAI's limits).
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16)
-    # Accepted only with the value that asks for nothing (`_OFF`).
+    # Answered at once as `queued`, then polled (deployments/
+    # responses_background.py); not streamed.
     background: bool | None = None
+    # Accepted only with the value that asks for nothing (`_OFF`).
     reasoning: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     conversation: Any = None
@@ -170,6 +171,14 @@ class ResponsesRequest(_Strict):
     def _short_keys(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         if v is not None and any(len(k) > 64 for k in v):
             raise ValueError("a metadata key is at most 64 characters")
+        return v
+
+    @field_validator("background", mode="after")
+    @classmethod
+    def _not_streamed(cls, v: bool | None, info: ValidationInfo) -> bool | None:
+        if v and info.data.get("stream"):
+            raise ValueError("a background response is not streamed here; poll "
+                             "GET /v1/responses/{id} for it")
         return v
 
     @field_validator("include", "top_logprobs", mode="after")
@@ -303,6 +312,7 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
         else (req.tool_choice or ("auto" if req.tools else "none"))
     return {
         "id": response_id, "object": "response", "created_at": int(created),
+        "background": bool(req.background),
         "status": status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
         else None,

@@ -2,6 +2,9 @@
 its input items and `DELETE` read (`responses.storage_dir`).
 
     <response id>.json      one StoredResponse
+    <response id>.alive     touched while a background response runs
+    <response id>.cancel    a cancellation asked of a background response
+                            (on whichever replica the request landed)
 
 A record holds the Response object as it was answered, the conversation
 it continued (the inputs and outputs of the responses before it in its
@@ -42,6 +45,8 @@ class StoredResponse(BaseModel):
     context: list[dict[str, Any]]
     # This request's own input items, each with its id.
     input_items: list[dict[str, Any]]
+    # Run in the background (`background: true`): polled, cancellable.
+    background: bool = False
 
     def conversation(self) -> list[dict[str, Any]]:
         """What a follow-up continues: the context, this input, this output."""
@@ -87,11 +92,46 @@ class ResponseStore:
         path = self._path(response_id)
         if path is None:
             return False
+        self.clear_marks(response_id)
         try:
             path.unlink()
         except FileNotFoundError:
             return False
         return True
+
+    # A background response's marks ---------------------------------------
+
+    def touch(self, response_id: str) -> None:
+        """The replica running `response_id` is alive."""
+        path = self._path(response_id, ".alive")
+        assert path is not None
+        path.touch()
+
+    def silent_for(self, response_id: str) -> float:
+        """Seconds since the runner last touched it (or since the record
+        was written, where it never did)."""
+        for suffix in (".alive", ".json"):
+            path = self._path(response_id, suffix)
+            try:
+                return time.time() - path.stat().st_mtime if path else float("inf")
+            except FileNotFoundError:
+                continue
+        return float("inf")
+
+    def ask_cancel(self, response_id: str) -> None:
+        path = self._path(response_id, ".cancel")
+        assert path is not None
+        path.touch()
+
+    def cancel_asked(self, response_id: str) -> bool:
+        path = self._path(response_id, ".cancel")
+        return path is not None and path.exists()
+
+    def clear_marks(self, response_id: str) -> None:
+        for suffix in (".alive", ".cancel"):
+            path = self._path(response_id, suffix)
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def sweep(self) -> int:
         """Remove expired records, then the oldest beyond `max_stored`;
@@ -105,17 +145,17 @@ class ResponseStore:
             except FileNotFoundError:  # another replica swept it
                 continue
             if now - mtime > self.retention_s:
-                path.unlink(missing_ok=True)
+                self.delete(path.stem)
                 gone += 1
             else:
                 kept.append((mtime, path))
         kept.sort()
         for _, path in kept[:max(0, len(kept) - self.max_stored)]:
-            path.unlink(missing_ok=True)
+            self.delete(path.stem)
             gone += 1
         return gone
 
-    def _path(self, response_id: str) -> Path | None:
+    def _path(self, response_id: str, suffix: str = ".json") -> Path | None:
         if not _ID.fullmatch(response_id):
             return None
-        return self.root / f"{response_id}.json"
+        return self.root / f"{response_id}{suffix}"

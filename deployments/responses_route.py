@@ -9,7 +9,9 @@ error about a chat field is reported under the Responses field it came
 from.  A response is stored (`api/responses_store.py`) before its last
 event or its body is sent, so a follow-up the client sends on reading it
 finds it.  `GET /v1/responses/{id}`, `GET .../input_items` and `DELETE`
-read and remove stored ones.
+read and remove stored ones; `background: true` ones are run apart and
+polled (`deployments/responses_background.py`), and `POST .../cancel`
+stops them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from api.tokenize_route import encode
 from api.tool_prompt import chat_prompt
 from api.tools import tool_use
 from api.responses_stream import ResponseEvents
+from deployments.responses_background import OPEN, BackgroundResponses
 
 
 log = logging.getLogger("ray.serve")
@@ -65,6 +68,7 @@ class ResponsesRoute:
         self.keep = settings.store
         self.store = ResponseStore(settings.storage_path(), settings.retention_hours * 3600,
                                    settings.max_stored) if settings.store else None
+        self.background = BackgroundResponses(ingress, self.store) if self.store else None
 
     def routes(self) -> list[Route]:
         return [Route("/v1/responses", self.create, methods=["POST"]),
@@ -72,13 +76,17 @@ class ResponsesRoute:
                 Route("/v1/responses/{response_id}", self.stored_response,
                       methods=["GET", "DELETE"]),
                 Route("/v1/responses/{response_id}/input_items", self.input_items,
-                      methods=["GET"])]
+                      methods=["GET"]),
+                Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"])]
 
     async def create(self, request: Request) -> Response:
         ing = self.ingress
         req = await ing.parse_body(request, ResponsesRequest)
         req = req.model_copy(update={"model": ing.cfg.model_name})
         keep = self.keep if req.store is None else req.store
+        if req.background and not keep:
+            raise APIError(400, "background: a background response is polled from the "
+                           "store, so it cannot be made with store false", "background")
         if (keep or req.previous_response_id) and self.store is None:
             param = "store" if req.store else "previous_response_id"
             raise APIError(400, f"{param}: this server keeps no responses (responses.store: "
@@ -97,6 +105,8 @@ class ResponsesRoute:
             raise _as_responses(validation_error(e)) from None
         except APIError as e:
             raise _as_responses(e) from None
+        if req.background:
+            return await self._in_background(req, chat, context)
         try:
             async with ing.door.start(False, 0):
                 builder, stream = await ing.start_chat(chat)
@@ -117,6 +127,35 @@ class ResponsesRoute:
         if record is not None and not await self._put(record(response)):
             response["store"] = False
         return JSONResponse(response)
+
+    async def _in_background(self, req: ResponsesRequest, chat: Any,
+                             context: list[dict[str, Any]]) -> Response:
+        """Answered at once, `queued`; run by `BackgroundResponses`.  What
+        can be checked here is (a prompt longer than the context: 400), so
+        the poll does not find a failure a foreground request would have
+        been told of."""
+        limit, n = self.ingress.cfg.max_model_len, self._prompt_tokens(chat)
+        if n + (req.max_output_tokens or 1) > limit:
+            raise APIError(400, f"the input is {n} tokens; with max_output_tokens it exceeds "
+                           f"this model's maximum context length of {limit} tokens", "input")
+        assert self.background is not None
+        response = response_object(req, new_response_id(), now(), "queued", [], None, True)
+        record = StoredResponse(response=response, context=context,
+                                input_items=req.input_records(), background=True)
+        if not await self._put(record):
+            raise APIError(500, "the background response could not be stored")
+        self.background.start(req, chat, record)
+        return JSONResponse(response)
+
+    async def cancel(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        found = await self._stored(response_id, "response_id")
+        if not found.background:
+            raise APIError(400, "only a background response can be cancelled", "response_id")
+        assert self.background is not None
+        if found.response["status"] in OPEN:
+            found = await self.background.cancel(response_id) or found
+        return JSONResponse(found.response)
 
     async def _events(self, req: ResponsesRequest, builder: Any, stream: Any,
                       response_id: str, created: float, record: Any) -> AsyncIterator[str]:
@@ -153,7 +192,12 @@ class ResponsesRoute:
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
-        if self.store is None or not await asyncio.to_thread(self.store.delete, response_id):
+        found = await self._stored(response_id, "response_id")
+        if found.background and found.response["status"] in OPEN:
+            assert self.background is not None  # stopped first, or it would write again
+            await self.background.cancel(response_id)
+        assert self.store is not None
+        if not await asyncio.to_thread(self.store.delete, response_id):
             raise _missing(response_id, "response_id")
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
@@ -182,8 +226,7 @@ class ResponsesRoute:
         return len(encode(ing.tokenizer, text, "messages", chat=True))
 
     async def _stored(self, response_id: str, param: str) -> StoredResponse:
-        found = None if self.store is None else await asyncio.to_thread(
-            self.store.get, response_id)
+        found = None if self.background is None else await self.background.read(response_id)
         if found is None:
             raise _missing(response_id, param)
         return found

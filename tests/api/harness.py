@@ -96,8 +96,10 @@ class FakeScheduler:
 class FakeStream:
     """What `generate.remote` returns on a streaming handle."""
 
-    def __init__(self, items: list[list[dict[str, Any]]]) -> None:
+    def __init__(self, items: list[list[dict[str, Any]]], state: "_EngineState | None" = None
+                 ) -> None:
         self._items = items
+        self._state = state
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -108,6 +110,8 @@ class FakeStream:
 
     async def _iterate(self) -> AsyncIterator[list[dict[str, Any]]]:
         for item in self._items:
+            while self._state is not None and self._state.paused and not self.cancelled:
+                await asyncio.sleep(0.005)  # an engine busy elsewhere
             if self.cancelled:
                 return
             yield item
@@ -124,6 +128,8 @@ class _EngineState:
     # What every choice answers instead (whole, then ends with "stop"),
     # one token per engine wake-up: a test of how answers are read sets it.
     answer: str | None = None
+    # While true, every stream waits before its next wake-up.
+    paused: bool = False
 
 
 class FakeEngine:
@@ -157,7 +163,7 @@ class FakeEngine:
         # The prompts' wake-ups interleave, as their jobs share iterations.
         items = [sum((d[k] for d in per_prompt if k < len(d)), [])
                  for k in range(max(len(d) for d in per_prompt))]
-        stream = FakeStream(items)
+        stream = FakeStream(items, self.state)
         self.streams.append(stream)
         return stream
 

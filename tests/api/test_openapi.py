@@ -23,7 +23,8 @@ PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions"
          "/v1/batches/{batch_id}": {"get"}, "/v1/batches/{batch_id}/cancel": {"post"},
          "/tokenize": {"post"}, "/detokenize": {"post"}, "/v1/responses": {"post"},
          "/v1/responses/{response_id}": {"get", "delete"},
-         "/v1/responses/{response_id}/input_items": {"get"}}
+         "/v1/responses/{response_id}/input_items": {"get"},
+         "/v1/responses/{response_id}/cancel": {"post"}}
 
 
 def test_document_covers_the_api(served: Harness) -> None:

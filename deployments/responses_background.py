@@ -1,0 +1,151 @@
+"""`background: true` Responses: answered at once as `queued`, run by the
+Ingress replica that took them, polled with `GET /v1/responses/{id}` on any
+replica, cancelled with `POST /v1/responses/{id}/cancel` on any replica.
+
+The record in the store (`api/responses_store.py`) is the one truth every
+replica reads: `queued` when accepted, `in_progress` once the engine
+admitted it, then `completed`, `incomplete`, `failed` or `cancelled`.  A
+refusal for load (429) is waited out (its `Retry-After`) rather than failing
+the response.  While it runs, its replica touches the record's `.alive`
+mark every `HEARTBEAT_S` and looks for a `.cancel` mark (a cancellation that
+landed on another replica) every `POLL_S`; a response still open whose
+mark has gone silent for `STALE_S` lost its replica, and reads as `failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from api.errors import APIError
+from api.responses_api import ResponsesRequest, output_of, response_object, usage_of
+from api.responses_store import ResponseStore, StoredResponse
+
+log = logging.getLogger("ray.serve")
+
+HEARTBEAT_S = 5.0
+POLL_S = 0.5
+STALE_S = 30.0
+OPEN = ("queued", "in_progress")
+
+
+class BackgroundResponses:
+    def __init__(self, ingress: Any, store: ResponseStore) -> None:
+        self.ingress = ingress
+        self.store = store
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, req: ResponsesRequest, chat: Any, record: StoredResponse) -> None:
+        """Run `record`'s response (already stored as queued)."""
+        rid = record.response["id"]
+        task = asyncio.get_running_loop().create_task(self._run(req, chat, record))
+        self._tasks[rid] = task
+        task.add_done_callback(lambda _: self._tasks.pop(rid, None))
+
+    async def cancel(self, response_id: str, wait_s: float = 5.0) -> StoredResponse | None:
+        """Stop a background response; its record once it says so (or as it
+        stands after `wait_s`, where another replica runs it and has not
+        answered yet).  None: no such record."""
+        task = self._tasks.get(response_id)
+        if task is not None:  # ours: stop it here, and wait for its last write
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        else:
+            await asyncio.to_thread(self.store.ask_cancel, response_id)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                found = await self.read(response_id)
+                if found is None or found.response["status"] not in OPEN:
+                    return found
+                await asyncio.sleep(POLL_S / 2)
+        return await self.read(response_id)
+
+    async def read(self, response_id: str) -> StoredResponse | None:
+        """The record; an open one whose runner went silent, failed (and
+        stored so)."""
+        found = await asyncio.to_thread(self.store.get, response_id)
+        if (found is None or not found.background or found.response["status"] not in OPEN
+                or response_id in self._tasks):
+            return found
+        if await asyncio.to_thread(self.store.silent_for, response_id) < STALE_S:
+            return found
+        found.response.update(status="failed", error={
+            "code": "server_error",
+            "message": "the server replica running this response stopped before it "
+                       "finished; create it again"})
+        await self._write(found)
+        return found
+
+    # ------------------------------------------------------------------------
+
+    async def _run(self, req: ResponsesRequest, chat: Any, record: StoredResponse) -> None:
+        rid = record.response["id"]
+        created = float(record.response["created_at"])
+        watcher = asyncio.get_running_loop().create_task(
+            self._watch(rid, asyncio.current_task()))
+        final: dict[str, Any]
+        try:
+            ing = self.ingress
+            builder, stream = await self._admitted(chat)
+            record.response["status"] = "in_progress"
+            await self._write(record)
+            out = await ing.collect(builder, stream)
+            output, status = output_of(out)
+            final = response_object(req, rid, created, status, output,
+                                    usage_of(out["usage"]), True)
+        except asyncio.CancelledError:
+            final = {**record.response, "status": "cancelled"}
+        except APIError as e:
+            final = {**record.response, "status": "failed",
+                     "error": {"code": e.type, "message": e.message}}
+        except Exception as e:  # noqa: BLE001 - the record must end, whatever happened
+            log.exception("background response %s failed", rid)
+            final = {**record.response, "status": "failed",
+                     "error": {"code": "server_error", "message": f"internal error: {e!r}"}}
+        finally:
+            watcher.cancel()
+        record.response = final
+        await self._write(record)
+        await asyncio.to_thread(self.store.clear_marks, rid)
+
+    async def _admitted(self, chat: Any) -> tuple[Any, Any]:
+        """The engine's stream for `chat`, a refusal for load waited out."""
+        ing = self.ingress
+        while True:
+            try:
+                async with ing.door.start(False, 0):
+                    return await ing.start_chat(chat)
+            except APIError as e:
+                if e.status != 429:
+                    raise
+                await asyncio.sleep(_retry_after(e.headers.get("Retry-After")))
+
+    async def _watch(self, rid: str, task: asyncio.Task[Any] | None) -> None:
+        beat = 0.0
+        while True:
+            now = time.monotonic()
+            if now - beat >= HEARTBEAT_S:
+                await asyncio.to_thread(self.store.touch, rid)
+                beat = now
+            if await asyncio.to_thread(self.store.cancel_asked, rid):
+                if task is not None:
+                    task.cancel()
+                return
+            await asyncio.sleep(POLL_S)
+
+    async def _write(self, record: StoredResponse) -> None:
+        try:
+            await asyncio.to_thread(self.store.put, record)
+        except OSError as e:
+            log.error("background response %s: record not written: %s",
+                      record.response["id"], e)
+
+
+def _retry_after(value: str | None, default: float = 1.0) -> float:
+    try:
+        return min(60.0, max(0.05, float(value))) if value else default
+    except ValueError:
+        return default
+
