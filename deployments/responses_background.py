@@ -9,7 +9,8 @@ refusal for load (429) is waited out (its `Retry-After`) rather than failing
 the response.  While it runs, its replica touches the record's `.alive`
 mark every `HEARTBEAT_S` and looks for a `.cancel` mark (a cancellation that
 landed on another replica) every `POLL_S`; a response still open whose
-mark has gone silent for `STALE_S` lost its replica, and reads as `failed`.
+mark has gone silent for `STALE_S` lost its replica, and reads as `failed`;
+one its replica stops while shutting down (no client asked) ends `failed`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class BackgroundResponses:
         self.ingress = ingress
         self.store = store
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Those whose cancellation a client asked for (any other is the
+        # replica shutting down).
+        self._asked: set[str] = set()
 
     def start(self, req: ResponsesRequest, chat: Any, record: StoredResponse) -> None:
         """Run `record`'s response (already stored as queued)."""
@@ -50,6 +54,7 @@ class BackgroundResponses:
         answered yet).  None: no such record."""
         task = self._tasks.get(response_id)
         if task is not None:  # ours: stop it here, and wait for its last write
+            self._asked.add(response_id)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         else:
@@ -96,7 +101,11 @@ class BackgroundResponses:
             final = response_object(req, rid, created, status, output,
                                     usage_of(out["usage"]), True)
         except asyncio.CancelledError:
-            final = {**record.response, "status": "cancelled"}
+            final = {**record.response, "status": "cancelled"} if rid in self._asked else {
+                **record.response, "status": "failed", "error": {
+                    "code": "server_error",
+                    "message": "the server replica running this response stopped; create it "
+                               "again"}}
         except APIError as e:
             final = {**record.response, "status": "failed",
                      "error": {"code": e.type, "message": e.message}}
@@ -106,6 +115,7 @@ class BackgroundResponses:
                      "error": {"code": "server_error", "message": f"internal error: {e!r}"}}
         finally:
             watcher.cancel()
+        self._asked.discard(rid)
         record.response = final
         await self._write(record)
         await asyncio.to_thread(self.store.clear_marks, rid)
@@ -131,6 +141,7 @@ class BackgroundResponses:
                 beat = now
             if await asyncio.to_thread(self.store.cancel_asked, rid):
                 if task is not None:
+                    self._asked.add(rid)
                     task.cancel()
                 return
             await asyncio.sleep(POLL_S)

@@ -157,3 +157,23 @@ def test_a_server_that_keeps_nothing_runs_nothing_in_the_background() -> None:
     with harness(max_model_len=1024, responses={"store": False}) as h:
         r = _post(h, background=True)
         assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+
+
+def test_a_run_stopped_by_its_replica_reads_as_failed_not_cancelled(h: Harness) -> None:
+    """A task cancelled by the replica's shutdown (no client asked) ends
+    `failed`, saying why."""
+    h.engine.state.paused = True
+    rid = _post(h, background=True).json()["id"]
+    _poll(h, rid, lambda b: b["status"] == "in_progress")
+    runner = h.ingress.responses_route.background
+    h.client.portal.call(_cancel_task, runner, rid)
+    body = _poll(h, rid, _ended)
+    assert body["status"] == "failed" and "stopped" in body["error"]["message"]
+
+
+async def _cancel_task(runner: Any, rid: str) -> None:
+    import asyncio
+
+    task = runner._tasks[rid]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
