@@ -136,8 +136,8 @@ class ResponsesRequest(_Strict):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     # "auto": items are dropped from the conversation's beginning until it
-    # fits the context with room for max_output_tokens (deployments/
-    # responses_route.py); "disabled": a conversation too long is a 400.
+    # fits the context with room for max_output_tokens (api/
+    # responses_truncation.py); "disabled": a conversation too long is a 400.
     truncation: Literal["disabled", "auto"] | None = None
     # The only inclusion served: each output text token's log probability
     # (with `top_logprobs` alternatives).

@@ -40,11 +40,11 @@ from api.responses_api import (
     usage_of,
 )
 from api.responses_store import ResponseStore, StoredResponse
+from api.responses_stream import ResponseEvents
 from api.responses_truncation import fit
 from api.tokenize_route import encode
 from api.tool_prompt import chat_prompt
 from api.tools import tool_use
-from api.responses_stream import ResponseEvents
 from deployments.responses_background import OPEN, BackgroundResponses
 
 
@@ -130,11 +130,14 @@ class ResponsesRoute:
 
     async def _in_background(self, req: ResponsesRequest, chat: Any,
                              context: list[dict[str, Any]]) -> Response:
-        """Answered at once, `queued`; run by `BackgroundResponses`.  What
-        can be checked here is (a prompt longer than the context: 400), so
-        the poll does not find a failure a foreground request would have
-        been told of."""
-        limit, n = self.ingress.cfg.max_model_len, self._prompt_tokens(chat)
+        """Answered at once, `queued`; run by `BackgroundResponses`.  A
+        prompt too long for the context is refused here (400), as in the
+        foreground, rather than found failed at the poll."""
+        try:
+            n = self._prompt_tokens(chat)
+        except APIError as e:
+            raise _as_responses(e) from None
+        limit = self.ingress.cfg.max_model_len
         if n + (req.max_output_tokens or 1) > limit:
             raise APIError(400, f"the input is {n} tokens; with max_output_tokens it exceeds "
                            f"this model's maximum context length of {limit} tokens", "input")
