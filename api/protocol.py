@@ -80,7 +80,8 @@ class _SamplingFields(UnsupportedFields):
     # Logprobs of every prompt token (vLLM's extension): 0..20 alternatives.
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     # Batch (offline) or interactive (online) work; carried to the engine's
-    # jobs (`policy: conserve` serves them differently).
+    # jobs (`policy: conserve` serves them differently).  OpenAI's
+    # `service_tier: "flex"` (slower, for work that can wait) is offline.
     job_class: Literal["online", "offline"] = "online"
     # Seconds from arrival within which the request should complete (its
     # JCT SLO); `policy: econoserve` orders by the deadline it gives.
@@ -132,6 +133,22 @@ class _SamplingFields(UnsupportedFields):
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias[{key}] = {bias} is outside [-100, 100]")
         return v
+
+    @field_validator("job_class", mode="before")
+    @classmethod
+    def _as_the_tier_says(cls, v: Any, info: ValidationInfo) -> Any:
+        # Runs only where job_class is given: the default follows the tier
+        # (`_flex_is_offline`).
+        if info.data.get("service_tier") == "flex" and v != "offline":
+            raise ValueError('service_tier "flex" is offline work: job_class must be '
+                             '"offline" or absent')
+        return v
+
+    @model_validator(mode="after")
+    def _flex_is_offline(self) -> "_SamplingFields":
+        if self.service_tier == "flex":
+            self.job_class = "offline"
+        return self
 
     @field_validator("stream_options")
     @classmethod

@@ -143,7 +143,8 @@ class ResponsesRequest(_Strict):
     # (with `top_logprobs` alternatives).
     include: list[Literal["message.output_text.logprobs"]] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    service_tier: Literal["auto", "default"] | None = None
+    # "flex": offline work (api/protocol.py, `job_class`).
+    service_tier: Literal["auto", "default", "flex"] | None = None
     # None: the server's default (`responses.store`).
     store: bool | None = None
     previous_response_id: str | None = Field(None, min_length=1)
@@ -237,6 +238,8 @@ class ResponsesRequest(_Strict):
             body["max_completion_tokens"] = self.max_output_tokens
         if self.logprobs:
             body["logprobs"], body["top_logprobs"] = True, self.top_logprobs or 0
+        if self.service_tier == "flex":
+            body["service_tier"] = "flex"
         if self.tools is not None:
             body["tools"] = [{"type": "function", "function": t.model_dump(
                 exclude={"type"}, exclude_none=True)} for t in self.tools]
@@ -313,6 +316,7 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
     return {
         "id": response_id, "object": "response", "created_at": int(created),
         "background": bool(req.background),
+        "service_tier": "flex" if req.service_tier == "flex" else "default",
         "status": status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
         else None,

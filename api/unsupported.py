@@ -25,7 +25,8 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "verbosity": ((None,), "verbosity control is not supported"),
     "store": ((None, False), "completions are not stored"),
     "metadata": ((None,), "completions are not stored, so metadata has no use"),
-    "service_tier": ((None, "auto", "default"), "service tiers are not offered"),
+    # "flex" is served: it is offline work (api/protocol.py, `job_class`).
+    "service_tier": ((None, "auto", "default", "flex"), "tiers offered: auto, default, flex"),
     # vLLM extensions.
     "use_beam_search": ((None, False), "beam search is not supported"),
     "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search only"),

@@ -125,7 +125,7 @@ class BackgroundResponses:
         ing = self.ingress
         while True:
             try:
-                async with ing.door.start(False, 0):
+                async with ing.door.start(chat.job_class == "offline", chat.priority):
                     return await ing.start_chat(chat)
             except APIError as e:
                 if e.status != 429:

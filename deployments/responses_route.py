@@ -108,7 +108,7 @@ class ResponsesRoute:
         if req.background:
             return await self._in_background(req, chat, context)
         try:
-            async with ing.door.start(False, 0):
+            async with ing.door.start(chat.job_class == "offline", chat.priority):
                 builder, stream = await ing.start_chat(chat)
         except APIError as e:
             raise _as_responses(e) from None

@@ -84,7 +84,7 @@ def test_dependent_fields_are_refused_at_the_field_that_needs_the_other() -> Non
 @pytest.mark.parametrize("field", sorted(UNSUPPORTED_FIELDS))
 def test_unsupported_fields_pass_when_off_and_are_named_when_on(field: str) -> None:
     on: Any = {"functions": [{"name": "f"}], "function_call": "auto",
-               "modalities": ["audio"], "store": True, "service_tier": "flex",
+               "modalities": ["audio"], "store": True, "service_tier": "priority",
                "spaces_between_special_tokens": False,
                "add_generation_prompt": False, "length_penalty": 2.0,
                "chat_template_kwargs": {"x": 1}}.get(field, "on")
