@@ -204,7 +204,10 @@ def check_moves(server: str, pool_server: str, scheduler, app: str) -> None:
     offline_before = {k: s["tokens_by_class"].get("offline", 0)
                       for k, s in _engine_stats(app).items()}
     prompts = REQUESTS[:6]
-    max_tokens = 64
+    # Long enough that the busy replica's started jobs are still running when
+    # the online request lands there (at 64, a fast CPU finished them first
+    # and only queued ones moved).
+    max_tokens = 128
 
     async def run() -> tuple[list[dict], bool]:
         async with httpx.AsyncClient(timeout=600) as c:
