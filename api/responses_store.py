@@ -16,11 +16,13 @@ it must be a filesystem every node mounts at this path.  Records are
 replaced whole (written aside, then renamed), so a reader never sees half
 of one.  Ids are checked against their pattern before they touch a path.
 Records older than `retention_hours` are gone (read as missing, and swept),
-and beyond `max_stored` the oldest are swept first.
+and beyond `max_stored` the oldest are swept first, with any file a writer
+that died left aside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -33,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 _ID = re.compile(r"resp_[0-9a-f]{32}")
 # A sweep lists the directory: one in this many writes of a process.
 _SWEEP_EVERY = 256
+# A file written aside this long ago was never renamed: its writer died.
+_ABANDONED_S = 3600.0
 
 
 class StoredResponse(BaseModel):
@@ -149,6 +153,10 @@ class ResponseStore:
                 gone += 1
             else:
                 kept.append((mtime, path))
+        for path in self.root.glob(".resp_*"):  # a write cut short before its rename
+            with contextlib.suppress(FileNotFoundError):
+                if now - path.stat().st_mtime > _ABANDONED_S:
+                    path.unlink(missing_ok=True)
         kept.sort()
         for _, path in kept[:max(0, len(kept) - self.max_stored)]:
             self.delete(path.stem)

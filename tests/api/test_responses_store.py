@@ -72,7 +72,13 @@ def test_expired_and_surplus_records_are_gone_oldest_first(tmp_path: Path) -> No
     os.utime(old, (now - 7200, now - 7200))
     assert store.get(_record(0).response["id"]) is None and not old.exists()
     os.utime(tmp_path / f"resp_{1:032x}.json", (now - 7200, now - 7200))
+    aside = tmp_path / f".resp_{9:032x}.json.abc"  # a writer that died before renaming
+    aside.write_text("{")
+    os.utime(aside, (now - 7200, now - 7200))
+    fresh = tmp_path / f".resp_{8:032x}.json.abc"  # one being written now
+    fresh.write_text("{")
     assert store.sweep() == 2  # 1 expired, then 2 (the oldest left) beyond 3
+    assert not aside.exists() and fresh.exists()
     assert sorted(p.name for p in tmp_path.glob("resp_*")) == [
         f"resp_{i:032x}.json" for i in (3, 4, 5)]
 
