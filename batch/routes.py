@@ -31,6 +31,7 @@ from api.batch import BatchCreateRequest, BatchList, BatchListQuery
 from api.config import BatchSettings
 from api.errors import APIError, validation_error
 from api.http import read_json_object
+from api.pages import page_after
 from batch.jobs import JobsUnavailable
 from batch.service import BatchConflict, Batches
 from batch.store import BatchRecord, FileRecord, TooLarge
@@ -151,17 +152,12 @@ class BatchRoutes:
         except ValidationError as e:
             raise validation_error(e)
         records = await asyncio.to_thread(self.batches.store.batches)
-        if query.after is not None:
-            ids = [r.id for r in records]
-            if query.after not in ids:
-                raise APIError(404, f"no batch {query.after[:100]!r}", "after")
-            records = records[ids.index(query.after) + 1:]
-        page = records[:query.limit]
+        page, more = page_after(records, [r.id for r in records], query.after, query.limit,
+                                "batch")
         data = await self._jobs(lambda: self.batches.describe_all(page))
         return JSONResponse(BatchList(
             data=data, first_id=page[0].id if page else None,
-            last_id=page[-1].id if page else None,
-            has_more=len(records) > len(page)).model_dump())
+            last_id=page[-1].id if page else None, has_more=more).model_dump())
 
     def _batch(self, request: Request) -> BatchRecord:
         batch_id = request.path_params["batch_id"]

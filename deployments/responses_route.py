@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from api.errors import APIError, validation_error
+from api.pages import page_after
 from api.responses_api import (
     ResponsesRequest,
     items_of,
@@ -211,16 +212,11 @@ class ResponsesRoute:
             raise validation_error(e) from None
         found = await self._stored(request.path_params["response_id"], "response_id")
         items = found.input_items if query.order == "asc" else found.input_items[::-1]
-        if query.after is not None:
-            ids = [i.get("id") for i in items]
-            if query.after not in ids:
-                raise APIError(404, f"no input item {query.after[:100]!r}", "after")
-            items = items[ids.index(query.after) + 1:]
-        page = items[:query.limit]
+        page, more = page_after(items, [i["id"] for i in items], query.after, query.limit,
+                                "input item")
         return JSONResponse({"object": "list", "data": page,
                              "first_id": page[0]["id"] if page else None,
-                             "last_id": page[-1]["id"] if page else None,
-                             "has_more": len(items) > len(page)})
+                             "last_id": page[-1]["id"] if page else None, "has_more": more})
 
     def _prompt_tokens(self, chat: Any) -> int:
         """How many tokens `chat`'s prompt is, as the ingress will render it."""

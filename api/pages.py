@@ -1,0 +1,24 @@
+"""OpenAI's cursor pages (`limit`, `after`): a list route's answer is the
+`limit` entries after the one `after` names, and whether more follow."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from api.errors import APIError
+
+T = TypeVar("T")
+
+
+def page_after(entries: Sequence[T], ids: Sequence[str], after: str | None, limit: int,
+               what: str) -> tuple[list[T], bool]:
+    """The page, and whether entries follow it; `ids[i]` is `entries[i]`'s.
+    A 404 naming `after` where no entry (a `what`) has that id."""
+    start = 0
+    if after is not None:
+        if after not in ids:
+            raise APIError(404, f"no {what} {after[:100]!r}", "after")
+        start = list(ids).index(after) + 1
+    rest = entries[start:]
+    return list(rest[:limit]), len(rest) > limit
