@@ -91,6 +91,7 @@ class BackgroundResponses:
         watcher = asyncio.get_running_loop().create_task(
             self._watch(rid, asyncio.current_task()))
         final: dict[str, Any]
+        builder = None
         try:
             ing = self.ingress
             builder, stream = await self._admitted(chat)
@@ -101,11 +102,17 @@ class BackgroundResponses:
             final = response_object(req, rid, created, status, output,
                                     usage_of(out["usage"]), True)
         except asyncio.CancelledError:
-            final = {**record.response, "status": "cancelled"} if rid in self._asked else {
-                **record.response, "status": "failed", "error": {
+            if rid not in self._asked:
+                final = {**record.response, "status": "failed", "error": {
                     "code": "server_error",
-                    "message": "the server replica running this response stopped; create it "
-                               "again"}}
+                    "message": "the server replica running this response stopped; create "
+                               "it again"}}
+            elif builder is None:  # cancelled before the engine took it
+                final = {**record.response, "status": "cancelled"}
+            else:  # with what it had written
+                out = builder.response()
+                final = response_object(req, rid, created, "cancelled", output_of(out)[0],
+                                        usage_of(out["usage"]), True)
         except APIError as e:
             final = {**record.response, "status": "failed",
                      "error": {"code": e.type, "message": e.message}}

@@ -109,8 +109,9 @@ class FakeStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[list[dict[str, Any]]]:
-        for item in self._items:
-            while self._state is not None and self._state.paused and not self.cancelled:
+        for k, item in enumerate(self._items):
+            while (self._state is not None and self._state.paused
+                   and k >= self._state.free_wakeups and not self.cancelled):
                 await asyncio.sleep(0.005)  # an engine busy elsewhere
             if self.cancelled:
                 return
@@ -128,8 +129,10 @@ class _EngineState:
     # What every choice answers instead (whole, then ends with "stop"),
     # one token per engine wake-up: a test of how answers are read sets it.
     answer: str | None = None
-    # While true, every stream waits before its next wake-up.
+    # While true, every stream waits before its next wake-up (after its
+    # first `free_wakeups`).
     paused: bool = False
+    free_wakeups: int = 0
 
 
 class FakeEngine:

@@ -23,6 +23,7 @@ pytest.importorskip("xgrammar")
 def h(wide: Harness) -> Any:
     yield wide
     wide.engine.state.paused = False
+    wide.engine.state.free_wakeups = 0
     wide.scheduler.reject = False
 
 
@@ -89,6 +90,20 @@ def test_cancel_stops_the_engine_and_says_cancelled(h: Harness) -> None:
     bad = h.client.post(f"/v1/responses/{plain}/cancel")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_id"
     assert h.client.post("/v1/responses/resp_nope/cancel").status_code == 404
+
+
+def test_a_cancelled_response_keeps_what_it_had_written(h: Harness) -> None:
+    h.engine.state.answer = "One two three four five six seven eight."
+    h.engine.state.paused, h.engine.state.free_wakeups = True, 3  # three tokens, then held
+    rid = _post(h, background=True).json()["id"]
+    _poll(h, rid, lambda b: b["status"] == "in_progress")
+    time.sleep(0.2)  # the three free tokens are read
+    body = h.client.post(f"/v1/responses/{rid}/cancel").json()
+    tok = h.engine.state.tokenizer
+    first = tok.decode(tok.encode(h.engine.state.answer, add_special_tokens=False)[:3])
+    assert body["status"] == "cancelled" and body["usage"]["output_tokens"] == 3
+    assert body["output"][0]["content"][0]["text"] == first
+    assert h.client.get(f"/v1/responses/{rid}").json() == body
 
 
 def test_a_cancellation_asked_through_the_store_reaches_the_runner(h: Harness) -> None:
