@@ -67,6 +67,20 @@ def encode(tokenizer: Any, text: str, param: str, chat: bool = False,
         raise APIError(400, f"{param} cannot be tokenized: {e}", param)
 
 
+def chat_ids(req: Any, tokenizer: Any, fmt: ToolFormat, add_generation_prompt: bool = True
+             ) -> tuple[Any, str, list[int]]:
+    """Chat request `req`'s tool use (`api.tools.tool_use`, in format
+    `fmt`), its prompt text in the model's template and the text's token
+    ids: what the ingress serves, `/tokenize` counts and a Response's
+    truncation measures, rendered one way."""
+    from api.tool_prompt import chat_prompt
+    from api.tools import tool_use
+
+    tools = tool_use(req, fmt)
+    text = chat_prompt(req, tokenizer, tools=tools, add_generation_prompt=add_generation_prompt)
+    return tools, text, encode(tokenizer, text, "messages", chat=True)
+
+
 class TokenizeRoutes:
     def __init__(self, tokenizer: Any, cfg: AppConfig, tool_format: ToolFormat) -> None:
         self.tokenizer = tokenizer
@@ -80,16 +94,12 @@ class TokenizeRoutes:
                 Route("/detokenize", self.detokenize, methods=["POST"])]
 
     async def tokenize(self, request: Request) -> Response:
-        from api.tool_prompt import chat_prompt
-        from api.tools import tool_use
-
         body = await read_json_object(request, self.max_request_bytes)
         chat = "messages" in body
         req = self._validate(body, TokenizeChatRequest if chat else TokenizePromptRequest)
         if isinstance(req, TokenizeChatRequest):
-            text = chat_prompt(req, self.tokenizer, tools=tool_use(req, self.tool_format),
-                               add_generation_prompt=req.add_generation_prompt)
-            ids = encode(self.tokenizer, text, "messages", chat=True)
+            ids = chat_ids(req, self.tokenizer, self.tool_format,
+                           req.add_generation_prompt)[2]
         else:
             ids = encode(self.tokenizer, req.prompt, "prompt",
                          add_special_tokens=req.add_special_tokens)

@@ -56,10 +56,9 @@ from api.protocol import (
 )
 from api.responses import PromptInput, ResponseBuilder
 from api.structured import requested_structure
-from api.tokenize_route import TokenizeRoutes, encode
-from api.tool_prompt import chat_prompt
+from api.tokenize_route import TokenizeRoutes, chat_ids, encode
 from api.tool_formats import tool_format
-from api.tools import ToolUse, tool_use
+from api.tools import ToolUse
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
@@ -222,9 +221,8 @@ class Ingress:
 
     async def start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
         """Admit chat request `req`; open its stream (the Responses route too)."""
-        tools = tool_use(req, self.tool_format)  # the prompt, grammar and parser read it
-        text = chat_prompt(req, self.tokenizer, tools=tools)
-        ids = encode(self.tokenizer, text, "messages", chat=True)
+        # The prompt, the grammar and the parser read one tool use.
+        tools, text, ids = chat_ids(req, self.tokenizer, self.tool_format)
         users = [m.text() for m in req.messages if m.role == "user"]
         return await self._start(req, [PromptInput(ids, text)], chat=True,
                                  predict_texts=[users[-1] if users else text], tools=tools)

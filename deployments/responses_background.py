@@ -30,6 +30,10 @@ HEARTBEAT_S = 5.0
 POLL_S = 0.5
 STALE_S = 30.0
 OPEN = ("queued", "in_progress")
+# Why an open response that lost its replica (died, or shut down) failed.
+_LOST = {"code": "server_error",
+         "message": "the server replica running this response stopped before it finished; "
+                    "create it again"}
 
 
 class BackgroundResponses:
@@ -76,11 +80,8 @@ class BackgroundResponses:
             return found
         if await asyncio.to_thread(self.store.silent_for, response_id) < STALE_S:
             return found
-        found.response.update(status="failed", error={
-            "code": "server_error",
-            "message": "the server replica running this response stopped before it "
-                       "finished; create it again"})
-        await self._write(found)
+        found.response.update(status="failed", error=_LOST)
+        await self.write(found)
         return found
 
     # ------------------------------------------------------------------------
@@ -96,17 +97,14 @@ class BackgroundResponses:
             ing = self.ingress
             builder, stream = await self._admitted(chat)
             record.response["status"] = "in_progress"
-            await self._write(record)
+            await self.write(record)
             out = await ing.collect(builder, stream)
             output, status = output_of(out)
             final = response_object(req, rid, created, status, output,
                                     usage_of(out["usage"]), True)
         except asyncio.CancelledError:
             if rid not in self._asked:
-                final = {**record.response, "status": "failed", "error": {
-                    "code": "server_error",
-                    "message": "the server replica running this response stopped; create "
-                               "it again"}}
+                final = {**record.response, "status": "failed", "error": _LOST}
             elif builder is None:  # cancelled before the engine took it
                 final = {**record.response, "status": "cancelled"}
             else:  # with what it had written
@@ -124,7 +122,7 @@ class BackgroundResponses:
             watcher.cancel()
         self._asked.discard(rid)
         record.response = final
-        await self._write(record)
+        await self.write(record)
         await asyncio.to_thread(self.store.clear_marks, rid)
 
     async def _admitted(self, chat: Any) -> tuple[Any, Any]:
@@ -153,12 +151,16 @@ class BackgroundResponses:
                 return
             await asyncio.sleep(POLL_S)
 
-    async def _write(self, record: StoredResponse) -> None:
+    async def write(self, record: StoredResponse) -> bool:
+        """Keep `record` (off the event loop); False where the store fails
+        (a full disk, say): the answer still goes out, saying it was not
+        stored."""
         try:
             await asyncio.to_thread(self.store.put, record)
         except OSError as e:
-            log.error("background response %s: record not written: %s",
-                      record.response["id"], e)
+            log.error("response %s not stored: %s", record.response["id"], e)
+            return False
+        return True
 
 
 def _retry_after(value: str | None, default: float = 1.0) -> float:

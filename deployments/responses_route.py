@@ -17,7 +17,6 @@ stops them.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Literal
@@ -43,13 +42,8 @@ from api.responses_api import (
 from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
 from api.responses_truncation import fit
-from api.tokenize_route import encode
-from api.tool_prompt import chat_prompt
-from api.tools import tool_use
+from api.tokenize_route import chat_ids
 from deployments.responses_background import OPEN, BackgroundResponses
-
-
-log = logging.getLogger("ray.serve")
 
 
 class InputItemsQuery(BaseModel):
@@ -220,9 +214,7 @@ class ResponsesRoute:
 
     def _prompt_tokens(self, chat: Any) -> int:
         """How many tokens `chat`'s prompt is, as the ingress will render it."""
-        ing = self.ingress
-        text = chat_prompt(chat, ing.tokenizer, tools=tool_use(chat, ing.tool_format))
-        return len(encode(ing.tokenizer, text, "messages", chat=True))
+        return len(chat_ids(chat, self.ingress.tokenizer, self.ingress.tool_format)[2])
 
     async def _stored(self, response_id: str, param: str) -> StoredResponse:
         found = None if self.background is None else await self.background.read(response_id)
@@ -231,15 +223,8 @@ class ResponsesRoute:
         return found
 
     async def _put(self, record: StoredResponse) -> bool:
-        """Keep `record`; False where the store fails (a full disk, say):
-        the answer still goes out, saying it was not stored."""
-        assert self.store is not None
-        try:
-            await asyncio.to_thread(self.store.put, record)
-        except OSError as e:
-            log.error("response %s not stored: %s", record.response["id"], e)
-            return False
-        return True
+        assert self.background is not None  # there whenever the store is
+        return await self.background.write(record)
 
 
 def _missing(response_id: str, param: str) -> APIError:
