@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 # The endpoints a batch may target: the ones this server serves.
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
-Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
 
 # OpenAI's bounds on `metadata`.
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -77,6 +77,45 @@ class FileObject(BaseModel):
     status: Literal["processed"] = "processed"
     expires_at: int | None = None
     status_details: str | None = None
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
+class FileListQuery(BaseModel):
+    """`GET /v1/files`'s query (OpenAI's): newest first unless `order` is
+    `asc`, `after` a file id, `purpose` a filter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(10000, ge=1, le=10000)
+    order: Literal["asc", "desc"] = "desc"
+    after: str | None = None
+    purpose: str | None = None
+
+
+class ExpiresAfter(_Strict):
+    """OpenAI's expiration policy of a file: `seconds` after its creation."""
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(..., ge=3600, le=2592000)
+
+
+class UploadExpiry(_Strict):
+    """An upload's `expires_after` form fields, gathered."""
+
+    expires_after: ExpiresAfter
 
 
 class RequestCounts(BaseModel):
@@ -151,15 +190,9 @@ class BatchCreateRequest(_Strict):
     # OpenAI offers only "24h"; this server does not expire batches.
     completion_window: Literal["24h"]
     metadata: Metadata | None = Field(None, max_length=16)
-    # OpenAI's expiry of the output files: nothing here expires.
-    output_expires_after: Any = None
-
-    @field_validator("output_expires_after", mode="before")
-    @classmethod
-    def _refused(cls, v: Any) -> Any:
-        if v is not None:
-            raise ValueError("not supported by this server (output files do not expire)")
-        return v
+    # When the output and error files expire (from their creation, with the
+    # batch); None: kept until deleted.
+    output_expires_after: ExpiresAfter | None = None
 
 
 class BatchListQuery(BaseModel):

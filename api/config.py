@@ -110,6 +110,14 @@ class BatchSettings(BaseModel):
     # Ray Jobs API (dashboard URL or cluster address) the ingress submits
     # batch jobs to; None: the dashboard of the cluster it runs in.
     jobs_address: str | None = None
+    # An upload that does not say `expires_after` is deleted this long after
+    # it was made (OpenAI's default for batch files: 30 days), once no
+    # running batch reads it; None keeps it until it is deleted.
+    upload_expiry_hours: int | None = Field(720, ge=1)
+
+    def upload_expiry_s(self) -> int | None:
+        h = self.upload_expiry_hours
+        return None if h is None else h * 3600
 
     def storage_path(self) -> Path:
         from engine.model_source import cache_root

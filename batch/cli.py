@@ -77,7 +77,8 @@ def _submit(ctx: _Context, args: argparse.Namespace) -> int:
         raise BatchCLIError(f"no file {args.file}")
     ctx.batches.jobs.check()  # before the file is copied in
     try:
-        input_file = ctx.batches.store.copy_input(path, ctx.settings.max_file_bytes)
+        input_file = ctx.batches.store.copy_input(path, ctx.settings.max_file_bytes,
+                                                  ctx.settings.upload_expiry_s())
     except TooLarge as e:
         raise BatchCLIError(f"{args.file}: {e}") from None
     metadata = dict(_pair(m) for m in args.metadata) or None

@@ -41,6 +41,25 @@ def complete_bytes(path: Path) -> bytes:
     return data[:data.rfind(b"\n") + 1]
 
 
+def complete_size(path: Path, step: int = 1 << 16) -> int:
+    """`len(complete_bytes(path))`, reading only the file's tail: where its
+    last newline ends (0 if it does not exist)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return 0
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:
+            start = max(0, end - step)
+            f.seek(start)
+            cut = f.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+        return 0
+
+
 def read_results(path: Path) -> list[BatchOutputLine]:
     """The records of a results file's complete lines; a line that is not
     a record (edited by hand) is skipped with a warning."""

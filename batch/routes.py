@@ -1,7 +1,11 @@
 """`/v1/files` and `/v1/batches` as OpenAI serves them, on the ingress.
 
     POST /v1/files                     multipart upload, `purpose=batch`
+                                       (`expires_after[anchor]`, `[seconds]`)
+    GET  /v1/files                     list (newest first; `purpose`, `limit`,
+                                       `order`, `after`)
     GET  /v1/files/{id}                the File object
+    DELETE /v1/files/{id}              delete it (not while a running batch uses it)
     GET  /v1/files/{id}/content        the file (a results file: its complete lines)
     POST /v1/batches                   create a batch and start its Ray Job
     GET  /v1/batches                   list (newest first; `limit`, `after`)
@@ -10,12 +14,15 @@
 
 Every failure is an `APIError` (api/errors.py), answered as OpenAI's JSON
 error by the ingress's handlers.  Files and the Ray Jobs API are reached
-from a thread, off the ingress's event loop.
+from a thread, off the ingress's event loop.  Expired files are swept
+(batch/service.py) on an upload or a listing, at most once a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +34,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message
 
-from api.batch import BatchCreateRequest, BatchList, BatchListQuery
+from api.batch import (
+    BatchCreateRequest,
+    BatchList,
+    BatchListQuery,
+    FileDeleted,
+    FileList,
+    FileListQuery,
+    UploadExpiry,
+)
 from api.config import BatchSettings
 from api.errors import APIError, validation_error
 from api.http import read_json_object
@@ -36,10 +51,14 @@ from batch.jobs import JobsUnavailable
 from batch.service import BatchConflict, Batches
 from batch.store import BatchRecord, FileRecord, TooLarge
 
+log = logging.getLogger(__name__)
+
 # Room for the multipart framing around the file.
 _FORM_OVERHEAD = 64 * 1024
-_UPLOAD_FIELDS = {"file", "purpose"}
+_EXPIRY_FIELDS = {"expires_after[anchor]": "anchor", "expires_after[seconds]": "seconds"}
+_UPLOAD_FIELDS = {"file", "purpose", *_EXPIRY_FIELDS}
 _CHUNK = 1 << 20
+_SWEEP_EVERY_S = 60.0
 
 T = TypeVar("T")
 
@@ -55,11 +74,12 @@ class BatchRoutes:
         self.app = app
         self.model = model
         self.max_request_bytes = max_request_bytes
+        self._swept = -_SWEEP_EVERY_S
 
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/files", self.upload, methods=["POST"]),
-            Route("/v1/files/{file_id}", self.file_info, methods=["GET"]),
+            Route("/v1/files", self.files_root, methods=["GET", "POST"]),
+            Route("/v1/files/{file_id}", self.file_root, methods=["GET", "DELETE"]),
             Route("/v1/files/{file_id}/content", self.content, methods=["GET"]),
             # One route for both methods, so a 405 lists both in `Allow`.
             Route("/v1/batches", self.batches_root, methods=["GET", "POST"]),
@@ -68,6 +88,31 @@ class BatchRoutes:
         ]
 
     # Files ----------------------------------------------------------------
+
+    async def files_root(self, request: Request) -> Response:
+        if request.method == "POST":
+            return await self.upload(request)
+        return await self.list_files(request)
+
+    async def file_root(self, request: Request) -> Response:
+        if request.method == "DELETE":
+            return await self.delete_file(request)
+        return await self.file_info(request)
+
+    async def _sweep(self) -> None:
+        """Expired files, at most every `_SWEEP_EVERY_S`; a sweep that
+        cannot reach the Jobs API waits for the next."""
+        now = time.monotonic()
+        if now - self._swept < _SWEEP_EVERY_S:
+            return
+        self._swept = now
+        try:
+            gone = await asyncio.to_thread(self.batches.sweep)
+        except JobsUnavailable as e:
+            log.warning("expired files not swept: %s", e)
+            return
+        if gone:
+            log.info("deleted %d expired batch file(s)", gone)
 
     async def upload(self, request: Request) -> Response:
         content_type = request.headers.get("content-type", "")
@@ -83,8 +128,9 @@ class BatchRoutes:
         async with bounded.form(max_files=1, max_fields=len(_UPLOAD_FIELDS)) as form:
             unknown = sorted(set(form.keys()) - _UPLOAD_FIELDS)
             if "expires_after" in unknown:
-                raise APIError(400, "expires_after: not supported by this server "
-                               "(files do not expire)", "expires_after")
+                raise APIError(400, "expires_after: send its parts as the form fields "
+                               "expires_after[anchor] and expires_after[seconds]",
+                               "expires_after")
             if unknown:
                 raise APIError(400, f"{unknown[0]}: unrecognized request argument", unknown[0])
             purpose, upload = form.get("purpose"), form.get("file")
@@ -95,14 +141,40 @@ class BatchRoutes:
                                "server takes files for the Batch API only ('batch')", "purpose")
             if not isinstance(upload, UploadFile):
                 raise APIError(400, "file: a file part is required", "file")
+            expires_s = _expiry(form, self.settings.upload_expiry_s())
             filename = upload.filename or "upload.jsonl"
             try:
                 record = await asyncio.to_thread(
                     self.batches.store.add_file, upload.file, filename,
-                    self.settings.max_file_bytes)
+                    self.settings.max_file_bytes, expires_s)
             except TooLarge as e:
                 raise APIError(413, str(e), "file")
+        await self._sweep()
         return JSONResponse(self.batches.store.file_object(record).model_dump())
+
+    async def list_files(self, request: Request) -> Response:
+        try:
+            query = FileListQuery.model_validate(dict(request.query_params))
+        except ValidationError as e:
+            raise validation_error(e)
+        await self._sweep()
+        records = await asyncio.to_thread(self.batches.store.files)
+        if query.purpose is not None:
+            records = [r for r in records if r.purpose == query.purpose]
+        if query.order == "desc":
+            records.reverse()
+        page, more = page_after(records, [r.id for r in records], query.after, query.limit,
+                                "file")
+        data = await asyncio.to_thread(lambda: [self.batches.store.file_object(r)
+                                                for r in page])
+        return JSONResponse(FileList(
+            data=data, first_id=page[0].id if page else None,
+            last_id=page[-1].id if page else None, has_more=more).model_dump())
+
+    async def delete_file(self, request: Request) -> Response:
+        record = self._file(request)
+        await self._jobs(lambda: self.batches.delete_file(record))
+        return JSONResponse(FileDeleted(id=record.id, deleted=True).model_dump())
 
     def _file(self, request: Request) -> FileRecord:
         file_id = request.path_params["file_id"]
@@ -141,9 +213,11 @@ class BatchRoutes:
         if input_file.purpose != "batch":
             raise APIError(400, f"file {input_file.id} is a batch's results, not an input "
                            "file (purpose 'batch')", "input_file_id")
+        expiry = req.output_expires_after
         record = await self._jobs(lambda: self.batches.create(
             input_file, req.endpoint, self.app(), self.settings.max_concurrency,
-            metadata=req.metadata, model=self.model))
+            metadata=req.metadata, model=self.model,
+            output_expires_after_s=expiry.seconds if expiry else None))
         return await self._describe(record)
 
     async def list_batches(self, request: Request) -> Response:
@@ -189,6 +263,21 @@ def _found(record: T | None, what: str, key: str, param: str) -> T:
     if record is None:
         raise APIError(404, f"no {what} {key[:100]!r}", param)
     return record
+
+
+def _expiry(form: Any, default_s: int | None) -> int | None:
+    """The upload's `expires_after` seconds from its two form fields;
+    `default_s` without them."""
+    parts = {key: form.get(field) for field, key in _EXPIRY_FIELDS.items() if field in form}
+    if not parts:
+        return default_s
+    seconds = parts.get("seconds")
+    if isinstance(seconds, str) and seconds.strip().isdigit():
+        parts["seconds"] = int(seconds)
+    try:
+        return UploadExpiry.model_validate({"expires_after": parts}).expires_after.seconds
+    except ValidationError as e:
+        raise validation_error(e)
 
 
 def _bounded_receive(receive: Callable[[], Any], limit: int) -> Callable[[], Any]:

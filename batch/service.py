@@ -1,7 +1,15 @@
-"""What `preempt-serve batch` and the `/v1/batches` routes do: create a
-batch from an input file and start its Ray Job, report it, resume it,
-cancel it.  Synchronous (files and the Jobs API's HTTP calls); the routes
-run it in a thread.
+"""What `preempt-serve batch` and the `/v1/files` and `/v1/batches` routes
+do: create a batch from an input file and start its Ray Job, report it,
+resume it, cancel it; delete files, and sweep the expired ones.
+Synchronous (files and the Jobs API's HTTP calls); the routes run it in a
+thread.
+
+A file a running batch reads or writes (its input, output or error file)
+is not deleted: a delete is refused, an expired one waits for the batch to
+end.  A deleted results file leaves its tally in the batch's record, so
+the batch still reports its counts and usage; a batch that lost its input
+or a results file cannot be resumed (a new run would send lines whose
+results are gone again).
 """
 
 from __future__ import annotations
@@ -9,12 +17,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from api.batch import BatchObject
+from api.batch import BatchObject, BatchOutputLine
 from batch.jobs import TERMINAL, Jobs, JobView, entrypoint
 from batch.journal import read_results
 from batch.lines import first_endpoint
-from batch.state import batch_object
-from batch.store import BatchRecord, BatchStore, FileRecord
+from batch.state import batch_object, batch_usage
+from batch.store import BatchRecord, BatchStore, FileRecord, ResultsTally
 
 
 class BatchConflict(ValueError):
@@ -28,7 +36,8 @@ class Batches:
 
     def create(self, input_file: FileRecord, endpoint: str | None, app: str,
                max_concurrency: int, metadata: dict[str, str] | None = None,
-               model: str | None = None) -> BatchRecord:
+               model: str | None = None,
+               output_expires_after_s: int | None = None) -> BatchRecord:
         """A new batch of `input_file`'s lines, its first run submitted.
         `endpoint` None: the url of the file's first well-formed line."""
         # Before anything is written: no batch without a job to run it.
@@ -36,7 +45,8 @@ class Batches:
         if endpoint is None:
             endpoint = first_endpoint(self.store.content_path(input_file).read_bytes())
         record = self.store.create_batch(input_file, endpoint, app, max_concurrency,
-                                         metadata=metadata, model=model)
+                                         metadata=metadata, model=model,
+                                         output_expires_after_s=output_expires_after_s)
         return self._submit(record)
 
     def _submit(self, record: BatchRecord) -> BatchRecord:
@@ -63,6 +73,14 @@ class Batches:
         if job is not None and job.status not in TERMINAL:
             raise BatchConflict(f"batch {record.id} is still running (Ray Job "
                                 f"{job.submission_id} is {job.status})")
+        if self.store.file(record.input_file_id) is None:
+            raise BatchConflict(f"batch {record.id} cannot be resumed: its input file "
+                                f"{record.input_file_id} was deleted or has expired")
+        if record.deleted_results:
+            kinds = " and ".join(sorted(record.deleted_results))
+            raise BatchConflict(f"batch {record.id} cannot be resumed: its {kinds} file was "
+                                "deleted or has expired, so a new run would send the lines "
+                                "whose results it held again")
         record.cancel_requested_at = None
         if max_concurrency is not None:
             record.max_concurrency = max_concurrency
@@ -80,6 +98,42 @@ class Batches:
             self.store.save_batch(record)
         return record
 
+    # Files ----------------------------------------------------------------
+
+    def delete_file(self, file: FileRecord) -> None:
+        """Delete `file`; `BatchConflict` while a batch that uses it runs."""
+        users = [b for b in self.store.batches()
+                 if file.id in (b.input_file_id, b.output_file_id, b.error_file_id)]
+        jobs = self.jobs.infos() if users else {}
+        for b in users:
+            job = jobs.get(b.jobs[-1]) if b.jobs else None
+            if job is not None and job.status not in TERMINAL:
+                raise BatchConflict(
+                    f"file {file.id} is the {_role(b, file.id)} file of batch {b.id}, whose "
+                    f"Ray Job {job.submission_id} is {job.status}; cancel the batch or let "
+                    "it end first")
+        for b in users:
+            if file.id != b.input_file_id:
+                kind = "output" if file.id == b.output_file_id else "errors"
+                b.deleted_results[kind] = _tally(read_results(self.store.content_path(file)))
+                self.store.save_batch(b)
+        self.store.delete_file(file)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete the expired files no running batch uses; how many."""
+        now = time.time() if now is None else now
+        gone = 0
+        for f in self.store.files(expired=True):
+            if f.expired(now):
+                try:
+                    self.delete_file(f)
+                    gone += 1
+                except BatchConflict:
+                    pass  # in use: swept once its batch has ended
+        return gone
+
+    # Batches --------------------------------------------------------------
+
     def describe(self, record: BatchRecord, job: JobView | None = None,
                  known: bool = False) -> BatchObject:
         """The Batch object; `known`: `job` is already looked up."""
@@ -96,3 +150,15 @@ class Batches:
 
     def result_paths(self, record: BatchRecord) -> tuple[Path, Path]:
         return self.store.output_path(record), self.store.errors_path(record)
+
+
+def _role(record: BatchRecord, file_id: str) -> str:
+    if file_id == record.input_file_id:
+        return "input"
+    return "output" if file_id == record.output_file_id else "error"
+
+
+def _tally(lines: list[BatchOutputLine]) -> ResultsTally:
+    usage = batch_usage(lines)
+    return ResultsTally(lines=len(lines), input_tokens=usage.input_tokens if usage else 0,
+                        output_tokens=usage.output_tokens if usage else 0)

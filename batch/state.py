@@ -11,8 +11,9 @@ the results files its job wrote, and the Ray Job's state.
 | none (never submitted, or Ray forgot it) | completed if every line has a result, else failed |
 
 The counts are the lines of the files (output: completed; errors: failed),
-so they are right after a resume too; the output and error file ids are
-shown once their files hold a line.
+so they are right after a resume too, or the tally a deleted file left in
+the record; the output and error file ids are shown once their files hold
+a line.
 """
 
 from __future__ import annotations
@@ -30,15 +31,22 @@ from batch.jobs import JobView
 from batch.store import BatchRecord
 
 
-def _usage(output: list[BatchOutputLine]) -> BatchUsage | None:
+def batch_usage(output: list[BatchOutputLine]) -> BatchUsage | None:
+    """The tokens of the answers: chat and completions name them
+    `prompt_tokens` / `completion_tokens`, Responses `input_tokens` /
+    `output_tokens`."""
     if not output:
         return None
     prompt = completion = 0
     for line in output:
         usage = line.response.body.get("usage") if line.response else None
         if isinstance(usage, dict):
-            prompt += int(usage.get("prompt_tokens", 0))
-            completion += int(usage.get("completion_tokens", 0))
+            prompt += int(usage.get("prompt_tokens", usage.get("input_tokens", 0)))
+            completion += int(usage.get("completion_tokens", usage.get("output_tokens", 0)))
+    return _usage(prompt, completion)
+
+
+def _usage(prompt: int, completion: int) -> BatchUsage:
     return BatchUsage(input_tokens=prompt, output_tokens=completion,
                       total_tokens=prompt + completion)
 
@@ -49,14 +57,21 @@ def _seconds(ms: int | None) -> int | None:
 
 def batch_object(record: BatchRecord, output: list[BatchOutputLine],
                  errors: list[BatchOutputLine], job: JobView | None) -> BatchObject:
-    counts = RequestCounts(total=record.total, completed=len(output), failed=len(errors))
+    usage = batch_usage(output)
+    completed, failed = len(output), len(errors)
+    if (tally := record.deleted_results.get("output")) is not None:
+        completed = tally.lines
+        usage = _usage(tally.input_tokens, tally.output_tokens) if tally.lines else None
+    if (tally := record.deleted_results.get("errors")) is not None:
+        failed = tally.lines
+    counts = RequestCounts(total=record.total, completed=completed, failed=failed)
     obj = BatchObject(
         id=record.id, endpoint=record.endpoint, model=record.model,
         input_file_id=record.input_file_id, completion_window=record.completion_window,
         status=_status(record, counts, job), created_at=record.created_at,
-        output_file_id=record.output_file_id if output else None,
-        error_file_id=record.error_file_id if errors else None,
-        request_counts=counts, usage=_usage(output), metadata=record.metadata,
+        output_file_id=record.output_file_id if completed else None,
+        error_file_id=record.error_file_id if failed else None,
+        request_counts=counts, usage=usage, metadata=record.metadata,
         cancelling_at=record.cancel_requested_at)
     if job is None:
         if obj.status == "failed":

@@ -33,13 +33,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from api.auth import BearerKeyAuth
-from api.batch import BATCH_ENDPOINTS, BatchResponse
 from api.config import AppConfig
 from api.errors import APIError, validation_error
 from api.http import (
     JSONServerErrors,
     api_error_handler,
-    check_json_tree,
     http_exception_handler,
     read_json_object,
 )
@@ -62,6 +60,7 @@ from api.tools import ToolUse
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
+from deployments.batch_request import answer_line
 from deployments.responses_route import ResponsesRoute
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
@@ -162,7 +161,7 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         req = await self.parse_body(request, CompletionRequest)
         async with self.door.start(req.job_class == "offline", req.priority):
-            started = await self._start_completion(req)
+            started = await self.start_completion(req)
         return await self._respond(req, started)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -172,35 +171,12 @@ class Ingress:
         return await self._respond(req, started)
 
     async def batch_request(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One line of a batch job, through a Serve handle: `body` checked
-        as the route checks a body, run as offline work, not streamed.  A
-        `BatchResponse` dump, the OpenAI response or error body; never an
-        exception, whatever the line holds."""
+        """One line of a batch job, through a Serve handle (deployments/
+        batch_request.py)."""
         self.metrics.ensure_running()
-        try:
-            if url not in BATCH_ENDPOINTS:
-                raise APIError(404, f"no route {str(url)[:200]!r} for a batch", "url")
-            if not isinstance(body, dict):
-                raise APIError(400, "the request body must be a JSON object", "body")
-            check_json_tree(body)
-            chat = url == "/v1/chat/completions"
-            req = self._validate(body, ChatCompletionRequest if chat else CompletionRequest)
-            if req.stream:
-                raise APIError(400, "a batch request cannot be streamed", "stream")
-            # Whatever the line says: batch work is what `offline` is for.
-            req = req.model_copy(update={"job_class": "offline"})
-            async with self.door.start(offline=True, priority=req.priority):
-                started = await (self.start_chat(req) if chat else self._start_completion(req))
-            out = await self.collect(*started)
-            return BatchResponse(status_code=200, request_id=out["id"], body=out).model_dump()
-        except APIError as e:
-            return BatchResponse(status_code=e.status, body=e.body()).model_dump()
-        except Exception:
-            log.exception("batch request to %s failed", str(url)[:200])
-            return BatchResponse(status_code=500,
-                                 body=APIError(500, "internal server error").body()).model_dump()
+        return await answer_line(self, url, body)
 
-    async def _start_completion(self, req: CompletionRequest
+    async def start_completion(self, req: CompletionRequest
                                 ) -> tuple[ResponseBuilder, Any]:
         prompts: list[PromptInput] = []
         for p in req.prompts():
@@ -232,10 +208,10 @@ class Ingress:
     async def parse_body(self, request: Request, model: type) -> Any:
         self.metrics.ensure_running()
         # Bounded, strict JSON (api/http.py): a 4xx for every malformed body.
-        return self._validate(await read_json_object(request, self.cfg.max_request_bytes),
+        return self.validate(await read_json_object(request, self.cfg.max_request_bytes),
                               model)
 
-    def _validate(self, data: dict[str, Any], model: type) -> Any:
+    def validate(self, data: dict[str, Any], model: type) -> Any:
         try:
             req = model.model_validate(data)
         except ValidationError as e:

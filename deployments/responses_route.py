@@ -11,12 +11,13 @@ event or its body is sent, so a follow-up the client sends on reading it
 finds it.  `GET /v1/responses/{id}`, `GET .../input_items` and `DELETE`
 read and remove stored ones; `background: true` ones are run apart and
 polled (`deployments/responses_background.py`), and `POST .../cancel`
-stops them.
+stops them.  A batch's `/v1/responses` lines come through `batch_response`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Literal
@@ -75,8 +76,24 @@ class ResponsesRoute:
                 Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"])]
 
     async def create(self, request: Request) -> Response:
+        return await self._respond(await self.ingress.parse_body(request, ResponsesRequest))
+
+    async def batch_response(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A batch line's Response (`Ingress.batch_request`): run as offline
+        work, not streamed nor in the background, and not stored unless the
+        line says `store: true` (the batch's output file holds it)."""
+        req = self.ingress.validate(body, ResponsesRequest)
+        for field in ("stream", "background"):
+            if getattr(req, field):
+                raise APIError(400, f"{field}: a batch request is answered whole, once",
+                               field)
+        if req.store is None:
+            req = req.model_copy(update={"store": False})
+        response = await self._respond(req, offline=True)
+        return json.loads(response.body)
+
+    async def _respond(self, req: ResponsesRequest, offline: bool = False) -> Response:
         ing = self.ingress
-        req = await ing.parse_body(request, ResponsesRequest)
         req = req.model_copy(update={"model": ing.cfg.model_name})
         keep = self.keep if req.store is None else req.store
         if req.background and not keep:
@@ -96,6 +113,8 @@ class ResponsesRoute:
                 items = fit(items, lambda kept: self._prompt_tokens(req.chat(kept)),
                             req.max_output_tokens or 1, ing.cfg.max_model_len)
             chat = req.chat(items)
+            if offline:
+                chat = chat.model_copy(update={"job_class": "offline"})
         except ValidationError as e:
             raise _as_responses(validation_error(e)) from None
         except APIError as e:

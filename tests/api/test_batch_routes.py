@@ -67,7 +67,15 @@ def test_upload_errors_name_the_field(served: Harness) -> None:
     assert_error(upload(served, b"{}", x="1"), 400, "x")
     assert_error(form(purpose=(None, "batch"), file=(None, "text, not a file")), 400, "file")
     err = assert_error(upload(served, b"{}", expires_after="3600"), 400, "expires_after")
-    assert "not supported" in err["message"]
+    assert "expires_after[seconds]" in err["message"]
+    assert_error(upload(served, b"{}", **{"expires_after[anchor]": "created_at",
+                                          "expires_after[seconds]": "60"}),
+                 400, "expires_after.seconds")
+    assert_error(upload(served, b"{}", **{"expires_after[anchor]": "now",
+                                          "expires_after[seconds]": "3600"}),
+                 400, "expires_after.anchor")
+    assert_error(upload(served, b"{}", **{"expires_after[seconds]": "3600"}),
+                 400, "expires_after.anchor")
     assert_error(served.client.post("/v1/files", json={"purpose": "batch"}), 415)
     assert_error(served.client.post("/v1/files", data={"purpose": "batch"}), 415)
     assert_error(served.client.post("/v1/files", content=b"--x\r\n",
@@ -138,8 +146,8 @@ def test_create_errors_name_the_field(served: Harness) -> None:
         "input_file_id": {"input_file_id": "file-nope"},
         "endpoint": {"input_file_id": file_id, "endpoint": "/v1/embeddings"},
         "completion_window": {"input_file_id": file_id, "completion_window": "48h"},
-        "output_expires_after": {"input_file_id": file_id, "output_expires_after": {
-            "anchor": "created_at", "seconds": 3600}},
+        "output_expires_after.seconds": {"input_file_id": file_id, "output_expires_after": {
+            "anchor": "created_at", "seconds": 60}},
         "metadata": {"input_file_id": file_id, "metadata": {f"k{i}": "v" for i in range(17)}},
         "extra": {"input_file_id": file_id, "extra": 1},
     }

@@ -18,7 +18,8 @@ from tests.api.harness import Harness
 from tests.api.shapes import assert_error
 
 PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
-         "/health": {"get"}, "/v1/files": {"post"}, "/v1/files/{file_id}": {"get"},
+         "/health": {"get"}, "/v1/files": {"get", "post"},
+         "/v1/files/{file_id}": {"delete", "get"},
          "/v1/files/{file_id}/content": {"get"}, "/v1/batches": {"get", "post"},
          "/v1/batches/{batch_id}": {"get"}, "/v1/batches/{batch_id}/cancel": {"post"},
          "/tokenize": {"post"}, "/detokenize": {"post"}, "/v1/responses": {"post"},

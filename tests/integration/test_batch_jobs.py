@@ -1,6 +1,7 @@
 """Batch jobs live: a batch file submitted as a Ray Job while chat streams
 run, stopped part-way, resumed; then the same through `/v1/files` and
-`/v1/batches` with the official `openai` client.
+`/v1/batches` with the official `openai` client, for completions and for
+Responses, and the files listed and deleted.
 
 Ray Jobs need the dashboard, which the session's Ray (conftest.py) runs
 without, and this process may already be connected to that one.  So the
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -310,9 +312,7 @@ def test_batch_job_stops_resumes_and_matches_online_answers(cluster: Cluster) ->
 
 
 def test_openai_client_files_and_batches(cluster: Cluster) -> None:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"{cluster.base}/v1", api_key="unused", max_retries=0,
+    client = openai.OpenAI(base_url=f"{cluster.base}/v1", api_key="unused", max_retries=0,
                     timeout=60)
     bodies = {f"c{i}": {"model": "smollm2", "prompt": f"Count to {i + 3}:", "max_tokens": 8,
                         "temperature": 0} for i in range(3)}
@@ -338,3 +338,42 @@ def test_openai_client_files_and_batches(cluster: Cluster) -> None:
     online = online_texts(cluster.base, "/v1/completions", bodies)
     for x in lines:
         assert x["response"]["body"]["choices"][0]["text"] == online[x["custom_id"]]
+    # Listed, then deleted: the batch keeps its counts.
+    listed = {x.id: x for x in client.files.list(purpose="batch_output")}
+    assert b.output_file_id in listed and listed[b.output_file_id].bytes > 0
+    gone = client.files.delete(b.output_file_id)
+    assert gone.deleted and gone.id == b.output_file_id
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(b.output_file_id)
+    assert b.output_file_id not in {x.id for x in client.files.list()}
+    after = client.batches.retrieve(b.id)
+    assert (after.status, after.request_counts, after.usage) == (
+        "completed", b.request_counts, b.usage)
+
+
+def test_openai_client_batch_of_responses(cluster: Cluster) -> None:
+    client = openai.OpenAI(base_url=f"{cluster.base}/v1", api_key="unused", max_retries=0,
+                           timeout=60)
+    bodies = {f"r{i}": {"model": "smollm2", "input": f"Name {i + 2} colours.",
+                        "max_output_tokens": 8, "temperature": 0} for i in range(2)}
+    data = "".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/responses",
+                               "body": b}) + "\n" for cid, b in bodies.items())
+    f = client.files.create(file=("responses.jsonl", data.encode()), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 3600})
+    assert f.expires_at == f.created_at + 3600
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/responses",
+                              completion_window="24h")
+    deadline = time.monotonic() + 180
+    while b.status not in ("completed", "failed", "cancelled"):
+        assert time.monotonic() < deadline, b
+        time.sleep(0.5)
+        b = client.batches.retrieve(b.id)
+    assert b.status == "completed" and b.request_counts.completed == 2, b
+    lines = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    assert b.usage is not None and b.usage.output_tokens == sum(
+        x["response"]["body"]["usage"]["output_tokens"] for x in lines)
+    for x in lines:
+        body = x["response"]["body"]
+        online = client.responses.create(**bodies[x["custom_id"]], store=False)
+        assert body["object"] == "response" and body["store"] is False
+        assert body["output"][0]["content"][0]["text"] == online.output_text
