@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from api.openapi_batch import MODELS as BATCH_MODELS
 from api.openapi_batch import batch_paths
+from api.openapi_conversations import MODELS as CONVERSATION_MODELS
+from api.openapi_conversations import conversations_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from api.openapi_responses import responses_paths
 from api.responses_api import ResponsesRequest
@@ -33,7 +35,7 @@ _POST_ERRORS = {
            "or the request cannot be served (e.g. longer than the context)",
     "401": "the API key is missing or wrong (when the server requires one)",
     "404": "the `model` is not served (or, for a Response, no stored response has the "
-           "`previous_response_id`)",
+           "`previous_response_id`, or no conversation the `conversation` id)",
     "413": "the body is larger than the server's limit",
     "415": "the Content-Type is not JSON",
     "429": "the server is at capacity; retry after `Retry-After` seconds",
@@ -133,6 +135,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         (ErrorResponse, "serialization"),
         *BATCH_MODELS,
         *TOKENIZE_MODELS,
+        *CONVERSATION_MODELS,
     ]
     refs, top = models_json_schema(models, ref_template=_REF)
     completion_ref = refs[(CompletionRequest, "validation")]
@@ -164,6 +167,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
             "`previous_response_id` continues a stored one, 404 where none is stored)",
             refs[(ResponsesRequest, "validation")], error_ref, _RESPONSE)},
         **responses_paths(error_ref, _RESPONSE),
+        **conversations_paths(refs, error_ref),
         "/health": {"get": {
             "summary": "Readiness: 200 once an engine replica serves, 503 while none does "
                        "(never needs a key)",

@@ -114,9 +114,13 @@ class TextConfig(_Strict):
 
 _OFF = {"reasoning": "this model does not reason",
         "max_tool_calls": "not supported",
-        "conversation": "conversation objects are not supported; continue a conversation "
-                        "with previous_response_id, or send it in input",
         "prompt": "stored prompts are not supported"}
+
+
+class ConversationRef(_Strict):
+    """`conversation` given as an object."""
+
+    id: str = Field(..., min_length=1)
 
 
 class ResponsesRequest(_Strict):
@@ -156,8 +160,10 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     # Accepted only with the value that asks for nothing (`_OFF`).
     reasoning: dict[str, Any] | None = None
+    # A stored conversation (api/conversation_store.py): its items come
+    # before `input`, and this input and the answer are added to it.
+    conversation: str | ConversationRef | None = None
     max_tool_calls: int | None = None
-    conversation: Any = None
     prompt: Any = None
 
     @field_validator(*_OFF, mode="after")
@@ -166,6 +172,19 @@ class ResponsesRequest(_Strict):
         if v not in (None, False, {}):
             raise ValueError(f"not supported by this server ({_OFF[info.field_name]})")
         return v
+
+    @field_validator("conversation", mode="after")
+    @classmethod
+    def _one_context(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None and info.data.get("previous_response_id") is not None:
+            raise ValueError("a response continues a conversation or a previous response, "
+                             "not both")
+        return v
+
+    @property
+    def conversation_id(self) -> str | None:
+        c = self.conversation
+        return c.id if isinstance(c, ConversationRef) else c
 
     @field_validator("metadata", mode="after")
     @classmethod
@@ -216,16 +235,7 @@ class ResponsesRequest(_Strict):
             list(self.input) if items is None else items))
 
     def input_records(self) -> list[dict[str, Any]]:
-        """The input items as stored: each with an id (OpenAI's, where the
-        client gave none)."""
-        out = []
-        for item in self.input:
-            record = item.model_dump(exclude_none=True)
-            if isinstance(item, MessageItem):
-                record.setdefault("type", "message")
-            record.setdefault("id", item_id(_ID_PREFIX[record["type"]]))
-            out.append(record)
-        return out
+        return item_records(self.input)
 
     def _chat_body(self, items: list[Any]) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -283,6 +293,24 @@ _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "
 _ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 
 
+def item_records(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as stored: each with its type and an id (OpenAI's
+    kind, where the client gave none)."""
+    out = []
+    for item in items:
+        record = item.model_dump(exclude_none=True)
+        if isinstance(item, MessageItem):
+            record.setdefault("type", "message")
+        record.setdefault("id", new_item_id(record["type"]))
+        out.append(record)
+    return out
+
+
+def new_item_id(item_type: str) -> str:
+    """A new id for an item of `item_type` (`message`, `function_call`, ...)."""
+    return item_id(_ID_PREFIX[item_type])
+
+
 def items_of(records: list[dict[str, Any]]) -> list[Any]:
     """A stored conversation's items (inputs and output items alike) as
     input items."""
@@ -324,6 +352,7 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
         "model": req.model, "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id, "reasoning": None, "store": stored,
+        "conversation": {"id": req.conversation_id} if req.conversation_id else None,
         "temperature": req.temperature, "top_p": req.top_p,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
                  if fmt is not None else {"type": "text"}},

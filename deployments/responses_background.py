@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from api.errors import APIError
@@ -25,6 +26,9 @@ from api.responses_api import ResponsesRequest, output_of, response_object, usag
 from api.responses_store import ResponseStore, StoredResponse
 
 log = logging.getLogger("ray.serve")
+
+# Called with a response's final object before it is stored as ended.
+Ending = Callable[[dict[str, Any]], Awaitable[None]]
 
 HEARTBEAT_S = 5.0
 POLL_S = 0.5
@@ -45,10 +49,12 @@ class BackgroundResponses:
         # replica shutting down).
         self._asked: set[str] = set()
 
-    def start(self, req: ResponsesRequest, chat: Any, record: StoredResponse) -> None:
-        """Run `record`'s response (already stored as queued)."""
+    def start(self, req: ResponsesRequest, chat: Any, record: StoredResponse,
+              end: Ending | None = None) -> None:
+        """Run `record`'s response (already stored as queued); `end` sees
+        its final object before it is stored."""
         rid = record.response["id"]
-        task = asyncio.get_running_loop().create_task(self._run(req, chat, record))
+        task = asyncio.get_running_loop().create_task(self._run(req, chat, record, end))
         self._tasks[rid] = task
         task.add_done_callback(lambda _: self._tasks.pop(rid, None))
 
@@ -86,7 +92,8 @@ class BackgroundResponses:
 
     # ------------------------------------------------------------------------
 
-    async def _run(self, req: ResponsesRequest, chat: Any, record: StoredResponse) -> None:
+    async def _run(self, req: ResponsesRequest, chat: Any, record: StoredResponse,
+                   end: Ending | None) -> None:
         rid = record.response["id"]
         created = float(record.response["created_at"])
         watcher = asyncio.get_running_loop().create_task(
@@ -122,6 +129,8 @@ class BackgroundResponses:
             watcher.cancel()
         self._asked.discard(rid)
         record.response = final
+        if end is not None:
+            await end(final)
         await self.write(record)
         await asyncio.to_thread(self.store.clear_marks, rid)
 

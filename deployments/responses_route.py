@@ -11,13 +11,16 @@ event or its body is sent, so a follow-up the client sends on reading it
 finds it.  `GET /v1/responses/{id}`, `GET .../input_items` and `DELETE`
 read and remove stored ones; `background: true` ones are run apart and
 polled (`deployments/responses_background.py`), and `POST .../cancel`
-stops them.  A batch's `/v1/responses` lines come through `batch_response`.
+stops them.  A request naming a `conversation` (api/conversations_route.py
+serves those) reads its items as context, and its input and answer are
+added to it before the answer is sent.  A batch's `/v1/responses` lines come through `batch_response`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Literal
@@ -27,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from api.conversation_store import ConversationStore
+from api.conversations_route import ConversationsRoute
 from api.errors import APIError, validation_error
 from api.pages import page_after
 from api.responses_api import (
@@ -44,7 +49,11 @@ from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
 from api.responses_truncation import fit
 from api.tokenize_route import chat_ids
-from deployments.responses_background import OPEN, BackgroundResponses
+from deployments.responses_background import OPEN, BackgroundResponses, Ending
+
+log = logging.getLogger("ray.serve")
+# The statuses whose input and output a conversation keeps.
+_ADDED = ("completed", "incomplete")
 
 
 class InputItemsQuery(BaseModel):
@@ -65,9 +74,13 @@ class ResponsesRoute:
         self.store = ResponseStore(settings.storage_path(), settings.retention_hours * 3600,
                                    settings.max_stored) if settings.store else None
         self.background = BackgroundResponses(ingress, self.store) if self.store else None
+        self.conversations = ConversationsRoute(
+            ConversationStore(settings.storage_path() / "conversations")
+            if settings.store else None, ingress.cfg.max_request_bytes)
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/responses", self.create, methods=["POST"]),
+        return [*self.conversations.routes(),
+                Route("/v1/responses", self.create, methods=["POST"]),
                 # One route for both methods, so a 405 lists both in `Allow`.
                 Route("/v1/responses/{response_id}", self.stored_response,
                       methods=["GET", "DELETE"]),
@@ -103,10 +116,18 @@ class ResponsesRoute:
             param = "store" if req.store else "previous_response_id"
             raise APIError(400, f"{param}: this server keeps no responses (responses.store: "
                            "false); send the conversation in input", param)
+        conv_id = req.conversation_id
+        if conv_id is not None and self.conversations.store is None:
+            raise APIError(400, "conversation: this server keeps no conversations "
+                           "(responses.store: false); send it in input", "conversation")
         context: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             context = (await self._stored(req.previous_response_id,
                                           "previous_response_id")).conversation()
+        elif conv_id is not None:
+            context = (await self.conversations.read(conv_id, "conversation")).items
+        inputs = req.input_records()
+        end = self._ending(conv_id, inputs)
         items = [*items_of(context), *req.input]
         try:
             if req.truncation == "auto":
@@ -120,7 +141,7 @@ class ResponsesRoute:
         except APIError as e:
             raise _as_responses(e) from None
         if req.background:
-            return await self._in_background(req, chat, context)
+            return await self._in_background(req, chat, context, inputs, end)
         try:
             async with ing.door.start(chat.job_class == "offline", chat.priority):
                 builder, stream = await ing.start_chat(chat)
@@ -128,22 +149,23 @@ class ResponsesRoute:
             raise _as_responses(e) from None
         response_id, created = new_response_id(), now()
         record = (lambda response: StoredResponse(
-            response=response, context=context, input_items=req.input_records())
-            ) if keep else None
+            response=response, context=context, input_items=inputs)) if keep else None
         if req.stream:
             return StreamingResponse(
-                self._events(req, builder, stream, response_id, created, record),
+                self._events(req, builder, stream, response_id, created, record, end),
                 media_type="text/event-stream")
         out = await ing.collect(builder, stream)
         output, status = output_of(out)
         response = response_object(req, response_id, created, status, output,
                                    usage_of(out["usage"]), keep)
+        await end(response)
         if record is not None and not await self._put(record(response)):
             response["store"] = False
         return JSONResponse(response)
 
     async def _in_background(self, req: ResponsesRequest, chat: Any,
-                             context: list[dict[str, Any]]) -> Response:
+                             context: list[dict[str, Any]], inputs: list[dict[str, Any]],
+                             end: Ending) -> Response:
         """Answered at once, `queued`; run by `BackgroundResponses`.  A
         prompt too long for the context is refused here (400), as in the
         foreground, rather than found failed at the poll."""
@@ -157,11 +179,11 @@ class ResponsesRoute:
                            f"this model's maximum context length of {limit} tokens", "input")
         assert self.background is not None
         response = response_object(req, new_response_id(), now(), "queued", [], None, True)
-        record = StoredResponse(response=response, context=context,
-                                input_items=req.input_records(), background=True)
+        record = StoredResponse(response=response, context=context, input_items=inputs,
+                                background=True)
         if not await self._put(record):
             raise APIError(500, "the background response could not be stored")
-        self.background.start(req, chat, record)
+        self.background.start(req, chat, record, end)
         return JSONResponse(response)
 
     async def cancel(self, request: Request) -> Response:
@@ -175,7 +197,8 @@ class ResponsesRoute:
         return JSONResponse(found.response)
 
     async def _events(self, req: ResponsesRequest, builder: Any, stream: Any,
-                      response_id: str, created: float, record: Any) -> AsyncIterator[str]:
+                      response_id: str, created: float, record: Any,
+                      end: Ending) -> AsyncIterator[str]:
         events = ResponseEvents(req, response_id, created, stored=record is not None)
         for e in events.opening():
             yield sse(e)
@@ -189,6 +212,7 @@ class ResponsesRoute:
                     yield sse(e)
         closing = events.closing(builder.usage())
         final = closing[-1]["response"]
+        await end(final)
         if record is not None and not await self._put(record(final)):
             final["store"] = False
         for e in closing:
@@ -230,6 +254,27 @@ class ResponsesRoute:
         return JSONResponse({"object": "list", "data": page,
                              "first_id": page[0]["id"] if page else None,
                              "last_id": page[-1]["id"] if page else None, "has_more": more})
+
+    def _ending(self, conv_id: str | None, inputs: list[dict[str, Any]]) -> Ending:
+        """What a response does once it has its answer, before the client
+        sees it: in a conversation, add its input and output there (a
+        follow-up sent on reading it finds them).  A failed or cancelled
+        one adds nothing."""
+        async def end(response: dict[str, Any]) -> None:
+            store = self.conversations.store
+            if conv_id is None or store is None or response["status"] not in _ADDED:
+                return
+            try:
+                added = await asyncio.to_thread(store.add_items, conv_id,
+                                                [*inputs, *response["output"]])
+            except OSError as e:
+                log.error("response %s not added to %s: %s", response["id"], conv_id, e)
+                return
+            if added is None:
+                log.warning("conversation %s was deleted before response %s ended",
+                            conv_id, response["id"])
+
+        return end
 
     def _prompt_tokens(self, chat: Any) -> int:
         """How many tokens `chat`'s prompt is, as the ingress will render it."""

@@ -202,7 +202,7 @@ def test_media_type_rule() -> None:
 
 @pytest.mark.parametrize("path", [
     "/", "/v1", "/v1/", "/v1/completions/", "/v2/completions",
-    "/v1/embeddings", "/v1/conversations", "/%00", "/..%2f..%2fetc/passwd",
+    "/v1/embeddings", "/v1/conversation", "/%00", "/..%2f..%2fetc/passwd",
 ])
 def test_unknown_paths_are_404(served: Harness, path: str) -> None:
     for method in ("GET", "POST", "DELETE"):

@@ -25,7 +25,11 @@ PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions"
          "/tokenize": {"post"}, "/detokenize": {"post"}, "/v1/responses": {"post"},
          "/v1/responses/{response_id}": {"get", "delete"},
          "/v1/responses/{response_id}/input_items": {"get"},
-         "/v1/responses/{response_id}/cancel": {"post"}}
+         "/v1/responses/{response_id}/cancel": {"post"},
+         "/v1/conversations": {"post"},
+         "/v1/conversations/{conversation_id}": {"get", "post", "delete"},
+         "/v1/conversations/{conversation_id}/items": {"get", "post"},
+         "/v1/conversations/{conversation_id}/items/{item_id}": {"get", "delete"}}
 
 
 def test_document_covers_the_api(served: Harness) -> None:
