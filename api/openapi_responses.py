@@ -7,7 +7,7 @@ from typing import Any
 
 _WHY = {
     "400": "a query parameter is invalid or not supported, or the response was not made "
-           "in the background (cancel)",
+           "in the background (cancel), or not streamed there (stream)",
     "401": "the API key is missing or wrong (when the server requires one)",
     "404": "no stored response of that id (never stored, deleted or expired), or no "
            "input item `after` names",
@@ -56,7 +56,13 @@ def responses_paths(error_ref: dict[str, Any], response: dict[str, Any]) -> dict
             {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}}]
     return {
         "/v1/responses/{response_id}": {
-            "get": _op("A stored Response", response, "400 401 404 500", error_ref),
+            "get": _op("A stored Response; with `stream=true`, a streamed background "
+                       "Response's events (after `starting_after`), to its last", response,
+                       "400 401 404 500", error_ref, [
+                           {"name": "stream", "in": "query", "required": False,
+                            "schema": {"type": "boolean"}},
+                           {"name": "starting_after", "in": "query", "required": False,
+                            "schema": {"type": "integer", "minimum": -1}}]),
             "delete": _op("Delete a stored Response", _DELETED, "401 404 500", error_ref),
         },
         "/v1/responses/{response_id}/cancel": {"post": _op(

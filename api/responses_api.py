@@ -155,8 +155,9 @@ class ResponsesRequest(_Strict):
     # Kept with the response and echoed (OpenAI's limits).
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16)
-    # Answered at once as `queued`, then polled (deployments/
-    # responses_background.py); not streamed.
+    # Answered at once as `queued` (or, with `stream`, as its events,
+    # which a client can stream again), then polled (deployments/
+    # responses_background.py).
     background: bool | None = None
     # Accepted only with the value that asks for nothing (`_OFF`).
     reasoning: dict[str, Any] | None = None
@@ -191,14 +192,6 @@ class ResponsesRequest(_Strict):
     def _short_keys(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         if v is not None and any(len(k) > 64 for k in v):
             raise ValueError("a metadata key is at most 64 characters")
-        return v
-
-    @field_validator("background", mode="after")
-    @classmethod
-    def _not_streamed(cls, v: bool | None, info: ValidationInfo) -> bool | None:
-        if v and info.data.get("stream"):
-            raise ValueError("a background response is not streamed here; poll "
-                             "GET /v1/responses/{id} for it")
         return v
 
     @field_validator("include", "top_logprobs", mode="after")

@@ -5,6 +5,9 @@ its input items and `DELETE` read (`responses.storage_dir`).
     <response id>.alive     touched while a background response runs
     <response id>.cancel    a cancellation asked of a background response
                             (on whichever replica the request landed)
+    <response id>.events    a streamed background response's events, one
+                            JSON line each, appended as they happen (what
+                            a client that reconnects reads again)
 
 A record holds the Response object as it was answered, the conversation
 it continued (the inputs and outputs of the responses before it in its
@@ -23,6 +26,7 @@ that died left aside.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -97,11 +101,40 @@ class ResponseStore:
         if path is None:
             return False
         self.clear_marks(response_id)
+        self._path(response_id, ".events").unlink(missing_ok=True)  # type: ignore[union-attr]
         try:
             path.unlink()
         except FileNotFoundError:
             return False
         return True
+
+    # A streamed background response's events -------------------------------
+
+    def log_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Append `events` (one write: a reader sees whole lines or none of
+        this call's but the last, which it leaves until it is whole)."""
+        path = self._path(response_id, ".events")
+        assert path is not None
+        if events:
+            with open(path, "a") as f:
+                f.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in events))
+
+    def has_events(self, response_id: str) -> bool:
+        path = self._path(response_id, ".events")
+        return path is not None and path.exists()
+
+    def read_events(self, response_id: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+        """The whole event lines from byte `offset` on, and the offset after
+        them."""
+        path = self._path(response_id, ".events")
+        try:
+            with open(path, "rb") as f:  # type: ignore[arg-type]
+                f.seek(offset)
+                data = f.read()
+        except (FileNotFoundError, TypeError):
+            return [], offset
+        whole = data[:data.rfind(b"\n") + 1]
+        return [json.loads(line) for line in whole.splitlines()], offset + len(whole)
 
     # A background response's marks ---------------------------------------
 

@@ -40,10 +40,20 @@ class ResponseEvents:
         self._call: dict[str, Any] | None = None  # the open call's item
         self._finish: str | None = None
 
-    def opening(self) -> list[dict[str, Any]]:
+    def opening(self, queued: bool = False) -> list[dict[str, Any]]:
+        """The first events; `queued`: a background response's, made before
+        it runs (`started` follows once the engine took it)."""
+        if queued:
+            response = self._response("queued", None)
+            return [self._event("response.created", response=response),
+                    self._event("response.queued", response=response)]
         response = self._response("in_progress", None)
         return [self._event("response.created", response=response),
                 self._event("response.in_progress", response=response)]
+
+    def started(self) -> list[dict[str, Any]]:
+        return [self._event("response.in_progress", response=self._response("in_progress",
+                                                                             None))]
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The events of one chat chunk (one choice: n is 1)."""
@@ -66,6 +76,19 @@ class ResponseEvents:
         status = "incomplete" if self._finish == "length" else "completed"
         response = self._response(status, usage_of(chat_usage))
         return [*events, self._event(f"response.{status}", response=response)]
+
+    def ended(self, status: str, usage: dict[str, Any] | None,
+              error: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The last events of a background stream stopped before its answer
+        ended: `failed` (`response.failed`) or `cancelled` (no event of its
+        own in the API: `response.incomplete`, its response saying
+        `cancelled`), with the output written so far."""
+        events = self._close_message() + self._close_call()
+        response = self._response(status, usage)
+        if error is not None:
+            response["error"] = error
+        kind = "response.failed" if status == "failed" else "response.incomplete"
+        return [*events, self._event(kind, response=response)]
 
     def failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
         """An error the stream ends with (its status was already sent)."""

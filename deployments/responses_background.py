@@ -11,6 +11,13 @@ mark every `HEARTBEAT_S` and looks for a `.cancel` mark (a cancellation that
 landed on another replica) every `POLL_S`; a response still open whose
 mark has gone silent for `STALE_S` lost its replica, and reads as `failed`;
 one its replica stops while shutting down (no client asked) ends `failed`.
+
+A background response made with `stream: true` also logs its events in the
+store as it runs (`created` and `queued` when accepted, `in_progress`, the
+deltas, and the last one); `follow` streams them from any replica, from the
+start or after a `sequence_number` (a client that reconnects), until that
+last event, or one made from the record where the run ended without it
+(its replica lost).
 """
 
 from __future__ import annotations
@@ -18,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from api.errors import APIError
 from api.responses_api import ResponsesRequest, output_of, response_object, usage_of
 from api.responses_store import ResponseStore, StoredResponse
+from api.responses_stream import ResponseEvents
 
 log = logging.getLogger("ray.serve")
 
@@ -34,6 +43,12 @@ HEARTBEAT_S = 5.0
 POLL_S = 0.5
 STALE_S = 30.0
 OPEN = ("queued", "in_progress")
+# A stream's last event, whatever ended it.
+_LAST = ("response.completed", "response.incomplete", "response.failed")
+# How often a follower on another replica looks for new events.
+FOLLOW_S = 0.05
+# How long a follower waits for the last events of a run whose record ended.
+_LAST_WAIT_S = 1.0
 # Why an open response that lost its replica (died, or shut down) failed.
 _LOST = {"code": "server_error",
          "message": "the server replica running this response stopped before it finished; "
@@ -48,15 +63,23 @@ class BackgroundResponses:
         # Those whose cancellation a client asked for (any other is the
         # replica shutting down).
         self._asked: set[str] = set()
+        # Set when a run of this replica logged events: its followers here
+        # read them at once instead of at their next look.
+        self._logged: dict[str, asyncio.Event] = {}
 
     def start(self, req: ResponsesRequest, chat: Any, record: StoredResponse,
-              end: Ending | None = None) -> None:
+              end: Ending | None = None, events: ResponseEvents | None = None) -> None:
         """Run `record`'s response (already stored as queued); `end` sees
-        its final object before it is stored."""
+        its final object before it is stored; `events`: log its events
+        (its opening ones logged already)."""
         rid = record.response["id"]
-        task = asyncio.get_running_loop().create_task(self._run(req, chat, record, end))
+        if events is not None:
+            self._logged[rid] = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(
+            self._run(req, chat, record, end, events))
         self._tasks[rid] = task
-        task.add_done_callback(lambda _: self._tasks.pop(rid, None))
+        task.add_done_callback(lambda _: (self._tasks.pop(rid, None),
+                                          self._logged.pop(rid, None)))
 
     async def cancel(self, response_id: str, wait_s: float = 5.0) -> StoredResponse | None:
         """Stop a background response; its record once it says so (or as it
@@ -93,22 +116,27 @@ class BackgroundResponses:
     # ------------------------------------------------------------------------
 
     async def _run(self, req: ResponsesRequest, chat: Any, record: StoredResponse,
-                   end: Ending | None) -> None:
+                   end: Ending | None, events: ResponseEvents | None) -> None:
         rid = record.response["id"]
         created = float(record.response["created_at"])
         watcher = asyncio.get_running_loop().create_task(
             self._watch(rid, asyncio.current_task()))
         final: dict[str, Any]
+        last: list[dict[str, Any]] = []  # the stream's closing events
         builder = None
         try:
             ing = self.ingress
             builder, stream = await self._admitted(chat)
             record.response["status"] = "in_progress"
             await self.write(record)
-            out = await ing.collect(builder, stream)
-            output, status = output_of(out)
-            final = response_object(req, rid, created, status, output,
-                                    usage_of(out["usage"]), True)
+            if events is None:
+                out = await ing.collect(builder, stream)
+                output, status = output_of(out)
+                final = response_object(req, rid, created, status, output,
+                                        usage_of(out["usage"]), True)
+            else:
+                last = await self._streamed(rid, events, builder, stream)
+                final = last[-1]["response"]
         except asyncio.CancelledError:
             if rid not in self._asked:
                 final = {**record.response, "status": "failed", "error": _LOST}
@@ -128,11 +156,78 @@ class BackgroundResponses:
         finally:
             watcher.cancel()
         self._asked.discard(rid)
+        if events is not None and not last:  # stopped short: end the stream
+            usage = builder.usage() if builder is not None else None
+            last = events.ended(final["status"], usage and usage_of(usage), final.get("error"))
+            final = last[-1]["response"]
         record.response = final
         if end is not None:
             await end(final)
         await self.write(record)
+        # The last events after the record: a client that reads them finds it ended.
+        await self._log(rid, last)
         await asyncio.to_thread(self.store.clear_marks, rid)
+
+    async def _streamed(self, rid: str, events: ResponseEvents, builder: Any,
+                        stream: Any) -> list[dict[str, Any]]:
+        """Log the answer's events as they come; its closing events (not
+        logged yet)."""
+        await self._log(rid, events.started())
+        async with aclosing(self.ingress.chunks(builder, stream)) as chunks:
+            async for chunk in chunks:
+                if "error" in chunk:  # the answer failed after its start
+                    body = chunk["error"]
+                    code = body.get("code")
+                    raise APIError(code if isinstance(code, int) else 500,
+                                   str(body.get("message")), type_=body.get("type"))
+                await self._log(rid, events.feed(chunk))
+        return events.closing(builder.usage())
+
+    async def _log(self, rid: str, events: list[dict[str, Any]]) -> None:
+        if not events:
+            return
+        try:
+            await asyncio.to_thread(self.store.log_events, rid, events)
+        except OSError as e:  # a full disk: the run goes on, its record still ends
+            log.error("events of response %s not logged: %s", rid, e)
+        if (woken := self._logged.get(rid)) is not None:
+            woken.set()
+
+    async def follow(self, rid: str, after: int) -> AsyncIterator[dict[str, Any]]:
+        """The events of streamed background response `rid` with a
+        `sequence_number` above `after`, as they are logged, to its last."""
+        offset, seen, looked = 0, after, 0.0
+        ended: float | None = None  # when the record was first seen ended
+        while True:
+            new, offset = await asyncio.to_thread(self.store.read_events, rid, offset)
+            for event in new:
+                if event["sequence_number"] > seen:
+                    seen = event["sequence_number"]
+                    yield event
+                if event["type"] in _LAST:
+                    return
+            if new:
+                continue
+            now = time.monotonic()
+            if now - looked >= POLL_S:  # ended without its last event?
+                looked = now
+                found = await self.read(rid)
+                if found is None or found.response["status"] not in OPEN:
+                    # Its runner logs the last events just after the
+                    # record: give them a moment before making one up.
+                    ended = now if ended is None else ended
+                    if found is None or now - ended >= _LAST_WAIT_S:
+                        yield _ending(found, rid, seen + 1)
+                        return
+            woken = self._logged.get(rid)
+            if woken is None:
+                await asyncio.sleep(FOLLOW_S)
+                continue
+            woken.clear()
+            try:
+                await asyncio.wait_for(woken.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                pass
 
     async def _admitted(self, chat: Any) -> tuple[Any, Any]:
         """The engine's stream for `chat`, a refusal for load waited out."""
@@ -170,6 +265,18 @@ class BackgroundResponses:
             log.error("response %s not stored: %s", record.response["id"], e)
             return False
         return True
+
+
+def _ending(found: StoredResponse | None, rid: str, sequence: int) -> dict[str, Any]:
+    """The last event of a stream whose run ended without logging one."""
+    if found is None:  # deleted while followed
+        return {"type": "error", "sequence_number": sequence, "code": "not_found",
+                "message": f"response {rid} was deleted", "param": None}
+    response = found.response
+    if response["status"] == "failed" or response.get("error"):
+        return {"type": "response.failed", "sequence_number": sequence, "response": response}
+    kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    return {"type": kind, "sequence_number": sequence, "response": response}
 
 
 def _retry_after(value: str | None, default: float = 1.0) -> float:

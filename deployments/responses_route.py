@@ -56,6 +56,17 @@ log = logging.getLogger("ray.serve")
 _ADDED = ("completed", "incomplete")
 
 
+class RetrieveQuery(BaseModel):
+    """`GET /v1/responses/{id}`'s query: `stream=true` streams a streamed
+    background response's events again, after `starting_after`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include: str | None = None  # refused unless empty
+    stream: bool = False
+    starting_after: int | None = Field(None, ge=-1)
+
+
 class InputItemsQuery(BaseModel):
     """`GET /v1/responses/{id}/input_items`'s query."""
 
@@ -178,13 +189,34 @@ class ResponsesRoute:
             raise APIError(400, f"the input is {n} tokens; with max_output_tokens it exceeds "
                            f"this model's maximum context length of {limit} tokens", "input")
         assert self.background is not None
-        response = response_object(req, new_response_id(), now(), "queued", [], None, True)
+        rid, created = new_response_id(), now()
+        response = response_object(req, rid, created, "queued", [], None, True)
         record = StoredResponse(response=response, context=context, input_items=inputs,
                                 background=True)
         if not await self._put(record):
             raise APIError(500, "the background response could not be stored")
-        self.background.start(req, chat, record, end)
-        return JSONResponse(response)
+        if not req.stream:
+            self.background.start(req, chat, record, end)
+            return JSONResponse(response)
+        events = ResponseEvents(req, rid, created, stored=True)
+        try:
+            await asyncio.to_thread(self.store.log_events, rid,  # type: ignore[union-attr]
+                                    events.opening(queued=True))
+        except OSError as e:
+            await asyncio.to_thread(self.store.delete, rid)  # type: ignore[union-attr]
+            raise APIError(500, f"the background response's events could not be kept: {e}")
+        self.background.start(req, chat, record, end, events)
+        return self._follow(rid, -1)
+
+    def _follow(self, rid: str, after: int) -> Response:
+        assert self.background is not None
+
+        async def events() -> AsyncIterator[str]:
+            async with aclosing(self.background.follow(rid, after)) as followed:  # type: ignore[union-attr]
+                async for e in followed:
+                    yield sse(e)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def cancel(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
@@ -224,12 +256,23 @@ class ResponsesRoute:
         return await self.retrieve(request)
 
     async def retrieve(self, request: Request) -> Response:
-        unknown = sorted(set(request.query_params) - {"include"})
-        if unknown or request.query_params.getlist("include"):
-            param = unknown[0] if unknown else "include"
-            raise APIError(400, f"{param}: not supported by this server", param)
-        found = await self._stored(request.path_params["response_id"], "response_id")
-        return JSONResponse(found.response)
+        try:
+            query = RetrieveQuery.model_validate(dict(request.query_params))
+        except ValidationError as e:
+            raise validation_error(e) from None
+        if request.query_params.getlist("include"):
+            raise APIError(400, "include: not supported by this server", "include")
+        if query.starting_after is not None and not query.stream:
+            raise APIError(400, "starting_after: only with stream=true", "starting_after")
+        rid = request.path_params["response_id"]
+        found = await self._stored(rid, "response_id")
+        if not query.stream:
+            return JSONResponse(found.response)
+        assert self.store is not None
+        if not found.background or not await asyncio.to_thread(self.store.has_events, rid):
+            raise APIError(400, "stream: only a background response made with stream: true "
+                           "can be streamed again", "stream")
+        return self._follow(rid, -1 if query.starting_after is None else query.starting_after)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]

@@ -195,7 +195,6 @@ def test_output_text_logprobs_as_included(h: Harness) -> None:
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
-    ({"background": True, "stream": True}, "background"),
     ({"input": []}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input.0"),
     ({"tools": [{**WEATHER, "parameters": {"type": "nope"}}]}, "tools.0.parameters"),

@@ -156,7 +156,6 @@ def test_a_response_whose_replica_went_silent_reads_as_failed(h: Harness) -> Non
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"stream": True}, "background"),
     ({"store": False}, "background"),
     ({"input": "word " * 2000}, "input"),
 ])

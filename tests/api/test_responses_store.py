@@ -166,7 +166,10 @@ def test_an_unstored_or_unknown_response_cannot_be_continued(h: Harness) -> None
         assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
     assert len(h.engine.requests) == before  # nothing reached the engine
     assert h.client.delete("/v1/responses/resp_nope").status_code == 404
-    bad = h.client.get(f"/v1/responses/{body['id']}?stream=true")
+    assert h.client.get(f"/v1/responses/{body['id']}?stream=true").status_code == 404
+    # Only a streamed background response streams again.
+    kept = _post(h, input="Hi").json()["id"]
+    bad = h.client.get(f"/v1/responses/{kept}?stream=true")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream"
 
 
