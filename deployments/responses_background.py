@@ -63,8 +63,8 @@ class BackgroundResponses:
         # Those whose cancellation a client asked for (any other is the
         # replica shutting down).
         self._asked: set[str] = set()
-        # Set when a run of this replica logged events: its followers here
-        # read them at once instead of at their next look.
+        # Set (and replaced) when a run of this replica logged events: its
+        # followers here read them at once instead of at their next look.
         self._logged: dict[str, asyncio.Event] = {}
 
     def start(self, req: ResponsesRequest, chat: Any, record: StoredResponse,
@@ -191,6 +191,7 @@ class BackgroundResponses:
         except OSError as e:  # a full disk: the run goes on, its record still ends
             log.error("events of response %s not logged: %s", rid, e)
         if (woken := self._logged.get(rid)) is not None:
+            self._logged[rid] = asyncio.Event()
             woken.set()
 
     async def follow(self, rid: str, after: int) -> AsyncIterator[dict[str, Any]]:
@@ -199,6 +200,8 @@ class BackgroundResponses:
         offset, seen, looked = 0, after, 0.0
         ended: float | None = None  # when the record was first seen ended
         while True:
+            # Taken before reading: a log written after the read sets it.
+            woken = self._logged.get(rid)
             new, offset = await asyncio.to_thread(self.store.read_events, rid, offset)
             for event in new:
                 if event["sequence_number"] > seen:
@@ -219,11 +222,9 @@ class BackgroundResponses:
                     if found is None or now - ended >= _LAST_WAIT_S:
                         yield _ending(found, rid, seen + 1)
                         return
-            woken = self._logged.get(rid)
             if woken is None:
                 await asyncio.sleep(FOLLOW_S)
                 continue
-            woken.clear()
             try:
                 await asyncio.wait_for(woken.wait(), POLL_S)
             except asyncio.TimeoutError:
