@@ -113,7 +113,6 @@ class TextConfig(_Strict):
 
 
 _OFF = {"reasoning": "this model does not reason",
-        "max_tool_calls": "not supported",
         "prompt": "stored prompts are not supported"}
 
 
@@ -164,7 +163,10 @@ class ResponsesRequest(_Strict):
     # A stored conversation (api/conversation_store.py): its items come
     # before `input`, and this input and the answer are added to it.
     conversation: str | ConversationRef | None = None
-    max_tool_calls: int | None = None
+    # OpenAI's bound on calls to its built-in tools (web search, code
+    # interpreter, ...): this server has none, so every answer is within
+    # it; function calls are the client's to bound.  Kept and echoed.
+    max_tool_calls: int | None = Field(None, ge=1)
     prompt: Any = None
 
     @field_validator(*_OFF, mode="after")
@@ -342,6 +344,7 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
         else None,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
         "model": req.model, "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id, "reasoning": None, "store": stored,

@@ -67,10 +67,11 @@ def _events(r: Any) -> list[dict[str, Any]]:
 
 def test_a_text_answer_is_a_response(h: Harness) -> None:
     h.engine.state.answer = "Paris is sunny."
-    r = _post(h, instructions="Be brief.")
+    r = _post(h, instructions="Be brief.", max_tool_calls=3)
     assert r.status_code == 200, r.text
     body = r.json()
     _valid(Response, body)
+    assert body["max_tool_calls"] == 3 and body["conversation"] is None
     assert body["status"] == "completed" and body["model"] == h.model_name
     assert body["id"].startswith("resp_") and body["store"] is True
     (item,) = body["output"]
@@ -195,6 +196,7 @@ def test_output_text_logprobs_as_included(h: Harness) -> None:
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"max_tool_calls": 0}, "max_tool_calls"),
     ({"input": []}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input.0"),
     ({"tools": [{**WEATHER, "parameters": {"type": "nope"}}]}, "tools.0.parameters"),
