@@ -289,14 +289,20 @@ _ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 
 
 def item_records(items: list[Any]) -> list[dict[str, Any]]:
-    """Input items as stored: each with its type and an id (OpenAI's
-    kind, where the client gave none)."""
+    """Input items as stored and listed, in OpenAI's shape: each with its
+    type, an id (OpenAI's kind, where the client gave none) and a status;
+    a message's text as a content part (`input_text`, or `output_text` for
+    the assistant's), as the SDKs read it."""
     out = []
     for item in items:
         record = item.model_dump(exclude_none=True)
         if isinstance(item, MessageItem):
             record.setdefault("type", "message")
+            if isinstance(item.content, str):
+                record["content"] = [text_part(item.content) if item.role == "assistant"
+                                     else {"type": "input_text", "text": item.content}]
         record.setdefault("id", new_item_id(record["type"]))
+        record.setdefault("status", "completed")
         out.append(record)
     return out
 

@@ -33,6 +33,10 @@ def _items(h: Harness, conv_id: str, **params: Any) -> dict[str, Any]:
     return r.json()
 
 
+def _text(item: dict[str, Any]) -> str:
+    return item["content"][0]["text"]
+
+
 def _message(text: str, role: str = "user") -> dict[str, Any]:
     return {"type": "message", "role": role, "content": text}
 
@@ -91,7 +95,9 @@ def test_a_conversation_is_made_read_changed_and_deleted(h: Harness) -> None:
     cid = conv["id"]
     assert h.client.get(f"/v1/conversations/{cid}").json() == conv
     items = _items(h, cid)
-    assert [i["content"] for i in items["data"]] == ["Hello!", "Hi"]  # newest first
+    assert [_text(i) for i in items["data"]] == ["Hello!", "Hi"]  # newest first
+    assert [i["content"][0]["type"] for i in items["data"]] == ["output_text", "input_text"]
+    assert {i["status"] for i in items["data"]} == {"completed"}
     assert all(i["id"].startswith("msg_") for i in items["data"])
     assert _items(h, cid, order="asc")["data"] == items["data"][::-1]
     page = _items(h, cid, limit=1)
@@ -158,7 +164,7 @@ def test_responses_continue_a_conversation_and_add_their_turns(h: Harness) -> No
     assert body["conversation"] == {"id": cid} and body["previous_response_id"] is None
     assert "My name is Ada." in _prompt(h) and "Greet me." in _prompt(h)
     items = _items(h, cid, order="asc")["data"]
-    assert [i.get("content") for i in items[:2]] == ["My name is Ada.", "Greet me."]
+    assert [_text(i) for i in items[:2]] == ["My name is Ada.", "Greet me."]
     assert items[2] == body["output"][0]  # the answer, with the response's own item id
 
     h.engine.state.answer = "Ada."
@@ -179,7 +185,7 @@ def test_streamed_and_background_turns_are_added_before_they_end(h: Harness) -> 
               if block.strip()]
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["conversation"] == {"id": cid}
-    assert [i.get("content") for i in _items(h, cid, order="asc")["data"]][0] == "One"
+    assert _text(_items(h, cid, order="asc")["data"][0]) == "One"
 
     h.engine.state.answer = "Later."
     queued = _post(h, input="Two", conversation=cid, background=True).json()
@@ -189,8 +195,7 @@ def test_streamed_and_background_turns_are_added_before_they_end(h: Harness) -> 
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert done["status"] == "completed"
-    texts = [i["content"] if isinstance(i["content"], str) else i["content"][0]["text"]
-             for i in _items(h, cid, order="asc")["data"]]
+    texts = [_text(i) for i in _items(h, cid, order="asc")["data"]]
     assert texts == ["One", "Streamed.", "Two", "Later."]
 
 
@@ -218,6 +223,7 @@ def test_the_openai_client_uses_conversations(h: Harness) -> None:
     assert resp.output_text == "Tea is nice." and "I like tea." in _prompt(h)
     listed = client.conversations.items.list(conv.id, order="asc")
     assert [i.type for i in listed.data] == ["message"] * 3
+    assert listed.data[0].content[0].text == "I like tea."  # type: ignore[union-attr]
     assert listed.data[-1].id == resp.output[0].id
     assert client.conversations.retrieve(conv.id).metadata == {"user": "u1"}
     client.conversations.update(conv.id, metadata={"user": "u2"})

@@ -178,11 +178,11 @@ def test_input_items_page_in_either_order(h: Harness) -> None:
     body = _post(h, input=[{"role": "user", "content": c} for c in "abc"]).json()
     url = f"/v1/responses/{body['id']}/input_items"
     page = h.client.get(url, params={"limit": 2, "order": "asc"}).json()
-    assert [i["content"] for i in page["data"]] == ["a", "b"] and page["has_more"] is True
+    assert [i["content"][0]["text"] for i in page["data"]] == ["a", "b"] and page["has_more"] is True
     rest = h.client.get(url, params={"order": "asc", "after": page["last_id"]}).json()
-    assert [i["content"] for i in rest["data"]] == ["c"] and rest["has_more"] is False
+    assert [i["content"][0]["text"] for i in rest["data"]] == ["c"] and rest["has_more"] is False
     newest = h.client.get(url).json()
-    assert [i["content"] for i in newest["data"]] == ["c", "b", "a"]
+    assert [i["content"][0]["text"] for i in newest["data"]] == ["c", "b", "a"]
     assert all(i["id"].startswith("msg_") and i["type"] == "message" for i in newest["data"])
     assert h.client.get(url, params={"limit": 0}).status_code == 400
     assert h.client.get(url, params={"after": "msg_nope"}).status_code == 404
@@ -257,7 +257,7 @@ def test_auto_truncation_lets_a_long_chain_go_on(h: Harness) -> None:
     assert r.json()["usage"]["input_tokens"] + 64 <= 1024
     # The stored record keeps the whole conversation.
     items = h.client.get(f"/v1/responses/{r.json()['id']}/input_items").json()["data"]
-    assert [i["content"][:5] for i in items] == ["omega"]
+    assert [i["content"][0]["text"][:5] for i in items] == ["omega"]
 
 
 def test_a_store_that_fails_loses_no_answer(h: Harness, monkeypatch: pytest.MonkeyPatch
