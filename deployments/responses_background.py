@@ -23,6 +23,7 @@ last event, or one made from the record where the run ended without it
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -75,8 +76,11 @@ class BackgroundResponses:
         rid = record.response["id"]
         if events is not None:
             self._logged[rid] = asyncio.Event()
+        # A context of its own: Serve cancels the handle calls made in a
+        # request's context when that request is cancelled (its client went
+        # away), and this run must outlive the request that started it.
         task = asyncio.get_running_loop().create_task(
-            self._run(req, chat, record, end, events))
+            self._run(req, chat, record, end, events), context=contextvars.Context())
         self._tasks[rid] = task
         task.add_done_callback(lambda _: (self._tasks.pop(rid, None),
                                           self._logged.pop(rid, None)))

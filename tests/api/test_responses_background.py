@@ -191,3 +191,51 @@ async def _cancel_task(runner: Any, rid: str) -> None:
     task = runner._tasks[rid]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_run_outlives_the_request_that_started_it(tmp_path: Any) -> None:
+    """Serve cancels the handle calls a request made when its client goes
+    away (the calls made in its context); the run is made in a context of
+    its own, so a client that drops a background stream leaves it running."""
+    import asyncio
+    import contextlib
+
+    from ray.serve import context as serve_context
+
+    from api.errors import APIError
+    from api.responses_api import ResponsesRequest
+    from api.responses_store import ResponseStore
+    from deployments.responses_background import BackgroundResponses
+
+    seen: list[bool] = []
+
+    class Ingress:
+        class door:  # noqa: N801 - stands for the ingress's attribute
+            @staticmethod
+            def start(offline: bool, priority: int) -> Any:
+                return contextlib.nullcontext()
+
+        @staticmethod
+        async def start_chat(chat: Any) -> Any:
+            seen.append(serve_context._get_serve_request_context()
+                        .cancel_on_parent_request_cancel)
+            raise APIError(400, "stop here")
+
+    async def main() -> StoredResponse | None:
+        serve_context._serve_request_context.set(serve_context._RequestContext(
+            request_id="parent", cancel_on_parent_request_cancel=True))
+        store = ResponseStore(tmp_path, 3600, 10)
+        runs = BackgroundResponses(Ingress(), store)
+        rid = f"resp_{'c' * 32}"
+        record = StoredResponse(response={"id": rid, "status": "queued", "created_at": 0,
+                                          "output": []}, context=[], input_items=[],
+                                background=True)
+        store.put(record)
+        req = ResponsesRequest.model_validate({"input": "hi"})
+        runs.start(req, req.chat(), record)
+        await asyncio.gather(*runs._tasks.values())
+        return store.get(rid)
+
+    found = asyncio.run(main())
+    assert seen == [False]  # the engine call is no child of the request
+    assert found is not None and found.response["status"] == "failed"
