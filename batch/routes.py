@@ -75,6 +75,7 @@ class BatchRoutes:
         self.model = model
         self.max_request_bytes = max_request_bytes
         self._swept = -_SWEEP_EVERY_S
+        self._sweeping: asyncio.Task[None] | None = None  # held: not collected mid-run
 
     def routes(self) -> list[Route]:
         return [
@@ -99,20 +100,28 @@ class BatchRoutes:
             return await self.delete_file(request)
         return await self.file_info(request)
 
-    async def _sweep(self) -> None:
-        """Expired files, at most every `_SWEEP_EVERY_S`; a sweep that
-        cannot reach the Jobs API waits for the next."""
+    def _sweep(self) -> None:
+        """Expired files, at most every `_SWEEP_EVERY_S`, apart from the
+        request that starts it (which does not wait); a sweep that cannot
+        reach the Jobs API waits for the next."""
         now = time.monotonic()
         if now - self._swept < _SWEEP_EVERY_S:
             return
         self._swept = now
-        try:
-            gone = await asyncio.to_thread(self.batches.sweep)
-        except JobsUnavailable as e:
-            log.warning("expired files not swept: %s", e)
-            return
-        if gone:
-            log.info("deleted %d expired batch file(s)", gone)
+
+        async def sweep() -> None:
+            try:
+                gone = await asyncio.to_thread(self.batches.sweep)
+            except JobsUnavailable as e:
+                log.warning("expired files not swept: %s", e)
+                return
+            except Exception:  # noqa: BLE001 - a sweep must not take the ingress down
+                log.exception("sweeping expired batch files failed")
+                return
+            if gone:
+                log.info("deleted %d expired batch file(s)", gone)
+
+        self._sweeping = asyncio.get_running_loop().create_task(sweep())
 
     async def upload(self, request: Request) -> Response:
         content_type = request.headers.get("content-type", "")
@@ -149,7 +158,7 @@ class BatchRoutes:
                     self.settings.max_file_bytes, expires_s)
             except TooLarge as e:
                 raise APIError(413, str(e), "file")
-        await self._sweep()
+        self._sweep()
         return JSONResponse(self.batches.store.file_object(record).model_dump())
 
     async def list_files(self, request: Request) -> Response:
@@ -157,7 +166,7 @@ class BatchRoutes:
             query = FileListQuery.model_validate(dict(request.query_params))
         except ValidationError as e:
             raise validation_error(e)
-        await self._sweep()
+        self._sweep()
         records = await asyncio.to_thread(self.batches.store.files)
         if query.purpose is not None:
             records = [r for r in records if r.purpose == query.purpose]

@@ -102,34 +102,43 @@ class Batches:
 
     def delete_file(self, file: FileRecord) -> None:
         """Delete `file`; `BatchConflict` while a batch that uses it runs."""
-        users = [b for b in self.store.batches()
-                 if file.id in (b.input_file_id, b.output_file_id, b.error_file_id)]
+        self._delete([file], refuse=True)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete the expired files no running batch uses; how many.  The
+        batches and their jobs are read once for them all."""
+        now = time.time() if now is None else now
+        expired = [f for f in self.store.files(expired=True) if f.expired(now)]
+        return self._delete(expired, refuse=False) if expired else 0
+
+    def _delete(self, files: list[FileRecord], refuse: bool) -> int:
+        ids = {f.id for f in files}
+        users: dict[str, list[BatchRecord]] = {}
+        for b in self.store.batches():
+            for file_id in {b.input_file_id, b.output_file_id, b.error_file_id} & ids:
+                users.setdefault(file_id, []).append(b)
         jobs = self.jobs.infos() if users else {}
-        for b in users:
-            job = jobs.get(b.jobs[-1]) if b.jobs else None
-            if job is not None and job.status not in TERMINAL:
+        gone = 0
+        for file in files:
+            running = [(b, job) for b in users.get(file.id, [])
+                       if (job := jobs.get(b.jobs[-1]) if b.jobs else None) is not None
+                       and job.status not in TERMINAL]
+            if running:
+                if not refuse:
+                    continue  # in use: swept once its batch has ended
+                b, job = running[0]
                 raise BatchConflict(
                     f"file {file.id} is the {_role(b, file.id)} file of batch {b.id}, whose "
                     f"Ray Job {job.submission_id} is {job.status}; cancel the batch or let "
                     "it end first")
-        for b in users:
-            if file.id != b.input_file_id:
-                kind = "output" if file.id == b.output_file_id else "errors"
-                b.deleted_results[kind] = _tally(read_results(self.store.content_path(file)))
-                self.store.save_batch(b)
-        self.store.delete_file(file)
-
-    def sweep(self, now: float | None = None) -> int:
-        """Delete the expired files no running batch uses; how many."""
-        now = time.time() if now is None else now
-        gone = 0
-        for f in self.store.files(expired=True):
-            if f.expired(now):
-                try:
-                    self.delete_file(f)
-                    gone += 1
-                except BatchConflict:
-                    pass  # in use: swept once its batch has ended
+            for b in users.get(file.id, []):
+                if file.id != b.input_file_id:
+                    kind = "output" if file.id == b.output_file_id else "errors"
+                    b.deleted_results[kind] = _tally(
+                        read_results(self.store.content_path(file)))
+                    self.store.save_batch(b)
+            self.store.delete_file(file)
+            gone += 1
         return gone
 
     # Batches --------------------------------------------------------------
