@@ -167,10 +167,12 @@ class BackgroundResponses:
         record.response = final
         if end is not None:
             await end(final)
+        # The marks go first: a reader that finds the record ended finds
+        # them gone (a cancel asked meanwhile waits for the record).
+        await asyncio.to_thread(self.store.clear_marks, rid)
         await self.write(record)
         # The last events after the record: a client that reads them finds it ended.
         await self._log(rid, last)
-        await asyncio.to_thread(self.store.clear_marks, rid)
 
     async def _streamed(self, rid: str, events: ResponseEvents, builder: Any,
                         stream: Any) -> list[dict[str, Any]]:
