@@ -205,9 +205,10 @@ def check_moves(server: str, pool_server: str, scheduler, app: str) -> None:
                       for k, s in _engine_stats(app).items()}
     prompts = REQUESTS[:6]
     # Long enough that the busy replica's started jobs are still running when
-    # the online request lands there (at 64, a fast CPU finished them first
-    # and only queued ones moved).
-    max_tokens = 128
+    # the online request lands there (at 64 a fast CPU finished them first,
+    # and at 128 a loaded one, under the whole suite, once in four runs: only
+    # queued ones moved).
+    max_tokens = 192
 
     async def run() -> tuple[list[dict], bool]:
         async with httpx.AsyncClient(timeout=600) as c:
@@ -227,7 +228,8 @@ def check_moves(server: str, pool_server: str, scheduler, app: str) -> None:
                 assert time.monotonic() < deadline, "offline work never ran on both replicas"
                 await asyncio.sleep(0.1)
             online = asyncio.create_task(c.post(f"{pool_server}/v1/completions", json={
-                "prompt": "Tell me a long story.", "max_tokens": 900, "temperature": 0,
+                # Outlasts the offline answers (it is cancelled after them).
+                "prompt": "Tell me a long story.", "max_tokens": 1000, "temperature": 0,
                 "ignore_eos": True}))
             answers = await asyncio.gather(*offline)
             # Still streaming: it is not waited for (its client hangs up).
