@@ -6,16 +6,14 @@ api/conversation_store.py, the routes api/conversations_route.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
+from api.batch import Metadata
 from api.responses_api import InputItem
 
-# OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512; at most
-# 20 items added by one request.
-Metadata = dict[Annotated[str, StringConstraints(min_length=1, max_length=64)],
-                Annotated[str, StringConstraints(max_length=512)]]
+# OpenAI's bound on the items one request adds.
 MAX_ADDED = 20
 
 
@@ -56,8 +54,3 @@ def conversation_object(conv_id: str, created_at: int, metadata: dict[str, str]
                         ) -> dict[str, Any]:
     return {"id": conv_id, "object": "conversation", "created_at": created_at,
             "metadata": metadata}
-
-
-def item_list(items: list[dict[str, Any]], more: bool = False) -> dict[str, Any]:
-    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None, "has_more": more}

@@ -32,11 +32,10 @@ from api.conversations import (
     ItemsCreate,
     ItemsQuery,
     conversation_object,
-    item_list,
 )
 from api.errors import APIError, validation_error
 from api.http import read_json_object
-from api.pages import page_after
+from api.pages import list_object, page_after
 from api.responses_api import item_records
 
 M = TypeVar("M", bound=BaseModel)
@@ -93,7 +92,7 @@ class ConversationsRoute:
             _no_params(params)
             req = await self.parse_body(request, ItemsCreate)
             added = await asyncio.to_thread(store.add_items, conv_id, item_records(req.items))
-            return JSONResponse(item_list(_found(added, conv_id)))
+            return JSONResponse(list_object(_found(added, conv_id)))
         try:
             query = ItemsQuery.model_validate(params)
         except ValidationError as e:
@@ -102,7 +101,7 @@ class ConversationsRoute:
         items = record.items if query.order == "asc" else record.items[::-1]
         page, more = page_after(items, [i["id"] for i in items], query.after, query.limit,
                                 "item")
-        return JSONResponse(item_list(page, more))
+        return JSONResponse(list_object(page, more))
 
     async def item(self, request: Request) -> Response:
         store = self._store()

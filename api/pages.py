@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from api.errors import APIError
 
@@ -22,3 +22,9 @@ def page_after(entries: Sequence[T], ids: Sequence[str], after: str | None, limi
         start = list(ids).index(after) + 1
     rest = entries[start:]
     return list(rest[:limit]), len(rest) > limit
+
+
+def list_object(items: list[dict[str, Any]], more: bool = False) -> dict[str, Any]:
+    """OpenAI's list object of a page of `items` (each with an `id`)."""
+    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None, "has_more": more}

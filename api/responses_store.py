@@ -127,11 +127,13 @@ class ResponseStore:
         """The whole event lines from byte `offset` on, and the offset after
         them."""
         path = self._path(response_id, ".events")
+        if path is None:
+            return [], offset
         try:
-            with open(path, "rb") as f:  # type: ignore[arg-type]
+            with open(path, "rb") as f:
                 f.seek(offset)
                 data = f.read()
-        except (FileNotFoundError, TypeError):
+        except FileNotFoundError:
             return [], offset
         whole = data[:data.rfind(b"\n") + 1]
         return [json.loads(line) for line in whole.splitlines()], offset + len(whole)

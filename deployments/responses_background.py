@@ -226,7 +226,7 @@ class BackgroundResponses:
                     # record: give them a moment before making one up.
                     ended = now if ended is None else ended
                     if found is None or now - ended >= _LAST_WAIT_S:
-                        yield _ending(found, rid, seen + 1)
+                        yield _last_event(found, rid, seen + 1)
                         return
             if woken is None:
                 await asyncio.sleep(FOLLOW_S)
@@ -274,7 +274,7 @@ class BackgroundResponses:
         return True
 
 
-def _ending(found: StoredResponse | None, rid: str, sequence: int) -> dict[str, Any]:
+def _last_event(found: StoredResponse | None, rid: str, sequence: int) -> dict[str, Any]:
     """The last event of a stream whose run ended without logging one."""
     if found is None:  # deleted while followed
         return {"type": "error", "sequence_number": sequence, "code": "not_found",

@@ -33,7 +33,7 @@ from starlette.routing import Route
 from api.conversation_store import ConversationStore
 from api.conversations_route import ConversationsRoute
 from api.errors import APIError, validation_error
-from api.pages import page_after
+from api.pages import list_object, page_after
 from api.responses_api import (
     ResponsesRequest,
     items_of,
@@ -294,9 +294,7 @@ class ResponsesRoute:
         items = found.input_items if query.order == "asc" else found.input_items[::-1]
         page, more = page_after(items, [i["id"] for i in items], query.after, query.limit,
                                 "input item")
-        return JSONResponse({"object": "list", "data": page,
-                             "first_id": page[0]["id"] if page else None,
-                             "last_id": page[-1]["id"] if page else None, "has_more": more})
+        return JSONResponse(list_object(page, more))
 
     def _ending(self, conv_id: str | None, inputs: list[dict[str, Any]]) -> Ending:
         """What a response does once it has its answer, before the client
