@@ -187,7 +187,7 @@ class BatchCreateRequest(_Strict):
 
     input_file_id: str
     endpoint: Endpoint
-    # OpenAI offers only "24h"; this server does not expire batches.
+    # OpenAI offers only "24h"; the server's is `batch.completion_window_hours`.
     completion_window: Literal["24h"]
     metadata: Metadata | None = Field(None, max_length=16)
     # When the output and error files expire (from their creation, with the

@@ -114,6 +114,16 @@ class BatchSettings(BaseModel):
     # it was made (OpenAI's default for batch files: 30 days), once no
     # running batch reads it; None keeps it until it is deleted.
     upload_expiry_hours: int | None = Field(720, ge=1)
+    # A batch's completion window, from its creation (OpenAI's is the 24 h
+    # its `completion_window` names): a batch still running when it ends
+    # has its requests in flight cancelled and every line without a result
+    # written as `batch_expired`, and says `expired`.  None: batches run
+    # until every line has a result.
+    completion_window_hours: float | None = Field(24.0, gt=0)
+
+    def window_s(self) -> int | None:
+        h = self.completion_window_hours
+        return None if h is None else max(1, round(h * 3600))
 
     def upload_expiry_s(self) -> int | None:
         h = self.upload_expiry_hours

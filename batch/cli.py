@@ -84,7 +84,7 @@ def _submit(ctx: _Context, args: argparse.Namespace) -> int:
     metadata = dict(_pair(m) for m in args.metadata) or None
     record = ctx.batches.create(input_file, args.endpoint, ctx.app,
                                 args.max_concurrency or ctx.settings.max_concurrency,
-                                metadata=metadata)
+                                metadata=metadata, window_s=ctx.settings.window_s())
     print(f"batch {record.id}: {record.total} lines for app {record.app!r} "
           f"({record.endpoint}); Ray Job {record.jobs[-1]}", flush=True)
     return _wait(ctx, record) if args.wait else 0

@@ -8,9 +8,11 @@ bar in the job's logs (`ray job logs`) and as counters in the Ray dashboard:
 `batch_requests_done` (by batch and outcome), `batch_request_retries` and
 the gauge `batch_requests_remaining`.
 
-Exit status 0 once every line has a result; 1 when requests stayed
-refused past the retry budget (resume the batch to send them again); 2 for
-a batch that cannot run (unknown, or another run holds it).
+Exit status 0 once every line has a result (at the end of the batch's
+completion window, the lines left are written as expired and the batch
+marked so); 1 when requests stayed refused past the retry budget (resume
+the batch to send them again); 2 for a batch that cannot run (unknown, or
+another run holds it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import fcntl
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -113,19 +116,32 @@ def run(storage_dir: Path, batch_id: str) -> int:
     try:
         summary = asyncio.run(run_batch(items, journal, serve_sender(record.app),
                                         max_concurrency=record.max_concurrency,
-                                        progress=progress))
+                                        progress=progress, expires_at=record.expires_at))
     except RetriesExhausted as e:
         print(f"batch.job: stopping: {e}; resume the batch to send the rest", file=sys.stderr)
         return 1
     finally:
         progress.close()
         journal.close()
+    if summary.expired:
+        mark_expired(store, batch_id)
+        print(f"batch.job: {batch_id}: its completion window ended; {summary.expired} "
+              "lines written as expired", flush=True)
     print(f"batch.job: {batch_id}: {summary.total} lines, {summary.skipped} done before, "
           f"{summary.completed} completed and {summary.failed} failed now, "
           f"{summary.retries} retries", flush=True)
     print(f"output: {store.output_path(record)}\nerrors: {store.errors_path(record)}",
           flush=True)
     return 0
+
+
+def mark_expired(store: BatchStore, batch_id: str) -> None:
+    """Record the expiry on the record as it is now (a cancel may have
+    been written since the run read it)."""
+    record = store.batch(batch_id)
+    if record is not None and record.expired_at is None:
+        record.expired_at = int(time.time())
+        store.save_batch(record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -226,7 +226,8 @@ class BatchRoutes:
         record = await self._jobs(lambda: self.batches.create(
             input_file, req.endpoint, self.app(), self.settings.max_concurrency,
             metadata=req.metadata, model=self.model,
-            output_expires_after_s=expiry.seconds if expiry else None))
+            output_expires_after_s=expiry.seconds if expiry else None,
+            window_s=self.settings.window_s()))
         return await self._describe(record)
 
     async def list_batches(self, request: Request) -> Response:

@@ -9,6 +9,11 @@ retried with exponential backoff, never written as an error; one that is
 still refused after `RetryPolicy.timeout_s` stops the run with
 `RetriesExhausted`, leaving it unwritten, so resuming the batch sends it
 again.
+
+At `expires_at` (the batch's completion window, OpenAI's semantics) the
+requests in flight are cancelled (their engine jobs aborted) and every
+line without a result is written as a `batch_expired` error; the results
+written before stay.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.batch import BatchResponse
+from api.batch import BatchError, BatchResponse
 from batch.journal import Journal
 from batch.lines import Item, Rejected, Request
 
@@ -81,6 +86,8 @@ class RunSummary(BaseModel):
     completed: int
     failed: int
     retries: int
+    # Lines written as `batch_expired` at the completion window's end.
+    expired: int = 0
 
 
 async def run_batch(items: Sequence[Item], journal: Journal, send: Sender, *,
@@ -88,8 +95,10 @@ async def run_batch(items: Sequence[Item], journal: Journal, send: Sender, *,
                     progress: Progress | None = None,
                     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                     clock: Callable[[], float] = time.monotonic,
-                    rng: random.Random | None = None) -> RunSummary:
-    """Send what `journal` does not hold yet; `journal` must be open."""
+                    rng: random.Random | None = None, expires_at: float | None = None,
+                    wall: Callable[[], float] = time.time) -> RunSummary:
+    """Send what `journal` does not hold yet; `journal` must be open.
+    `expires_at`: the wall-clock time (`wall`) the batch expires at."""
     if max_concurrency < 1:
         raise ValueError("max_concurrency must be at least 1")
     retry = retry or RetryPolicy()
@@ -141,16 +150,48 @@ async def run_batch(items: Sequence[Item], journal: Journal, send: Sender, *,
             req = queue.popleft()
             landed(journal.record_response(req, await answer(req)))
 
+    if expires_at is not None and wall() >= expires_at:  # nothing is sent
+        queue.clear()
+        summary.expired = _expire(items, journal)
+        summary.failed += summary.expired
+        return summary
     workers = [asyncio.ensure_future(worker()) for _ in range(min(max_concurrency, len(queue)))]
+    expired = False
     try:
-        await asyncio.gather(*workers)
+        if expires_at is None:
+            await asyncio.gather(*workers)
+        else:
+            run = asyncio.gather(*workers)
+            window = asyncio.ensure_future(sleep(max(0.0, expires_at - wall())))
+            try:
+                await asyncio.wait({run, window}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                window.cancel()
+            expired = not run.done()
+            if not expired:
+                await run  # its exception, if a worker raised
     finally:
-        # One worker's failure (RetriesExhausted) ends the run: what is in
-        # flight elsewhere is dropped unwritten, to be sent on resume.
+        # One worker's failure (RetriesExhausted) ends the run, as does the
+        # window's end: what is in flight elsewhere is dropped unwritten.
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+    if expired:
+        summary.expired = _expire(items, journal)
+        summary.failed += summary.expired
     return summary
+
+
+def _expire(items: Sequence[Item], journal: Journal) -> int:
+    """Write every line without a result as expired; how many."""
+    n = 0
+    for item in items:
+        if not journal.is_done(item):
+            journal.record_rejected(Rejected(item.line, item.custom_id, BatchError(
+                code="batch_expired", line=item.line, message="this request could not be "
+                "executed before the batch's completion window ended")))
+            n += 1
+    return n
 
 
 def _message(response: BatchResponse) -> str:

@@ -37,7 +37,8 @@ class Batches:
     def create(self, input_file: FileRecord, endpoint: str | None, app: str,
                max_concurrency: int, metadata: dict[str, str] | None = None,
                model: str | None = None,
-               output_expires_after_s: int | None = None) -> BatchRecord:
+               output_expires_after_s: int | None = None,
+               window_s: int | None = None) -> BatchRecord:
         """A new batch of `input_file`'s lines, its first run submitted.
         `endpoint` None: the url of the file's first well-formed line."""
         # Before anything is written: no batch without a job to run it.
@@ -46,7 +47,8 @@ class Batches:
             endpoint = first_endpoint(self.store.content_path(input_file).read_bytes())
         record = self.store.create_batch(input_file, endpoint, app, max_concurrency,
                                          metadata=metadata, model=model,
-                                         output_expires_after_s=output_expires_after_s)
+                                         output_expires_after_s=output_expires_after_s,
+                                         window_s=window_s)
         return self._submit(record)
 
     def _submit(self, record: BatchRecord) -> BatchRecord:
@@ -73,6 +75,9 @@ class Batches:
         if job is not None and job.status not in TERMINAL:
             raise BatchConflict(f"batch {record.id} is still running (Ray Job "
                                 f"{job.submission_id} is {job.status})")
+        if record.expired_at is not None:
+            raise BatchConflict(f"batch {record.id} has expired: its completion window ended; "
+                                "submit the lines without a result as a new batch")
         if self.store.file(record.input_file_id) is None:
             raise BatchConflict(f"batch {record.id} cannot be resumed: its input file "
                                 f"{record.input_file_id} was deleted or has expired")

@@ -10,6 +10,9 @@ the results files its job wrote, and the Ray Job's state.
 | FAILED | failed (cancelled if a cancel was asked) |
 | none (never submitted, or Ray forgot it) | completed if every line has a result, else failed |
 
+A batch whose run found its completion window ended (`expired_at`) is
+`expired`, whatever its job says.
+
 The counts are the lines of the files (output: completed; errors: failed),
 so they are right after a resume too, or the tally a deleted file left in
 the record; the output and error file ids are shown once their files hold
@@ -72,7 +75,8 @@ def batch_object(record: BatchRecord, output: list[BatchOutputLine],
         output_file_id=record.output_file_id if completed else None,
         error_file_id=record.error_file_id if failed else None,
         request_counts=counts, usage=usage, metadata=record.metadata,
-        cancelling_at=record.cancel_requested_at)
+        cancelling_at=record.cancel_requested_at, expires_at=record.expires_at,
+        expired_at=record.expired_at)
     if job is None:
         if obj.status == "failed":
             obj.errors = BatchErrors(data=[BatchError(
@@ -94,6 +98,8 @@ def batch_object(record: BatchRecord, output: list[BatchOutputLine],
 
 
 def _status(record: BatchRecord, counts: RequestCounts, job: JobView | None) -> BatchStatus:
+    if record.expired_at is not None:
+        return "expired"
     cancelling = record.cancel_requested_at is not None
     if job is None:
         done = counts.completed + counts.failed >= counts.total

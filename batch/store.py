@@ -80,6 +80,10 @@ class BatchRecord(BaseModel):
     output_file_id: str
     error_file_id: str
     completion_window: str = "24h"
+    # When the window ends (`batch.completion_window_hours`), and when a
+    # run found it ended and expired what was left.
+    expires_at: int | None = None
+    expired_at: int | None = None
     # The Serve application its requests go to, and its served model.
     app: str
     model: str | None = None
@@ -196,7 +200,8 @@ class BatchStore:
     def create_batch(self, input_file: FileRecord, endpoint: str, app: str,
                      max_concurrency: int, metadata: dict[str, str] | None = None,
                      model: str | None = None,
-                     output_expires_after_s: int | None = None) -> BatchRecord:
+                     output_expires_after_s: int | None = None,
+                     window_s: int | None = None) -> BatchRecord:
         batch_id = f"batch_{uuid.uuid4().hex}"
         d = self.batch_dir(batch_id)
         d.mkdir(parents=True)
@@ -215,6 +220,7 @@ class BatchStore:
             id=batch_id, created_at=now, endpoint=endpoint, input_file_id=input_file.id,
             output_file_id=outputs["output"], error_file_id=outputs["errors"], app=app,
             model=model, max_concurrency=max_concurrency, metadata=metadata,
+            expires_at=_after(now, window_s),
             total=count_lines(self.content_path(input_file).read_bytes()))
         self.save_batch(record)
         return record

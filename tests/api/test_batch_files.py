@@ -85,8 +85,10 @@ def test_an_upload_expires_as_asked_or_by_default(fresh: Harness) -> None:
     b = fresh.ingress.batches.store.batch(made["id"]).model_dump()
     out = fresh.client.get(f"/v1/files/{b['output_file_id']}").json()
     assert out["expires_at"] - b["created_at"] == 7200
-    with harness(batch={"upload_expiry_hours": None}) as kept:
+    with harness(batch={"upload_expiry_hours": None,
+                        "completion_window_hours": None}) as kept:
         assert upload(kept, jsonl(CHAT)).json()["expires_at"] is None
+        assert create(kept).json()["expires_at"] is None  # runs until done
 
 
 def test_expired_files_are_gone_and_swept_on_the_next_listing(fresh: Harness) -> None:

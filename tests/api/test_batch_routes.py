@@ -113,6 +113,7 @@ def test_create_starts_a_job_and_reports_the_batch(served: Harness) -> None:
         "in_progress", "/v1/chat/completions", "24h", "smollm2")
     assert b["request_counts"] == {"total": 2, "completed": 0, "failed": 0}
     assert b["metadata"] == {"run": "nightly"}
+    assert b["expires_at"] == b["created_at"] + 24 * 3600  # OpenAI's window, enforced
     sid, entrypoint, meta = served.jobs.submitted[-1]
     assert sid == f"{b['id']}-1" and entrypoint.startswith("python -m batch.job ")
     assert meta == {"preempt_serve_batch": b["id"], "app": "test-app"}

@@ -193,3 +193,32 @@ def test_the_sender_sees_the_line_body_unchanged(tmp_path: Path) -> None:
 def test_batch_response_is_the_line_response() -> None:
     r = BatchResponse(status_code=200, request_id="x", body={"id": "x"})
     assert r.model_dump() == {"status_code": 200, "request_id": "x", "body": {"id": "x"}}
+
+
+def test_the_window_s_end_cancels_what_is_in_flight_and_expires_the_rest(
+        tmp_path: Path) -> None:
+    import time
+
+    sender = FakeSender(delay_s=0.05)
+    summary = run(tmp_path, sender, concurrency=1, expires_at=time.time() + 0.13)
+    output, errors = results(tmp_path)
+    expired = [e for e in errors if e["error"] and e["error"]["code"] == "batch_expired"]
+    assert summary.expired == len(expired) >= 1 and output
+    assert len(output) + len(errors) == 12  # every line has exactly one result
+    assert len({e["error"]["line"] for e in expired}) == len(expired)
+    assert sender.in_flight == 0  # the one in flight was cancelled
+    # Those sent and answered keep their answers.
+    assert {o["custom_id"] for o in output} <= set(REQUESTS)
+    assert len(sender.calls) == len(output) + 1  # the last one never answered
+
+
+def test_a_run_that_starts_after_its_window_sends_nothing(tmp_path: Path) -> None:
+    import time
+
+    sender = FakeSender()
+    summary = run(tmp_path, sender, expires_at=time.time() - 1)
+    errors = read_results(tmp_path / "errors.jsonl")
+    assert sender.calls == [] and read_results(tmp_path / "output.jsonl") == []
+    assert {e.error.code for e in errors if e.error} == {"batch_expired", "invalid_json",
+                                                         "invalid_request"}
+    assert summary.expired == 10 and len(errors) == 12  # 10 requests, 2 bad lines

@@ -153,3 +153,23 @@ def test_a_run_that_cannot_be_submitted_is_not_recorded(batches: Batches) -> Non
     with pytest.raises(RuntimeError):
         batches.resume(record)
     assert batches.store.batch(record.id).jobs == [f"{record.id}-1"]
+
+
+def test_a_batch_whose_window_ended_is_expired_and_not_resumed(batches: Batches) -> None:
+    from batch.job import mark_expired
+
+    data = ("\n".join(LINES) + "\n").encode()
+    f = batches.store.add_file(io.BytesIO(data), "in.jsonl", max_bytes=1 << 20)
+    record = batches.create(f, None, "llm", 3, window_s=24 * 3600)
+    assert record.expires_at == record.created_at + 24 * 3600
+    assert batches.describe(record).expires_at == record.expires_at
+    mark_expired(batches.store, record.id)
+    batches.jobs.status[record.jobs[-1]] = "SUCCEEDED"  # type: ignore[attr-defined]
+    record = batches.store.batch(record.id)
+    assert record is not None and record.expired_at is not None
+    obj = batches.describe(record)
+    assert (obj.status, obj.expired_at) == ("expired", record.expired_at)
+    with pytest.raises(BatchConflict, match="has expired"):
+        batches.resume(record)
+    unbounded = batches.create(f, None, "llm", 3)
+    assert unbounded.expires_at is None
