@@ -124,6 +124,8 @@ def _wait(ctx: _Context, record: BatchRecord, poll_s: float = 1.0) -> int:
     result paths.  Status 0 when the batch completed."""
     last = None
     while True:
+        # Read again: the run writes its expiry there.
+        record = ctx.batches.store.batch(record.id) or record
         job = ctx.batches.latest_job(record)
         obj = ctx.batches.describe(record, job, known=True)
         c = obj.request_counts
