@@ -93,6 +93,8 @@ class Batches:
 
     def cancel(self, record: BatchRecord) -> BatchRecord:
         """Stop the batch's run; what it wrote stays (a resume continues)."""
+        if record.expired_at is not None:
+            raise BatchConflict(f"batch {record.id} has expired; there is nothing to cancel")
         job = self.latest_job(record)
         if job is not None and job.status == "SUCCEEDED":
             raise BatchConflict(f"batch {record.id} has completed; there is nothing to cancel")

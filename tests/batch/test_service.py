@@ -171,5 +171,7 @@ def test_a_batch_whose_window_ended_is_expired_and_not_resumed(batches: Batches)
     assert (obj.status, obj.expired_at) == ("expired", record.expired_at)
     with pytest.raises(BatchConflict, match="has expired"):
         batches.resume(record)
+    with pytest.raises(BatchConflict, match="has expired"):
+        batches.cancel(record)
     unbounded = batches.create(f, None, "llm", 3)
     assert unbounded.expires_at is None
