@@ -1,7 +1,8 @@
 """Batch jobs live: a batch file submitted as a Ray Job while chat streams
 run, stopped part-way, resumed; then the same through `/v1/files` and
 `/v1/batches` with the official `openai` client, for completions and for
-Responses, and the files listed and deleted.
+Responses, and the files listed and deleted; a batch whose completion
+window ends while it runs expires.
 
 Ray Jobs need the dashboard, which the session's Ray (conftest.py) runs
 without, and this process may already be connected to that one.  So the
@@ -156,14 +157,15 @@ class Cluster:
                     pass
         return found
 
-    def cli(self, *args: str) -> tuple[int, str]:
+    def cli(self, *args: str, config: Path | None = None) -> tuple[int, str]:
         """`preempt-serve batch ARGS` (in this process: it only speaks HTTP
-        to the Jobs API); its exit status and output."""
+        to the Jobs API); its exit status and output.  `config`: another
+        Serve config file for the command's settings."""
         from app.cli import main
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            status = main(["batch", *args, "--config", str(self.config),
+            status = main(["batch", *args, "--config", str(config or self.config),
                            "--address", self.dashboard])
         return status, out.getvalue()
 
@@ -377,3 +379,35 @@ def test_openai_client_batch_of_responses(cluster: Cluster) -> None:
         online = client.responses.create(**bodies[x["custom_id"]], store=False)
         assert body["object"] == "response" and body["store"] is False
         assert body["output"][0]["content"][0]["text"] == online.output_text
+
+
+def test_a_batch_still_running_when_its_window_ends_expires(cluster: Cluster) -> None:
+    """Submitted with a 7 s window (the command's config sets
+    `batch.completion_window_hours`): answers longer than the window
+    leaves; the run cancels what is in flight, writes the rest as
+    `batch_expired`, and the batch says `expired`."""
+    config = yaml.safe_load(cluster.config.read_text())
+    config["applications"][0]["args"]["batch"]["completion_window_hours"] = 0.002
+    short = cluster.tmp / "short_window.yaml"
+    short.write_text(yaml.safe_dump(config))
+    bodies = {f"long-{i}": {"model": "smollm2", "prompt": f"Story {i}:", "max_tokens": 300,
+                            "ignore_eos": True} for i in range(12)}
+    source = cluster.tmp / "long.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": cid, "method": "POST",
+                                          "url": "/v1/completions", "body": b}) + "\n"
+                              for cid, b in bodies.items()))
+    status, out = cluster.cli("submit", str(source), "--wait", config=short)
+    assert status == 1 and " expired" in out, out
+    batch_id = out.split()[1].rstrip(":")
+    obj = json.loads(cluster.cli("status", batch_id)[1])
+    assert obj["status"] == "expired" and obj["expired_at"] >= obj["expires_at"] - 1
+    assert obj["expires_at"] - obj["created_at"] == 7
+    batch_dir = cluster.storage / "batches" / batch_id
+    outputs, errors = records(batch_dir / "output.jsonl"), records(batch_dir / "errors.jsonl")
+    assert len(outputs) + len(errors) == 12 and errors
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    for o in outputs:  # what finished in time is whole
+        assert o["response"]["body"]["usage"]["completion_tokens"] == 300
+    # An expired batch does not run again.
+    status, out = cluster.cli("resume", batch_id, config=short)
+    assert status != 0 and "has expired" in out, out
