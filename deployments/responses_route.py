@@ -13,13 +13,13 @@ read and remove stored ones; `background: true` ones are run apart and
 polled (`deployments/responses_background.py`), and `POST .../cancel`
 stops them.  A request naming a `conversation` (api/conversations_route.py
 serves those) reads its items as context, and its input and answer are
-added to it before the answer is sent.  A batch's `/v1/responses` lines come through `batch_response`.
+added to it before the answer is sent.  A batch's `/v1/responses` lines
+come through `batch_response`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -100,7 +100,8 @@ class ResponsesRoute:
                 Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"])]
 
     async def create(self, request: Request) -> Response:
-        return await self._respond(await self.ingress.parse_body(request, ResponsesRequest))
+        out = await self._respond(await self.ingress.parse_body(request, ResponsesRequest))
+        return out if isinstance(out, Response) else JSONResponse(out)
 
     async def batch_response(self, body: dict[str, Any]) -> dict[str, Any]:
         """A batch line's Response (`Ingress.batch_request`): run as offline
@@ -113,10 +114,14 @@ class ResponsesRoute:
                                field)
         if req.store is None:
             req = req.model_copy(update={"store": False})
-        response = await self._respond(req, offline=True)
-        return json.loads(response.body)
+        out = await self._respond(req, offline=True)
+        assert isinstance(out, dict)  # neither streamed nor in the background
+        return out
 
-    async def _respond(self, req: ResponsesRequest, offline: bool = False) -> Response:
+    async def _respond(self, req: ResponsesRequest, offline: bool = False
+                       ) -> Response | dict[str, Any]:
+        """The Response object; the stream of its events, or a background
+        one's first answer, as a `Response`."""
         ing = self.ingress
         req = req.model_copy(update={"model": ing.cfg.model_name})
         keep = self.keep if req.store is None else req.store
@@ -172,7 +177,7 @@ class ResponsesRoute:
         await end(response)
         if record is not None and not await self._put(record(response)):
             response["store"] = False
-        return JSONResponse(response)
+        return response
 
     async def _in_background(self, req: ResponsesRequest, chat: Any,
                              context: list[dict[str, Any]], inputs: list[dict[str, Any]],
@@ -209,10 +214,11 @@ class ResponsesRoute:
         return self._follow(rid, -1)
 
     def _follow(self, rid: str, after: int) -> Response:
-        assert self.background is not None
+        background = self.background
+        assert background is not None
 
         async def events() -> AsyncIterator[str]:
-            async with aclosing(self.background.follow(rid, after)) as followed:  # type: ignore[union-attr]
+            async with aclosing(background.follow(rid, after)) as followed:
                 async for e in followed:
                     yield sse(e)
 
