@@ -32,6 +32,10 @@ from api.responses_api import new_item_id
 _ID = re.compile(r"conv_[0-9a-f]{48}")
 
 
+class NoItem(LookupError):
+    """No item of that id in the conversation."""
+
+
 class ConversationRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -79,19 +83,16 @@ class ConversationStore:
         found = self._change(conv_id, lambda r: added.extend(_add(r, items)))
         return None if found is None else added
 
-    def delete_item(self, conv_id: str, item_id: str) -> ConversationRecord | None | bool:
+    def delete_item(self, conv_id: str, item_id: str) -> ConversationRecord | None:
         """The record without the item; None: no such conversation;
-        False: no such item in it."""
-        missing = False
-
+        `NoItem`: no such item in it (nothing written)."""
         def drop(record: ConversationRecord) -> None:
-            nonlocal missing
             kept = [i for i in record.items if i["id"] != item_id]
-            missing = len(kept) == len(record.items)
+            if len(kept) == len(record.items):
+                raise NoItem(item_id)
             record.items = kept
 
-        found = self._change(conv_id, drop)
-        return False if found is not None and missing else found
+        return self._change(conv_id, drop)
 
     def set_metadata(self, conv_id: str, metadata: dict[str, str]
                      ) -> ConversationRecord | None:

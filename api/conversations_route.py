@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from api.conversation_store import ConversationRecord, ConversationStore
+from api.conversation_store import ConversationRecord, ConversationStore, NoItem
 from api.conversations import (
     ConversationCreate,
     ConversationUpdate,
@@ -109,9 +109,10 @@ class ConversationsRoute:
         item_id = request.path_params["item_id"]
         _no_params(_without_include(request))
         if request.method == "DELETE":
-            found = await asyncio.to_thread(store.delete_item, conv_id, item_id)
-            if found is False:
-                raise _no_item(item_id)
+            try:
+                found = await asyncio.to_thread(store.delete_item, conv_id, item_id)
+            except NoItem:
+                raise _no_item(item_id) from None
             return _object(_found(found, conv_id))
         got = (await self.read(conv_id, "conversation_id")).item(item_id)
         if got is None:

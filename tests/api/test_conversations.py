@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from api.conversation_store import ConversationStore
+from api.conversation_store import ConversationStore, NoItem
 from tests.api.harness import Harness, harness
 from tests.api.shapes import assert_error
 from tests.api.test_responses_store import _post, _prompt
@@ -57,7 +57,8 @@ def test_the_store_keeps_items_in_order_and_no_id_reaches_outside(tmp_path: Path
         assert store.get(bad) is None and store.add_items(bad, []) is None
         assert store.delete(bad) is False and store.set_metadata(bad, {}) is None
     assert not list((tmp_path / "c").glob("*.lock"))[1:]  # no lock file for unknown ids
-    assert store.delete_item(rec.id, "msg_none") is False
+    with pytest.raises(NoItem):
+        store.delete_item(rec.id, "msg_none")
     assert store.delete(rec.id) and store.get(rec.id) is None and not store.delete(rec.id)
     assert list((tmp_path / "c").iterdir()) == []
 
