@@ -152,8 +152,7 @@ async def run_batch(items: Sequence[Item], journal: Journal, send: Sender, *,
 
     if expires_at is not None and wall() >= expires_at:  # nothing is sent
         queue.clear()
-        summary.expired = _expire(items, journal)
-        summary.failed += summary.expired
+        summary.expired = _expire(items, journal, landed)
         return summary
     workers = [asyncio.ensure_future(worker()) for _ in range(min(max_concurrency, len(queue)))]
     expired = False
@@ -177,19 +176,20 @@ async def run_batch(items: Sequence[Item], journal: Journal, send: Sender, *,
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     if expired:
-        summary.expired = _expire(items, journal)
-        summary.failed += summary.expired
+        summary.expired = _expire(items, journal, landed)
     return summary
 
 
-def _expire(items: Sequence[Item], journal: Journal) -> int:
-    """Write every line without a result as expired; how many."""
+def _expire(items: Sequence[Item], journal: Journal, landed: Callable[[bool], None]) -> int:
+    """Write every line without a result as expired (each a failed line for
+    the summary and the progress); how many."""
     n = 0
     for item in items:
         if not journal.is_done(item):
             journal.record_rejected(Rejected(item.line, item.custom_id, BatchError(
                 code="batch_expired", line=item.line, message="this request could not be "
                 "executed before the batch's completion window ended")))
+            landed(False)
             n += 1
     return n
 

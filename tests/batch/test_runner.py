@@ -204,6 +204,7 @@ def test_the_window_s_end_cancels_what_is_in_flight_and_expires_the_rest(
     output, errors = results(tmp_path)
     expired = [e for e in errors if e["error"] and e["error"]["code"] == "batch_expired"]
     assert summary.expired == len(expired) >= 1 and output
+    assert (summary.completed, summary.failed) == (len(output), len(errors))
     assert len(output) + len(errors) == 12  # every line has exactly one result
     assert len({e["error"]["line"] for e in expired}) == len(expired)
     assert sender.in_flight == 0  # the one in flight was cancelled
@@ -215,8 +216,23 @@ def test_the_window_s_end_cancels_what_is_in_flight_and_expires_the_rest(
 def test_a_run_that_starts_after_its_window_sends_nothing(tmp_path: Path) -> None:
     import time
 
-    sender = FakeSender()
-    summary = run(tmp_path, sender, expires_at=time.time() - 1)
+    class Seen:
+        def __init__(self) -> None:
+            self.left = 0
+
+        def start(self, total: int, done: int) -> None:
+            self.left = total - done
+
+        def finished(self, ok: bool) -> None:
+            self.left -= 1
+
+        def retried(self) -> None:
+            pass
+
+    sender, seen = FakeSender(), Seen()
+    summary = run(tmp_path, sender, expires_at=time.time() - 1, progress=seen)
+    assert summary.failed == 12 and summary.completed == 0
+    assert seen.left == 0  # the dashboard's `batch_requests_remaining` reaches 0
     errors = read_results(tmp_path / "errors.jsonl")
     assert sender.calls == [] and read_results(tmp_path / "output.jsonl") == []
     assert {e.error.code for e in errors if e.error} == {"batch_expired", "invalid_json",
