@@ -93,6 +93,7 @@ def test_an_upload_expires_as_asked_or_by_default(fresh: Harness) -> None:
 
 def test_expired_files_are_gone_and_swept_on_the_next_listing(fresh: Harness) -> None:
     store = fresh.ingress.batches.store
+    fresh.ingress.batch_routes._swept = time.monotonic()  # no sweep at the upload
     f = upload(fresh, jsonl(CHAT)).json()
     record = store.file(f["id"])
     assert record is not None
