@@ -159,3 +159,29 @@ def _started(h: Harness) -> tuple[threading.Thread, list[Any], str]:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return first, out, new.pop().stem
+
+
+def test_a_follower_on_another_replica_reads_the_run_as_it_goes(h: Harness) -> None:
+    """Another replica has no wake-up from the run: it looks at the store's
+    log every `FOLLOW_S` and still gets every event, in order, to the last."""
+    import asyncio
+
+    from deployments.responses_background import BackgroundResponses
+
+    h.engine.state.answer = "One two three four five six seven eight."
+    h.engine.state.paused, h.engine.state.free_wakeups = True, 2
+    first, out, rid = _started(h)
+    _poll(h, rid, lambda b: b["status"] == "in_progress")
+    other = BackgroundResponses(h.ingress, h.ingress.responses_route.store)
+
+    async def follow() -> list[dict[str, Any]]:
+        return [e async for e in other.follow(rid, -1)]
+
+    followed, got = _in_thread(lambda: asyncio.run(follow()))
+    time.sleep(0.3)
+    assert followed.is_alive()  # waiting on the held run
+    h.engine.state.paused = False
+    first.join(10)
+    followed.join(10)
+    assert got[0] == events_of(out[0].text)
+    assert got[0][-1]["type"] == "response.completed"
