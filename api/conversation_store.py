@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import re
 import time
 import uuid
@@ -27,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from api.atomic_write import write_atomically
 from api.responses_api import new_item_id
 
 _ID = re.compile(r"conv_[0-9a-f]{48}")
@@ -136,9 +136,7 @@ class ConversationStore:
     def _write(self, record: ConversationRecord) -> None:
         path = self._path(record.id)
         assert path is not None
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(record.model_dump_json())
-        os.replace(tmp, path)
+        write_atomically(path, record.model_dump_json())
 
     def _path(self, conv_id: str, suffix: str = ".json") -> Path | None:
         if not _ID.fullmatch(conv_id):

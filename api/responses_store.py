@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from api.atomic_write import write_atomically
 
 _ID = re.compile(r"resp_[0-9a-f]{32}")
 # A sweep lists the directory: one in this many writes of a process.
@@ -76,9 +76,7 @@ class ResponseStore:
         path = self._path(record.response["id"])
         if path is None:
             raise ValueError(f"not a response id: {record.response['id']!r}")
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(record.model_dump_json())
-        os.replace(tmp, path)
+        write_atomically(path, record.model_dump_json())
         self._writes += 1
         if self._writes % _SWEEP_EVERY == 0:
             self.sweep()

@@ -16,7 +16,6 @@ deleted) is batch/service.py's.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
@@ -25,6 +24,7 @@ from typing import BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.atomic_write import write_atomically
 from api.batch import FileObject
 from batch.journal import complete_size
 from batch.lines import count_lines
@@ -99,12 +99,6 @@ class BatchRecord(BaseModel):
         default_factory=dict)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 class BatchStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -143,7 +137,7 @@ class BatchStore:
         return record
 
     def _save_file(self, record: FileRecord) -> None:
-        _write_atomically(self._files() / f"{record.id}.json", record.model_dump_json())
+        write_atomically(self._files() / f"{record.id}.json", record.model_dump_json())
 
     def file(self, file_id: str, expired: bool = False) -> FileRecord | None:
         """The file's record; None for an unknown id, and for an expired
@@ -226,7 +220,7 @@ class BatchStore:
         return record
 
     def save_batch(self, record: BatchRecord) -> None:
-        _write_atomically(self.batch_dir(record.id) / "batch.json", record.model_dump_json())
+        write_atomically(self.batch_dir(record.id) / "batch.json", record.model_dump_json())
 
     def batch(self, batch_id: str) -> BatchRecord | None:
         if not _BATCH_ID.fullmatch(batch_id):
