@@ -139,22 +139,24 @@ class BatchSettings(BaseModel):
 
 class ResponsesSettings(BaseModel):
     """`/v1/responses`: the responses kept for `previous_response_id` and
-    `GET /v1/responses/{id}` (api/responses_store.py)."""
+    `GET /v1/responses/{id}` (api/responses_store.py); the conversations
+    (api/conversation_store.py) and the chat completions sent with `store:
+    true` (api/chat_store.py) are kept beside them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Keep responses; a request that does not say `store` is kept, as with
-    # OpenAI.  False: none is, and a request with `store: true` or a
-    # `previous_response_id` is refused (400).
+    # OpenAI.  False: none is, nor any conversation or chat completion, and
+    # a request with `store: true` or a `previous_response_id` is refused (400).
     store: bool = True
     # Every Ingress replica reads and writes here, so on a multi-node
     # cluster it must be a filesystem every node mounts at this path.  None:
     # `responses/` under the cache directory (PREEMPT_SERVE_CACHE, else
     # ~/.cache/preempt-serve).
     storage_dir: str | None = None
-    # How long a response is kept (OpenAI keeps them 30 days).
+    # How long a response or chat completion is kept (OpenAI: 30 days).
     retention_hours: float = Field(720.0, gt=0)
-    # Most responses kept; the oldest go first.
+    # Most responses kept, and most chat completions; the oldest go first.
     max_stored: int = Field(100_000, ge=1)
 
     def storage_path(self) -> Path:

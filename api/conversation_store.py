@@ -16,17 +16,17 @@ subject to the responses' retention), so they are not swept.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from api.atomic_write import write_atomically
+from api.record_files import locked, store_dir
 from api.responses_api import new_item_id
 
 _ID = re.compile(r"conv_[0-9a-f]{48}")
@@ -51,11 +51,7 @@ class ConversationRecord(BaseModel):
 
 class ConversationStore:
     def __init__(self, root: Path) -> None:
-        self.root = root
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # at start, with the setting named
-            raise ValueError(f"responses.storage_dir: cannot use {str(root)!r}: {e}") from None
+        self.root = store_dir(root)
 
     def create(self, metadata: dict[str, str], items: list[dict[str, Any]]
                ) -> ConversationRecord:
@@ -125,13 +121,10 @@ class ConversationStore:
             self._write(record)
         return record
 
-    @contextlib.contextmanager
-    def _locked(self, conv_id: str) -> Iterator[None]:
+    def _locked(self, conv_id: str) -> contextlib.AbstractContextManager[None]:
         path = self._path(conv_id, ".lock")
         assert path is not None
-        with open(path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+        return locked(path)
 
     def _write(self, record: ConversationRecord) -> None:
         path = self._path(record.id)

@@ -35,7 +35,7 @@ from api.conversations import (
 )
 from api.errors import APIError, validation_error
 from api.http import read_json_object
-from api.pages import list_object, page_after
+from api.pages import list_object, no_params, page_after
 from api.responses_api import item_records
 
 M = TypeVar("M", bound=BaseModel)
@@ -89,7 +89,7 @@ class ConversationsRoute:
         conv_id = request.path_params["conversation_id"]
         params = _without_include(request)
         if request.method == "POST":
-            _no_params(params)
+            no_params(params)
             req = await self.parse_body(request, ItemsCreate)
             added = await asyncio.to_thread(store.add_items, conv_id, item_records(req.items))
             return JSONResponse(list_object(_found(added, conv_id)))
@@ -107,7 +107,7 @@ class ConversationsRoute:
         store = self._store()
         conv_id = request.path_params["conversation_id"]
         item_id = request.path_params["item_id"]
-        _no_params(_without_include(request))
+        no_params(_without_include(request))
         if request.method == "DELETE":
             try:
                 found = await asyncio.to_thread(store.delete_item, conv_id, item_id)
@@ -149,12 +149,6 @@ def _no_item(item_id: str) -> APIError:
 
 def _object(record: ConversationRecord) -> Response:
     return JSONResponse(conversation_object(record.id, record.created_at, record.metadata))
-
-
-def _no_params(params: dict[str, str]) -> None:
-    if params:
-        name = sorted(params)[0]
-        raise APIError(400, f"{name}: unrecognized query parameter", name)
 
 
 def _without_include(request: Request) -> dict[str, str]:

@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from api.openapi_batch import MODELS as BATCH_MODELS
 from api.openapi_batch import batch_paths
+from api.openapi_chat_store import MODELS as CHAT_STORE_MODELS
+from api.openapi_chat_store import chat_store_paths
 from api.openapi_conversations import MODELS as CONVERSATION_MODELS
 from api.openapi_conversations import conversations_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
@@ -136,11 +138,13 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         *BATCH_MODELS,
         *TOKENIZE_MODELS,
         *CONVERSATION_MODELS,
+        *CHAT_STORE_MODELS,
     ]
     refs, top = models_json_schema(models, ref_template=_REF)
     completion_ref = refs[(CompletionRequest, "validation")]
     chat_ref = refs[(ChatCompletionRequest, "validation")]
     error_ref = refs[(ErrorResponse, "serialization")]
+    stored_list, stored_paths = chat_store_paths(refs, error_ref, _COMPLETION_RESPONSE)
     paths: dict[str, Any] = {
         "/v1/models": {"get": {
             "summary": "The served model",
@@ -161,7 +165,10 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
             },
         }},
         "/v1/completions": {"post": _completion_op("Text completion", completion_ref, error_ref)},
-        "/v1/chat/completions": {"post": _completion_op("Chat completion", chat_ref, error_ref)},
+        "/v1/chat/completions": {"post": _completion_op(
+            "Chat completion (kept for the routes below with `store: true`)", chat_ref,
+            error_ref), **stored_list},
+        **stored_paths,
         "/v1/responses": {"post": _completion_op(
             "A Response, served as a chat completion (stored unless `store` is false; "
             "`previous_response_id` continues a stored one, 404 where none is stored)",

@@ -50,58 +50,61 @@ _ITEM_LIST: dict[str, Any] = {
 }
 
 
-def _param(name: str, where: str = "path", **schema: Any) -> dict[str, Any]:
+def param(name: str, where: str = "path", **schema: Any) -> dict[str, Any]:
     return {"name": name, "in": where, "required": where == "path",
             "schema": schema or {"type": "string"}}
 
 
-def _op(summary: str, ok: dict[str, Any], errors: str, error_ref: dict[str, Any],
-        params: list[dict[str, Any]], body: dict[str, Any] | None = None) -> dict[str, Any]:
-    op: dict[str, Any] = {
+def op(summary: str, ok: dict[str, Any], errors: str, error_ref: dict[str, Any],
+       params: list[dict[str, Any]], body: dict[str, Any] | None = None,
+       why: dict[str, str] = _WHY) -> dict[str, Any]:
+    """An operation answering `ok` (its schema), and errors of the statuses
+    `errors` names, each described by `why`."""
+    out: dict[str, Any] = {
         "summary": summary,
         "parameters": params,
         "responses": {
             "200": {"description": "done", "content": {"application/json": {"schema": ok}}},
-            **{code: {"description": _WHY[code],
+            **{code: {"description": why[code],
                       "content": {"application/json": {"schema": error_ref}}}
                for code in errors.split()},
         },
     }
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
-    return op
+        out["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    return out
 
 
 def conversations_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
                         ) -> dict[str, Any]:
-    conv = [_param("conversation_id")]
-    item = [*conv, _param("item_id")]
-    page = [_param("limit", "query", type="integer", minimum=1, maximum=100),
-            _param("order", "query", type="string", enum=["asc", "desc"]),
-            _param("after", "query")]
+    conv = [param("conversation_id")]
+    item = [*conv, param("item_id")]
+    page = [param("limit", "query", type="integer", minimum=1, maximum=100),
+            param("order", "query", type="string", enum=["asc", "desc"]),
+            param("after", "query")]
     body_errors = "400 401 404 413 415 500"
     return {
-        "/v1/conversations": {"post": _op(
+        "/v1/conversations": {"post": op(
             "Create a conversation (up to 20 items, metadata)", _CONVERSATION,
             "400 401 413 415 500", error_ref, [],
             refs[(ConversationCreate, "validation")])},
         "/v1/conversations/{conversation_id}": {
-            "get": _op("A conversation", _CONVERSATION, "400 401 404 500", error_ref, conv),
-            "post": _op("Replace a conversation's metadata", _CONVERSATION, body_errors,
+            "get": op("A conversation", _CONVERSATION, "400 401 404 500", error_ref, conv),
+            "post": op("Replace a conversation's metadata", _CONVERSATION, body_errors,
                         error_ref, conv, refs[(ConversationUpdate, "validation")]),
-            "delete": _op("Delete a conversation and its items", _DELETED, "400 401 404 500",
+            "delete": op("Delete a conversation and its items", _DELETED, "400 401 404 500",
                           error_ref, conv),
         },
         "/v1/conversations/{conversation_id}/items": {
-            "get": _op("A conversation's items (newest first unless `order` is asc)",
+            "get": op("A conversation's items (newest first unless `order` is asc)",
                        _ITEM_LIST, "400 401 404 500", error_ref, [*conv, *page]),
-            "post": _op("Add up to 20 items to a conversation", _ITEM_LIST, body_errors,
+            "post": op("Add up to 20 items to a conversation", _ITEM_LIST, body_errors,
                         error_ref, conv, refs[(ItemsCreate, "validation")]),
         },
         "/v1/conversations/{conversation_id}/items/{item_id}": {
-            "get": _op("One item of a conversation", _ITEM, "400 401 404 500", error_ref,
+            "get": op("One item of a conversation", _ITEM, "400 401 404 500", error_ref,
                        item),
-            "delete": _op("Delete an item; the conversation", _CONVERSATION,
+            "delete": op("Delete an item; the conversation", _CONVERSATION,
                           "400 401 404 500", error_ref, item),
         },
     }

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from api.errors import APIError
@@ -28,3 +28,10 @@ def list_object(items: list[dict[str, Any]], more: bool = False) -> dict[str, An
     """OpenAI's list object of a page of `items` (each with an `id`)."""
     return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
             "last_id": items[-1]["id"] if items else None, "has_more": more}
+
+
+def no_params(params: Mapping[str, str]) -> None:
+    """A 400 naming the first of `params`, for a route that reads none."""
+    if params:
+        name = sorted(params)[0]
+        raise APIError(400, f"{name}: unrecognized query parameter", name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from api.batch import Metadata
 from api.structured import ResponseFormat, StructuredOutputs
 from api.tools import ToolCall, ToolChoice, ToolDefinition
 from api.unsupported import UnsupportedFields
@@ -291,7 +292,14 @@ class ChatMessage(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    served: ClassVar[frozenset[str]] = frozenset({"store", "metadata"})
+
     messages: list[ChatMessage] = Field(..., min_length=1)
+    # Keep the answer for `GET /v1/chat/completions` (api/chat_store_route.py);
+    # not kept by default, as with OpenAI.
+    store: bool | None = None
+    # Declared after `store`: its validator reads it.
+    metadata: Metadata | None = Field(None, max_length=16)
     # Declared after max_tokens (in the base) and logprobs: validators read them.
     max_completion_tokens: int | None = Field(None, gt=0, le=_I32_MAX)
     logprobs: bool = False
@@ -309,6 +317,14 @@ class ChatCompletionRequest(_SamplingFields):
         other = info.data.get("max_tokens")
         if v is not None and other is not None and v != other:
             raise ValueError(f"conflicts with max_tokens={other}; send one of them")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _kept_with_store(cls, v: dict[str, str] | None, info: ValidationInfo
+                         ) -> dict[str, str] | None:
+        if v and not info.data.get("store"):
+            raise ValueError("is only kept with a stored completion: send store: true")
         return v
 
     @field_validator("top_logprobs")

@@ -48,6 +48,8 @@ class _Choice:
     last_token: int | None = None
     # Splits a chat answer into content and tool calls (tools offered).
     parser: ToolCallParser | None = None
+    # The parser has read the whole answer (streamed, as it came).
+    parsed: bool = False
 
 
 class ResponseBuilder:
@@ -159,7 +161,7 @@ class ResponseBuilder:
             chunks.append(self._chunk(self._stream_choice(c, content or None, entries, None,
                                                           calls)))
         if finish is not None:
-            c.finish_reason, c.metrics = finish, metrics
+            c.finish_reason, c.metrics, c.parsed = finish, metrics, True
             chunks.append(self._chunk(self._stream_choice(c, None, [], finish), metrics=metrics))
         return chunks
 
@@ -207,8 +209,10 @@ class ResponseBuilder:
                 message: dict[str, Any] = {"role": "assistant", "content": text}
                 finish = c.finish_reason
                 if c.parser is not None:
-                    c.parser.feed(text)
-                    finish = c.parser.finish(finish)[2]
+                    if not c.parsed:
+                        c.parser.feed(text)
+                        finish = c.finish_reason = c.parser.finish(finish)[2]
+                        c.parsed = True
                     message.update(c.parser.message())
                 choices.append({"index": c.index, "message": message,
                                 "logprobs": logprobs, "finish_reason": finish})

@@ -32,9 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from api.atomic_write import write_atomically
+from api.record_files import read_unexpired, store_dir
 
 _ID = re.compile(r"resp_[0-9a-f]{32}")
 # A sweep lists the directory: one in this many writes of a process.
@@ -63,14 +64,10 @@ class StoredResponse(BaseModel):
 
 class ResponseStore:
     def __init__(self, root: Path, retention_s: float, max_stored: int) -> None:
-        self.root = root
+        self.root = store_dir(root)
         self.retention_s = retention_s
         self.max_stored = max_stored
         self._writes = 0
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # at start, with the setting named
-            raise ValueError(f"responses.storage_dir: cannot use {str(root)!r}: {e}") from None
 
     def put(self, record: StoredResponse) -> None:
         path = self._path(record.response["id"])
@@ -84,15 +81,7 @@ class ResponseStore:
     def get(self, response_id: str) -> StoredResponse | None:
         """The record, or None: no such id, deleted, expired, or unreadable."""
         path = self._path(response_id)
-        if path is None:
-            return None
-        try:
-            if time.time() - path.stat().st_mtime > self.retention_s:
-                path.unlink(missing_ok=True)
-                return None
-            return StoredResponse.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError):
-            return None
+        return None if path is None else read_unexpired(path, StoredResponse, self.retention_s)
 
     def delete(self, response_id: str) -> bool:
         path = self._path(response_id)

@@ -8,7 +8,7 @@ while ignoring it would hand the client something it did not ask for.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -63,6 +63,9 @@ class UnsupportedFields(BaseModel):
 
     # Strict types as OpenAI's API: "5" is not an integer, true is not 1.
     model_config = ConfigDict(extra="forbid", strict=True)
+    # Fields of the list that a request model serves after all (it declares
+    # them again with their own types).
+    served: ClassVar[frozenset[str]] = frozenset()
 
     functions: Any = None
     function_call: Any = None
@@ -100,6 +103,8 @@ class UnsupportedFields(BaseModel):
     @classmethod
     def _refuse_on(cls, v: Any, info: ValidationInfo) -> Any:
         allowed, why = _OFF[info.field_name]  # type: ignore[index]
+        if info.field_name in cls.served:
+            return v
         if not _is_off(v, allowed):
             raise ValueError(f"not supported by this server ({why})" if why
                              else "not supported by this server")

@@ -46,7 +46,12 @@ async def _completion(ingress: Any, chat: bool, body: dict[str, Any]) -> dict[st
     req = ingress.validate(body, ChatCompletionRequest if chat else CompletionRequest)
     if req.stream:
         raise APIError(400, "a batch request cannot be streamed", "stream")
+    if chat:
+        ingress.chat_store.check(req)
     req = req.model_copy(update={"job_class": "offline"})
     async with ingress.door.start(offline=True, priority=req.priority):
         started = await (ingress.start_chat(req) if chat else ingress.start_completion(req))
-    return await ingress.collect(*started)
+    answer = await ingress.collect(*started)
+    if chat:
+        await ingress.chat_store.keep(req, answer)
+    return answer

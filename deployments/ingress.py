@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from api.auth import BearerKeyAuth
+from api.chat_store_route import ChatStoreRoute
 from api.config import AppConfig
 from api.errors import APIError, validation_error
 from api.http import (
@@ -108,6 +109,8 @@ class Ingress:
                                RayJobs(self.cfg.batch.jobs_address))
         self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len)
         self.responses_route = ResponsesRoute(self)
+        self.chat_store = ChatStoreRoute.for_settings(self.cfg.responses,
+                                                      self.cfg.max_request_bytes)
         self.tool_format = tool_format(self.cfg.tool_call_format, self.tokenizer.chat_template)
         self.tokenize_routes = TokenizeRoutes(self.tokenizer, self.cfg, self.tool_format)
         self.batch_routes = BatchRoutes(self.batches, self.cfg.batch, _app_name,
@@ -120,7 +123,8 @@ class Ingress:
             routes=[
                 *self.model_routes.routes(),
                 Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["GET", "POST"]),
+                *self.chat_store.routes(),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/openapi.json", openapi_endpoint(self.openapi), methods=["GET"]),
                 *self.batch_routes.routes(),
@@ -165,7 +169,10 @@ class Ingress:
         return await self._respond(req, started)
 
     async def chat_completions(self, request: Request) -> Response:
+        if request.method == "GET":  # the stored ones (api/chat_store_route.py)
+            return await self.chat_store.list(request)
         req = await self.parse_body(request, ChatCompletionRequest)
+        self.chat_store.check(req)
         async with self.door.start(req.job_class == "offline", req.priority):
             started = await self.start_chat(req)
         return await self._respond(req, started)
@@ -309,9 +316,12 @@ class Ingress:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             builder.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
-            return StreamingResponse(self._sse(builder, stream, include_usage),
+            return StreamingResponse(self._sse(req, builder, stream, include_usage),
                                      media_type="text/event-stream")
-        return JSONResponse(await self.collect(builder, stream))
+        answer = await self.collect(builder, stream)
+        if req.store:  # chat only: a completion's `store` is refused
+            await self.chat_store.keep(req, answer)
+        return JSONResponse(answer)
 
     async def _resume(self, request_id: str, gens: list[GenerateRequest],
                       failed: str | None, moved: bool = False) -> tuple[str | None, Any]:
@@ -426,11 +436,13 @@ class Ingress:
             self._finish(builder, stream, outcome)
         return builder.response()
 
-    async def _sse(self, builder: ResponseBuilder, stream: Any,
+    async def _sse(self, req: Any, builder: ResponseBuilder, stream: Any,
                    include_usage: bool) -> AsyncIterator[str]:
         async with aclosing(self.chunks(builder, stream, include_usage)) as chunks:
             async for c in chunks:
                 yield _event(c)
+        if req.store and builder.done:  # kept before the client reads the end
+            await self.chat_store.keep(req, builder.response())
         yield "data: [DONE]\n\n"
 
     async def chunks(self, builder: ResponseBuilder, stream: Any,

@@ -210,8 +210,9 @@ def test_unknown_paths_are_404(served: Harness, path: str) -> None:
 
 
 @pytest.mark.parametrize(("method", "path", "allow"), [
-    ("GET", COMPLETIONS, "POST"), ("PUT", CHAT, "POST"), ("DELETE", COMPLETIONS, "POST"),
-    ("PATCH", CHAT, "POST"), ("OPTIONS", COMPLETIONS, "POST"),
+    ("GET", COMPLETIONS, "POST"), ("PUT", CHAT, "GET, HEAD, POST"),
+    ("DELETE", COMPLETIONS, "POST"), ("PATCH", CHAT, "GET, HEAD, POST"),
+    ("OPTIONS", COMPLETIONS, "POST"),
     ("POST", "/v1/models", "GET, HEAD"), ("POST", "/health", "GET, HEAD"),
     ("DELETE", "/openapi.json", "GET, HEAD"), ("GET", "/v1/responses", "POST"),
     ("GET", "/tokenize", "POST"),

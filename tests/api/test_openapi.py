@@ -17,7 +17,10 @@ from tests.api.conftest import API_KEY
 from tests.api.harness import Harness
 from tests.api.shapes import assert_error
 
-PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
+PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions": {"post"},
+         "/v1/chat/completions": {"get", "post"},
+         "/v1/chat/completions/{completion_id}": {"get", "post", "delete"},
+         "/v1/chat/completions/{completion_id}/messages": {"get"},
          "/health": {"get"}, "/v1/files": {"get", "post"},
          "/v1/files/{file_id}": {"delete", "get"},
          "/v1/files/{file_id}/content": {"get"}, "/v1/batches": {"get", "post"},
