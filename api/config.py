@@ -7,6 +7,7 @@ field named (pydantic's error lists the path, e.g. `engine.block_size`).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,9 @@ from pydantic import (
 from api.tool_formats import ToolCallFormatName
 from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
+
+# What a LoRA adapter's name may be (`lora_adapters`).
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
 API_KEY_ENV = "PREEMPT_SERVE_API_KEY"
@@ -262,6 +266,22 @@ class AppConfig(SchedulingSettings):
     # How the model writes tool calls (api/tool_formats.py): "auto" picks by
     # its chat template; "hermes" (<tool_call> blocks); "llama3_json".
     tool_call_format: ToolCallFormatName = "auto"
+    # LoRA adapters served beside the model (engine/lora.py): name -> a PEFT
+    # LoRA folder trained on this model, on every node's filesystem.  A
+    # request names one as its `model`; every engine replica loads them all.
+    lora_adapters: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_folders(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, path in v.items():
+            if not _ADAPTER_NAME.fullmatch(name):
+                raise ValueError(f"{name[:100]!r}: an adapter's name is 1-128 letters, digits "
+                                 "and . _ - : / (clients send it as `model`)")
+            if not (Path(path).expanduser() / "adapter_config.json").is_file():
+                raise ValueError(f"{name}: no adapter_config.json in {path!r} (a PEFT LoRA "
+                                 "adapter's folder)")
+        return v
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -330,6 +350,12 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 "async_scheduling: true runs one model process; with tensor_parallel_size or "
                 "pipeline_parallel_size > 1 use 'auto' or false")
+        if self.model_name in self.lora_adapters:
+            raise ValueError(f"lora_adapters: {self.model_name!r} is the base model's name; "
+                             "give the adapter another")
+        if self.lora_adapters and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("lora_adapters: not served with tensor_parallel_size or "
+                             "pipeline_parallel_size > 1")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")
         return self

@@ -1,8 +1,8 @@
 """`GET /v1/models` and `GET /v1/models/{model}`, as OpenAI serves them.
 
-One model per application.  Its `created` is when the ingress started, so
-the object is the same on every call (OpenAI's is the model's creation
-time, not the request's).
+One model per application, and the LoRA adapters it serves.  Its
+`created` is when the ingress started, so the object is the same on every
+call (OpenAI's is the model's creation time, not the request's).
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from api.protocol import now_s
 
 
 class ModelRoutes:
-    """The routes for the one model `name` an application serves."""
+    """The routes for the model `name` an application serves, and its LoRA
+    `adapters` (name -> folder), listed after it with it as their `parent`
+    and their folder as their `root`, as vLLM lists them."""
 
-    def __init__(self, name: str, max_model_len: int) -> None:
+    def __init__(self, name: str, max_model_len: int,
+                 adapters: dict[str, str] | None = None) -> None:
         self.card: dict[str, Any] = {
             "id": name,
             "object": "model",
@@ -28,6 +31,9 @@ class ModelRoutes:
             "owned_by": "preempt-serve",
             "max_model_len": max_model_len,
         }
+        self.cards = {name: self.card, **{
+            adapter: {**self.card, "id": adapter, "parent": name, "root": path}
+            for adapter, path in (adapters or {}).items()}}
 
     def routes(self) -> list[Route]:
         return [
@@ -37,11 +43,17 @@ class ModelRoutes:
         ]
 
     async def list(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self.card]})
+        return JSONResponse({"object": "list", "data": list(self.cards.values())})
 
     async def retrieve(self, request: Request) -> Response:
         model = request.path_params["model"]
-        if model != self.card["id"]:
-            raise APIError(404, f"model {model!r} does not exist; this server serves "
-                           f"{self.card['id']!r}", "model", "model_not_found")
-        return JSONResponse(self.card)
+        if model not in self.cards:
+            raise unknown_model(model, list(self.cards))
+        return JSONResponse(self.cards[model])
+
+
+def unknown_model(model: str, served: list[str]) -> APIError:
+    """The 404 for a `model` not served."""
+    names = ", ".join(repr(n) for n in served[:20])
+    return APIError(404, f"model {model[:200]!r} does not exist; this server serves "
+                    f"{names}", "model", "model_not_found")

@@ -451,6 +451,8 @@ class GenerateRequest(BaseModel):
     prompt_logprobs: int | None = None
     # The grammar the output must follow (structured output).
     structured: StructuredOutput | None = None
+    # The LoRA adapter it runs with (`lora_adapters`); None: the base model.
+    adapter: str | None = None
     n: int = 1
     # vLLM's meaning: lower runs first; 0 is the default.
     priority: int = 0

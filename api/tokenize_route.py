@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from api.errors import APIError, validation_error
 from api.http import read_json_object
+from api.models_route import unknown_model
 from api.protocol import ChatMessage
 from api.config import AppConfig
 from api.tool_formats import ToolFormat
@@ -85,7 +86,8 @@ class TokenizeRoutes:
     def __init__(self, tokenizer: Any, cfg: AppConfig, tool_format: ToolFormat) -> None:
         self.tokenizer = tokenizer
         self.tool_format = tool_format
-        self.model_name = cfg.model_name
+        # The adapters tokenize as their base model does.
+        self.names = [cfg.model_name, *cfg.lora_adapters]
         self.max_model_len = cfg.max_model_len
         self.max_request_bytes = cfg.max_request_bytes
 
@@ -124,9 +126,8 @@ class TokenizeRoutes:
         except ValidationError as e:
             raise validation_error(e)
         name = getattr(req, "model", None)
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves "
-                           f"{self.model_name!r}", "model", "model_not_found")
+        if name is not None and name not in self.names:
+            raise unknown_model(name, self.names)
         return req
 
 

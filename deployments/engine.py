@@ -54,7 +54,8 @@ HOLD_UNSTREAMED_S = 1.0
 _PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
            "skip_special_tokens", "stop_token_ids", "max_tokens",
            "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
-           "repetition_penalty", "logit_bias", "logprobs", "prompt_logprobs", "structured")
+           "repetition_penalty", "logit_bias", "logprobs", "prompt_logprobs", "structured",
+           "adapter")
 
 
 def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
@@ -155,6 +156,7 @@ class Engine(EngineFigures):
             cuda_graph_max_batch=graph_batch,
             cuda_graph_max_tokens=graph_tokens,
             pack_projections=self.cfg.pack_projections,
+            lora_adapters=dict(self.cfg.lora_adapters) or None,
         )
         # The model's other tensor-parallel shards and pipeline stages, in
         # this replica's placement group; this process is global rank 0

@@ -43,7 +43,7 @@ from api.http import (
     read_json_object,
 )
 from api.logprobs import TokenText
-from api.models_route import ModelRoutes
+from api.models_route import ModelRoutes, unknown_model
 from api.openapi import build_openapi, openapi_endpoint
 from api.protocol import (
     Admission,
@@ -107,7 +107,8 @@ class Ingress:
         self.openapi = build_openapi(auth=self.cfg.api_key is not None)
         self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
                                RayJobs(self.cfg.batch.jobs_address))
-        self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len)
+        self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len,
+                                        self.cfg.lora_adapters)
         self.responses_route = ResponsesRoute(self)
         self.chat_store = ChatStoreRoute.for_settings(self.cfg.responses,
                                                       self.cfg.max_request_bytes)
@@ -223,9 +224,8 @@ class Ingress:
             req = model.model_validate(data)
         except ValidationError as e:
             raise validation_error(e)
-        if req.model is not None and req.model != self.cfg.model_name:
-            raise APIError(404, f"model {req.model!r} does not exist; this server "
-                           f"serves {self.cfg.model_name!r}", "model", "model_not_found")
+        if req.model is not None and req.model not in self.model_routes.cards:
+            raise unknown_model(req.model, list(self.model_routes.cards))
         return req
 
     def _generate_request(self, req: Any, prompt: PromptInput, request_id: str,
@@ -262,6 +262,7 @@ class Ingress:
                            "stop_token_ids")
         logprobs = req.num_logprobs if chat else req.logprobs
         prompt_logprobs = req.prompt_logprobs
+        adapter = req.model if req.model in self.cfg.lora_adapters else None
         if not chat and req.echo and logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, logprobs)
         return GenerateRequest(
@@ -275,7 +276,10 @@ class Ingress:
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
-            job_class=req.job_class, jct_slo_s=req.jct_slo_s, cache_salt=req.cache_salt,
+            job_class=req.job_class, jct_slo_s=req.jct_slo_s, adapter=adapter,
+            # An adapter's KV is its own: cached apart from the base model's.
+            cache_salt=req.cache_salt if adapter is None else
+            f"lora:{adapter}\x00{req.cache_salt or ''}",
             prompt_cache_key=req.prompt_cache_key,
             arrival_time=time.time(), streamed=bool(req.stream),
             user=req.user or req.safety_identifier)
@@ -300,12 +304,13 @@ class Ingress:
         if self.predictor is not None:
             for g, text in zip(gens, predict_texts):
                 self._predict(g.request_id, text, replica)
+        # The predictor learns the base model's answers, not an adapter's.
         if (self.served_log is not None and not req.ignore_eos and not req.min_tokens
-                and structure is None):
+                and structure is None and gens[0].adapter is None):
             self._recording[request_id] = (predict_texts, req.stop_token_ids or [])
         logprobs = (req.logprobs if chat else req.logprobs is not None)
-        builder = ResponseBuilder(request_id, self.cfg.model_name, now_s(), chat, prompts,
-                                  req.n, self.token_text, logprobs=bool(logprobs),
+        builder = ResponseBuilder(request_id, req.model or self.cfg.model_name, now_s(),
+                                  chat, prompts, req.n, self.token_text, logprobs=bool(logprobs),
                                   echo=bool(getattr(req, "echo", False)),
                                   prompt_logprobs=req.prompt_logprobs is not None,
                                   tools=tools)

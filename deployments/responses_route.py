@@ -123,7 +123,7 @@ class ResponsesRoute:
         """The Response object; the stream of its events, or a background
         one's first answer, as a `Response`."""
         ing = self.ingress
-        req = req.model_copy(update={"model": ing.cfg.model_name})
+        req = req.model_copy(update={"model": req.model or ing.cfg.model_name})
         keep = self.keep if req.store is None else req.store
         if req.background and not keep:
             raise APIError(400, "background: a background response is polled from the "

@@ -5,7 +5,7 @@ shards of a split model get its tensor-free part (engine/shards.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.attention import SeqSpan
 from engine.request import RequestState
@@ -26,3 +26,5 @@ class PreparedStep:
     # (`PENDING_TOKEN`), and that pass's rows they come from.
     fill_rows: list[int]
     fill_from: list[int]
+    # LoRA adapter name -> the rows of its requests' tokens.
+    lora_rows: dict[str, list[int]] = field(default_factory=dict)

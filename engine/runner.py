@@ -27,7 +27,10 @@ from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.length_head import first_token_lengths, first_token_rows, load_head
 from engine.model_source import resolve_model
+from engine.lora import check_adapter, load_adapters
 from engine.models import model_class
+from engine.models.base import fixed_tiles
+from engine.models.linear import linear_for
 from engine.models.prepacked import PackMode
 from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.preemption import ForwardPreempted, PreemptFlag, SharedPreemptFlag
@@ -71,6 +74,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         tensor_parallel: TensorParallel = SINGLE,
         pipeline: PipelineStage = SINGLE_STAGE,
         length_head: str | Path | None = None,
+        lora_adapters: dict[str, str] | None = None,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -105,6 +109,9 @@ class ModelRunner(PlanPreparing, ShardDriving):
                              tp=self.tp, pp=self.pp)
             self.model.load_weights(iter_weights(self.model_path))
         self.model.eval()
+        # LoRA adapters (engine/lora.py): never on packed weights, tiled as the rest.
+        self.adapters = load_adapters(lora_adapters or {}, self.model, self.world)
+        self.lora_linear = linear_for(self.dtype, self.device)
         # On CPU (float32, native bfloat16): the projections on oneDNN-packed
         # weights where that is faster here (engine.models.prepacked); before
         # the tiles of deterministic mode, which wrap whichever matmul this
@@ -122,6 +129,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self.deterministic = deterministic
         if deterministic:
             self.model.use_fixed_tiles(self.device)
+            self.lora_linear = fixed_tiles(self.lora_linear, self.device)
         self.model.set_attention_backend(self.attn)
         self.kv_cache = KVCache(
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads,
@@ -234,6 +242,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
             raise ValueError(f"request {job_id!r} is already registered")
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
+        check_adapter(self.adapters, params.adapter)
         outputs = list(output_token_ids or [])
         out_of_vocab = [t for t in params.logit_bias if t >= self.vocab_size]
         if out_of_vocab:
@@ -451,7 +460,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         head = self.length_head  # read once: `reconfigure` may replace it
         firsts = first_token_rows(head, prepared.sampled)
         if graphs is not None and not (plan.preemptible_at_layers or prepared.prompt_rows
-                                       or firsts):
+                                       or firsts or prepared.lora_rows):  # LoRA: eager
             n, num = len(prepared.input_ids), len(prepared.spans)
             if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
                 self.preempt_flag.clear()  # as after any pass that may not be cut
@@ -476,12 +485,9 @@ class ModelRunner(PlanPreparing, ShardDriving):
         return logits
 
     def logits(self, plan: Plan) -> torch.Tensor:
-        """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order.
-
-        Runs the forward pass (writing the chunks' K/V into the cache) but
-        neither samples nor changes any request's state: for tests and
-        profiling.
-        """
+        """Float32 logits `[sampling chunks, vocab]` of `plan`, in plan order:
+        the pass runs (writing the chunks' K/V) but nothing is sampled or
+        recorded in any request's state (for tests and profiling)."""
         prepared = self._prepare(plan)
         self._launch_shards(None, prepared)
         with torch.inference_mode():

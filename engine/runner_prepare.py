@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.attention import SeqSpan
+from engine.lora import Adapter, LoraStep
 from engine.models import ForwardBatch
 from engine.prepared import PreparedStep
 from engine.request import RequestState
@@ -64,6 +65,8 @@ class PlanPreparing:
     _requests: dict[str, RequestState]
     _in_flight: Pending | None
     grammars: GrammarCompiler
+    adapters: dict[str, Adapter]
+    lora_linear: Any
 
     if TYPE_CHECKING:
         def _launched(self) -> float: ...
@@ -137,6 +140,7 @@ class PlanPreparing:
         prompt_indices: list[int] = []
         fill_rows: list[int] = []
         fill_from: list[int] = []
+        lora_rows: dict[str, list[int]] = {}
         for chunk in ordered:
             state = self._state(chunk)
             end = chunk.start_pos + chunk.num_tokens
@@ -154,6 +158,9 @@ class PlanPreparing:
             if ids and min(ids) < 0:
                 ids, in_flight = self._pending_token(chunk, state, len(input_ids),
                                                      fill_rows, fill_from)
+            if state.params.adapter is not None:
+                lora_rows.setdefault(state.params.adapter, []).extend(
+                    range(len(input_ids), len(input_ids) + len(ids)))
             input_ids.extend(ids)
             positions.extend(range(chunk.start_pos, end))
             spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table,
@@ -163,7 +170,7 @@ class PlanPreparing:
                 logits_indices.append(len(input_ids) - 1)
                 sampled.append((chunk, state))
         return PreparedStep(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
-                         prompt_rows, fill_rows, fill_from)
+                            prompt_rows, fill_rows, fill_from, lora_rows)
 
     def _pending_token(self, chunk: ScheduledChunk, state: RequestState, offset: int,
                        fill_rows: list[int], fill_from: list[int]) -> tuple[list[int], int]:
@@ -212,7 +219,17 @@ class PlanPreparing:
             positions=torch.tensor(prepared.positions, dtype=torch.long, device=dev),
             attn_metadata=self.attn.build_metadata(prepared.spans),
             logits_indices=torch.tensor(prepared.logits_indices, dtype=torch.long, device=dev),
+            lora=self._lora_step(prepared.lora_rows, len(prepared.input_ids)),
         )
+
+    def _lora_step(self, lora_rows: dict[str, list[int]], num_rows: int) -> LoraStep | None:
+        """The pass's adapters and their rows (engine/lora.py); None where
+        every row runs the base model."""
+        if not lora_rows:
+            return None
+        return LoraStep([(self.adapters[name], None if len(rows) == num_rows else
+                          torch.tensor(rows, dtype=torch.long, device=self.device))
+                         for name, rows in lora_rows.items()], self.lora_linear)
 
     def _state(self, chunk: ScheduledChunk) -> RequestState:
         try:

@@ -81,6 +81,9 @@ class SamplingParams(BaseModel):
     # this grammar.  Its end is a stop token, so EOS must stay a stop
     # (no `ignore_eos`) and be allowed at once (no `min_tokens`).
     structured: StructuredOutput | None = None
+    # The LoRA adapter the request runs with (engine/lora.py), by the name
+    # the runner loaded it under; None: the base model.
+    adapter: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

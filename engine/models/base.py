@@ -37,6 +37,9 @@ class ForwardBatch:
     # each sampling chunk, then prompt positions whose logprobs are asked
     # for); the final norm and lm_head run on these only.
     logits_indices: torch.Tensor  # [S] long
+    # The pass's LoRA adapters and their rows (engine/lora.py `LoraStep`);
+    # None: every row runs the base model.
+    lora: Any = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +58,15 @@ class WeightLoadError(ValueError):
 
 def frozen(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def fixed_tiles(linear: LinearFn, device: torch.device, rows: int = TILE_ROWS) -> LinearFn:
+    """`linear` made batch-invariant (`CausalLM.use_fixed_tiles`)."""
+    if device.type == "cuda":
+        from engine.models.matmul_triton import invariant_linear
+
+        return invariant_linear
+    return TiledLinear(linear, rows)
 
 
 class CausalLM(nn.Module, ABC):
@@ -130,17 +142,19 @@ class CausalLM(nn.Module, ABC):
         fixed-shape row tiles of the library's GEMM
         (engine.models.batch_invariant), on CUDA through one Triton GEMM
         with a single tile configuration (engine.models.matmul_triton)."""
-        if device.type == "cuda":
-            from engine.models.matmul_triton import invariant_linear
-
-            self.linear = self.head_linear = invariant_linear
-            return
-        self.linear = TiledLinear(self.linear, rows)
-        self.head_linear = TiledLinear(self.head_linear, rows)
+        self.linear = fixed_tiles(self.linear, device, rows)
+        self.head_linear = fixed_tiles(self.head_linear, device, rows)
 
     def safepoint(self, layer: int) -> None:
         if self.preempt is not None:
             self.preempt.check(layer)
+
+    def project(self, lora: Any, layer: int, name: str, x: torch.Tensor, w: torch.Tensor,
+                bias: torch.Tensor | None, row: bool = False) -> torch.Tensor:
+        """Layer `layer`'s projection `name` of `x` (row-parallel where
+        `row`), with the pass's LoRA deltas (`ForwardBatch.lora`) added."""
+        y = self.row_linear(x, w, bias) if row else self.linear(x, w, bias)
+        return y if lora is None else lora.add(layer, name, x, y)
 
     def row_linear(self, x: torch.Tensor, w: torch.Tensor,
                    bias: torch.Tensor | None) -> torch.Tensor:

@@ -214,8 +214,9 @@ class LlamaForCausalLM(CausalLM):
         layers = tuple(self.layers)
         # Each residual sum goes with the norm after it (`_add_norm`).
         h = norm(x, layers[0].input_norm, self.eps) if layers else x
+        lora = batch.lora
         for i, layer in enumerate(layers):
-            qkv = self.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = self.project(lora, i, "qkv", h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
             q, k = rotate(q.view(t, self.num_heads, self.head_dim),
                           k.view(t, self.num_kv_heads, self.head_dim))
@@ -223,10 +224,11 @@ class LlamaForCausalLM(CausalLM):
             a = self.attn.forward(
                 q, k, v, kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, self.scale
             )
-            o = self.row_linear(a.view(t, q_size), layer.o, layer.o_bias)
+            o = self.project(lora, i, "o", a.view(t, q_size), layer.o, layer.o_bias, row=True)
             x, h = self._add_norm(x, o, layer.post_norm)
-            gate_up = self.linear(h, layer.gate_up, layer.gate_up_bias)
-            d = self.row_linear(self._gated(gate_up), layer.down, layer.down_bias)
+            gate_up = self.project(lora, i, "gate_up", h, layer.gate_up, layer.gate_up_bias)
+            d = self.project(lora, i, "down", self._gated(gate_up), layer.down,
+                             layer.down_bias, row=True)
             if i + 1 < len(layers):
                 x, h = self._add_norm(x, d, layers[i + 1].input_norm)
             else:

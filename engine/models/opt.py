@@ -187,25 +187,28 @@ class OPTForCausalLM(CausalLM):
             x = x + F.embedding(batch.positions + POSITION_OFFSET, self.embed_positions)
         else:
             x = hidden
+        lora = batch.lora
         for i, layer in enumerate(self.layers):
             residual = x
             if self.pre_norm:
                 x = layer.attn_norm(x)
-            q, k, v = self.linear(x, layer.qkv, layer.qkv_bias).split(d, dim=-1)
+            qkv = self.project(lora, i, "qkv", x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split(d, dim=-1)
             # The reference scales q before the product, not the scores.
             q = (q * self.scale).view(t, h_, hd)
             a = self.attn.forward(
                 q, k.view(t, h_, hd), v.view(t, h_, hd),
                 kv_cache.key(i), kv_cache.value(i), batch.attn_metadata, 1.0,
             )
-            x = residual + self.row_linear(a.view(t, d), layer.out, layer.out_bias)
+            x = residual + self.project(lora, i, "out", a.view(t, d), layer.out, layer.out_bias,
+                                        row=True)
             if not self.pre_norm:
                 x = layer.attn_norm(x)
             residual = x
             if self.pre_norm:
                 x = layer.ffn_norm(x)
-            x = self.act(self.linear(x, layer.fc1, layer.fc1_bias))
-            x = residual + self.row_linear(x, layer.fc2, layer.fc2_bias)
+            x = self.act(self.project(lora, i, "fc1", x, layer.fc1, layer.fc1_bias))
+            x = residual + self.project(lora, i, "fc2", x, layer.fc2, layer.fc2_bias, row=True)
             if not self.pre_norm:
                 x = layer.ffn_norm(x)
             self.safepoint(i)
