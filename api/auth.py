@@ -1,7 +1,8 @@
 """Optional bearer-key authentication (`AppConfig.api_key`).
 
 Every route but the public ones (/health, so load balancers and Serve's
-probes need no key) requires `Authorization: Bearer <key>`; anything else
+probes need no key) requires `Authorization: Bearer <key>` (or Anthropic's
+`x-api-key: <key>`, as its clients send it to `/v1/messages`); anything else
 is a 401 with OpenAI's error body, answered before the request body is
 read.  The key is compared as SHA-256 digests with `hmac.compare_digest`,
 so the time taken reveals neither the key nor its length, and it is never
@@ -27,14 +28,19 @@ def _digest(value: bytes) -> bytes:
 
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
-    """The token of the first Authorization header, if it uses the Bearer scheme."""
+    """The token of the first Authorization header, if it uses the Bearer
+    scheme; else the first `x-api-key` header's value."""
+    key = None
     for name, value in headers:
-        if name.lower() == b"authorization":
+        lower = name.lower()
+        if lower == b"authorization":
             scheme, _, token = value.strip().partition(b" ")
             if scheme.lower() != b"bearer":
                 return None
             return token.strip()
-    return None
+        if lower == b"x-api-key" and key is None:
+            key = value.strip()
+    return key
 
 
 def _route_path(scope: Scope) -> str:

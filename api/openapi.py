@@ -23,6 +23,8 @@ from api.openapi_chat_store import MODELS as CHAT_STORE_MODELS
 from api.openapi_chat_store import chat_store_paths
 from api.openapi_conversations import MODELS as CONVERSATION_MODELS
 from api.openapi_conversations import conversations_paths
+from api.openapi_messages import MODELS as MESSAGES_MODELS
+from api.openapi_messages import messages_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from api.openapi_responses import responses_paths
 from api.responses_api import ResponsesRequest
@@ -139,6 +141,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         *TOKENIZE_MODELS,
         *CONVERSATION_MODELS,
         *CHAT_STORE_MODELS,
+        *MESSAGES_MODELS,
     ]
     refs, top = models_json_schema(models, ref_template=_REF)
     completion_ref = refs[(CompletionRequest, "validation")]
@@ -175,6 +178,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
             refs[(ResponsesRequest, "validation")], error_ref, _RESPONSE)},
         **responses_paths(error_ref, _RESPONSE),
         **conversations_paths(refs, error_ref),
+        **messages_paths(refs, error_ref),
         "/health": {"get": {
             "summary": "Readiness: 200 once an engine replica serves, 503 while none does "
                        "(never needs a key)",

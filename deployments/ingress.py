@@ -62,6 +62,7 @@ from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas
 from deployments.ingress_metrics import IngressMetrics
 from deployments.online_first import OnlineFirstDoor
 from deployments.batch_request import answer_line
+from deployments.messages_route import MessagesRoute
 from deployments.responses_route import ResponsesRoute
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
@@ -110,6 +111,7 @@ class Ingress:
         self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len,
                                         self.cfg.lora_adapters)
         self.responses_route = ResponsesRoute(self)
+        self.messages_route = MessagesRoute(self)
         self.chat_store = ChatStoreRoute.for_settings(self.cfg.responses,
                                                       self.cfg.max_request_bytes)
         self.tool_format = tool_format(self.cfg.tool_call_format, self.tokenizer.chat_template)
@@ -131,6 +133,7 @@ class Ingress:
                 *self.batch_routes.routes(),
                 *self.tokenize_routes.routes(),
                 *self.responses_route.routes(),
+                *self.messages_route.routes(),
             ],
             middleware=[
                 # Outermost: whatever escapes below still answers JSON.

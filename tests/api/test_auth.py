@@ -110,6 +110,19 @@ def test_non_ascii_authorization_bytes() -> None:
     assert bearer_token([(b"x-other", b"Bearer a"), (b"Authorization", b"Bearer b")]) == b"b"
 
 
+def test_anthropic_clients_key_in_x_api_key(keyed: Harness) -> None:
+    body = {"model": keyed.model_name, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "x"}]}
+    ok = keyed.client.post("/v1/messages", json=body, headers={"x-api-key": API_KEY})
+    assert ok.status_code == 200, ok.text
+    wrong = keyed.client.post("/v1/messages", json=body, headers={"x-api-key": "sk-wrong"})
+    assert_error(wrong, 401)
+    # A Bearer header is read first, whatever `x-api-key` says.
+    gate = BearerKeyAuth(app=None, api_key=SecretStr("k"))  # type: ignore[arg-type]
+    assert gate.authorized([(b"x-api-key", b"k")])
+    assert not gate.authorized([(b"authorization", b"Bearer no"), (b"x-api-key", b"k")])
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)

@@ -1,0 +1,326 @@
+"""Anthropic's Messages API (`POST /v1/messages`) on the chat path: a
+request is validated as Anthropic's, served as the chat completion it
+amounts to (`chat_body`), and answered as a Message object or its stream
+of events (api/messages_stream.py; the route is deployments/messages_route.py).
+
+A Message's `content` is its text block (if any text) and a `tool_use`
+block per call.  `stop_reason`: `end_turn`, `max_tokens`, `tool_use`, or
+`stop_sequence` with the `stop_sequence` that ended it: the engine is
+asked to keep a matched stop string at the end of the text
+(`include_stop_str_in_output`), where it is recognised and cut, so the
+client never sees it.  Errors have Anthropic's shape (`error_body`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from api.errors import APIError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CacheControl(_Strict):
+    # Prefix caching is automatic (README, "Prefix caching"): a breakpoint
+    # asks for what the server does anyway.
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: None = None
+
+
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str = Field(..., min_length=1)
+    name: str = Field(..., min_length=1)
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(..., min_length=1)
+    content: str | list[TextBlock] = ""
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(
+            b.text for b in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, v: Any) -> Any:
+        # A block type we do not serve is named, not lost in a union error.
+        if isinstance(v, list):
+            for i, b in enumerate(v):
+                kind = b.get("type") if isinstance(b, dict) else None
+                if kind not in ("text", "tool_use", "tool_result"):
+                    raise ValueError(f"content[{i}].type {kind!r} is not supported: this "
+                                     "server reads text, tool_use and tool_result blocks")
+        return v
+
+
+class Tool(_Strict):
+    name: str = Field(..., min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Metadata(_Strict):
+    user_id: str | None = Field(None, max_length=256)
+
+
+class ThinkingDisabled(_Strict):
+    type: Literal["disabled"]
+
+
+class JsonOutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(..., alias="schema")
+
+
+class OutputConfig(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    # Structured output: the answer follows this JSON Schema (a grammar).
+    format: JsonOutputFormat | None = None
+    # Reasoning effort: this model does not reason.
+    effort: str | None = None
+
+    @field_validator("effort")
+    @classmethod
+    def _no_effort(cls, v: str | None) -> None:
+        if v is not None:
+            raise ValueError("not supported: this model does not reason")
+        return None
+
+
+class MessagesRequest(_Strict):
+    model: str
+    max_tokens: int = Field(..., ge=1, le=2**31 - 1)
+    messages: list[Message] = Field(..., min_length=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    metadata: Metadata | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    # Extended thinking: this model does not think; only "disabled".
+    thinking: ThinkingDisabled | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    # A cache breakpoint for the whole prompt: prefix caching does it anyway.
+    cache_control: CacheControl | None = None
+    output_config: OutputConfig | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _no_prefill(cls, v: list[Message]) -> list[Message]:
+        if v[-1].role == "assistant":
+            raise ValueError("a last assistant message (an answer to continue) is not "
+                             "supported: end with a user message")
+        return v
+
+    def chat_body(self) -> dict[str, Any]:
+        """The chat completion request this amounts to."""
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
+                                "messages": self._chat_messages(), "stream": self.stream}
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.stop_sequences:
+            body["stop"] = self.stop_sequences
+            # Kept at the end of the text, where the route recognises and cuts it.
+            body["include_stop_str_in_output"] = True
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        if self.metadata is not None and self.metadata.user_id is not None:
+            body["user"] = self.metadata.user_id
+        fmt = self.output_config.format if self.output_config else None
+        if fmt is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": fmt.schema_}}
+        if self.tools:
+            body["tools"] = [{"type": "function", "function": {
+                "name": t.name, **({"description": t.description} if t.description else {}),
+                "parameters": t.input_schema}} for t in self.tools]
+        choice = self.tool_choice
+        if choice is not None and (self.tools or choice.type == "none"):
+            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
+                choice.type) or {"type": "function", "function": {"name": choice.name}}
+            if choice.disable_parallel_tool_use:
+                body["parallel_tool_calls"] = False
+        return body
+
+    def _chat_messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.system:
+            system = self.system if isinstance(self.system, str) else "".join(
+                b.text for b in self.system)
+            out.append({"role": "system", "content": system})
+        for m in self.messages:
+            blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) \
+                else m.content
+            if m.role == "assistant":
+                text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+                calls = [{"id": b.id, "type": "function", "function": {
+                    "name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}}
+                    for b in blocks if isinstance(b, ToolUseBlock)]
+                out.append({"role": "assistant", "content": text or None, **(
+                    {"tool_calls": calls} if calls else {})})
+                continue
+            # A user turn: its tool results first (they answer the calls
+            # before it), then its text.
+            text = []
+            for b in blocks:
+                if isinstance(b, ToolResultBlock):
+                    out.append({"role": "tool", "tool_call_id": b.tool_use_id,
+                                "content": b.text()})
+                elif isinstance(b, TextBlock):
+                    text.append(b.text)
+            if text or not any(isinstance(b, ToolResultBlock) for b in blocks):
+                out.append({"role": "user", "content": "".join(text)})
+        return _merged(out)
+
+
+class CountTokensRequest(_Strict):
+    """`POST /v1/messages/count_tokens`: what the prompt of a Message holds."""
+
+    model: str
+    messages: list[Message] = Field(..., min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingDisabled | None = None
+
+
+class AnthropicError(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The error body of `/v1/messages` (Anthropic's)."""
+
+    type: Literal["error"]
+    error: AnthropicError
+
+
+def _merged(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user turns as one, as Anthropic combines them."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if out and m["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out
+
+
+def check_tools(req: MessagesRequest) -> None:
+    """The tool choices Anthropic refuses, refused alike."""
+    choice = req.tool_choice
+    if choice is None:
+        return
+    if choice.type == "tool" and not choice.name:
+        raise APIError(400, "tool_choice.name: required with type tool", "tool_choice.name")
+    if choice.type in ("any", "tool") and not req.tools:
+        raise APIError(400, f"tool_choice: type {choice.type} needs tools", "tool_choice")
+    if choice.type == "tool" and choice.name not in {t.name for t in req.tools or []}:
+        raise APIError(400, f"tool_choice.name: no tool named {choice.name!r}",
+                       "tool_choice.name")
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def cut_stop(text: str, stops: list[str] | None) -> tuple[str, str | None]:
+    """`text` without the stop sequence it ends with, and that sequence
+    (the longest where several end it); `(text, None)` where none does."""
+    for s in sorted(stops or [], key=len, reverse=True):
+        if text.endswith(s):
+            return text[:-len(s)], s
+    return text, None
+
+
+def stop_reason(finish: str | None, stop: str | None) -> str:
+    if stop is not None:
+        return "stop_sequence"
+    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish or "", "end_turn")
+
+
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": chat_usage["prompt_tokens"] - cached,
+            "output_tokens": chat_usage["completion_tokens"],
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+def message_object(message_id: str, model: str, chat: dict[str, Any],
+                   stops: list[str] | None) -> dict[str, Any]:
+    """The Message answering a whole chat completion `chat`."""
+    choice = chat["choices"][0]
+    msg = choice["message"]
+    text, stop = cut_stop(msg.get("content") or "", stops)
+    if choice["finish_reason"] != "stop":
+        text, stop = msg.get("content") or "", None
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call in msg.get("tool_calls") or []:
+        content.append(tool_use_block(call))
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": stop_reason(choice["finish_reason"], stop),
+            "stop_sequence": stop, "usage": usage(chat["usage"])}
+
+
+def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        args = json.loads(call["function"]["arguments"] or "{}")
+    except ValueError:  # a call cut short by max_tokens
+        args = {}
+    return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+            "input": args if isinstance(args, dict) else {}}
+
+
+# HTTP status -> Anthropic's error type.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_body(e: APIError) -> dict[str, Any]:
+    """Anthropic's error object for `e`, its message naming the field."""
+    message = str(e.message)
+    return {"type": "error", "error": {"type": _ERROR_TYPES.get(e.status, "api_error"),
+                                       "message": message}}

@@ -1,0 +1,103 @@
+"""`/v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages API
+on the ingress's chat path (api/messages_api.py, api/messages_stream.py).
+
+A request is validated as Anthropic's, then as the chat completion it
+amounts to (admission, the engine stream, tools and structured tool calls,
+LoRA adapters by `model`, as for chat), and answered as a Message or its
+events.  Errors have Anthropic's shape, but for a missing or wrong API key
+(the auth layer's, OpenAI's shape: the status is what clients read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from api.errors import APIError, validation_error
+from api.messages_api import (
+    CountTokensRequest,
+    MessagesRequest,
+    check_tools,
+    error_body,
+    message_object,
+    new_message_id,
+)
+from api.messages_stream import MessageEvents
+from api.protocol import ChatCompletionRequest
+from api.tokenize_route import chat_ids
+
+
+class MessagesRoute:
+    def __init__(self, ingress: Any) -> None:
+        self.ingress = ingress
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/messages", self.create, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
+
+    async def create(self, request: Request) -> Response:
+        ing = self.ingress
+        try:
+            req = await ing.parse_body(request, MessagesRequest)
+            chat = self._chat(req)
+            async with ing.door.start(False, chat.priority):
+                builder, stream = await ing.start_chat(chat)
+        except APIError as e:
+            return _error(e)
+        message_id = new_message_id()
+        if req.stream:
+            return StreamingResponse(self._events(req, builder, stream, message_id),
+                                     media_type="text/event-stream")
+        try:
+            answer = await ing.collect(builder, stream)
+        except APIError as e:
+            return _error(e)
+        return JSONResponse(message_object(message_id, req.model, answer, req.stop_sequences))
+
+    async def count_tokens(self, request: Request) -> Response:
+        ing = self.ingress
+        try:
+            counted = await ing.parse_body(request, CountTokensRequest)
+            chat = self._chat(MessagesRequest.model_validate(
+                {**counted.model_dump(exclude_none=True), "max_tokens": 1}))
+            _, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
+        except APIError as e:
+            return _error(e)
+        return JSONResponse({"input_tokens": len(ids)})
+
+    def _chat(self, req: MessagesRequest) -> ChatCompletionRequest:
+        """The chat request `req` amounts to; its refusals name Anthropic's
+        fields where they have the same name."""
+        check_tools(req)
+        try:
+            return ChatCompletionRequest.model_validate(req.chat_body())
+        except ValidationError as e:
+            raise validation_error(e) from None
+
+    async def _events(self, req: MessagesRequest, builder: Any, stream: Any,
+                      message_id: str) -> AsyncIterator[str]:
+        prompt = sum(len(p.token_ids) for p in builder.prompts)
+        events = MessageEvents(message_id, req.model, prompt, req.stop_sequences)
+        for e in events.opening():
+            yield e
+        async with aclosing(self.ingress.chunks(builder, stream, True)) as chunks:
+            async for chunk in chunks:
+                if "error" in chunk:  # the answer failed after its start
+                    err = chunk["error"]
+                    for e in events.failed(error_body(APIError(err["code"], err["message"]))):
+                        yield e
+                    return
+                for e in events.feed(chunk):
+                    yield e
+        for e in events.closing():
+            yield e
+
+
+def _error(e: APIError) -> Response:
+    return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
