@@ -419,6 +419,7 @@ class Ingress:
     def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
         stream.cancel()
         self._release(builder.request_id, outcome)
+        self.metrics.ended(builder.model, outcome, builder.usage())
         recording = self._recording.pop(builder.request_id, None)
         if recording is not None and outcome == "finished" and self.served_log is not None:
             try:

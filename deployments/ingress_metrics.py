@@ -1,10 +1,13 @@
 """The Ingress's figures in the Ray dashboard (ray.util.metrics): offline
 requests at its door (deployments/online_first.py), sampled once a second
-from the door's counts, never on a request's path."""
+from the door's counts, never on a request's path; and its requests and
+their tokens by the model they named (the base model or a LoRA adapter)
+and how they ended, counted as each ends."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from ray.util import metrics
 
@@ -21,6 +24,13 @@ class IngressMetrics:
         self.starting = metrics.Gauge(
             "ingress_offline_starting",
             "Offline requests starting (admission, the engine stream), door places in use")
+        self.requests = metrics.Counter(
+            "ingress_requests", "Requests ended, by model (the base model or a LoRA adapter) "
+            "and outcome (finished, aborted: the client went away, error)",
+            tag_keys=("model", "outcome"))
+        self.tokens = metrics.Counter(
+            "ingress_tokens", "Prompt and generated tokens of ended requests, by model and kind",
+            tag_keys=("model", "kind"))
         self._task: asyncio.Task[None] | None = None
 
     def ensure_running(self) -> None:
@@ -28,6 +38,13 @@ class IngressMetrics:
         first request: the constructor may run outside it."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._sample())
+
+    def ended(self, model: str, outcome: str, usage: dict[str, Any]) -> None:
+        """A request to `model` ended (`usage`: its chat usage object)."""
+        self.requests.inc(1, tags={"model": model, "outcome": outcome})
+        for kind, key in (("prompt", "prompt_tokens"), ("generated", "completion_tokens")):
+            if usage.get(key):
+                self.tokens.inc(usage[key], tags={"model": model, "kind": kind})
 
     def sample(self) -> None:
         self.waiting.set(self.door.offline_waiting)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from engine.attention import SeqSpan
 from engine.lora import Adapter, LoraStep
@@ -229,7 +230,8 @@ class PlanPreparing:
             return None
         return LoraStep([(self.adapters[name], None if len(rows) == num_rows else
                           torch.tensor(rows, dtype=torch.long, device=self.device))
-                         for name, rows in lora_rows.items()], self.lora_linear)
+                         for name, rows in lora_rows.items()], self.lora_linear,
+                        fused=self.lora_linear is F.linear)
 
     def _state(self, chunk: ScheduledChunk) -> RequestState:
         try:

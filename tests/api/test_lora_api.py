@@ -88,3 +88,33 @@ def test_bad_adapter_settings_fail_at_start_naming_the_field(tmp_path: Path) -> 
         AppConfig(lora_adapters={"x": str(folder)}, tensor_parallel_size=2)
     assert AppConfig(lora_adapters={"org/x-1": str(folder)}).lora_adapters == {
         "org/x-1": str(folder)}
+
+
+class _Count:
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, value: float, tags: dict[str, str]) -> None:
+        key = tuple(tags[k] for k in sorted(tags))
+        self.values[key] = self.values.get(key, 0) + value
+
+
+def test_the_dashboard_counts_requests_and_tokens_by_model(h: Harness) -> None:
+    metrics = h.ingress.metrics
+    saved = metrics.requests, metrics.tokens
+    metrics.requests, metrics.tokens = _Count(), _Count()
+    try:
+        adapter = _chat(h, "sql-lora")
+        _chat(h, "sql-lora")
+        base = _chat(h, h.model_name)
+        r = h.client.post("/v1/messages", json={"model": "sql-lora", "max_tokens": 3,
+                                                "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200, r.text
+        requests, tokens = metrics.requests.values, metrics.tokens.values
+    finally:
+        metrics.requests, metrics.tokens = saved
+    # Tags sorted by key: (model, outcome) and (kind, model).
+    assert requests == {("sql-lora", "finished"): 3, (h.model_name, "finished"): 1}
+    assert tokens[("generated", h.model_name)] == base["usage"]["completion_tokens"]
+    assert tokens[("prompt", "sql-lora")] == 2 * adapter["usage"]["prompt_tokens"] + \
+        r.json()["usage"]["input_tokens"] + r.json()["usage"]["cache_read_input_tokens"]

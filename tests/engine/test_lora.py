@@ -74,6 +74,9 @@ def test_each_request_decodes_as_peft_with_its_adapter_in_one_mixed_batch(
         want = (hf_greedy(base, prompts[job], n) if adapter is None
                 else peft_greedy(tiny_llama_path, llama_adapters[adapter], prompts[job], n))
         assert got[job] == want, (job, adapter)
+    # Alone, every row of each pass is the adapter's (one GEMM adds its delta).
+    alone = _run(runner, {ids[0]: prompts[ids[0]]}, {ids[0]: "all"}, n)
+    assert alone[ids[0]] == got[ids[0]]
     # The adapters matter: the base model answers the same prompt otherwise.
     plain = _run(runner, {ids[0]: prompts[ids[0]]}, {ids[0]: None}, n)
     assert plain[ids[0]] != got[ids[0]]
