@@ -5,10 +5,9 @@ of events (api/messages_stream.py; the route is deployments/messages_route.py).
 
 A Message's `content` is its text block (if any text) and a `tool_use`
 block per call.  `stop_reason`: `end_turn`, `max_tokens`, `tool_use`, or
-`stop_sequence` with the `stop_sequence` that ended it: the engine is
-asked to keep a matched stop string at the end of the text
-(`include_stop_str_in_output`), where it is recognised and cut, so the
-client never sees it.  Errors have Anthropic's shape (`error_body`).
+`stop_sequence` with the `stop_sequence` that ended it (the engine's
+`stop_reason`, the matched stop string).  Errors have Anthropic's shape
+(`error_body`).
 """
 
 from __future__ import annotations
@@ -160,8 +159,6 @@ class MessagesRequest(_Strict):
             body["stream_options"] = {"include_usage": True}
         if self.stop_sequences:
             body["stop"] = self.stop_sequences
-            # Kept at the end of the text, where the route recognises and cuts it.
-            body["include_stop_str_in_output"] = True
         for name in ("temperature", "top_p", "top_k"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
@@ -266,19 +263,14 @@ def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def cut_stop(text: str, stops: list[str] | None) -> tuple[str, str | None]:
-    """`text` without the stop sequence it ends with, and that sequence
-    (the longest where several end it); `(text, None)` where none does."""
-    for s in sorted(stops or [], key=len, reverse=True):
-        if text.endswith(s):
-            return text[:-len(s)], s
-    return text, None
-
-
-def stop_reason(finish: str | None, stop: str | None) -> str:
-    if stop is not None:
-        return "stop_sequence"
-    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish or "", "end_turn")
+def stop_of(choice: dict[str, Any]) -> tuple[str, str | None]:
+    """Anthropic's `stop_reason` and `stop_sequence` of a chat choice (or
+    stream chunk choice) that ended."""
+    finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
+    if finish == "stop" and isinstance(matched, str):
+        return "stop_sequence", matched
+    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish or "",
+                                                                  "end_turn"), None
 
 
 def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
@@ -288,20 +280,18 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
-def message_object(message_id: str, model: str, chat: dict[str, Any],
-                   stops: list[str] | None) -> dict[str, Any]:
+def message_object(message_id: str, model: str, chat: dict[str, Any]) -> dict[str, Any]:
     """The Message answering a whole chat completion `chat`."""
     choice = chat["choices"][0]
     msg = choice["message"]
-    text, stop = cut_stop(msg.get("content") or "", stops)
-    if choice["finish_reason"] != "stop":
-        text, stop = msg.get("content") or "", None
+    text = msg.get("content") or ""
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     for call in msg.get("tool_calls") or []:
         content.append(tool_use_block(call))
+    reason, stop = stop_of(choice)
     return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": stop_reason(choice["finish_reason"], stop),
-            "stop_sequence": stop, "usage": usage(chat["usage"])}
+            "content": content, "stop_reason": reason, "stop_sequence": stop,
+            "usage": usage(chat["usage"])}
 
 
 def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:

@@ -10,10 +10,9 @@ completion chunks the ingress streams (api/messages_api.py).
     message_delta                 stop_reason, stop_sequence, output tokens
     message_stop
 
-A text delta is held back one chunk: the last one before a finish by a
-stop sequence ends with it (`include_stop_str_in_output`), which is cut
-before the client sees it.  An answer that fails after its start ends with
-an `error` event.
+The text never holds a matched stop sequence (the engine cuts it and names
+it in the last chunk's `stop_reason`).  An answer that fails after its
+start ends with an `error` event.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.messages_api import cut_stop, stop_reason, tool_use_block, usage
+from api.messages_api import stop_of, tool_use_block, usage
 
 
 def event(name: str, data: dict[str, Any]) -> str:
@@ -29,14 +28,12 @@ def event(name: str, data: dict[str, Any]) -> str:
 
 
 class MessageEvents:
-    def __init__(self, message_id: str, model: str, input_tokens: int,
-                 stops: list[str] | None) -> None:
-        self.message_id, self.model, self.stops = message_id, model, stops
+    def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
+        self.message_id, self.model = message_id, model
         self.input_tokens = input_tokens
         self.index = -1  # of the open block
         self.open: str | None = None  # its type
-        self.held = ""  # text not yet sent
-        self.finish: str | None = None
+        self.end: dict[str, Any] = {}  # the choice that ended
         self.usage: dict[str, Any] | None = None
 
     def opening(self) -> list[str]:
@@ -60,7 +57,7 @@ class MessageEvents:
             for call in delta.get("tool_calls") or []:
                 out += self._call(call)
             if choice.get("finish_reason") is not None:
-                self.finish = choice["finish_reason"]
+                self.end = choice
         return out
 
     def failed(self, error: dict[str, Any]) -> list[str]:
@@ -69,17 +66,14 @@ class MessageEvents:
 
     def closing(self) -> list[str]:
         """The last events, once the chunks ended."""
-        text, stop, self.held = self.held, None, ""
-        if self.finish == "stop":
-            text, stop = cut_stop(text, self.stops)
-        out = self._send(text) if text else []
+        out = []
         if self.open is not None:
             out.append(event("content_block_stop", {"type": "content_block_stop",
                                                     "index": self.index}))
-        tokens = (usage(self.usage) if self.usage else {"output_tokens": 0})["output_tokens"]
+        reason, stop = stop_of(self.end)
+        tokens = usage(self.usage)["output_tokens"] if self.usage else 0
         out.append(event("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(self.finish, stop), "stop_sequence": stop},
+            "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
             "usage": {"output_tokens": tokens}}))
         out.append(event("message_stop", {"type": "message_stop"}))
         return out
@@ -87,15 +81,6 @@ class MessageEvents:
     # ------------------------------------------------------------------------
 
     def _text(self, text: str) -> list[str]:
-        out = self._flush()
-        self.held = text
-        return out
-
-    def _flush(self) -> list[str]:
-        text, self.held = self.held, ""
-        return self._send(text) if text else []
-
-    def _send(self, text: str) -> list[str]:
         out = self._start("text", {"type": "text", "text": ""}) if self.open != "text" else []
         out.append(event("content_block_delta", {
             "type": "content_block_delta", "index": self.index,
@@ -103,7 +88,7 @@ class MessageEvents:
         return out
 
     def _call(self, call: dict[str, Any]) -> list[str]:
-        out = self._flush()
+        out: list[str] = []
         if call.get("id") is not None:  # a new call
             block = {**tool_use_block({"id": call["id"], "function": {
                 "name": call["function"]["name"], "arguments": ""}}), "input": {}}
@@ -116,7 +101,7 @@ class MessageEvents:
         return out
 
     def _start(self, kind: str, block: dict[str, Any]) -> list[str]:
-        out = []
+        out: list[str] = []
         if self.open is not None:
             out.append(event("content_block_stop", {"type": "content_block_stop",
                                                     "index": self.index}))

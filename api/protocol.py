@@ -503,6 +503,8 @@ class GenerateDelta(BaseModel):
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+    # vLLM's: the stop string or stop token id that ended it, with "stop".
+    stop_reason: str | int | None = None
     metrics: JobMetrics | None = None
     # One entry per token id, when the request asked for logprobs.
     logprobs: list[WireLogprob] | None = None

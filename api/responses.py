@@ -50,6 +50,8 @@ class _Choice:
     parser: ToolCallParser | None = None
     # The parser has read the whole answer (streamed, as it came).
     parsed: bool = False
+    # vLLM's: the stop string or stop token id that ended it.
+    stop_reason: str | int | None = None
 
 
 class ResponseBuilder:
@@ -130,6 +132,8 @@ class ResponseBuilder:
         c.logprobs += entries
         chunks: list[dict[str, Any]] = []
         finish = delta.get("finish_reason")
+        if finish is not None:
+            c.stop_reason = delta.get("stop_reason")
         if not emit:
             if finish is not None:
                 c.finish_reason = finish
@@ -175,14 +179,16 @@ class ResponseBuilder:
         logprobs = None
         if self.want_logprobs and entries:
             logprobs = self._logprobs(c, entries)
+        # vLLM's `stop_reason` beside the finish reason that it explains.
+        stop = {} if finish is None else {"stop_reason": c.stop_reason}
         if self.chat:
             delta: dict[str, Any] = {} if text is None else {"content": text}
             if calls:
                 delta["tool_calls"] = calls
             return {"index": c.index, "delta": delta, "logprobs": logprobs,
-                    "finish_reason": finish}
+                    "finish_reason": finish, **stop}
         return {"index": c.index, "text": text or "", "logprobs": logprobs,
-                "finish_reason": finish}
+                "finish_reason": finish, **stop}
 
     def _chunk(self, choice: dict[str, Any], metrics: dict[str, Any] | None = None
                ) -> dict[str, Any]:
@@ -215,10 +221,12 @@ class ResponseBuilder:
                         c.parsed = True
                     message.update(c.parser.message())
                 choices.append({"index": c.index, "message": message,
-                                "logprobs": logprobs, "finish_reason": finish})
+                                "logprobs": logprobs, "finish_reason": finish,
+                                "stop_reason": c.stop_reason})
             else:
                 choices.append({"index": c.index, "text": text, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason})
+                                "finish_reason": c.finish_reason,
+                                "stop_reason": c.stop_reason})
                 if self.want_prompt_logprobs:
                     choices[-1]["prompt_logprobs"] = self.prompt_logprobs[c.prompt]
         out = {"id": self.request_id, "object": "chat.completion" if self.chat

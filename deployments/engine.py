@@ -370,6 +370,7 @@ class Engine(EngineFigures):
                     if ev.finished:
                         running.discard(ev.job_id)
                         delta.finish_reason = ev.finish_reason
+                        delta.stop_reason = ev.stop_reason
                         delta.metrics = d.metrics
                 if not deltas or (hold and running
                                   and time.monotonic() - sent < HOLD_UNSTREAMED_S):

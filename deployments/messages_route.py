@@ -58,7 +58,7 @@ class MessagesRoute:
             answer = await ing.collect(builder, stream)
         except APIError as e:
             return _error(e)
-        return JSONResponse(message_object(message_id, req.model, answer, req.stop_sequences))
+        return JSONResponse(message_object(message_id, req.model, answer))
 
     async def count_tokens(self, request: Request) -> Response:
         ing = self.ingress
@@ -83,7 +83,7 @@ class MessagesRoute:
     async def _events(self, req: MessagesRequest, builder: Any, stream: Any,
                       message_id: str) -> AsyncIterator[str]:
         prompt = sum(len(p.token_ids) for p in builder.prompts)
-        events = MessageEvents(message_id, req.model, prompt, req.stop_sequences)
+        events = MessageEvents(message_id, req.model, prompt)
         for e in events.opening():
             yield e
         async with aclosing(self.ingress.chunks(builder, stream, True)) as chunks:

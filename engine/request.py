@@ -32,6 +32,9 @@ class RequestState:
     stop_token_ids: frozenset[int]
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    # vLLM's `stop_reason`: the stop string or the stop token id (of
+    # `stop_token_ids`, not EOS) that ended it.
+    stop_reason: str | int | None = None
     num_preemptions: int = 0
     # While prompt logprobs are owed: entry p for prompt token p (entry 0,
     # which has no context, is None), as far as computed.  None when not
@@ -95,11 +98,11 @@ class RequestState:
         past_min = self._record(token_id)
         if past_min and token_id in self.stop_token_ids:
             # The stop token's own text is not part of the response.
-            self.finish_reason = "stop"
+            self._stopped_by(token_id)
             return self.detokenizer.flush(), self.finish_reason
         text = self.detokenizer.add_token(token_id, check_stop=past_min)
         if self.detokenizer.stopped:
-            self.finish_reason = "stop"
+            self.finish_reason, self.stop_reason = "stop", self.detokenizer.stop_reason
         elif self._at_length(max_model_len):
             self.finish_reason = "length"
             text += self.detokenizer.flush()
@@ -122,11 +125,16 @@ class RequestState:
             raise RuntimeError(f"request {self.job_id} has stop strings: its text cannot wait")
         past_min = self._record(token_id)
         if past_min and token_id in self.stop_token_ids:
-            self.finish_reason = "stop"
+            self._stopped_by(token_id)
             return self.detokenizer.flush, self.finish_reason
         if self._at_length(max_model_len):
             self.finish_reason = "length"
         return partial(self._decode, token_id, self.finish_reason is not None), self.finish_reason
+
+    def _stopped_by(self, token_id: int) -> None:
+        self.finish_reason = "stop"
+        if token_id in self.params.stop_token_ids:
+            self.stop_reason = token_id
 
     def _record(self, token_id: int) -> bool:
         """Append the token; returns whether min_tokens is reached."""

@@ -441,7 +441,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
                 text, reason = state.append(token, self.max_model_len)
             results[chunk.job_id] = JobOutput(
                 chunk.job_id, token, reason, text, logprobs.get(i), prompt_lps,
-                text_later=decode, predicted_output_len=lengths.get(chunk.job_id))
+                text_later=decode, predicted_output_len=lengths.get(chunk.job_id),
+                stop_reason=state.stop_reason)
         outputs = [results.get(c.job_id) or JobOutput(c.job_id, None) for c in plan.chunks]
         done, failed = self._poll_swaps(0.0)
         return StepResult(

@@ -155,7 +155,7 @@ class PlanAhead:
             self.ended_early.add(job.job_id)
         return JobEvent(job.job_id, out.token_id, out.text, finished or reason is not None,
                         job.finish_reason if finished or reason else None, out.logprobs,
-                        out.prompt_logprobs, out.text_later)
+                        out.prompt_logprobs, out.text_later, out.stop_reason)
 
 
 class AheadDriver(IterationDriver):

@@ -40,6 +40,8 @@ class JobEvent:
     # The engine left the text to be decoded later (`JobOutput.text_later`);
     # whoever delivers the event calls it, in order, and fills `text`.
     text_later: Callable[[], str] | None = None
+    # The stop string or stop token id that ended it (`JobOutput.stop_reason`).
+    stop_reason: str | int | None = None
 
 
 @dataclass(slots=True)
@@ -226,7 +228,7 @@ class SchedulerCore:
                 self._finish(job, reason, now)
             events.append(JobEvent(job.job_id, out.token_id, out.text, reason is not None,
                                    reason, out.logprobs, out.prompt_logprobs,
-                                   out.text_later))
+                                   out.text_later, out.stop_reason))
         self.policy.on_step_done(plan, result.iteration_time)
         return events
 

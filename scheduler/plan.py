@@ -134,6 +134,9 @@ class JobOutput:
     # On a job's first sampled token, with a length head: its answer length
     # estimated from the prompt's last hidden state (engine/length_head.py).
     predicted_output_len: int | None = None
+    # vLLM's `stop_reason`, with a "stop" finish: the stop string or stop
+    # token id (not EOS) that ended the request.
+    stop_reason: str | int | None = None
 
 
 @dataclass(slots=True)

@@ -15,7 +15,9 @@ answer in the shapes the real deployments do:
   (one `GenerateRequest` dump per prompt of the client's request) returns
   an async iterator with `cancel()` that yields lists of `GenerateDelta`
   dumps, one per choice with new output (its `prompt` and `index`), the
-  last delta of each choice carrying its `finish_reason` and `JobMetrics`;
+  last delta of each choice carrying its `finish_reason` and `JobMetrics`
+  (a canned answer ends at its first stop string, as the engine's would,
+  with the `stop_reason`);
   `set_prediction.remote(...)` awaits to None.
 
 The tokenizer is the real one (`embedded:smollm2`), so prompts, chat
@@ -183,12 +185,35 @@ class FakeEngine:
         finish = "stop" if answer is not None and count == len(output) \
             else "length" if count == req.max_tokens else "stop"
         tokens = [output[i % len(output)] for i in range(count)]
+        pieces = [tok.decode([t]) for t in tokens]
+        stop_reason: str | None = None
+        if answer is not None and req.stop:
+            # As the engine's detokenizer: the first stop string ends the
+            # answer (kept only with include_stop_str_in_output) and no
+            # part of it is sent before it matches.
+            text = ""
+            for k, piece in enumerate(pieces):
+                text += piece
+                hits = [(text.find(s), s) for s in req.stop if s in text]
+                if hits:
+                    at, stop_reason = min(hits)
+                    visible = text[:at] + (stop_reason if req.include_stop_str_in_output
+                                           else "")
+                    tokens, count, finish = tokens[:k + 1], k + 1, "stop"
+                    sent = 0
+                    for j in range(count):
+                        end = len(visible) if j == k else min(
+                            len(visible), sent + len(pieces[j]))
+                        pieces[j], sent = visible[sent:end], end
+                    break
         metrics = JobMetrics(queue_time=0.001, ttft=0.01, e2e=0.02, execution_time=0.015,
                              swap_wait_time=0.0, num_preemptions=0).model_dump()
 
-        def delta(index: int, ids: list[int], first: bool, last: bool) -> dict[str, Any]:
+        def delta(index: int, ids: list[int], first: bool, last: bool,
+                  text: str | None = None) -> dict[str, Any]:
             d = GenerateDelta(prompt=prompt, index=index, token_ids=ids,
-                              text="".join(tok.decode([t]) for t in ids))
+                              text="".join(tok.decode([t]) for t in ids) if text is None
+                              else text)
             if req.logprobs is not None:
                 d.logprobs = [WireLogprob.model_validate(self._logprob(t, req.logprobs))
                               for t in ids]
@@ -198,11 +223,12 @@ class FakeEngine:
                     for t in req.prompt_token_ids[1:]]
             if last:
                 d.finish_reason, d.metrics = finish, JobMetrics.model_validate(metrics)
+                d.stop_reason = stop_reason
             return d.model_dump()
 
         if answer is not None:
-            return [[delta(i, tokens[k:k + 1], k == 0, k == count - 1) for i in range(req.n)]
-                    for k in range(count)]
+            return [[delta(i, tokens[k:k + 1], k == 0, k == count - 1, pieces[k])
+                     for i in range(req.n)] for k in range(count)]
         # One engine wake-up with every choice's first token, one with the rest.
         first = [delta(i, tokens[:1], True, count == 1) for i in range(req.n)]
         if count == 1:

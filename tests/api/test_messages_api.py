@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from api.messages_api import MessagesRequest, cut_stop
+from api.messages_api import MessagesRequest
 from tests.api.harness import Harness
 
 anthropic = pytest.importorskip("anthropic")
@@ -55,28 +55,25 @@ def test_a_message_answers_in_anthropic_shape(client: Any, h: Harness) -> None:
     assert cut.stop_reason == "max_tokens"
 
 
-def test_a_stop_sequence_is_named_and_cut_streamed_or_not(client: Any, h: Harness) -> None:
-    # The engine ends the text with the whole matched stop string, in the
-    # last delta (engine/detokenizer.py holds back its prefixes); the fake
-    # engine does not match stop strings, so " three" is one token here and
-    # its answer's end.
-    h.engine.state.answer = "one, two, three"
-    msg = client.messages.create(model=h.model_name, max_tokens=64, stop_sequences=[" three"],
+def test_a_stop_sequence_ends_the_answer_and_is_named_streamed_or_not(client: Any,
+                                                                       h: Harness) -> None:
+    # " STOP" is two tokens: nothing of it reaches the client.
+    h.engine.state.answer = "one, two, STOP three"
+    msg = client.messages.create(model=h.model_name, max_tokens=64, stop_sequences=[" STOP"],
                                  messages=[{"role": "user", "content": "Count"}])
-    req = h.engine.requests[-1]
-    assert req.stop == [" three"] and req.include_stop_str_in_output
+    assert h.engine.requests[-1].stop == [" STOP"]
     assert msg.content[0].text == "one, two," and msg.stop_reason == "stop_sequence"
-    assert msg.stop_sequence == " three"
-    with client.messages.stream(model=h.model_name, max_tokens=64, stop_sequences=[" three"],
+    assert msg.stop_sequence == " STOP"
+    with client.messages.stream(model=h.model_name, max_tokens=64, stop_sequences=[" STOP"],
                                 messages=[{"role": "user", "content": "Count"}]) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert text == "one, two," and final.stop_reason == "stop_sequence"
-    assert final.stop_sequence == " three" and final.content[0].text == "one, two,"
-    # Ended otherwise, a text that happens to end like a stop sequence is kept.
-    msg = client.messages.create(model=h.model_name, max_tokens=4, stop_sequences=["two,"],
+    assert final.stop_sequence == " STOP" and final.content[0].text == "one, two,"
+    msg = client.messages.create(model=h.model_name, max_tokens=64, stop_sequences=["four"],
                                  messages=[{"role": "user", "content": "Count"}])
-    assert msg.stop_reason == "max_tokens" and msg.content[0].text == "one, two,"
+    assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
+    assert msg.content[0].text == "one, two, STOP three"
 
 
 def test_streamed_events_follow_anthropic_order(client: Any, h: Harness) -> None:
@@ -177,4 +174,3 @@ def test_conversion_keeps_turn_order_and_cache_control_is_accepted() -> None:
     assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "f",
                                                                 "arguments": json.dumps({"x": 1})}
     assert body["messages"][3] == {"role": "tool", "tool_call_id": "t1", "content": "Error: r"}
-    assert cut_stop("ab##", ["#", "##"]) == ("ab", "##") and cut_stop("ab", ["#"]) == ("ab", None)

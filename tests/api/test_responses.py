@@ -102,7 +102,7 @@ def test_chat_stream_opens_every_choice_and_ends_each_with_its_metrics(tokens: T
     chunks = b.apply(delta(1, [5], "hi", "stop"))
     assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "hi"}, {}]
     assert chunks[-1]["choices"][0] == {"index": 1, "delta": {}, "logprobs": None,
-                                        "finish_reason": "stop"}
+                                        "finish_reason": "stop", "stop_reason": None}
     assert chunks[-1]["metrics"] == {"ttft": 0.1}
     assert all(c["object"] == "chat.completion.chunk" and c["created"] == 5 for c in chunks)
     b.apply(delta(0, [6, 7], "yo", "length"))

@@ -174,3 +174,24 @@ def test_text_with_stop_strings_cannot_wait(tok: Any) -> None:
     assert not state.text_can_wait
     with pytest.raises(RuntimeError, match="stop strings"):
         state.append_later(5, 100)
+
+
+def test_the_stop_reason_names_the_stop_string_or_stop_token_but_not_eos(tok: Any) -> None:
+    ids = tok.encode("alpha beta STOP gamma", add_special_tokens=False)
+    eos = tok.eos_token_id
+    by_string, _ = _states(tok, [], SamplingParams(max_tokens=20, stop=["STOP"]),
+                           frozenset({eos}))
+    for t in ids:
+        by_string.append(t, 100)
+        if by_string.finish_reason:
+            break
+    assert (by_string.finish_reason, by_string.stop_reason) == ("stop", "STOP")
+    stop_id = ids[1]
+    params = SamplingParams(max_tokens=20, stop_token_ids=[stop_id])
+    by_token, later = _states(tok, [], params, frozenset({eos, stop_id}))
+    by_token.append(ids[0], 100)
+    assert by_token.append(stop_id, 100)[1] == "stop" and by_token.stop_reason == stop_id
+    later.append_later(stop_id, 100)  # the same when the text is decoded later
+    assert later.stop_reason == stop_id
+    by_eos, _ = _states(tok, [], params, frozenset({eos, stop_id}))
+    assert by_eos.append(eos, 100)[1] == "stop" and by_eos.stop_reason is None

@@ -13,7 +13,7 @@ import torch
 from engine.lora import AdapterError
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from tests.engine.helpers import drive, hf_greedy, load_hf, random_prompts
+from tests.engine.helpers import DriveResult, drive, hf_greedy, load_hf, random_prompts
 
 peft = pytest.importorskip("peft")
 
@@ -44,9 +44,16 @@ def peft_greedy(base: Path, adapter: Path, prompt: list[int], n: int) -> list[in
 
 def _run(runner: ModelRunner, prompts: dict[str, list[int]], adapters: dict[str, str | None],
          n: int, **kw: object) -> dict[str, list[int]]:
+    return _drive(runner, prompts, adapters, n, **kw).tokens
+
+
+def _drive(runner: ModelRunner, prompts: dict[str, list[int]],
+           adapters: dict[str, str | None], n: int, num_blocks: int = 64,
+           **kw: object) -> DriveResult:
     params = {j: SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n,
                                 adapter=adapters[j]) for j in prompts}
-    return drive(runner, prompts, params, num_blocks=64, block_size=4, **kw).tokens  # type: ignore[arg-type]
+    return drive(runner, prompts, params, num_blocks=num_blocks, block_size=4,
+                 **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +112,11 @@ def test_deterministic_bf16_adapter_rows_do_not_depend_on_their_neighbours(
     for job, adapter in which.items():
         alone = _run(runner, {job: prompts[job]}, {job: adapter}, 12)
         assert alone[job] == together[job], (job, adapter)
-
+    # Preempted and recomputed under a small cache: the same tokens.
+    squeezed = _drive(runner, prompts, which, 12, num_blocks=14, max_batch_tokens=12,
+                      max_model_len=32)
+    assert squeezed.num_mid_generation_preemptions > 0
+    assert squeezed.tokens == together
 
 def test_refusals_name_the_adapter_and_what_is_wrong(tiny_llama_path: Path,
                                                      llama_adapters: dict[str, Path],
