@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 # The endpoints a batch may target: the ones this server serves.
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
 
 # OpenAI's bounds on `metadata`.
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]

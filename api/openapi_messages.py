@@ -9,11 +9,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from api.message_batches import MessageBatchCreate
 from api.messages_api import AnthropicErrorResponse, CountTokensRequest, MessagesRequest
+from api.openapi_conversations import param
 
 MODELS: list[tuple[type[BaseModel], Any]] = [
     (MessagesRequest, "validation"),
     (CountTokensRequest, "validation"),
+    (MessageBatchCreate, "validation"),
     (AnthropicErrorResponse, "serialization"),
 ]
 
@@ -22,11 +25,13 @@ _WHY = {
            "longer than the context)",
     "401": "the API key is missing or wrong (when the server requires one); OpenAI's error "
            "shape",
-    "404": "the `model` is not served",
+    "404": "the `model` is not served, or no message batch has that id (or `after_id`, "
+           "`before_id`)",
     "413": "the body is larger than the server's limit",
     "415": "the Content-Type is not JSON",
     "429": "the server is at capacity; retry after `Retry-After` seconds",
     "500": "an internal error",
+    "503": "the Ray Jobs API (the dashboard) is out of reach; batches need it",
 }
 
 _MESSAGE: dict[str, Any] = {
@@ -47,21 +52,63 @@ _EVENT: dict[str, Any] = {"type": "object", "required": ["event", "data"],
                                          "data": {"type": "string"}}}
 
 
+_BATCH: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "type", "processing_status", "request_counts", "created_at"],
+    "properties": {"id": {"type": "string"}, "type": {"const": "message_batch"},
+                   "processing_status": {"enum": ["in_progress", "canceling", "ended"]},
+                   "request_counts": {"type": "object"},
+                   "created_at": {"type": "string"},
+                   "results_url": {"type": ["string", "null"]}},
+}
+_BATCH_LIST: dict[str, Any] = {
+    "type": "object", "required": ["data", "has_more"],
+    "properties": {"data": {"type": "array", "items": _BATCH}, "has_more": {"type": "boolean"},
+                   "first_id": {"type": ["string", "null"]},
+                   "last_id": {"type": ["string", "null"]}},
+}
+
+
 def messages_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
                    ) -> dict[str, Any]:
     anthropic_error = refs[(AnthropicErrorResponse, "serialization")]
 
-    def op(summary: str, body: Any, ok: dict[str, Any], errors: str) -> dict[str, Any]:
-        content: dict[str, Any] = {"application/json": {"schema": ok}}
+    def op(summary: str, body: Any, ok: dict[str, Any], errors: str,
+           params: list[dict[str, Any]] | None = None,
+           content: dict[str, Any] | None = None) -> dict[str, Any]:
+        content = content or {"application/json": {"schema": ok}}
         if ok is _MESSAGE:
             content["text/event-stream"] = {"schema": _EVENT}
-        return {"summary": summary,
-                "requestBody": {"required": True,
-                                "content": {"application/json": {"schema": body}}},
-                "responses": {"200": {"description": "done", "content": content}, **{
-                    code: {"description": _WHY[code], "content": {"application/json": {
-                        "schema": error_ref if code == "401" else anthropic_error}}}
-                    for code in errors.split()}}}
+        out: dict[str, Any] = {
+            "summary": summary, "parameters": params or [],
+            "responses": {"200": {"description": "done", "content": content}, **{
+                code: {"description": _WHY[code], "content": {"application/json": {
+                    "schema": error_ref if code == "401" else anthropic_error}}}
+                for code in errors.split()}}}
+        if body is not None:
+            out["requestBody"] = {"required": True,
+                                  "content": {"application/json": {"schema": body}}}
+        return out
+
+    batch = [param("batch_id")]
+    page = [param("limit", "query", type="integer", minimum=1, maximum=1000),
+            param("after_id", "query"), param("before_id", "query")]
+    jsonl = {"application/x-jsonl": {"schema": {"type": "string"}}}
+    batches = {
+        "/v1/messages/batches": {
+            "post": op("Create a Message Batch (its Ray Job runs the requests offline)",
+                       refs[(MessageBatchCreate, "validation")], _BATCH,
+                       "400 401 413 415 500 503"),
+            "get": op("Message Batches, newest first", None, _BATCH_LIST, "400 401 404 500 503",
+                      page)},
+        "/v1/messages/batches/{batch_id}": {"get": op(
+            "A Message Batch", None, _BATCH, "401 404 500 503", batch)},
+        "/v1/messages/batches/{batch_id}/cancel": {"post": op(
+            "Cancel a Message Batch", None, _BATCH, "400 401 404 500 503", batch)},
+        "/v1/messages/batches/{batch_id}/results": {"get": op(
+            "A Message Batch's results, one JSON line per request, once it ended", None,
+            _BATCH, "400 401 404 500 503", batch, jsonl)},
+    }
 
     return {
         "/v1/messages": {"post": op(
@@ -71,4 +118,5 @@ def messages_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
         "/v1/messages/count_tokens": {"post": op(
             "The input tokens of a Message's prompt", refs[(CountTokensRequest, "validation")],
             _COUNT, "400 401 404 413 415 500")},
+        **batches,
     }

@@ -11,6 +11,8 @@
     GET  /v1/batches                   list (newest first; `limit`, `after`)
     GET  /v1/batches/{id}              the Batch object
     POST /v1/batches/{id}/cancel       stop its job
+    /v1/messages/batches...            Anthropic's Message Batches over the same
+                                       batches (batch/message_batch_routes.py)
 
 Every failure is an `APIError` (api/errors.py), answered as OpenAI's JSON
 error by the ingress's handlers.  Files and the Ray Jobs API are reached
@@ -48,6 +50,7 @@ from api.errors import APIError, validation_error
 from api.http import read_json_object
 from api.pages import page_after
 from batch.jobs import JobsUnavailable
+from batch.message_batch_routes import MessageBatchRoutes
 from batch.service import BatchConflict, Batches
 from batch.store import BatchRecord, FileRecord, TooLarge
 
@@ -86,6 +89,8 @@ class BatchRoutes:
             Route("/v1/batches", self.batches_root, methods=["GET", "POST"]),
             Route("/v1/batches/{batch_id}", self.retrieve, methods=["GET"]),
             Route("/v1/batches/{batch_id}/cancel", self.cancel, methods=["POST"]),
+            # Anthropic's Message Batches, over the same batches.
+            *MessageBatchRoutes(self).routes(),
         ]
 
     # Files ----------------------------------------------------------------
@@ -182,7 +187,7 @@ class BatchRoutes:
 
     async def delete_file(self, request: Request) -> Response:
         record = self._file(request)
-        await self._jobs(lambda: self.batches.delete_file(record))
+        await self.jobs_call(lambda: self.batches.delete_file(record))
         return JSONResponse(FileDeleted(id=record.id, deleted=True).model_dump())
 
     def _file(self, request: Request) -> FileRecord:
@@ -223,7 +228,7 @@ class BatchRoutes:
             raise APIError(400, f"file {input_file.id} is a batch's results, not an input "
                            "file (purpose 'batch')", "input_file_id")
         expiry = req.output_expires_after
-        record = await self._jobs(lambda: self.batches.create(
+        record = await self.jobs_call(lambda: self.batches.create(
             input_file, req.endpoint, self.app(), self.settings.max_concurrency,
             metadata=req.metadata, model=self.model,
             output_expires_after_s=expiry.seconds if expiry else None,
@@ -238,7 +243,7 @@ class BatchRoutes:
         records = await asyncio.to_thread(self.batches.store.batches)
         page, more = page_after(records, [r.id for r in records], query.after, query.limit,
                                 "batch")
-        data = await self._jobs(lambda: self.batches.describe_all(page))
+        data = await self.jobs_call(lambda: self.batches.describe_all(page))
         return JSONResponse(BatchList(
             data=data, first_id=page[0].id if page else None,
             last_id=page[-1].id if page else None, has_more=more).model_dump())
@@ -252,13 +257,13 @@ class BatchRoutes:
 
     async def cancel(self, request: Request) -> Response:
         record = self._batch(request)
-        return await self._describe(await self._jobs(lambda: self.batches.cancel(record)))
+        return await self._describe(await self.jobs_call(lambda: self.batches.cancel(record)))
 
     async def _describe(self, record: BatchRecord) -> Response:
-        obj = await self._jobs(lambda: self.batches.describe(record))
+        obj = await self.jobs_call(lambda: self.batches.describe(record))
         return JSONResponse(obj.model_dump())
 
-    async def _jobs(self, call: Callable[[], Any]) -> Any:
+    async def jobs_call(self, call: Callable[[], Any]) -> Any:
         """`call` in a thread; the Ray Jobs API out of reach is a 503."""
         try:
             return await asyncio.to_thread(call)

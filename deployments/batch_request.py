@@ -6,7 +6,9 @@ offline work, whatever the line says (batch work is what `offline` is
 for), answered whole (not streamed); the answer is a `BatchResponse`
 dump, the OpenAI response or error body, never an exception, whatever the
 line holds.  `/v1/responses` lines go to the Responses route
-(`ResponsesRoute.batch_response`).
+(`ResponsesRoute.batch_response`), `/v1/messages` lines to the Messages
+route (`MessagesRoute.batch_message`; a failure's body is then
+Anthropic's error).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from api.batch import BATCH_ENDPOINTS, BatchResponse
 from api.errors import APIError
 from api.http import check_json_tree
+from api.messages_api import error_body
 from api.protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("ray.serve")
@@ -31,15 +34,19 @@ async def answer_line(ingress: Any, url: str, body: dict[str, Any]) -> dict[str,
         check_json_tree(body)
         if url == "/v1/responses":
             out = await ingress.responses_route.batch_response(body)
+        elif url == "/v1/messages":
+            out = await ingress.messages_route.batch_message(body)
         else:
             out = await _completion(ingress, url == "/v1/chat/completions", body)
         return BatchResponse(status_code=200, request_id=out["id"], body=out).model_dump()
-    except APIError as e:
-        return BatchResponse(status_code=e.status, body=e.body()).model_dump()
-    except Exception:
-        log.exception("batch request to %s failed", str(url)[:200])
-        return BatchResponse(status_code=500,
-                             body=APIError(500, "internal server error").body()).model_dump()
+    except Exception as e:
+        if isinstance(e, APIError):
+            err = e
+        else:
+            log.exception("batch request to %s failed", str(url)[:200])
+            err = APIError(500, "internal server error")
+        body = error_body(err) if url == "/v1/messages" else err.body()
+        return BatchResponse(status_code=err.status, body=body).model_dump()
 
 
 async def _completion(ingress: Any, chat: bool, body: dict[str, Any]) -> dict[str, Any]:

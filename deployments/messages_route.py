@@ -60,6 +60,18 @@ class MessagesRoute:
             return _error(e)
         return JSONResponse(message_object(message_id, req.model, answer))
 
+    async def batch_message(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One `/v1/messages` line of a batch: the Message, served whole as
+        offline work (deployments/batch_request.py)."""
+        ing = self.ingress
+        req = ing.validate(body, MessagesRequest)
+        if req.stream:
+            raise APIError(400, "a batch request cannot be streamed", "stream")
+        chat = self._chat(req).model_copy(update={"job_class": "offline"})
+        async with ing.door.start(True, chat.priority):
+            builder, stream = await ing.start_chat(chat)
+        return message_object(new_message_id(), req.model, await ing.collect(builder, stream))
+
     async def count_tokens(self, request: Request) -> Response:
         ing = self.ingress
         try:
