@@ -61,6 +61,10 @@ _BATCH: dict[str, Any] = {
                    "created_at": {"type": "string"},
                    "results_url": {"type": ["string", "null"]}},
 }
+_DELETED: dict[str, Any] = {
+    "type": "object", "required": ["id", "type"],
+    "properties": {"id": {"type": "string"}, "type": {"const": "message_batch_deleted"}},
+}
 _BATCH_LIST: dict[str, Any] = {
     "type": "object", "required": ["data", "has_more"],
     "properties": {"data": {"type": "array", "items": _BATCH}, "has_more": {"type": "boolean"},
@@ -101,8 +105,10 @@ def messages_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
                        "400 401 413 415 500 503"),
             "get": op("Message Batches, newest first", None, _BATCH_LIST, "400 401 404 500 503",
                       page)},
-        "/v1/messages/batches/{batch_id}": {"get": op(
-            "A Message Batch", None, _BATCH, "401 404 500 503", batch)},
+        "/v1/messages/batches/{batch_id}": {
+            "get": op("A Message Batch", None, _BATCH, "401 404 500 503", batch),
+            "delete": op("Delete an ended Message Batch, its files too", None, _DELETED,
+                         "400 401 404 500 503", batch)},
         "/v1/messages/batches/{batch_id}/cancel": {"post": op(
             "Cancel a Message Batch", None, _BATCH, "400 401 404 500 503", batch)},
         "/v1/messages/batches/{batch_id}/results": {"get": op(

@@ -6,6 +6,7 @@
     GET  /v1/messages/batches/{id}             the MessageBatch
     POST /v1/messages/batches/{id}/cancel      stop its job
     GET  /v1/messages/batches/{id}/results     its results, JSONL, once ended
+    DELETE /v1/messages/batches/{id}           delete an ended one, its files too
 
 A create writes the requests as an input file of `/v1/messages` lines (a
 File of purpose `batch`, listed in `/v1/files`) and starts the batch's Ray
@@ -67,8 +68,8 @@ class MessageBatchRoutes:
     def routes(self) -> list[Route]:
         root = "/v1/messages/batches"
         return [Route(root, anthropic_errors(self.root), methods=["GET", "POST"]),
-                Route(f"{root}/{{batch_id}}", anthropic_errors(self.retrieve),
-                      methods=["GET"]),
+                Route(f"{root}/{{batch_id}}", anthropic_errors(self.one),
+                      methods=["GET", "DELETE"]),
                 Route(f"{root}/{{batch_id}}/cancel", anthropic_errors(self.cancel),
                       methods=["POST"]),
                 Route(f"{root}/{{batch_id}}/results", anthropic_errors(self.results),
@@ -130,8 +131,15 @@ class MessageBatchRoutes:
                              "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None})
 
-    async def retrieve(self, request: Request) -> Response:
-        return JSONResponse(await self._view(self._batch(request)))
+    async def one(self, request: Request) -> Response:
+        record = self._batch(request)
+        if request.method == "DELETE":
+            if (await self._view(record))["processing_status"] != "ended":
+                raise APIError(400, f"message batch {record.id} has not ended; cancel it "
+                               "first", "batch_id")
+            await self.base.jobs_call(lambda: self.batches.delete(record, with_input=True))
+            return JSONResponse({"id": record.id, "type": "message_batch_deleted"})
+        return JSONResponse(await self._view(record))
 
     async def cancel(self, request: Request) -> Response:
         record = self._batch(request)

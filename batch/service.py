@@ -105,6 +105,23 @@ class Batches:
             self.store.save_batch(record)
         return record
 
+    def delete(self, record: BatchRecord, with_input: bool = False) -> None:
+        """Delete an ended batch: its results files and record, and its
+        input file where `with_input` (a Message Batch's own); a running
+        one is refused (cancel it first)."""
+        job = self.latest_job(record)
+        if job is not None and job.status not in TERMINAL:
+            raise BatchConflict(f"batch {record.id} has not ended (Ray Job {job.submission_id} "
+                                f"is {job.status}); cancel it first")
+        ids = [record.output_file_id, record.error_file_id]
+        if with_input:
+            ids.append(record.input_file_id)
+        for file_id in ids:
+            file = self.store.file(file_id, expired=True) if file_id else None
+            if file is not None:
+                self.store.delete_file(file)
+        self.store.delete_batch(record)
+
     # Files ----------------------------------------------------------------
 
     def delete_file(self, file: FileRecord) -> None:

@@ -17,6 +17,7 @@ deleted) is batch/service.py's.
 from __future__ import annotations
 
 import re
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -221,6 +222,11 @@ class BatchStore:
 
     def save_batch(self, record: BatchRecord) -> None:
         write_atomically(self.batch_dir(record.id) / "batch.json", record.model_dump_json())
+
+    def delete_batch(self, record: BatchRecord) -> None:
+        """Remove the batch's record and folder (its results files' records
+        are the caller's to delete first)."""
+        shutil.rmtree(self.batch_dir(record.id), ignore_errors=True)
 
     def batch(self, batch_id: str) -> BatchRecord | None:
         if not _BATCH_ID.fullmatch(batch_id):

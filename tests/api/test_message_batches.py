@@ -85,6 +85,15 @@ def test_a_message_batch_runs_its_requests_offline_and_returns_their_results(
     assert "max_tokens" in results["b"].error.error.message
     listed = [b.id for b in client.messages.batches.list(limit=10)]
     assert batch.id in listed
+    record = h.ingress.batches.store.batch(batch.id)
+    deleted = client.messages.batches.delete(batch.id)
+    assert deleted.id == batch.id and deleted.type == "message_batch_deleted"
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.batches.retrieve(batch.id)
+    store = h.ingress.batches.store
+    assert all(store.file(f, expired=True) is None for f in (
+        record.input_file_id, record.output_file_id, record.error_file_id))
+    assert not store.batch_dir(batch.id).exists()
 
 
 def test_a_cancelled_batch_reports_its_unsent_requests_as_canceled(client: Any,
@@ -112,6 +121,9 @@ def test_refusals_have_anthropic_shape(client: Any, h: Harness) -> None:
         assert err["type"] == "error" and words in err["error"]["message"], err
     with pytest.raises(anthropic.NotFoundError):
         client.messages.batches.retrieve("batch_nope")
+    running = client.messages.batches.create(requests=[{"custom_id": "x", "params": PARAMS}])
+    with pytest.raises(anthropic.BadRequestError, match="cancel it first"):
+        client.messages.batches.delete(running.id)
     # An OpenAI batch is not a Message Batch.
     line = {"custom_id": "o", "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": "smollm2", "messages": [{"role": "user", "content": "x"}]}}

@@ -27,7 +27,7 @@ PATHS = {"/v1/models": {"get"}, "/v1/models/{model}": {"get"}, "/v1/completions"
          "/v1/batches/{batch_id}": {"get"}, "/v1/batches/{batch_id}/cancel": {"post"},
          "/tokenize": {"post"}, "/v1/messages": {"post"},
          "/v1/messages/count_tokens": {"post"}, "/v1/messages/batches": {"get", "post"},
-         "/v1/messages/batches/{batch_id}": {"get"},
+         "/v1/messages/batches/{batch_id}": {"get", "delete"},
          "/v1/messages/batches/{batch_id}/cancel": {"post"},
          "/v1/messages/batches/{batch_id}/results": {"get"}, "/detokenize": {"post"}, "/v1/responses": {"post"},
          "/v1/responses/{response_id}": {"get", "delete"},
