@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from api.chat_messages import ChatMessage
+from api.config import AppConfig
 from api.errors import APIError, validation_error
 from api.http import read_json_object
 from api.models_route import unknown_model
-from api.protocol import ChatMessage
-from api.config import AppConfig
 from api.tool_formats import ToolFormat
 from api.tools import ToolChoice, ToolDefinition
 

@@ -52,15 +52,13 @@ HOLD_UNSTREAMED_S = 1.0
 
 # The request fields a choice's SamplingParams take as they are.
 _PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
-           "skip_special_tokens", "stop_token_ids", "max_tokens",
-           "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
-           "repetition_penalty", "logit_bias", "logprobs", "prompt_logprobs", "structured",
-           "adapter")
+           "skip_special_tokens", "stop_token_ids", "max_tokens", "ignore_eos", "min_tokens",
+           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+           "logprobs", "prompt_logprobs", "structured", "adapter")
 
 
 def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
-    """Choice `index`'s parameters: seeded `seed + index` (vLLM's rule), so
-    the choices differ yet each is reproducible."""
+    """Choice `index`'s parameters, seeded `seed + index`: vLLM's rule."""
     from engine.sampling_params import SamplingParams
 
     return SamplingParams(seed=None if req.seed is None else req.seed + index,

@@ -15,7 +15,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ContentPart
+from api.chat_messages import ChatMessage, ContentPart
+from api.protocol import ChatCompletionRequest, CompletionRequest
 
 VOCAB = 49152  # SmolLM2's tokenizer
 COMPLETIONS = "/v1/completions"
