@@ -2,11 +2,15 @@
 
 One model per application, and the LoRA adapters it serves.  Its
 `created` is when the ingress started, so the object is the same on every
-call (OpenAI's is the model's creation time, not the request's).
+call (OpenAI's is the model's creation time, not the request's).  A request
+with Anthropic's `anthropic-version` header (its clients send one with
+every call) gets Anthropic's shapes: `{"type": "model", "id",
+"display_name", "created_at"}` and a page with `has_more`.
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -43,13 +47,29 @@ class ModelRoutes:
         ]
 
     async def list(self, request: Request) -> Response:
+        if _anthropic(request):
+            data = [_anthropic_card(c) for c in self.cards.values()]
+            return JSONResponse({"data": data, "has_more": False, "first_id": data[0]["id"],
+                                 "last_id": data[-1]["id"]})
         return JSONResponse({"object": "list", "data": list(self.cards.values())})
 
     async def retrieve(self, request: Request) -> Response:
         model = request.path_params["model"]
         if model not in self.cards:
             raise unknown_model(model, list(self.cards))
-        return JSONResponse(self.cards[model])
+        card = self.cards[model]
+        return JSONResponse(_anthropic_card(card) if _anthropic(request) else card)
+
+
+def _anthropic(request: Request) -> bool:
+    return "anthropic-version" in request.headers
+
+
+def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
+    created = datetime.datetime.fromtimestamp(card["created"], datetime.timezone.utc)
+    return {"type": "model", "id": card["id"], "display_name": card["id"],
+            "created_at": created.isoformat().replace("+00:00", "Z"),
+            "max_input_tokens": card["max_model_len"]}
 
 
 def unknown_model(model: str, served: list[str]) -> APIError:

@@ -26,8 +26,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.length_head import first_token_lengths, first_token_rows, load_head
-from engine.model_source import resolve_model
 from engine.lora import check_adapter, load_adapters
+from engine.model_source import resolve_model
 from engine.models import model_class
 from engine.models.base import fixed_tiles
 from engine.models.linear import linear_for

@@ -174,3 +174,11 @@ def test_conversion_keeps_turn_order_and_cache_control_is_accepted() -> None:
     assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "f",
                                                                 "arguments": json.dumps({"x": 1})}
     assert body["messages"][3] == {"role": "tool", "tool_call_id": "t1", "content": "Error: r"}
+
+
+def test_anthropic_clients_list_models_in_their_shape(client: Any, h: Harness) -> None:
+    models = list(client.models.list())
+    assert [m.id for m in models] == [h.model_name] and models[0].type == "model"
+    assert client.models.retrieve(h.model_name).display_name == h.model_name
+    # Without Anthropic's header: OpenAI's shape, as before.
+    assert h.client.get("/v1/models").json()["object"] == "list"
