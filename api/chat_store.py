@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from api.atomic_write import write_atomically
-from api.record_files import locked, read_unexpired, store_dir
+from api.record_files import delete_record, locked, read_unexpired, store_dir
 
 _ID = re.compile(r"chatcmpl-[0-9a-f]{32}")
 # A sweep lists the directory: one in this many writes of a process.
@@ -94,15 +94,7 @@ class ChatCompletionStore:
 
     def delete(self, completion_id: str) -> bool:
         path = self._path(completion_id)
-        if path is None or not path.exists():
-            return False
-        with self._locked(completion_id):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                return False
-        self._path(completion_id, ".lock").unlink(missing_ok=True)  # type: ignore[union-attr]
-        return True
+        return path is not None and delete_record(path)
 
     def page(self, order: Literal["asc", "desc"], after: str | None, limit: int,
              keep: Callable[[StoredChatCompletion], bool]

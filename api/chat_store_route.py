@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -37,14 +37,11 @@ from api.chat_store_api import (
 )
 from api.config import ResponsesSettings
 from api.errors import APIError, validation_error
-from api.http import read_json_object
+from api.http import read_model
 from api.pages import list_object, no_params, page_after
 from api.protocol import ChatCompletionRequest
 
 log = logging.getLogger("ray.serve")
-
-M = TypeVar("M", bound=BaseModel)
-
 
 class ChatStoreRoute:
     """`store` None: the server keeps nothing (`responses.store: false`)."""
@@ -101,7 +98,7 @@ class ChatStoreRoute:
         completion_id = request.path_params["completion_id"]
         if request.method == "POST":
             no_params(request.query_params)
-            update = await self._body(request, ChatCompletionUpdate)
+            update = await read_model(request, ChatCompletionUpdate, self.max_request_bytes)
             found = await asyncio.to_thread(store.set_metadata, completion_id,
                                             dict(update.metadata or {}))
             return JSONResponse(_found(found, completion_id).completion)
@@ -126,13 +123,6 @@ class ChatStoreRoute:
         return JSONResponse(list_object(page, more))
 
     # ------------------------------------------------------------------------
-
-    async def _body(self, request: Request, model: type[M]) -> M:
-        data = await read_json_object(request, self.max_request_bytes)
-        try:
-            return model.model_validate(data)
-        except ValidationError as e:
-            raise validation_error(e) from None
 
     def _store(self) -> ChatCompletionStore:
         if self.store is None:

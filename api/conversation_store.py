@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from api.atomic_write import write_atomically
-from api.record_files import locked, store_dir
+from api.record_files import delete_record, locked, store_dir
 from api.responses_api import new_item_id
 
 _ID = re.compile(r"conv_[0-9a-f]{48}")
@@ -96,15 +96,7 @@ class ConversationStore:
 
     def delete(self, conv_id: str) -> bool:
         path = self._path(conv_id)
-        if path is None or not path.exists():
-            return False
-        with self._locked(conv_id):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                return False
-        self._path(conv_id, ".lock").unlink(missing_ok=True)  # type: ignore[union-attr]
-        return True
+        return path is not None and delete_record(path)
 
     # ------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from api.conversations import (
     conversation_object,
 )
 from api.errors import APIError, validation_error
-from api.http import read_json_object
+from api.http import read_model
 from api.pages import list_object, no_params, page_after
 from api.responses_api import item_records
 
@@ -49,11 +49,7 @@ class ConversationsRoute:
         self.max_request_bytes = max_request_bytes
 
     async def parse_body(self, request: Request, model: type[M]) -> M:
-        data = await read_json_object(request, self.max_request_bytes)
-        try:
-            return model.model_validate(data)
-        except ValidationError as e:
-            raise validation_error(e) from None
+        return await read_model(request, model, self.max_request_bytes)
 
     def routes(self) -> list[Route]:
         base = "/v1/conversations/{conversation_id}"

@@ -21,14 +21,17 @@ import json
 import logging
 import math
 import re
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import APIError
+from api.errors import APIError, validation_error
+
+M = TypeVar("M", bound=BaseModel)
 
 log = logging.getLogger("ray.serve")
 
@@ -92,6 +95,16 @@ def check_json_tree(data: Any) -> None:
                                    _dotted(where))
             elif isinstance(item, (dict, list)):
                 stack.append((item, where, depth + 1))
+
+
+async def read_model(request: Request, model: type[M], max_bytes: int) -> M:
+    """The body, read as `read_json_object` reads it, validated as `model`
+    (a 400 naming the fields otherwise)."""
+    data = await read_json_object(request, max_bytes)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

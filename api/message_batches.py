@@ -16,12 +16,12 @@ cancelled or failed batch ended) and `processing` (the rest while it runs).
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.batch import BatchObject, BatchOutputLine
+from api.messages_api import iso_utc
 
 EXPIRED_CODE = "batch_expired"
 
@@ -102,8 +102,4 @@ def _code(line: BatchOutputLine) -> str | None:
 
 
 def _iso(seconds: int | None) -> str | None:
-    """RFC 3339, as Anthropic's timestamps are."""
-    if seconds is None:
-        return None
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(
-    ).replace("+00:00", "Z")
+    return None if seconds is None else iso_utc(seconds)

@@ -12,11 +12,15 @@ block per call.  `stop_reason`: `end_turn`, `max_tokens`, `tool_use`, or
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from api.errors import APIError
 
@@ -259,6 +263,12 @@ def check_tools(req: MessagesRequest) -> None:
                        "tool_choice.name")
 
 
+def iso_utc(seconds: float) -> str:
+    """RFC 3339 in UTC, as Anthropic's timestamps are."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(
+    ).replace("+00:00", "Z")
+
+
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
@@ -314,3 +324,17 @@ def error_body(e: APIError) -> dict[str, Any]:
     message = str(e.message)
     return {"type": "error", "error": {"type": _ERROR_TYPES.get(e.status, "api_error"),
                                        "message": message}}
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def anthropic_errors(handler: Handler) -> Handler:
+    """`handler` with its `APIError`s answered in Anthropic's shape."""
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError as e:
+            return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
+
+    return wrapped

@@ -10,7 +10,6 @@ every call) gets Anthropic's shapes: `{"type": "model", "id",
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -18,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from api.errors import APIError
+from api.messages_api import iso_utc
 from api.protocol import now_s
 
 
@@ -66,9 +66,8 @@ def _anthropic(request: Request) -> bool:
 
 
 def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
-    created = datetime.datetime.fromtimestamp(card["created"], datetime.timezone.utc)
     return {"type": "model", "id": card["id"], "display_name": card["id"],
-            "created_at": created.isoformat().replace("+00:00", "Z"),
+            "created_at": iso_utc(card["created"]),
             "max_input_tokens": card["max_model_len"]}
 
 

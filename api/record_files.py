@@ -29,6 +29,21 @@ def locked(path: Path) -> Iterator[None]:
         yield
 
 
+def delete_record(path: Path) -> bool:
+    """Delete the record at `path` under its lock (`<id>.lock`, then
+    removed); whether it was there."""
+    lock = path.with_suffix(".lock")
+    if not path.exists():  # no lock file for an unknown id
+        return False
+    with locked(lock):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def read_unexpired(path: Path, model: type[M], retention_s: float) -> M | None:
     """The record at `path`, or None: missing, unreadable, or older than
     `retention_s` (then deleted)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -29,14 +28,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from api.errors import APIError, validation_error
-from api.http import read_json_object
+from api.http import read_model
 from api.message_batches import (
     MessageBatchCreate,
     MessageBatchListQuery,
     message_batch,
     result_line,
 )
-from api.messages_api import error_body
+from api.messages_api import anthropic_errors
 from batch.journal import read_results
 from batch.lines import Request as LineRequest
 from batch.lines import parse_batch
@@ -46,18 +45,6 @@ if TYPE_CHECKING:
     from batch.routes import BatchRoutes
 
 ENDPOINT = "/v1/messages"
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def anthropic_errors(handler: Handler) -> Handler:
-    """`handler` with its `APIError`s answered in Anthropic's shape."""
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except APIError as e:
-            return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
-
-    return wrapped
 
 
 class MessageBatchRoutes:
@@ -82,11 +69,7 @@ class MessageBatchRoutes:
 
     async def create(self, request: Request) -> Response:
         settings = self.base.settings
-        data = await read_json_object(request, settings.max_file_bytes)
-        try:
-            req = MessageBatchCreate.model_validate(data)
-        except ValidationError as e:
-            raise validation_error(e) from None
+        req = await read_model(request, MessageBatchCreate, settings.max_file_bytes)
         seen: set[str] = set()
         for i, r in enumerate(req.requests):
             if r.custom_id in seen:

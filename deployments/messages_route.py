@@ -23,6 +23,7 @@ from api.errors import APIError, validation_error
 from api.messages_api import (
     CountTokensRequest,
     MessagesRequest,
+    anthropic_errors,
     check_tools,
     error_body,
     message_object,
@@ -38,50 +39,46 @@ class MessagesRoute:
         self.ingress = ingress
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/messages", self.create, methods=["POST"]),
-                Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
+        return [Route("/v1/messages", anthropic_errors(self.create), methods=["POST"]),
+                Route("/v1/messages/count_tokens", anthropic_errors(self.count_tokens),
+                      methods=["POST"])]
 
     async def create(self, request: Request) -> Response:
-        ing = self.ingress
-        try:
-            req = await ing.parse_body(request, MessagesRequest)
-            chat = self._chat(req)
-            async with ing.door.start(False, chat.priority):
-                builder, stream = await ing.start_chat(chat)
-        except APIError as e:
-            return _error(e)
+        req = await self.ingress.parse_body(request, MessagesRequest)
+        builder, stream = await self._start(req)
         message_id = new_message_id()
         if req.stream:
             return StreamingResponse(self._events(req, builder, stream, message_id),
                                      media_type="text/event-stream")
-        try:
-            answer = await ing.collect(builder, stream)
-        except APIError as e:
-            return _error(e)
+        answer = await self.ingress.collect(builder, stream)
         return JSONResponse(message_object(message_id, req.model, answer))
 
     async def batch_message(self, body: dict[str, Any]) -> dict[str, Any]:
         """One `/v1/messages` line of a batch: the Message, served whole as
         offline work (deployments/batch_request.py)."""
-        ing = self.ingress
-        req = ing.validate(body, MessagesRequest)
+        req = self.ingress.validate(body, MessagesRequest)
         if req.stream:
             raise APIError(400, "a batch request cannot be streamed", "stream")
-        chat = self._chat(req).model_copy(update={"job_class": "offline"})
-        async with ing.door.start(True, chat.priority):
-            builder, stream = await ing.start_chat(chat)
-        return message_object(new_message_id(), req.model, await ing.collect(builder, stream))
+        builder, stream = await self._start(req, offline=True)
+        answer = await self.ingress.collect(builder, stream)
+        return message_object(new_message_id(), req.model, answer)
 
     async def count_tokens(self, request: Request) -> Response:
         ing = self.ingress
-        try:
-            counted = await ing.parse_body(request, CountTokensRequest)
-            chat = self._chat(MessagesRequest.model_validate(
-                {**counted.model_dump(exclude_none=True), "max_tokens": 1}))
-            _, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
-        except APIError as e:
-            return _error(e)
+        counted = await ing.parse_body(request, CountTokensRequest)
+        chat = self._chat(MessagesRequest.model_validate(
+            {**counted.model_dump(exclude_none=True), "max_tokens": 1}))
+        _, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
         return JSONResponse({"input_tokens": len(ids)})
+
+    async def _start(self, req: MessagesRequest, offline: bool = False) -> tuple[Any, Any]:
+        """Admit `req` as the chat request it amounts to; its builder and
+        engine stream."""
+        chat = self._chat(req)
+        if offline:
+            chat = chat.model_copy(update={"job_class": "offline"})
+        async with self.ingress.door.start(offline, chat.priority):
+            return await self.ingress.start_chat(chat)
 
     def _chat(self, req: MessagesRequest) -> ChatCompletionRequest:
         """The chat request `req` amounts to; its refusals name Anthropic's
@@ -110,6 +107,3 @@ class MessagesRoute:
         for e in events.closing():
             yield e
 
-
-def _error(e: APIError) -> Response:
-    return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)

@@ -49,12 +49,10 @@ class AdapterError(ValueError):
 @dataclass
 class Adapter:
     name: str
-    scaling: float
     # (layer index of this model, projection) -> (A [rank, in], B [out, rank]),
     # B scaled (in float32, before the cast to the model's dtype).
     pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict)
-    rank: int = 0
 
 
 def load_adapters(paths: dict[str, str], model: CausalLM, world: int = 1
@@ -81,7 +79,7 @@ def load_adapter(name: str, path: str | Path, model: CausalLM) -> Adapter:
     if rank < 1:
         raise AdapterError(f"adapter {name!r}: r must be at least 1, not {rank}")
     scaling = alpha / rank ** 0.5 if cfg.get("use_rslora") else alpha / rank
-    adapter = Adapter(name, scaling, rank=rank)
+    adapter = Adapter(name)
     # (param, shard) -> {"A": tensor, "B": tensor}
     found: dict[tuple[str, int | None], dict[str, torch.Tensor]] = {}
     for key, tensor in _tensors(name, folder).items():
