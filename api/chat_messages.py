@@ -77,3 +77,18 @@ class ChatMessage(_Strict):
         if self.name is not None:
             d["name"] = self.name
         return d
+
+
+def one_ending(continue_final_message: bool, add_generation_prompt: bool | None) -> None:
+    """vLLM's and HF's rule for how a chat prompt ends: it either opens a new
+    answer or continues the final message (prefill), not both."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("cannot be true with add_generation_prompt: the prompt either "
+                         "opens a new answer or continues the final message")
+
+
+def opens_answer(continue_final_message: bool, add_generation_prompt: bool | None) -> bool:
+    """Whether the prompt ends with the header of a new assistant answer:
+    unsent, add_generation_prompt is the opposite of continue_final_message."""
+    return not continue_final_message if add_generation_prompt is None \
+        else add_generation_prompt

@@ -149,16 +149,27 @@ class MessagesRequest(_Strict):
 
     @field_validator("messages")
     @classmethod
-    def _no_prefill(cls, v: list[Message]) -> list[Message]:
-        if v[-1].role == "assistant":
-            raise ValueError("a last assistant message (an answer to continue) is not "
-                             "supported: end with a user message")
+    def _prefill(cls, v: list[Message]) -> list[Message]:
+        # A last assistant message is the start of the answer (prefill): the
+        # answer continues its text, as Anthropic's API does, with its rules.
+        last = v[-1]
+        if last.role == "assistant":
+            blocks = [TextBlock(type="text", text=last.content)] \
+                if isinstance(last.content, str) else last.content
+            if blocks and not isinstance(blocks[-1], TextBlock):
+                raise ValueError("a final assistant message is continued as text: it "
+                                 "cannot end with a tool_use block")
+            if blocks and blocks[-1].text != blocks[-1].text.rstrip():
+                raise ValueError("final assistant content cannot end with trailing "
+                                 "whitespace")
         return v
 
     def chat_body(self) -> dict[str, Any]:
         """The chat completion request this amounts to."""
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
                                 "messages": self._chat_messages(), "stream": self.stream}
+        if self.messages[-1].role == "assistant":
+            body["continue_final_message"] = True
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         if self.stop_sequences:

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from api.batch import Metadata
-from api.chat_messages import ChatMessage
+from api.chat_messages import ChatMessage, one_ending, opens_answer
 from api.structured import ResponseFormat, StructuredOutputs
 from api.tools import ToolChoice, ToolDefinition
 from api.unsupported import UnsupportedFields
@@ -230,9 +230,15 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    served: ClassVar[frozenset[str]] = frozenset({"store", "metadata"})
+    served: ClassVar[frozenset[str]] = frozenset(
+        {"store", "metadata", "add_generation_prompt", "continue_final_message"})
 
     messages: list[ChatMessage] = Field(..., min_length=1)
+    # vLLM's prefill: the prompt ends inside the final message, which the
+    # answer continues (its end-of-turn is left out), instead of where a new
+    # answer begins (api/chat_messages.py, `opens_answer`).
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
     # Keep the answer for `GET /v1/chat/completions` (api/chat_store_route.py);
     # not kept by default, as with OpenAI.
     store: bool | None = None
@@ -248,6 +254,13 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_ending(cls, v: bool, info: ValidationInfo) -> bool:
+        # The base class declares add_generation_prompt first: it is in data.
+        one_ending(v, info.data.get("add_generation_prompt"))
+        return v
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -278,6 +291,10 @@ class ChatCompletionRequest(_SamplingFields):
         if v:
             raise ValueError("not supported for chat completions (use /v1/completions)")
         return v
+
+    @property
+    def opens_answer(self) -> bool:
+        return opens_answer(self.continue_final_message, self.add_generation_prompt)
 
     @property
     def token_limit(self) -> int | None:

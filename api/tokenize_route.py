@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from api.chat_messages import ChatMessage
+from api.chat_messages import ChatMessage, one_ending, opens_answer
 from api.config import AppConfig
 from api.errors import APIError, validation_error
 from api.http import read_json_object
@@ -43,9 +45,21 @@ class TokenizeChatRequest(_Strict):
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    # As /v1/chat/completions renders it: ending where the answer begins.
-    add_generation_prompt: bool = True
+    # As /v1/chat/completions renders it: by default ending where the answer
+    # begins.
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
     return_token_strs: bool = False
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_ending(cls, v: bool, info: ValidationInfo) -> bool:
+        one_ending(v, info.data.get("add_generation_prompt"))
+        return v
+
+    @property
+    def opens_answer(self) -> bool:
+        return opens_answer(self.continue_final_message, self.add_generation_prompt)
 
 
 class DetokenizeRequest(_Strict):
@@ -68,8 +82,7 @@ def encode(tokenizer: Any, text: str, param: str, chat: bool = False,
         raise APIError(400, f"{param} cannot be tokenized: {e}", param)
 
 
-def chat_ids(req: Any, tokenizer: Any, fmt: ToolFormat, add_generation_prompt: bool = True
-             ) -> tuple[Any, str, list[int]]:
+def chat_ids(req: Any, tokenizer: Any, fmt: ToolFormat) -> tuple[Any, str, list[int]]:
     """Chat request `req`'s tool use (`api.tools.tool_use`, in format
     `fmt`), its prompt text in the model's template and the text's token
     ids: what the ingress serves, `/tokenize` counts and a Response's
@@ -78,7 +91,7 @@ def chat_ids(req: Any, tokenizer: Any, fmt: ToolFormat, add_generation_prompt: b
     from api.tools import tool_use
 
     tools = tool_use(req, fmt)
-    text = chat_prompt(req, tokenizer, tools=tools, add_generation_prompt=add_generation_prompt)
+    text = chat_prompt(req, tokenizer, tools=tools)
     return tools, text, encode(tokenizer, text, "messages", chat=True)
 
 
@@ -100,8 +113,7 @@ class TokenizeRoutes:
         chat = "messages" in body
         req = self._validate(body, TokenizeChatRequest if chat else TokenizePromptRequest)
         if isinstance(req, TokenizeChatRequest):
-            ids = chat_ids(req, self.tokenizer, self.tool_format,
-                           req.add_generation_prompt)[2]
+            ids = chat_ids(req, self.tokenizer, self.tool_format)[2]
         else:
             ids = encode(self.tokenizer, req.prompt, "prompt",
                          add_special_tokens=req.add_special_tokens)

@@ -23,18 +23,20 @@ from api.tools import ToolCall, ToolUse
 _READS_TOOLS = re.compile(r"\btools\b")
 
 
-def chat_prompt(req: Any, tokenizer: Any, *, tools: ToolUse | None,
-                add_generation_prompt: bool = True) -> str:
+def chat_prompt(req: Any, tokenizer: Any, *, tools: ToolUse | None) -> str:
     """The prompt text of chat request `req` in the model's template, with
     the tools it offers (`api.tools.tool_use(req)`, derived once by the
-    caller).  `APIError` 400 naming the field for what the template cannot
-    take."""
+    caller), ending as `req` asks (`opens_answer`, `continue_final_message`).
+    `APIError` 400 naming the field for what the template cannot take."""
     from api.errors import APIError
     from engine.tokenizer import render_chat
 
     messages, kwargs = template_input(req.messages, tools, tokenizer.chat_template)
+    if req.continue_final_message:
+        # HF's prefill: the text ends with the final message's content.
+        kwargs["continue_final_message"] = True
     try:
-        return render_chat(tokenizer, messages, add_generation_prompt, **kwargs)
+        return render_chat(tokenizer, messages, req.opens_answer, **kwargs)
     except Exception as e:  # a template may reject a role order
         raise APIError(400, f"messages do not fit the chat template: {e}", "messages")
 

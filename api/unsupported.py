@@ -31,8 +31,9 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), "beam search is not supported"),
     "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search only"),
     "spaces_between_special_tokens": ((None, True), "not configurable"),
-    "add_generation_prompt": ((None, True), "the generation prompt is always added"),
-    "continue_final_message": ((None, False), "continuing a final message is not supported"),
+    # Served on chat (api/protocol.py); a prompt has no template to end.
+    "add_generation_prompt": ((None, True), "a chat request's field"),
+    "continue_final_message": ((None, False), "a chat request's field"),
     "chat_template": ((None,), "the model's own chat template is used"),
     "chat_template_kwargs": ((None, {}), "the chat template takes no arguments"),
     "guided_json": ((None,), "vLLM's older spelling: send structured_outputs.json"),
