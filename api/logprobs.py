@@ -64,26 +64,33 @@ class TokenText:
 Entry = tuple[int, WireLogprob | None]
 
 
-def completion_logprobs(entries: list[Entry], tt: TokenText, offset: int = 0
-                        ) -> tuple[dict[str, Any], int]:
+def _label(tt: TokenText, token_id: int, as_ids: bool) -> str:
+    """A token's name in logprobs: its text, or (vLLM's
+    `return_tokens_as_token_ids`) "token_id:<id>", which names a token whose
+    text alone is ambiguous (a piece of a UTF-8 character, a special token)."""
+    return f"token_id:{token_id}" if as_ids else tt.text(token_id)
+
+
+def completion_logprobs(entries: list[Entry], tt: TokenText, offset: int = 0,
+                        as_ids: bool = False) -> tuple[dict[str, Any], int]:
     """The completions format for `(token id, logprob)` entries, and the
     text offset after them (`text_offset` counts characters of the text
-    returned so far, echoed prompt included).  A prompt's first token has
-    no logprob (None)."""
+    returned so far, echoed prompt included, whatever names the tokens).  A
+    prompt's first token has no logprob (None)."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                            "text_offset": []}
     for token_id, lp in entries:
-        text = tt.text(token_id)
+        text = _label(tt, token_id, as_ids)
         out["tokens"].append(text)
         out["text_offset"].append(offset)
-        offset += len(text)
+        offset += len(tt.text(token_id))
         if lp is None:
             out["token_logprobs"].append(None)
             out["top_logprobs"].append(None)
             continue
         out["token_logprobs"].append(lp.logprob)
         # As vLLM: the sampled token is always listed beside the top ones.
-        top = {tt.text(t): v for t, v in lp.top}
+        top = {_label(tt, t, as_ids): v for t, v in lp.top}
         top.setdefault(text, lp.logprob)
         out["top_logprobs"].append(top)
     return out, offset
@@ -106,18 +113,20 @@ def prompt_logprobs(entries: list[Entry], tt: TokenText) -> list[dict[str, Any] 
     return out
 
 
-def chat_logprobs(entries: list[Entry], tt: TokenText) -> dict[str, Any]:
-    """The chat format: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
+def chat_logprobs(entries: list[Entry], tt: TokenText, as_ids: bool = False
+                  ) -> dict[str, Any]:
+    """The chat format: `{"content": [{token, logprob, bytes, top_logprobs}]}`;
+    `bytes` are the token's own bytes, whatever names it."""
     content = []
     for token_id, lp in entries:
         if lp is None:
             continue
         content.append({
-            "token": tt.text(token_id),
+            "token": _label(tt, token_id, as_ids),
             "logprob": lp.logprob,
             "bytes": list(tt.bytes(token_id)),
             "top_logprobs": [
-                {"token": tt.text(t), "logprob": v, "bytes": list(tt.bytes(t))}
+                {"token": _label(tt, t, as_ids), "logprob": v, "bytes": list(tt.bytes(t))}
                 for t, v in lp.top
             ],
         })

@@ -99,6 +99,11 @@ class _SamplingFields(UnsupportedFields):
     # Structured output (api/structured.py): OpenAI's field, or vLLM's.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's: the prompt's and the answer's token ids beside the text (a
+    # stream sends each chunk's new ids, the prompt's with the first chunk).
+    return_token_ids: bool = False
+    # vLLM's: logprobs name each token "token_id:<id>", whatever its text.
+    return_tokens_as_token_ids: bool = False
 
     @field_validator("stop")
     @classmethod

@@ -52,13 +52,19 @@ class _Choice:
     parsed: bool = False
     # vLLM's: the stop string or stop token id that ended it.
     stop_reason: str | int | None = None
+    # Its token ids (kept with `return_token_ids`), and how many of them a
+    # stream has sent.
+    ids: list[int] = field(default_factory=list)
+    ids_sent: int = 0
+    prompt_ids_sent: bool = False
 
 
 class ResponseBuilder:
     def __init__(self, request_id: str, model: str, created: int, chat: bool,
                  prompts: list[PromptInput], n: int, tokens: TokenText,
                  logprobs: bool = False, echo: bool = False,
-                 prompt_logprobs: bool = False, tools: ToolUse | None = None) -> None:
+                 prompt_logprobs: bool = False, tools: ToolUse | None = None,
+                 token_ids: bool = False, logprob_ids: bool = False) -> None:
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -77,6 +83,9 @@ class ResponseBuilder:
         self.prompt_logprobs: list[list[dict[str, Any] | None] | None] = [None] * len(prompts)
         # vLLM's `continuous_usage_stats`: the usage so far on every chunk.
         self.continuous_usage = False
+        # vLLM's `return_token_ids` and `return_tokens_as_token_ids`.
+        self.want_token_ids = token_ids
+        self.logprob_ids = logprob_ids
 
     @property
     def object(self) -> str:
@@ -105,8 +114,11 @@ class ResponseBuilder:
         """Chat streams open each choice with the assistant role."""
         if not self.chat:
             return []
-        return [self._chunk({"index": c.index, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}) for c in self.choices]
+        chunks = [self._chunk({"index": c.index, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": None, "finish_reason": None}) for c in self.choices]
+        if self.want_token_ids:  # vLLM's place: the stream's first chunk
+            chunks[0]["prompt_token_ids"] = self.prompts[0].token_ids
+        return chunks
 
     def apply(self, delta: dict[str, Any], emit: bool = True) -> list[dict[str, Any]]:
         """Record one engine delta; returns the stream chunks it makes
@@ -127,6 +139,8 @@ class ResponseBuilder:
                 entries = echo_entries + entries
         c.text.append(text)
         c.num_tokens += len(delta["token_ids"])
+        if self.want_token_ids:
+            c.ids += delta["token_ids"]
         if delta["token_ids"]:
             c.last_token = delta["token_ids"][-1]
         c.logprobs += entries
@@ -161,7 +175,7 @@ class ResponseBuilder:
             rest, more, finish = c.parser.finish(finish)
             content, calls = content + rest, calls + more
         chunks: list[dict[str, Any]] = []
-        if content or calls or entries:
+        if content or calls or entries or self._unsent_ids(c):
             chunks.append(self._chunk(self._stream_choice(c, content or None, entries, None,
                                                           calls)))
         if finish is not None:
@@ -180,15 +194,26 @@ class ResponseBuilder:
         if self.want_logprobs and entries:
             logprobs = self._logprobs(c, entries)
         # vLLM's `stop_reason` beside the finish reason that it explains.
-        stop = {} if finish is None else {"stop_reason": c.stop_reason}
+        extra: dict[str, Any] = {} if finish is None else {"stop_reason": c.stop_reason}
+        if self.want_token_ids:
+            # The ids since the last chunk; a completion's first chunk also
+            # has its prompt's (vLLM's place).
+            if not self.chat and not c.prompt_ids_sent:
+                extra["prompt_token_ids"] = self.prompts[c.prompt].token_ids
+                c.prompt_ids_sent = True
+            extra["token_ids"] = c.ids[c.ids_sent:]
+            c.ids_sent = len(c.ids)
         if self.chat:
             delta: dict[str, Any] = {} if text is None else {"content": text}
             if calls:
                 delta["tool_calls"] = calls
             return {"index": c.index, "delta": delta, "logprobs": logprobs,
-                    "finish_reason": finish, **stop}
+                    "finish_reason": finish, **extra}
         return {"index": c.index, "text": text or "", "logprobs": logprobs,
-                "finish_reason": finish, **stop}
+                "finish_reason": finish, **extra}
+
+    def _unsent_ids(self, c: _Choice) -> bool:
+        return self.want_token_ids and c.ids_sent < len(c.ids)
 
     def _chunk(self, choice: dict[str, Any], metrics: dict[str, Any] | None = None
                ) -> dict[str, Any]:
@@ -229,19 +254,26 @@ class ResponseBuilder:
                                 "stop_reason": c.stop_reason})
                 if self.want_prompt_logprobs:
                     choices[-1]["prompt_logprobs"] = self.prompt_logprobs[c.prompt]
+                if self.want_token_ids:
+                    choices[-1]["prompt_token_ids"] = self.prompts[c.prompt].token_ids
+            if self.want_token_ids:
+                choices[-1]["token_ids"] = c.ids
         out = {"id": self.request_id, "object": "chat.completion" if self.chat
                else "text_completion", "created": self.created, "model": self.model,
                "choices": choices, "usage": self.usage()}
         if self.want_prompt_logprobs and self.chat:
             out["prompt_logprobs"] = self.prompt_logprobs[0]  # vLLM's place for chat
+        if self.want_token_ids and self.chat:
+            out["prompt_token_ids"] = self.prompts[0].token_ids
         return {**out, "metrics": self.choices[0].metrics}
 
     # Logprobs -------------------------------------------------------------
 
     def _logprobs(self, c: _Choice, entries: list[Entry]) -> dict[str, Any]:
         if self.chat:
-            return chat_logprobs(entries, self.tokens)
-        out, c.text_offset = completion_logprobs(entries, self.tokens, c.text_offset)
+            return chat_logprobs(entries, self.tokens, self.logprob_ids)
+        out, c.text_offset = completion_logprobs(entries, self.tokens, c.text_offset,
+                                                 self.logprob_ids)
         return out
 
     def _entries(self, token_ids: list[int], logprobs: list[dict[str, Any]] | None

@@ -40,8 +40,6 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "guided_regex": ((None,), "vLLM's older spelling: send structured_outputs.regex"),
     "guided_choice": ((None,), "vLLM's older spelling: send structured_outputs.choice"),
     "guided_grammar": ((None,), "vLLM's older spelling: send structured_outputs.grammar"),
-    "return_tokens_as_token_ids": ((None, False), "not supported"),
-    "return_token_ids": ((None, False), "not supported"),
     "request_id": ((None,), "request ids are assigned by the server"),
     "documents": ((None,), "documents are not supported"),
     "mm_processor_kwargs": ((None,), "this model reads text only"),
@@ -90,8 +88,6 @@ class UnsupportedFields(BaseModel):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    return_tokens_as_token_ids: Any = None
-    return_token_ids: Any = None
     request_id: Any = None
     documents: Any = None
     mm_processor_kwargs: Any = None

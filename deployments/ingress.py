@@ -316,7 +316,8 @@ class Ingress:
                                   chat, prompts, req.n, self.token_text, logprobs=bool(logprobs),
                                   echo=bool(getattr(req, "echo", False)),
                                   prompt_logprobs=req.prompt_logprobs is not None,
-                                  tools=tools)
+                                  tools=tools, token_ids=req.return_token_ids,
+                                  logprob_ids=req.return_tokens_as_token_ids)
         return builder, stream
 
     async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:
