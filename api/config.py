@@ -26,7 +26,7 @@ from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
 
 # What a LoRA adapter's name may be (`lora_adapters`).
-_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
 API_KEY_ENV = "PREEMPT_SERVE_API_KEY"
@@ -171,6 +171,47 @@ class ResponsesSettings(BaseModel):
         return cache_root() / "responses"
 
 
+class LoraRuntimeSettings(BaseModel):
+    """Adapters loaded and unloaded while the application runs (vLLM's
+    `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`,
+    deployments/lora_routes.py), beside the `lora_adapters` loaded at start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Off by default: the routes then answer 404, as vLLM's do without
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+    enabled: bool = False
+    # The folder a client's `lora_path` names a folder within (relative to
+    # it, or absolute inside it): nothing outside it is read.  Required
+    # when enabled; on every node's filesystem.
+    root: str | None = None
+    # Runtime adapters an engine replica keeps in memory; past this, the
+    # least recently used one that no request runs is dropped (and read
+    # again from its folder when a request names it).
+    max_loaded: int = Field(8, ge=1, le=1024)
+    # Where the loaded adapters are listed (deployments/lora_registry.py):
+    # every Ingress replica reads and writes it, so on a multi-node cluster
+    # a filesystem every node mounts at this path.  None: `lora/` under the
+    # cache directory (PREEMPT_SERVE_CACHE, else ~/.cache/preempt-serve).
+    storage_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _root_when_enabled(self) -> "LoraRuntimeSettings":
+        if self.enabled and not self.root:
+            raise ValueError("root: required with enabled: true (the folder clients' "
+                             "lora_path names a folder within)")
+        if self.root and not Path(self.root).expanduser().is_dir():
+            raise ValueError(f"root: {self.root!r} is not a folder")
+        return self
+
+    def storage_path(self) -> Path:
+        from engine.model_source import cache_root
+
+        if self.storage_dir:
+            return Path(self.storage_dir).expanduser()
+        return cache_root() / "lora"
+
+
 class AppConfig(SchedulingSettings):
     """The application's fields, and the scheduler's (`policy`,
     `block_size`, `block_run`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
@@ -270,12 +311,13 @@ class AppConfig(SchedulingSettings):
     # LoRA folder trained on this model, on every node's filesystem.  A
     # request names one as its `model`; every engine replica loads them all.
     lora_adapters: dict[str, str] = Field(default_factory=dict)
+    lora_runtime: LoraRuntimeSettings = LoraRuntimeSettings()
 
     @field_validator("lora_adapters")
     @classmethod
     def _adapter_folders(cls, v: dict[str, str]) -> dict[str, str]:
         for name, path in v.items():
-            if not _ADAPTER_NAME.fullmatch(name):
+            if not ADAPTER_NAME.fullmatch(name):
                 raise ValueError(f"{name[:100]!r}: an adapter's name is 1-128 letters, digits "
                                  "and . _ - : / (clients send it as `model`)")
             if not (Path(path).expanduser() / "adapter_config.json").is_file():
@@ -355,6 +397,10 @@ class AppConfig(SchedulingSettings):
                              "give the adapter another")
         if self.lora_adapters and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("lora_adapters: not served with tensor_parallel_size or "
+                             "pipeline_parallel_size > 1")
+        if self.lora_runtime.enabled \
+                and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("lora_runtime.enabled: not served with tensor_parallel_size or "
                              "pipeline_parallel_size > 1")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("dtype float16 is not supported on device cpu; use bfloat16")

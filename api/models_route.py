@@ -1,6 +1,7 @@
 """`GET /v1/models` and `GET /v1/models/{model}`, as OpenAI serves them.
 
-One model per application, and the LoRA adapters it serves.  Its
+One model per application, and the LoRA adapters it serves: those loaded
+at start and those loaded while it runs (`runtime`, read on every call).  Its
 `created` is when the ingress started, so the object is the same on every
 call (OpenAI's is the model's creation time, not the request's).  A request
 with Anthropic's `anthropic-version` header (its clients send one with
@@ -10,6 +11,7 @@ every call) gets Anthropic's shapes: `{"type": "model", "id",
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -27,7 +29,8 @@ class ModelRoutes:
     and their folder as their `root`, as vLLM lists them."""
 
     def __init__(self, name: str, max_model_len: int,
-                 adapters: dict[str, str] | None = None) -> None:
+                 adapters: dict[str, str] | None = None,
+                 runtime: Callable[[], dict[str, str]] | None = None) -> None:
         self.card: dict[str, Any] = {
             "id": name,
             "object": "model",
@@ -35,9 +38,22 @@ class ModelRoutes:
             "owned_by": "preempt-serve",
             "max_model_len": max_model_len,
         }
-        self.cards = {name: self.card, **{
-            adapter: {**self.card, "id": adapter, "parent": name, "root": path}
-            for adapter, path in (adapters or {}).items()}}
+        self.fixed = {name: self.card, **{
+            adapter: self._adapter_card(adapter, path) for adapter, path in
+            (adapters or {}).items()}}
+        self.runtime = runtime
+
+    @property
+    def cards(self) -> dict[str, dict[str, Any]]:
+        """Every served model's card, by id: the model, then its adapters."""
+        loaded = self.runtime() if self.runtime is not None else None
+        if not loaded:
+            return self.fixed
+        return {**self.fixed, **{a: self._adapter_card(a, p) for a, p in loaded.items()
+                                 if a not in self.fixed}}
+
+    def _adapter_card(self, adapter: str, path: str) -> dict[str, Any]:
+        return {**self.card, "id": adapter, "parent": self.card["id"], "root": path}
 
     def routes(self) -> list[Route]:
         return [

@@ -23,6 +23,8 @@ from api.openapi_chat_store import MODELS as CHAT_STORE_MODELS
 from api.openapi_chat_store import chat_store_paths
 from api.openapi_conversations import MODELS as CONVERSATION_MODELS
 from api.openapi_conversations import conversations_paths
+from api.lora_runtime import MODELS as LORA_MODELS
+from api.lora_runtime import lora_paths
 from api.openapi_messages import MODELS as MESSAGES_MODELS
 from api.openapi_messages import messages_paths
 from api.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
@@ -129,9 +131,11 @@ def _completion_op(summary: str, request_ref: dict[str, Any], error_ref: dict[st
     }
 
 
-def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str, Any]:
+def build_openapi(title: str = "preempt-serve", auth: bool = False,
+                  lora_runtime: bool = False) -> dict[str, Any]:
     """The document; `auth` marks every operation but /health as needing
-    the bearer key."""
+    the bearer key; `lora_runtime` adds the runtime LoRA routes (served only
+    then)."""
     models: list[tuple[type[BaseModel], Any]] = [
         (CompletionRequest, "validation"),
         (ChatCompletionRequest, "validation"),
@@ -142,6 +146,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         *CONVERSATION_MODELS,
         *CHAT_STORE_MODELS,
         *MESSAGES_MODELS,
+        *(LORA_MODELS if lora_runtime else []),
     ]
     refs, top = models_json_schema(models, ref_template=_REF)
     completion_ref = refs[(CompletionRequest, "validation")]
@@ -190,6 +195,7 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False) -> dict[str,
         }},
         **batch_paths(refs, error_ref),
         **tokenize_paths(refs, error_ref),
+        **(lora_paths(refs, error_ref) if lora_runtime else {}),
     }
     doc: dict[str, Any] = {
         "openapi": "3.1.0",

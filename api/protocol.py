@@ -413,6 +413,9 @@ class GenerateRequest(BaseModel):
     structured: StructuredOutput | None = None
     # The LoRA adapter it runs with (`lora_adapters`); None: the base model.
     adapter: str | None = None
+    # A runtime-loaded adapter's folder and load time (engine/lora_pool.py).
+    adapter_path: str | None = None
+    adapter_loaded_at: float | None = None
     n: int = 1
     # vLLM's meaning: lower runs first; 0 is the default.
     priority: int = 0

@@ -9,6 +9,7 @@ generated and the engine is not asked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import (
@@ -23,6 +24,7 @@ from api.config import AppConfig
 from api.errors import APIError, validation_error
 from api.http import read_json_object
 from api.models_route import unknown_model
+from api.openapi_ops import post_op
 from api.tool_formats import ToolFormat
 from api.tools import ToolChoice, ToolDefinition
 
@@ -96,11 +98,13 @@ def chat_ids(req: Any, tokenizer: Any, fmt: ToolFormat) -> tuple[Any, str, list[
 
 
 class TokenizeRoutes:
-    def __init__(self, tokenizer: Any, cfg: AppConfig, tool_format: ToolFormat) -> None:
+    def __init__(self, tokenizer: Any, cfg: AppConfig, tool_format: ToolFormat,
+                 names: Callable[[], list[str]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tool_format = tool_format
-        # The adapters tokenize as their base model does.
-        self.names = [cfg.model_name, *cfg.lora_adapters]
+        # The served models' names (adapters loaded at runtime among them):
+        # the adapters tokenize as their base model does.
+        self.names = names or (lambda: [cfg.model_name, *cfg.lora_adapters])
         self.max_model_len = cfg.max_model_len
         self.max_request_bytes = cfg.max_request_bytes
 
@@ -138,8 +142,9 @@ class TokenizeRoutes:
         except ValidationError as e:
             raise validation_error(e)
         name = getattr(req, "model", None)
-        if name is not None and name not in self.names:
-            raise unknown_model(name, self.names)
+        names = self.names()
+        if name is not None and name not in names:
+            raise unknown_model(name, names)
         return req
 
 
@@ -170,15 +175,7 @@ _TEXT: dict[str, Any] = {"type": "object", "required": ["prompt"],
 def tokenize_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
                    ) -> dict[str, Any]:
     def op(summary: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
-        return {"summary": summary,
-                "requestBody": {"required": True,
-                                "content": {"application/json": {"schema": body}}},
-                "responses": {
-                    "200": {"description": summary,
-                            "content": {"application/json": {"schema": ok}}},
-                    **{code: {"description": why,
-                              "content": {"application/json": {"schema": error_ref}}}
-                       for code, why in _ERRORS.items()}}}
+        return post_op(summary, body, ok, _ERRORS, error_ref)
 
     either = {"anyOf": [refs[(TokenizePromptRequest, "validation")],
                         refs[(TokenizeChatRequest, "validation")]]}

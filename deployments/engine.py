@@ -34,6 +34,7 @@ from deployments.engine_figures import EngineFigures
 from deployments.delivery import Delivery, EngineStopped, JobMoved
 from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
+from deployments.engine_pinning import pin_replica
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
@@ -54,7 +55,8 @@ HOLD_UNSTREAMED_S = 1.0
 _PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
            "skip_special_tokens", "stop_token_ids", "max_tokens", "ignore_eos", "min_tokens",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-           "logprobs", "prompt_logprobs", "structured", "adapter")
+           "logprobs", "prompt_logprobs", "structured", "adapter", "adapter_path",
+           "adapter_loaded_at")
 
 
 def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
@@ -96,36 +98,6 @@ def _wire(lp: Any) -> dict[str, Any]:
     return {"logprob": lp.logprob, "top": lp.top, "rank": lp.rank}
 
 
-def _pin(cfg: AppConfig) -> None:
-    """Pin this replica's process to `engine_cpu_ids` (engine/threads.py).
-
-    A listed set that cannot be had stops the replica with the field named;
-    "auto" pins a lone CPU replica to its `threads` least busy cores and
-    leaves the replica unpinned wherever that cannot be done (several
-    replicas or shards could pick the same cores; cuda; no choice of
-    cores)."""
-    from engine.threads import idlest_cores, pin_process
-
-    cores = cfg.engine_cpu_ids
-    auto = cores == "auto"
-    if auto:
-        scale = cfg.autoscaling
-        lone_cpu = (cfg.device == "cpu" and cfg.num_engine_replicas == 1
-                    and not (scale.enabled and scale.max_replicas > 1)
-                    and cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1)
-        cores = idlest_cores(cfg.threads) if lone_cpu else None
-    if cores is None:
-        return
-    try:
-        pinned = pin_process(cores)
-    except ValueError as e:
-        if auto:
-            log.warning("engine_cpu_ids auto: not pinned (%s)", e)
-            return
-        raise ValueError(f"engine_cpu_ids: {e}") from None
-    log.info("engine replica pinned to CPU cores %s", sorted(pinned))
-
-
 @serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10)
 class Engine(EngineFigures):
     async def __init__(self, config: dict[str, Any], scheduler: Any = None) -> None:
@@ -136,7 +108,7 @@ class Engine(EngineFigures):
 
         self.cfg = AppConfig(**config)
         # Before the runner starts torch's thread pool, which inherits it.
-        _pin(self.cfg)
+        pin_replica(self.cfg)
         self._side = side_pool("grammar")  # after `_pin`: it leaves the engine's cores
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
@@ -155,6 +127,7 @@ class Engine(EngineFigures):
             cuda_graph_max_tokens=graph_tokens,
             pack_projections=self.cfg.pack_projections,
             lora_adapters=dict(self.cfg.lora_adapters) or None,
+            max_lora_loaded=self.cfg.lora_runtime.max_loaded,
         )
         # The model's other tensor-parallel shards and pipeline stages, in
         # this replica's placement group; this process is global rank 0
@@ -406,6 +379,19 @@ class Engine(EngineFigures):
         self.runner.length_head = head  # read once per pass
         self.head_source = source
         log.info("length head now %s", source)
+
+    async def check_lora(self, name: str, path: str) -> str | None:
+        """Why the LoRA adapter at `path` cannot be served on this model
+        (None: it can), read aside in a worker thread and then dropped: the
+        check of `/v1/load_lora_adapter` (engine/lora_pool.py loads it for
+        its requests)."""
+        from engine.lora import AdapterError, load_adapter
+
+        try:
+            await asyncio.to_thread(load_adapter, name, path, self.runner.model)
+        except AdapterError as e:
+            return str(e)
+        return None
 
     async def stats(self) -> dict[str, Any]:
         return self._snapshot()

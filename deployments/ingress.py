@@ -17,7 +17,6 @@ import contextvars
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, AsyncIterator
@@ -59,7 +58,9 @@ from api.tokenize_route import TokenizeRoutes, chat_ids, encode
 from api.tool_formats import tool_format
 from api.tools import ToolUse
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
+from deployments.generate_request import generate_request
 from deployments.ingress_metrics import IngressMetrics
+from deployments.lora_routes import LoraRoutes
 from deployments.online_first import OnlineFirstDoor
 from deployments.batch_request import answer_line
 from deployments.messages_route import MessagesRoute
@@ -105,17 +106,20 @@ class Ingress:
         # the request's stop token ids.
         self._recording: dict[str, tuple[list[str], list[int]]] = {}
         # Built from the request models now, so it always matches them.
-        self.openapi = build_openapi(auth=self.cfg.api_key is not None)
+        self.openapi = build_openapi(auth=self.cfg.api_key is not None,
+                                     lora_runtime=self.cfg.lora_runtime.enabled)
         self.batches = Batches(BatchStore(self.cfg.batch.storage_path()),
                                RayJobs(self.cfg.batch.jobs_address))
+        self.lora = LoraRoutes(self.cfg, lambda name, path: engine.check_lora.remote(name, path))
         self.model_routes = ModelRoutes(self.cfg.model_name, self.cfg.max_model_len,
-                                        self.cfg.lora_adapters)
+                                        self.cfg.lora_adapters, self.lora.folders)
         self.responses_route = ResponsesRoute(self)
         self.messages_route = MessagesRoute(self)
         self.chat_store = ChatStoreRoute.for_settings(self.cfg.responses,
                                                       self.cfg.max_request_bytes)
         self.tool_format = tool_format(self.cfg.tool_call_format, self.tokenizer.chat_template)
-        self.tokenize_routes = TokenizeRoutes(self.tokenizer, self.cfg, self.tool_format)
+        self.tokenize_routes = TokenizeRoutes(self.tokenizer, self.cfg, self.tool_format,
+                                              lambda: list(self.model_routes.cards))
         self.batch_routes = BatchRoutes(self.batches, self.cfg.batch, _app_name,
                                         self.cfg.model_name, self.cfg.max_request_bytes)
         if self.cfg.api_key is not None:
@@ -134,6 +138,7 @@ class Ingress:
                 *self.tokenize_routes.routes(),
                 *self.responses_route.routes(),
                 *self.messages_route.routes(),
+                *self.lora.routes(),
             ],
             middleware=[
                 # Outermost: whatever escapes below still answers JSON.
@@ -231,69 +236,13 @@ class Ingress:
             raise unknown_model(req.model, list(self.model_routes.cards))
         return req
 
-    def _generate_request(self, req: Any, prompt: PromptInput, request_id: str,
-                          chat: bool) -> GenerateRequest:
-        """The engine request for one prompt of `req` (all its `n` choices);
-        a 400 for anything the engine could not serve."""
-        limit = self.cfg.max_model_len
-        if (keep := req.truncate_prompt_tokens) is not None:
-            asked = req.token_limit if chat else req.max_tokens
-            prompt.keep_last(keep if keep > 0 else max(1, limit - (asked or 1)),
-                             self.tokenizer.decode)
-        ids = prompt.token_ids
-        param = "messages" if chat else "prompt"
-        if len(ids) >= limit:
-            raise APIError(400, f"the prompt has {len(ids)} tokens; this model's maximum "
-                           f"context length is {limit} tokens", param)
-        asked = req.token_limit if chat else req.max_tokens
-        max_tokens = asked if asked is not None else limit - len(ids)
-        if len(ids) + max_tokens > limit:
-            raise APIError(400, f"this model's maximum context length is {limit} tokens, "
-                           f"but {len(ids)} prompt tokens + max_tokens={max_tokens} exceed it",
-                           "max_completion_tokens" if chat and req.max_completion_tokens
-                           else "max_tokens")
-        if req.min_tokens > max_tokens:
-            raise APIError(400, f"min_tokens={req.min_tokens} exceeds max_tokens={max_tokens}",
-                           "min_tokens")
-        bias = req.bias_by_id()
-        if any(t >= self.vocab_size for t in bias):
-            raise APIError(400, f"logit_bias keys must be token ids below {self.vocab_size}",
-                           "logit_bias")
-        stop_ids = req.stop_token_ids or []
-        if any(t >= self.vocab_size for t in stop_ids):
-            raise APIError(400, f"stop_token_ids must be below {self.vocab_size}",
-                           "stop_token_ids")
-        logprobs = req.num_logprobs if chat else req.logprobs
-        prompt_logprobs = req.prompt_logprobs
-        adapter = req.model if req.model in self.cfg.lora_adapters else None
-        if not chat and req.echo and logprobs is not None:
-            prompt_logprobs = max(prompt_logprobs or 0, logprobs)
-        return GenerateRequest(
-            request_id=request_id, prompt_token_ids=ids, max_tokens=max_tokens,
-            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-            seed=req.seed,
-            stop=req.stop or [], stop_token_ids=stop_ids, ignore_eos=req.ignore_eos,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens,
-            min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
-            job_class=req.job_class, jct_slo_s=req.jct_slo_s, adapter=adapter,
-            # An adapter's KV is its own: cached apart from the base model's.
-            cache_salt=req.cache_salt if adapter is None else
-            f"lora:{adapter}\x00{req.cache_salt or ''}",
-            prompt_cache_key=req.prompt_cache_key,
-            arrival_time=time.time(), streamed=bool(req.stream),
-            user=req.user or req.safety_identifier)
-
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
                      predict_texts: list[str], tools: ToolUse | None = None,
                      ) -> tuple[ResponseBuilder, Any]:
         """Admit the request and open its engine stream."""
         request_id = new_id("chatcmpl" if chat else "cmpl")
-        gens = [self._generate_request(req, p, request_id if len(prompts) == 1
-                                       else f"{request_id}-{i}", chat)
+        gens = [generate_request(self, req, p, request_id if len(prompts) == 1
+                                 else f"{request_id}-{i}", chat)
                 for i, p in enumerate(prompts)]
         structure = await requested_structure(req, tools)
         for g in gens:

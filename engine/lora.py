@@ -65,12 +65,6 @@ def load_adapters(paths: dict[str, str], model: CausalLM, world: int = 1
         return {name: load_adapter(name, path, model) for name, path in paths.items()}
 
 
-def check_adapter(adapters: dict[str, Adapter], name: str | None) -> None:
-    """A ValueError for a request naming an adapter not loaded."""
-    if name is not None and name not in adapters:
-        raise ValueError(f"no LoRA adapter {name!r} is loaded (loaded: {sorted(adapters)})")
-
-
 def load_adapter(name: str, path: str | Path, model: CausalLM) -> Adapter:
     """Read the adapter at `path` onto `model`'s projections."""
     folder = Path(path).expanduser()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.attention import SeqSpan
+from engine.lora import Adapter
 from engine.request import RequestState
 from engine.step_logprobs import PromptRows
 from scheduler.plan import ScheduledChunk
@@ -26,5 +27,5 @@ class PreparedStep:
     # (`PENDING_TOKEN`), and that pass's rows they come from.
     fill_rows: list[int]
     fill_from: list[int]
-    # LoRA adapter name -> the rows of its requests' tokens.
-    lora_rows: dict[str, list[int]] = field(default_factory=dict)
+    # id(adapter) -> the LoRA adapter and the rows of its requests' tokens.
+    lora_rows: dict[int, tuple[Adapter, list[int]]] = field(default_factory=dict)

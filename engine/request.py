@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.lora import Adapter
 from engine.sampling_params import SamplingParams
 from engine.structured import RequestGrammar
 from scheduler.plan import TokenLogprob
@@ -44,6 +45,9 @@ class RequestState:
     # asked for structured output; kept, like its outputs, across
     # preemption.
     grammar: RequestGrammar | None = None
+    # The LoRA adapter it runs with (engine/lora_pool.py), held until it
+    # ends whatever the pool drops meanwhile.
+    lora: Adapter | None = None
 
     def __post_init__(self) -> None:
         # A request resumed with outputs (migration) delivered them where

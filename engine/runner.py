@@ -26,7 +26,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.length_head import first_token_lengths, first_token_rows, load_head
-from engine.lora import check_adapter, load_adapters
+from engine.lora import load_adapters
+from engine.lora_pool import AdapterPool
 from engine.model_source import resolve_model
 from engine.models import model_class
 from engine.models.base import fixed_tiles
@@ -46,7 +47,7 @@ from engine.structured import GrammarCompiler
 from engine.swapper import BlockSwapper, HostKVTier
 from engine.tensor_parallel import SINGLE, TensorParallel
 from engine.threads import pin_threads
-from engine.tokenizer import chat_template, encode_chat, eos_token_ids, load_tokenizer
+from engine.tokenizer import eos_token_ids, load_tokenizer
 from engine.weights import iter_weights
 from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult, TokenLogprob
 
@@ -74,7 +75,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         tensor_parallel: TensorParallel = SINGLE,
         pipeline: PipelineStage = SINGLE_STAGE,
         length_head: str | Path | None = None,
-        lora_adapters: dict[str, str] | None = None,
+        lora_adapters: dict[str, str] | None = None, max_lora_loaded: int = 8,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -110,7 +111,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
             self.model.load_weights(iter_weights(self.model_path))
         self.model.eval()
         # LoRA adapters (engine/lora.py): never on packed weights, tiled as the rest.
-        self.adapters = load_adapters(lora_adapters or {}, self.model, self.world)
+        self.adapters = AdapterPool(self.model, load_adapters(
+            lora_adapters or {}, self.model, self.world), max_lora_loaded)
         self.lora_linear = linear_for(self.dtype, self.device)
         # On CPU (float32, native bfloat16): the projections on oneDNN-packed
         # weights where that is faster here (engine.models.prepacked); before
@@ -219,16 +221,6 @@ class ModelRunner(PlanPreparing, ShardDriving):
         """Width of the logits (the vocabulary, maybe padded past the tokenizer's)."""
         return self.model.vocab_size
 
-    @property
-    def chat_template(self) -> str | None:
-        return chat_template(self.tokenizer)
-
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-        **template_kwargs: Any,
-    ) -> list[int]:
-        return encode_chat(self.tokenizer, messages, add_generation_prompt, **template_kwargs)
-
     # Requests ---------------------------------------------------------------
 
     def add_request(self, job_id: str, params: SamplingParams, prompt_token_ids: list[int],
@@ -242,7 +234,6 @@ class ModelRunner(PlanPreparing, ShardDriving):
             raise ValueError(f"request {job_id!r} is already registered")
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
-        check_adapter(self.adapters, params.adapter)
         outputs = list(output_token_ids or [])
         out_of_vocab = [t for t in params.logit_bias if t >= self.vocab_size]
         if out_of_vocab:
@@ -253,13 +244,14 @@ class ModelRunner(PlanPreparing, ShardDriving):
             stop_ids |= self.eos_token_ids
         grammar = (None if params.structured is None
                    else self.grammars.start(params.structured, outputs))
+        lora = self.adapters.acquire(params)
         self._requests[job_id] = RequestState(
             job_id=job_id, params=params, prompt_token_ids=list(prompt_token_ids),
             detokenizer=IncrementalDetokenizer(
                 self.tokenizer, list(prompt_token_ids) + outputs, params.stop,
                 params.skip_special_tokens, params.include_stop_str_in_output),
             stop_token_ids=frozenset(stop_ids), output_token_ids=outputs, grammar=grammar,
-        )
+            lora=lora)
 
     def remove_request(self, job_id: str) -> None:
         """Forget a finished or aborted request (unknown ids are ignored).

@@ -66,7 +66,6 @@ class PlanPreparing:
     _requests: dict[str, RequestState]
     _in_flight: Pending | None
     grammars: GrammarCompiler
-    adapters: dict[str, Adapter]
     lora_linear: Any
 
     if TYPE_CHECKING:
@@ -141,7 +140,7 @@ class PlanPreparing:
         prompt_indices: list[int] = []
         fill_rows: list[int] = []
         fill_from: list[int] = []
-        lora_rows: dict[str, list[int]] = {}
+        lora_rows: dict[int, tuple[Adapter, list[int]]] = {}
         for chunk in ordered:
             state = self._state(chunk)
             end = chunk.start_pos + chunk.num_tokens
@@ -159,8 +158,8 @@ class PlanPreparing:
             if ids and min(ids) < 0:
                 ids, in_flight = self._pending_token(chunk, state, len(input_ids),
                                                      fill_rows, fill_from)
-            if state.params.adapter is not None:
-                lora_rows.setdefault(state.params.adapter, []).extend(
+            if state.lora is not None:
+                lora_rows.setdefault(id(state.lora), (state.lora, []))[1].extend(
                     range(len(input_ids), len(input_ids) + len(ids)))
             input_ids.extend(ids)
             positions.extend(range(chunk.start_pos, end))
@@ -223,14 +222,16 @@ class PlanPreparing:
             lora=self._lora_step(prepared.lora_rows, len(prepared.input_ids)),
         )
 
-    def _lora_step(self, lora_rows: dict[str, list[int]], num_rows: int) -> LoraStep | None:
-        """The pass's adapters and their rows (engine/lora.py); None where
-        every row runs the base model."""
+    def _lora_step(self, lora_rows: dict[int, tuple[Adapter, list[int]]], num_rows: int
+                   ) -> LoraStep | None:
+        """The pass's adapters and their rows (engine/lora.py), by adapter
+        object (two versions of one name may share a pass); None where every
+        row runs the base model."""
         if not lora_rows:
             return None
-        return LoraStep([(self.adapters[name], None if len(rows) == num_rows else
+        return LoraStep([(adapter, None if len(rows) == num_rows else
                           torch.tensor(rows, dtype=torch.long, device=self.device))
-                         for name, rows in lora_rows.items()], self.lora_linear,
+                         for adapter, rows in lora_rows.values()], self.lora_linear,
                         fused=self.lora_linear is F.linear)
 
     def _state(self, chunk: ScheduledChunk) -> RequestState:

@@ -84,6 +84,11 @@ class SamplingParams(BaseModel):
     # The LoRA adapter the request runs with (engine/lora.py), by the name
     # the runner loaded it under; None: the base model.
     adapter: str | None = None
+    # A runtime adapter's folder and when it was loaded (engine/lora_pool.py):
+    # the runner reads it from there on first use.  None: one of
+    # `lora_adapters`, loaded at start.
+    adapter_path: str | None = None
+    adapter_loaded_at: float | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -143,6 +143,7 @@ class FakeEngine:
         self.stream = stream
         self.generate = _Method(self._generate)
         self.set_prediction = _Method(self._set_prediction)
+        self.check_lora = _Method(self._check_lora)
 
     @property
     def requests(self) -> list[GenerateRequest]:
@@ -154,6 +155,19 @@ class FakeEngine:
 
     def options(self, stream: bool = False) -> "FakeEngine":
         return FakeEngine(self.state, stream)
+
+    async def _check_lora(self, name: str, path: str) -> str | None:
+        """The real engine reads the adapter onto its model; this one has
+        none: the folder's settings only (engine/lora.py's own check)."""
+        from pathlib import Path
+
+        from engine.lora import AdapterError, _config
+
+        try:
+            _config(name, Path(path))
+        except AdapterError as e:
+            return str(e)
+        return None
 
     async def _set_prediction(self, request_id: str, predicted_len: int,
                               replica: str | None = None, allocation: int | None = None) -> None:

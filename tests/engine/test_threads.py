@@ -144,9 +144,8 @@ def test_idlest_cores_reads_this_machine() -> None:
 
 
 def test_engine_replica_pins_as_configured(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ray")
     from api.config import AppConfig
-    from deployments.engine import _pin
+    from deployments.engine_pinning import pin_replica as _pin
 
     pinned: list[list[int]] = []
     monkeypatch.setattr(threads_mod, "pin_process",
