@@ -307,6 +307,11 @@ class AppConfig(SchedulingSettings):
     # How the model writes tool calls (api/tool_formats.py): "auto" picks by
     # its chat template; "hermes" (<tool_call> blocks); "llama3_json".
     tool_call_format: ToolCallFormatName = "auto"
+    # A reasoning model's answer split into `reasoning` and `content` on
+    # chat completions (api/reasoning.py): "deepseek_r1" (reasoning until the
+    # first </think>, the opening <think> optional), "qwen3" (only an answer
+    # that opens with <think>), or "none" (the text as the model wrote it).
+    reasoning_parser: Literal["none", "deepseek_r1", "qwen3"] = "none"
     # LoRA adapters served beside the model (engine/lora.py): name -> a PEFT
     # LoRA folder trained on this model, on every node's filesystem.  A
     # request names one as its `model`; every engine replica loads them all.

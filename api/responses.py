@@ -15,6 +15,7 @@ from typing import Any
 
 from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs, prompt_logprobs
 from api.protocol import PromptTokensDetails, Usage, WireLogprob
+from api.reasoning import ReasoningFormat, ReasoningParser, reasoning_token_count, split_reasoning
 from api.tool_parser import ToolCallParser
 from api.tools import ToolUse
 
@@ -57,6 +58,8 @@ class _Choice:
     ids: list[int] = field(default_factory=list)
     ids_sent: int = 0
     prompt_ids_sent: bool = False
+    # Splits a reasoning model's answer (`reasoning_parser`) as it streams.
+    reasoner: ReasoningParser | None = None
 
 
 class ResponseBuilder:
@@ -64,7 +67,8 @@ class ResponseBuilder:
                  prompts: list[PromptInput], n: int, tokens: TokenText,
                  logprobs: bool = False, echo: bool = False,
                  prompt_logprobs: bool = False, tools: ToolUse | None = None,
-                 token_ids: bool = False, logprob_ids: bool = False) -> None:
+                 token_ids: bool = False, logprob_ids: bool = False,
+                 reasoning: ReasoningFormat | None = None) -> None:
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -86,6 +90,13 @@ class ResponseBuilder:
         # vLLM's `return_token_ids` and `return_tokens_as_token_ids`.
         self.want_token_ids = token_ids
         self.logprob_ids = logprob_ids
+        # A chat answer's reasoning, apart from its content (api/reasoning.py);
+        # its tokens are kept to count the reasoning's.
+        self.reasoning = reasoning if chat else None
+        if self.reasoning is not None:
+            for c in self.choices:
+                c.reasoner = ReasoningParser(self.reasoning)
+        self.keep_ids = token_ids or self.reasoning is not None
 
     @property
     def object(self) -> str:
@@ -103,10 +114,16 @@ class ResponseBuilder:
         cached = sum(max((c.metrics or {}).get("cached_tokens", 0)
                          for c in self.choices if c.prompt == p)
                      for p in range(len(self.prompts)))
-        return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)
-                     ).model_dump()
+        usage = Usage(prompt_tokens=prompt, completion_tokens=completion,
+                      total_tokens=prompt + completion,
+                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)
+                      ).model_dump()
+        if self.reasoning is not None:
+            fmt = self.reasoning
+            usage["completion_tokens_details"] = {"reasoning_tokens": sum(
+                reasoning_token_count([self.tokens.text(t) for t in c.ids])
+                for c in self.choices if split_reasoning("".join(c.text), fmt)[0] is not None)}
+        return usage
 
     # Streaming ------------------------------------------------------------
 
@@ -139,7 +156,7 @@ class ResponseBuilder:
                 entries = echo_entries + entries
         c.text.append(text)
         c.num_tokens += len(delta["token_ids"])
-        if self.want_token_ids:
+        if self.keep_ids:
             c.ids += delta["token_ids"]
         if delta["token_ids"]:
             c.last_token = delta["token_ids"][-1]
@@ -153,10 +170,18 @@ class ResponseBuilder:
                 c.finish_reason = finish
                 c.metrics = delta.get("metrics")
             return chunks
+        thought = ""
+        if c.reasoner is not None:
+            thought, text = c.reasoner.feed(text)
+            if finish is not None:
+                more, rest = c.reasoner.finish()
+                thought, text = thought + more, text + rest
         if c.parser is not None:
-            return self._tool_chunks(c, text, entries, finish, delta.get("metrics"))
-        if text or entries or finish is None:
-            chunks.append(self._chunk(self._stream_choice(c, text, entries, None)))
+            return self._tool_chunks(c, text, entries, finish, delta.get("metrics"), thought)
+        if text or entries or thought or (finish is None and c.reasoner is None):
+            chunks.append(self._chunk(self._stream_choice(
+                c, text if c.reasoner is None else text or None, entries, None,
+                thought=thought)))
         if finish is not None:
             c.finish_reason = finish
             c.metrics = delta.get("metrics")
@@ -165,7 +190,8 @@ class ResponseBuilder:
         return chunks
 
     def _tool_chunks(self, c: _Choice, text: str, entries: list[Entry], finish: str | None,
-                     metrics: dict[str, Any] | None) -> list[dict[str, Any]]:
+                     metrics: dict[str, Any] | None, thought: str = ""
+                     ) -> list[dict[str, Any]]:
         """A chat answer's chunks with tools offered: content and tool-call
         deltas as the parser releases them; the finish reason is
         `tool_calls` where calls ended the answer."""
@@ -175,9 +201,9 @@ class ResponseBuilder:
             rest, more, finish = c.parser.finish(finish)
             content, calls = content + rest, calls + more
         chunks: list[dict[str, Any]] = []
-        if content or calls or entries or self._unsent_ids(c):
+        if content or calls or entries or thought or self._unsent_ids(c):
             chunks.append(self._chunk(self._stream_choice(c, content or None, entries, None,
-                                                          calls)))
+                                                          calls, thought)))
         if finish is not None:
             c.finish_reason, c.metrics, c.parsed = finish, metrics, True
             chunks.append(self._chunk(self._stream_choice(c, None, [], finish), metrics=metrics))
@@ -188,8 +214,8 @@ class ResponseBuilder:
                 "model": self.model, "choices": [], "usage": self.usage()}
 
     def _stream_choice(self, c: _Choice, text: str | None, entries: list[Entry],
-                       finish: str | None, calls: list[dict[str, Any]] | None = None
-                       ) -> dict[str, Any]:
+                       finish: str | None, calls: list[dict[str, Any]] | None = None,
+                       thought: str = "") -> dict[str, Any]:
         logprobs = None
         if self.want_logprobs and entries:
             logprobs = self._logprobs(c, entries)
@@ -205,6 +231,8 @@ class ResponseBuilder:
             c.ids_sent = len(c.ids)
         if self.chat:
             delta: dict[str, Any] = {} if text is None else {"content": text}
+            if thought:  # vLLM's names: `reasoning`, and the older `reasoning_content`
+                delta["reasoning"] = delta["reasoning_content"] = thought
             if calls:
                 delta["tool_calls"] = calls
             return {"index": c.index, "delta": delta, "logprobs": logprobs,
@@ -237,7 +265,12 @@ class ResponseBuilder:
                 logprobs = self._logprobs(c, c.logprobs)
             text = "".join(c.text)
             if self.chat:
+                reasoning = None
+                if self.reasoning is not None:
+                    reasoning, text = split_reasoning(text, self.reasoning)
                 message: dict[str, Any] = {"role": "assistant", "content": text}
+                if reasoning is not None:
+                    message["reasoning"] = message["reasoning_content"] = reasoning
                 finish = c.finish_reason
                 if c.parser is not None:
                     if not c.parsed:

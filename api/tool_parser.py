@@ -26,7 +26,7 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _partial_tail(text: str, tag: str) -> int:
+def partial_tail(text: str, tag: str) -> int:
     """Length of the longest end of `text` that begins `tag`."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-k:]):
@@ -68,7 +68,7 @@ class ToolCallParser:
             if not self._in_call:
                 k = self._buf.find(trigger)
                 if k < 0:
-                    cut = len(self._buf) - _partial_tail(self._buf, trigger)
+                    cut = len(self._buf) - partial_tail(self._buf, trigger)
                     content.append(self._buf[:cut])
                     self._buf = self._buf[cut:]
                     break

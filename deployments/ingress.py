@@ -52,6 +52,7 @@ from api.protocol import (
     new_id,
     now_s,
 )
+from api.reasoning import check_reasoning, reasoning_format
 from api.responses import PromptInput, ResponseBuilder
 from api.structured import requested_structure
 from api.tokenize_route import TokenizeRoutes, chat_ids, encode
@@ -183,7 +184,7 @@ class Ingress:
         req = await self.parse_body(request, ChatCompletionRequest)
         self.chat_store.check(req)
         async with self.door.start(req.job_class == "offline", req.priority):
-            started = await self.start_chat(req)
+            started = await self.start_chat(req, split_reasoning=True)
         return await self._respond(req, started)
 
     async def batch_request(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -211,13 +212,18 @@ class Ingress:
         return await self._start(req, prompts, chat=False, predict_texts=[
             pi.text for pi in prompts])
 
-    async def start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
-        """Admit chat request `req`; open its stream (the Responses route too)."""
+    async def start_chat(self, req: ChatCompletionRequest, split_reasoning: bool = False
+                         ) -> tuple[ResponseBuilder, Any]:
+        """Admit chat request `req`; open its stream (the Responses and
+        Messages routes too).  `split_reasoning`: the answer's reasoning
+        apart from its content (`reasoning_parser`), as chat completions give it."""
         # The prompt, the grammar and the parser read one tool use.
         tools, text, ids = chat_ids(req, self.tokenizer, self.tool_format)
+        check_reasoning(req, tools, self.cfg.reasoning_parser)
         users = [m.text() for m in req.messages if m.role == "user"]
         return await self._start(req, [PromptInput(ids, text)], chat=True,
-                                 predict_texts=[users[-1] if users else text], tools=tools)
+                                 predict_texts=[users[-1] if users else text], tools=tools,
+                                 reasoning=split_reasoning)
 
     # Plumbing -------------------------------------------------------------
 
@@ -238,7 +244,7 @@ class Ingress:
 
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
                      predict_texts: list[str], tools: ToolUse | None = None,
-                     ) -> tuple[ResponseBuilder, Any]:
+                     reasoning: bool = False) -> tuple[ResponseBuilder, Any]:
         """Admit the request and open its engine stream."""
         request_id = new_id("chatcmpl" if chat else "cmpl")
         gens = [generate_request(self, req, p, request_id if len(prompts) == 1
@@ -266,7 +272,9 @@ class Ingress:
                                   echo=bool(getattr(req, "echo", False)),
                                   prompt_logprobs=req.prompt_logprobs is not None,
                                   tools=tools, token_ids=req.return_token_ids,
-                                  logprob_ids=req.return_tokens_as_token_ids)
+                                  logprob_ids=req.return_tokens_as_token_ids,
+                                  reasoning=reasoning_format(self.cfg.reasoning_parser)
+                                  if reasoning else None)
         return builder, stream
 
     async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:

@@ -1,0 +1,129 @@
+"""A reasoning model's answers (`reasoning_parser`, api/reasoning.py): the
+reasoning apart from the content on chat completions, whole and streamed,
+with tool calls read from the content, its tokens counted, and grammars
+that would bind the reasoning refused by name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from api.reasoning import ReasoningParser, reasoning_token_count, split_reasoning
+from tests.api.harness import Harness, harness
+
+ANSWER = "<think>\nThe user asks for a capital.</think>\n\nParis."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+MSGS = [{"role": "user", "content": "Capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def r1() -> Iterator[Harness]:
+    with harness(max_model_len=1024, reasoning_parser="deepseek_r1") as h:
+        yield h
+
+
+@pytest.fixture
+def h(r1: Harness) -> Iterator[Harness]:
+    yield r1
+    r1.engine.state.answer = None
+
+
+def _chat(h: Harness, **body: Any) -> Any:
+    r = h.client.post("/v1/chat/completions", json={
+        "model": h.model_name, "max_tokens": 64, "messages": MSGS, **body})
+    if not body.get("stream"):
+        return r
+    assert r.status_code == 200, r.text
+    raw = [e[len("data: "):] for e in r.text.split("\n\n") if e]
+    return [json.loads(e) for e in raw[:-1]]
+
+
+@pytest.mark.parametrize("fmt", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize("text", [ANSWER, "No tags: all reasoning for R1.",
+                                  "Thinking...</think> Done.", "<think>cut short",
+                                  "  <thi", "a < b <th", "<think></think>\n\nOnly this."])
+def test_streamed_pieces_split_as_the_whole_does(fmt: str, text: str) -> None:
+    whole = split_reasoning(text, fmt)  # type: ignore[arg-type]
+    for step in (1, 2, 3, 5, 8):
+        p = ReasoningParser(fmt)  # type: ignore[arg-type]
+        parts = [p.feed(text[i:i + step]) for i in range(0, len(text), step)] + [p.finish()]
+        got = ("".join(r for r, _ in parts) if p.reasoned else None,
+               "".join(c for _, c in parts))
+        assert got == whole, (step, got, whole)
+    if text == ANSWER:
+        assert whole == ("\nThe user asks for a capital.", "Paris.")
+    if text.startswith("No tags"):
+        assert whole == ((text, "") if fmt == "deepseek_r1" else (None, text))
+
+
+def test_reasoning_tokens_end_with_the_closing_tag() -> None:
+    assert reasoning_token_count(["<think>", "a", "</", "think", ">", "\n\n", "b"]) == 5
+    assert reasoning_token_count(["a", "b"]) == 2
+
+
+def test_a_chat_answer_carries_its_reasoning_apart(h: Harness) -> None:
+    h.engine.state.answer = ANSWER
+    out = _chat(h).json()
+    message = out["choices"][0]["message"]
+    assert message["content"] == "Paris."
+    assert message["reasoning"] == message["reasoning_content"] == \
+        "\nThe user asks for a capital."
+    tok = h.engine.state.tokenizer
+    ids = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    want = reasoning_token_count([tok.decode([t]) for t in ids])
+    assert 0 < want < len(ids)
+    assert out["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
+    # Streamed, one token a chunk: the same two texts, nothing of the tags.
+    events = _chat(h, stream=True, stream_options={"include_usage": True})
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
+    assert all(d.get("reasoning_content") == d.get("reasoning") for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == "Paris."
+    assert events[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
+
+
+def test_tool_calls_are_read_from_the_content(h: Harness) -> None:
+    h.engine.state.answer = "<think>I need the weather.</think>\n" + CALL
+    out = _chat(h, tools=[WEATHER]).json()["choices"][0]
+    assert out["finish_reason"] == "tool_calls"
+    assert out["message"]["reasoning"] == "I need the weather."
+    assert [c["function"]["name"] for c in out["message"]["tool_calls"]] == ["get_weather"]
+    events = _chat(h, tools=[WEATHER], stream=True)
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "I need the weather."
+    assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == \
+        ["get_weather"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+])
+def test_grammars_that_would_bind_the_reasoning_are_refused(
+        h: Harness, body: dict[str, Any], param: str) -> None:
+    r = _chat(h, **body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "reasoning_parser" in r.json()["error"]["message"]
+    assert _chat(h, response_format={"type": "text"}).status_code == 200
+
+
+def test_other_apis_return_the_text_as_written(h: Harness) -> None:
+    h.engine.state.answer = ANSWER
+    r = h.client.post("/v1/responses", json={"model": h.model_name, "input": "Capital?",
+                                             "store": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == ANSWER
+
+
+def test_without_a_parser_the_answer_is_as_written(wide: Harness) -> None:
+    wide.engine.state.answer = ANSWER
+    out = _chat(wide).json()
+    assert out["choices"][0]["message"]["content"] == ANSWER
+    assert "reasoning" not in out["choices"][0]["message"]
+    assert "completion_tokens_details" not in out["usage"]
