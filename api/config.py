@@ -403,6 +403,13 @@ class AppConfig(SchedulingSettings):
         if self.lora_adapters and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("lora_adapters: not served with tensor_parallel_size or "
                              "pipeline_parallel_size > 1")
+        if self.speculative.num_tokens and (
+                self.tensor_parallel_size * self.pipeline_parallel_size > 1
+                or self.async_scheduling is True):
+            raise ValueError("speculative.num_tokens: drafts are verified by one model "
+                             "process planning each step after the last (not with "
+                             "tensor_parallel_size or pipeline_parallel_size > 1, nor "
+                             "async_scheduling: true)")
         if self.lora_runtime.enabled \
                 and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("lora_runtime.enabled: not served with tensor_parallel_size or "
@@ -415,7 +422,8 @@ class AppConfig(SchedulingSettings):
     def schedules_ahead(self) -> bool:
         """`async_scheduling` resolved."""
         if self.async_scheduling == "auto":
-            return self.device == "cuda" \
+            # Drafts are planned from the tokens of the step before.
+            return self.device == "cuda" and not self.speculative.num_tokens \
                 and self.tensor_parallel_size * self.pipeline_parallel_size == 1
         return bool(self.async_scheduling)
 

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from api.batch import Metadata
-from api.chat_messages import ChatMessage, one_ending, opens_answer
+from api.chat_messages import ChatMessage, ContentPart, one_ending, opens_answer
 from api.structured import ResponseFormat, StructuredOutputs
 from api.tools import ToolChoice, ToolDefinition
 from api.unsupported import UnsupportedFields
@@ -234,9 +234,22 @@ class CompletionRequest(_SamplingFields):
         return p  # type: ignore[return-value]
 
 
+class Prediction(BaseModel):
+    """OpenAI's `prediction`: `{"type": "content", "content": text or text parts}`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(
+            p.text for p in self.content)
+
+
 class ChatCompletionRequest(_SamplingFields):
     served: ClassVar[frozenset[str]] = frozenset(
-        {"store", "metadata", "add_generation_prompt", "continue_final_message"})
+        {"store", "metadata", "add_generation_prompt", "continue_final_message", "prediction"})
 
     messages: list[ChatMessage] = Field(..., min_length=1)
     # vLLM's prefill: the prompt ends inside the final message, which the
@@ -259,6 +272,9 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's Predicted Outputs: text the answer is expected to repeat much
+    # of, proposed as drafts for speculative decoding (scheduler/speculation.py).
+    prediction: Prediction | None = None
 
     @field_validator("continue_final_message")
     @classmethod
@@ -342,6 +358,10 @@ class JobMetrics(BaseModel):
     prediction_delay: float | None = None
     # Prompt tokens whose KV was found in the prefix cache.
     cached_tokens: int = 0
+    # With a `prediction`: its tokens proposed as drafts and accepted, and
+    # proposed and refused (OpenAI's usage.completion_tokens_details).
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
 
 class Admission(BaseModel):
@@ -416,6 +436,8 @@ class GenerateRequest(BaseModel):
     # A runtime-loaded adapter's folder and load time (engine/lora_pool.py).
     adapter_path: str | None = None
     adapter_loaded_at: float | None = None
+    # Predicted Outputs: the prediction's tokens, drafts for every choice.
+    prediction_token_ids: list[int] | None = None
     n: int = 1
     # vLLM's meaning: lower runs first; 0 is the default.
     priority: int = 0

@@ -118,11 +118,17 @@ class ResponseBuilder:
                       total_tokens=prompt + completion,
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)
                       ).model_dump()
+        predicted = [c.metrics for c in self.choices
+                     if c.metrics and c.metrics.get("accepted_prediction_tokens") is not None]
+        if predicted:  # OpenAI's Predicted Outputs
+            usage["completion_tokens_details"] = {
+                f"{k}_prediction_tokens": sum(m[f"{k}_prediction_tokens"] for m in predicted)
+                for k in ("accepted", "rejected")}
         if self.reasoning is not None:
             fmt = self.reasoning
-            usage["completion_tokens_details"] = {"reasoning_tokens": sum(
+            usage.setdefault("completion_tokens_details", {})["reasoning_tokens"] = sum(
                 reasoning_token_count([self.tokens.text(t) for t in c.ids])
-                for c in self.choices if split_reasoning("".join(c.text), fmt)[0] is not None)}
+                for c in self.choices if split_reasoning("".join(c.text), fmt)[0] is not None)
         return usage
 
     # Streaming ------------------------------------------------------------

@@ -19,7 +19,8 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "function_call": ((None, "none"), "deprecated: send tool_choice with tools"),
     "audio": ((None,), "audio output is not supported"),
     "modalities": ((None, ["text"]), "only text output is supported"),
-    "prediction": ((None,), "predicted outputs are not supported"),
+    # Served on chat (api/protocol.py, speculative decoding).
+    "prediction": ((None,), "a chat request's field"),
     "web_search_options": ((None,), "web search is not supported"),
     "reasoning_effort": ((None,), "this model does not reason"),
     "verbosity": ((None,), "verbosity control is not supported"),

@@ -35,6 +35,7 @@ from deployments.delivery import Delivery, EngineStopped, JobMoved
 from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from deployments.engine_pinning import pin_replica
+from deployments.generate_request import sampling_params
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
 from scheduler.cost import CostEstimator
@@ -49,22 +50,6 @@ REPORT_INTERVAL_S = 0.5
 # its output at most this often: an item a token cost the engine's core and
 # the Ingress ~0.4 ms each (studies/conserve_live/README.md, "Unstreamed").
 HOLD_UNSTREAMED_S = 1.0
-
-
-# The request fields a choice's SamplingParams take as they are.
-_PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
-           "skip_special_tokens", "stop_token_ids", "max_tokens", "ignore_eos", "min_tokens",
-           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-           "logprobs", "prompt_logprobs", "structured", "adapter", "adapter_path",
-           "adapter_loaded_at")
-
-
-def _sampling_params(req: GenerateRequest, index: int = 0):  # type: ignore[no-untyped-def]
-    """Choice `index`'s parameters, seeded `seed + index`: vLLM's rule."""
-    from engine.sampling_params import SamplingParams
-
-    return SamplingParams(seed=None if req.seed is None else req.seed + index,
-                          **{f: getattr(req, f) for f in _PARAMS})
 
 
 def _graph_limits(cfg: AppConfig, sched: Any) -> tuple[int, int]:
@@ -197,7 +182,7 @@ class Engine(EngineFigures):
         self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}
         # Offline `generate` calls accepted (scheduler/offline_pool.py).
         self.offline_accepted = 0
-        self.loop = EngineLoop(self.runner, self.core, _sampling_params, self._deliver,
+        self.loop = EngineLoop(self.runner, self.core, sampling_params, self._deliver,
                                cost=cost, live_cost=self.live_cost,
                                ahead=self.cfg.schedules_ahead)
         # Started offline requests may move, their KV through the
@@ -329,6 +314,8 @@ class Engine(EngineFigures):
                             prompt=p, index=index, token_ids=[], text="")
                     if ev.token_id is not None:
                         has_tokens = True
+                        if ev.accepted:
+                            delta.token_ids += ev.accepted
                         delta.token_ids.append(ev.token_id)
                         if ev.logprobs is not None:
                             delta.logprobs = (delta.logprobs or []) + [

@@ -67,6 +67,7 @@ class EngineFigures:
             "plan_time": ls.plan_time,
             "complete_time": ls.complete_time,
             "tokens_out": ls.tokens_out,
+            "speculative": {"drafted": ls.drafted, "accepted": ls.accepted},
             "interrupted_passes": ls.interrupted,
             "tokens_by_class": dict(ls.tokens_by_class),
             "resumed": {"jobs": ls.resumed_jobs,

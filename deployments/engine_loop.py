@@ -276,6 +276,7 @@ class EngineLoop:
                     job_class=JobClass(req.job_class),
                     priority=req.priority,
                     cache_salt=req.cache_salt,
+                    prediction=req.prediction_token_ids,
                 )
                 if outputs is not None:
                     self.stats.resumed_jobs += 1
@@ -306,6 +307,8 @@ class EngineLoop:
                     params = params.model_copy(update={"prompt_logprobs": None})
                 self.runner.add_request(job_id, params, job.prompt_token_ids,
                                         output_token_ids=outputs)
+                job.speculate = bool(self.core.config.speculative.num_tokens
+                                     and getattr(params, "draftable", False))
         except Exception as e:  # a bad request must not take the loop down
             log.warning("rejected %s: %s", req.request_id, e)
             self._movable.discard(req.request_id)
@@ -460,12 +463,8 @@ class EngineLoop:
             self.stats.recent_plans.append(trace)
         self.stats.count_preempted(self._jobs.get(j) for j in plan.preempted)
         out: list[Delivery] = []
+        self.stats.count_outputs(plan, it.events, self._jobs)
         for ev in it.events:
-            if ev.token_id is not None:
-                self.stats.tokens_out += 1
-                job = self._jobs.get(ev.job_id)
-                if job is not None:
-                    self.stats.count_token(job)
             metrics = None
             if ev.finished:  # the driver dropped it from the runner
                 metrics = self._metrics(ev.job_id)

@@ -11,6 +11,7 @@ from typing import Any
 from api.errors import APIError
 from api.protocol import GenerateRequest
 from api.responses import PromptInput
+from engine.sampling_params import SamplingParams
 
 
 def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, chat: bool
@@ -73,4 +74,42 @@ def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, c
         f"lora:{adapter}@{runtime and runtime.loaded_at}\x00{req.cache_salt or ''}",
         prompt_cache_key=req.prompt_cache_key,
         arrival_time=time.time(), streamed=bool(req.stream),
-        user=req.user or req.safety_identifier)
+        user=req.user or req.safety_identifier,
+        prediction_token_ids=_predicted(ing, req) if chat else None)
+
+
+def _predicted(ing: Any, req: Any) -> list[int] | None:
+    """A chat request's `prediction` as tokens (OpenAI's Predicted Outputs:
+    drafts for speculative decoding)."""
+    if req.prediction is None:
+        return None
+    if not ing.cfg.speculative.num_tokens:
+        raise APIError(400, "prediction needs speculative decoding, which this server has "
+                       "off (speculative.num_tokens is 0)", "prediction")
+    text = req.prediction.text()
+    return list(ing.tokenizer(text, add_special_tokens=False)["input_ids"])[
+        :ing.cfg.max_model_len]
+
+
+def check_prediction(req: Any, gen: GenerateRequest) -> None:
+    """A 400 naming `prediction` for a request whose drafts the engine could
+    not verify (engine/speculative.py: plain greedy decoding only); called
+    once its structure is known."""
+    if gen.prediction_token_ids is not None and not sampling_params(gen).draftable:
+        raise APIError(400, "prediction is served for plain greedy requests: temperature "
+                       "0, without penalties, logit_bias, logprobs, min_tokens, structured "
+                       "output or tools", "prediction")
+
+
+# The request fields a choice's SamplingParams take as they are.
+_PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
+           "skip_special_tokens", "stop_token_ids", "max_tokens", "ignore_eos", "min_tokens",
+           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+           "logprobs", "prompt_logprobs", "structured", "adapter", "adapter_path",
+           "adapter_loaded_at")
+
+
+def sampling_params(req: GenerateRequest, index: int = 0) -> SamplingParams:
+    """Choice `index`'s parameters, seeded `seed + index`: vLLM's rule."""
+    return SamplingParams(seed=None if req.seed is None else req.seed + index,
+                          **{f: getattr(req, f) for f in _PARAMS})

@@ -59,7 +59,7 @@ from api.tokenize_route import TokenizeRoutes, chat_ids, encode
 from api.tool_formats import tool_format
 from api.tools import ToolUse
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
-from deployments.generate_request import generate_request
+from deployments.generate_request import check_prediction, generate_request
 from deployments.ingress_metrics import IngressMetrics
 from deployments.lora_routes import LoraRoutes
 from deployments.online_first import OnlineFirstDoor
@@ -253,6 +253,7 @@ class Ingress:
         structure = await requested_structure(req, tools)
         for g in gens:
             g.admission_id, g.structured = request_id, structure
+        check_prediction(req, gens[0])
         replica = await self._admit(request_id, gens)
         stream = ResumableStream(
             gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],

@@ -23,6 +23,10 @@ def job_metrics(job: Job) -> JobMetrics:
         prediction_delay=(None if job.prediction_time is None
                           else max(0.0, job.prediction_time - arrival)),
         cached_tokens=job.num_cached_tokens,
+        **({} if job.prediction is None else {
+            "accepted_prediction_tokens": job.num_prediction_accepted,
+            "rejected_prediction_tokens": job.num_prediction_drafted
+            - job.num_prediction_accepted}),
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from deployments.job_metrics import FinishedJob
+from scheduler.core import JobEvent
 from scheduler.cost import LinearCost
 from scheduler.iteration import Iteration
 from scheduler.job import Job, JobClass
@@ -31,6 +32,9 @@ class LoopStats:
     plan_time: float = 0.0
     complete_time: float = 0.0
     tokens_out: int = 0
+    # Speculative decoding: draft tokens verified, and those accepted.
+    drafted: int = 0
+    accepted: int = 0
     # Passes cut between layers for an online arrival, and their seconds.
     interrupted: int = 0
     interrupted_time: float = 0.0
@@ -114,11 +118,25 @@ class LoopStats:
             if job is not None:
                 by_class[job.job_class.value] = by_class.get(job.job_class.value, 0) + 1
 
-    def count_token(self, job: Job) -> None:
-        """A token `job` sampled: by class, and an offline job's first."""
+    def count_outputs(self, plan: Plan, events: list[JobEvent], jobs: dict[str, Job]) -> None:
+        """The tokens a completed plan yielded, and its drafts."""
+        self.drafted += sum(c.draft for c in plan.chunks)
+        for ev in events:
+            if ev.token_id is None:
+                continue
+            n = 1 + len(ev.accepted or ())
+            self.accepted += n - 1
+            self.tokens_out += n
+            job = jobs.get(ev.job_id)
+            if job is not None:
+                self.count_token(job, n)
+
+    def count_token(self, job: Job, n: int = 1) -> None:
+        """`n` tokens `job` yielded in one step (more than one with accepted
+        drafts): by class, and an offline job's first."""
         cls = job.job_class.value
-        self.tokens_by_class[cls] = self.tokens_by_class.get(cls, 0) + 1
-        if job.job_class is JobClass.OFFLINE and job.num_output_tokens == 1:
+        self.tokens_by_class[cls] = self.tokens_by_class.get(cls, 0) + n
+        if job.job_class is JobClass.OFFLINE and job.num_output_tokens == n:
             self.offline_started += 1
 
     def idle(self) -> None:

@@ -19,7 +19,8 @@ class PreparedStep:
     input_ids: list[int]
     positions: list[int]
     spans: list[SeqSpan]
-    # Logits rows: the sampled chunks' last tokens, then owed prompt positions.
+    # Logits rows: the sampled chunks' last tokens, then the rows verifying
+    # drafts (`verify`), then owed prompt positions.
     logits_indices: list[int]
     sampled: list[tuple[ScheduledChunk, RequestState]]
     prompt_rows: list[PromptRows]
@@ -29,3 +30,8 @@ class PreparedStep:
     fill_from: list[int]
     # id(adapter) -> the LoRA adapter and the rows of its requests' tokens.
     lora_rows: dict[int, tuple[Adapter, list[int]]] = field(default_factory=dict)
+    # Speculative decoding (engine/speculative.py): index in `sampled` of a
+    # chunk with drafts -> where its verifying rows start among the rows
+    # after the sampled ones; and how many such rows there are.
+    verify: dict[int, int] = field(default_factory=dict)
+    num_verify: int = 0

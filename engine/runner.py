@@ -28,6 +28,7 @@ from engine.kv_cache import KVCache
 from engine.length_head import first_token_lengths, first_token_rows, load_head
 from engine.lora import load_adapters
 from engine.lora_pool import AdapterPool
+from engine.speculative import speculative_output
 from engine.model_source import resolve_model
 from engine.models import model_class
 from engine.models.base import fixed_tiles
@@ -384,9 +385,9 @@ class ModelRunner(PlanPreparing, ShardDriving):
                     swaps_in_failed=failed, interrupted=True)
                 return pending
             if logits is not None:
-                tokens = self.sampler.sample_tensor(logits[: len(sampled)],
-                                                    self._sample_requests(sampled),
-                                                    exact=pending.exact)
+                tokens = self.sampler.sample_tensor(
+                    logits[: len(sampled) + prepared.num_verify],
+                    self._sample_requests(sampled), exact=pending.exact)
                 pending.tokens, pending.logits = tokens, logits
                 pending.reads_logits = bool(prepared.prompt_rows) or any(
                     s.params.logprobs is not None for _, s in sampled)
@@ -411,7 +412,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         if pending.logits is not None and pending.reads_logits:
             with torch.inference_mode():
                 logprobs = sampled_logprobs(pending.logits[: len(sampled)], sampled, tokens)
-                record_prompt_logprobs(pending.logits[len(sampled):], prepared.prompt_rows)
+                record_prompt_logprobs(pending.logits[len(sampled) + prepared.num_verify:],
+                                       prepared.prompt_rows)
         landed = time.perf_counter()
         # From launch, or from the previous pass's landing where this one
         # was queued behind it: this pass's own share of the device.
@@ -425,6 +427,12 @@ class ModelRunner(PlanPreparing, ShardDriving):
         for i, ((chunk, state), token) in enumerate(zip(sampled, tokens)):
             if requests.get(chunk.job_id) is not state:
                 continue  # ended (or aborted) while this pass was in flight
+            if chunk.draft:
+                at = len(sampled) + prepared.verify[i]
+                results[chunk.job_id] = speculative_output(
+                    chunk, state, tokens[at:at + chunk.draft], token, self.max_model_len,
+                    later and state.text_can_wait)
+                continue
             prompt_lps = state.take_prompt_logprobs() if chunk.output_index == 0 else None
             text, decode = "", None
             if later and state.text_can_wait:
@@ -452,8 +460,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         graphs, mixed = self.graphs, self.mixed_graphs
         head = self.length_head  # read once: `reconfigure` may replace it
         firsts = first_token_rows(head, prepared.sampled)
-        if graphs is not None and not (plan.preemptible_at_layers or prepared.prompt_rows
-                                       or firsts or prepared.lora_rows):  # LoRA: eager
+        if graphs is not None and not (plan.preemptible_at_layers or prepared.prompt_rows or firsts
+                                       or prepared.lora_rows or prepared.num_verify):
             n, num = len(prepared.input_ids), len(prepared.spans)
             if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
                 self.preempt_flag.clear()  # as after any pass that may not be cut

@@ -108,7 +108,11 @@ class PlanPreparing:
             allowed = {i: bitmask[k] for k, (i, _) in enumerate(grammars) if not open_[k]}
         return [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
                               s.prompt_token_ids, s.output_token_ids, allowed.get(i))
-                for i, (c, s) in enumerate(sampled)]
+                for i, (c, s) in enumerate(sampled)] + [
+            # Drafts are verified for plain greedy requests only.
+            SampleRequest(s.params, c.output_index + j, (), s.prompt_token_ids,
+                          s.output_token_ids, None)
+            for c, s in sampled for j in range(c.draft)]
 
     def _host_tokens(self, pending: Pending) -> tuple[list[int], float]:
         """The sampled ids on the host, and the seconds `on_launch` took: on
@@ -141,6 +145,8 @@ class PlanPreparing:
         fill_rows: list[int] = []
         fill_from: list[int] = []
         lora_rows: dict[int, tuple[Adapter, list[int]]] = {}
+        verify: dict[int, int] = {}
+        verify_rows: list[int] = []
         for chunk in ordered:
             state = self._state(chunk)
             end = chunk.start_pos + chunk.num_tokens
@@ -168,9 +174,15 @@ class PlanPreparing:
             if chunk.sample:
                 self._check_sample_point(chunk, state, in_flight)
                 logits_indices.append(len(input_ids) - 1)
+                if chunk.draft:  # the rows whose picks the drafts must match
+                    verify[len(sampled)] = len(verify_rows)
+                    verify_rows.extend(range(len(input_ids) - 1 - chunk.draft,
+                                             len(input_ids) - 1))
                 sampled.append((chunk, state))
-        return PreparedStep(input_ids, positions, spans, logits_indices + prompt_indices, sampled,
-                            prompt_rows, fill_rows, fill_from, lora_rows)
+        return PreparedStep(input_ids, positions, spans,
+                            logits_indices + verify_rows + prompt_indices, sampled,
+                            prompt_rows, fill_rows, fill_from, lora_rows, verify,
+                            len(verify_rows))
 
     def _pending_token(self, chunk: ScheduledChunk, state: RequestState, offset: int,
                        fill_rows: list[int], fill_from: list[int]) -> tuple[list[int], int]:
@@ -250,7 +262,7 @@ class PlanPreparing:
         # `in_flight`: outputs sampled by the pass in flight, not yet here.
         if (
             chunk.output_index != len(state.output_token_ids) + in_flight
-            or chunk.start_pos + chunk.num_tokens != state.num_tokens + in_flight
+            or chunk.start_pos + chunk.num_known_tokens != state.num_tokens + in_flight
         ):
             raise RuntimeError(
                 f"job {chunk.job_id}: scheduler samples output {chunk.output_index} after "

@@ -147,6 +147,13 @@ class SamplingParams(BaseModel):
         return self.top_k > 0
 
     @property
+    def draftable(self) -> bool:
+        """Speculative drafts can be verified for it (engine/speculative.py):
+        plain greedy decoding, each token the argmax of the raw logits."""
+        return (self.greedy and not self.has_penalties and not self.logit_bias
+                and self.logprobs is None and self.structured is None and not self.min_tokens)
+
+    @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)

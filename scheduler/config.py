@@ -181,6 +181,32 @@ class SurvivalConfig(BaseModel):
     max_blocks_per_iteration: int = Field(64, ge=1)
 
 
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding with drafts looked up in the job's own tokens
+    (prompt lookup: an n-gram ending the text is found earlier in it, and
+    the tokens that followed it there are proposed; scheduler/speculation.py).
+    The engine verifies the drafts in the job's decode pass, which then
+    yields the accepted drafts and one more token; greedy requests only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Draft tokens proposed per decode step, at most; 0: off.
+    num_tokens: int = Field(0, ge=0, le=16)
+    # Lengths of the n-gram looked up, the longest first.
+    min_ngram: int = Field(2, ge=1, le=16)
+    max_ngram: int = Field(4, ge=1, le=16)
+    # Drafts are proposed only while a plan decodes at most this many jobs:
+    # verifying k drafts costs a step what k more rows do, which pays while
+    # a step is bound by reading the weights, not once it is bound by compute.
+    max_batch: int = Field(8, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> "SpeculativeConfig":
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram {self.min_ngram} exceeds max_ngram {self.max_ngram}")
+        return self
+
+
 class SchedulingSettings(BaseModel):
     """The scheduling fields a user sets as they are.  The KV sizes are not
     here: the scheduler counts them in blocks, a user in tokens."""
@@ -216,6 +242,7 @@ class SchedulingSettings(BaseModel):
     conserve: ConserveConfig = ConserveConfig()
     econoserve: EconoserveConfig = EconoserveConfig()
     survival: SurvivalConfig = SurvivalConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     @field_validator("policy")
     @classmethod

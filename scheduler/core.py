@@ -20,6 +20,7 @@ from scheduler.policies import policy_class
 from scheduler.cost import CostEstimator
 from scheduler.policy import Clock
 from scheduler.sharing import PromptSharing
+from scheduler.speculation import add_drafts
 from scheduler.swap import SwapManager
 
 
@@ -42,6 +43,8 @@ class JobEvent:
     text_later: Callable[[], str] | None = None
     # The stop string or stop token id that ended it (`JobOutput.stop_reason`).
     stop_reason: str | int | None = None
+    # Accepted drafts, before `token_id` (`JobOutput.accepted`).
+    accepted: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -162,6 +165,10 @@ class SchedulerCore:
     def schedule(self) -> Plan:
         self._step += 1
         plan = self.policy.schedule(self._step)
+        cfg = self.config
+        if cfg.speculative.num_tokens:
+            add_drafts(plan, self.jobs, cfg.speculative, cfg.block_size, cfg.max_model_len,
+                       cfg.max_batch_tokens)
         self.batch = frozenset(c.job_id for c in plan.chunks)
         self._release_siblings(self.sharing.release_evicted())
         if plan.block_ops:
@@ -201,18 +208,25 @@ class SchedulerCore:
             job = jobs.get(chunk.job_id)
             if job is None:  # aborted while the iteration ran
                 continue
-            job.num_computed_tokens += len(chunk.token_ids)
-            if prefix is not None and len(chunk.token_ids) > 1:
+            out = outputs.get(chunk.job_id)
+            accepted = out.accepted if out is not None else ()
+            # A draft's KV counts only if it was accepted (speculation.py).
+            job.num_computed_tokens += chunk.num_known_tokens + len(accepted)
+            if prefix is not None and chunk.num_known_tokens > 1:
                 # A prefilled prompt is found by jobs arriving from now on
                 # (blocks a decode fills are indexed at its next `grow`).
                 prefix.index(job, job.num_computed_tokens)
             job.attained_service += spent
             if sharing is not None:
                 self._release_siblings(sharing.on_computed(job))
-            out = outputs.get(chunk.job_id)
             if not chunk.sample or out is None or out.token_id is None:
                 continue
             produced = job.output_token_ids
+            if accepted:
+                produced += accepted
+                job.num_accepted += len(accepted)
+                if job.predicted_drafts:
+                    job.num_prediction_accepted += len(accepted)
             produced.append(out.token_id)
             if out.predicted_output_len is not None:
                 self._engine_prediction(job, out.predicted_output_len)
@@ -228,7 +242,7 @@ class SchedulerCore:
                 self._finish(job, reason, now)
             events.append(JobEvent(job.job_id, out.token_id, out.text, reason is not None,
                                    reason, out.logprobs, out.prompt_logprobs,
-                                   out.text_later, out.stop_reason))
+                                   out.text_later, out.stop_reason, accepted or None))
         self.policy.on_step_done(plan, result.iteration_time)
         return events
 

@@ -130,6 +130,20 @@ class Job:
     # lookup again would find nothing again (`BlockManager.reclaim_cached`).
     adopts_cached_kv: bool = True
     prefix_missed_at: int = -1
+    # Speculative decoding (scheduler/speculation.py): whether drafts may be
+    # proposed for it (the engine verifies greedy requests only), their
+    # lookup index, and the drafts proposed and accepted so far.
+    speculate: bool = False
+    drafts: object | None = field(default=None, repr=False)
+    num_drafted: int = 0
+    num_accepted: int = 0
+    # OpenAI's Predicted Outputs: the text the answer is expected to repeat,
+    # looked up first for drafts; whether the latest drafts came from it,
+    # and how many of its tokens were proposed and accepted.
+    prediction: list[int] | None = field(default=None, repr=False)
+    predicted_drafts: bool = False
+    num_prediction_drafted: int = 0
+    num_prediction_accepted: int = 0
     first_scheduled_time: float | None = None
     # When its response-length prediction landed (None: on arrival, or never).
     prediction_time: float | None = None

@@ -40,6 +40,10 @@ class ScheduledChunk:
     # sampling derives its random stream from it so that recomputation
     # reproduces the same tokens (preemption transparency).
     output_index: int
+    # Speculative decoding (scheduler/speculation.py): the last `draft` of
+    # `token_ids` are proposed outputs the engine verifies; a sampling chunk
+    # then yields the accepted ones and one token more.
+    draft: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -48,6 +52,11 @@ class ScheduledChunk:
     @property
     def is_decode(self) -> bool:
         return self.sample and len(self.token_ids) == 1 and self.output_index > 0
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Its tokens that are not drafts."""
+        return len(self.token_ids) - self.draft
 
 
 class BlockOpKind(str, enum.Enum):
@@ -137,6 +146,9 @@ class JobOutput:
     # vLLM's `stop_reason`, with a "stop" finish: the stop string or stop
     # token id (not EOS) that ended the request.
     stop_reason: str | int | None = None
+    # The chunk's drafts the engine accepted, in order, before `token_id`
+    # (scheduler/speculation.py); `text` covers them too.
+    accepted: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -222,6 +222,11 @@ class FakeEngine:
                     break
         metrics = JobMetrics(queue_time=0.001, ttft=0.01, e2e=0.02, execution_time=0.015,
                              swap_wait_time=0.0, num_preemptions=0).model_dump()
+        if req.prediction_token_ids is not None:
+            # As if every output token but the first had been a prediction
+            # draft, accepted, and one refused.
+            metrics.update(accepted_prediction_tokens=max(0, count - 1),
+                           rejected_prediction_tokens=1)
 
         def delta(index: int, ids: list[int], first: bool, last: bool,
                   text: str | None = None) -> dict[str, Any]:

@@ -157,12 +157,14 @@ def drive(
     max_batch_size: int = 32,
     max_model_len: int = 256,
     defer_text: bool = False,
+    predictions: dict[str, list[int]] | None = None,
     **sched_extra: object,
 ) -> DriveResult:
     """Run `prompts` to completion through the real scheduler core (FCFS).
 
-    `defer_text`: the runner leaves the text of requests without stop
-    strings for later, and this decodes it only once every job has
+    `predictions`: a job's prediction of its answer (drafts, with
+    `speculative` settings).  `defer_text`: the runner leaves the text of
+    requests without stop strings for later, and this decodes it only once every job has
     finished and left the runner (in token order per job)."""
     assert block_size == runner.block_size
     assert num_blocks <= runner.kv_cache.num_blocks
@@ -183,7 +185,11 @@ def drive(
     for job_id, prompt in prompts.items():
         p = params[job_id] if isinstance(params, dict) else params
         assert p.max_tokens is not None
-        core.add(Job(job_id, prompt, p.max_tokens, arrival_time=0.0))
+        job = Job(job_id, prompt, p.max_tokens, arrival_time=0.0,
+                  prediction=(predictions or {}).get(job_id))
+        # As the engine loop does: drafts for the requests it can verify.
+        job.speculate = bool(core.config.speculative.num_tokens) and p.draftable
+        core.add(job)
         runner.add_request(job_id, p, prompt)
         result.tokens[job_id] = []
         result.text[job_id] = ""
@@ -227,7 +233,8 @@ def _drive(runner: ModelRunner, core: SchedulerCore, result: DriveResult,
                 result.head_estimates[out.job_id] = out.predicted_output_len
         for ev in core.complete(plan, step):
             assert ev.token_id is not None
-            result.tokens[ev.job_id].append(ev.token_id)
+            result.tokens[ev.job_id] += [*(ev.accepted or ()), ev.token_id]
+            result.logprobs[ev.job_id] += [None] * len(ev.accepted or ())
             if ev.text_later is not None:
                 assert ev.text == ""
                 later[ev.job_id].append(ev.text_later)
