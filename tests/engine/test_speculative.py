@@ -177,3 +177,17 @@ def test_a_prediction_of_the_answer_drafts_it_and_edits_are_refused(
     spec = _drive(runner, prompts, params, SPEC, predictions=predictions)
     assert spec.tokens == plain.tokens
     assert spec.num_steps <= 0.5 * plain.num_steps, (spec.num_steps, plain.num_steps)
+
+
+def test_deterministic_bfloat16_answers_do_not_depend_on_drafts(
+        tiny_llama_path: Path, oracle: Oracle) -> None:
+    """Batch-invariant execution: a row's logits do not depend on the shape
+    of its step, so in bfloat16 too drafts change no token."""
+    det = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=64, block_size=4,
+                      max_model_len=128, deterministic=True)
+    prompts = _looping(4, seed=37)
+    params = {j: _greedy(24) for j in prompts}
+    plain = _plain(det, oracle, prompts, params)
+    spec = _drive(det, prompts, params, SPEC)
+    assert spec.tokens == plain.tokens
+    assert spec.num_steps < plain.num_steps
