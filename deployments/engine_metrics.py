@@ -44,6 +44,9 @@ _COUNTERS = {
                               "Tokens of admitted jobs looked up in the prefix cache"),
     "prefix_hit_tokens": ("engine_prefix_cache_hit_tokens",
                           "Tokens whose KV admitted jobs found in the prefix cache"),
+    "drafted": ("engine_spec_drafted_tokens", "Draft tokens verified (speculative decoding)"),
+    "accepted": ("engine_spec_accepted_tokens",
+                 "Draft tokens accepted (speculative decoding)"),
     "demotions": ("engine_mlfq_demotions", "MLFQ demotions"),
     "promotions": ("engine_mlfq_promotions", "MLFQ starvation promotions"),
     "econoserve_gts_admitted": ("engine_econoserve_gts_admitted",
@@ -117,6 +120,7 @@ class EngineMetrics:
         swap, policy = snapshot["swap"], snapshot["policy"]
         prefix = snapshot.get("prefix_cache") or {}
         survival = snapshot.get("survival") or {}
+        spec = snapshot.get("speculative") or {}
         figures = {
             "num_running": snapshot["num_running"],
             "num_waiting": snapshot["num_waiting"],
@@ -136,6 +140,8 @@ class EngineMetrics:
             "cached_blocks": prefix.get("cached_blocks"),
             "prefix_queried_tokens": prefix.get("queried_tokens"),
             "prefix_hit_tokens": prefix.get("hit_tokens"),
+            "drafted": spec.get("drafted"),
+            "accepted": spec.get("accepted"),
             "demotions": policy.get("demotions"),
             "promotions": policy.get("promotions"),
             **{k: policy.get(k) for k in ("econoserve_gts_admitted", "econoserve_overruns",

@@ -61,6 +61,7 @@ def _snapshot(tokens_out: int, preemptions: int, free: int) -> dict[str, Any]:
             "swap": {"host_used_blocks": 7, "blocks_out": 4, "blocks_in": 4,
                      "recompute_fallbacks": 0},
             "policy": {"queue_lengths": [2, 0, 1], "demotions": 5},
+            "speculative": {"drafted": tokens_out // 2, "accepted": tokens_out // 4},
             "tokens_by_class": {"online": tokens_out}}
 
 
@@ -75,6 +76,7 @@ def test_counters_advance_by_the_difference_since_the_last_update(dash: em.Engin
     assert _only(dash.counters["tokens_out"]) == 65
     assert _only(dash.counters["num_preemptions"]) == 3
     assert _only(dash.counters["demotions"]) == 5
+    assert (_only(dash.counters["drafted"]), _only(dash.counters["accepted"])) == (32, 16)
     assert _only(dash.class_tokens, job_class="online") == 65
     assert _only(dash.gauges["kv_utilization"]) == pytest.approx(0.4)
     assert _only(dash.gauges["num_running"]) == 3
