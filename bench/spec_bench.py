@@ -1,10 +1,11 @@
 """Speculative decoding by prompt lookup (scheduler/speculation.py) on the
-engine: tokens/s of greedy requests with and without drafts, in one
-process and interleaved, on prompts whose answers repeat their text
-(rewriting a passage of code; also with the code as each request's
-prediction of its answer, OpenAI's Predicted Outputs) and on chat prompts
-(ShareGPT), at batch 1 and 4; with the acceptance rate (drafts accepted / proposed), tokens a
-step, and whether each answer is the one without drafts.
+engine: tokens/s of requests (greedy, or seeded at `--temperature`) with
+and without drafts, in one process and interleaved, on prompts whose
+answers repeat their text (rewriting a passage of code; also with the code
+as each request's prediction of its answer, OpenAI's Predicted Outputs)
+and on chat prompts (ShareGPT), at batch 1 and 4; with the acceptance rate
+(drafts accepted / proposed), tokens a step, and whether each answer is
+the one without drafts.
 
 The engine runs as the server runs it (`SchedulerCore` with FCFS, the
 C++ attention on CPU), in `--threads` threads.
@@ -66,8 +67,9 @@ def chat_prompts(n: int) -> list[list[dict[str, str]]]:
 
 
 def run(runner: ModelRunner, prompts: list[list[int]], max_tokens: int,
-        spec: SpeculativeConfig, prediction: list[int] | None = None) -> dict[str, Any]:
-    """All `prompts` at once through the core and the runner, greedy; with
+        spec: SpeculativeConfig, prediction: list[int] | None = None,
+        temperature: float = 0.0) -> dict[str, Any]:
+    """All `prompts` at once through the core and the runner; with
     `prediction`, each request predicts its answer so (Predicted Outputs)."""
     clock = time.monotonic
     core = SchedulerCore(SchedulerConfig(
@@ -75,7 +77,9 @@ def run(runner: ModelRunner, prompts: list[list[int]], max_tokens: int,
         max_batch_size=32, max_batch_tokens=2048, max_model_len=runner.max_model_len,
         speculative=spec), clock)
     ids = [f"r{next(_ids)}" for _ in prompts]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    # Seeded: a sampled request then yields the same tokens with drafts.
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                            seed=None if temperature == 0.0 else 0)
     out: dict[str, list[int]] = {}
     for job_id, prompt in zip(ids, prompts):
         job = Job(job_id, prompt, max_tokens, arrival_time=clock(),
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--num-tokens", type=int, default=4, help="drafts per step, at most")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     runner = ModelRunner(args.model, args.dtype, "cpu", num_blocks=1024, block_size=16,
@@ -147,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
             best: dict[str, dict[str, Any]] = {}
             for _ in range(args.repeats):  # interleaved: a neighbour slows both alike
                 for label, spec in (("off", spec_off), ("on", spec_on)):
-                    r = run(runner, prompts[:b], args.max_tokens, spec, prediction)
+                    r = run(runner, prompts[:b], args.max_tokens, spec, prediction,
+                            args.temperature)
                     if label not in best or r["tokens_per_s"] > best[label]["tokens_per_s"]:
                         best[label] = r
             same = sum(a == b_ for a, b_ in zip(best["on"]["answers"], best["off"]["answers"]))
@@ -167,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         argv if argv is not None else __import__("sys").argv[1:]),
         "machine": platform.processor() or platform.machine(), "model": args.model,
         "dtype": args.dtype, "threads": args.threads, "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "num_tokens": args.num_tokens, "rows": rows}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

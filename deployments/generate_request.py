@@ -93,12 +93,10 @@ def _predicted(ing: Any, req: Any) -> list[int] | None:
 
 def check_prediction(req: Any, gen: GenerateRequest) -> None:
     """A 400 naming `prediction` for a request whose drafts the engine could
-    not verify (engine/speculative.py: plain greedy decoding only); called
-    once its structure is known."""
+    not verify (engine/speculative.py); called once its structure is known."""
     if gen.prediction_token_ids is not None and not sampling_params(gen).draftable:
-        raise APIError(400, "prediction is served for plain greedy requests: temperature "
-                       "0, without penalties, logit_bias, logprobs, min_tokens, structured "
-                       "output or tools", "prediction")
+        raise APIError(400, "prediction is not served with logprobs, structured output or "
+                       "tools (drafts are checked without them)", "prediction")
 
 
 # The request fields a choice's SamplingParams take as they are.

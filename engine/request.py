@@ -59,9 +59,10 @@ class RequestState:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def banned_token_ids(self) -> tuple[int, ...]:
-        """Stop tokens may not be sampled before min_tokens outputs exist."""
-        if len(self.output_token_ids) < self.params.min_tokens:
+    def banned_token_ids(self, ahead: int = 0) -> tuple[int, ...]:
+        """Stop tokens may not be sampled before min_tokens outputs exist
+        (`ahead`: drafts before the token, taken as outputs)."""
+        if len(self.output_token_ids) + ahead < self.params.min_tokens:
             return tuple(sorted(self.stop_token_ids))
         return ()
 

@@ -108,11 +108,9 @@ class PlanPreparing:
             allowed = {i: bitmask[k] for k, (i, _) in enumerate(grammars) if not open_[k]}
         return [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
                               s.prompt_token_ids, s.output_token_ids, allowed.get(i))
+                if not c.draft else _after_drafts(c, s, c.draft)
                 for i, (c, s) in enumerate(sampled)] + [
-            # Drafts are verified for plain greedy requests only.
-            SampleRequest(s.params, c.output_index + j, (), s.prompt_token_ids,
-                          s.output_token_ids, None)
-            for c, s in sampled for j in range(c.draft)]
+            _after_drafts(c, s, j) for c, s in sampled for j in range(c.draft)]
 
     def _host_tokens(self, pending: Pending) -> tuple[list[int], float]:
         """The sampled ids on the host, and the seconds `on_launch` took: on
@@ -269,3 +267,13 @@ class PlanPreparing:
                 f"{chunk.start_pos + chunk.num_tokens} tokens, engine has "
                 f"{len(state.output_token_ids)} outputs and {state.num_tokens} tokens"
             )
+
+
+def _after_drafts(chunk: ScheduledChunk, state: RequestState, j: int) -> SampleRequest:
+    """The row after `chunk`'s first `j` drafts (engine/speculative.py): it
+    samples output `output_index + j` as if those drafts were outputs, its
+    seed stream, bans and penalties' history counting them, so that what it
+    picks is what a step without drafts would pick once they were accepted."""
+    drafts = chunk.token_ids[len(chunk.token_ids) - chunk.draft:][:j]
+    return SampleRequest(state.params, chunk.output_index + j, state.banned_token_ids(j),
+                         state.prompt_token_ids, [*state.output_token_ids, *drafts])

@@ -149,9 +149,9 @@ class SamplingParams(BaseModel):
     @property
     def draftable(self) -> bool:
         """Speculative drafts can be verified for it (engine/speculative.py):
-        plain greedy decoding, each token the argmax of the raw logits."""
-        return (self.greedy and not self.has_penalties and not self.logit_bias
-                and self.logprobs is None and self.structured is None and not self.min_tokens)
+        not with logprobs (of accepted drafts) or a grammar (which would
+        have to take the drafts in)."""
+        return self.logprobs is None and self.structured is None
 
     @property
     def has_penalties(self) -> bool:

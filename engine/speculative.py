@@ -2,13 +2,21 @@
 decoding; the drafts come from scheduler/speculation.py).
 
 The pass computes the logits at the chunk's last known token and at each
-draft.  Greedy verification: a draft is accepted while it is the token the
-model picks at the position before it (by the sampler's own greedy rule,
-ties broken as for any greedy row); the chunk then yields the accepted
-drafts and the model's pick after the last of them, so every token it
-yields is the one a step without drafts would have produced.  The request
-takes them one by one and stops where one ends it (EOS, a stop string,
-`max_tokens`): the rest are dropped.
+draft, and each of those rows samples a token as a step without drafts
+would there (engine/runner_prepare.py, `_after_drafts`: by the request's
+own rule, greedy or random, with the drafts before it counted as outputs
+for its seed stream, bans and penalties).  A draft is accepted while it is
+the token the row before it picked; at the first that is not, that row's
+pick is yielded instead, and if every draft was accepted the last row's
+pick comes after them.  For a greedy row this is the model's own choice;
+for a random one it is speculative sampling with a draft proposed with
+certainty (Leviathan et al. 2023, §2.3: accept it with probability p(draft),
+else draw from p without it; drawing from p and comparing is the same
+distribution), so the yielded tokens are distributed as without drafts,
+and a seeded request draws each from its own stream at its own index, so
+it yields the tokens it yields without drafts.  The request takes them one
+by one and stops where one ends it (EOS, a stop string, `max_tokens`): the
+rest are dropped.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from scheduler.plan import JobOutput, ScheduledChunk
 
 
 def verified(drafts: list[int], picks: list[int], last: int) -> list[int]:
-    """The tokens a chunk yields: `picks[j]` is the model's token before
-    `drafts[j]`, `last` its token after the last draft."""
+    """The tokens a chunk yields: `picks[j]` is the row's pick before
+    `drafts[j]`, `last` the pick after the last draft."""
     for j, (draft, pick) in enumerate(zip(drafts, picks)):
         if draft != pick:
             return drafts[:j] + [pick]

@@ -186,7 +186,7 @@ class SpeculativeConfig(BaseModel):
     (prompt lookup: an n-gram ending the text is found earlier in it, and
     the tokens that followed it there are proposed; scheduler/speculation.py).
     The engine verifies the drafts in the job's decode pass, which then
-    yields the accepted drafts and one more token; greedy requests only."""
+    yields the accepted drafts and one more token (engine/speculative.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -131,8 +131,8 @@ class Job:
     adopts_cached_kv: bool = True
     prefix_missed_at: int = -1
     # Speculative decoding (scheduler/speculation.py): whether drafts may be
-    # proposed for it (the engine verifies greedy requests only), their
-    # lookup index, and the drafts proposed and accepted so far.
+    # proposed for it (not with logprobs or a grammar), their lookup index,
+    # and the drafts proposed and accepted so far.
     speculate: bool = False
     drafts: object | None = field(default=None, repr=False)
     num_drafted: int = 0

@@ -5,10 +5,11 @@ An answer often repeats what its prompt or its own earlier text holds (code
 being edited, a quoted passage, a list).  The longest n-gram that ends the
 job's tokens (`max_ngram` down to `min_ngram`) is looked up where it last
 occurred before, and the tokens that followed it there are the drafts.
-The engine checks them in the job's decode pass: each draft the model would
-itself have chosen greedily is accepted, and the pass yields the accepted
-drafts and one token more (the model's own where a draft was refused), so
-a step yields 1 to k + 1 tokens for the cost of one pass over k + 1 rows.
+The engine checks them in the job's decode pass (engine/speculative.py):
+each draft is accepted while it is the token the model picks before it,
+and the pass yields the accepted drafts and one token more (the model's
+own where a draft was refused), so a step yields 1 to k + 1 tokens for the
+cost of one pass over k + 1 rows.
 
 A request with a prediction of its answer (OpenAI's Predicted Outputs)
 takes its drafts from the prediction first (`PredictionDrafts`).

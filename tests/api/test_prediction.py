@@ -46,15 +46,25 @@ def test_the_prediction_reaches_the_engine_and_the_usage_counts_it(
 
 
 @pytest.mark.parametrize("extra", [
-    {"temperature": 1.0}, {"logprobs": True}, {"presence_penalty": 0.5},
-    {"logit_bias": {"5": 1.0}}, {"response_format": {"type": "json_object"}},
-    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"min_tokens": 2},
+    {"logprobs": True}, {"response_format": {"type": "json_object"}},
+    {"tools": [{"type": "function", "function": {"name": "f"}}]},
 ])
 def test_requests_whose_drafts_cannot_be_verified_are_refused(
         h: Harness, extra: dict[str, Any]) -> None:
     r = _chat(h, prediction={"type": "content", "content": CODE}, **extra)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prediction", r.text
-    assert "greedy" in r.json()["error"]["message"]
+    assert "logprobs, structured output or tools" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("extra", [
+    {"temperature": 1.0}, {"temperature": 0.7, "seed": 3, "top_p": 0.9},
+    {"presence_penalty": 0.5}, {"logit_bias": {"5": 1.0}}, {"min_tokens": 2},
+])
+def test_sampled_and_penalised_requests_take_a_prediction(h: Harness,
+                                                          extra: dict[str, Any]) -> None:
+    r = _chat(h, prediction={"type": "content", "content": CODE}, **extra)
+    assert r.status_code == 200, r.text
+    assert h.engine.requests[-1].prediction_token_ids
 
 
 def test_without_speculative_decoding_a_prediction_is_refused(served: Harness) -> None:

@@ -144,20 +144,41 @@ def test_stop_conditions_end_inside_a_run_of_accepted_drafts(runner: ModelRunner
                                                                   None).tokens
 
 
+def test_seeded_sampling_with_penalties_and_bans_yields_its_own_tokens(
+        runner: ModelRunner, oracle: Oracle) -> None:
+    """A row after drafts samples as the step without drafts would: from
+    the seed stream of its output index, with the drafts in its penalties'
+    history and in the count that lifts min_tokens' bans."""
+    prompts = _looping(4, seed=38)
+    ids = list(prompts)
+    params = {
+        ids[0]: SamplingParams(temperature=0.8, seed=5, max_tokens=20, ignore_eos=True),
+        ids[1]: SamplingParams(temperature=1.0, seed=6, top_p=0.9, top_k=50,
+                               repetition_penalty=1.3, frequency_penalty=0.4, max_tokens=20),
+        ids[2]: SamplingParams(temperature=0.0, presence_penalty=0.5,
+                               logit_bias={7: 2.0}, max_tokens=20, ignore_eos=True),
+        ids[3]: SamplingParams(temperature=0.9, seed=8, min_tokens=12, max_tokens=20,
+                               stop_token_ids=[5, 9, 11, 13]),
+    }
+    plain = _plain(runner, oracle, prompts, params)
+    spec = _drive(runner, prompts, params, SPEC)
+    assert spec.tokens == plain.tokens and spec.finish == plain.finish
+    assert spec.num_steps <= 0.6 * plain.num_steps, (spec.num_steps, plain.num_steps)
+
+
 def test_requests_it_cannot_verify_run_without_drafts(runner: ModelRunner,
                                                       oracle: Oracle) -> None:
-    prompts = _looping(3, seed=34)
+    prompts = _looping(2, seed=34)
     ids = list(prompts)
-    params = {ids[0]: _greedy(16), ids[1]: _greedy(16, repetition_penalty=1.3),
-              ids[2]: SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)}
+    params = {ids[0]: _greedy(16), ids[1]: _greedy(16, logprobs=2)}
     plain = _plain(runner, oracle, prompts, params)
     spec = _drive(runner, prompts, params, SPEC)
     assert spec.tokens == plain.tokens
-    # Only the plain greedy request was proposed drafts.
+    # Only the request without logprobs was proposed drafts.
     asked = {t[:len(prompts[ids[0]])] for t in oracle.seen}
     assert asked == {tuple(prompts[ids[0]])}
     assert not SamplingParams(temperature=0.0, logprobs=1).draftable
-    assert SamplingParams(temperature=0.0).draftable
+    assert SamplingParams(temperature=0.7, seed=1, repetition_penalty=1.2).draftable
 
 
 def test_a_prediction_of_the_answer_drafts_it_and_edits_are_refused(
