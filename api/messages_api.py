@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -106,6 +106,16 @@ class ThinkingDisabled(_Strict):
     type: Literal["disabled"]
 
 
+class ThinkingEnabled(_Strict):
+    """Extended thinking, for a reasoning model (`reasoning_parser`): its
+    reasoning comes back as a `thinking` block.  `budget_tokens` is checked
+    as Anthropic checks it (at least 1,024, below `max_tokens`); the model
+    reasons as long as it does, within `max_tokens`."""
+
+    type: Literal["enabled"]
+    budget_tokens: int = Field(..., ge=1024)
+
+
 class JsonOutputFormat(_Strict):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(..., alias="schema")
@@ -116,14 +126,14 @@ class OutputConfig(_Strict):
 
     # Structured output: the answer follows this JSON Schema (a grammar).
     format: JsonOutputFormat | None = None
-    # Reasoning effort: this model does not reason.
+    # Reasoning effort: not something this server can set.
     effort: str | None = None
 
     @field_validator("effort")
     @classmethod
     def _no_effort(cls, v: str | None) -> None:
         if v is not None:
-            raise ValueError("not supported: this model does not reason")
+            raise ValueError("not supported: a model's reasoning effort cannot be set here")
         return None
 
 
@@ -140,8 +150,8 @@ class MessagesRequest(_Strict):
     metadata: Metadata | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
-    # Extended thinking: this model does not think; only "disabled".
-    thinking: ThinkingDisabled | None = None
+    # Extended thinking: "enabled" returns a reasoning model's reasoning.
+    thinking: ThinkingDisabled | ThinkingEnabled | None = Field(None, discriminator="type")
     service_tier: Literal["auto", "standard_only"] | None = None
     # A cache breakpoint for the whole prompt: prefix caching does it anyway.
     cache_control: CacheControl | None = None
@@ -163,6 +173,18 @@ class MessagesRequest(_Strict):
                 raise ValueError("final assistant content cannot end with trailing "
                                  "whitespace")
         return v
+
+    @field_validator("thinking")
+    @classmethod
+    def _budget_below_max(cls, v: Any, info: ValidationInfo) -> Any:
+        limit = info.data.get("max_tokens")
+        if isinstance(v, ThinkingEnabled) and limit is not None and v.budget_tokens >= limit:
+            raise ValueError(f"budget_tokens must be less than max_tokens ({limit})")
+        return v
+
+    @property
+    def thinks(self) -> bool:
+        return isinstance(self.thinking, ThinkingEnabled)
 
     def chat_body(self) -> dict[str, Any]:
         """The chat completion request this amounts to."""
@@ -234,7 +256,7 @@ class CountTokensRequest(_Strict):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
-    thinking: ThinkingDisabled | None = None
+    thinking: ThinkingDisabled | ThinkingEnabled | None = Field(None, discriminator="type")
 
 
 class AnthropicError(BaseModel):
@@ -301,18 +323,29 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
-def message_object(message_id: str, model: str, chat: dict[str, Any]) -> dict[str, Any]:
-    """The Message answering a whole chat completion `chat`."""
+def message_object(message_id: str, model: str, chat: dict[str, Any],
+                   thinking: bool = False) -> dict[str, Any]:
+    """The Message answering a whole chat completion `chat`; with
+    `thinking`, its reasoning first as a `thinking` block."""
     choice = chat["choices"][0]
     msg = choice["message"]
     text = msg.get("content") or ""
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    if thinking and msg.get("reasoning") is not None:
+        content.insert(0, thinking_block(msg["reasoning"]))
     for call in msg.get("tool_calls") or []:
         content.append(tool_use_block(call))
     reason, stop = stop_of(choice)
     return {"id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": reason, "stop_sequence": stop,
             "usage": usage(chat["usage"])}
+
+
+def thinking_block(text: str) -> dict[str, Any]:
+    # Anthropic signs its thinking blocks so that they can be sent back;
+    # this server keeps no secret to sign with, and ignores none sent back
+    # (a thinking block in a request is refused by name).
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:

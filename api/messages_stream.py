@@ -3,8 +3,9 @@ completion chunks the ingress streams (api/messages_api.py).
 
     message_start                 the Message, empty, with its input tokens
     ping
-    content_block_start           a text block, or a tool_use block (id, name)
-    content_block_delta           text_delta / input_json_delta
+    content_block_start           a thinking, text or tool_use block (id, name)
+    content_block_delta           thinking_delta (then signature_delta) /
+                                  text_delta / input_json_delta
     content_block_stop
     ...                           one block after another
     message_delta                 stop_reason, stop_sequence, output tokens
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.messages_api import stop_of, tool_use_block, usage
+from api.messages_api import stop_of, thinking_block, tool_use_block, usage
 
 
 def event(name: str, data: dict[str, Any]) -> str:
@@ -28,8 +29,11 @@ def event(name: str, data: dict[str, Any]) -> str:
 
 
 class MessageEvents:
-    def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
+    def __init__(self, message_id: str, model: str, input_tokens: int,
+                 thinking: bool = False) -> None:
         self.message_id, self.model = message_id, model
+        # Extended thinking asked for: the reasoning as a thinking block.
+        self.thinking = thinking
         self.input_tokens = input_tokens
         self.index = -1  # of the open block
         self.open: str | None = None  # its type
@@ -52,6 +56,8 @@ class MessageEvents:
         out: list[str] = []
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning") and self.thinking:
+                out += self._thought(delta["reasoning"])
             if delta.get("content"):
                 out += self._text(delta["content"])
             for call in delta.get("tool_calls") or []:
@@ -66,10 +72,7 @@ class MessageEvents:
 
     def closing(self) -> list[str]:
         """The last events, once the chunks ended."""
-        out = []
-        if self.open is not None:
-            out.append(event("content_block_stop", {"type": "content_block_stop",
-                                                    "index": self.index}))
+        out = self._stop()
         reason, stop = stop_of(self.end)
         tokens = usage(self.usage)["output_tokens"] if self.usage else 0
         out.append(event("message_delta", {
@@ -79,6 +82,13 @@ class MessageEvents:
         return out
 
     # ------------------------------------------------------------------------
+
+    def _thought(self, text: str) -> list[str]:
+        out = self._start("thinking", thinking_block("")) if self.open != "thinking" else []
+        out.append(event("content_block_delta", {
+            "type": "content_block_delta", "index": self.index,
+            "delta": {"type": "thinking_delta", "thinking": text}}))
+        return out
 
     def _text(self, text: str) -> list[str]:
         out = self._start("text", {"type": "text", "text": ""}) if self.open != "text" else []
@@ -100,11 +110,20 @@ class MessageEvents:
                 "delta": {"type": "input_json_delta", "partial_json": arguments}}))
         return out
 
-    def _start(self, kind: str, block: dict[str, Any]) -> list[str]:
+    def _stop(self) -> list[str]:
+        """The open block's end (a thinking block's signature first)."""
         out: list[str] = []
+        if self.open == "thinking":
+            out.append(event("content_block_delta", {
+                "type": "content_block_delta", "index": self.index,
+                "delta": {"type": "signature_delta", "signature": ""}}))
         if self.open is not None:
             out.append(event("content_block_stop", {"type": "content_block_stop",
                                                     "index": self.index}))
+        return out
+
+    def _start(self, kind: str, block: dict[str, Any]) -> list[str]:
+        out = self._stop()
         self.index += 1
         self.open = kind
         out.append(event("content_block_start", {"type": "content_block_start",

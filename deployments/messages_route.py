@@ -51,7 +51,7 @@ class MessagesRoute:
             return StreamingResponse(self._events(req, builder, stream, message_id),
                                      media_type="text/event-stream")
         answer = await self.ingress.collect(builder, stream)
-        return JSONResponse(message_object(message_id, req.model, answer))
+        return JSONResponse(message_object(message_id, req.model, answer, req.thinks))
 
     async def batch_message(self, body: dict[str, Any]) -> dict[str, Any]:
         """One `/v1/messages` line of a batch: the Message, served whole as
@@ -61,7 +61,7 @@ class MessagesRoute:
             raise APIError(400, "a batch request cannot be streamed", "stream")
         builder, stream = await self._start(req, offline=True)
         answer = await self.ingress.collect(builder, stream)
-        return message_object(new_message_id(), req.model, answer)
+        return message_object(new_message_id(), req.model, answer, req.thinks)
 
     async def count_tokens(self, request: Request) -> Response:
         ing = self.ingress
@@ -77,8 +77,14 @@ class MessagesRoute:
         chat = self._chat(req)
         if offline:
             chat = chat.model_copy(update={"job_class": "offline"})
+        # A reasoning model's reasoning is apart from its answer: a thinking
+        # block when asked for, else not shown (reasoning_parser).
+        reasons = self.ingress.cfg.reasoning_parser != "none"
+        if req.thinks and not reasons:
+            raise APIError(400, "thinking: this server's model does not reason "
+                           "(reasoning_parser is none)", "thinking")
         async with self.ingress.door.start(offline, chat.priority):
-            return await self.ingress.start_chat(chat)
+            return await self.ingress.start_chat(chat, split_reasoning=reasons)
 
     def _chat(self, req: MessagesRequest) -> ChatCompletionRequest:
         """The chat request `req` amounts to; its refusals name Anthropic's
@@ -92,7 +98,7 @@ class MessagesRoute:
     async def _events(self, req: MessagesRequest, builder: Any, stream: Any,
                       message_id: str) -> AsyncIterator[str]:
         prompt = sum(len(p.token_ids) for p in builder.prompts)
-        events = MessageEvents(message_id, req.model, prompt)
+        events = MessageEvents(message_id, req.model, prompt, req.thinks)
         for e in events.opening():
             yield e
         async with aclosing(self.ingress.chunks(builder, stream, True)) as chunks:

@@ -23,7 +23,7 @@ MSGS = [{"role": "user", "content": "Capital of France?"}]
 
 @pytest.fixture(scope="module")
 def r1() -> Iterator[Harness]:
-    with harness(max_model_len=1024, reasoning_parser="deepseek_r1") as h:
+    with harness(max_model_len=4096, reasoning_parser="deepseek_r1") as h:
         yield h
 
 
@@ -127,3 +127,42 @@ def test_without_a_parser_the_answer_is_as_written(wide: Harness) -> None:
     assert out["choices"][0]["message"]["content"] == ANSWER
     assert "reasoning" not in out["choices"][0]["message"]
     assert "completion_tokens_details" not in out["usage"]
+
+
+anthropic = pytest.importorskip("anthropic")
+
+
+def _client(h: Harness) -> Any:
+    return anthropic.Anthropic(base_url="http://testserver", api_key="unused",
+                               http_client=h.client)
+
+
+def test_messages_return_the_reasoning_as_a_thinking_block_when_asked(h: Harness) -> None:
+    h.engine.state.answer = ANSWER
+    client = _client(h)
+    asked = client.messages.create(model=h.model_name, max_tokens=2048, messages=MSGS,
+                                   thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in asked.content] == ["thinking", "text"]
+    assert asked.content[0].thinking == "\nThe user asks for a capital."
+    assert asked.content[1].text == "Paris."
+    # Not asked: the answer only, the reasoning not shown.
+    plain = client.messages.create(model=h.model_name, max_tokens=64, messages=MSGS)
+    assert [(b.type, b.text) for b in plain.content] == [("text", "Paris.")]
+    # Streamed: a thinking block (deltas, then its signature), then the text.
+    with client.messages.stream(model=h.model_name, max_tokens=2048, messages=MSGS,
+                                thinking={"type": "enabled", "budget_tokens": 1024}) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == asked.content[0].thinking
+    assert final.content[1].text == "Paris." and "signature" in kinds
+
+
+def test_thinking_needs_a_reasoning_model_and_a_budget_below_max_tokens(
+        h: Harness, wide: Harness) -> None:
+    with pytest.raises(anthropic.BadRequestError, match="reasoning_parser"):
+        _client(wide).messages.create(model=wide.model_name, max_tokens=2048, messages=MSGS,
+                                      thinking={"type": "enabled", "budget_tokens": 1024})
+    with pytest.raises(anthropic.BadRequestError, match="less than max_tokens"):
+        _client(h).messages.create(model=h.model_name, max_tokens=1024, messages=MSGS,
+                                   thinking={"type": "enabled", "budget_tokens": 1024})
