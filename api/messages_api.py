@@ -18,7 +18,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator,
+)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -64,7 +66,19 @@ class ToolResultBlock(_Strict):
         return f"Error: {text}" if self.is_error else text
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(_Strict):
+    """An earlier answer's reasoning, sent back as Anthropic's clients do
+    (with tools, they must): accepted on assistant messages and left out of
+    the prompt, as reasoning models' templates leave earlier reasoning out."""
+
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock,
+                  Field(discriminator="type")]
 
 
 class Message(_Strict):
@@ -78,10 +92,19 @@ class Message(_Strict):
         if isinstance(v, list):
             for i, b in enumerate(v):
                 kind = b.get("type") if isinstance(b, dict) else None
-                if kind not in ("text", "tool_use", "tool_result"):
+                if kind not in ("text", "tool_use", "tool_result", "thinking",
+                                "redacted_thinking"):
                     raise ValueError(f"content[{i}].type {kind!r} is not supported: this "
-                                     "server reads text, tool_use and tool_result blocks")
+                                     "server reads text, tool_use, tool_result and "
+                                     "thinking blocks")
         return v
+
+    @model_validator(mode="after")
+    def _thinking_is_the_assistants(self) -> "Message":
+        if self.role == "user" and isinstance(self.content, list) and any(
+                isinstance(b, ThinkingBlock) for b in self.content):
+            raise ValueError("thinking blocks belong to assistant messages")
+        return self
 
 
 class Tool(_Strict):
@@ -168,7 +191,7 @@ class MessagesRequest(_Strict):
                 if isinstance(last.content, str) else last.content
             if blocks and not isinstance(blocks[-1], TextBlock):
                 raise ValueError("a final assistant message is continued as text: it "
-                                 "cannot end with a tool_use block")
+                                 f"cannot end with a {blocks[-1].type} block")
             if blocks and blocks[-1].text != blocks[-1].text.rstrip():
                 raise ValueError("final assistant content cannot end with trailing "
                                  "whitespace")

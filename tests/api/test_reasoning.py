@@ -166,3 +166,30 @@ def test_thinking_needs_a_reasoning_model_and_a_budget_below_max_tokens(
     with pytest.raises(anthropic.BadRequestError, match="less than max_tokens"):
         _client(h).messages.create(model=h.model_name, max_tokens=1024, messages=MSGS,
                                    thinking={"type": "enabled", "budget_tokens": 1024})
+
+
+def test_thinking_blocks_sent_back_are_left_out_of_the_prompt(h: Harness) -> None:
+    """Anthropic's clients send an answer's thinking back with its tool use;
+    the prompt is the same without it."""
+    h.engine.state.answer = "Done."
+    client = _client(h)
+    turns: list[dict[str, Any]] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "I need the weather.", "signature": ""},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": "-3 C"}]}]
+    tool = {"name": "get_weather", "input_schema": {"type": "object"}}
+    client.messages.create(model=h.model_name, max_tokens=2048, messages=turns,
+                           tools=[tool], thinking={"type": "enabled", "budget_tokens": 1024})
+    with_thinking = h.engine.requests[-1].prompt_token_ids
+    turns[1]["content"] = turns[1]["content"][1:]
+    client.messages.create(model=h.model_name, max_tokens=2048, messages=turns,
+                           tools=[tool], thinking={"type": "enabled", "budget_tokens": 1024})
+    assert h.engine.requests[-1].prompt_token_ids == with_thinking
+    with pytest.raises(anthropic.BadRequestError, match="assistant messages"):
+        client.messages.create(model=h.model_name, max_tokens=64, messages=[
+            {"role": "user", "content": [{"type": "thinking", "thinking": "x",
+                                          "signature": ""}]}])
