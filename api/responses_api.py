@@ -73,6 +73,19 @@ class FunctionCallOutputItem(_CallItem):
     output: str
 
 
+class ReasoningItem(_Strict):
+    """An earlier answer's reasoning item sent back (clients replay a
+    response's `output` as the next `input`): accepted, and left out of the
+    prompt, as reasoning models' templates leave earlier reasoning out."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = Field(default_factory=list)
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
 def _item_kind(v: Any) -> str | None:
     if isinstance(v, dict):
         return v.get("type", "message")
@@ -81,10 +94,12 @@ def _item_kind(v: Any) -> str | None:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind, custom_error_type="input_item",
-                  custom_error_message="an input item is a message, a function_call or a "
-                  "function_call_output (reasoning, files and images are not served)")]
+                  custom_error_message="an input item is a message, a function_call, a "
+                  "function_call_output or a reasoning item (files and images are not "
+                  "served)")]
 
 
 class FunctionTool(FunctionDefinition):
@@ -112,7 +127,7 @@ class TextConfig(_Strict):
     verbosity: Literal["medium"] | None = None
 
 
-_OFF = {"reasoning": "this model does not reason",
+_OFF = {"reasoning": "reasoning settings (effort, summaries) are not served",
         "prompt": "stored prompts are not supported"}
 
 
@@ -270,6 +285,8 @@ class ResponsesRequest(_Strict):
                 content = item.content if isinstance(item.content, str) \
                     else "".join(p.text for p in item.content)
                 out.append({"role": item.role, "content": content})
+            elif isinstance(item, ReasoningItem):
+                continue
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function",
                         "function": {"name": item.name, "arguments": item.arguments}}
@@ -284,7 +301,8 @@ class ResponsesRequest(_Strict):
         return out
 
 
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+              "reasoning": "rs"}
 _ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 
 
@@ -366,12 +384,20 @@ def response_object(req: ResponsesRequest, response_id: str, created: float,
 
 
 def usage_of(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    details = chat_usage.get("completion_tokens_details") or {}
     return {"input_tokens": chat_usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": chat_usage.get(
                 "prompt_tokens_details", {}).get("cached_tokens", 0)},
             "output_tokens": chat_usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": details.get("reasoning_tokens", 0)},
             "total_tokens": chat_usage["total_tokens"]}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A reasoning model's reasoning (`reasoning_parser`), as its text."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [] if status == "in_progress"
+            else [{"type": "reasoning_text", "text": text}]}
 
 
 def message_item(item_id: str, text: str, status: str = "completed",
@@ -400,6 +426,8 @@ def output_of(chat: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     choice = chat["choices"][0]
     message = choice["message"]
     output: list[dict[str, Any]] = []
+    if message.get("reasoning") is not None:
+        output.append(reasoning_item(item_id("rs"), message["reasoning"]))
     if message.get("content"):
         logprobs = (choice.get("logprobs") or {}).get("content")
         output.append(message_item(item_id("msg"), message["content"], logprobs=logprobs))

@@ -1,6 +1,8 @@
 """A streamed chat answer as the Responses API's semantic events.
 
-`response.created` and `response.in_progress` open the stream; the
+`response.created` and `response.in_progress` open the stream; a
+reasoning model's reasoning is a reasoning item (`output_item.added`,
+`reasoning_text.delta` …, `reasoning_text.done`, `output_item.done`); the
 answer's text is a message item (`output_item.added`, `content_part.added`,
 `output_text.delta` …, then the `done` events in reverse), each tool call a
 function-call item (`function_call_arguments.delta` … `done`); the stream
@@ -17,6 +19,7 @@ from api.responses_api import (
     ResponsesRequest,
     text_part,
     call_item,
+    reasoning_item,
     item_id,
     message_item,
     response_object,
@@ -38,6 +41,8 @@ class ResponseEvents:
         self._pending: list[dict[str, Any]] = []  # of tokens whose text is still held
         self._message_id = ""
         self._call: dict[str, Any] | None = None  # the open call's item
+        self._reasoning: list[str] | None = None  # the open reasoning item's text
+        self._reasoning_id = ""
         self._finish: str | None = None
 
     def opening(self, queued: bool = False) -> list[dict[str, Any]]:
@@ -61,8 +66,10 @@ class ResponseEvents:
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})
             self._pending += (choice.get("logprobs") or {}).get("content") or []
+            if delta.get("reasoning"):
+                events += self._reasoning_delta(delta["reasoning"])
             if delta.get("content"):
-                events += self._close_call()
+                events += self._close_reasoning() + self._close_call()
                 events += self._text_delta(delta["content"])
             for call in delta.get("tool_calls", []):
                 events += self._call_delta(call)
@@ -72,7 +79,7 @@ class ResponseEvents:
 
     def closing(self, chat_usage: dict[str, Any]) -> list[dict[str, Any]]:
         """The last events, once the answer has ended."""
-        events = self._close_message() + self._close_call()
+        events = self._close_reasoning() + self._close_message() + self._close_call()
         status = "incomplete" if self._finish == "length" else "completed"
         response = self._response(status, usage_of(chat_usage))
         return [*events, self._event(f"response.{status}", response=response)]
@@ -83,7 +90,7 @@ class ResponseEvents:
         ended: `failed` (`response.failed`) or `cancelled` (no event of its
         own in the API: `response.incomplete`, its response saying
         `cancelled`), with the output written so far."""
-        events = self._close_message() + self._close_call()
+        events = self._close_reasoning() + self._close_message() + self._close_call()
         response = self._response(status, usage)
         if error is not None:
             response["error"] = error
@@ -97,6 +104,32 @@ class ResponseEvents:
                             param=body.get("param"))]
 
     # ------------------------------------------------------------------------
+
+    def _reasoning_delta(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._reasoning is None:
+            self._reasoning, self._reasoning_id = [], item_id("rs")
+            events.append(self._event("response.output_item.added",
+                                      output_index=len(self.output),
+                                      item=reasoning_item(self._reasoning_id, "",
+                                                          "in_progress")))
+        self._reasoning.append(text)
+        events.append(self._event("response.reasoning_text.delta",
+                                  item_id=self._reasoning_id, output_index=len(self.output),
+                                  content_index=0, delta=text))
+        return events
+
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        if self._reasoning is None:
+            return []
+        text, self._reasoning = "".join(self._reasoning), None
+        item = reasoning_item(self._reasoning_id, text)
+        events = [self._event("response.reasoning_text.done", item_id=self._reasoning_id,
+                              output_index=len(self.output), content_index=0, text=text),
+                  self._event("response.output_item.done", output_index=len(self.output),
+                              item=item)]
+        self.output.append(item)
+        return events
 
     def _text_delta(self, text: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -133,7 +166,7 @@ class ResponseEvents:
     def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if "id" in call:  # a new call
-            events += self._close_message() + self._close_call()
+            events += self._close_reasoning() + self._close_message() + self._close_call()
             self._call = call_item(item_id("fc"), call, "in_progress")
             events.append(self._event("response.output_item.added",
                                       output_index=len(self.output), item=dict(self._call)))

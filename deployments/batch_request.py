@@ -57,8 +57,7 @@ async def _completion(ingress: Any, chat: bool, body: dict[str, Any]) -> dict[st
         ingress.chat_store.check(req)
     req = req.model_copy(update={"job_class": "offline"})
     async with ingress.door.start(offline=True, priority=req.priority):
-        started = await (ingress.start_chat(req, split_reasoning=True) if chat
-                         else ingress.start_completion(req))
+        started = await (ingress.start_chat(req) if chat else ingress.start_completion(req))
     answer = await ingress.collect(*started)
     if chat:
         await ingress.chat_store.keep(req, answer)

@@ -184,7 +184,7 @@ class Ingress:
         req = await self.parse_body(request, ChatCompletionRequest)
         self.chat_store.check(req)
         async with self.door.start(req.job_class == "offline", req.priority):
-            started = await self.start_chat(req, split_reasoning=True)
+            started = await self.start_chat(req)
         return await self._respond(req, started)
 
     async def batch_request(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -212,18 +212,16 @@ class Ingress:
         return await self._start(req, prompts, chat=False, predict_texts=[
             pi.text for pi in prompts])
 
-    async def start_chat(self, req: ChatCompletionRequest, split_reasoning: bool = False
-                         ) -> tuple[ResponseBuilder, Any]:
+    async def start_chat(self, req: ChatCompletionRequest) -> tuple[ResponseBuilder, Any]:
         """Admit chat request `req`; open its stream (the Responses and
-        Messages routes too).  `split_reasoning`: the answer's reasoning
-        apart from its content (`reasoning_parser`), as chat completions give it."""
+        Messages routes too).  A reasoning model's reasoning comes apart from
+        its content (`reasoning_parser`)."""
         # The prompt, the grammar and the parser read one tool use.
         tools, text, ids = chat_ids(req, self.tokenizer, self.tool_format)
         check_reasoning(req, tools, self.cfg.reasoning_parser)
         users = [m.text() for m in req.messages if m.role == "user"]
         return await self._start(req, [PromptInput(ids, text)], chat=True,
-                                 predict_texts=[users[-1] if users else text], tools=tools,
-                                 reasoning=split_reasoning)
+                                 predict_texts=[users[-1] if users else text], tools=tools)
 
     # Plumbing -------------------------------------------------------------
 
@@ -244,7 +242,7 @@ class Ingress:
 
     async def _start(self, req: Any, prompts: list[PromptInput], chat: bool,
                      predict_texts: list[str], tools: ToolUse | None = None,
-                     reasoning: bool = False) -> tuple[ResponseBuilder, Any]:
+                     ) -> tuple[ResponseBuilder, Any]:
         """Admit the request and open its engine stream."""
         request_id = new_id("chatcmpl" if chat else "cmpl")
         gens = [generate_request(self, req, p, request_id if len(prompts) == 1
@@ -274,8 +272,7 @@ class Ingress:
                                   prompt_logprobs=req.prompt_logprobs is not None,
                                   tools=tools, token_ids=req.return_token_ids,
                                   logprob_ids=req.return_tokens_as_token_ids,
-                                  reasoning=reasoning_format(self.cfg.reasoning_parser)
-                                  if reasoning else None)
+                                  reasoning=reasoning_format(self.cfg.reasoning_parser))
         return builder, stream
 
     async def _respond(self, req: Any, started: tuple[ResponseBuilder, Any]) -> Response:

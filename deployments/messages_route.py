@@ -79,12 +79,11 @@ class MessagesRoute:
             chat = chat.model_copy(update={"job_class": "offline"})
         # A reasoning model's reasoning is apart from its answer: a thinking
         # block when asked for, else not shown (reasoning_parser).
-        reasons = self.ingress.cfg.reasoning_parser != "none"
-        if req.thinks and not reasons:
+        if req.thinks and self.ingress.cfg.reasoning_parser == "none":
             raise APIError(400, "thinking: this server's model does not reason "
                            "(reasoning_parser is none)", "thinking")
         async with self.ingress.door.start(offline, chat.priority):
-            return await self.ingress.start_chat(chat, split_reasoning=reasons)
+            return await self.ingress.start_chat(chat)
 
     def _chat(self, req: MessagesRequest) -> ChatCompletionRequest:
         """The chat request `req` amounts to; its refusals name Anthropic's

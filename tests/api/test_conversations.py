@@ -133,7 +133,7 @@ def test_conversation_requests_name_what_is_wrong(h: Harness) -> None:
         ("POST", "/v1/conversations", {"items": [_message("x")] * 21}, "items"),
         ("POST", "/v1/conversations", {"metadata": {"k" * 65: "v"}}, "metadata.k" + "k" * 64),
         ("POST", "/v1/conversations", {"extra": 1}, "extra"),
-        ("POST", "/v1/conversations", {"items": [{"type": "reasoning"}]}, "items.0"),
+        ("POST", "/v1/conversations", {"items": [{"type": "computer_call"}]}, "items.0"),
         ("POST", f"/v1/conversations/{cid}", {}, "metadata"),
         ("POST", f"/v1/conversations/{cid}/items", {"items": []}, "items"),
     ]

@@ -113,12 +113,35 @@ def test_grammars_that_would_bind_the_reasoning_are_refused(
     assert _chat(h, response_format={"type": "text"}).status_code == 200
 
 
-def test_other_apis_return_the_text_as_written(h: Harness) -> None:
+def test_responses_carry_a_reasoning_item_before_the_message(h: Harness) -> None:
+    from openai import OpenAI
+
     h.engine.state.answer = ANSWER
-    r = h.client.post("/v1/responses", json={"model": h.model_name, "input": "Capital?",
-                                             "store": False})
-    assert r.status_code == 200, r.text
-    assert r.json()["output"][0]["content"][0]["text"] == ANSWER
+    client = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=h.client)
+    resp = client.responses.create(model=h.model_name, input="Capital?", store=False)
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == "\nThe user asks for a capital."
+    assert resp.output_text == "Paris."
+    assert resp.usage.output_tokens_details.reasoning_tokens > 0
+    events = list(client.responses.create(model=h.model_name, input="Capital?", store=False,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == resp.output[0].content[0].text
+    final = events[-1].response
+    assert [o.type for o in final.output] == ["reasoning", "message"]
+    # The output sent back as input: the reasoning item is accepted and left
+    # out of the prompt.
+    h.engine.state.answer = "Lyon."
+    replay = [{"role": "user", "content": "Capital?"},
+              *[o.model_dump(exclude_none=True) for o in resp.output],
+              {"role": "user", "content": "And the second city?"}]
+    client.responses.create(model=h.model_name, input=replay, store=False)
+    with_reasoning = h.engine.requests[-1].prompt_token_ids
+    client.responses.create(model=h.model_name, store=False,
+                            input=[replay[0], replay[2], replay[3]])
+    assert h.engine.requests[-1].prompt_token_ids == with_reasoning
 
 
 def test_without_a_parser_the_answer_is_as_written(wide: Harness) -> None:

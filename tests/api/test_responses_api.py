@@ -198,7 +198,7 @@ def test_output_text_logprobs_as_included(h: Harness) -> None:
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"max_tool_calls": 0}, "max_tool_calls"),
     ({"input": []}, "input"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input.0"),
+    ({"input": [{"type": "computer_call", "action": {}}]}, "input.0"),
     ({"tools": [{**WEATHER, "parameters": {"type": "nope"}}]}, "tools.0.parameters"),
     ({"tools": [WEATHER, WEATHER]}, "tools"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
