@@ -166,6 +166,11 @@ class AheadDriver(IterationDriver):
     must run synchronously follows a pass in flight."""
 
     def __init__(self, core: SchedulerCore, executor: AheadExecutor, **kwargs: Any) -> None:
+        if core.config.speculative.num_tokens:
+            # Drafts are looked up in tokens the pass in flight has not
+            # sampled yet (scheduler/speculation.py).
+            raise ValueError("speculative decoding plans each step after the last: it does "
+                             "not run ahead")
         super().__init__(core, executor, **kwargs)
         self.ahead_executor = executor
         self.books = PlanAhead(core)
