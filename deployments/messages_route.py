@@ -66,8 +66,9 @@ class MessagesRoute:
     async def count_tokens(self, request: Request) -> Response:
         ing = self.ingress
         counted = await ing.parse_body(request, CountTokensRequest)
+        # `thinking` changes the answer, not the prompt.
         chat = self._chat(MessagesRequest.model_validate(
-            {**counted.model_dump(exclude_none=True), "max_tokens": 1}))
+            {**counted.model_dump(exclude_none=True, exclude={"thinking"}), "max_tokens": 1}))
         _, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
         return JSONResponse({"input_tokens": len(ids)})
 

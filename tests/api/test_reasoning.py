@@ -208,6 +208,9 @@ def test_thinking_blocks_sent_back_are_left_out_of_the_prompt(h: Harness) -> Non
     client.messages.create(model=h.model_name, max_tokens=2048, messages=turns,
                            tools=[tool], thinking={"type": "enabled", "budget_tokens": 1024})
     with_thinking = h.engine.requests[-1].prompt_token_ids
+    counted = client.messages.count_tokens(model=h.model_name, messages=turns, tools=[tool],
+                                           thinking={"type": "enabled", "budget_tokens": 1024})
+    assert counted.input_tokens == len(with_thinking)
     turns[1]["content"] = turns[1]["content"][1:]
     client.messages.create(model=h.model_name, max_tokens=2048, messages=turns,
                            tools=[tool], thinking={"type": "enabled", "budget_tokens": 1024})
