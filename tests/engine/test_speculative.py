@@ -212,3 +212,28 @@ def test_deterministic_bfloat16_answers_do_not_depend_on_drafts(
     spec = _drive(det, prompts, params, SPEC)
     assert spec.tokens == plain.tokens
     assert spec.num_steps < plain.num_steps
+
+
+def test_swapped_and_checkpointed_jobs_keep_their_tokens(tiny_llama_path: Path,
+                                                          oracle: Oracle) -> None:
+    """Blocks a draft run wrote past the accepted tokens are swapped out and
+    checkpointed with the rest; what follows overwrites them."""
+    from kvstore.tier import LocalHostTier
+    from scheduler.plan import Plan
+
+    runner = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=96, block_size=4,
+                         max_model_len=80, num_threads=1)
+    prompts = _looping(5, seed=39)
+    params = {j: _greedy(20) for j in prompts}
+    plain = _plain(runner, oracle, prompts, params)
+    runner.set_kv_tier(LocalHostTier(capacity_bytes=10**8))
+    try:
+        got = _drive(runner, prompts, params, SPEC, num_blocks=20, max_model_len=80,
+                     max_batch_tokens=24, swap_mode="reactive", host_kv_blocks=64,
+                     survival={"checkpoint": True, "every_blocks": 1})
+        assert got.core is not None
+        runner.execute(Plan(0, [], block_ops=got.core.swap.take_pending()))
+    finally:
+        runner.swapper = None
+    assert got.tokens == plain.tokens
+    assert got.core.swap.num_swap_out > 0 and oracle.calls > 0
