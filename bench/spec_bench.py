@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-tokens", type=int, default=4, help="drafts per step, at most")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--min-acceptance", default="0.25",
+                    help="speculative.min_acceptance, or several comma-separated (0: always "
+                    "--num-tokens drafts), each run beside the others and without drafts")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     runner = ModelRunner(args.model, args.dtype, "cpu", num_blocks=1024, block_size=16,
@@ -142,33 +145,39 @@ def main(argv: list[str] | None = None) -> None:
     predicted = tok(f"```python\n{CODE}```", add_special_tokens=False)["input_ids"]
     workloads = {"rewrite": (rewrite, None), "rewrite_predicted": (rewrite, predicted),
                  "chat": (chat_prompts(max(batches)), None)}
-    spec_on = SpeculativeConfig(num_tokens=args.num_tokens, min_ngram=2, max_ngram=4,
-                                max_batch=max(batches))
-    spec_off = SpeculativeConfig()
+    floors = [float(x) for x in args.min_acceptance.split(",")]
+    specs = [("off", SpeculativeConfig())] + [
+        (f"on@{f}", SpeculativeConfig(num_tokens=args.num_tokens, min_ngram=2, max_ngram=4,
+                                      max_batch=max(batches), min_acceptance=f))
+        for f in floors]
     rows = []
     for name, (convs, prediction) in workloads.items():
         prompts = [encode_chat(tok, c) for c in convs]
         for b in batches:
             best: dict[str, dict[str, Any]] = {}
-            for _ in range(args.repeats):  # interleaved: a neighbour slows both alike
-                for label, spec in (("off", spec_off), ("on", spec_on)):
+            for _ in range(args.repeats):  # interleaved: a neighbour slows all alike
+                for label, spec in specs:
                     r = run(runner, prompts[:b], args.max_tokens, spec, prediction,
                             args.temperature)
                     if label not in best or r["tokens_per_s"] > best[label]["tokens_per_s"]:
                         best[label] = r
-            same = sum(a == b_ for a, b_ in zip(best["on"]["answers"], best["off"]["answers"]))
-            row = {"workload": name, "batch": b,
-                   "off_tokens_per_s": round(best["off"]["tokens_per_s"], 1),
-                   "on_tokens_per_s": round(best["on"]["tokens_per_s"], 1),
-                   "speedup": round(best["on"]["tokens_per_s"] / best["off"]["tokens_per_s"], 2),
-                   "acceptance": None if best["on"]["acceptance"] is None
-                   else round(best["on"]["acceptance"], 3),
-                   "tokens_per_step_on": round(best["on"]["tokens"] / best["on"]["steps"], 2),
-                   "tokens_per_step_off": round(best["off"]["tokens"] / best["off"]["steps"], 2),
-                   "answers_equal": f"{same}/{b}",
-                   "tokens": best["on"]["tokens"]}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            off = best["off"]
+            for label, _ in specs[1:]:
+                on = best[label]
+                same = sum(a == b_ for a, b_ in zip(on["answers"], off["answers"]))
+                row = {"workload": name, "batch": b,
+                       "min_acceptance": float(label.split("@")[1]),
+                       "off_tokens_per_s": round(off["tokens_per_s"], 1),
+                       "on_tokens_per_s": round(on["tokens_per_s"], 1),
+                       "speedup": round(on["tokens_per_s"] / off["tokens_per_s"], 2),
+                       "acceptance": None if on["acceptance"] is None
+                       else round(on["acceptance"], 3),
+                       "drafted": on["drafted"],
+                       "tokens_per_step_on": round(on["tokens"] / on["steps"], 2),
+                       "tokens_per_step_off": round(off["tokens"] / off["steps"], 2),
+                       "answers_equal": f"{same}/{b}", "tokens": on["tokens"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     doc = {"bench": "spec_bench", "command": "python -m bench.spec_bench " + " ".join(
         argv if argv is not None else __import__("sys").argv[1:]),
         "machine": platform.processor() or platform.machine(), "model": args.model,

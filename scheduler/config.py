@@ -199,6 +199,12 @@ class SpeculativeConfig(BaseModel):
     # verifying k drafts costs a step what k more rows do, which pays while
     # a step is bound by reading the weights, not once it is bound by compute.
     max_batch: int = Field(8, ge=1, le=4096)
+    # Adaptive draft length: the n-th draft of a step is proposed only while
+    # the job's recent acceptance rate a gives a^n (the chance that it and
+    # the drafts before it are all accepted) at least this; a job below it
+    # for even one draft proposes one every 8th step to measure again.
+    # 0: always `num_tokens`.
+    min_acceptance: float = Field(0.25, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _ngram_range(self) -> "SpeculativeConfig":

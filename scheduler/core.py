@@ -20,7 +20,7 @@ from scheduler.policies import policy_class
 from scheduler.cost import CostEstimator
 from scheduler.policy import Clock
 from scheduler.sharing import PromptSharing
-from scheduler.speculation import add_drafts
+from scheduler.speculation import add_drafts, observe
 from scheduler.swap import SwapManager
 
 
@@ -212,6 +212,8 @@ class SchedulerCore:
             accepted = out.accepted if out is not None else ()
             # A draft's KV counts only if it was accepted (speculation.py).
             job.num_computed_tokens += chunk.num_known_tokens + len(accepted)
+            if chunk.draft and out is not None and out.token_id is not None:
+                observe(job, chunk.draft, len(accepted))
             if prefix is not None and chunk.num_known_tokens > 1:
                 # A prefilled prompt is found by jobs arriving from now on
                 # (blocks a decode fills are indexed at its next `grow`).

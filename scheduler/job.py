@@ -137,6 +137,11 @@ class Job:
     drafts: object | None = field(default=None, repr=False)
     num_drafted: int = 0
     num_accepted: int = 0
+    # Recent drafts accepted and runs ended by a refusal, decayed
+    # (`speculation.observe`): its acceptance rate, for the draft length;
+    # a new job's is 4 in 5.
+    draft_hits: float = 4.0
+    draft_misses: float = 1.0
     # OpenAI's Predicted Outputs: the text the answer is expected to repeat,
     # looked up first for drafts; whether the latest drafts came from it,
     # and how many of its tokens were proposed and accepted.

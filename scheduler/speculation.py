@@ -14,6 +14,11 @@ cost of one pass over k + 1 rows.
 A request with a prediction of its answer (OpenAI's Predicted Outputs)
 takes its drafts from the prediction first (`PredictionDrafts`).
 
+How many drafts a job gets adapts to how many of its drafts were accepted
+lately (`draft_length`): refused drafts cost rows for nothing, and an
+answer that departs from its text (or a random request at a high
+temperature) refuses most.
+
 `add_drafts` extends the decode chunks of a plan the policy made, within
 what the job already holds: its allocated blocks (no block is allocated
 for a draft, so memory accounting and preemption are untouched),
@@ -117,6 +122,38 @@ def _propose(job: Job, cfg: SpeculativeConfig, limit: int) -> list[int]:
     return index.propose(job.prompt_token_ids + job.output_token_ids, limit)
 
 
+# Weight of a job's earlier draft outcomes against the latest step's.
+_DECAY = 0.8
+# A job whose acceptance is too low for one draft tries one every this many
+# outputs, so that its rate can recover.
+_PROBE_EVERY = 8
+
+
+def observe(job: Job, drafted: int, accepted: int) -> None:
+    """A step verified `drafted` drafts of `job` and accepted `accepted`:
+    that many successes, and a failure if the run stopped short."""
+    job.draft_hits = _DECAY * job.draft_hits + accepted
+    job.draft_misses = _DECAY * job.draft_misses + (accepted < drafted)
+
+
+def draft_length(job: Job, cfg: SpeculativeConfig) -> int:
+    """How many drafts `job` is worth now (adaptive length): the largest n
+    up to `num_tokens` whose chance of all being accepted, a^n with a the
+    job's recent acceptance rate, is at least `min_acceptance`.  A new job
+    is taken to accept 4 drafts in 5 (`Job.draft_hits`, `draft_misses`,
+    which fade as its own outcomes come), so it starts with long runs."""
+    k, floor = cfg.num_tokens, cfg.min_acceptance
+    if floor <= 0.0:
+        return k
+    rate = job.draft_hits / (job.draft_hits + job.draft_misses)
+    n, chance = 0, rate
+    while n < k and chance >= floor:
+        n, chance = n + 1, chance * rate
+    if n == 0 and job.num_output_tokens % _PROBE_EVERY == 0:
+        return 1
+    return n
+
+
 def add_drafts(plan: Plan, jobs: Mapping[str, Job], cfg: SpeculativeConfig, block_size: int,
                max_model_len: int, max_batch_tokens: int) -> int:
     """Extend `plan`'s decode chunks of speculating jobs with drafts;
@@ -132,7 +169,7 @@ def add_drafts(plan: Plan, jobs: Mapping[str, Job], cfg: SpeculativeConfig, bloc
         if job is None or not job.speculate or budget <= 0:
             continue
         known = job.num_tokens  # the chunk's token is the last of them
-        limit = min(k, budget,
+        limit = min(draft_length(job, cfg), budget,
                     len(chunk.block_table) * block_size - known,
                     job.max_tokens - job.num_output_tokens - 1,
                     max_model_len - known - 1)

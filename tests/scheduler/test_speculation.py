@@ -136,3 +136,24 @@ def test_prediction_drafts_are_counted_apart(clock) -> None:
     _run(core, plan, accept=3)
     assert (job.num_prediction_drafted, job.num_prediction_accepted) == (4, 3)
     assert job.output_token_ids == [6, 7, 8, 9, 77]
+
+
+def test_the_draft_length_follows_a_jobs_recent_acceptance() -> None:
+    from scheduler.config import SpeculativeConfig
+    from scheduler.speculation import draft_length, observe
+
+    cfg = SpeculativeConfig(num_tokens=4)
+    job = make_job(3, 100)
+    job.output_token_ids = [1]
+    assert draft_length(job, cfg) == 4  # a new job: long runs
+    lengths = []
+    for _ in range(6):  # every draft refused
+        observe(job, draft_length(job, cfg) or 1, 0)
+        lengths.append(draft_length(job, cfg))
+    assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 0
+    job.output_token_ids = [1] * 8  # below one draft: a probe every 8th output
+    assert draft_length(job, cfg) == 1
+    for _ in range(8):  # accepted again
+        observe(job, 4, 4)
+    assert draft_length(job, cfg) == 4
+    assert draft_length(job, SpeculativeConfig(num_tokens=3, min_acceptance=0.0)) == 3
