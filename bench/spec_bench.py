@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-tokens", type=int, default=4, help="drafts per step, at most")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--min-acceptance", default="0.25",
+    ap.add_argument("--min-acceptance", default="0",
                     help="speculative.min_acceptance, or several comma-separated (0: always "
                     "--num-tokens drafts), each run beside the others and without drafts")
     ap.add_argument("--out", type=Path, default=None)

@@ -142,7 +142,7 @@ def test_the_draft_length_follows_a_jobs_recent_acceptance() -> None:
     from scheduler.config import SpeculativeConfig
     from scheduler.speculation import draft_length, observe
 
-    cfg = SpeculativeConfig(num_tokens=4)
+    cfg = SpeculativeConfig(num_tokens=4, min_acceptance=0.25)
     job = make_job(3, 100)
     job.output_token_ids = [1]
     assert draft_length(job, cfg) == 4  # a new job: long runs
@@ -156,4 +156,4 @@ def test_the_draft_length_follows_a_jobs_recent_acceptance() -> None:
     for _ in range(8):  # accepted again
         observe(job, 4, 4)
     assert draft_length(job, cfg) == 4
-    assert draft_length(job, SpeculativeConfig(num_tokens=3, min_acceptance=0.0)) == 3
+    assert draft_length(job, SpeculativeConfig(num_tokens=3)) == 3  # the default: fixed
