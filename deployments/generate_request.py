@@ -91,7 +91,7 @@ def _predicted(ing: Any, req: Any) -> list[int] | None:
         :ing.cfg.max_model_len]
 
 
-def check_prediction(req: Any, gen: GenerateRequest) -> None:
+def check_prediction(gen: GenerateRequest) -> None:
     """A 400 naming `prediction` for a request whose drafts the engine could
     not verify (engine/speculative.py); called once its structure is known."""
     if gen.prediction_token_ids is not None and not sampling_params(gen).draftable:

@@ -251,7 +251,7 @@ class Ingress:
         structure = await requested_structure(req, tools)
         for g in gens:
             g.admission_id, g.structured = request_id, structure
-        check_prediction(req, gens[0])
+        check_prediction(gens[0])
         replica = await self._admit(request_id, gens)
         stream = ResumableStream(
             gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from api.config import AppConfig
-from api.errors import APIError, validation_error
-from api.http import read_json_object
+from api.errors import APIError
+from api.http import read_model
 from api.lora_runtime import LoadLoraAdapterRequest, UnloadLoraAdapterRequest, folder_within
 from deployments.lora_registry import LoraRegistry, RuntimeAdapter
 
@@ -62,9 +60,8 @@ class LoraRoutes:
         return {name: a.path for name, a in self.loaded().items()}
 
     async def load(self, request: Request) -> Response:
-        req = self._validate(await read_json_object(request, self.max_request_bytes),
-                             LoadLoraAdapterRequest)
-        assert isinstance(req, LoadLoraAdapterRequest) and self.registry is not None
+        req = await read_model(request, LoadLoraAdapterRequest, self.max_request_bytes)
+        assert self.registry is not None
         name = req.lora_name
         self._not_fixed(name)
         folder = folder_within(self.root, req.lora_path)
@@ -78,9 +75,8 @@ class LoraRoutes:
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload(self, request: Request) -> Response:
-        req = self._validate(await read_json_object(request, self.max_request_bytes),
-                             UnloadLoraAdapterRequest)
-        assert isinstance(req, UnloadLoraAdapterRequest) and self.registry is not None
+        req = await read_model(request, UnloadLoraAdapterRequest, self.max_request_bytes)
+        assert self.registry is not None
         self._not_fixed(req.lora_name)
         if not self.registry.remove(req.lora_name):
             raise APIError(404, f"The lora adapter '{req.lora_name}' cannot be found.",
@@ -93,13 +89,6 @@ class LoraRoutes:
             raise APIError(400, f"{name!r} is the served model or an adapter of "
                            "lora_adapters, loaded at start: it cannot be loaded or unloaded "
                            "at runtime", "lora_name")
-
-    @staticmethod
-    def _validate(body: dict[str, Any], model: type) -> Any:
-        try:
-            return model.model_validate(body)
-        except ValidationError as e:
-            raise validation_error(e)
 
 
 def _taken(name: str) -> APIError:
