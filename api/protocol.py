@@ -26,8 +26,8 @@ from pydantic import (
 from api.batch import Metadata
 from api.chat_messages import ChatMessage, ContentPart, one_ending, opens_answer
 from api.structured import ResponseFormat, StructuredOutputs
+from api.token_restrictions import TokenRestrictions
 from api.tools import ToolChoice, ToolDefinition
-from api.unsupported import UnsupportedFields
 from engine.sampling_params import StructuredOutput
 
 # OpenAI's integer fields are 64-bit; the engine's seed stream and token
@@ -48,7 +48,7 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
-class _SamplingFields(UnsupportedFields):
+class _SamplingFields(TokenRestrictions):
     model: str | None = None
     max_tokens: int | None = Field(None, gt=0, le=_I32_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -427,6 +427,8 @@ class GenerateRequest(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = Field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] = Field(default_factory=list)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     # The grammar the output must follow (structured output).

@@ -15,6 +15,7 @@ start of a tag is held back until the next piece shows whether it is one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from api.tool_parser import partial_tail
@@ -109,6 +110,41 @@ def split_reasoning(text: str, fmt: ReasoningFormat) -> tuple[str | None, str]:
     r1, c1 = p.feed(text)
     r2, c2 = p.finish()
     return (r1 + r2 if p.reasoned else None), c1 + c2
+
+
+class ReasoningTally:
+    """`split_reasoning` and `reasoning_token_count` of an answer that grows
+    (the usage on every chunk of a stream): each piece and each token's
+    text is read once, however often the usage is asked for."""
+
+    def __init__(self, fmt: ReasoningFormat) -> None:
+        self._parser = ReasoningParser(fmt)
+        self._pieces = 0
+        self._tokens = 0
+        self._count = 0
+        self._seen = ""
+        self._closed = False
+
+    def count(self, pieces: list[str], token_texts: Callable[[int], list[str]],
+              num_tokens: int) -> int:
+        """The reasoning tokens of the answer whose text is `pieces` and
+        whose `num_tokens` tokens' texts `token_texts(k)` gives from the
+        k-th on (0 where it has no reasoning)."""
+        for piece in pieces[self._pieces:]:
+            self._parser.feed(piece)
+        self._pieces = len(pieces)
+        if not self._closed and num_tokens > self._tokens:
+            for t in token_texts(self._tokens):
+                self._count += 1
+                self._seen = (self._seen + t)[-(len(CLOSE) + len(t)):]
+                if CLOSE in self._seen:
+                    self._closed = True
+                    break
+        self._tokens = num_tokens
+        p = self._parser
+        reasoned = p.reasoned or (p.state == "start" and p.fmt == "deepseek_r1"
+                                  and bool(p._buf.strip()))
+        return self._count if reasoned else 0
 
 
 def reasoning_token_count(texts: list[str]) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from api.logprobs import Entry, TokenText, chat_logprobs, completion_logprobs, prompt_logprobs
 from api.protocol import PromptTokensDetails, Usage, WireLogprob
-from api.reasoning import ReasoningFormat, ReasoningParser, reasoning_token_count, split_reasoning
+from api.reasoning import ReasoningFormat, ReasoningParser, ReasoningTally, split_reasoning
 from api.tool_parser import ToolCallParser
 from api.tools import ToolUse
 
@@ -60,6 +60,9 @@ class _Choice:
     prompt_ids_sent: bool = False
     # Splits a reasoning model's answer (`reasoning_parser`) as it streams.
     reasoner: ReasoningParser | None = None
+    # Its reasoning tokens so far, for the usage (on every chunk with
+    # `continuous_usage_stats`).
+    tally: ReasoningTally | None = None
 
 
 class ResponseBuilder:
@@ -96,6 +99,7 @@ class ResponseBuilder:
         if self.reasoning is not None:
             for c in self.choices:
                 c.reasoner = ReasoningParser(self.reasoning)
+                c.tally = ReasoningTally(self.reasoning)
         self.keep_ids = token_ids or self.reasoning is not None
 
     @property
@@ -125,10 +129,10 @@ class ResponseBuilder:
                 f"{k}_prediction_tokens": sum(m[f"{k}_prediction_tokens"] for m in predicted)
                 for k in ("accepted", "rejected")}
         if self.reasoning is not None:
-            fmt = self.reasoning
             usage.setdefault("completion_tokens_details", {})["reasoning_tokens"] = sum(
-                reasoning_token_count([self.tokens.text(t) for t in c.ids])
-                for c in self.choices if split_reasoning("".join(c.text), fmt)[0] is not None)
+                c.tally.count(c.text, lambda k, c=c: [self.tokens.text(t) for t in c.ids[k:]],
+                              len(c.ids))
+                for c in self.choices if c.tally is not None)
         return usage
 
     # Streaming ------------------------------------------------------------

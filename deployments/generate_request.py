@@ -11,6 +11,7 @@ from typing import Any
 from api.errors import APIError
 from api.protocol import GenerateRequest
 from api.responses import PromptInput
+from engine.bad_words import bad_words_token_ids
 from engine.sampling_params import SamplingParams
 
 
@@ -43,6 +44,9 @@ def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, c
     if any(t >= ing.vocab_size for t in bias):
         raise APIError(400, f"logit_bias keys must be token ids below {ing.vocab_size}",
                        "logit_bias")
+    if any(t >= ing.vocab_size for t in req.allowed_token_ids or ()):
+        raise APIError(400, f"allowed_token_ids must be below {ing.vocab_size}",
+                       "allowed_token_ids")
     stop_ids = req.stop_token_ids or []
     if any(t >= ing.vocab_size for t in stop_ids):
         raise APIError(400, f"stop_token_ids must be below {ing.vocab_size}",
@@ -63,7 +67,12 @@ def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, c
         skip_special_tokens=req.skip_special_tokens,
         min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty, logit_bias=bias, logprobs=logprobs,
+        repetition_penalty=req.repetition_penalty, logit_bias=bias,
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words_token_ids=bad_words_token_ids(
+            req.bad_words or (),
+            lambda w: list(ing.tokenizer(w, add_special_tokens=False)["input_ids"])),
+        logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
         job_class=req.job_class, jct_slo_s=req.jct_slo_s, adapter=adapter,
         adapter_path=runtime and runtime.path,
@@ -103,8 +112,8 @@ def check_prediction(gen: GenerateRequest) -> None:
 _PARAMS = ("temperature", "top_p", "top_k", "min_p", "stop", "include_stop_str_in_output",
            "skip_special_tokens", "stop_token_ids", "max_tokens", "ignore_eos", "min_tokens",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-           "logprobs", "prompt_logprobs", "structured", "adapter", "adapter_path",
-           "adapter_loaded_at")
+           "allowed_token_ids", "bad_words_token_ids", "logprobs", "prompt_logprobs",
+           "structured", "adapter", "adapter_path", "adapter_loaded_at")
 
 
 def sampling_params(req: GenerateRequest, index: int = 0) -> SamplingParams:

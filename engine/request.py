@@ -11,10 +11,11 @@ so far: a recomputed prompt does not compute or deliver them again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+from engine.bad_words import banned_by_words
 from engine.detokenizer import IncrementalDetokenizer
 from engine.lora import Adapter
 from engine.sampling_params import SamplingParams
@@ -59,12 +60,18 @@ class RequestState:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def banned_token_ids(self, ahead: int = 0) -> tuple[int, ...]:
-        """Stop tokens may not be sampled before min_tokens outputs exist
-        (`ahead`: drafts before the token, taken as outputs)."""
-        if len(self.output_token_ids) + ahead < self.params.min_tokens:
-            return tuple(sorted(self.stop_token_ids))
-        return ()
+    def banned_token_ids(self, drafts: Sequence[int] = ()) -> tuple[int, ...]:
+        """What may not be sampled next: stop tokens before min_tokens
+        outputs exist, and the last token of a bad word the answer would end
+        with (`drafts`: speculative drafts before the token, taken as
+        outputs)."""
+        banned: tuple[int, ...] = ()
+        if len(self.output_token_ids) + len(drafts) < self.params.min_tokens:
+            banned = tuple(sorted(self.stop_token_ids))
+        if words := self.params.bad_words_token_ids:
+            history = [*self.output_token_ids, *drafts] if drafts else self.output_token_ids
+            banned += tuple(banned_by_words(words, history))
+        return banned
 
     def prompt_logprob_positions(self, start: int, end: int) -> range:
         """Positions q in `[start, end)` whose next-token logits give a

@@ -236,10 +236,10 @@ class ModelRunner(PlanPreparing, ShardDriving):
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
         outputs = list(output_token_ids or [])
-        out_of_vocab = [t for t in params.logit_bias if t >= self.vocab_size]
+        out_of_vocab = [t for t in params.named_token_ids() if t >= self.vocab_size]
         if out_of_vocab:
-            raise ValueError(f"logit_bias token ids {out_of_vocab} are outside the "
-                             f"vocabulary (size {self.vocab_size})")
+            raise ValueError(f"token ids {out_of_vocab} (logit_bias, allowed_token_ids, bad "
+                             f"words) are outside the vocabulary (size {self.vocab_size})")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids

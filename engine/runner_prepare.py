@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import SeqSpan
+from engine.bad_words import needs_history
 from engine.lora import Adapter, LoraStep
 from engine.models import ForwardBatch
 from engine.prepared import PreparedStep
@@ -75,7 +76,8 @@ class PlanPreparing:
         """Whether `plan` may be launched before `pending` is collected:
         neither collecting `pending` reads logits the next pass may
         overwrite, nor does a request of `plan` sample with what `pending`
-        samples for it (penalties over its outputs, min_tokens bans)."""
+        samples for it (penalties over its outputs, min_tokens and bad
+        words' bans)."""
         if self.world > 1 or pending.result is not None or pending.reads_logits:
             return False
         rows = pending.rows or {}
@@ -84,7 +86,8 @@ class PlanPreparing:
                 state = self._requests.get(chunk.job_id)
                 if state is not None and (
                         state.params.has_penalties or state.grammar is not None
-                        or state.params.min_tokens > len(state.output_token_ids)):
+                        or state.params.min_tokens > len(state.output_token_ids)
+                        or needs_history(state.params.bad_words_token_ids)):
                     return False
         return True
 
@@ -275,5 +278,5 @@ def _after_drafts(chunk: ScheduledChunk, state: RequestState, j: int) -> SampleR
     seed stream, bans and penalties' history counting them, so that what it
     picks is what a step without drafts would pick once they were accepted."""
     drafts = chunk.token_ids[len(chunk.token_ids) - chunk.draft:][:j]
-    return SampleRequest(state.params, chunk.output_index + j, state.banned_token_ids(j),
+    return SampleRequest(state.params, chunk.output_index + j, state.banned_token_ids(drafts),
                          state.prompt_token_ids, [*state.output_token_ids, *drafts])

@@ -2,8 +2,8 @@
 top-k, top-p, seeds; and the logprobs of chosen tokens.
 
 The logits of a row pass through, in vLLM's order: its grammar's mask
-(structured output, `engine/structured.py`), logit_bias, the
-min_tokens bans, the repetition penalty (over prompt and output), the
+(structured output, `engine/structured.py`), `allowed_token_ids`,
+logit_bias, the min_tokens and bad words' bans, the repetition penalty (over prompt and output), the
 presence / frequency penalties (over the output), then temperature, min_p,
 top-k and top-p.  Greedy rows take the argmax after bias and penalties.  Each
 stage touches only the rows that use it, and a batch where no row does
@@ -29,7 +29,7 @@ the torch stages here; the other rows, and every row on a GPU, take these.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -86,7 +86,8 @@ class SampleRequest:
     def biased(self) -> bool:
         """Bias, bans or penalties change this row's logits."""
         p = self.params
-        return bool(self.banned_token_ids or p.logit_bias or p.has_penalties)
+        return bool(self.banned_token_ids or p.logit_bias or p.has_penalties
+                    or p.allowed_token_ids is not None)
 
     @property
     def adjusts_logits(self) -> bool:
@@ -162,6 +163,37 @@ def _grammar_masks(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
     mask_logits(logits, masks)
 
 
+def _leaving_some(stage: Callable[[torch.Tensor, Sequence[SampleRequest]], None],
+                  logits: torch.Tensor, reqs: Sequence[SampleRequest],
+                  rows: list[int]) -> None:
+    """`stage` on `rows`, except where it would leave a row no token to
+    sample: a request whose own restrictions contradict each other (its
+    allowed tokens outside its grammar, or all banned by its bad words or
+    min_tokens) keeps the row as it was before, rather than drawing from
+    nothing."""
+    if not rows:
+        return
+    before = logits[rows]
+    stage(logits, reqs)
+    emptied = [i for i, m in zip(rows, logits[rows].amax(dim=-1).tolist())
+               if m == float("-inf")]
+    if emptied:
+        logits[emptied] = before[[rows.index(i) for i in emptied]]
+
+
+def _allowed_only(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
+    """vLLM's `allowed_token_ids`: every other token of the row to -inf."""
+    rows = [(i, r.params.allowed_token_ids) for i, r in enumerate(reqs)
+            if r.params.allowed_token_ids is not None]
+    if not rows:
+        return
+    keep = torch.ones(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
+    at, ids = _pairs(range(len(rows)), [a for _, a in rows], logits.device)
+    keep[at, ids] = False
+    index = torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)
+    logits[index] = logits[index].masked_fill_(keep, float("-inf"))
+
+
 def _add_logit_bias(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
     biased = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
     if not biased:
@@ -221,16 +253,19 @@ def _presence_frequency_penalties(logits: torch.Tensor, reqs: Sequence[SampleReq
 
 
 def adjust_logits(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
-    """Apply the grammars' masks, logit_bias, the min_tokens bans and the
-    penalties in place to the contiguous float logits `[rows, vocab]`, in
-    vLLM's order."""
+    """Apply the grammars' masks, `allowed_token_ids`, logit_bias, the
+    min_tokens and bad words' bans and the penalties in place to the
+    contiguous float logits `[rows, vocab]`, in vLLM's order."""
     if logits.shape[0] != len(reqs):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(reqs)} requests")
     if not logits.is_contiguous():
         raise ValueError("adjust_logits needs contiguous logits (it indexes the flat view)")
     _grammar_masks(logits, reqs)
+    _leaving_some(_allowed_only, logits, reqs,
+                  [i for i, r in enumerate(reqs) if r.params.allowed_token_ids is not None])
     _add_logit_bias(logits, reqs)
-    _ban_tokens(logits, reqs)
+    _leaving_some(_ban_tokens, logits, reqs, [i for i, r in enumerate(reqs)
+                                              if r.banned_token_ids])
     _repetition_penalty(logits, reqs)
     _presence_frequency_penalties(logits, reqs)
 

@@ -6,6 +6,7 @@ importing the engine's tensor code; `engine.sampling` re-exports it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -71,6 +72,11 @@ class SamplingParams(BaseModel):
     # Added to the logits of these token ids before sampling (OpenAI:
     # -100 bans a token, 100 forces it).
     logit_bias: dict[int, float] = Field(default_factory=dict)
+    # vLLM's `allowed_token_ids`: only these may be sampled (None: any).
+    allowed_token_ids: list[int] | None = None
+    # vLLM's `bad_words` as the token sequences that spell them
+    # (engine/bad_words.py): none may end the answer.
+    bad_words_token_ids: list[list[int]] = Field(default_factory=list)
     # Return the sampled token's logprob and this many most likely
     # alternatives (0: only the sampled token's); None: no logprobs.
     logprobs: int | None = Field(None, ge=0)
@@ -123,6 +129,20 @@ class SamplingParams(BaseModel):
             raise ValueError("logit_bias values must be in [-100, 100]")
         return v
 
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _some_allowed(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(t < 0 for t in v)):
+            raise ValueError("allowed_token_ids must be a non-empty list of token ids")
+        return v
+
+    @field_validator("bad_words_token_ids")
+    @classmethod
+    def _spelt(cls, v: list[list[int]]) -> list[list[int]]:
+        if any(not seq or any(t < 0 for t in seq) for seq in v):
+            raise ValueError("bad_words_token_ids must be non-empty lists of token ids")
+        return v
+
     @model_validator(mode="after")
     def _min_le_max(self) -> "SamplingParams":
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -152,6 +172,19 @@ class SamplingParams(BaseModel):
         not with logprobs (of accepted drafts) or a grammar (which would
         have to take the drafts in)."""
         return self.logprobs is None and self.structured is None
+
+    @property
+    def restricts_tokens(self) -> bool:
+        """`allowed_token_ids` or `bad_words` change its logits."""
+        return self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+
+    def named_token_ids(self) -> Iterator[int]:
+        """The token ids its logit_bias, allowed_token_ids and bad words
+        name."""
+        yield from self.logit_bias
+        yield from self.allowed_token_ids or ()
+        for seq in self.bad_words_token_ids:
+            yield from seq
 
     @property
     def has_penalties(self) -> bool:

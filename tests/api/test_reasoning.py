@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from api.reasoning import ReasoningParser, reasoning_token_count, split_reasoning
+from api.reasoning import (
+    ReasoningParser, ReasoningTally, reasoning_token_count, split_reasoning,
+)
 from tests.api.harness import Harness, harness
 
 ANSWER = "<think>\nThe user asks for a capital.</think>\n\nParis."
@@ -64,6 +66,30 @@ def test_streamed_pieces_split_as_the_whole_does(fmt: str, text: str) -> None:
 def test_reasoning_tokens_end_with_the_closing_tag() -> None:
     assert reasoning_token_count(["<think>", "a", "</", "think", ">", "\n\n", "b"]) == 5
     assert reasoning_token_count(["a", "b"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize("tokens", [
+    ["<think>", "a", "</", "think", ">", "\n\n", "b"], ["No", " tags"], ["  ", "<thi"],
+    ["<th", "ink>", "cut"], ["x", "</think>", "y", "z"], ["Hello"]])
+def test_the_usage_tally_counts_a_growing_answer_as_the_whole(fmt: str,
+                                                              tokens: list[str]) -> None:
+    """The usage of every chunk (`continuous_usage_stats`): each prefix of
+    the answer counted as if it were the whole, each token read once."""
+    tally = ReasoningTally(fmt)  # type: ignore[arg-type]
+    read: list[int] = []
+
+    def texts(k: int) -> list[str]:
+        read.extend(range(k, n))
+        return tokens[k:n]
+
+    for n in range(len(tokens) + 1):
+        pieces = tokens[:n]
+        whole = split_reasoning("".join(pieces), fmt)  # type: ignore[arg-type]
+        want = reasoning_token_count(pieces) if whole[0] is not None else 0
+        assert tally.count(pieces, texts, n) == want, (n, whole)
+        assert tally.count(pieces, texts, n) == want  # asked again: nothing reread
+    assert len(read) == len(set(read))
 
 
 def test_a_chat_answer_carries_its_reasoning_apart(h: Harness) -> None:

@@ -166,6 +166,28 @@ def test_stop_strings_seeds_penalties_and_logprobs(runner: ModelRunner) -> None:
     assert ahead.num_ahead > 0
 
 
+def test_allowed_tokens_and_bad_words(runner: ModelRunner) -> None:
+    """A plan is launched ahead of a token a request's bans depend on (a
+    word of two tokens) only where they do not: the tokens are the same."""
+    free = serve(runner, PROMPTS, _greedy(LENGTHS), ahead=False)
+    a, b = free.tokens["job0"], free.tokens["job3"]
+    special: dict[str, dict[str, object]] = {
+        "job0": {"bad_words_token_ids": [[a[3], a[4]], [a[9]]]},
+        "job2": {"allowed_token_ids": sorted(set(free.tokens["job2"]))[:4]},
+        "job3": {"bad_words_token_ids": [[b[2]]]},
+    }
+
+    def params(j: str) -> SamplingParams:
+        return SamplingParams(max_tokens=LENGTHS[j], temperature=0.0, ignore_eos=True,
+                              **special.get(j, {}))  # type: ignore[arg-type]
+
+    base = serve(runner, PROMPTS, params, ahead=False)
+    ahead = serve(runner, PROMPTS, params, ahead=True)
+    _same(ahead, base)
+    assert all(base.tokens[j] != free.tokens[j] for j in special)
+    assert ahead.num_ahead > 0
+
+
 def test_aborts_between_steps_leave_the_others_unchanged(runner: ModelRunner) -> None:
     params = _greedy(LENGTHS)
     abort = {3: "job0", 6: "job3", 7: "job4"}
