@@ -93,6 +93,13 @@ class ReasoningParser:
                 return "".join(reasoning), content
         return "".join(reasoning), ""
 
+    @property
+    def reasons_so_far(self) -> bool:
+        """Whether the answer so far has a reasoning part, as `finish` would
+        decide were it to end here."""
+        return self.reasoned or (self.state == "start" and self.fmt == "deepseek_r1"
+                                 and bool(self._buf.strip()))
+
     def finish(self) -> tuple[str, str]:
         """What was held back, at the end of the answer."""
         rest, self._buf = self._buf, ""
@@ -113,9 +120,10 @@ def split_reasoning(text: str, fmt: ReasoningFormat) -> tuple[str | None, str]:
 
 
 class ReasoningTally:
-    """`split_reasoning` and `reasoning_token_count` of an answer that grows
-    (the usage on every chunk of a stream): each piece and each token's
-    text is read once, however often the usage is asked for."""
+    """What `split_reasoning` says of an answer that grows, and how many of
+    its tokens its reasoning took (up to the one that completes `</think>`,
+    or all of them), for the usage on every chunk of a stream: each piece
+    and each token's text is read once, however often it is asked for."""
 
     def __init__(self, fmt: ReasoningFormat) -> None:
         self._parser = ReasoningParser(fmt)
@@ -141,18 +149,4 @@ class ReasoningTally:
                     self._closed = True
                     break
         self._tokens = num_tokens
-        p = self._parser
-        reasoned = p.reasoned or (p.state == "start" and p.fmt == "deepseek_r1"
-                                  and bool(p._buf.strip()))
-        return self._count if reasoned else 0
-
-
-def reasoning_token_count(texts: list[str]) -> int:
-    """How many of an answer's tokens (their texts, in order) its reasoning
-    took: up to the one that completes `</think>`, or all of them."""
-    seen = ""
-    for i, t in enumerate(texts):
-        seen = (seen + t)[-(len(CLOSE) + len(t)):]
-        if CLOSE in seen:
-            return i + 1
-    return len(texts)
+        return self._count if self._parser.reasons_so_far else 0

@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from api.reasoning import (
-    ReasoningParser, ReasoningTally, reasoning_token_count, split_reasoning,
-)
+from api.reasoning import CLOSE, ReasoningParser, ReasoningTally, split_reasoning
 from tests.api.harness import Harness, harness
 
 ANSWER = "<think>\nThe user asks for a capital.</think>\n\nParis."
@@ -61,6 +59,15 @@ def test_streamed_pieces_split_as_the_whole_does(fmt: str, text: str) -> None:
         assert whole == ("\nThe user asks for a capital.", "Paris.")
     if text.startswith("No tags"):
         assert whole == ((text, "") if fmt == "deepseek_r1" else (None, text))
+
+
+def reasoning_token_count(texts: list[str]) -> int:
+    """The reference: how many of an answer's tokens (their texts, in order)
+    its reasoning took, up to the one that completes `</think>`."""
+    for i in range(len(texts)):
+        if CLOSE in "".join(texts[:i + 1]):
+            return i + 1
+    return len(texts)
 
 
 def test_reasoning_tokens_end_with_the_closing_tag() -> None:
