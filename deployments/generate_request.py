@@ -6,6 +6,7 @@ request names resolved (with its folder, for one loaded at runtime)."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from api.errors import APIError
@@ -13,6 +14,7 @@ from api.protocol import GenerateRequest
 from api.responses import PromptInput
 from engine.bad_words import bad_words_token_ids
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import encode_chat_text
 
 
 def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, chat: bool
@@ -69,9 +71,8 @@ def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, c
         frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty, logit_bias=bias,
         allowed_token_ids=req.allowed_token_ids,
-        bad_words_token_ids=bad_words_token_ids(
-            req.bad_words or (),
-            lambda w: list(ing.tokenizer(w, add_special_tokens=False)["input_ids"])),
+        bad_words_token_ids=bad_words_token_ids(req.bad_words or (),
+                                                partial(encode_chat_text, ing.tokenizer)),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, n=req.n, priority=req.priority,
         job_class=req.job_class, jct_slo_s=req.jct_slo_s, adapter=adapter,
@@ -96,8 +97,7 @@ def _predicted(ing: Any, req: Any) -> list[int] | None:
         raise APIError(400, "prediction needs speculative decoding, which this server has "
                        "off (speculative.num_tokens is 0)", "prediction")
     text = req.prediction.text()
-    return list(ing.tokenizer(text, add_special_tokens=False)["input_ids"])[
-        :ing.cfg.max_model_len]
+    return encode_chat_text(ing.tokenizer, text)[:ing.cfg.max_model_len]
 
 
 def check_prediction(gen: GenerateRequest) -> None:

@@ -166,12 +166,13 @@ def _grammar_masks(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
 def _leaving_some(stage: Callable[[torch.Tensor, Sequence[SampleRequest]], None],
                   logits: torch.Tensor, reqs: Sequence[SampleRequest],
                   rows: list[int]) -> None:
-    """`stage` on `rows`, except where it would leave a row no token to
-    sample: a request whose own restrictions contradict each other (its
-    allowed tokens outside its grammar, or all banned by its bad words or
-    min_tokens) keeps the row as it was before, rather than drawing from
-    nothing."""
+    """`stage` on every row, except where it would leave one of `rows` (the
+    rows it could empty) no token to sample: a request whose own
+    restrictions contradict each other (its allowed tokens outside its
+    grammar, or all banned by its bad words or min_tokens) keeps the row as
+    it was before, rather than drawing from nothing."""
     if not rows:
+        stage(logits, reqs)
         return
     before = logits[rows]
     stage(logits, reqs)
@@ -261,11 +262,16 @@ def adjust_logits(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
     if not logits.is_contiguous():
         raise ValueError("adjust_logits needs contiguous logits (it indexes the flat view)")
     _grammar_masks(logits, reqs)
+    # Only a row that was restricted before can be left empty: allowed
+    # tokens by a grammar, bans by allowed tokens or a grammar (min_tokens'
+    # bans alone, the common case, copy nothing).
     _leaving_some(_allowed_only, logits, reqs,
-                  [i for i, r in enumerate(reqs) if r.params.allowed_token_ids is not None])
+                  [i for i, r in enumerate(reqs)
+                   if r.params.allowed_token_ids is not None and r.allowed is not None])
     _add_logit_bias(logits, reqs)
-    _leaving_some(_ban_tokens, logits, reqs, [i for i, r in enumerate(reqs)
-                                              if r.banned_token_ids])
+    _leaving_some(_ban_tokens, logits, reqs,
+                  [i for i, r in enumerate(reqs) if r.banned_token_ids and (
+                      r.params.allowed_token_ids is not None or r.allowed is not None)])
     _repetition_penalty(logits, reqs)
     _presence_frequency_penalties(logits, reqs)
 
