@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -108,6 +109,17 @@ class SpanLayout:
     num_decodes: int
 
 
+def fill_block_tables(tables: np.ndarray, spans: Sequence[SeqSpan], need: np.ndarray) -> None:
+    """Row i of `tables` begins with the first `need[i]` block ids of span
+    i (the rest of the row is left as it is).  One pass over the ids and a
+    masked store: a row-by-row numpy store costs ~2 µs a span in the loop
+    that plans iterations (`studies/engine_gpu`, the loop's profile)."""
+    counts = need.tolist()
+    flat = np.fromiter(chain.from_iterable(s.block_table[:k] for s, k in zip(spans, counts)),
+                       np.int32, sum(counts))
+    tables[: len(spans)][np.arange(tables.shape[1]) < need[:, None]] = flat
+
+
 def span_layout(spans: Sequence[SeqSpan], block_size: int, width: int | None = None,
                 tables: np.ndarray | None = None) -> SpanLayout:
     """Lay out `spans` (decodes first), checking that every block table
@@ -136,8 +148,7 @@ def span_layout(spans: Sequence[SeqSpan], block_size: int, width: int | None = N
                          f"tables ({width} blocks)")
     if tables is None:
         tables = np.zeros((num, width), np.int32)
-    for i, s in enumerate(spans):
-        tables[i, : need[i]] = s.block_table[: need[i]]
+    fill_block_tables(tables, spans, need)
     # Each new token's slot, from its span's table row and position.
     total = int(ntok.sum())
     owner = np.repeat(np.arange(num), ntok)

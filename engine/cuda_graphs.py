@@ -25,15 +25,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from engine.attention import SeqSpan
-from engine.attention_triton import TritonAttentionBackend, TritonAttentionMetadata
+from engine.attention_triton import (
+    TritonAttentionBackend,
+    TritonAttentionMetadata,
+    fill_block_tables,
+)
 from engine.kv_cache import KVCache
 from engine.models import CausalLM, ForwardBatch
+
+if TYPE_CHECKING:
+    from engine.cuda_graphs_mixed import MixedGraphs
+    from engine.prepared import PreparedStep
 
 # Rows of a step's token ids and the ids, on the device, that replace them.
 Fill = tuple[torch.Tensor, torch.Tensor] | None
@@ -44,13 +52,15 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384
 
 class Captured(Protocol):
     graph: torch.cuda.CUDAGraph | None
+    hidden: torch.Tensor | None
     logits: torch.Tensor | None
 
 
-def capture(buckets: Sequence[Captured], forward: Callable[[Any], torch.Tensor],
+def capture(buckets: Sequence[Captured],
+            forward: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
             device: torch.device, pool: Any = None) -> None:
     """Capture `forward(bucket)` of every bucket into its `graph`, its
-    output into its `logits`: largest bucket last in `buckets`, captured
+    outputs into its `hidden` and `logits`: largest bucket last in `buckets`, captured
     first, all in one memory pool (`pool`, or a new one), so that a smaller
     graph reuses the larger one's activations, which it never needs at once.
     Graphs that share a pool must never be replayed concurrently."""
@@ -63,7 +73,7 @@ def capture(buckets: Sequence[Captured], forward: Callable[[Any], torch.Tensor],
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            bucket.logits = forward(bucket)
+            bucket.hidden, bucket.logits = forward(bucket)
         bucket.graph = graph
     torch.cuda.synchronize(device)
 
@@ -87,6 +97,10 @@ class StagedGraphs:
         self._uploaded: torch.cuda.Event | None = None
         # Steps served from the buckets (replayed, or run over the buffers).
         self.num_runs = 0
+        # The last step's final hidden states at its logits rows (a view of
+        # the bucket's static output, valid until the next replay is queued):
+        # the length head (engine/length_head.py) reads a prompt's last row.
+        self.hidden: torch.Tensor | None = None
 
     def _staging(self) -> None:
         """Wait until the last upload has read the staging buffers: with a
@@ -108,8 +122,12 @@ class StagedGraphs:
             self._long.index_copy_(0, *fill)
 
     @torch.inference_mode()
-    def _forward(self, bucket: Any) -> torch.Tensor:
-        return self.model.compute_logits(self.model(bucket.batch, self.kv_cache))
+    def _forward(self, bucket: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states at the bucket's logits rows, and their logits."""
+        hidden = self.model(bucket.batch, self.kv_cache)
+        logits = self.model.compute_logits(hidden)
+        assert logits is not None, "graphs run unsplit models only"
+        return hidden, logits
 
     def _capture(self, buckets: Sequence[Captured], pool: Any) -> None:
         """Fill the device buffers from the (padding) host ones, then
@@ -120,14 +138,17 @@ class StagedGraphs:
 
     def _run(self, bucket: Any, rows: int, fill: Fill = None) -> torch.Tensor:
         """Upload the staged step and replay `bucket`: its first `rows`
-        logits rows."""
+        logits rows (their hidden states in `self.hidden`)."""
         self._upload(fill)
         self.num_runs += 1
         if bucket.graph is not None:
             bucket.graph.replay()
-            assert bucket.logits is not None
-            return bucket.logits[:rows]
-        return self._forward(bucket)[:rows]
+            hidden, logits = bucket.hidden, bucket.logits
+            assert hidden is not None and logits is not None
+        else:
+            hidden, logits = self._forward(bucket)
+        self.hidden = hidden[:rows]
+        return logits[:rows]
 
 
 @dataclass(slots=True)
@@ -135,7 +156,9 @@ class _Bucket:
     size: int
     batch: ForwardBatch
     graph: torch.cuda.CUDAGraph | None = None
-    # The captured lm_head's output, `[size, vocab]` float32.
+    # The captured final hidden states `[size, hidden]` and lm_head output
+    # `[size, vocab]` (float32).
+    hidden: torch.Tensor | None = None
     logits: torch.Tensor | None = None
 
 
@@ -229,11 +252,29 @@ class DecodeGraphs(StagedGraphs):
         ids_pos[1, :n] = pos
         meta = self._host_meta.numpy()
         tables = meta[2 * big :].reshape(big, width)
-        for i, s in enumerate(spans):
-            tables[i, : need[i]] = s.block_table[: need[i]]
+        fill_block_tables(tables, spans, need)
         rows = np.arange(n)
         meta[:n] = tables[rows, pos // bs] * bs + pos % bs
         meta[big : big + n] = pos + 1
         # An earlier, larger step may have left real rows in this bucket's tail.
         self._pad(n, bucket.size)
         return self._run(bucket, n, fill)
+
+    def replay_step(self, step: PreparedStep, mixed: MixedGraphs | None,
+                    fill: Callable[[PreparedStep], Fill]) -> tuple[torch.Tensor,
+                                                                   torch.Tensor] | None:
+        """Logits and final hidden states at the logits rows of `step`,
+        replayed from these graphs (a decode-only step that fits a bucket) or
+        from `mixed` (a step that fits one of its buckets); None where neither
+        holds it (it runs op by op).  `fill(step)`: as `run`'s `fill`."""
+        n, num = len(step.input_ids), len(step.spans)
+        staged: StagedGraphs
+        if n == num == len(step.sampled) and self.bucket_for(num) is not None:
+            logits, staged = self.run(step.input_ids, step.spans, fill(step)), self
+        elif mixed is not None and mixed.fits(n, num, len(step.logits_indices)):
+            logits, staged = mixed.run(step.input_ids, step.positions, step.spans,
+                                       step.logits_indices, fill(step)), mixed
+        else:
+            return None
+        assert staged.hidden is not None
+        return logits, staged.hidden

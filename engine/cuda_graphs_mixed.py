@@ -67,7 +67,9 @@ class _Bucket:
     tiles: int
     batch: ForwardBatch
     graph: torch.cuda.CUDAGraph | None = None
-    # The captured lm_head's output, `[max_spans, vocab]` float32.
+    # The captured final hidden states `[max_spans, hidden]` and lm_head
+    # output `[max_spans, vocab]` (float32).
+    hidden: torch.Tensor | None = None
     logits: torch.Tensor | None = None
 
 

@@ -115,9 +115,11 @@ def first_token_lengths(head: LengthHead, hidden: torch.Tensor, sampled: list[An
     """Estimates for the sampled rows `rows` of a pass (`(chunk, request
     state)` pairs; their prompts just computed) from the pass's final hidden
     states: their job ids, and the lengths, still on the device."""
-    index = torch.tensor(rows, device=hidden.device)
-    plens = torch.tensor([len(sampled[i][1].prompt_token_ids) for i in rows],
-                         device=hidden.device)
+    host = torch.tensor([rows, [len(sampled[i][1].prompt_token_ids) for i in rows]])
+    if hidden.device.type == "cuda":
+        # A pageable copy would wait for the pass just queued.
+        host = host.pin_memory()
+    index, plens = host.to(hidden.device, non_blocking=True)
     return [sampled[i][0].job_id for i in rows], head.predict(hidden.index_select(0, index), plens)
 
 

@@ -393,11 +393,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
                     s.params.logprobs is not None for _, s in sampled)
                 pending.rows = {c.job_id: i for i, (c, _) in enumerate(sampled)}
                 if tokens.device.type == "cuda":
-                    # Queued behind the pass: reading it waits for nothing else.
-                    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-                    host.copy_(tokens, non_blocking=True)
-                    pending.host_tokens, pending.ready = host, torch.cuda.Event()
-                    pending.ready.record(torch.cuda.current_stream(tokens.device))
+                    pending.copy_to_host(tokens)
         self._in_flight = pending
         return pending
 
@@ -456,20 +452,19 @@ class ModelRunner(PlanPreparing, ShardDriving):
         in `prepared.logits_indices` (None where no row is wanted).  A decode
         step that fits a captured bucket replays its graph, and so does a mixed
         step that fits a bucket of the mixed graphs.  Length head estimates go
-        to `pending.lengths` (eagerly: no graph keeps them)."""
+        to `pending.lengths`, from the graphs' hidden rows where a graph ran."""
         graphs, mixed = self.graphs, self.mixed_graphs
         head = self.length_head  # read once: `reconfigure` may replace it
         firsts = first_token_rows(head, prepared.sampled)
-        if graphs is not None and not (plan.preemptible_at_layers or prepared.prompt_rows or firsts
+        if graphs is not None and not (plan.preemptible_at_layers or prepared.prompt_rows
                                        or prepared.lora_rows or prepared.num_verify):
-            n, num = len(prepared.input_ids), len(prepared.spans)
-            if n == num == len(prepared.sampled) and graphs.bucket_for(num) is not None:
+            replayed = graphs.replay_step(prepared, mixed, self._fill)
+            if replayed is not None:
                 self.preempt_flag.clear()  # as after any pass that may not be cut
-                return graphs.run(prepared.input_ids, prepared.spans, self._fill(prepared))
-            if mixed is not None and mixed.fits(n, num, len(prepared.logits_indices)):
-                self.preempt_flag.clear()
-                logits = mixed.run(prepared.input_ids, prepared.positions, prepared.spans,
-                                   prepared.logits_indices, self._fill(prepared))
+                logits, hidden = replayed
+                if firsts and pending is not None and head is not None:
+                    # Queued behind the replay, before the next one reuses its output.
+                    pending.lengths = first_token_lengths(head, hidden, prepared.sampled, firsts)
                 return logits if prepared.logits_indices else None
         if self.pp.enabled:
             assert not prepared.fill_rows, "pipeline stages do not run a pass ahead"

@@ -45,7 +45,7 @@ class Pending:
     # overwrite (graph buckets keep theirs in place).
     reads_logits: bool = False
     # The length head's estimates for jobs that sampled their first token:
-    # their ids and the lengths, on the device until collected.
+    # their ids and the lengths (on CUDA, a pinned host copy once launched).
     lengths: tuple[list[str], torch.Tensor] | None = None
     # What breaks ties of rounded logits (`CausalLM.exact_source`).
     exact: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -55,6 +55,23 @@ class Pending:
         if self.lengths is None:
             return {}
         return dict(zip(self.lengths[0], self.lengths[1].tolist()))
+
+    def copy_to_host(self, tokens: torch.Tensor) -> None:
+        """Queue copies of the sampled ids `tokens` (and of the head's
+        estimates) into pinned host memory behind the pass, and the event
+        that says they landed: reading them then waits for nothing else.  A
+        read of a device tensor (`tolist`) would wait for every pass queued
+        since, the one launched ahead of this collect included."""
+        self.host_tokens = _pinned_copy(tokens)
+        if self.lengths is not None:
+            self.lengths = self.lengths[0], _pinned_copy(self.lengths[1])
+        self.ready = torch.cuda.Event()
+        self.ready.record(torch.cuda.current_stream(tokens.device))
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 class PlanPreparing:

@@ -25,6 +25,7 @@ downloaded.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -41,6 +42,8 @@ import torch
 from api.protocol import GenerateRequest
 from deployments.delivery import Delivery
 from deployments.engine_loop import EngineLoop
+from deployments.gc_heap import freeze_startup_heap
+from engine.length_head import LengthHead
 from engine.profiler import estimate_cost
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -92,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ahead", action="store_true",
                    help="plan and launch each iteration while the previous pass is in "
                         "flight (async_scheduling, scheduler/ahead.py)")
+    p.add_argument("--length-head", action="store_true",
+                   help="estimate each answer's length at its first token with a random "
+                        "length head (engine/length_head.py) of the model's hidden size")
+    p.add_argument("--no-gc-freeze", action="store_true",
+                   help="leave the start-up heap to the garbage collector's scans (the "
+                        "replica freezes it: deployments/gc_heap.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -160,16 +169,54 @@ def _pcts(xs: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(xs), "p90": q[89], "p99": q[98]}
 
 
+class GcTimes:
+    """Times the garbage collector's collections until `stop`."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took, gen = time.perf_counter() - self._began, info["generation"]
+        self.count[gen] += 1
+        self.seconds[gen] += took
+        self.longest = max(self.longest, took)
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on)
+
+    def summary(self) -> dict[str, Any]:
+        return {"count": self.count, "seconds": [round(s, 4) for s in self.seconds],
+                "longest_s": round(self.longest, 4)}
+
+
+def _replays(runner: ModelRunner) -> int:
+    return sum(g.num_runs for g in (runner.graphs, runner.mixed_graphs) if g is not None)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     dev = torch.device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         path = random_model(args, Path(tmp))
         num_blocks = args.kv_tokens // BLOCK_SIZE
+        head = None
+        if args.length_head:
+            g = torch.Generator().manual_seed(args.seed)
+            head = Path(tmp) / "length_head.pt"
+            LengthHead(torch.zeros(args.hidden), torch.ones(args.hidden),
+                       0.02 * torch.randn(args.hidden, generator=g), 0.3, 5.0,
+                       args.max_model_len).save(head)
         t0 = time.perf_counter()
         runner = ModelRunner(
             path, args.dtype, args.device, num_blocks=num_blocks, block_size=BLOCK_SIZE,
-            max_model_len=args.max_model_len,
+            max_model_len=args.max_model_len, length_head=head,
             cuda_graph_max_batch=0 if args.no_graphs or dev.type != "cuda"
             else args.max_batch_size,
             cuda_graph_max_tokens=0 if args.no_mixed_graphs else args.max_batch_tokens)
@@ -188,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
                         max_model_len=args.max_model_len, swap_mode=args.swap_mode,
                         host_kv_blocks=host_blocks),
         time.monotonic, cost=None if args.policy == "fcfs" else cost)
+    replays_before = _replays(runner)
     sink = Sink(args.requests)
     loop = EngineLoop(
         runner, core,
@@ -197,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_overlap:
         runner.on_launch = None
         runner.defer_text = False
+    frozen = 0 if args.no_gc_freeze else freeze_startup_heap()
+    collections = GcTimes()
     loop.start()
     rng = random.Random(args.seed)
     vocab = runner.config.vocab_size
@@ -215,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     wall = max(sink.done.values(), default=time.monotonic()) - t_submit
     free_after, host_free_after = core.blocks.num_free, core.swap.host_free
     loop.stop()
+    collections.stop()
     stats = loop.stats
     result: dict[str, Any] = {
         "command": "python -m studies.engine_gpu.engine_loop "
@@ -222,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
         "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "dtype": args.dtype, "policy": args.policy, "swap_mode": args.swap_mode,
         "pageable_swaps": args.pageable_swaps, "overlap": not args.no_overlap,
-        "ahead": args.ahead, "launched_ahead": getattr(loop.driver, "num_ahead", 0),
+        "ahead": args.ahead, "length_head": args.length_head, "gc_freeze": not args.no_gc_freeze,
+        "launched_ahead": getattr(loop.driver, "num_ahead", 0),
         "kv_tokens": args.kv_tokens, "host_kv_tokens": host_blocks * BLOCK_SIZE,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads",
                                                 "kv_heads")},
@@ -236,6 +288,13 @@ def main(argv: list[str] | None = None) -> None:
         "graph_replays": runner.graphs.num_runs if runner.graphs is not None else 0,
         "mixed_graph_replays": (runner.mixed_graphs.num_runs
                                 if runner.mixed_graphs is not None else 0),
+        # The serving iterations' passes not replayed from a graph (the cost
+        # model's profiling passes before them not counted).
+        "gc_frozen_objects": frozen,
+        # Garbage collections while the loop served, per generation: their
+        # number and seconds, and the longest.
+        "gc": collections.summary(),
+        "passes_op_by_op": stats.iterations - (_replays(runner) - replays_before),
         "forward_s": stats.forward_time,
         # The iteration thread's busy time (inbox to delivery); of what is
         # not the pass, the scheduler's planning and completion.

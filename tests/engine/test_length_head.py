@@ -19,6 +19,8 @@ from scheduler.core import SchedulerCore
 from scheduler.job import Job
 from tests.engine.helpers import random_prompts
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _random_head(hidden: int, seed: int = 0) -> LengthHead:
     g = torch.Generator().manual_seed(seed)
@@ -108,6 +110,32 @@ def test_first_token_carries_the_heads_estimate(
     head.save(tmp_path / "h.pt")
     runner = ModelRunner(path, dtype="float32", num_blocks=64, block_size=4,
                          max_model_len=128, length_head=tmp_path / "h.pt")
+    _check_first_tokens(runner, path, head, policy)
+
+
+@pytest.mark.parametrize("model", ["tiny_llama_path", "tiny_opt_path"])
+def test_the_estimate_comes_from_graph_replays(model: str, request: pytest.FixtureRequest,
+                                               tmp_path: Path) -> None:
+    """With decode and mixed steps replayed from CUDA graphs (on CUDA; off
+    it, the same static buffers run under Triton's interpreter), passes that
+    sample first tokens replay too, and the head reads the hidden rows the
+    replay left: the same estimates as above, and no pass ran op by op."""
+    path: Path = request.getfixturevalue(model)
+    head = _random_head(64)
+    head.save(tmp_path / "h.pt")
+    runner = ModelRunner(path, dtype="float32", device=DEVICE, num_blocks=64, block_size=4,
+                         max_model_len=128, length_head=tmp_path / "h.pt",
+                         attention_backend="triton", cuda_graph_max_batch=4,
+                         cuda_graph_max_tokens=32)
+    steps = _check_first_tokens(runner, path, head, "fcfs")
+    assert runner.graphs is not None and runner.mixed_graphs is not None
+    assert runner.mixed_graphs.num_runs > 0
+    assert runner.graphs.num_runs + runner.mixed_graphs.num_runs == steps
+
+
+def _check_first_tokens(runner: ModelRunner, path: Path, head: LengthHead, policy: str) -> int:
+    """Drives four prompts to six tokens each through `policy`; returns the
+    number of passes."""
     prompts = random_prompts([5, 9, 23, 41], seed=3)
     expected = head.predict(prompt_states(path, list(prompts.values()), log_every=0),
                             torch.tensor([len(p) for p in prompts.values()])).tolist()
@@ -121,9 +149,11 @@ def test_first_token_carries_the_heads_estimate(
         core.add(jobs[jid])
         runner.add_request(jid, SamplingParams(max_tokens=6, ignore_eos=True), p)
     seen: dict[str, list[int | None]] = {j: [] for j in prompts}
+    steps = 0
     while core.has_work:
         plan = core.schedule()
         step = runner.execute(plan)
+        steps += 1
         for out in step.outputs:
             if out.token_id is not None:
                 seen[out.job_id].append(out.predicted_output_len)
@@ -141,6 +171,7 @@ def test_first_token_carries_the_heads_estimate(
         assert jobs[jid].predicted_output_len == got[0]
         assert jobs[jid].allocated_output_len == math.ceil(got[0] * 1.25 - 1e-9)
         assert jobs[jid].length_from_engine
+    return steps
 
 
 def test_runner_without_a_head_hands_out_none(tiny_llama_path: Path) -> None:
