@@ -30,6 +30,7 @@ def test_the_heap_before_is_frozen_and_later_cycles_are_collected() -> None:
         assert later() is not None
         gc.collect()
         assert later() is None  # made after the freeze: collected as before
-        assert gc.get_freeze_count() == frozen  # nothing joined the frozen generation
+        # Nothing joined the frozen generation (frozen objects freed since leave it).
+        assert gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
