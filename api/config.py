@@ -92,6 +92,17 @@ class AdmissionSettings(BaseModel):
     ttft_slo_s: float = Field(2.0, gt=0)
     # A fixed bound per replica on queued tokens instead of the estimate.
     max_queued_tokens: int | None = Field(None, ge=1)
+    # Under skip-join MLFQ, count as ahead of a newcomer only the jobs of
+    # the queue it joins and above (scheduler/policies/mlfq_admission.py),
+    # and bound the replica's queued work by `max_backlog_s` instead: bursts
+    # are absorbed, but admitted requests' TPOT in an overload suffers
+    # (studies/admission_mlfq/README.md), hence off by default.
+    per_queue_wait: bool = False
+    # With `per_queue_wait`: a replica whose queued work outside its batch
+    # would take longer than this at its measured speed takes no more
+    # requests (newcomers overtake that work, so the estimate alone would
+    # admit without end in an overload).
+    max_backlog_s: float = Field(10.0, gt=0)
 
 
 class BatchSettings(BaseModel):
@@ -356,6 +367,10 @@ class AppConfig(SchedulingSettings):
         if self.predictor.engine_head is not None and self.pipeline_parallel_size > 1:
             raise ValueError("predictor.engine_head: not available with pipeline_parallel_size "
                              "> 1 (the last stage holds the final hidden states)")
+        adm = self.admission
+        if adm.per_queue_wait and (self.policy != "mlfq" or adm.max_queued_tokens is not None):
+            raise ValueError("admission.per_queue_wait: needs policy 'mlfq' (skip-join) and the "
+                             "TTFT estimate (no admission.max_queued_tokens)")
         if self.swap_mode != "recompute" and self.host_kv_tokens < self.block_size:
             raise ValueError(
                 f"swap_mode={self.swap_mode!r} needs a host tier: set host_kv_tokens"

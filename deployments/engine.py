@@ -154,7 +154,8 @@ class Engine(EngineFigures):
         self.start_tokens_per_s = full_batch_throughput(
             self.runner, sched_cfg.block_size, sched_cfg.max_batch_size)
         adm = self.cfg.admission
-        self.bound = AdmissionBound(adm.ttft_slo_s, adm.max_queued_tokens)
+        self.bound = AdmissionBound(adm.ttft_slo_s, adm.max_queued_tokens,
+                                    adm.max_backlog_s if adm.per_queue_wait else None)
         # The TTFT estimate of admission control needs the cost model
         # (scheduler/admission.py), as every policy but FCFS does.
         self.ttft_admission = adm.enabled and adm.max_queued_tokens is None

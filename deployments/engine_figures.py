@@ -119,7 +119,9 @@ class EngineFigures:
         return load_report(jobs, self.core.batch, mean_out, tps, self.bound,
                            cfg.max_batch_size, cfg.max_batch_tokens,
                            self.cost if self.ttft_admission else None,
-                           self.loop.stats.prefill_slowdown)
+                           self.loop.stats.prefill_slowdown,
+                           self.core.policy.newcomer_levels(self.core.batch, mean_out)
+                           if self.bound.max_backlog_s is not None else None)
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """This replica's load for Serve's autoscaler (deployments/autoscaling.py,

@@ -27,11 +27,28 @@ run over that model), the decision is an estimate of the newcomer's TTFT
 (`ttft_estimate`): the iterations its prompt and every prompt token ahead
 of it need at the batch's token budget, each costing the model's time for
 the decodes riding along; plus, when the batch has no free slot, the
-queued output work above at the measured speed.  The request is admitted
-when the estimate is within `ttft_slo_s`, or when nothing is ahead of it
-(no prompt to compute, a free slot): a prompt whose own prefill exceeds the
-objective then still starts at once, and is refused only while it would
-wait.  A fixed `max_queued_tokens` keeps the plain token bound.
+queued output work above at the measured speed.  Under skip-join MLFQ that
+last term counts only what a newcomer would really wait for: the jobs in
+the queue it joins and above, and only while they fill the batch, each
+until it is demoted below it (scheduler/policies/mlfq_admission.py;
+`admission.per_queue_wait`, off by default); the work queued in lower queues
+does not delay its first token.  The request is
+admitted when the estimate is within `ttft_slo_s`, or when nothing is ahead
+of it (no prompt to compute, a free slot): a prompt whose own prefill
+exceeds the objective then still starts at once, and is refused only while
+it would wait.  A fixed `max_queued_tokens` keeps the plain token bound.
+
+That queued work still has to be served: under MLFQ a replica that admits
+every newcomer in sustained overload keeps first tokens fast while the jobs
+demoted below them wait longer and longer for their next tokens.  So with
+the per-queue wait, a replica also takes nothing more while its queued work
+outside the batch would take over `max_backlog_s` at the measured speed
+(unless it has none).  Measured (studies/admission_mlfq): bursts that the
+FCFS reading refused in part were absorbed whole, but in a 5x overload the
+admitted requests' TPOT was worse than under the FCFS reading, with 10 s and
+with 3 s of backlog: the queued work counts a job that has outrun the
+expected answer length as having nothing left, so the bound holds far more
+work than it says.  Hence the FCFS reading stays the default.
 
 Under co-serving (`policy: conserve`) offline work is neither bounded nor
 counted: it has no TTFT objective, and every online job runs ahead of it
@@ -43,10 +60,13 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler.cost import LinearCost
 from scheduler.job import Job, JobClass
+
+if TYPE_CHECKING:
+    from scheduler.policies.mlfq_admission import NewcomerLevel
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,10 @@ class AdmissionBound:
     ttft_slo_s: float
     # Fixed bound per replica; None: derived from the measured throughput.
     max_queued_tokens: int | None = None
+    # With the TTFT estimate and the policy's levels: queued work outside
+    # the batch, at the measured speed, past which nothing more is admitted
+    # (see the module's text); None: no such bound, no levels reported.
+    max_backlog_s: float | None = None
 
     def capacity(self, tokens_per_s: float | None) -> float:
         """Queued tokens a replica computing `tokens_per_s` may hold."""
@@ -160,10 +184,12 @@ class MeanOutput:
 def load_report(jobs: list[Job], batch: Collection[str], mean_output_len: float,
                 tokens_per_s: float | None, bound: AdmissionBound,
                 max_batch_size: int, max_batch_tokens: int,
-                cost: LinearCost | None = None, slowdown: float = 1.0) -> dict[str, Any]:
+                cost: LinearCost | None = None, slowdown: float = 1.0,
+                levels: list[NewcomerLevel] | None = None) -> dict[str, Any]:
     """What a replica reports for admission (the keyword arguments of
     `Placement.report`), over its bounded `jobs`; the TTFT estimate's
-    figures only when it has a cost model and no fixed bound is set."""
+    figures only when it has a cost model and no fixed bound is set, with
+    the policy's `levels` (`Policy.newcomer_levels`) where it has them."""
     out: dict[str, Any] = {
         "waiting_tokens": queued_work(jobs, batch, mean_output_len),
         "capacity_tokens": bound.capacity(tokens_per_s),
@@ -172,4 +198,8 @@ def load_report(jobs: list[Job], batch: Collection[str], mean_output_len: float,
         out["prefill"] = asdict(prefill_load(jobs, max_batch_size, max_batch_tokens, cost,
                                              slowdown))
         out["ttft_slo_s"] = bound.ttft_slo_s
+        if levels and bound.max_backlog_s is not None:
+            out["levels"] = [[lv.max_prompt_tokens, lv.jobs, lv.ahead_tokens] for lv in levels]
+            if tokens_per_s:
+                out["backlog_capacity_tokens"] = bound.max_backlog_s * tokens_per_s
     return out

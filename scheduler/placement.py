@@ -12,8 +12,9 @@ Replicas that stop reporting are dropped (a killed replica).
 
 `admit` adds admission control (scheduler/admission.py): a job goes only
 to a replica where its estimated TTFT is within the objective (or where
-nothing is ahead of it), the one with the shortest estimate, and is refused,
-with the time until it should fit, when none has room.  A replica that
+nothing is ahead of it) and its queued work within the backlog bound, the
+one with the shortest estimate, and is refused, with the time until it
+should fit, when none has room.  A replica that
 reports no prefill load (or a fixed bound is configured) is judged by its
 queued tokens against the bound instead.
 
@@ -51,6 +52,12 @@ class ReplicaLoad:
     # For the TTFT estimate; None: the token bound above decides.
     prefill: PrefillLoad | None = None
     ttft_slo_s: float | None = None
+    # With the estimate: per queue a newcomer may join, [longest prompt
+    # joining it, jobs in it or above, tokens they compute before leaving
+    # it] (scheduler/policies/mlfq_admission.py); None: every queued job is
+    # ahead once the batch is full.  And the most queued work it admits to.
+    levels: list[list[int]] | None = None
+    backlog_capacity_tokens: float = math.inf
     # Jobs placed here that its reports have not counted yet:
     # id -> (tokens, prompt tokens, jobs, when placed).
     in_transit: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
@@ -94,10 +101,21 @@ class ReplicaLoad:
         if pf is None:
             return None
         t = ttft_estimate(pf, prompt_tokens, self.placed_prefill, self.placed_jobs)
-        if pf.jobs + self.placed_jobs >= pf.max_batch_size:
+        mu = self.tokens_per_s
+        if self.levels:
+            # Skip-join MLFQ: only the jobs of its queue and those above, if
+            # they fill the batch (placed jobs counted among them).
+            joins = next((lv for lv in self.levels if prompt_tokens <= lv[0]), self.levels[-1])
+            if joins[1] + self.placed_jobs >= pf.max_batch_size and mu:
+                t += (joins[2] + self.placed_tokens) / mu
+        elif pf.jobs + self.placed_jobs >= pf.max_batch_size and mu:
             # No free slot: the work outside the batch runs first.
-            t += self.backlog / self.tokens_per_s if self.tokens_per_s else 0.0
+            t += self.backlog / mu
         return t
+
+    def backlog_fits(self, tokens: int) -> bool:
+        """Whether `tokens` more queued work stays within the backlog bound."""
+        return self.backlog == 0 or self.backlog + tokens <= self.backlog_capacity_tokens
 
     def starts_at_once(self) -> bool:
         """Nothing is ahead of a newcomer: no prompt to compute, a free slot."""
@@ -107,7 +125,13 @@ class ReplicaLoad:
 
     def wait_s(self, tokens: int) -> float:
         """Seconds until `tokens` more would fit, at the measured speed."""
-        excess = self.backlog + tokens - self.capacity_tokens
+        return self._drain_s(self.backlog + tokens - self.capacity_tokens)
+
+    def backlog_wait_s(self, tokens: int) -> float:
+        """Seconds until `tokens` more would fit the backlog bound."""
+        return self._drain_s(self.backlog + tokens - self.backlog_capacity_tokens)
+
+    def _drain_s(self, excess: float) -> float:
         if excess <= 0:
             return 0.0
         return excess / self.tokens_per_s if self.tokens_per_s else 1.0
@@ -159,7 +183,9 @@ class Placement:
                mean_output_len: float | None = None,
                prefill: dict[str, Any] | None = None,
                ttft_slo_s: float | None = None,
-               arrived: list[str] | None = None) -> None:
+               arrived: list[str] | None = None,
+               levels: list[list[int]] | None = None,
+               backlog_capacity_tokens: float = math.inf) -> None:
         """`arrived`: the jobs the replica took in since its last report,
         counted by this one; None: every job placed so far (a replica that
         takes jobs in at once, as the simulator's do)."""
@@ -181,6 +207,8 @@ class Placement:
             r.arrive(job_id)
         r.prefill = PrefillLoad(**prefill) if prefill is not None else None
         r.ttft_slo_s = ttft_slo_s
+        r.levels = levels
+        r.backlog_capacity_tokens = backlog_capacity_tokens
         r.waiting_tokens = waiting_tokens
         r.capacity_tokens = capacity_tokens
         r.tokens_per_s = tokens_per_s
@@ -230,6 +258,8 @@ class Placement:
                     fits[r.replica_id] = (r.work_with(work), work, prompt)
                 else:
                     waits.append(r.wait_s(work))
+            elif not r.backlog_fits(work):
+                waits.append(r.backlog_wait_s(work))
             elif est <= r.ttft_slo_s or r.starts_at_once():
                 fits[r.replica_id] = (est, work, prompt)
             else:

@@ -10,7 +10,8 @@ and freeing) is the `SchedulerCore`'s, so a new scheduling idea is one file in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from scheduler.blocks import BlockManager
 from scheduler.config import SchedulerConfig
@@ -18,6 +19,9 @@ from scheduler.cost import CostEstimator
 from scheduler.job import Job, JobState
 from scheduler.plan import BlockOp, Plan, ScheduledChunk
 from scheduler.swap import SwapManager, SwapMode
+
+if TYPE_CHECKING:
+    from scheduler.policies.mlfq_admission import NewcomerLevel
 
 # An enum member's lookup costs ~0.12 µs on Python 3.11: once per chunk.
 _RUNNING = JobState.RUNNING
@@ -60,6 +64,13 @@ class Policy(ABC):
 
     def on_prediction(self, job: Job) -> None:
         """`job`'s predicted length landed after it was added."""
+
+    def newcomer_levels(self, batch: Collection[str],
+                        mean_output_len: float) -> list[NewcomerLevel] | None:
+        """For admission: per queue a new job may join, the jobs it would
+        wait behind (scheduler/policies/mlfq_admission.py); None where a
+        newcomer waits behind every queued job once the batch is full."""
+        return None
 
     # Shared mechanics -------------------------------------------------
 

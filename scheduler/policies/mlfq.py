@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from functools import partial
 
 from scheduler.blocks import blocks_for
@@ -33,6 +33,7 @@ from scheduler.job import Job
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.burst_reserve import BurstReserve
 from scheduler.policies.enst import EnstRanking, RankingOnce, Shortfall, execute_times
+from scheduler.policies.mlfq_admission import NewcomerLevel, newcomer_levels
 from scheduler.policies.mlfq_kv import MLFQResidency
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
@@ -228,6 +229,12 @@ class MLFQPolicy(Policy, MLFQResidency, MLFQWalking):
 
     def num_running(self) -> int:
         return len(self.selected)
+
+    def newcomer_levels(self, batch: Collection[str],
+                        mean_output_len: float) -> list[NewcomerLevel] | None:
+        if self.variant != "skip-join":
+            return None
+        return newcomer_levels(self, batch, mean_output_len)
 
     def queue_lengths(self) -> list[int]:
         return [sum(len(levels[i]) for levels in self._levels.values())

@@ -43,6 +43,15 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def meets(r: RequestRecord, ttft_slo: float, tpot_slo: float) -> bool:
+    """Served whole, its first token within `ttft_slo` of being sent and its
+    mean time per later token within `tpot_slo`."""
+    if not r.ok or r.ttft is None or r.ttft > ttft_slo:
+        return False
+    n = len(r.token_times)
+    return n < 2 or (r.token_times[-1] - r.token_times[0]) / (n - 1) <= tpot_slo
+
+
 def summarize(path: Path, ttft_slo: float, tpot_slo: float) -> dict[str, Any]:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     data = json.loads(raw)
@@ -56,12 +65,6 @@ def summarize(path: Path, ttft_slo: float, tpot_slo: float) -> dict[str, Any]:
             for r in ok if len(r.token_times) > 1]
     e2e = [r.e2e for r in ok if r.e2e is not None]
     norm = [r.e2e / r.output_tokens for r in ok if r.e2e is not None and r.output_tokens]
-
-    def meets(r: RequestRecord) -> bool:
-        if not r.ok or r.ttft is None or r.ttft > ttft_slo:
-            return False
-        n = len(r.token_times)
-        return n < 2 or (r.token_times[-1] - r.token_times[0]) / (n - 1) <= tpot_slo
 
     # Completions per second while requests still arrive, past the first
     # fifth of the run (the queue's start): the offered rate where the
@@ -86,7 +89,7 @@ def summarize(path: Path, ttft_slo: float, tpot_slo: float) -> dict[str, Any]:
         "tpot_mean": mean(tpot), "tpot_p99": _pct(tpot, 0.99),
         "e2e_mean": mean(e2e), "e2e_p99": _pct(e2e, 0.99),
         "norm_mean": mean(norm), "norm_p99": _pct(norm, 0.99),
-        "attainment": sum(meets(r) for r in recs) / len(recs),
+        "attainment": sum(meets(r, ttft_slo, tpot_slo) for r in recs) / len(recs),
         "ttft_attainment": sum(r.ok and r.ttft is not None and r.ttft <= ttft_slo
                                for r in recs) / len(recs),
     }

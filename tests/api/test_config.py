@@ -129,6 +129,16 @@ def test_deterministic_mode_needs_a_batch_invariant_backend() -> None:
         AppConfig(deterministic=True, device="cuda", attention_backend="torch")
 
 
+def test_the_per_queue_wait_needs_skip_join_mlfq_and_the_estimate() -> None:
+    assert AppConfig().admission.per_queue_wait is False
+    assert AppConfig(policy="mlfq", admission={"per_queue_wait": True}).admission.per_queue_wait
+    for bad in ({"policy": "fcfs", "admission": {"per_queue_wait": True}},
+                {"policy": "mlfq", "admission": {"per_queue_wait": True,
+                                                 "max_queued_tokens": 512}}):
+        with pytest.raises(ValidationError, match="admission.per_queue_wait: needs policy"):
+            AppConfig(**bad)
+
+
 def test_engine_cpu_ids_name_distinct_cores_for_one_replica() -> None:
     assert AppConfig().engine_cpu_ids == "auto"
     assert AppConfig(engine_cpu_ids=None).engine_cpu_ids is None

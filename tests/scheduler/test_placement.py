@@ -115,10 +115,12 @@ def _prefill(prefill_tokens=0, decodes=0, jobs=0, batch=4, budget=100, slowdown=
             "per_token_s": 0.01, "per_seq_s": 0.02, "slowdown": slowdown}
 
 
-def _report_prefill(p, rid, slo=2.0, now=0.0, waiting=0, tps=100.0, arrived=None, **kw):
+def _report_prefill(p, rid, slo=2.0, now=0.0, waiting=0, tps=100.0, arrived=None, levels=None,
+                    backlog=float("inf"), **kw):
     p.report(rid, num_blocks=100, free_blocks=100, queued_tokens=0, num_jobs=kw.get("jobs", 0),
              now=now, waiting_tokens=waiting, capacity_tokens=0.0, tokens_per_s=tps,
-             mean_output_len=50.0, prefill=_prefill(**kw), ttft_slo_s=slo, arrived=arrived)
+             mean_output_len=50.0, prefill=_prefill(**kw), ttft_slo_s=slo, arrived=arrived,
+             levels=levels, backlog_capacity_tokens=backlog)
 
 
 def test_ttft_estimate_counts_iterations_at_the_token_budget_beside_the_decodes():
@@ -234,3 +236,51 @@ def test_a_job_never_reported_stops_counting_when_released_or_stale():
     assert list(p.replicas["a"].in_transit) == ["lost"]
     _report_prefill(p, "a", now=10.2, batch=8, arrived=[])
     assert p.replicas["a"].in_transit == {} and p.replicas["a"].placed_jobs == 0
+
+
+def test_under_mlfq_a_newcomer_waits_only_for_its_queue_and_those_above():
+    p = Placement()
+    # A full batch (4 of 4) and 400 tokens queued outside it: read as FCFS,
+    # a newcomer waits for all of them: 2 steps of 0.16 s, 0.1 s of its
+    # tokens, 4 s for the queue: refused.
+    _report_prefill(p, "a", decodes=4, jobs=4, waiting=400, tps=100.0)
+    r = p.admit("fcfs", prompt_tokens=10, max_tokens=10, n=1, now=0.1)
+    assert not r.admitted and r.retry_after_s == pytest.approx(0.32 + 0.1 + 4.0 - 2.0)
+    # Under MLFQ a 10-token prompt joins a queue that holds one job (with
+    # those above it): it takes a slot from a job of a lower queue.
+    levels = [[20, 1, 30], [100, 4, 300]]
+    _report_prefill(p, "a", now=0.2, decodes=4, jobs=4, waiting=400, tps=100.0, levels=levels)
+    assert p.admit("short", prompt_tokens=10, max_tokens=10, n=1, now=0.3).admitted
+    # A 50-token prompt joins the second queue, which four jobs fill: it
+    # waits for their 300 tokens there and the 20 just placed (3.2 s), after
+    # the 10 placed prompt tokens and its own 50 (0.6 s).
+    r = p.admit("mid", prompt_tokens=50, max_tokens=10, n=1, now=0.3)
+    assert not r.admitted and r.retry_after_s == pytest.approx(0.32 + 0.6 + 3.2 - 2.0)
+    # A prompt longer than any queue lists joins the last one.
+    # (510 prompt tokens at 97 a step: 6 steps and the one under way.)
+    assert p.replicas["a"].ttft_s(500) == pytest.approx(7 * 0.16 + 0.01 * 510 + 3.2)
+    # Placed jobs count among the jobs above: once the first queue's job
+    # and three placed fill the batch, a short prompt waits for the 30
+    # tokens in it and the placed ones' (20 each): admitted while that
+    # keeps it within 2 s (1.62, 1.92 s), refused at 2.22 s.
+    assert [p.admit(f"s{i}", prompt_tokens=10, max_tokens=10, n=1, now=0.3).admitted
+            for i in range(5)] == [True, True, True, True, False]
+    assert p.replicas["a"].ttft_s(10) == pytest.approx(0.32 + 0.01 * 60 + (30 + 100) / 100)
+
+
+def test_the_backlog_bound_refuses_what_the_estimate_would_admit():
+    p = Placement()
+    # Nobody in the queue a newcomer joins, so no wait for a slot, but 900
+    # tokens queued outside the batch against a bound of 1,000.
+    levels = [[100, 0, 0]]
+    _report_prefill(p, "a", decodes=4, jobs=4, waiting=900, tps=100.0, levels=levels,
+                    backlog=1000.0)
+    # 10 prompt tokens + the mean answer (50): 960 <= 1000, admitted.
+    assert p.admit("j1", prompt_tokens=10, max_tokens=500, n=1, now=0.1).admitted
+    # 100 + 50 more would go 110 tokens over: 1.1 s at the measured speed.
+    r = p.admit("j2", prompt_tokens=100, max_tokens=500, n=1, now=0.1)
+    assert not r.admitted and r.retry_after_s == pytest.approx(1.1)
+    # With nothing queued any request is admitted, however large.
+    _report_prefill(p, "a", now=0.2, decodes=4, jobs=4, waiting=0, tps=100.0, levels=levels,
+                    backlog=1000.0, arrived=["j1"])
+    assert p.admit("big", prompt_tokens=50, max_tokens=5000, n=30, now=0.3).admitted
