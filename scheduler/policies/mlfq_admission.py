@@ -25,7 +25,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.admission import expected_output
+from scheduler.admission import remaining_output
 
 if TYPE_CHECKING:
     from scheduler.policies.mlfq import MLFQPolicy
@@ -66,8 +66,7 @@ def newcomer_levels(policy: MLFQPolicy, batch: Collection[str],
                 jobs[lvl] += 1
                 if job.job_id in batch:
                     continue
-                work = job.num_uncomputed_tokens + max(
-                    0.0, expected_output(job, mean_output_len) - job.num_output_tokens)
+                work = job.num_uncomputed_tokens + remaining_output(job, mean_output_len)
                 left_here = quanta[lvl] - policy.used.get(job.job_id, 0.0)
                 for newcomer in range(lvl, reach + 1):
                     budget = left_here + sums[newcomer + 1] - sums[lvl + 1]

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
              f"| within TTFT {args.ttft:g} s + TPOT {args.tpot * 1e3:g} ms |",
              "|" + "---|" * 9]
     for phase in ("bursts", "overload"):
-        for code in ("old", "backlog10", "backlog3"):
+        for code in ("old", "backlog10", "backlog3", "remaining"):
             path = HERE / "runs" / f"{code}_{phase}.json.gz"
             if not path.exists():
                 continue

@@ -15,7 +15,14 @@ cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
 OUTD=studies/admission_mlfq/runs
 mkdir -p $OUTD
-config() { [ "$1" = old ] && echo serve_config.yaml || echo studies/admission_mlfq/serve_$1.yaml; }
+# old, remaining: serve_config.yaml as shipped (the recorded runs: before and after the
+# queued work counted a job past its expected length as having some left).
+config() {
+  case $1 in
+    old|remaining) echo serve_config.yaml ;;
+    *) echo studies/admission_mlfq/serve_$1.yaml ;;
+  esac
+}
 for phase in ${*:-bursts overload}; do
   for run in ${RUNS:-old backlog10 backlog3}; do
     date -u +"%H:%M $phase $run"

@@ -76,7 +76,7 @@ def test_no_bound_before_the_replica_measured_its_speed():
     assert AdmissionBound(2.0, max_queued_tokens=64).capacity(150.0) == 64.0
 
 
-def test_queued_work_counts_jobs_outside_the_batch_with_their_expected_output():
+def test_queued_work_counts_jobs_outside_the_batch_with_their_remaining_output():
     from scheduler.admission import MeanOutput, queued_work
     from scheduler.job import Job
 
@@ -85,11 +85,16 @@ def test_queued_work_counts_jobs_outside_the_batch_with_their_expected_output():
     short = Job("s", [1] * 10, max_tokens=5, arrival_time=0.0)
     running = Job("r", [1] * 10, max_tokens=100, arrival_time=0.0)
     preempted = Job("x", [1] * 10, max_tokens=100, arrival_time=0.0)
-    preempted.output_token_ids = [5] * 30
-    jobs = [waiting, predicted, short, running, preempted]
+    preempted.output_token_ids = [5] * 20
+    outran = Job("o", [1] * 10, max_tokens=100, arrival_time=0.0)
+    outran.output_token_ids = [5] * 80
+    jobs = [waiting, predicted, short, running, preempted, outran]
     # 30 + 50 (mean) | 10 + 20 (predicted) | 10 + 5 (max_tokens) | in the
-    # batch: 0 | preempted: 40 tokens to recompute + (50 - 30) of its output.
-    assert queued_work(jobs, {"r"}, mean_output_len=50) == 80 + 30 + 15 + 0 + 60
+    # batch: 0 | preempted: 30 tokens to recompute + (50 - 20) of its output
+    # | past the mean: 90 to recompute + 0.6 x 50, but 20 left to max_tokens.
+    assert queued_work(jobs, {"r"}, mean_output_len=50) == 80 + 30 + 15 + 0 + 60 + 110
+    outran.max_tokens = 1000
+    assert queued_work([outran], set(), mean_output_len=50) == 90 + 30
 
     mean = MeanOutput(initial=256)
     for n in (10, 10, 10):
