@@ -17,10 +17,10 @@ generated, but at least `OUTRUN_SHARE` of it (answer lengths are
 heavy-tailed: a job past its expected length is not about to end), never
 more than `max_tokens` allows.  Counting such a job as having nothing left
 admitted, under MLFQ in a 5x overload, requests whose TPOT then averaged
-142 ms against 63 ms with the floor (studies/admission_mlfq).  Outside the batch, not "never started": under MLFQ most jobs
-have started and wait preempted in lower queues.  A replica
-with nothing queued admits any request, however large, so that no request
-is refused forever.
+142 ms against 63 ms with the floor (studies/admission_mlfq).  Outside the
+batch, not "never started": under MLFQ most jobs have started and wait
+preempted in lower queues.  A replica with nothing queued admits any
+request, however large, so that no request is refused forever.
 
 What a newcomer waits for first is prefill, not output: a replica with a
 free batch slot starts its prompt at the next iteration, chunked beside the
@@ -48,11 +48,11 @@ demoted below them wait longer and longer for their next tokens.  So with
 the per-queue wait, a replica also takes nothing more while its queued work
 outside the batch would take over `max_backlog_s` at the measured speed
 (unless it has none).  Measured (studies/admission_mlfq): bursts that the
-FCFS reading refused in part were absorbed whole, but in a 5x overload the
-admitted requests' TPOT was worse than under the FCFS reading, with 10 s and
-with 3 s of backlog: the queued work counts a job that has outrun the
-expected answer length as having nothing left, so the bound holds far more
-work than it says.  Hence the FCFS reading stays the default.
+FCFS reading refused in part were served whole, but in a 5x overload the
+admitted requests' TPOT was worse than under the FCFS reading (mean 105
+against 63 ms with 10 s of backlog): the demoted jobs wait through the
+queued work it lets a replica hold.  Hence the FCFS reading stays the
+default.
 
 Under co-serving (`policy: conserve`) offline work is neither bounded nor
 counted: it has no TTFT objective, and every online job runs ahead of it

@@ -1,5 +1,5 @@
-"""The table of `run.sh`'s runs (runs/{old,backlog10,backlog3}_{bursts,overload}.json.gz:
-the FCFS reading of the queue; `admission.per_queue_wait` with `max_backlog_s` 10 and 3).
+"""The table of `run.sh`'s runs (runs/RUN_{bursts,overload}.json.gz; RUN: old,
+backlog10, backlog3, remaining, backlog10r, as studies/admission_mlfq/README.md says).
 
     python -m studies.admission_mlfq.report [--ttft 2] [--tpot 0.2]
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
              f"| within TTFT {args.ttft:g} s + TPOT {args.tpot * 1e3:g} ms |",
              "|" + "---|" * 9]
     for phase in ("bursts", "overload"):
-        for code in ("old", "backlog10", "backlog3", "remaining"):
+        for code in ("old", "backlog10", "backlog3", "remaining", "backlog10r"):
             path = HERE / "runs" / f"{code}_{phase}.json.gz"
             if not path.exists():
                 continue

@@ -8,23 +8,25 @@
 #  - overload: 5x a capacity of 0.59 req/s for 300 s (studies/hardening's overload run,
 #    its capacity given rather than probed, so that every configuration is offered the
 #    same arrivals).
-#   bash studies/admission_mlfq/run.sh [bursts] [overload]      (RUNS="old backlog10 backlog3")
+#   RUNS="remaining backlog10r" bash studies/admission_mlfq/run.sh [bursts] [overload]
 # writes runs/RUN_{bursts,overload}.json.gz (+ the overload's plot) in this folder.
 set -u
 cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
 OUTD=studies/admission_mlfq/runs
 mkdir -p $OUTD
-# old, remaining: serve_config.yaml as shipped (the recorded runs: before and after the
-# queued work counted a job past its expected length as having some left).
+# old, remaining: serve_config.yaml as shipped; backlog10r: serve_backlog10.yaml (the
+# recorded runs: old, backlog10 and backlog3 before the queued work counted a job past its
+# expected length as having some left, remaining and backlog10r after).
 config() {
   case $1 in
     old|remaining) echo serve_config.yaml ;;
+    backlog10r) echo studies/admission_mlfq/serve_backlog10.yaml ;;
     *) echo studies/admission_mlfq/serve_$1.yaml ;;
   esac
 }
 for phase in ${*:-bursts overload}; do
-  for run in ${RUNS:-old backlog10 backlog3}; do
+  for run in ${RUNS:-remaining backlog10r}; do
     date -u +"%H:%M $phase $run"
     RAY_AUTH_MODE=disabled start_server "$(config $run)" /tmp/${run}_$phase.log
     if [ "$phase" = bursts ]; then
