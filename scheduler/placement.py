@@ -105,9 +105,10 @@ class ReplicaLoad:
         if self.levels:
             # Skip-join MLFQ: only the jobs of its queue and those above, if
             # they fill the batch (placed jobs counted among them).
-            joins = next((lv for lv in self.levels if prompt_tokens <= lv[0]), self.levels[-1])
-            if joins[1] + self.placed_jobs >= pf.max_batch_size and mu:
-                t += (joins[2] + self.placed_tokens) / mu
+            _, above, ahead = next((lv for lv in self.levels if prompt_tokens <= lv[0]),
+                                   self.levels[-1])
+            if above + self.placed_jobs >= pf.max_batch_size and mu:
+                t += (ahead + self.placed_tokens) / mu
         elif pf.jobs + self.placed_jobs >= pf.max_batch_size and mu:
             # No free slot: the work outside the batch runs first.
             t += self.backlog / mu
