@@ -260,21 +260,22 @@ class AppConfig(SchedulingSettings):
     # support); on a CPU the pass holds the thread that would plan, so it
     # gains nothing there.
     async_scheduling: bool | Literal["auto"] = "auto"
-    # On CPU, float32 and natively multiplied bfloat16: multiply every
-    # projection on a weight packed once into oneDNN's blocked layout (in
-    # place: no extra memory) instead of on the plain weight.  Which is
-    # faster depends on the CPU (float32: 1.55-1.98x the engine's tokens/s on
-    # an AVX512 EPYC, no gain on an AVX2 one): `auto` times both on the
-    # model's largest projection at start and packs where that wins by 1.2x
-    # (engine/models/prepacked.py).  No effect in float16, in emulated
-    # bfloat16 or on CUDA.
-    pack_projections: Literal["auto", "always", "never"] = "auto"
+    # On CPU: multiply every projection on a weight packed once (in place).
+    # `auto`: bfloat16 on our VDPBF16PS kernel where the CPU has avx512_bf16
+    # and no AMX (`bf16_dot`, engine/models/packed_bf16.py); otherwise, in
+    # float32 and natively multiplied bfloat16, oneDNN's blocked layout
+    # (`always`) where it beats the plain weight by 1.2x on the model's
+    # largest projection, timed at start (engine/models/prepacked.py).  No
+    # effect in float16, in emulated bfloat16 or on CUDA.
+    pack_projections: Literal["auto", "always", "bf16_dot", "never"] = "auto"
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on
     # chunking, or on preemption, swap or recompute, in float32 and bfloat16
     # alike.  Needs the `cpp` attention backend on CPU, `triton` on CUDA
-    # (`auto` picks them).  Costs throughput (README, "Deterministic mode").
-    deterministic: bool = False
+    # (`auto` picks them).  Costs throughput but where the projections run on
+    # our bf16 GEMM with the `cpp` backend; `auto` turns it on there only
+    # (README, "Deterministic mode").
+    deterministic: bool | Literal["auto"] = "auto"
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
     # Host KV tier per engine replica, in tokens (0: no host tier).
@@ -379,13 +380,13 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"attention_backend {self.attention_backend!r} is a CPU backend; use 'triton', "
                 "'torch' or 'auto' on cuda")
-        if self.device == "cuda" and self.pack_projections == "always":
-            raise ValueError("pack_projections 'always' packs CPU weights (float32, native "
-                             "bfloat16); on device cuda use 'auto' or 'never'")
+        if self.device == "cuda" and self.pack_projections in ("always", "bf16_dot"):
+            raise ValueError(f"pack_projections {self.pack_projections!r} packs CPU weights; "
+                             "on device cuda use 'auto' or 'never'")
         if self.device == "cpu" and self.attention_backend == "triton":
             raise ValueError("attention_backend 'triton' runs on device cuda; use 'cpp', "
                              "'compiled', 'torch' or 'auto' on cpu")
-        if self.deterministic and self.attention_backend in ("torch", "compiled"):
+        if self.deterministic is True and self.attention_backend in ("torch", "compiled"):
             invariant = "'triton'" if self.device == "cuda" else "'cpp'"
             raise ValueError(
                 f"deterministic: true needs attention_backend {invariant} or 'auto', not "

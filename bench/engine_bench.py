@@ -66,8 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="our attention backend (torch | compiled | cpp); default: the engine's")
     p.add_argument("--deterministic", action="store_true",
                    help="run our engine in deterministic (batch-invariant) mode")
-    p.add_argument("--pack-projections", default="auto", choices=["auto", "always", "never"],
-                   help="float32 projections on oneDNN-packed weights (engine.models.prepacked)")
+    p.add_argument("--pack-projections", default="auto",
+                   choices=["auto", "always", "bf16_dot", "never"],
+                   help="projection weights packed for oneDNN (always) or our bf16 kernel "
+                   "(bf16_dot); default: the engine's auto")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

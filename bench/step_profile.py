@@ -5,8 +5,9 @@ sequences sharing a `--context`-token prefix, as `bench/engine_bench.py`
 does) under `torch.profiler`, and groups the ops' self CPU time:
 
 - matmul: `aten::mm` / `addmm` / `bmm` (the linear layers on plain
-  weights) and oneDNN's packed linear (the lm_head, and the projections
-  where `pack_projections` packs them, `engine/models/prepacked.py`);
+  weights), oneDNN's packed linear (the lm_head, and the projections
+  where `pack_projections` packs them, `engine/models/prepacked.py`) and
+  our bf16 GEMM (`engine/models/packed_bf16.py`);
 - attention: scaled-dot-product attention kernels, the C++ paged decode
   operator (`engine/attention_cpp.py`), and the Inductor one
   (`engine/attention_compiled.py`: its compiled region, gather fused in);
@@ -30,7 +31,8 @@ from bench.report import machine_meta, write_report
 from bench.engine_bench import OursBench, parse_args as engine_args
 
 _GROUPS = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
+               "preempt_serve::linear_bf16"),
     "attention": ("preempt_serve::paged_decode", "preempt_serve::paged_prefill",
                   "aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_attention_math",
@@ -60,8 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
     ap.add_argument("--attention", default=None, help="torch | compiled | cpp (default: the engine's)")
-    ap.add_argument("--pack-projections", default="auto", choices=["auto", "always", "never"],
-                    help="float32 projections on oneDNN-packed weights (the engine's default: auto)")
+    ap.add_argument("--pack-projections", default="auto",
+                    choices=["auto", "always", "bf16_dot", "never"],
+                    help="projection weights packed for oneDNN (always) or our bf16 kernel "
+                    "(bf16_dot); default: the engine's auto")
     ap.add_argument("--top", type=int, default=0, help="also print the N costliest ops")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"profiled step (wall, with profiler overhead): {wall * 1000:.1f} ms")
     meta = {"batch": a.batch, "context": a.context, "dtype": a.dtype, "threads": a.threads,
             "attention_backend": ours.runner.attn.name,
-            "packed_projections": ours.runner.model.packed,
+            "packed_projections": ours.runner.model.packing,
             "packing_speedup": ours.runner.packing_speedup,
             "steps": a.steps, **machine_meta()}
     write_report({"meta": meta, "share": shares, "ms_per_step": ms,

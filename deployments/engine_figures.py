@@ -97,7 +97,8 @@ class EngineFigures:
                 "dtype": str(self.runner.dtype).removeprefix("torch."),
                 "attention_backend": self.runner.attn.name,
                 "kv_layout": self.runner.attn.kv_layout,
-                "packed_projections": self.runner.model.packed,
+                "packed_projections": self.runner.model.packing,
+                "deterministic": self.runner.deterministic,
                 "packing_speedup": self.runner.packing_speedup,
             },
         }

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -69,7 +69,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         num_threads: int | None = None,
         attention_backend: str | None = None,
         seed: int | None = None,
-        deterministic: bool = False,
+        deterministic: bool | Literal["auto"] = False,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
         pack_projections: PackMode = "auto",
@@ -115,13 +115,15 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self.adapters = AdapterPool(self.model, load_adapters(
             lora_adapters or {}, self.model, self.world), max_lora_loaded)
         self.lora_linear = linear_for(self.dtype, self.device)
-        # On CPU (float32, native bfloat16): the projections on oneDNN-packed
-        # weights where that is faster here (engine.models.prepacked); before
-        # the tiles of deterministic mode, which wrap whichever matmul this
-        # leaves.
+        # On CPU: the projections on weights packed for our bf16 GEMM or for
+        # oneDNN where faster here (engine.models.packed_bf16, .prepacked);
+        # before the tiles of deterministic mode, which wrap what this leaves.
         with torch.no_grad():
             self.packing_speedup = self.model.pack_projections(pack_projections)
-        backend = get_attention_backend(attention_backend or default_backend_name(self.device))
+        backend_name = attention_backend or default_backend_name(self.device)
+        if deterministic == "auto":  # on where it costs nothing (README, "Deterministic mode")
+            deterministic = self.model.packing == "bf16_dot" and backend_name == "cpp"
+        backend = get_attention_backend(backend_name)
         self.attn = backend(
             self.model.num_heads, self.model.num_kv_heads, self.model.head_dim,
             block_size, self.device, deterministic=deterministic, dtype=self.dtype,
@@ -129,7 +131,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         # Batch-invariant execution: every reduction a token's result goes
         # through runs in an order fixed by that token alone (fixed-shape
         # GEMM tiles here, per-query attention in the backend).
-        self.deterministic = deterministic
+        self.deterministic = bool(deterministic)
         if deterministic:
             self.model.use_fixed_tiles(self.device)
             self.lora_linear = fixed_tiles(self.lora_linear, self.device)

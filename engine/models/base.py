@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
-from engine.models import prepacked
+from engine.models import packed_bf16, prepacked
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
@@ -101,8 +101,11 @@ class CausalLM(nn.Module, ABC):
         self.pp = pp
         self.layer_range = pp.layers(config.num_hidden_layers)
         self.num_layers = len(self.layer_range)
-        # Whether `pack_projections` packed the projections' weights.
+        # Whether `pack_projections` packed the projections' weights, and
+        # for which kernel: "onednn" (engine.models.prepacked), "bf16_dot"
+        # (engine.models.packed_bf16) or "none".
         self.packed = False
+        self.packing = "none"
         # Every projection goes through this (see engine.models.linear).
         self.linear: LinearFn = linear_for(dtype, device)
         # The lm_head's matmul (see engine.models.prepacked).
@@ -115,11 +118,25 @@ class CausalLM(nn.Module, ABC):
         self.preempt: PreemptFlag | None = None
 
     def pack_projections(self, mode: prepacked.PackMode) -> float | None:
-        """Multiply every projection on a oneDNN-packed weight where that pays
-        (engine.models.prepacked): on CPU, float32 and natively multiplied
-        bfloat16; `auto` times both ways on the largest projection's shape
-        first.  Returns the measured speed-up (None where nothing was timed);
-        `self.packed` says the choice."""
+        """Multiply every projection on a packed weight where that pays, on
+        CPU: bfloat16 on our VDPBF16PS kernel where `auto` prefers it
+        (engine.models.packed_bf16) or `bf16_dot` asks for it; otherwise on
+        oneDNN's layout (engine.models.prepacked), float32 and natively
+        multiplied bfloat16, `auto` timing both ways on the largest
+        projection's shape first.  Returns the measured speed-up (None where
+        nothing was timed); `self.packing` says the choice."""
+        if mode == "bf16_dot" or (
+                mode == "auto" and packed_bf16.preferred(self.dtype, self.device)):
+            if not (self.device.type == "cpu" and self.dtype is torch.bfloat16
+                    and packed_bf16.built()):
+                raise ValueError(
+                    "pack_projections 'bf16_dot' needs dtype bfloat16 on a CPU with "
+                    "avx512_bf16 and the C++ operators built for it")
+            packed_bf16.pack_in_place(self, self.projection_names)
+            self.linear = prepacked.packed_linear
+            self.head_linear = prepacked.PrepackedLinear(bf16_dot=True)
+            self.packed, self.packing = True, "bf16_dot"
+            return None
         if not prepacked.available(self.dtype, self.device) or mode == "never":
             return None
         speedup = None
@@ -133,7 +150,7 @@ class CausalLM(nn.Module, ABC):
         if prepacked.should_pack(mode, speedup):
             prepacked.pack_in_place(self, self.projection_names)
             self.linear = prepacked.packed_linear
-            self.packed = True
+            self.packed, self.packing = True, "onednn"
         return speedup
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
@@ -141,9 +158,13 @@ class CausalLM(nn.Module, ABC):
         not depend on the rows beside it (deterministic mode): on CPU in
         fixed-shape row tiles of the library's GEMM
         (engine.models.batch_invariant), on CUDA through one Triton GEMM
-        with a single tile configuration (engine.models.matmul_triton)."""
+        with a single tile configuration (engine.models.matmul_triton).
+        Weights in the VDPBF16PS layout need no tiles: that kernel sums each
+        element in an order fixed by the weight alone (gemm_bf16.cpp)."""
         self.linear = fixed_tiles(self.linear, device, rows)
-        self.head_linear = fixed_tiles(self.head_linear, device, rows)
+        head = self.head_weight()
+        if not (self.packing == "bf16_dot" and head is not None and packed_bf16.packable(head)):
+            self.head_linear = fixed_tiles(self.head_linear, device, rows)
 
     def safepoint(self, layer: int) -> None:
         if self.preempt is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.models import packed_bf16
 from engine.models.linear import LinearFn, float32_slices, upcast_linear
 
 # Rows per GEMM call.  32 keeps a (32 x 576) x (576 x 1536) product at ~85 %
@@ -55,7 +56,8 @@ class TiledLinear:
     ) -> torch.Tensor:
         n, rows = x.shape[0], self.rows
         upcast = self.inner is upcast_linear
-        if n == rows and not upcast:
+        if (n == rows and not upcast) or packed_bf16.is_packed(w):
+            # A weight in the VDPBF16PS layout is batch-invariant as it is.
             return self.inner(x, w, b)
         padded = -(-n // rows) * rows
         if padded != n:

@@ -38,10 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models import packed_bf16
 from engine.models.linear import native_low_precision_cpu
 
-# What `pack_projections` may say: time both and pick, or force one.
-PackMode = Literal["auto", "always", "never"]
+# What `pack_projections` may say: pick (engine.models.packed_bf16 says
+# when our VDPBF16PS kernel; elsewhere time oneDNN against `F.linear`),
+# force oneDNN's layout ("always") or ours ("bf16_dot"), or neither.
+PackMode = Literal["auto", "always", "bf16_dot", "never"]
 # `auto` packs where the packed matmul is at least this much faster: below
 # it the probe's noise on a shared host could flip the choice from run to run.
 MIN_SPEEDUP = 1.2
@@ -70,16 +73,21 @@ def available(dtype: torch.dtype, device: torch.device) -> bool:
 
 class PrepackedLinear:
     """Callable as `F.linear(x, weight, bias)` for 2-D `x` on CPU (float32,
-    or bfloat16 where `available`)."""
+    or bfloat16 where `available`); with `bf16_dot`, a weight the kernel of
+    `engine.models.packed_bf16` takes is packed for it instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, bf16_dot: bool = False) -> None:
+        self.bf16_dot = bf16_dot
         # id(weight) -> (data_ptr, version, packed)
         self._packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
+            if self.bf16_dot and packed_bf16.packable(w):
+                packed = packed_bf16.pack(w)
+            else:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
             entry = (w.data_ptr(), w._version, packed)
             self._packed[id(w)] = entry
         return entry[2]
@@ -95,7 +103,10 @@ class PrepackedLinear:
 def packed_linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`F.linear` for a weight packed in place (`pack_in_place`) or a plain one."""
+    """`F.linear` for a weight packed in place (`pack_in_place` here or in
+    `engine.models.packed_bf16`) or a plain one."""
+    if packed_bf16.is_packed(w):
+        return packed_bf16.linear(x, w, b)
     if not w.is_mkldnn:
         return F.linear(x, w, b)
     if x.shape[0] == 0:

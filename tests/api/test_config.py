@@ -92,6 +92,9 @@ def test_pack_projections_is_checked() -> None:
     assert AppConfig(pack_projections="never", device="cuda").pack_projections == "never"
     with pytest.raises(ValidationError, match="pack_projections 'always' packs CPU"):
         AppConfig(pack_projections="always", device="cuda")
+    assert AppConfig(pack_projections="bf16_dot").pack_projections == "bf16_dot"
+    with pytest.raises(ValidationError, match="pack_projections 'bf16_dot' packs CPU"):
+        AppConfig(pack_projections="bf16_dot", device="cuda")
     with pytest.raises(ValidationError, match="pack_projections"):
         AppConfig(pack_projections="yes")
 
@@ -114,7 +117,12 @@ def test_cuda_graphs_follow_the_device_and_backend() -> None:
 
 
 def test_deterministic_mode_needs_a_batch_invariant_backend() -> None:
-    assert AppConfig().deterministic is False
+    # `auto`: the runner decides (on where it costs nothing), with any backend.
+    assert AppConfig().deterministic == "auto"
+    assert AppConfig(attention_backend="torch").deterministic == "auto"
+    assert AppConfig(deterministic=False, attention_backend="torch").deterministic is False
+    with pytest.raises(ValidationError, match="deterministic"):
+        AppConfig(deterministic="sometimes")
     assert AppConfig(deterministic=True).deterministic is True
     assert AppConfig(deterministic=True, attention_backend="cpp").deterministic is True
     assert AppConfig(deterministic=True, device="cuda").deterministic is True

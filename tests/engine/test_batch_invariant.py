@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import engine.attention_cpp as cpp
 from engine.attention import SeqSpan, get_attention_backend
-from engine.models import prepacked
+from engine.models import packed_bf16, prepacked
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import linear_for
 from engine.runner import ModelRunner
@@ -287,6 +287,8 @@ def _alone(runner: ModelRunner, prompts: dict[str, list[int]],
     # Projections on oneDNN-packed weights, in fixed tiles.
     ("tiny_llama_path", "float32", "always"),
     ("tiny_llama_path", "bfloat16", "always"),
+    # Projections on our VDPBF16PS kernel, which needs no tiles.
+    ("tiny_llama_path", "bfloat16", "bf16_dot"),
     ("tiny_opt_path", "bfloat16", "auto"),
     # Heads of 32: prompt positions through the prefill operator where it is built.
     ("tiny_llama_d32_path", "bfloat16", "never"),
@@ -297,11 +299,16 @@ def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
 ) -> None:
     if pack == "always" and not prepacked.available(getattr(torch, dtype), CPU):
         pytest.skip(f"no oneDNN packed linear for {dtype} here")
+    if pack == "bf16_dot" and not packed_bf16.built():
+        pytest.skip("no AVX512-BF16 build of the operators here")
     path = request.getfixturevalue(model)
     runner = ModelRunner(path, dtype, "cpu", num_blocks=96, block_size=BS, max_model_len=80,
                          num_threads=1, deterministic=True,
                          pack_projections=pack)  # type: ignore[arg-type]
-    assert runner.model.packed == (pack == "always")
+    expected = {"never": "none", "always": "onednn", "bf16_dot": "bf16_dot"}.get(pack)
+    assert expected is None or runner.model.packing == expected
+    if pack == "bf16_dot":
+        assert packed_bf16.is_packed(runner.model.layers[0].qkv)
     prompts = random_prompts([5, 23, 41, 60, 1, 17, 33], seed=1)
     for params in (GREEDY, SEEDED):
         alone = _alone(runner, prompts, params)

@@ -1,0 +1,228 @@
+// bf16 projections on VDPBF16PS (AVX512-BF16 builds): y = x W^T (+ bias),
+// x [M, K] and W [N, K] in bf16, y in bf16, accumulated in float32.
+//
+// Why our own: a decode step multiplies few rows (M = the batch) by every
+// weight of the model, read from memory once a step.  oneDNN's bf16 matmul,
+// on a weight reordered once to its blocked layout, runs those shapes at
+// 310-380 GFLOP/s on one Zen 5 core (M = 32, SmolLM2's shapes) and 195 at
+// M = 8, while the core's VDPBF16PS peak is about 520 (a 2,048-row GEMM);
+// this kernel runs them at 450-470 and 290 (studies/engine_cpu/README.md,
+// "Projections on VDPBF16PS").  Two things do it: the weight is laid out so
+// that each 64-byte line is one vector operand (pack_bf16: [N/16][K/2][16][2],
+// the pairs of K that one VDPBF16PS multiplies, for 16 output columns), and
+// while a panel of 48 columns is multiplied, the next panel's lines are
+// prefetched, one or more per step of K, so that the weight streams from
+// memory behind the arithmetic instead of stalling the first rows that
+// need it.
+//
+// Each output element is the sum over K in one fixed order (pairs of K in
+// turn, each pair by one VDPBF16PS into a float32 accumulator), then the
+// bias, then one rounding to bf16: the same bits whatever M is, wherever the
+// row sits among the others, however the rows are cut into blocks and the
+// columns split between threads.  So deterministic mode needs no fixed row
+// tiles around it (engine/models/batch_invariant.py).  VDPBF16PS treats
+// denormal inputs as zero and flushes denormal results, as oneDNN's bf16
+// kernels on the same instruction do.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Output rows and 16-column vectors one micro-kernel call keeps in
+// registers: 8 x 3 float32 accumulators, 3 weight vectors and a broadcast
+// of 32.
+constexpr int64_t kRows = 8;
+constexpr int64_t kPanel = 3;
+// Rows of x multiplied against each weight panel before the next panel
+// (x's rows stay in the core's L2 while the weight streams past them).
+constexpr int64_t kRowBytes = 192 * 1024;
+// Outputs wider than this are computed in tiles of kTileColumns (a multiple
+// of the panel's 48) and copied out (gemm_share says why).
+constexpr int64_t kWideColumns = 4096;
+constexpr int64_t kTileColumns = 3072;
+
+#ifdef __AVX512BF16__
+
+// acc[i][j] over every pair of K for the MR rows of `a` and NR 16-column
+// vectors of the packed panel `b`; prefetches `pf_lines` lines of the next
+// panel from `pf`, `per_step` per pair of K.  MR and NR are compile-time so
+// that the accumulators stay in registers (a run-time row count in the loop
+// made GCC keep them on the stack: 2.4x slower).
+template <int MR, int NR>
+inline void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k2,
+                  const float* bias, uint16_t* c, int64_t ldc, const char* pf,
+                  int64_t pf_lines, int64_t per_step) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int32_t* a32 = reinterpret_cast<const int32_t*>(a);
+  const int64_t lda32 = lda / 2;
+  for (int64_t kp = 0; kp < k2; ++kp) {
+    for (int64_t q = 0; q < per_step; ++q) {
+      const int64_t line = kp * per_step + q;
+      if (line < pf_lines) _mm_prefetch(pf + line * 64, _MM_HINT_T0);
+    }
+    __m512bh w[NR];
+    for (int j = 0; j < NR; ++j)
+      w[j] = (__m512bh)_mm512_loadu_si512(b + (j * k2 + kp) * 32);
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(a32[i * lda32 + kp]);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], x, w[j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      __m512 v = acc[i][j];
+      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + j * 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + i * ldc + j * 16),
+                          (__m256i)_mm512_cvtneps_pbh(v));
+    }
+}
+
+using Micro = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const float*,
+                       uint16_t*, int64_t, const char*, int64_t, int64_t);
+
+template <int NR, int... MR>
+constexpr std::array<Micro, sizeof...(MR)> micros(std::integer_sequence<int, MR...>) {
+  return {&micro<MR + 1, NR>...};
+}
+
+// kernels[nr - 1][rows - 1]
+const std::array<std::array<Micro, kRows>, kPanel> kernels = {
+    micros<1>(std::make_integer_sequence<int, kRows>{}),
+    micros<2>(std::make_integer_sequence<int, kRows>{}),
+    micros<3>(std::make_integer_sequence<int, kRows>{})};
+
+// Rows [m0, m1) against column vectors [v0, v1) (of 16 columns each), into
+// `out` (row m0, column vector v0; rows `ldo` apart); the panels' prefetches
+// run on up to column vector `pf_end`.
+void gemm_range(const uint16_t* x, int64_t lda, const uint16_t* w, int64_t k2,
+                const float* bias, uint16_t* out, int64_t ldo, int64_t m0, int64_t m1,
+                int64_t v0, int64_t v1, int64_t pf_end) {
+  const int64_t blocks = (m1 - m0 + kRows - 1) / kRows;
+  const int64_t per_step = (kPanel + blocks - 1) / blocks;
+  for (int64_t v = v0; v < v1; v += kPanel) {
+    const int64_t nr = std::min(kPanel, v1 - v);
+    const int64_t next = std::min(kPanel, std::max<int64_t>(0, pf_end - v - nr));
+    const char* pf = reinterpret_cast<const char*>(w + (v + nr) * k2 * 32);
+    const int64_t pf_total = next * k2;
+    const uint16_t* panel = w + v * k2 * 32;
+    const float* pb = bias == nullptr ? nullptr : bias + v * 16;
+    for (int64_t m = m0, blk = 0; m < m1; m += kRows, ++blk) {
+      const int64_t rows = std::min(kRows, m1 - m);
+      const int64_t start = blk * k2 * per_step;
+      const int64_t left = std::max<int64_t>(0, pf_total - start);
+      kernels[nr - 1][rows - 1](x + m * lda, lda, panel, k2, pb,
+                                out + (m - m0) * ldo + (v - v0) * 16, ldo,
+                                pf + start * 64, left, per_step);
+    }
+  }
+}
+
+// A thread's share of the columns, [v0, v1), for rows [m0, m1).  Over a wide
+// output (the lm_head's) the rows lie a multiple of 4 KiB apart, so every
+// row's lines fall in the same cache sets: a 32-row block against
+// SmolLM2's 49,152-column head ran at 394 GFLOP/s straight into the
+// output, 466 through a scratch tile of 3,072 columns copied out after.
+void gemm_share(const uint16_t* x, int64_t lda, const uint16_t* w, int64_t k2,
+                const float* bias, uint16_t* y, int64_t n, int64_t m0, int64_t m1,
+                int64_t v0, int64_t v1) {
+  if (n <= kWideColumns) {
+    gemm_range(x, lda, w, k2, bias, y + m0 * n + v0 * 16, n, m0, m1, v0, v1, v1);
+    return;
+  }
+  constexpr int64_t tile_vectors = kTileColumns / 16;
+  std::vector<uint16_t> tile(static_cast<size_t>((m1 - m0) * kTileColumns));
+  for (int64_t c0 = v0; c0 < v1; c0 += tile_vectors) {
+    const int64_t c1 = std::min(v1, c0 + tile_vectors), width = (c1 - c0) * 16;
+    gemm_range(x, lda, w, k2, bias, tile.data(), width, m0, m1, c0, c1, v1);
+    for (int64_t r = 0; r < m1 - m0; ++r)
+      std::memcpy(y + (m0 + r) * n + c0 * 16, tile.data() + r * width, width * 2);
+  }
+}
+
+#endif  // __AVX512BF16__
+
+bool bf16_gemm_built() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor pack_bf16(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16,
+              "pack_bf16: a 2-D bfloat16 weight [N, K]");
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(n % 16 == 0 && k % 2 == 0,
+              "pack_bf16: N must be a multiple of 16 and K even, got [", n, ", ", k, "]");
+  // [N/16, 16, K/2, 2] -> [N/16, K/2, 16, 2]: each pair of K for 16 columns
+  // side by side, one 64-byte vector.
+  return w.reshape({n / 16, 16, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(bf16_gemm_built(), "linear_bf16: this build has no AVX512-BF16 path");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "linear_bf16: x must be a 2-D bfloat16 tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 &&
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
+              "linear_bf16: the weight must come from pack_bf16");
+  const int64_t k2 = packed.size(1), k = 2 * k2, vectors = packed.size(0), n = vectors * 16;
+  TORCH_CHECK(x.size(1) == k, "linear_bf16: x has ", x.size(1), " columns, the weight ", k);
+  at::Tensor xs = x.stride(1) == 1 && x.stride(0) % 2 == 0 ? x : x.contiguous();
+  const int64_t m = xs.size(0);
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  at::Tensor bf;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "linear_bf16: bias must be [", n, "]");
+    bf = bias->to(at::kFloat).contiguous();
+  }
+#ifdef __AVX512BF16__
+  const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const float* bp = bias.has_value() ? bf.data_ptr<float>() : nullptr;
+  const int64_t lda = xs.stride(0);
+  const int64_t chunk = std::max<int64_t>(kRows, kRowBytes / (k * 2) / kRows * kRows);
+  const int64_t panels = (vectors + kPanel - 1) / kPanel;
+  // Threads split the columns by whole panels; each row chunk in turn.
+  for (int64_t m0 = 0; m0 < m; m0 += chunk) {
+    const int64_t m1 = std::min(m, m0 + chunk);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      gemm_share(xp, lda, wp, k2, bp, yp, n, m0, m1, p0 * kPanel,
+                 std::min(vectors, p1 * kPanel));
+    });
+  }
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
+  m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
+  m.def("pack_bf16(Tensor w) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {
+  m.impl("pack_bf16", &pack_bf16);
+  m.impl("linear_bf16", &linear_bf16);
+}

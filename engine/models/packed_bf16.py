@@ -1,0 +1,87 @@
+"""bf16 projections on our VDPBF16PS GEMM (`engine/csrc/gemm_bf16.cpp`, CPU).
+
+Where the operators' library has its AVX512-BF16 build, each projection's
+weight can be laid out once for that kernel (`pack_in_place`): a 4-D tensor
+`[N/16, K/2, 16, 2]` whose every 64-byte line is one vector operand.  On a
+Zen 5 core it multiplies a decode step's shapes 1.25–1.5× faster than
+oneDNN's matmul on its own prepacked weight (`engine.models.prepacked`), and
+its prefills within ~10 % of it (`studies/engine_cpu/README.md`,
+"Projections on VDPBF16PS").  Every output element is summed in one order
+fixed by the weight alone, so a row's result never depends on the rows
+beside it: deterministic mode needs no row tiles around it.
+
+`auto` (`CausalLM.pack_projections`) takes it in bfloat16 on a CPU with
+`avx512_bf16` and without AMX.  Where the CPU has AMX, oneDNN multiplies
+on the tiles, which this kernel does not use, so `auto` keeps timing
+oneDNN's packed weight against `F.linear` there, as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine import attention_cpp
+
+
+def built() -> bool:
+    """Whether this process can multiply on the kernel: its library builds
+    (or is cached) for this CPU with the AVX512-BF16 path."""
+    if not attention_cpp.bf16_dot_wanted():
+        return False
+    try:
+        attention_cpp.load_kernel()
+    except RuntimeError:
+        return False
+    return bool(torch.ops.preempt_serve.bf16_gemm_built())
+
+
+def preferred(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `auto` takes this kernel: bfloat16 on a CPU with the
+    VDPBF16PS build and no AMX (module docstring)."""
+    return (device.type == "cpu" and dtype is torch.bfloat16
+            and not attention_cpp.amx_wanted() and built())
+
+
+def packable(w: torch.Tensor) -> bool:
+    """A 2-D bfloat16 weight whose shape the layout takes (N in 16s, K even)."""
+    return (w.dim() == 2 and w.dtype is torch.bfloat16 and w.device.type == "cpu"
+            and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0)
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """`w` [N, K] in the kernel's layout [N/16, K/2, 16, 2]."""
+    return torch.ops.preempt_serve.pack_bf16(w.detach().contiguous())
+
+
+def is_packed(w: torch.Tensor) -> bool:
+    return w.dim() == 4 and w.shape[2] == 16 and w.shape[3] == 2
+
+
+def out_features(w: torch.Tensor) -> int:
+    """N of a weight, packed or not."""
+    return w.shape[0] * 16 if is_packed(w) else w.shape[0]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, b)` for 2-D bfloat16 `x` and `w = pack(weight)`."""
+    return torch.ops.preempt_serve.linear_bf16(x, w, b)
+
+
+def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> tuple[int, int]:
+    """Replace every bfloat16 parameter of `module` whose last name is in
+    `names` by its packed form where its shape allows; returns (packed, left
+    as they were).  Only a linear that dispatches on the layout
+    (`engine.models.prepacked.packed_linear`) can use them afterwards."""
+    packed = left = 0
+    for sub in module.modules():
+        for name in names:
+            w = getattr(sub, name, None)
+            if not isinstance(w, nn.Parameter) or w.dim() != 2:
+                continue
+            if packable(w):
+                setattr(sub, name, nn.Parameter(pack(w), requires_grad=False))
+                packed += 1
+            else:
+                left += 1
+    return packed, left

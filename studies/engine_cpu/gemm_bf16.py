@@ -1,0 +1,111 @@
+"""bf16 projections three ways on one CPU thread: `F.linear` on the plain
+weight (oneDNN underneath where bf16 is native), oneDNN's matmul on its own
+prepacked weight (`engine.models.prepacked`), and our VDPBF16PS kernel on
+its layout (`engine.models.packed_bf16`).
+
+SmolLM2's shapes (qkv 960 x 576, o 576 x 576, gate_up 3,072 x 576, down
+576 x 1,536, the lm_head 49,152 x 576) at `--rows` input rows; each
+projection's weight is one of 30 distinct copies (the lm_head one of 2),
+used in turn, so that weights come from memory as in a decode step.
+Medians of `--rounds` rounds, each timing the three in turn; GFLOP/s =
+2 x rows x N x K / time.  Also the peak of the instruction on this core: a
+2,048-row GEMM of the gate_up shape on our kernel (operands in cache).
+
+    taskset -c 0 python -m studies.engine_cpu.gemm_bf16 --out studies/engine_cpu/gemm_bf16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.report import machine_meta, write_report
+from engine.models import packed_bf16
+from engine.models.prepacked import _ROWS_HINT, packed_linear
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+          "lm_head": (49152, 576)}
+
+
+def _seconds(fn: Callable[[torch.Tensor], object], weights: list[torch.Tensor],
+             min_s: float = 0.05) -> float:
+    """Seconds per call, cycling through `weights`, over at least `min_s`."""
+    for w in weights:
+        fn(w)
+    calls, start = 0, time.perf_counter()
+    while True:
+        for w in weights:
+            fn(w)
+        calls += len(weights)
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_s:
+            return elapsed / calls
+
+
+def measure(name: str, rows: int, rounds: int) -> dict[str, object]:
+    n, k = SHAPES[name]
+    copies = 2 if name == "lm_head" else 30
+    gen = torch.Generator().manual_seed(rows * 31 + n)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    plain = [(torch.randn(n, k, generator=gen) / k**0.5).bfloat16() for _ in range(copies)]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT) for w in plain]
+    ours = [packed_bf16.pack(w) for w in plain]
+    ways: dict[str, tuple[Callable[[torch.Tensor], object], list[torch.Tensor]]] = {
+        "f_linear": (lambda w: F.linear(x, w), plain),
+        "onednn_packed": (lambda w: packed_linear(x, w), onednn),
+        "bf16_dot": (lambda w: packed_bf16.linear(x, w), ours),
+    }
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(rounds):
+        for way, (fn, ws) in ways.items():
+            times[way].append(_seconds(fn, ws))
+    flop = 2.0 * rows * n * k
+    med = {way: statistics.median(t) for way, t in times.items()}
+    return {"projection": name, "rows": rows, "n": n, "k": k,
+            "us": {way: round(t * 1e6, 1) for way, t in med.items()},
+            "gflops": {way: round(flop / t / 1e9, 1) for way, t in med.items()},
+            "bf16_dot_over_onednn": round(med["onednn_packed"] / med["bf16_dot"], 3)}
+
+
+def peak(rounds: int) -> float:
+    n, k = SHAPES["gate_up"]
+    x = torch.randn(2048, k).bfloat16()
+    w = [packed_bf16.pack(torch.randn(n, k).bfloat16())]
+    t = statistics.median(_seconds(lambda v: packed_bf16.linear(x, v), w)
+                          for _ in range(rounds))
+    return round(2.0 * 2048 * n * k / t / 1e9, 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,8,32,96,512")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if not packed_bf16.built():
+        raise SystemExit("no AVX512-BF16 build of the operators on this machine")
+    results = []
+    for rows in (int(r) for r in a.rows.split(",")):
+        for name in SHAPES:
+            r = measure(name, rows, a.rounds)
+            g: dict[str, float] = r["gflops"]  # type: ignore[assignment]
+            print(f"rows {rows:4d} {name:8s} F.linear {g['f_linear']:6.1f}  "
+                  f"oneDNN packed {g['onednn_packed']:6.1f}  bf16_dot {g['bf16_dot']:6.1f} "
+                  f"GFLOP/s  ({r['bf16_dot_over_onednn']}x)")
+            results.append(r)
+    top = peak(a.rounds)
+    print(f"bf16_dot, 2,048 x 3,072 x 576 in cache: {top} GFLOP/s")
+    write_report({"meta": {**machine_meta(), "threads": a.threads, "rounds": a.rounds},
+                  "peak_gflops_2048_rows": top, "results": results}, a.out)
+
+
+if __name__ == "__main__":
+    main()

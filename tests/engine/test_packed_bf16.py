@@ -1,0 +1,149 @@
+"""The bf16 projections' GEMM on VDPBF16PS (engine/csrc/gemm_bf16.cpp).
+
+Runs where the operators' library has its AVX512-BF16 build (a CPU with
+`avx512_bf16` and a C++ compiler); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models import packed_bf16, prepacked
+from engine.models.batch_invariant import TiledLinear
+
+pytestmark = pytest.mark.skipif(not packed_bf16.built(),
+                                reason="no AVX512-BF16 build of the C++ operators here")
+
+
+def _operands(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    w = (torch.randn(n, k, generator=gen) / k**0.5).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16()
+    return x, w, b
+
+
+def _close_to_exact(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                    b: torch.Tensor | None) -> None:
+    # The exact products of the bf16 values summed in float64, then rounded
+    # once to bf16 by the kernel: within half a bf16 ulp plus float32's
+    # summation error.
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    scale = F.linear(x.double().abs(), w.double().abs()).add(1e-30)
+    err = (y.double() - exact).abs()
+    assert y.dtype is torch.bfloat16 and y.shape == exact.shape
+    assert bool((err <= exact.abs() * 2.0**-8 + scale * 2.0**-20 + 1e-6).all()), \
+        float((err - exact.abs() * 2.0**-8).max())
+
+
+@pytest.mark.parametrize("m,n,k", [
+    (1, 16, 2), (3, 48, 48), (8, 96, 64), (13, 80, 576), (32, 960, 576),
+    (37, 32, 1536),
+    # More rows than one chunk (64 rows at K = 1,536), a tail block of 5.
+    (197, 144, 1536),
+    # Wider than 4,096 columns: computed in tiles, the last one partial.
+    (9, 4112, 64), (40, 6160, 96),
+])
+def test_products_match_the_exact_sum_rounded_once(m: int, n: int, k: int) -> None:
+    x, w, b = _operands(m, n, k, seed=m * 7 + n)
+    wp = packed_bf16.pack(w)
+    assert packed_bf16.is_packed(wp) and tuple(wp.shape) == (n // 16, k // 2, 16, 2)
+    assert packed_bf16.out_features(wp) == n
+    _close_to_exact(packed_bf16.linear(x, wp), x, w, None)
+    _close_to_exact(packed_bf16.linear(x, wp, b), x, w, b)
+
+
+def test_strided_and_empty_inputs() -> None:
+    x, w, b = _operands(21, 64, 48, seed=3)
+    wp = packed_bf16.pack(w)
+    want = packed_bf16.linear(x, wp, b)
+    # Rows of a wider tensor (even stride), and a transposed copy (not rows).
+    wide = torch.zeros(21, 50, dtype=torch.bfloat16)
+    wide[:, :48] = x
+    assert torch.equal(packed_bf16.linear(wide[:, :48], wp, b), want)
+    assert torch.equal(packed_bf16.linear(x.t().contiguous().t(), wp, b), want)
+    odd = torch.zeros(21, 49, dtype=torch.bfloat16)
+    odd[:, :48] = x
+    assert torch.equal(packed_bf16.linear(odd[:, :48], wp, b), want)
+    assert packed_bf16.linear(x[:0], wp).shape == (0, 64)
+
+
+def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads() -> None:
+    x, w, b = _operands(70, 4160, 576, seed=5)
+    wp = packed_bf16.pack(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        together = packed_bf16.linear(x, wp, b)
+        torch.set_num_threads(2)
+        assert torch.equal(packed_bf16.linear(x, wp, b), together)
+    finally:
+        torch.set_num_threads(threads)
+    for rows in (slice(0, 1), slice(5, 6), slice(3, 14), slice(64, 70), slice(1, 69)):
+        assert torch.equal(packed_bf16.linear(x[rows], wp, b), together[rows]), rows
+    # Among other rows: the same row at a different place in its block.
+    mixed = torch.cat([x[40:43], x[:9]])
+    assert torch.equal(packed_bf16.linear(mixed, wp, b)[3:], together[:9])
+    # Deterministic mode's tiles leave such a weight to the kernel as it is.
+    tiled = TiledLinear(prepacked.packed_linear, rows=32)
+    assert torch.equal(tiled(x[:7], wp, b), together[:7])
+
+
+def test_shapes_the_layout_cannot_take_are_refused_or_left() -> None:
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        packed_bf16.pack(torch.zeros(40, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        packed_bf16.pack(torch.zeros(32, 7, dtype=torch.bfloat16))
+    wp = packed_bf16.pack(torch.zeros(32, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="columns"):
+        packed_bf16.linear(torch.zeros(2, 10, dtype=torch.bfloat16), wp)
+    layer = torch.nn.Module()
+    layer.up = torch.nn.Parameter(torch.randn(32, 8).bfloat16(), requires_grad=False)
+    layer.odd = torch.nn.Parameter(torch.randn(40, 8).bfloat16(), requires_grad=False)
+    layer.f32 = torch.nn.Parameter(torch.randn(32, 8), requires_grad=False)
+    dense_odd = layer.odd.detach().clone()
+    assert packed_bf16.pack_in_place(layer, ("up", "odd", "f32")) == (1, 2)
+    assert packed_bf16.is_packed(layer.up) and not packed_bf16.is_packed(layer.odd)
+    # What the layout does not take goes through F.linear as before.
+    x = torch.randn(3, 8).bfloat16()
+    assert torch.equal(prepacked.packed_linear(x, layer.odd), F.linear(x, dense_odd))
+
+
+def test_the_runner_packs_projections_and_head_for_the_kernel(tiny_llama_path: Path) -> None:
+    from engine.runner import ModelRunner
+
+    def runner(pack: str) -> ModelRunner:
+        return ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=8, block_size=4,
+                           max_model_len=32, num_threads=1,
+                           pack_projections=pack)  # type: ignore[arg-type]
+
+    dot, plain = runner("bf16_dot"), runner("never")
+    assert dot.model.packing == "bf16_dot" and dot.packing_speedup is None
+    layer = dot.model.layers[0]
+    assert all(packed_bf16.is_packed(getattr(layer, n)) for n in dot.model.projection_names)
+    assert plain.model.packing == "none"
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, dot.model.config.hidden_size, generator=gen).bfloat16()
+    logits, ref = dot.model.compute_logits(hidden), plain.model.compute_logits(hidden)
+    assert logits is not None and ref is not None
+    torch.testing.assert_close(logits.float(), ref.float(), rtol=2**-6, atol=2e-2)
+    # `auto` takes the kernel where this CPU has no AMX (engine.models.packed_bf16).
+    auto = runner("auto")
+    if packed_bf16.preferred(torch.bfloat16, torch.device("cpu")):
+        assert auto.model.packing == "bf16_dot"
+    else:
+        assert auto.model.packing in ("none", "onednn")
+    # Deterministic mode's `auto`: on with the kernel and the C++ attention,
+    # off with oneDNN's weights or another attention backend.
+    def deterministic(pack: str, backend: str | None = None) -> bool:
+        return ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=8, block_size=4,
+                           max_model_len=32, num_threads=1, deterministic="auto",
+                           attention_backend=backend,
+                           pack_projections=pack).deterministic  # type: ignore[arg-type]
+    assert deterministic("bf16_dot") is True
+    assert deterministic("bf16_dot", "torch") is False
+    assert deterministic("never") is False
