@@ -18,7 +18,8 @@ the engine's start (about 30 s the first time, then cached
 under `TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`), with the
 vector flags of the ATen CPU capability this process runs with, and the
 capability in the build's name, so that a cache shared by different CPUs
-never serves one a binary built for another.  Where the CPU has
+never serves one a binary built for another, and with OpenMP where torch
+has it: ATen's `parallel_for`, inlined into the operators, runs serially without.  Where the CPU has
 `avx512_bf16`, the build adds that instruction set (and `_bf16` to its
 name) for the bf16 dot product; PREEMPT_SERVE_CPP_BF16_DOT=0 builds
 without it.  Where it also has AMX (`amx_tile`, `amx_bf16`), the build adds
@@ -115,6 +116,11 @@ def load_kernel() -> Callable[..., torch.Tensor]:
         capability = torch.backends.cpu.get_cpu_capability()
         flags = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                  *_ISA_FLAGS.get(capability, [])]
+        # OpenMP: on the runtime torch loaded (same soname); see the docstring.
+        ldflags = []
+        if torch.backends.openmp.is_available():
+            flags.append("-fopenmp")
+            ldflags.append("-fopenmp")
         # The included files' text in the flags: torch rebuilds where a
         # source or a flag changed, and hashes only the units it is given.
         flags.append(f"-DPREEMPT_SERVE_SOURCES={_sources_digest()}")
@@ -129,7 +135,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
         for i, (build_name, build_flags) in enumerate(builds):
             try:
                 load(name=build_name, sources=[str(p) for p in UNITS],
-                     extra_cflags=build_flags,
+                     extra_cflags=build_flags, extra_ldflags=ldflags,
                      is_python_module=False, verbose=False)
                 break
             except Exception:

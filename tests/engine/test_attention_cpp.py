@@ -370,3 +370,21 @@ def test_cpu_default_is_cpp_and_cuda_is_refused() -> None:
     assert default_backend_name(torch.device("cpu")) == "cpp"
     with pytest.raises(ValueError, match="CPU only"):
         cpp.CppAttentionBackend(4, 2, 16, 4, torch.device("cuda"))
+
+
+@needs_cxx
+def test_the_operators_run_on_the_engine_threads() -> None:
+    if not torch.backends.openmp.is_available():
+        pytest.skip("this torch build has no OpenMP")
+    cpp.load_kernel()
+    # The library is built with OpenMP, so ATen's parallel_for, inlined in
+    # its operators (this GEMM's panels, attention's sequences), splits work
+    # between the threads torch is given, and keeps to one thread for one.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.ops.preempt_serve.parallel_threads(8) == 1
+        torch.set_num_threads(2)
+        assert torch.ops.preempt_serve.parallel_threads(8) == 2
+    finally:
+        torch.set_num_threads(threads)
