@@ -4,10 +4,10 @@
 // Why our own: a decode step multiplies few rows (M = the batch) by every
 // weight of the model, read from memory once a step.  oneDNN's bf16 matmul,
 // on a weight reordered once to its blocked layout, runs those shapes at
-// 310-380 GFLOP/s on one Zen 5 core (M = 32, SmolLM2's shapes) and 195 at
-// M = 8, while the core's VDPBF16PS peak is about 520 (a 2,048-row GEMM);
-// this kernel runs them at 450-470 and 290 (studies/engine_cpu/README.md,
-// "Projections on VDPBF16PS").  Two things do it: the weight is laid out so
+// 332-361 GFLOP/s on one Zen 5 core (M = 32, SmolLM2's shapes) and 166-192
+// at M = 8, while the core's VDPBF16PS peak is about 520 (a 2,048-row
+// GEMM); this kernel runs them at 490-515 and 297-389
+// (studies/engine_cpu/README.md, "Projections on VDPBF16PS").  Two things do it: the weight is laid out so
 // that each 64-byte line is one vector operand (pack_bf16: [N/16][K/2][16][2],
 // the pairs of K that one VDPBF16PS multiplies, for 16 output columns), and
 // while a panel of 48 columns is multiplied, the next panel's lines are
@@ -32,8 +32,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #ifdef __AVX512BF16__
 #include <immintrin.h>
@@ -145,12 +145,13 @@ void gemm_share(const uint16_t* x, int64_t lda, const uint16_t* w, int64_t k2,
     return;
   }
   constexpr int64_t tile_vectors = kTileColumns / 16;
-  std::vector<uint16_t> tile(static_cast<size_t>((m1 - m0) * kTileColumns));
+  // Not value-initialized: every element is written before it is read.
+  std::unique_ptr<uint16_t[]> tile(new uint16_t[static_cast<size_t>((m1 - m0) * kTileColumns)]);
   for (int64_t c0 = v0; c0 < v1; c0 += tile_vectors) {
     const int64_t c1 = std::min(v1, c0 + tile_vectors), width = (c1 - c0) * 16;
-    gemm_range(x, lda, w, k2, bias, tile.data(), width, m0, m1, c0, c1, v1);
+    gemm_range(x, lda, w, k2, bias, tile.get(), width, m0, m1, c0, c1, v1);
     for (int64_t r = 0; r < m1 - m0; ++r)
-      std::memcpy(y + (m0 + r) * n + c0 * 16, tile.data() + r * width, width * 2);
+      std::memcpy(y + (m0 + r) * n + c0 * 16, tile.get() + r * width, width * 2);
   }
 }
 
