@@ -3,9 +3,9 @@
 Where the operators' library has its AVX512-BF16 build, each projection's
 weight can be laid out once for that kernel (`pack_in_place`): a 4-D tensor
 `[N/16, K/2, 16, 2]` whose every 64-byte line is one vector operand.  On a
-Zen 5 core it multiplies a decode step's shapes 1.25–1.5× faster than
-oneDNN's matmul on its own prepacked weight (`engine.models.prepacked`), and
-its prefills within ~10 % of it (`studies/engine_cpu/README.md`,
+Zen 5 core it multiplies SmolLM2's shapes 1.42–1.50× faster than oneDNN's
+matmul on its own prepacked weight (`engine.models.prepacked`) at 32 rows,
+1.55–2.28× at 8, and 0.97–1.05× as fast at 512 (`studies/engine_cpu/README.md`,
 "Projections on VDPBF16PS").  Every output element is summed in one order
 fixed by the weight alone, so a row's result never depends on the rows
 beside it: deterministic mode needs no row tiles around it.
