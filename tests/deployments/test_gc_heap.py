@@ -25,7 +25,9 @@ def test_the_heap_before_is_frozen_and_later_cycles_are_collected() -> None:
     try:
         frozen = freeze_startup_heap()
         assert before() is None
-        assert frozen == gc.get_freeze_count() > 1000
+        # At most what was returned: frozen objects freed since (another
+        # thread's, a finalizer's) leave the frozen generation.
+        assert frozen >= gc.get_freeze_count() > 1000
         later = _cycle()
         assert later() is not None
         gc.collect()
