@@ -101,10 +101,9 @@ class CausalLM(nn.Module, ABC):
         self.pp = pp
         self.layer_range = pp.layers(config.num_hidden_layers)
         self.num_layers = len(self.layer_range)
-        # Whether `pack_projections` packed the projections' weights, and
-        # for which kernel: "onednn" (engine.models.prepacked), "bf16_dot"
+        # For which kernel `pack_projections` packed the projections' weights:
+        # "onednn" (engine.models.prepacked), "bf16_dot"
         # (engine.models.packed_bf16) or "none".
-        self.packed = False
         self.packing = "none"
         # Every projection goes through this (see engine.models.linear).
         self.linear: LinearFn = linear_for(dtype, device)
@@ -116,6 +115,11 @@ class CausalLM(nn.Module, ABC):
         # Armed by the runner for a pass that may be cut between layers
         # (engine/preemption.py); checked at the end of each layer.
         self.preempt: PreemptFlag | None = None
+
+    @property
+    def packed(self) -> bool:
+        """Whether `pack_projections` packed the projections' weights."""
+        return self.packing != "none"
 
     def pack_projections(self, mode: prepacked.PackMode) -> float | None:
         """Multiply every projection on a packed weight where that pays, on
@@ -135,7 +139,7 @@ class CausalLM(nn.Module, ABC):
             packed_bf16.pack_in_place(self, self.projection_names)
             self.linear = prepacked.packed_linear
             self.head_linear = prepacked.PrepackedLinear(bf16_dot=True)
-            self.packed, self.packing = True, "bf16_dot"
+            self.packing = "bf16_dot"
             return None
         if not prepacked.available(self.dtype, self.device) or mode == "never":
             return None
@@ -150,7 +154,7 @@ class CausalLM(nn.Module, ABC):
         if prepacked.should_pack(mode, speedup):
             prepacked.pack_in_place(self, self.projection_names)
             self.linear = prepacked.packed_linear
-            self.packed, self.packing = True, "onednn"
+            self.packing = "onednn"
         return speedup
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
@@ -158,13 +162,9 @@ class CausalLM(nn.Module, ABC):
         not depend on the rows beside it (deterministic mode): on CPU in
         fixed-shape row tiles of the library's GEMM
         (engine.models.batch_invariant), on CUDA through one Triton GEMM
-        with a single tile configuration (engine.models.matmul_triton).
-        Weights in the VDPBF16PS layout need no tiles: that kernel sums each
-        element in an order fixed by the weight alone (gemm_bf16.cpp)."""
+        with a single tile configuration (engine.models.matmul_triton)."""
         self.linear = fixed_tiles(self.linear, device, rows)
-        head = self.head_weight()
-        if not (self.packing == "bf16_dot" and head is not None and packed_bf16.packable(head)):
-            self.head_linear = fixed_tiles(self.head_linear, device, rows)
+        self.head_linear = fixed_tiles(self.head_linear, device, rows)
 
     def safepoint(self, layer: int) -> None:
         if self.preempt is not None:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from engine.models import packed_bf16
 from engine.models.linear import LinearFn, float32_slices, upcast_linear
+from engine.models.prepacked import PrepackedLinear
 
 # Rows per GEMM call.  32 keeps a (32 x 576) x (576 x 1536) product at ~85 %
 # of the rate of one 2048-row call on an AVX2 core, while a decode step pads
@@ -51,13 +52,20 @@ class TiledLinear:
         self.inner = inner
         self.rows = rows
 
+    def _invariant(self, w: torch.Tensor) -> bool:
+        """Whether `inner` multiplies by `w` batch-invariantly as it is: on
+        our VDPBF16PS kernel, which sums every element in an order fixed by
+        the weight alone (engine/csrc/gemm_bf16.cpp), so no tiles."""
+        if packed_bf16.is_packed(w):
+            return True
+        return isinstance(self.inner, PrepackedLinear) and self.inner.takes_bf16_dot(w)
+
     def __call__(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
         n, rows = x.shape[0], self.rows
         upcast = self.inner is upcast_linear
-        if (n == rows and not upcast) or packed_bf16.is_packed(w):
-            # A weight in the VDPBF16PS layout is batch-invariant as it is.
+        if (n == rows and not upcast) or self._invariant(w):
             return self.inner(x, w, b)
         padded = -(-n // rows) * rows
         if padded != n:

@@ -81,10 +81,14 @@ class PrepackedLinear:
         # id(weight) -> (data_ptr, version, packed)
         self._packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
+    def takes_bf16_dot(self, w: torch.Tensor) -> bool:
+        """Whether `w` is multiplied on the kernel of `engine.models.packed_bf16`."""
+        return self.bf16_dot and packed_bf16.packable(w)
+
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
-            if self.bf16_dot and packed_bf16.packable(w):
+            if self.takes_bf16_dot(w):
                 packed = packed_bf16.pack(w)
             else:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
