@@ -255,6 +255,42 @@ inline void widen_bf16(const at::BFloat16* src, float* dst) {
   }
 }
 
+// Pass 2's inner loop: GN heads' sums (CW vectors of each) plus the
+// weighted rows of one block, rows t < len of `rows` (stride apart), weights
+// probs[g * padded + t]; the sums are read from and written back to
+// sums[g * DIM + ...].
+template <typename scalar_t, int GN, int CW, int DIM>
+inline void weigh_rows(const scalar_t* rows, int64_t stride, int64_t len, const float* probs,
+                       int64_t padded, float* sums, const scalar_t* pf) {
+  constexpr int64_t row_bytes = DIM * static_cast<int64_t>(sizeof(scalar_t));
+  __m512 acc[GN][CW];
+  for (int g = 0; g < GN; ++g) {
+    for (int c = 0; c < CW; ++c) acc[g][c] = _mm512_loadu_ps(sums + g * DIM + 16 * c);
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    if (pf != nullptr) prefetch_span(reinterpret_cast<const char*>(pf + t * stride), row_bytes);
+    const scalar_t* vp = rows + t * stride;
+    __m512 row[CW];
+    if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+      const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+      for (int c = 0; c < CW; c += 2) {
+        const __m512i x = _mm512_loadu_si512(vp + 16 * c);
+        row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        row[c + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+      }
+    } else {
+      for (int c = 0; c < CW; ++c) row[c] = _mm512_loadu_ps(vp + 16 * c);
+    }
+    for (int g = 0; g < GN; ++g) {
+      const __m512 p = _mm512_set1_ps(probs[g * padded + t]);
+      for (int c = 0; c < CW; ++c) acc[g][c] = _mm512_fmadd_ps(p, row[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < GN; ++g) {
+    for (int c = 0; c < CW; ++c) _mm512_storeu_ps(sums + g * DIM + 16 * c, acc[g][c]);
+  }
+}
+
 template <typename scalar_t, int DIM>
 void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_cache,
                    const int64_t* block_ids, const int64_t* table_starts,
@@ -400,43 +436,23 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
             const int64_t gn = group - g0 < HT ? group - g0 : HT;
             const int64_t h0 = kh * group + g0;
             for (int cs = 0; cs < V; cs += CW) {
-              __m512 acc[HT][CW];
-              for (int gi = 0; gi < HT; ++gi) {
-                for (int c = 0; c < CW; ++c) {
-                  acc[gi][c] = gi < gn ? _mm512_loadu_ps(accm + (h0 + gi) * DIM + 16 * (cs + c))
-                                       : _mm512_setzero_ps();
-                }
-              }
               // The block ahead's rows, spread among the first slice's work.
               const scalar_t* pf =
                   kSpread && ahead != nullptr && g0 == 0 && cs == 0 ? ahead + kh * DIM : nullptr;
-              for (int64_t t = 0; t < len; ++t) {
-                if (pf != nullptr) {
-                  prefetch_span(reinterpret_cast<const char*>(pf + t * tok_stride), row_bytes);
-                }
-                const scalar_t* vp = vb + t * tok_stride + kh * DIM + 16 * cs;
-                __m512 row[CW];
-                if constexpr (kBf16) {
-                  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-                  for (int c = 0; c < CW; c += 2) {
-                    const __m512i x = _mm512_loadu_si512(vp + 16 * c);
-                    row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-                    row[c + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, high));
-                  }
-                } else {
-                  for (int c = 0; c < CW; ++c) row[c] = _mm512_loadu_ps(vp + 16 * c);
-                }
-                for (int gi = 0; gi < HT; ++gi) {
-                  if (gi < gn) {
-                    const __m512 p = _mm512_set1_ps(sc[(h0 + gi) * padded + pos + t]);
-                    for (int c = 0; c < CW; ++c) acc[gi][c] = _mm512_fmadd_ps(p, row[c], acc[gi][c]);
-                  }
-                }
-              }
-              for (int gi = 0; gi < gn; ++gi) {
-                for (int c = 0; c < CW; ++c) {
-                  _mm512_storeu_ps(accm + (h0 + gi) * DIM + 16 * (cs + c), acc[gi][c]);
-                }
+              const scalar_t* vrows = vb + kh * DIM + 16 * cs;
+              const float* probs = sc + h0 * padded + pos;
+              float* sums = accm + h0 * DIM + 16 * cs;
+              // The head count as a constant: a run-time count kept the
+              // sums out of registers.
+              switch (gn) {
+                case 1: weigh_rows<scalar_t, 1, CW, DIM>(vrows, tok_stride, len, probs, padded,
+                                                         sums, pf); break;
+                case 2: weigh_rows<scalar_t, 2, CW, DIM>(vrows, tok_stride, len, probs, padded,
+                                                         sums, pf); break;
+                case 3: weigh_rows<scalar_t, 3, CW, DIM>(vrows, tok_stride, len, probs, padded,
+                                                         sums, pf); break;
+                default: weigh_rows<scalar_t, HT, CW, DIM>(vrows, tok_stride, len, probs,
+                                                           padded, sums, pf); break;
               }
             }
           }
