@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["auto", "always", "bf16_dot", "never"],
                    help="projection weights packed for oneDNN (always) or our bf16 kernel "
                    "(bf16_dot); default: the engine's auto")
+    p.add_argument("--distinct-kv", action="store_true",
+                   help="each decode sequence reads its own copy of the context's KV blocks (as "
+                   "HF's cache holds one per row, and as distinct requests do); default: the "
+                   "batch shares the prompt's blocks")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -93,9 +97,11 @@ class OursBench:
         steps = args.warmup + args.decode_steps
         max_len = max(max(args.prefill_lens), self.ctx + steps + 1)
         self.private_blocks = -(-(steps + 1) // bs)
+        self.distinct = args.distinct_kv
+        per_seq = self.private_blocks + (self.ctx // bs if self.distinct else 0)
         need = max(
             -(-max(args.prefill_lens) // bs),
-            self.ctx // bs + max(args.decode_batches) * self.private_blocks,
+            self.ctx // bs + max(args.decode_batches) * per_seq,
         )
         self.runner = ModelRunner(
             args.model, dtype=dtype, device="cpu", num_blocks=need, block_size=bs,
@@ -129,8 +135,16 @@ class OursBench:
             self.runner.remove_request(job)
         jobs = self._decode_jobs = [self._job() for _ in range(batch)]
         base = len(shared)
-        own = self.private_blocks
-        tables = [shared + list(range(base + i * own, base + (i + 1) * own)) for i in range(batch)]
+        own = self.private_blocks + (len(shared) if self.distinct else 0)
+        tables = [list(range(base + i * own, base + (i + 1) * own)) for i in range(batch)]
+        if self.distinct:
+            # The prompt's blocks copied into each sequence's own (all layers).
+            kv = self.runner.kv_cache
+            copy = kv.read_blocks(shared)
+            for table in tables:
+                kv.write_blocks(table[: len(shared)], copy)
+        else:
+            tables = [shared + table for table in tables]
         for job in jobs:
             # The shared prefill already produced output 0 for every job.
             self.runner.add_request(job, GREEDY, prompt, output_token_ids=[first])
@@ -278,6 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "attention_backend": args.attention or default_backend_name(torch.device("cpu")),
             "deterministic": args.deterministic,
             "decode_context": args.decode_context // args.block_size * args.block_size,
+            "decode_kv": "distinct" if args.distinct_kv else "shared",
             "decode_steps": args.decode_steps,
             "prefill_reps": args.reps,
             "warmup": args.warmup,
