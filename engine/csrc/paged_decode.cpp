@@ -255,6 +255,66 @@ inline void widen_bf16(const at::BFloat16* src, float* dst) {
   }
 }
 
+// The next sequence's cache blocks (its keys, then its values) asked for
+// while this sequence is computed on, a share at each of its steps.  Blocks
+// lie at random places in a cache far larger than the CPU's, so that only
+// the software knows what comes next; one block ahead alone (the prefetches
+// in the passes) leaves a sequence whose blocks are far from the CPU waiting
+// on memory at every block.  A sequence's K and V (tens of KiB) fit in L2.
+// Blocks the next sequence shares with this one at the same place (a common
+// prefix) are already near and skipped.
+template <typename scalar_t>
+struct NextSequence {
+  const scalar_t* key_cache;
+  const scalar_t* value_cache;
+  const int64_t* block_ids;
+  const int64_t* table_starts;
+  const int64_t* context_lens;
+  int64_t block_size, blk_stride;
+  const int64_t* table = nullptr;  // the next sequence's
+  const int64_t* current = nullptr;  // this sequence's
+  int64_t current_blocks = 0, half = 0, lines_per_block = 0, block = 0, line = 0, per_step = 0;
+
+  int64_t blocks_of(int64_t seq) const {
+    return (context_lens[seq] + block_size - 1) / block_size;
+  }
+  bool shared(int64_t b) const { return b < current_blocks && table[b] == current[b]; }
+
+  // Before sequence `seq`'s work of `steps` step() calls.
+  void start(int64_t seq, int64_t next_seq, int64_t steps) {
+    block = line = half = 0;
+    if (next_seq < 0) return;
+    current = block_ids + table_starts[seq];
+    current_blocks = blocks_of(seq);
+    table = block_ids + table_starts[next_seq];
+    half = blocks_of(next_seq);
+    lines_per_block = (blk_stride * static_cast<int64_t>(sizeof(scalar_t)) + 63) / 64;
+    int64_t own = 0;
+    for (int64_t b = 0; b < half; ++b) own += shared(b) ? 0 : 1;
+    per_step = (2 * own * lines_per_block + steps - 1) / (steps > 0 ? steps : 1);
+  }
+
+  void step() {
+    int64_t left = per_step;
+    while (left > 0 && block < 2 * half) {
+      const int64_t b = block < half ? block : block - half;
+      if (line == 0 && shared(b)) {
+        ++block;
+        continue;
+      }
+      const char* base = reinterpret_cast<const char*>(
+          (block < half ? key_cache : value_cache) + table[b] * blk_stride);
+      const int64_t stop = line + left < lines_per_block ? line + left : lines_per_block;
+      left -= stop - line;
+      for (; line < stop; ++line) _mm_prefetch(base + 64 * line, _MM_HINT_T1);
+      if (line == lines_per_block) {
+        line = 0;
+        ++block;
+      }
+    }
+  }
+};
+
 // Pass 2's inner loop: GN heads' sums (CW vectors of each) plus the
 // weighted rows of one block, rows t < len of `rows` (stride apart), weights
 // probs[g * padded + t]; the sums are read from and written back to
@@ -324,7 +384,13 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
     std::vector<float> inv(heads);
     float* qf = qf_buf.data();
     float* accm = acc_buf.data();
+    NextSequence<scalar_t> next{key_cache, value_cache, block_ids, table_starts, context_lens,
+                                block_size, blk_stride};
     for (int64_t i = begin; i < end; ++i) {
+      // (bf16 only: a float32 sequence's blocks are twice the lines, and
+      // this look-ahead made those decodes slower.)
+      next.start(i, i + 1 < end && !kSpread ? i + 1 : -1,
+                 2 * kv_heads * ((context_lens[i] + block_size - 1) / block_size));
       for (int64_t h = 0; h < heads && !kNativeDot; ++h) {
         const scalar_t* qp = q + (i * heads + h) * DIM;
         float* qh = qf + h * DIM;
@@ -353,6 +419,7 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
         const scalar_t* ahead = bi + 1 < num_blocks ? key_cache + table[bi + 1] * blk_stride
                                                     : value_cache + table[0] * blk_stride;
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
+          if constexpr (!kSpread) next.step();
           if constexpr (!kSpread) {
             for (int64_t t = 0; t < block_size; ++t) {
               prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
@@ -428,6 +495,7 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
                                                     : nullptr;
         const int64_t pos = bi * block_size;
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
+          if constexpr (!kSpread) next.step();
           for (int64_t t = 0; t < block_size && ahead != nullptr && !kSpread; ++t) {
             prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
                           row_bytes);
