@@ -419,8 +419,8 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
         const scalar_t* ahead = bi + 1 < num_blocks ? key_cache + table[bi + 1] * blk_stride
                                                     : value_cache + table[0] * blk_stride;
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
-          if constexpr (!kSpread) next.step();
           if constexpr (!kSpread) {
+            next.step();
             for (int64_t t = 0; t < block_size; ++t) {
               prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
                             row_bytes);
