@@ -387,8 +387,9 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
     NextSequence<scalar_t> next{key_cache, value_cache, block_ids, table_starts, context_lens,
                                 block_size, blk_stride};
     for (int64_t i = begin; i < end; ++i) {
-      // (bf16 only: a float32 sequence's blocks are twice the lines, and
-      // this look-ahead made those decodes slower.)
+      // bf16 only (elsewhere the look-ahead is given no sequence, and its
+      // steps do nothing): a float32 sequence's blocks are twice the lines,
+      // and the look-ahead made those decodes slower.
       next.start(i, i + 1 < end && !kSpread ? i + 1 : -1,
                  2 * kv_heads * ((context_lens[i] + block_size - 1) / block_size));
       for (int64_t h = 0; h < heads && !kNativeDot; ++h) {
@@ -419,8 +420,8 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
         const scalar_t* ahead = bi + 1 < num_blocks ? key_cache + table[bi + 1] * blk_stride
                                                     : value_cache + table[0] * blk_stride;
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
+          next.step();
           if constexpr (!kSpread) {
-            next.step();
             for (int64_t t = 0; t < block_size; ++t) {
               prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
                             row_bytes);
@@ -495,7 +496,7 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
                                                     : nullptr;
         const int64_t pos = bi * block_size;
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
-          if constexpr (!kSpread) next.step();
+          next.step();
           for (int64_t t = 0; t < block_size && ahead != nullptr && !kSpread; ++t) {
             prefetch_span(reinterpret_cast<const char*>(ahead + t * tok_stride + kh * DIM),
                           row_bytes);
