@@ -92,6 +92,16 @@ class AttentionBackend(ABC):
     def build_metadata(self, spans: Sequence[SeqSpan]) -> AttentionMetadata:
         """Describe a step whose spans are in batch order, decodes first."""
 
+    def decode_layer_step(
+        self, metadata: AttentionMetadata, num_tokens: int
+    ) -> tuple[list[torch.Tensor], bool] | None:
+        """Where a step of `num_tokens` tokens is decodes only and this
+        backend attends them with the C++ decode operator: that operator's
+        tensors `[slots, block_ids, table_starts, context_lens]` and whether
+        the cache is in `tiles`, for the one-operator decoder layer
+        (engine/csrc/decode_layer.cpp).  None: the layer runs op by op."""
+        return None
+
     @abstractmethod
     def forward(
         self,

@@ -70,7 +70,7 @@ from typing import Any
 
 import torch
 
-from engine.attention import SeqSpan
+from engine.attention import AttentionMetadata, SeqSpan
 from engine.kv_layout import pick_layout
 from engine.attention_torch import (
     TorchAttentionBackend,
@@ -374,6 +374,20 @@ class CppAttentionBackend(TorchAttentionBackend):
             decode_context_lens=torch.tensor(contexts, dtype=torch.long, device=dev),
             **fields,
         )
+
+    def decode_layer_step(
+        self, metadata: AttentionMetadata, num_tokens: int
+    ) -> tuple[list[torch.Tensor], bool] | None:
+        md = metadata
+        # The cases in which `forward` writes with write_kv(_tiles) and
+        # answers with the decode operator alone (`_write_kv`, `_attend`).
+        if (self.kernel is None or not isinstance(md, CppAttentionMetadata)
+                or md.prefill_rows is not None or md.prefills or md.decode_block_ids is None
+                or md.decode_table_starts is None or md.decode_context_lens is None
+                or md.num_decodes != num_tokens or num_tokens == 0):
+            return None
+        return ([md.slot_mapping, md.decode_block_ids, md.decode_table_starts,
+                 md.decode_context_lens], self.kv_layout == "tiles")
 
     def _write_kv(self, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
                   value_cache: torch.Tensor, md: TorchAttentionMetadata) -> None:

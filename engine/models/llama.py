@@ -9,7 +9,10 @@ weights read from memory one GEMM of both is 1.05–1.1× the two at 8–96 rows
 AVX512 CPU, SiLU and the product read the two halves in one C++ operator
 (engine/csrc/silu_mul.cpp), and each residual sum is one operator with the
 norm that follows it (norm_rotary.cpp), with ATen's roundings: the same bits
-as the op-by-op forward in bf16.
+as the op-by-op forward in bf16.  Where a step is decodes only on packed bf16
+projections (`_decode_layer_args`), each layer is one C++ operator that
+calls the same operators in the same order (engine/csrc/decode_layer.cpp):
+the same bits again, without Python between them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import nn
 
 from engine import attention_cpp
 from engine.kv_cache import KVCache
+from engine.models import packed_bf16
 from engine.models.activations import activation
 from engine.models.base import (
     CausalLM,
@@ -147,6 +151,8 @@ class LlamaForCausalLM(CausalLM):
         # AVX512 CPU (bit-identical to the ATen ops there); elsewhere ATen's.
         self._silu = getattr(config, "hidden_act", "silu") in ("silu", "swish")
         self.add_norm_fn = add_rms_norm_cpu if device.type == "cpu" else None
+        # (packing, whether it packed every projection): `_decode_layer_args`.
+        self._layers_packed: tuple[str | None, bool] = (None, False)
 
     # Weights ----------------------------------------------------------
 
@@ -215,6 +221,10 @@ class LlamaForCausalLM(CausalLM):
         # Each residual sum goes with the norm after it (`_add_norm`).
         h = norm(x, layers[0].input_norm, self.eps) if layers else x
         lora = batch.lora
+        fused = self._decode_layer_args(batch, t)
+        if fused is not None:
+            x = self._decode_layers(x, h, layers, kv_cache, *fused)
+            return self._final_norm(x, batch)
         for i, layer in enumerate(layers):
             qkv = self.project(lora, i, "qkv", h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
@@ -234,9 +244,56 @@ class LlamaForCausalLM(CausalLM):
             else:
                 x = x + d
             self.safepoint(i)
+        return self._final_norm(x, batch)
+
+    def _final_norm(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if not self.pp.last:
             return x
-        return norm(x[batch.logits_indices], self.norm, self.eps)
+        return self.norm_fn(x[batch.logits_indices], self.norm, self.eps)
+
+    def _decode_layer_args(
+        self, batch: ForwardBatch, t: int
+    ) -> tuple[list[torch.Tensor], bool] | None:
+        """The step's tensors for `decode_layer_bf16` (the decode operator's,
+        then the positions) and whether the cache is in `tiles`, where every
+        layer can be that one operator: bfloat16 on CPU, the projections in
+        our packed layout, SiLU, no LoRA or tensor parallelism, and a step of
+        decodes only that the attention answers with its decode operator."""
+        if (self.packing != "bf16_dot" or batch.lora is not None or self.tp.enabled
+                or not self._silu or self.add_norm_fn is None or self.attn is None
+                or batch.positions.device.type != "cpu" or not attention_cpp.vectorized()):
+            return None
+        if self._layers_packed[0] != self.packing:
+            # Packing leaves a weight of a shape the layout cannot take as it was.
+            self._layers_packed = (self.packing, all(
+                packed_bf16.is_packed(getattr(layer, name))
+                for layer in self.layers for name in self.projection_names))
+        if not self._layers_packed[1]:
+            return None
+        got = self.attn.decode_layer_step(batch.attn_metadata, t)
+        if got is None:
+            return None
+        return [*got[0], batch.positions], got[1]
+
+    def _decode_layers(self, x: torch.Tensor, h: torch.Tensor, layers: tuple[Any, ...],
+                       kv_cache: KVCache, step: list[torch.Tensor], tiles: bool) -> torch.Tensor:
+        """Every layer as one operator each (`_decode_layer_args` says when)."""
+        op = torch.ops.preempt_serve.decode_layer_bf16
+        cos, sin = self.rotary.cos, self.rotary.sin
+        heads, kv_heads, eps, scale = self.num_heads, self.num_kv_heads, self.eps, self.scale
+        last = len(layers) - 1
+        for i, layer in enumerate(layers):
+            # The parameters' dict, not nn.Module's attribute lookup: ten a
+            # layer at every step.
+            p = layer._parameters
+            weights = [p["qkv"], p["o"], p["post_norm"], p["gate_up"], p["down"]]
+            biases = [p.get("qkv_bias"), p.get("o_bias"), p.get("gate_up_bias"),
+                      p.get("down_bias")]
+            nxt = layers[i + 1]._parameters["input_norm"] if i < last else None
+            x, h = op(x, h, weights, biases, nxt, kv_cache.key(i), kv_cache.value(i), step,
+                      cos, sin, heads, kv_heads, eps, scale, tiles)
+            self.safepoint(i)
+        return x
 
     def _add_norm(self, x: torch.Tensor, r: torch.Tensor,
                   weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

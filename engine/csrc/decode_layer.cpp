@@ -1,0 +1,124 @@
+// One decoder layer of a Llama-shaped bfloat16 model over a decode-only
+// step, as one operator: the QKV projection, the rotation of q and k, the
+// K/V write, the paged decode attention, the output projection and its
+// residual sum with the next norm, the SwiGLU MLP and its residual sum with
+// the norm after it.
+//
+// Why: each of those is already one operator of ours, and Python's glue
+// between them (ten dispatches from Python a layer, the interpreter's frames,
+// splits and views) cost about 2 ms of a 26 ms batch-32 SmolLM2 step on one
+// core (studies/engine_cpu/README.md, "One operator a decoder layer").  Here
+// the same operators run in the same order on the same inputs, called
+// through the dispatcher from C++: the same bits as the layer in
+// engine/models/llama.py, which keeps that path for everything else
+// (prefill chunks, LoRA, tensor parallelism, other dtypes and builds).
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+namespace {
+
+using TensorPair = std::tuple<at::Tensor, at::Tensor>;
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> layer_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+// The operators a layer calls, looked up once.
+struct LayerOps {
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                      const std::optional<at::Tensor>&)>
+      linear = layer_op<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                   const std::optional<at::Tensor>&)>(
+          "preempt_serve::linear_bf16");
+  c10::TypedOperatorHandle<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&)>
+      rotary = layer_op<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, const at::Tensor&)>(
+          "preempt_serve::rotary_qk");
+  using WriteSig = void(const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor,
+                        const at::Tensor&);
+  c10::TypedOperatorHandle<WriteSig> write = layer_op<WriteSig>("preempt_serve::write_kv");
+  c10::TypedOperatorHandle<WriteSig> write_tiles =
+      layer_op<WriteSig>("preempt_serve::write_kv_tiles");
+  using DecodeSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+  c10::TypedOperatorHandle<DecodeSig> decode =
+      layer_op<DecodeSig>("preempt_serve::paged_decode");
+  c10::TypedOperatorHandle<DecodeSig> decode_tiles =
+      layer_op<DecodeSig>("preempt_serve::paged_decode_tiles");
+  c10::TypedOperatorHandle<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      double)>
+      add_norm = layer_op<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     double)>("preempt_serve::add_rms_norm_bf16");
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)> silu_mul =
+      layer_op<at::Tensor(const at::Tensor&)>("preempt_serve::silu_mul");
+};
+
+const LayerOps& layer_ops() {
+  static const LayerOps ops;
+  return ops;
+}
+
+// x: the residual stream [T, D]; h: its norm by this layer's input norm.
+// weights: qkv, o, post_norm, gate_up, down (the projections packed by
+// pack_bf16); biases: qkv, o, gate_up, down.  step: slots, block_ids,
+// table_starts, context_lens, positions (the decode operator's metadata,
+// the K/V write's slots, the rotation's positions).  Returns (x + the
+// layer's output, its norm by `next_norm`), or (x + output) twice for the
+// last layer, which has none.
+TensorPair decode_layer_bf16(const at::Tensor& x, const at::Tensor& h, at::TensorList weights,
+                             const c10::List<std::optional<at::Tensor>>& biases,
+                             const std::optional<at::Tensor>& next_norm,
+                             const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             at::TensorList step, const at::Tensor& cos_table,
+                             const at::Tensor& sin_table, int64_t num_heads,
+                             int64_t num_kv_heads, double eps, double scale, bool tiles) {
+  TORCH_CHECK(weights.size() == 5 && biases.size() == 4 && step.size() == 5,
+              "decode_layer_bf16: 5 weights, 4 biases, 5 step tensors");
+  TORCH_CHECK(x.dim() == 2 && h.sizes() == x.sizes(), "decode_layer_bf16: x and h [T, D]");
+  const LayerOps& ops = layer_ops();
+  const int64_t t = x.size(0), dim = cos_table.size(1);
+  const int64_t q_size = num_heads * dim, kv_size = num_kv_heads * dim;
+  const at::Tensor qkv = ops.linear.call(h, weights[0], biases.get(0));
+  TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size,
+              "decode_layer_bf16: the QKV projection has ", qkv.size(1), " columns, not ",
+              q_size + 2 * kv_size);
+  const at::Tensor q = qkv.narrow(1, 0, q_size).view({t, num_heads, dim});
+  const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({t, num_kv_heads, dim});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, num_kv_heads, dim});
+  const auto [qr, kr] = ops.rotary.call(q, k, cos_table, sin_table, step[4]);
+  if (tiles) {
+    ops.write_tiles.call(kr.contiguous(), v.contiguous(), key_cache, value_cache, step[0]);
+  } else {
+    ops.write.call(kr, v, key_cache, value_cache, step[0]);
+  }
+  const auto& decode = tiles ? ops.decode_tiles : ops.decode;
+  const at::Tensor a = decode.call(qr, key_cache, value_cache, step[1], step[2], step[3], scale);
+  const at::Tensor o = ops.linear.call(a.view({t, q_size}), weights[1], biases.get(1));
+  const auto [x1, h1] = ops.add_norm.call(x, o, weights[2], eps);
+  const at::Tensor gate_up = ops.linear.call(h1, weights[3], biases.get(2));
+  const at::Tensor d = ops.linear.call(ops.silu_mul.call(gate_up), weights[4], biases.get(3));
+  if (next_norm.has_value()) return ops.add_norm.call(x1, d, *next_norm, eps);
+  at::Tensor out = x1 + d;
+  return {out, out};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
+  m.def(
+      "decode_layer_bf16(Tensor x, Tensor h, Tensor[] weights, Tensor?[] biases, "
+      "Tensor? next_norm, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor[] step, "
+      "Tensor cos_table, Tensor sin_table, int num_heads, int num_kv_heads, float eps, "
+      "float scale, bool tiles) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {
+  m.impl("decode_layer_bf16", &decode_layer_bf16);
+}

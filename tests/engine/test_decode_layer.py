@@ -1,0 +1,120 @@
+"""A decoder layer as one C++ operator on decode-only steps
+(engine/csrc/decode_layer.cpp, `LlamaForCausalLM._decode_layers`).
+
+It calls the operators the op-by-op layer calls, in the same order, so each
+decode step's hidden states and the K/V it writes must be the same bits as
+the op-by-op forward of the same step.  Runs where the operators' library
+has its AVX512-BF16 build (the packed bf16 projections it needs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+import torch
+
+from engine.attention import SeqSpan, get_attention_backend
+from engine.models import packed_bf16
+from engine.models.llama import LlamaForCausalLM
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from tests.engine.helpers import drive, random_prompts
+
+pytestmark = pytest.mark.skipif(not packed_bf16.built(),
+                                reason="no AVX512-BF16 build of the C++ operators here")
+
+BS = 4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
+
+
+def _checked_forward(model: LlamaForCausalLM, seen: dict[str, int]) -> Any:
+    """`model.forward`, which on every step that takes the one-operator layers
+    also runs the op-by-op layers on the same cache as it was, and checks
+    that both give the same hidden states and leave the same cache."""
+    forward = model.forward
+
+    def checked(batch: Any, kv_cache: Any, hidden: Any = None) -> torch.Tensor:
+        t = batch.input_ids.shape[0]
+        if model._decode_layer_args(batch, t) is None:
+            seen["op_by_op"] += 1
+            return forward(batch, kv_cache, hidden)
+        before = kv_cache.data.clone()
+        out = forward(batch, kv_cache, hidden)
+        after = kv_cache.data.clone()
+        kv_cache.data.copy_(before)
+        with patch.object(model, "_decode_layer_args", lambda b, n: None):
+            ref = forward(batch, kv_cache, hidden)
+        assert torch.equal(out, ref)
+        assert torch.equal(kv_cache.data, after)
+        seen["fused"] += 1
+        return out
+
+    return checked
+
+
+@pytest.mark.parametrize("model_fixture,deterministic", [
+    ("tiny_llama_path", False),
+    # Heads of 32: deterministic mode's prompts on the prefill operator.
+    ("tiny_llama_d32_path", True),
+    # Heads of 16, whose prompts deterministic mode gives the decode operator
+    # (every step is then decodes only to the layers).
+    ("tiny_llama_path", True),
+    # Biases on q, k, v and o, tied embeddings, a head dim of 16, llama3 RoPE.
+    ("tiny_llama3_rope_path", False),
+])
+def test_one_operator_layers_give_the_op_by_op_bits(
+    model_fixture: str, deterministic: bool, request: pytest.FixtureRequest
+) -> None:
+    path: Path = request.getfixturevalue(model_fixture)
+    runner = ModelRunner(path, "bfloat16", "cpu", num_blocks=64, block_size=BS,
+                         max_model_len=64, num_threads=1, attention_backend="cpp",
+                         deterministic=deterministic, pack_projections="bf16_dot")
+    model = runner.model
+    assert isinstance(model, LlamaForCausalLM) and model.packing == "bf16_dot"
+    seen = {"fused": 0, "op_by_op": 0}
+    model.forward = _checked_forward(model, seen)  # type: ignore[method-assign]
+    prompts = random_prompts([5, 11, 3, 8], seed=2)
+    result = drive(runner, prompts, GREEDY, num_blocks=64, block_size=BS, max_model_len=64,
+                   max_batch_tokens=64)
+    assert all(len(t) == GREEDY.max_tokens for t in result.tokens.values())
+    # The decode steps in one operator a layer; prompts op by op where the
+    # attention takes them with its prefill path.
+    assert seen["fused"] >= GREEDY.max_tokens - 1
+    prefill_path = not deterministic or runner.attn.prefill_kernel is not None
+    assert (seen["op_by_op"] > 0) == prefill_path
+
+
+def test_unpacked_projections_take_the_op_by_op_layers(tiny_llama_path: Path) -> None:
+    runner = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=64, block_size=BS,
+                         max_model_len=64, num_threads=1, attention_backend="cpp",
+                         pack_projections="never")
+    assert runner.model.packing == "none"
+    seen = {"fused": 0, "op_by_op": 0}
+    runner.model.forward = _checked_forward(runner.model, seen)  # type: ignore[method-assign]
+    drive(runner, random_prompts([6, 4], seed=3), GREEDY, num_blocks=64, block_size=BS,
+          max_model_len=64)
+    assert seen["fused"] == 0 and seen["op_by_op"] > 0
+
+
+def test_the_backend_offers_only_decode_only_steps() -> None:
+    cls = get_attention_backend("cpp")
+    backend = cls(4, 2, 16, BS, torch.device("cpu"), dtype=torch.bfloat16)
+    decodes = [SeqSpan(6, 1, [0, 1]), SeqSpan(2, 1, [2])]
+    md = backend.build_metadata(decodes)
+    got = backend.decode_layer_step(md, 2)
+    assert got is not None
+    step, tiles = got
+    assert tiles == (backend.kv_layout == "tiles")
+    slots, block_ids, starts, lens = step
+    assert slots.tolist() == [1 * BS + 2, 2 * BS + 2]
+    assert block_ids.tolist() == [0, 1, 2] and starts.tolist() == [0, 2]
+    assert lens.tolist() == [7, 3]
+    # A prefill chunk in the step, or a token count that is not the decodes'.
+    mixed = backend.build_metadata([SeqSpan(6, 1, [0, 1]), SeqSpan(0, 3, [2])])
+    assert backend.decode_layer_step(mixed, 4) is None
+    assert backend.decode_layer_step(md, 3) is None
+    # The reference backend never offers it.
+    torch_backend = get_attention_backend("torch")(4, 2, 16, BS, torch.device("cpu"))
+    assert torch_backend.decode_layer_step(torch_backend.build_metadata(decodes), 2) is None
