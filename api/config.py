@@ -306,6 +306,12 @@ class AppConfig(SchedulingSettings):
     # `threads` cores least busy when the replica starts; None: not pinned
     # (Ray counts CPUs, it places no process on particular cores).
     engine_cpu_ids: list[int] | Literal["auto"] | None = Field("auto")
+    # Nice value of the engine replica's threads (Linux): "auto" asks for
+    # -10, ahead of the node's other processes on the engine's cores, and
+    # stays at 0 where the OS refuses (no CAP_SYS_NICE / RLIMIT_NICE);
+    # -20..19: that value, or the replica refuses to start; None: unchanged
+    # (deployments/engine_priority.py).
+    engine_nice: int | Literal["auto"] | None = Field("auto")
     # Bearer key every route but /health requires; None (and no
     # PREEMPT_SERVE_API_KEY in the environment): no authentication.
     api_key: SecretStr | None = Field(None, validate_default=True)
@@ -350,6 +356,13 @@ class AppConfig(SchedulingSettings):
         secret = v.get_secret_value() if isinstance(v, SecretStr) else v
         if isinstance(secret, str) and not secret.strip():
             raise ValueError("must not be empty or blank")
+        return v
+
+    @field_validator("engine_nice")
+    @classmethod
+    def _nice_range(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and not -20 <= v <= 19:
+            raise ValueError("must be a nice value from -20 to 19, \"auto\" or null")
         return v
 
     @field_validator("engine_cpu_ids")

@@ -35,6 +35,7 @@ from deployments.delivery import Delivery, EngineStopped, JobMoved
 from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from deployments.engine_pinning import pin_replica
+from deployments.engine_priority import give_nice, loop_nice
 from deployments.gc_heap import freeze_startup_heap
 from deployments.generate_request import sampling_params
 from scheduler.admission import AdmissionBound
@@ -95,6 +96,7 @@ class Engine(EngineFigures):
         self.cfg = AppConfig(**config)
         # Before the runner starts torch's thread pool, which inherits it.
         pin_replica(self.cfg)
+        nice = loop_nice(self.cfg.engine_nice)  # checked now: a refused value stops the start
         self._side = side_pool("grammar")  # after `_pin`: it leaves the engine's cores
         sched_cfg = self.cfg.scheduler_config()
         graph_batch, graph_tokens = _graph_limits(self.cfg, sched_cfg)
@@ -196,6 +198,7 @@ class Engine(EngineFigures):
         frozen = freeze_startup_heap()
         log.info("start-up heap frozen: %d objects left out of garbage collection", frozen)
         self.loop.start()
+        give_nice(nice)
         self.head_source = self.cfg.predictor.engine_head
         self.metrics = EngineMetrics(self.replica_id)
         # The load reporter's latest admission figures (monotonic time,
