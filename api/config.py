@@ -306,9 +306,10 @@ class AppConfig(SchedulingSettings):
     # `threads` cores least busy when the replica starts; None: not pinned
     # (Ray counts CPUs, it places no process on particular cores).
     engine_cpu_ids: list[int] | Literal["auto"] | None = Field("auto")
-    # Nice value of the engine replica's threads (Linux): "auto" asks for
-    # -10, ahead of the node's other processes on the engine's cores, and
-    # stays at 0 where the OS refuses (no CAP_SYS_NICE / RLIMIT_NICE);
+    # Nice value of the engine replica's threads (Linux): "auto", where the
+    # replica is pinned to part of the node's cores, asks for -10, ahead of
+    # the node's other processes there, and stays at 0 where the OS refuses
+    # (no CAP_SYS_NICE / RLIMIT_NICE);
     # -20..19: that value, or the replica refuses to start; None: unchanged
     # (deployments/engine_priority.py).
     engine_nice: int | Literal["auto"] | None = Field("auto")

@@ -48,11 +48,24 @@ def _allowed(nice: int) -> OSError | None:
     return None
 
 
+def _cores_left() -> bool:
+    """Whether this process is pinned to fewer cores than the node has."""
+    if not hasattr(os, "sched_getaffinity"):
+        return False
+    return len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
+
+
 def loop_nice(setting: int | Literal["auto"] | None) -> int | None:
     """The nice value the engine replica's threads are to take (None: leave them).
     An explicit value the OS refuses stops the replica with the field named;
     "auto" falls back to leaving it, with a line in the log."""
     if setting is None:
+        return None
+    if setting == "auto" and not _cores_left():
+        # Unpinned (or on every core): ahead of the proxy and the ingress
+        # everywhere, the replica could leave them too little to serve.
+        log.info("engine_nice auto: the engine replica is not pinned to a part of the node's "
+                 "cores; its nice value stays as it is")
         return None
     wanted = AUTO_NICE if setting == "auto" else setting
     refused = _allowed(wanted)

@@ -39,7 +39,24 @@ def test_the_setting_is_validated() -> None:
             AppConfig(engine_nice=bad)
 
 
+def _pinned(monkeypatch: pytest.MonkeyPatch, cores: set[int], of: int) -> None:
+    monkeypatch.setattr(engine_priority.os, "sched_getaffinity", lambda pid: cores)
+    monkeypatch.setattr(engine_priority.os, "cpu_count", lambda: of)
+
+
+def test_auto_only_for_a_replica_pinned_to_part_of_the_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[int] = []
+    monkeypatch.setattr(engine_priority.os, "setpriority",
+                        lambda which, who, value: taken.append(value))
+    _pinned(monkeypatch, {0, 1}, 2)
+    assert loop_nice("auto") is None and taken == []
+    # An explicit value applies wherever the replica runs.
+    assert loop_nice(-4) == -4
+
+
 def test_auto_takes_what_the_os_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    _pinned(monkeypatch, {0}, 2)
     tid = threading.get_native_id()
     before = os.getpriority(os.PRIO_PROCESS, tid)
     assert loop_nice(None) is None
@@ -59,6 +76,7 @@ def test_auto_asks_for_minus_ten_where_allowed(monkeypatch: pytest.MonkeyPatch) 
     taken: list[int] = []
     monkeypatch.setattr(engine_priority.os, "setpriority",
                         lambda which, who, value: taken.append(value))
+    _pinned(monkeypatch, {1}, 4)
     assert loop_nice("auto") == AUTO_NICE == -10
     assert taken[0] == AUTO_NICE
 
