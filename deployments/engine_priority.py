@@ -12,7 +12,9 @@ the replica at -10 it waited 4.8 s and the server served 1.15-1.16x the
 tokens/s, median inter-token latency 66-68 ms against 83
 (studies/engine_cpu/vllm_cpu/README.md, "The engine replica ahead of the
 node's other processes").  Lowering a nice value needs CAP_SYS_NICE or an
-RLIMIT_NICE that allows it; "auto" asks and does without.
+RLIMIT_NICE that allows it; "auto" asks, does without, and asks only where
+the replica is pinned to a part of the node's cores (the rest left to the
+proxy and the ingress).
 """
 
 from __future__ import annotations
@@ -86,8 +88,12 @@ def give_nice(nice: int | None) -> None:
     creator's)."""
     if nice is None:
         return
+    try:
+        tids = sorted(int(t) for t in os.listdir("/proc/self/task"))
+    except OSError:  # no /proc: the process (who 0), where POSIX gives it one value
+        tids = [0]
     refused = 0
-    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+    for tid in tids:
         try:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
         except ProcessLookupError:  # the thread ended meanwhile
