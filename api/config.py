@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,11 +21,14 @@ from pydantic import (
     model_validator,
 )
 
+from api.lora_runtime_settings import LoraRuntimeSettings
 from api.tool_formats import ToolCallFormatName
 from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
 
 # What a LoRA adapter's name may be (`lora_adapters`).
+
+
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
@@ -182,47 +185,6 @@ class ResponsesSettings(BaseModel):
         return cache_root() / "responses"
 
 
-class LoraRuntimeSettings(BaseModel):
-    """Adapters loaded and unloaded while the application runs (vLLM's
-    `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`,
-    deployments/lora_routes.py), beside the `lora_adapters` loaded at start."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # Off by default: the routes then answer 404, as vLLM's do without
-    # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
-    enabled: bool = False
-    # The folder a client's `lora_path` names a folder within (relative to
-    # it, or absolute inside it): nothing outside it is read.  Required
-    # when enabled; on every node's filesystem.
-    root: str | None = None
-    # Runtime adapters an engine replica keeps in memory; past this, the
-    # least recently used one that no request runs is dropped (and read
-    # again from its folder when a request names it).
-    max_loaded: int = Field(8, ge=1, le=1024)
-    # Where the loaded adapters are listed (deployments/lora_registry.py):
-    # every Ingress replica reads and writes it, so on a multi-node cluster
-    # a filesystem every node mounts at this path.  None: `lora/` under the
-    # cache directory (PREEMPT_SERVE_CACHE, else ~/.cache/preempt-serve).
-    storage_dir: str | None = None
-
-    @model_validator(mode="after")
-    def _root_when_enabled(self) -> "LoraRuntimeSettings":
-        if self.enabled and not self.root:
-            raise ValueError("root: required with enabled: true (the folder clients' "
-                             "lora_path names a folder within)")
-        if self.root and not Path(self.root).expanduser().is_dir():
-            raise ValueError(f"root: {self.root!r} is not a folder")
-        return self
-
-    def storage_path(self) -> Path:
-        from engine.model_source import cache_root
-
-        if self.storage_dir:
-            return Path(self.storage_dir).expanduser()
-        return cache_root() / "lora"
-
-
 class AppConfig(SchedulingSettings):
     """The application's fields, and the scheduler's (`policy`,
     `block_size`, `block_run`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
@@ -306,13 +268,9 @@ class AppConfig(SchedulingSettings):
     # `threads` cores least busy when the replica starts; None: not pinned
     # (Ray counts CPUs, it places no process on particular cores).
     engine_cpu_ids: list[int] | Literal["auto"] | None = Field("auto")
-    # Nice value of the engine replica's threads (Linux): "auto", where the
-    # replica is pinned to part of the node's cores, asks for -10, ahead of
-    # the node's other processes there, and stays at 0 where the OS refuses
-    # (no CAP_SYS_NICE / RLIMIT_NICE);
-    # -20..19: that value, or the replica refuses to start; None: unchanged
-    # (deployments/engine_priority.py).
-    engine_nice: int | Literal["auto"] | None = Field("auto")
+    # Nice value of the engine replica's threads: "auto", int, None (README;
+    # deployments/engine_priority.py).
+    engine_nice: Annotated[int, Field(ge=-20, le=19)] | Literal["auto"] | None = "auto"
     # Bearer key every route but /health requires; None (and no
     # PREEMPT_SERVE_API_KEY in the environment): no authentication.
     api_key: SecretStr | None = Field(None, validate_default=True)
@@ -357,13 +315,6 @@ class AppConfig(SchedulingSettings):
         secret = v.get_secret_value() if isinstance(v, SecretStr) else v
         if isinstance(secret, str) and not secret.strip():
             raise ValueError("must not be empty or blank")
-        return v
-
-    @field_validator("engine_nice")
-    @classmethod
-    def _nice_range(cls, v: int | str | None) -> int | str | None:
-        if isinstance(v, int) and not -20 <= v <= 19:
-            raise ValueError("must be a nice value from -20 to 19, \"auto\" or null")
         return v
 
     @field_validator("engine_cpu_ids")

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -71,6 +70,7 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionMetadata, SeqSpan
+from engine.cpp_build import cpu_has, put_ninja_on_path, sources_digest
 from engine.kv_layout import pick_layout
 from engine.attention_torch import (
     TorchAttentionBackend,
@@ -112,7 +112,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
     try:
         from torch.utils.cpp_extension import load
 
-        _put_ninja_on_path()
+        put_ninja_on_path()
         capability = torch.backends.cpu.get_cpu_capability()
         flags = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                  *_ISA_FLAGS.get(capability, [])]
@@ -123,7 +123,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
             ldflags.append("-fopenmp")
         # The included files' text in the flags: torch rebuilds where a
         # source or a flag changed, and hashes only the units it is given.
-        flags.append(f"-DPREEMPT_SERVE_SOURCES={_sources_digest()}")
+        flags.append(f"-DPREEMPT_SERVE_SOURCES={sources_digest(SOURCE.parent)}")
         name = f"preempt_serve_paged_decode_{capability.lower()}"
         builds = [(name, flags)]
         if capability == "AVX512" and bf16_dot_wanted():
@@ -167,14 +167,14 @@ def vectorized() -> bool:
 def bf16_dot_wanted() -> bool:
     """Whether to build bf16 scores on VDPBF16PS: where the CPU has it
     (`avx512_bf16`), unless PREEMPT_SERVE_CPP_BF16_DOT=0."""
-    return os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0" and _cpu_has("avx512_bf16")
+    return os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0" and cpu_has("avx512_bf16")
 
 
 def amx_wanted() -> bool:
     """Whether to build bf16 decodes on AMX tiles (engine/csrc/paged_decode_amx.h):
     where the CPU has `amx_tile` and `amx_bf16`, unless PREEMPT_SERVE_CPP_AMX=0."""
     return (os.environ.get("PREEMPT_SERVE_CPP_AMX", "1") != "0"
-            and _cpu_has("amx_tile") and _cpu_has("amx_bf16"))
+            and cpu_has("amx_tile") and cpu_has("amx_bf16"))
 
 
 def decode_amx(enable: bool = True) -> bool:
@@ -184,15 +184,6 @@ def decode_amx(enable: bool = True) -> bool:
     refuses the tiles)."""
     load_kernel()
     return bool(torch.ops.preempt_serve.set_decode_amx(enable))
-
-
-def _sources_digest() -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for p in sorted([*SOURCE.parent.glob("*.h"), *SOURCE.parent.glob("*.cpp")]):
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
 
 
 # Head dims the prefill operator's AVX512 path is built for.
@@ -207,31 +198,6 @@ def prefill_vectorized(head_dim: int, group: int) -> bool:
     would be slower than SDPA's tiled matmuls, so prefills stay on SDPA."""
     return (torch.backends.cpu.get_cpu_capability() == "AVX512"
             and head_dim in PREFILL_HEAD_DIMS and group <= 64)
-
-
-def _cpu_has(flag: str) -> bool:
-    # ATen's capability names no bf16 dot-product instruction; Linux lists it.
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return flag in line.split()
-    except OSError:
-        pass
-    return False
-
-
-def _put_ninja_on_path() -> None:
-    # The `ninja` wheel (a dependency) installs its binary next to the
-    # interpreter, which is not on PATH where a process runs that
-    # interpreter without activating its environment (a Ray worker, say).
-    if shutil.which("ninja") is not None:
-        return
-    try:
-        import ninja
-    except ImportError:
-        return
-    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
 
 
 def _token_rows(t: torch.Tensor) -> bool:
