@@ -224,12 +224,14 @@ class AppConfig(SchedulingSettings):
     async_scheduling: bool | Literal["auto"] = "auto"
     # On CPU: multiply every projection on a weight packed once (in place).
     # `auto`: bfloat16 on our VDPBF16PS kernel where the CPU has avx512_bf16
-    # and no AMX (`bf16_dot`, engine/models/packed_bf16.py); otherwise, in
+    # and no AMX (`bf16_dot`, engine/models/packed_bf16.py), float32 on our
+    # AVX2 FMA kernel where the CPU has avx2 and fma but no avx512f
+    # (`f32_fma`, engine/models/packed_f32.py); otherwise, in
     # float32 and natively multiplied bfloat16, oneDNN's blocked layout
     # (`always`) where it beats the plain weight by 1.2x on the model's
     # largest projection, timed at start (engine/models/prepacked.py).  No
     # effect in float16, in emulated bfloat16 or on CUDA.
-    pack_projections: Literal["auto", "always", "bf16_dot", "never"] = "auto"
+    pack_projections: Literal["auto", "always", "bf16_dot", "f32_fma", "never"] = "auto"
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on
     # chunking, or on preemption, swap or recompute, in float32 and bfloat16
@@ -345,7 +347,7 @@ class AppConfig(SchedulingSettings):
             raise ValueError(
                 f"attention_backend {self.attention_backend!r} is a CPU backend; use 'triton', "
                 "'torch' or 'auto' on cuda")
-        if self.device == "cuda" and self.pack_projections in ("always", "bf16_dot"):
+        if self.device == "cuda" and self.pack_projections in ("always", "bf16_dot", "f32_fma"):
             raise ValueError(f"pack_projections {self.pack_projections!r} packs CPU weights; "
                              "on device cuda use 'auto' or 'never'")
         if self.device == "cpu" and self.attention_backend == "triton":

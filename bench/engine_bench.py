@@ -67,9 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deterministic", action="store_true",
                    help="run our engine in deterministic (batch-invariant) mode")
     p.add_argument("--pack-projections", default="auto",
-                   choices=["auto", "always", "bf16_dot", "never"],
-                   help="projection weights packed for oneDNN (always) or our bf16 kernel "
-                   "(bf16_dot); default: the engine's auto")
+                   choices=["auto", "always", "bf16_dot", "f32_fma", "never"],
+                   help="projection weights packed for oneDNN (always) or our bf16 / f32 "
+                   "kernel (bf16_dot / f32_fma); default: the engine's auto")
     p.add_argument("--distinct-kv", action="store_true",
                    help="each decode sequence reads its own copy of the context's KV blocks (as "
                    "HF's cache holds one per row, and as distinct requests do); default: the "

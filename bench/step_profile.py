@@ -7,7 +7,7 @@ does) under `torch.profiler`, and groups the ops' self CPU time:
 - matmul: `aten::mm` / `addmm` / `bmm` (the linear layers on plain
   weights), oneDNN's packed linear (the lm_head, and the projections
   where `pack_projections` packs them, `engine/models/prepacked.py`) and
-  our bf16 GEMM (`engine/models/packed_bf16.py`);
+  our bf16 and float32 GEMMs (`engine/models/packed_bf16.py`, `packed_f32.py`);
 - attention: scaled-dot-product attention kernels, the C++ paged decode
   operator (`engine/attention_cpp.py`), and the Inductor one
   (`engine/attention_compiled.py`: its compiled region, gather fused in);
@@ -32,7 +32,7 @@ from bench.engine_bench import OursBench, parse_args as engine_args
 
 _GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
-               "preempt_serve::linear_bf16"),
+               "preempt_serve::linear_bf16", "preempt_serve::linear_f32"),
     "attention": ("preempt_serve::paged_decode", "preempt_serve::paged_prefill",
                   "aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_attention_math",
@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
     ap.add_argument("--attention", default=None, help="torch | compiled | cpp (default: the engine's)")
     ap.add_argument("--pack-projections", default="auto",
-                    choices=["auto", "always", "bf16_dot", "never"],
-                    help="projection weights packed for oneDNN (always) or our bf16 kernel "
-                    "(bf16_dot); default: the engine's auto")
+                    choices=["auto", "always", "bf16_dot", "f32_fma", "never"],
+                    help="projection weights packed for oneDNN (always) or our bf16 / f32 "
+                    "kernel (bf16_dot / f32_fma); default: the engine's auto")
     ap.add_argument("--top", type=int, default=0, help="also print the N costliest ops")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)

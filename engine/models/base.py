@@ -9,16 +9,16 @@ engine only runs inference.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
-from engine.models import packed_bf16, prepacked
+from engine.models import packed_bf16, packed_f32, prepacked
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
@@ -103,7 +103,8 @@ class CausalLM(nn.Module, ABC):
         self.num_layers = len(self.layer_range)
         # For which kernel `pack_projections` packed the projections' weights:
         # "onednn" (engine.models.prepacked), "bf16_dot"
-        # (engine.models.packed_bf16) or "none".
+        # (engine.models.packed_bf16), "f32_fma" (engine.models.packed_f32)
+        # or "none".
         self.packing = "none"
         # Every projection goes through this (see engine.models.linear).
         self.linear: LinearFn = linear_for(dtype, device)
@@ -124,11 +125,13 @@ class CausalLM(nn.Module, ABC):
     def pack_projections(self, mode: prepacked.PackMode) -> float | None:
         """Multiply every projection on a packed weight where that pays, on
         CPU: bfloat16 on our VDPBF16PS kernel where `auto` prefers it
-        (engine.models.packed_bf16) or `bf16_dot` asks for it; otherwise on
-        oneDNN's layout (engine.models.prepacked), float32 and natively
-        multiplied bfloat16, `auto` timing both ways on the largest
-        projection's shape first.  Returns the measured speed-up (None where
-        nothing was timed); `self.packing` says the choice."""
+        (engine.models.packed_bf16) or `bf16_dot` asks for it, float32 on our
+        AVX2 FMA kernel where `auto` prefers it (engine.models.packed_f32) or
+        `f32_fma` asks for it; otherwise on oneDNN's layout
+        (engine.models.prepacked), float32 and natively multiplied bfloat16,
+        `auto` timing both ways on the largest projection's shape first.
+        Returns the measured speed-up (None where nothing was timed);
+        `self.packing` says the choice."""
         if mode == "bf16_dot" or (
                 mode == "auto" and packed_bf16.preferred(self.dtype, self.device)):
             if not (self.device.type == "cpu" and self.dtype is torch.bfloat16
@@ -136,11 +139,15 @@ class CausalLM(nn.Module, ABC):
                 raise ValueError(
                     "pack_projections 'bf16_dot' needs dtype bfloat16 on a CPU with "
                     "avx512_bf16 and the C++ operators built for it")
-            packed_bf16.pack_in_place(self, self.projection_names)
-            self.linear = prepacked.packed_linear
-            self.head_linear = prepacked.PrepackedLinear(bf16_dot=True)
-            self.packing = "bf16_dot"
-            return None
+            return self._pack_ours("bf16_dot", packed_bf16.pack_in_place)
+        if mode == "f32_fma" or (
+                mode == "auto" and packed_f32.preferred(self.dtype, self.device)):
+            if not (self.device.type == "cpu" and self.dtype is torch.float32
+                    and packed_f32.built()):
+                raise ValueError(
+                    "pack_projections 'f32_fma' needs dtype float32 on a CPU with avx2 "
+                    "and fma and the C++ operators built for it")
+            return self._pack_ours("f32_fma", packed_f32.pack_in_place)
         if not prepacked.available(self.dtype, self.device) or mode == "never":
             return None
         speedup = None
@@ -156,6 +163,16 @@ class CausalLM(nn.Module, ABC):
             self.linear = prepacked.packed_linear
             self.packing = "onednn"
         return speedup
+
+    def _pack_ours(self, kernel: Literal["bf16_dot", "f32_fma"],
+                   pack_in_place: Callable[[nn.Module, tuple[str, ...]], object]) -> None:
+        """Pack the projections for one of our GEMMs and the lm_head beside
+        its plain weight (which a tied embedding also reads)."""
+        pack_in_place(self, self.projection_names)
+        self.linear = prepacked.packed_linear
+        self.head_linear = prepacked.PrepackedLinear(kernel)
+        self.packing = kernel
+        return None
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
         """Run every projection and the lm_head so that a row's result does

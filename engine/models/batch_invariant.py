@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.models import packed_bf16
+from engine.models import packed_bf16, packed_f32
 from engine.models.linear import LinearFn, float32_slices, upcast_linear
 from engine.models.prepacked import PrepackedLinear
 
@@ -54,11 +54,12 @@ class TiledLinear:
 
     def _invariant(self, w: torch.Tensor) -> bool:
         """Whether `inner` multiplies by `w` batch-invariantly as it is: on
-        our VDPBF16PS kernel, which sums every element in an order fixed by
-        the weight alone (engine/csrc/gemm_bf16.cpp), so no tiles."""
-        if packed_bf16.is_packed(w):
+        our VDPBF16PS or AVX2 FMA kernel, which sum every element in an order
+        fixed by the weight alone (engine/csrc/gemm_bf16.cpp, gemm_f32.cpp),
+        so no tiles."""
+        if packed_bf16.is_packed(w) or packed_f32.is_packed(w):
             return True
-        return isinstance(self.inner, PrepackedLinear) and self.inner.takes_bf16_dot(w)
+        return isinstance(self.inner, PrepackedLinear) and self.inner.takes_ours(w)
 
     def __call__(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None

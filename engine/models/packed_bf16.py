@@ -22,6 +22,8 @@ cores 1.37-1.63x oneDNN's matmul at 32 rows
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -77,14 +79,22 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> tuple[int, int]:
     `names` by its packed form where its shape allows; returns (packed, left
     as they were).  Only a linear that dispatches on the layout
     (`engine.models.prepacked.packed_linear`) can use them afterwards."""
+    return replace_packable(module, names, packable, pack)
+
+
+def replace_packable(module: nn.Module, names: tuple[str, ...],
+                     can_pack: Callable[[torch.Tensor], bool],
+                     packer: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, int]:
+    """`pack_in_place` for a kernel given by its `packable` and `pack`
+    (this module's, or `engine.models.packed_f32`'s)."""
     packed = left = 0
     for sub in module.modules():
         for name in names:
             w = getattr(sub, name, None)
             if not isinstance(w, nn.Parameter) or w.dim() != 2:
                 continue
-            if packable(w):
-                setattr(sub, name, nn.Parameter(pack(w), requires_grad=False))
+            if can_pack(w):
+                setattr(sub, name, nn.Parameter(packer(w), requires_grad=False))
                 packed += 1
             else:
                 left += 1

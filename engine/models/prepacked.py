@@ -38,13 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models import packed_bf16
+from engine.models import packed_bf16, packed_f32
 from engine.models.linear import native_low_precision_cpu
 
 # What `pack_projections` may say: pick (engine.models.packed_bf16 says
-# when our VDPBF16PS kernel; elsewhere time oneDNN against `F.linear`),
-# force oneDNN's layout ("always") or ours ("bf16_dot"), or neither.
-PackMode = Literal["auto", "always", "bf16_dot", "never"]
+# when our VDPBF16PS kernel, engine.models.packed_f32 when our AVX2 FMA one;
+# elsewhere time oneDNN against `F.linear`), force oneDNN's layout
+# ("always") or one of ours ("bf16_dot", "f32_fma"), or neither.
+PackMode = Literal["auto", "always", "bf16_dot", "f32_fma", "never"]
 # `auto` packs where the packed matmul is at least this much faster: below
 # it the probe's noise on a shared host could flip the choice from run to run.
 MIN_SPEEDUP = 1.2
@@ -73,23 +74,25 @@ def available(dtype: torch.dtype, device: torch.device) -> bool:
 
 class PrepackedLinear:
     """Callable as `F.linear(x, weight, bias)` for 2-D `x` on CPU (float32,
-    or bfloat16 where `available`); with `bf16_dot`, a weight the kernel of
-    `engine.models.packed_bf16` takes is packed for it instead."""
+    or bfloat16 where `available`); with `ours` ("bf16_dot" or "f32_fma"), a
+    weight that kernel (`engine.models.packed_bf16`, `.packed_f32`) takes is
+    packed for it instead."""
 
-    def __init__(self, bf16_dot: bool = False) -> None:
-        self.bf16_dot = bf16_dot
+    def __init__(self, ours: Literal["bf16_dot", "f32_fma"] | None = None) -> None:
+        self.kernel = {"bf16_dot": packed_bf16, "f32_fma": packed_f32, None: None}[ours]
         # id(weight) -> (data_ptr, version, packed)
         self._packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
-    def takes_bf16_dot(self, w: torch.Tensor) -> bool:
-        """Whether `w` is multiplied on the kernel of `engine.models.packed_bf16`."""
-        return self.bf16_dot and packed_bf16.packable(w)
+    def takes_ours(self, w: torch.Tensor) -> bool:
+        """Whether `w` is multiplied on one of our kernels (batch-invariant,
+        `engine.models.batch_invariant`) rather than oneDNN's."""
+        return self.kernel is not None and self.kernel.packable(w)
 
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
-            if self.takes_bf16_dot(w):
-                packed = packed_bf16.pack(w)
+            if self.kernel is not None and self.kernel.packable(w):
+                packed = self.kernel.pack(w)
             else:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
             entry = (w.data_ptr(), w._version, packed)
@@ -108,9 +111,11 @@ def packed_linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`F.linear` for a weight packed in place (`pack_in_place` here or in
-    `engine.models.packed_bf16`) or a plain one."""
+    `engine.models.packed_bf16` / `.packed_f32`) or a plain one."""
     if packed_bf16.is_packed(w):
         return packed_bf16.linear(x, w, b)
+    if packed_f32.is_packed(w):
+        return packed_f32.linear(x, w, b)
     if not w.is_mkldnn:
         return F.linear(x, w, b)
     if x.shape[0] == 0:

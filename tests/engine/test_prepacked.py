@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models import prepacked
+from engine.models import packed_f32, prepacked
 
 needs_onednn = pytest.mark.skipif(
     not prepacked.available(torch.float32, torch.device("cpu")),
@@ -125,9 +125,16 @@ def test_runner_packs_the_projections_where_the_probe_says(tiny_llama_path) -> N
 
     auto = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
                        max_model_len=32, num_threads=1)
-    assert auto.packing_speedup is not None and auto.packing_speedup > 0
-    assert auto.model.packed == (auto.packing_speedup >= prepacked.MIN_SPEEDUP)
-    assert auto.model.layers[0].down.is_mkldnn == auto.model.packed
+    if packed_f32.preferred(torch.float32, torch.device("cpu")):
+        # An AVX2 CPU: our FMA kernel, no probe (tests/engine/test_packed_f32.py).
+        assert auto.packing_speedup is None and auto.model.packing == "f32_fma"
+    else:
+        assert auto.packing_speedup is not None and auto.packing_speedup > 0
+        assert auto.model.packed == (auto.packing_speedup >= prepacked.MIN_SPEEDUP)
+        assert auto.model.layers[0].down.is_mkldnn == auto.model.packed
+    onednn = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
+                         max_model_len=32, num_threads=1, pack_projections="always")
+    assert onednn.model.packing == "onednn" and onednn.model.layers[0].down.is_mkldnn
     never = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
                         max_model_len=32, num_threads=1, pack_projections="never")
     assert never.packing_speedup is None and not never.model.packed

@@ -1,0 +1,74 @@
+"""float32 projections on our AVX2 FMA GEMM (`engine/csrc/gemm_f32.cpp`, CPU).
+
+Where the operators' library builds with AVX2 and FMA, each projection's
+weight can be laid out once for that kernel (`pack_in_place`): a 3-D tensor
+`[N/16, K, 16]` whose every 64-byte line holds the 16 columns' weights of
+one k.  On an AVX2-only Zen 3 core it multiplies SmolLM2's shapes 1.2–1.4×
+faster than MKL's sgemm and oneDNN's packed matmul at 32 rows, 1.5–1.8× at
+8, and the lm_head 1.2–1.7× (`studies/engine_cpu/README.md`, "float32
+projections on AVX2 FMA").  Every output element is one FMA chain over K in
+order, so a row's result never depends on the rows beside it:
+deterministic mode needs no row tiles around it.
+
+`auto` (`CausalLM.pack_projections`) takes it in float32 on a CPU whose
+widest vectors are AVX2's (no `avx512f`).  With AVX512, oneDNN's packed
+matmul runs on 512-bit vectors that this kernel does not use, so `auto`
+keeps timing it against `F.linear` there, as before.  With more than one
+thread the kernel splits the columns between them by 16-column panels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine import attention_cpp
+from engine.cpp_build import cpu_has
+from engine.models import packed_bf16
+
+
+def built() -> bool:
+    """Whether this process can multiply on the kernel: its library builds
+    (or is cached) for this CPU with the AVX2 FMA path."""
+    if not (cpu_has("avx2") and cpu_has("fma")):
+        return False
+    try:
+        attention_cpp.load_kernel()
+    except RuntimeError:
+        return False
+    return bool(torch.ops.preempt_serve.f32_gemm_built())
+
+
+def preferred(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `auto` takes this kernel: float32 on a CPU with AVX2 and FMA
+    but no AVX512F (module docstring)."""
+    return (device.type == "cpu" and dtype is torch.float32
+            and not cpu_has("avx512f") and built())
+
+
+def packable(w: torch.Tensor) -> bool:
+    """A 2-D float32 weight whose shape the layout takes (N in 16s)."""
+    return (w.dim() == 2 and w.dtype is torch.float32 and w.device.type == "cpu"
+            and not w.is_mkldnn and w.shape[0] % 16 == 0)
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """`w` [N, K] in the kernel's layout [N/16, K, 16]."""
+    return torch.ops.preempt_serve.pack_f32(w.detach().contiguous())
+
+
+def is_packed(w: torch.Tensor) -> bool:
+    return w.dim() == 3 and w.shape[2] == 16 and w.dtype is torch.float32
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, b)` for 2-D float32 `x` and `w = pack(weight)`."""
+    return torch.ops.preempt_serve.linear_f32(x, w, b)
+
+
+def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> tuple[int, int]:
+    """Replace every float32 parameter of `module` whose last name is in
+    `names` by its packed form where its shape allows; returns (packed, left
+    as they were).  Only `engine.models.prepacked.packed_linear` can use
+    them afterwards."""
+    return packed_bf16.replace_packable(module, names, packable, pack)
