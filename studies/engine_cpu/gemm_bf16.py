@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -48,18 +49,21 @@ def _seconds(fn: Callable[[torch.Tensor], object], weights: list[torch.Tensor],
             return elapsed / calls
 
 
-def measure(name: str, rows: int, rounds: int) -> dict[str, object]:
+def measure(name: str, rows: int, rounds: int, kernel: ModuleType = packed_bf16,
+            way: str = "bf16_dot", dtype: torch.dtype = torch.bfloat16) -> dict[str, object]:
+    """One projection's shape three ways; `kernel` (with its pack_projections
+    name `way` and `dtype`) is ours: engine.models.packed_bf16 or .packed_f32."""
     n, k = SHAPES[name]
     copies = 2 if name == "lm_head" else 30
     gen = torch.Generator().manual_seed(rows * 31 + n)
-    x = torch.randn(rows, k, generator=gen).bfloat16()
-    plain = [(torch.randn(n, k, generator=gen) / k**0.5).bfloat16() for _ in range(copies)]
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    plain = [(torch.randn(n, k, generator=gen) / k**0.5).to(dtype) for _ in range(copies)]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT) for w in plain]
-    ours = [packed_bf16.pack(w) for w in plain]
+    ours = [kernel.pack(w) for w in plain]
     ways: dict[str, tuple[Callable[[torch.Tensor], object], list[torch.Tensor]]] = {
         "f_linear": (lambda w: F.linear(x, w), plain),
         "onednn_packed": (lambda w: packed_linear(x, w), onednn),
-        "bf16_dot": (lambda w: packed_bf16.linear(x, w), ours),
+        way: (lambda w: kernel.linear(x, w), ours),
     }
     times: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(rounds):
@@ -70,14 +74,16 @@ def measure(name: str, rows: int, rounds: int) -> dict[str, object]:
     return {"projection": name, "rows": rows, "n": n, "k": k,
             "us": {way: round(t * 1e6, 1) for way, t in med.items()},
             "gflops": {way: round(flop / t / 1e9, 1) for way, t in med.items()},
-            "bf16_dot_over_onednn": round(med["onednn_packed"] / med["bf16_dot"], 3)}
+            f"{way}_over_onednn": round(med["onednn_packed"] / med[way], 3),
+            f"{way}_over_f_linear": round(med["f_linear"] / med[way], 3)}
 
 
-def peak(rounds: int) -> float:
+def peak(rounds: int, kernel: ModuleType = packed_bf16,
+         dtype: torch.dtype = torch.bfloat16) -> float:
     n, k = SHAPES["gate_up"]
-    x = torch.randn(2048, k).bfloat16()
-    w = [packed_bf16.pack(torch.randn(n, k).bfloat16())]
-    t = statistics.median(_seconds(lambda v: packed_bf16.linear(x, v), w)
+    x = torch.randn(2048, k).to(dtype)
+    w = [kernel.pack(torch.randn(n, k).to(dtype))]
+    t = statistics.median(_seconds(lambda v: kernel.linear(x, v), w)
                           for _ in range(rounds))
     return round(2.0 * 2048 * n * k / t / 1e9, 1)
 
