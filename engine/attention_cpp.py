@@ -347,13 +347,18 @@ class CppAttentionBackend(TorchAttentionBackend):
         md = metadata
         # The cases in which `forward` writes with write_kv(_tiles) and
         # answers with the decode operator alone (`_write_kv`, `_attend`).
-        if (self.kernel is None or not isinstance(md, CppAttentionMetadata)
-                or md.prefill_rows is not None or md.prefills or md.decode_block_ids is None
+        if (not isinstance(md, CppAttentionMetadata) or not self._decodes_only(md, num_tokens)
                 or md.decode_table_starts is None or md.decode_context_lens is None
-                or md.num_decodes != num_tokens or num_tokens == 0):
+                or num_tokens == 0):
             return None
         return ([md.slot_mapping, md.decode_block_ids, md.decode_table_starts,
                  md.decode_context_lens], self.kv_layout == "tiles")
+
+    def _decodes_only(self, md: CppAttentionMetadata, num_tokens: int) -> bool:
+        """Whether the step's `num_tokens` rows are all decodes that the decode
+        operator answers alone (no prompt positions beside them)."""
+        return (self.kernel is not None and md.prefill_rows is None and not md.prefills
+                and md.decode_block_ids is not None and md.num_decodes == num_tokens)
 
     def _write_kv(self, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
                   value_cache: torch.Tensor, md: TorchAttentionMetadata) -> None:
@@ -381,8 +386,7 @@ class CppAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         assert isinstance(md, CppAttentionMetadata)
         if md.prefill_rows is None:
-            if (self.kernel is not None and not md.prefills and md.decode_block_ids is not None
-                    and md.num_decodes == q.shape[0]):
+            if self._decodes_only(md, q.shape[0]):
                 # Decodes only: the operator's output is the whole answer (no copy).
                 return self._decode(q, key_cache, value_cache, md, scale)
             return super()._attend(q, k, v, key_cache, value_cache, md, scale)

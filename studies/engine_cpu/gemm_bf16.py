@@ -88,29 +88,36 @@ def peak(rounds: int, kernel: ModuleType = packed_bf16,
     return round(2.0 * 2048 * n * k / t / 1e9, 1)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(argv: list[str] | None, doc: str, kernel: ModuleType = packed_bf16,
+        way: str = "bf16_dot", dtype: torch.dtype = torch.bfloat16, other: str = "onednn") -> None:
+    """The command line of this study and of `gemm_f32.py` (its kernel as `measure`)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--rows", default="1,8,32,96,512")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    if not packed_bf16.built():
-        raise SystemExit("no AVX512-BF16 build of the operators on this machine")
+    if not kernel.built():
+        raise SystemExit(f"no build of the operators with {way}'s kernel on this machine")
+    base = "onednn_packed" if other == "onednn" else "f_linear"
     results = []
     for rows in (int(r) for r in a.rows.split(",")):
         for name in SHAPES:
-            r = measure(name, rows, a.rounds)
+            r = measure(name, rows, a.rounds, kernel, way, dtype)
             g: dict[str, float] = r["gflops"]  # type: ignore[assignment]
             print(f"rows {rows:4d} {name:8s} F.linear {g['f_linear']:6.1f}  "
-                  f"oneDNN packed {g['onednn_packed']:6.1f}  bf16_dot {g['bf16_dot']:6.1f} "
-                  f"GFLOP/s  ({r['bf16_dot_over_onednn']}x)")
+                  f"oneDNN packed {g['onednn_packed']:6.1f}  {way} {g[way]:6.1f} "
+                  f"GFLOP/s  ({r[f'{way}_over_{other}']}x {base})")
             results.append(r)
-    top = peak(a.rounds)
-    print(f"bf16_dot, 2,048 x 3,072 x 576 in cache: {top} GFLOP/s")
+    top = peak(a.rounds, kernel, dtype)
+    print(f"{way}, 2,048 x 3,072 x 576 in cache: {top} GFLOP/s")
     write_report({"meta": {**machine_meta(), "threads": a.threads, "rounds": a.rounds},
                   "peak_gflops_2048_rows": top, "results": results}, a.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(argv, __doc__)
 
 
 if __name__ == "__main__":
