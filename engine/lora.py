@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.models.prepacked import projection_shape
+
 if TYPE_CHECKING:
     from engine.models.base import CausalLM
     from engine.models.linear import LinearFn
@@ -102,7 +104,8 @@ def load_adapter(name: str, path: str | Path, model: CausalLM) -> Adapter:
     for param, shards in by_param.items():
         pm = _PARAM.match(param)
         assert pm is not None
-        out_rows, in_features = weights[param].shape[0], weights[param].shape[-1]
+        # The packed layouts of our GEMMs hide the weight's shape in theirs.
+        out_rows, in_features = projection_shape(weights[param])
         a, b = _fused(name, param, shards, model, out_rows, in_features)
         adapter.pairs[(int(pm.group(1)), pm.group(2))] = (
             a.to(model.device, model.dtype).contiguous(),

@@ -123,6 +123,16 @@ def packed_linear(
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
 
 
+def projection_shape(w: torch.Tensor) -> tuple[int, int]:
+    """(out, in) features of a projection's weight, plain or packed in place
+    for one of our kernels (whose tensors have other shapes)."""
+    if packed_bf16.is_packed(w):
+        return w.shape[0] * 16, w.shape[1] * 2
+    if packed_f32.is_packed(w):
+        return w.shape[0] * 16, w.shape[1]
+    return w.shape[0], w.shape[-1]
+
+
 def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> int:
     """Replace every parameter of `module` whose last name is in `names` by its
     packed form; returns how many were packed.  Only `packed_linear` can use

@@ -1,9 +1,9 @@
 """The CPU operators around a Llama layer's matmuls: SiLU(gate) * up over one
 GEMM's output of both, the residual sum with the norm after it, and the
 write of a step's K/V into the paged cache.  Each gives the bits of the ATen
-ops it replaces (float32 SiLU within one unit in the last place, where ATen
-itself takes exp two ways); the model gives the same tokens with them as
-without them."""
+ops it replaces (float32 SiLU × up within four units in the last place, where
+ATen and our builds take exp from different libraries); the model gives the
+same tokens with them as without them."""
 
 from __future__ import annotations
 
@@ -53,11 +53,12 @@ def test_silu_mul_is_the_op_by_op_product(dtype: torch.dtype, rows: int, n: int)
         # SLEEF's exp, as ATen's vectorized SiLU: bit for bit.
         assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
     elif dtype is torch.float32:
-        # ATen takes a tail's exp from libm, a vector's from SLEEF, and where
-        # its vectors end depends on the CPU's width: the SiLU within one unit
-        # in the last place, which the multiply by `up` and its rounding can
-        # carry to three units of the product (seen on an AVX2 core).
-        assert int(_ulps_apart(got, want).max()) <= 3
+        # ATen takes a tail's exp from libm, a vector's from SLEEF; builds
+        # without AVX512 take every exp from libm.  Two exps each within one
+        # unit in the last place, then the division and the multiply by `up`
+        # with their roundings: four units of the product apart at most (four
+        # seen on an AVX2 core).
+        assert int(_ulps_apart(got, want).max()) <= 4
     else:
         torch.testing.assert_close(got.nan_to_num(0.0).float(), want.nan_to_num(0.0).float(),
                                    rtol=2 ** -7, atol=0.0)

@@ -94,6 +94,9 @@ def test_what_the_layout_cannot_take_is_refused_or_left_plain() -> None:
     assert packed_f32.is_packed(layer.up) and not packed_f32.is_packed(layer.odd)
     x = torch.randn(3, 8)
     assert torch.equal(prepacked.packed_linear(x, layer.odd), F.linear(x, dense_odd))
+    # What reads a projection's shape (LoRA's check) sees through the layout.
+    assert prepacked.projection_shape(layer.up) == (32, 8)
+    assert prepacked.projection_shape(layer.odd) == (40, 8)
 
 
 def test_the_runner_packs_projections_and_head_for_the_kernel(tiny_llama_path: Path) -> None:
