@@ -139,7 +139,8 @@ class CausalLM(nn.Module, ABC):
                 raise ValueError(
                     "pack_projections 'bf16_dot' needs dtype bfloat16 on a CPU with "
                     "avx512_bf16 and the C++ operators built for it")
-            return self._pack_ours("bf16_dot", packed_bf16.pack_in_place)
+            self._pack_ours("bf16_dot", packed_bf16.pack_in_place)
+            return None
         if mode == "f32_fma" or (
                 mode == "auto" and packed_f32.preferred(self.dtype, self.device)):
             if not (self.device.type == "cpu" and self.dtype is torch.float32
@@ -147,7 +148,8 @@ class CausalLM(nn.Module, ABC):
                 raise ValueError(
                     "pack_projections 'f32_fma' needs dtype float32 on a CPU with avx2 "
                     "and fma and the C++ operators built for it")
-            return self._pack_ours("f32_fma", packed_f32.pack_in_place)
+            self._pack_ours("f32_fma", packed_f32.pack_in_place)
+            return None
         if not prepacked.available(self.dtype, self.device) or mode == "never":
             return None
         speedup = None
@@ -172,7 +174,6 @@ class CausalLM(nn.Module, ABC):
         self.linear = prepacked.packed_linear
         self.head_linear = prepacked.PrepackedLinear(kernel)
         self.packing = kernel
-        return None
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
         """Run every projection and the lm_head so that a row's result does

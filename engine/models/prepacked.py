@@ -32,6 +32,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Literal
 
 import torch
@@ -79,7 +80,8 @@ class PrepackedLinear:
     packed for it instead."""
 
     def __init__(self, ours: Literal["bf16_dot", "f32_fma"] | None = None) -> None:
-        self.kernel = {"bf16_dot": packed_bf16, "f32_fma": packed_f32, None: None}[ours]
+        self.kernel: ModuleType | None = {
+            "bf16_dot": packed_bf16, "f32_fma": packed_f32, None: None}[ours]
         # id(weight) -> (data_ptr, version, packed)
         self._packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
@@ -91,7 +93,7 @@ class PrepackedLinear:
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
-            if self.kernel is not None and self.kernel.packable(w):
+            if self.kernel is not None and self.takes_ours(w):
                 packed = self.kernel.pack(w)
             else:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
