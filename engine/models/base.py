@@ -9,7 +9,7 @@ engine only runs inference.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -24,6 +24,14 @@ from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
 from engine.pipeline_parallel import SINGLE_STAGE, PipelineStage
 from engine.tensor_parallel import SINGLE, TensorParallel, load_slice
+
+# Our CPU GEMMs, in the order `auto` considers them: `pack_projections`'
+# name, the module that packs and multiplies, the dtype it takes, and what
+# the CPU needs (for the start-up error).
+_OUR_KERNELS: tuple[tuple[Literal["bf16_dot", "f32_fma"], Any, torch.dtype, str], ...] = (
+    ("bf16_dot", packed_bf16, torch.bfloat16, "avx512_bf16"),
+    ("f32_fma", packed_f32, torch.float32, "avx2 and fma"),
+)
 
 
 @dataclass(slots=True)
@@ -132,24 +140,20 @@ class CausalLM(nn.Module, ABC):
         `auto` timing both ways on the largest projection's shape first.
         Returns the measured speed-up (None where nothing was timed);
         `self.packing` says the choice."""
-        if mode == "bf16_dot" or (
-                mode == "auto" and packed_bf16.preferred(self.dtype, self.device)):
-            if not (self.device.type == "cpu" and self.dtype is torch.bfloat16
-                    and packed_bf16.built()):
-                raise ValueError(
-                    "pack_projections 'bf16_dot' needs dtype bfloat16 on a CPU with "
-                    "avx512_bf16 and the C++ operators built for it")
-            self._pack_ours("bf16_dot", packed_bf16.pack_in_place)
-            return None
-        if mode == "f32_fma" or (
-                mode == "auto" and packed_f32.preferred(self.dtype, self.device)):
-            if not (self.device.type == "cpu" and self.dtype is torch.float32
-                    and packed_f32.built()):
-                raise ValueError(
-                    "pack_projections 'f32_fma' needs dtype float32 on a CPU with avx2 "
-                    "and fma and the C++ operators built for it")
-            self._pack_ours("f32_fma", packed_f32.pack_in_place)
-            return None
+        for kernel, module, dtype, cpu_needs in _OUR_KERNELS:
+            if mode == kernel or (mode == "auto" and module.preferred(self.dtype, self.device)):
+                if not (self.device.type == "cpu" and self.dtype is dtype and module.built()):
+                    name = str(dtype).removeprefix("torch.")
+                    raise ValueError(
+                        f"pack_projections '{kernel}' needs dtype {name} on a CPU "
+                        f"with {cpu_needs} and the C++ operators built for it")
+                module.pack_in_place(self, self.projection_names)
+                self.linear = prepacked.packed_linear
+                # The lm_head packed beside its plain weight (which a tied
+                # embedding also reads).
+                self.head_linear = prepacked.PrepackedLinear(kernel)
+                self.packing = kernel
+                return None
         if not prepacked.available(self.dtype, self.device) or mode == "never":
             return None
         speedup = None
@@ -165,15 +169,6 @@ class CausalLM(nn.Module, ABC):
             self.linear = prepacked.packed_linear
             self.packing = "onednn"
         return speedup
-
-    def _pack_ours(self, kernel: Literal["bf16_dot", "f32_fma"],
-                   pack_in_place: Callable[[nn.Module, tuple[str, ...]], object]) -> None:
-        """Pack the projections for one of our GEMMs and the lm_head beside
-        its plain weight (which a tied embedding also reads)."""
-        pack_in_place(self, self.projection_names)
-        self.linear = prepacked.packed_linear
-        self.head_linear = prepacked.PrepackedLinear(kernel)
-        self.packing = kernel
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
         """Run every projection and the lm_head so that a row's result does
