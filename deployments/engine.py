@@ -30,6 +30,7 @@ from ray import serve
 
 from api.config import AppConfig
 from api.protocol import GenerateDelta, GenerateRequest, WireLogprob
+from deployments import STOP_POLL_S
 from deployments.engine_figures import EngineFigures
 from deployments.delivery import Delivery, EngineStopped, JobMoved
 from deployments.engine_loop import EngineLoop, choice_job_ids
@@ -85,7 +86,8 @@ def _wire(lp: Any) -> dict[str, Any]:
     return {"logprob": lp.logprob, "top": lp.top, "rank": lp.rank}
 
 
-@serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10)
+@serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10,
+                  graceful_shutdown_wait_loop_s=STOP_POLL_S)
 class Engine(EngineFigures):
     async def __init__(self, config: dict[str, Any], scheduler: Any = None) -> None:
         from engine.dtypes import resolve_dtype

@@ -58,6 +58,7 @@ from api.structured import requested_structure
 from api.tokenize_route import TokenizeRoutes, chat_ids, encode
 from api.tool_formats import tool_format
 from api.tools import ToolUse
+from deployments import STOP_POLL_S
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.generate_request import check_prediction, generate_request
 from deployments.ingress_metrics import IngressMetrics
@@ -76,7 +77,8 @@ log = logging.getLogger("ray.serve")
 _HEALTH_TIMEOUT_S = 5.0
 
 
-@serve.deployment(name="Ingress", max_ongoing_requests=4096)
+@serve.deployment(name="Ingress", max_ongoing_requests=4096,
+                  graceful_shutdown_wait_loop_s=STOP_POLL_S)
 @serve.ingress()
 class Ingress:
     def __init__(self, config: dict[str, Any], scheduler: Any, engine: Any,

@@ -18,6 +18,8 @@ from typing import Any
 
 from ray import serve
 
+from deployments import STOP_POLL_S
+
 log = logging.getLogger("ray.serve")
 
 MAX_BATCH_SIZE = 16
@@ -27,6 +29,7 @@ BATCH_WAIT_TIMEOUT_S = 0.005  # a few ms: ~1 % of a batch-16 forward on a CPU
 @serve.deployment(
     name="Predictor",
     max_ongoing_requests=64,
+    graceful_shutdown_wait_loop_s=STOP_POLL_S,
     # One CPU thread per replica (two OpenMP threads per process on a 2-core
     # node slow everything 10-25x); more load -> more replicas.
     ray_actor_options={"num_cpus": 1},

@@ -34,6 +34,7 @@ from ray import serve
 
 from api.config import AppConfig
 from api.protocol import Admission
+from deployments import STOP_POLL_S
 from scheduler.admission import bounded
 from scheduler.job import JobClass
 from scheduler.offline_pool import OfflineLoad, OfflinePool
@@ -44,7 +45,8 @@ log = logging.getLogger("ray.serve")
 
 # Access logs off: engines report their load twice a second.
 @serve.deployment(name="Scheduler", num_replicas=1, max_ongoing_requests=10_000,
-                  logging_config={"enable_access_log": False})
+                  logging_config={"enable_access_log": False},
+                  graceful_shutdown_wait_loop_s=STOP_POLL_S)
 class Scheduler:
     def __init__(self, config: dict[str, Any] | None = None,
                  stale_after_s: float = 10.0) -> None:

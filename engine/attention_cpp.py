@@ -164,6 +164,13 @@ def vectorized() -> bool:
     return _kernel is not None and _capability == "AVX512"
 
 
+def silu_mul_vectorized(dtype: torch.dtype) -> bool:
+    """Whether `silu_mul` runs in vectors for `dtype`: any dtype on an
+    AVX512 build, float32 on an AVX2 one (engine/csrc/silu_mul.cpp)."""
+    return vectorized() or (_kernel is not None and _capability == "AVX2"
+                            and dtype is torch.float32)
+
+
 def bf16_dot_wanted() -> bool:
     """Whether to build bf16 scores on VDPBF16PS: where the CPU has it
     (`avx512_bf16`), unless PREEMPT_SERVE_CPP_BF16_DOT=0."""

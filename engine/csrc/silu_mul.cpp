@@ -5,20 +5,24 @@
 // product.  silu(x) = x / (1 + exp(-x)) as ATen computes it; an AVX512 build
 // takes exp from the SLEEF function ATen's own AVX512 silu calls
 // (Sleef_expf16_u10, exported by libtorch_cpu) for every element, a row's
-// tail included; other builds use std::exp.  Each element depends on its
-// own inputs only, so the result does not depend on the batch.
+// tail included; an AVX2 build does the same for float32 rows, eight lanes
+// at a time with Sleef_expf8_u10 (ATen's AVX2 silu); other cases use
+// std::exp.  Each element depends on its own inputs only, so the result
+// does not depend on the batch.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "vec16.h"
 
-#ifdef PREEMPT_SERVE_VEC16
+#if defined(PREEMPT_SERVE_VEC16) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
 #include <sleef.h>
 #endif
 
@@ -47,6 +51,28 @@ void silu_mul_rows(const T* y, int64_t stride, int64_t rows, int64_t n, T* out) 
           } else {
             store16(o + j, _mm512_mul_ps(s, up), left);
           }
+        }
+      }
+#elif defined(__AVX2__) && defined(__FMA__)
+      if constexpr (std::is_same_v<T, float>) {
+        const __m256 one = _mm256_set1_ps(1.0f);
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        const auto product = [&](__m256 x, __m256 up) {
+          return _mm256_mul_ps(
+              _mm256_div_ps(x, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_xor_ps(x, sign)))), up);
+        };
+        for (; j + 8 <= n; j += 8) {
+          _mm256_storeu_ps(o + j, product(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
+        }
+        if (j < n) {
+          // The tail through a buffer, so that it too gets SLEEF's exp
+          // (masked stores are slow on some AVX2 cores).
+          alignas(32) float x[8] = {}, up[8] = {}, out[8];
+          std::copy(g + j, g + n, x);
+          std::copy(u + j, u + n, up);
+          _mm256_store_ps(out, product(_mm256_load_ps(x), _mm256_load_ps(up)));
+          std::copy(out, out + (n - j), o + j);
+          j = n;
         }
       }
 #endif

@@ -6,10 +6,11 @@ matrix at load time (one GEMM and one split instead of three GEMMs: neutral
 on a CPU, a win on GPUs), and so are gate and up: on oneDNN-packed bf16
 weights read from memory one GEMM of both is 1.05–1.1× the two at 8–96 rows
 (studies/engine_cpu/layer_ops.py), level with them in float32 on MKL.  On an
-AVX512 CPU, SiLU and the product read the two halves in one C++ operator
-(engine/csrc/silu_mul.cpp), and each residual sum is one operator with the
-norm that follows it (norm_rotary.cpp), with ATen's roundings: the same bits
-as the op-by-op forward in bf16.  Where a step is decodes only on packed bf16
+AVX512 CPU (on an AVX2 one in float32), SiLU and the product read the two
+halves in one C++ operator (engine/csrc/silu_mul.cpp), and in bf16 each
+residual sum is one operator with the norm that follows it
+(norm_rotary.cpp), with ATen's roundings: the same bits as the op-by-op
+forward in bf16.  Where a step is decodes only on packed bf16
 projections (`_decode_layer_args`), each layer is one C++ operator that
 calls the same operators in the same order (engine/csrc/decode_layer.cpp):
 the same bits again, without Python between them.
@@ -305,7 +306,8 @@ class LlamaForCausalLM(CausalLM):
 
     def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up, from one GEMM's output of both."""
-        if self._silu and gate_up.device.type == "cpu" and attention_cpp.vectorized():
+        if (self._silu and gate_up.device.type == "cpu"
+                and attention_cpp.silu_mul_vectorized(gate_up.dtype)):
             return torch.ops.preempt_serve.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up

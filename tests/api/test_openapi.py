@@ -9,6 +9,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
+from schemathesis.config import SchemathesisConfig
 
 from api.batch import BatchCreateRequest
 from api.openapi import build_openapi
@@ -91,12 +92,29 @@ def test_document_with_a_key_declares_bearer_auth(keyed: Harness) -> None:
     assert doc == build_openapi(auth=True)
 
 
+def _schema(served: Harness, phases: dict[str, bool]) -> Any:
+    config = SchemathesisConfig.from_dict(
+        {"phases": {name: {"enabled": on} for name, on in phases.items()}})
+    return schemathesis.openapi.from_dict(served.client.get("/openapi.json").json(),
+                                          config=config)
+
+
+# The coverage phase (each field's boundary values and wrong types, half the
+# time of the whole) is left to the long run (-m slow); the default run
+# keeps the schema's examples and the fuzzing, and tests/api/test_hostile.py
+# sends out-of-range and wrong-typed fields by name.
 @pytest.fixture
 def api_schema(served: Harness) -> Any:
-    return schemathesis.openapi.from_dict(served.client.get("/openapi.json").json())
+    return _schema(served, {"coverage": False})
+
+
+@pytest.fixture
+def api_schema_boundaries(served: Harness) -> Any:
+    return _schema(served, {"coverage": True, "examples": False, "fuzzing": False})
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
+boundaries = schemathesis.pytest.from_fixture("api_schema_boundaries")
 
 
 @schema.parametrize()
@@ -108,6 +126,19 @@ def test_schemathesis(case: Any, served: Harness) -> None:
 
     Left out: `positive_data_acceptance` (the models' cross-field rules, e.g.
     stream_options only with stream, are not expressible in the schema)."""
+    _check(case, served)
+
+
+@pytest.mark.slow
+@boundaries.parametrize()
+@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_schemathesis_boundaries(case: Any, served: Harness) -> None:
+    """`test_schemathesis`'s checks on each field's boundary values."""
+    _check(case, served)
+
+
+def _check(case: Any, served: Harness) -> None:
     kwargs = case.as_transport_kwargs(base_url="http://testserver")
     if not kwargs.get("cookies"):
         kwargs.pop("cookies", None)

@@ -19,7 +19,11 @@ import pytest
 
 from tests.integration.conftest import SMALL_CONFIG, _engine_handle, deploy_declared
 
-pytestmark = pytest.mark.integration
+# In the long run (-m slow): an application of its own, half a minute of a
+# default run that must stay short.  The default run keeps the Predictor's
+# `reconfigure` (tests/predictor/test_service.py) and the other swap
+# without a restart, an Engine `user_config` (test_length_head.py).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "swap"
 ARGS = {**SMALL_CONFIG, "predictor": {"enabled": True, "num_cpus": 0.5},

@@ -11,7 +11,12 @@ import pytest
 
 from tests.integration.conftest import SMALL_CONFIG, _deploy, _engine_handle
 
-pytestmark = pytest.mark.integration
+# In the long run (-m slow): two replica starts, forty seconds of a default
+# run that must stay short.  The default run keeps the policy
+# (tests/deployments/test_autoscaling_policy.py), the engine's reports
+# (test_engine_loop_costs.py) and the scaling simulated
+# (tests/bench/test_cluster_sim.py).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SCALE_CONFIG = {
     **SMALL_CONFIG,

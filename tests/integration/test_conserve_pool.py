@@ -183,6 +183,11 @@ def test_offline_requests_wait_in_the_scheduler_and_flow_to_both_replicas(
         assert got["choices"][0]["text"] == refs[p], p
 
 
+# In the long run (-m slow), as its split-model twin: 192-token answers on two
+# replicas, a minute of a default run that must stay short.  The default run
+# keeps the pool live (the tests beside it); the moves themselves are
+# tests/scheduler/test_offline_pool.py's and test_engine_loop_offline.py's.
+@pytest.mark.slow
 def test_offline_work_waiting_on_a_replica_busy_with_online_work_moves_to_one_with_room(
         server, pool_server, scheduler):
     """Offline requests fill both replicas (2 running + 1 queued each);

@@ -52,6 +52,10 @@ def test_a_repeated_system_prompt_is_reported_cached(server):
     assert again["metrics"]["cached_tokens"] == cached
 
 
+# In the long run (-m slow): two engine replicas of their own, forty seconds
+# of a default run that must stay short.  The default run keeps the cache
+# live (the test above); the routing is tests/scheduler/test_prefix_affinity.py's.
+@pytest.mark.slow
 def test_requests_sharing_a_prefix_go_to_the_replica_that_holds_it(server):
     from ray import serve
 

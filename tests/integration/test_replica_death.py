@@ -36,11 +36,13 @@ N = 48
 CHECKPOINTED = {**TWO_CONFIG, "block_size": 4, "host_kv_tokens": 16384,
                 "survival": {"checkpoint": True, "every_blocks": 4}}
 SPLIT = {**CHECKPOINTED, "pipeline_parallel_size": 2}
-# The unsplit checkpoint case is left to the long run (-m slow): the split
-# one takes the same path on the replica that drives the model (stage 0)
-# and adds the second stage's slices, in a default run that must stay short.
+# The unsplit cases are left to the long run (-m slow), in a default run
+# that must stay short: the split checkpoint case takes the unsplit one's
+# path on the replica that drives the model (stage 0) and adds the second
+# stage's slices, and its streams recompute what no checkpoint held; resuming
+# from the client's tokens alone is tests/deployments/test_resume.py's.
 CONFIGS = {"recompute": TWO_CONFIG, "checkpoints": CHECKPOINTED, "checkpoints-pp": SPLIT}
-LONG_RUN_ONLY = {"checkpoints"}
+LONG_RUN_ONLY = {"checkpoints", "recompute"}
 
 
 def body(prompt: str, n: int = N) -> dict:
