@@ -48,6 +48,11 @@ class ChatCompletionsQuery(_Page):
     def _pairs(cls, v: Any) -> Any:
         if isinstance(v, str):
             raise ValueError("send metadata filters as metadata[key]=value")
+        # `metadata[a][b]=` or `metadata[]=` would be a nested or nameless
+        # key: the filter is a flat map of strings.
+        if isinstance(v, dict) and any(not k or "[" in k or "]" in k for k in v):
+            raise ValueError("send metadata filters as metadata[key]=value, each key a "
+                             "plain non-empty name")
         return v
 
     @classmethod

@@ -8,7 +8,9 @@ one thread, at `--rows` decode rows: SiLU(gate) * up (ATen) against
 cache against `write_kv`; and the gate and up projections on
 oneDNN-packed weights, 30 layers' worth each so that the weights come from
 memory as in a step, as two GEMMs against one of both.  Medians of seven
-rounds, each timing both sides in turn.
+rounds, each timing both sides in turn.  With `--dtype float32`, SiLU × up
+only (the other operators are bf16's; an AVX2 build runs it in vectors in
+float32 too).
 
     taskset -c 0 python -m studies.engine_cpu.layer_ops --out studies/engine_cpu/layer_ops.json
 """
@@ -47,11 +49,16 @@ def _pair(a: Callable[[], object], b: Callable[[], object], reps: int,
     return statistics.median(ta), statistics.median(tb)
 
 
-def measure(rows: int) -> dict[str, object]:
+def measure(rows: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, object]:
     gen = torch.Generator().manual_seed(rows)
     bf = torch.bfloat16
-    gate_up = torch.randn(rows, 2 * INTER, generator=gen).to(bf)
+    gate_up = torch.randn(rows, 2 * INTER, generator=gen).to(dtype)
     gate, up = gate_up[:, :INTER].contiguous(), gate_up[:, INTER:].contiguous()
+    ops = torch.ops.preempt_serve
+    if dtype is not bf:
+        aten, fused = _pair(lambda: F.silu(gate) * up, lambda: ops.silu_mul(gate_up), 200)
+        return {"rows": rows, "dtype": str(dtype).removeprefix("torch."),
+                "silu_mul": {"aten_us": round(aten, 1), "operator_us": round(fused, 1)}}
     x = torch.randn(rows, HIDDEN, generator=gen).to(bf)
     r = torch.randn(rows, HIDDEN, generator=gen).to(bf)
     w = torch.rand(HIDDEN, generator=gen).to(bf)
@@ -60,7 +67,6 @@ def measure(rows: int) -> dict[str, object]:
     k = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=gen).to(bf)
     v = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=gen).to(bf)
     slots = torch.randperm(4096 * 16, generator=gen)[:rows]
-    ops = torch.ops.preempt_serve
 
     def index_copies() -> None:
         key_cache.view(-1, KV_HEADS, HEAD_DIM).index_copy_(0, slots, k)
@@ -103,13 +109,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m studies.engine_cpu.layer_ops",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="8,32,96")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     cpp.load_kernel()
     results = []
     for rows in (int(n) for n in a.rows.split(",")):
-        res = measure(rows)
+        res = measure(rows, getattr(torch, a.dtype))
         print(res, flush=True)
         results.append(res)
     if a.out is not None:

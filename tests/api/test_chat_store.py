@@ -222,6 +222,10 @@ def test_refusals_name_the_field(h: Harness) -> None:
                  param="after")
     assert_error(h.client.get("/v1/chat/completions", params={"metadata": "k"}), 400,
                  param="metadata")
+    # A nested or nameless key (schemathesis sent `metadata[][]=`).
+    for name in ("metadata[][]", "metadata[]", "metadata[a][b]"):
+        assert_error(h.client.get("/v1/chat/completions", params={name: ""}), 400,
+                     param="metadata")
     assert_error(h.client.get("/v1/chat/completions", params={"limit": 0}), 400,
                  param="limit")
     assert_error(h.client.get("/v1/chat/completions", params={"colour": "red"}), 400,

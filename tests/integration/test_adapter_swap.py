@@ -21,8 +21,7 @@ from tests.integration.conftest import SMALL_CONFIG, _engine_handle, deploy_decl
 
 # In the long run (-m slow): an application of its own, half a minute of a
 # default run that must stay short.  The default run keeps the Predictor's
-# `reconfigure` (tests/predictor/test_service.py) and the other swap
-# without a restart, an Engine `user_config` (test_length_head.py).
+# `reconfigure` (tests/predictor/test_service.py).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "swap"

@@ -19,7 +19,11 @@ import torch
 from tests.integration.conftest import (PROMPTS, SMALL_CONFIG, _engine_handle,
                                         deploy_declared, post_all)
 
-pytestmark = pytest.mark.integration
+# In the long run (-m slow): an application of its own, forty seconds of a
+# default run that must stay short.  The default run keeps the head in
+# process (tests/engine/test_length_head.py: its estimate at the first
+# token, from graph replays, a head of another model refused).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "head"
 ARGS = {
