@@ -115,11 +115,12 @@ def api_schema_boundaries(served: Harness) -> Any:
 
 schema = schemathesis.pytest.from_fixture("api_schema")
 boundaries = schemathesis.pytest.from_fixture("api_schema_boundaries")
+_SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(HealthCheck))
 
 
 @schema.parametrize()
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_SETTINGS
 def test_schemathesis(case: Any, served: Harness) -> None:
     """Schema-driven requests (valid and invalid) through the real app: no
     5xx, statuses, content types, headers and bodies as documented.
@@ -131,8 +132,7 @@ def test_schemathesis(case: Any, served: Harness) -> None:
 
 @pytest.mark.slow
 @boundaries.parametrize()
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_SETTINGS
 def test_schemathesis_boundaries(case: Any, served: Harness) -> None:
     """`test_schemathesis`'s checks on each field's boundary values."""
     _check(case, served)
