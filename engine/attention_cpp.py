@@ -199,11 +199,12 @@ PREFILL_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 def prefill_vectorized(head_dim: int, group: int) -> bool:
     """Whether prefill chunks go through the C++ prefill operator: on a
-    build for an AVX512 capability, with a head dim its vector path is built
-    for and at most 64 query heads per KV head (float32 and bfloat16 take
-    that path; float16 its portable loop).  Elsewhere the portable loop
-    would be slower than SDPA's tiled matmuls, so prefills stay on SDPA."""
-    return (torch.backends.cpu.get_cpu_capability() == "AVX512"
+    build for an AVX512 or an AVX2 capability (engine/csrc/paged_prefill.cpp,
+    paged_prefill_avx2.h), with a head dim its vector path is built for and
+    at most 64 query heads per KV head (float32 and bfloat16 take that path;
+    float16 its portable loop).  Elsewhere the portable loop would be slower
+    than SDPA's tiled matmuls, so prefills stay on SDPA."""
+    return (torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2")
             and head_dim in PREFILL_HEAD_DIMS and group <= 64)
 
 

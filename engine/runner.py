@@ -22,6 +22,7 @@ import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from engine.attention import default_backend_name, get_attention_backend
+from engine.attention_cpp import prefill_vectorized
 from engine.detokenizer import IncrementalDetokenizer
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
@@ -115,14 +116,16 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self.adapters = AdapterPool(self.model, load_adapters(
             lora_adapters or {}, self.model, self.world), max_lora_loaded)
         self.lora_linear = linear_for(self.dtype, self.device)
-        # On CPU: the projections on weights packed for our bf16 GEMM or for
-        # oneDNN where faster here (engine.models.packed_bf16, .prepacked);
-        # before the tiles of deterministic mode, which wrap what this leaves.
+        # On CPU: the projections on weights packed for our GEMMs or oneDNN's
+        # (engine.models.packed_*, .prepacked); before deterministic tiles.
         with torch.no_grad():
             self.packing_speedup = self.model.pack_projections(pack_projections)
         backend_name = attention_backend or default_backend_name(self.device)
-        if deterministic == "auto":  # on where it costs nothing (README, "Deterministic mode")
-            deterministic = self.model.packing == "bf16_dot" and backend_name == "cpp"
+        if deterministic == "auto":  # where it costs nothing (README, "Deterministic mode")
+            group = self.model.num_heads // self.model.num_kv_heads
+            deterministic = (self.model.packing in ("bf16_dot", "f32_fma")  # untiled GEMMs
+                             and backend_name == "cpp"  # prompts on the vector operator
+                             and prefill_vectorized(self.model.head_dim, group))
         backend = get_attention_backend(backend_name)
         self.attn = backend(
             self.model.num_heads, self.model.num_kv_heads, self.model.head_dim,

@@ -4,7 +4,8 @@
 // prefetch_span: asks for every cache line of a span, for data at an
 // unpredictable place (a cache block) that is needed soon.
 //
-// exp_nonpositive16 (AVX512 builds): exp(x) for x <= 0 on 16 float32 lanes
+// exp_nonpositive16 (AVX512 builds), exp_nonpositive8 (AVX2 + FMA builds):
+// exp(x) for x <= 0 on 16 / 8 float32 lanes
 // (scores minus their maximum are never positive): 2^n * e^r with
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
 // -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
@@ -86,3 +87,32 @@ inline float max_of(const float* s, int64_t n) {
 }  // namespace preempt_serve_vec
 
 #endif  // AVX512
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace preempt_serve_vec {
+
+// exp_nonpositive16's reduction and polynomial on 8 lanes; 2^n built in the
+// exponent bits (n >= -126 after the clamp: a normal float).
+inline __m256 exp_nonpositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+}  // namespace preempt_serve_vec
+
+#endif  // AVX2 + FMA

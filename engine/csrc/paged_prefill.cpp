@@ -17,7 +17,9 @@
 // probabilities).  Key and value rows are read straight from the cache
 // (bfloat16 values widened once per tile for all the tile's rows); bf16
 // scores use VDPBF16PS on pairs of the key's elements where the CPU has it.
-// Every sum is in float32.  Other builds, dtypes and head dims take a
+// Every sum is in float32.  A build for AVX2 + FMA without AVX512 runs the
+// same scheme on 8-lane vectors, tiles of at most 32 rows
+// (paged_prefill_avx2.h).  Other builds, dtypes and head dims take a
 // portable loop (scores of one query over its context, softmax, weighted sum).
 //
 // `tiles`: the cache holds bf16 blocks in the tiles layout
@@ -84,6 +86,22 @@ inline int64_t tiles_value(const int64_t* table, int64_t j, int64_t kh, const La
          (kh * (l.dim / 16) * (l.block_size / 2) + j % l.block_size / 2) * 32;
 }
 
+// The vector paths' tiles (below, and paged_prefill_avx2.h).
+constexpr int64_t kMaxRows = 64;  // rows of a tile
+constexpr int64_t kKeyTile = 32;  // keys per step of the online softmax
+
+// Per-thread scratch of one tile.
+struct Scratch {
+  std::vector<float> qt;  // [DIM][R] queries, transposed (bf16 pairs: [DIM/2][R] words)
+  std::vector<float> s;   // [kKeyTile][R] scores, then probabilities
+  std::vector<float> ot;  // [DIM][R] output sums, transposed
+  std::vector<float> kw;  // [kKeyTile][DIM] widened bf16 keys (no VDPBF16PS)
+  std::vector<float> vw;  // [kKeyTile][DIM] widened bf16 values
+  explicit Scratch(int64_t dim)
+      : qt(dim * kMaxRows), s(kKeyTile * kMaxRows), ot(dim * kMaxRows),
+        kw(kKeyTile * dim), vw(kKeyTile * dim) {}
+};
+
 template <typename scalar_t>
 void prefill_portable(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
                       const int64_t* block_ids, const int64_t* table_starts,
@@ -128,11 +146,11 @@ void prefill_portable(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #include <immintrin.h>
 
 #define PAGED_PREFILL_AVX512 1
+#define PAGED_PREFILL_VEC 1
 
 namespace {
 
-constexpr int64_t kMaxRows = 64;  // rows of a tile: at most 4 vectors
-constexpr int64_t kKeyTile = 32;  // keys per step of the online softmax
+constexpr int64_t kLanes = 16;  // a tile's 64 rows: at most 4 vectors
 
 using preempt_serve_vec::exp_nonpositive16;
 
@@ -149,17 +167,6 @@ inline void widen_row(const at::BFloat16* src, float* dst) {
 
 using preempt_serve_vec::prefetch_span;
 
-// Per-thread scratch of one tile.
-struct Scratch {
-  std::vector<float> qt;  // [DIM][R] queries, transposed (bf16 pairs: [DIM/2][R] words)
-  std::vector<float> s;   // [kKeyTile][R] scores, then probabilities
-  std::vector<float> ot;  // [DIM][R] output sums, transposed
-  std::vector<float> kw;  // [kKeyTile][DIM] widened bf16 keys (no VDPBF16PS)
-  std::vector<float> vw;  // [kKeyTile][DIM] widened bf16 values
-  explicit Scratch(int64_t dim)
-      : qt(dim * kMaxRows), s(kKeyTile * kMaxRows), ot(dim * kMaxRows),
-        kw(kKeyTile * dim), vw(kKeyTile * dim) {}
-};
 
 template <typename scalar_t, int DIM, int RV>
 void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
@@ -395,12 +402,23 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   }
 }
 
+}  // namespace
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "paged_prefill_avx2.h"
+#endif  // AVX512, AVX2 + FMA
+
+namespace {
+
+#ifdef PAGED_PREFILL_VEC
+// Every prefill chunk of the call cut into tiles of up to kMaxRows rows
+// (kMaxRows / group tokens of one KV head), spread over the threads; each
+// tile on the vector path for its number of row vectors.
 template <typename scalar_t, int DIM>
-void prefill_avx512(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
-                    const int64_t* block_ids, const int64_t* table_starts,
-                    const int64_t* query_starts, const int64_t* start_positions,
-                    int64_t num_seqs, float scale, scalar_t* out, const Layout& l) {
-  // Tiles of up to kMaxRows rows: 64 / group tokens of one KV head.
+void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+                 const int64_t* block_ids, const int64_t* table_starts,
+                 const int64_t* query_starts, const int64_t* start_positions,
+                 int64_t num_seqs, float scale, scalar_t* out, const Layout& l) {
   const int64_t tile_tokens = std::max<int64_t>(1, kMaxRows / l.group);
   std::vector<Chunk> tiles;
   for (int64_t i = 0; i < num_seqs; ++i) {
@@ -418,38 +436,35 @@ void prefill_avx512(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       const int64_t* table = block_ids + table_starts[c.seq];
       const int64_t sp = start_positions[c.seq], qb = query_starts[c.seq];
       const int64_t rows = c.count * l.group;
-      if (rows <= 16) {
+      if (rows <= kLanes) {
         prefill_tile<scalar_t, DIM, 1>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
-      } else if (rows <= 32) {
+      } else if (rows <= 2 * kLanes) {
         prefill_tile<scalar_t, DIM, 2>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
-      } else {
+      } else if (rows <= 4 * kLanes) {
         prefill_tile<scalar_t, DIM, 4>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
+      } else if constexpr (kMaxRows > 4 * kLanes) {  // eight vectors (AVX2)
+        prefill_tile<scalar_t, DIM, 8>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
       }
     }
   });
 }
-
-}  // namespace
-
-#endif  // AVX512
-
-namespace {
+#endif  // PAGED_PREFILL_VEC
 
 template <typename scalar_t>
 void dispatch(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc,
               const int64_t* ids, const int64_t* starts, const int64_t* qstarts,
               const int64_t* spos, int64_t num_seqs, float scale, at::Tensor& out,
               const Layout& l) {
-#ifdef PAGED_PREFILL_AVX512
+#ifdef PAGED_PREFILL_VEC
   constexpr bool vectorized =
       std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>;
   if constexpr (vectorized) {
     if (l.group <= kMaxRows) {
 #define PAGED_PREFILL_DIM(D)                                                                \
   case D:                                                                                  \
-    prefill_avx512<scalar_t, D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),             \
-                                vc.data_ptr<scalar_t>(), ids, starts, qstarts, spos,        \
-                                num_seqs, scale, out.data_ptr<scalar_t>(), l);              \
+    prefill_vec<scalar_t, D>(q.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(),                \
+                             vc.data_ptr<scalar_t>(), ids, starts, qstarts, spos,           \
+                             num_seqs, scale, out.data_ptr<scalar_t>(), l);                 \
     return;
       switch (l.dim) {
         PAGED_PREFILL_DIM(32)

@@ -301,7 +301,8 @@ def test_amx_path_keeps_extreme_scores_and_batch_invariance(amx_back_on: object)
 _OTHER_BUILDS = {
     # What an AVX512 CPU without avx512_bf16 builds: bf16 keys widened.
     "no-bf16-dot": ({"PREEMPT_SERVE_CPP_BF16_DOT": "0"}, cpp.bf16_dot_wanted()),
-    # What an AVX2 CPU builds: the portable loops.
+    # What an AVX2 CPU builds: the portable decode loop, the prefill
+    # operator in 8-lane vectors (engine/csrc/paged_prefill_avx2.h).
     "portable": ({"ATEN_CPU_CAPABILITY": "avx2"},
                  torch.backends.cpu.get_cpu_capability() == "AVX512"),
 }
@@ -322,6 +323,7 @@ _OTHER_BUILD_CHECK = (
     "    pf.test_prefill_bfloat16_within_its_rounding(*shape)\n"
     "t.test_online_softmax_keeps_extreme_scores_exact()\n"
     "pf.test_prefill_online_softmax_keeps_extreme_scores_exact()\n"
+    "pf.test_prefill_chunks_agree_with_the_whole_prompt()\n"
     "from tests.engine import test_norm_rotary_cpu as nr\n"
     "for dtype in (torch.float32, torch.bfloat16):\n"
     "    nr.test_rotation_is_the_op_by_op_rotation_bit_for_bit(dtype, 4, 4, 2, 40)\n"
@@ -340,7 +342,7 @@ _OTHER_BUILD_CHECK = (
 
 
 # Each build compiles every operator (about 40 s on two cores): the
-# default run checks the portable loops, which every AVX2 CPU runs; the
+# default run checks the AVX2 build, which every AVX2 CPU runs; the
 # AVX512 build without bf16 dot products is left to the long run (-m slow).
 _LONG_RUN_BUILDS = {"no-bf16-dot"}
 

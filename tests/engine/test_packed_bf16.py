@@ -113,7 +113,8 @@ def test_shapes_the_layout_cannot_take_are_refused_or_left() -> None:
     assert torch.equal(prepacked.packed_linear(x, layer.odd), F.linear(x, dense_odd))
 
 
-def test_the_runner_packs_projections_and_head_for_the_kernel(tiny_llama_path: Path) -> None:
+def test_the_runner_packs_projections_and_head_for_the_kernel(
+        tiny_llama_path: Path, tiny_llama_d32_path: Path) -> None:
     from engine.runner import ModelRunner
 
     def runner(pack: str) -> ModelRunner:
@@ -137,13 +138,17 @@ def test_the_runner_packs_projections_and_head_for_the_kernel(tiny_llama_path: P
         assert auto.model.packing == "bf16_dot"
     else:
         assert auto.model.packing in ("none", "onednn")
-    # Deterministic mode's `auto`: on with the kernel and the C++ attention,
-    # off with oneDNN's weights or another attention backend.
-    def deterministic(pack: str, backend: str | None = None) -> bool:
-        return ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=8, block_size=4,
+    # Deterministic mode's `auto`: on with the kernel and the C++ attention
+    # (with a head dim the prefill operator's vector path takes), off with
+    # oneDNN's weights, another attention backend or prompts attended by the
+    # decode operator (head dim 16).
+    def deterministic(pack: str, backend: str | None = None, path: Path = tiny_llama_d32_path,
+                      ) -> bool:
+        return ModelRunner(path, "bfloat16", "cpu", num_blocks=8, block_size=4,
                            max_model_len=32, num_threads=1, deterministic="auto",
                            attention_backend=backend,
                            pack_projections=pack).deterministic  # type: ignore[arg-type]
     assert deterministic("bf16_dot") is True
     assert deterministic("bf16_dot", "torch") is False
     assert deterministic("never") is False
+    assert deterministic("bf16_dot", path=tiny_llama_path) is False

@@ -121,3 +121,25 @@ def test_the_runner_packs_projections_and_head_for_the_kernel(tiny_llama_path: P
     assert (runner("auto").model.packing == "f32_fma") == packed_f32.preferred(torch.float32, cpu)
     with pytest.raises(ValueError, match="pack_projections 'f32_fma' needs dtype float32"):
         runner("f32_fma", "bfloat16")
+
+
+def test_deterministic_auto_takes_the_kernel_with_the_vector_prefill(
+        tiny_llama_path: Path, tiny_llama_d32_path: Path) -> None:
+    # `auto` turns deterministic mode on where it costs nothing: projections
+    # and lm_head on this kernel (no tiles) and prompts on the C++ prefill
+    # operator's vector path (head dim 32 here, not 16); off with MKL's
+    # weights or the torch attention backend.
+    from engine.attention_cpp import prefill_vectorized
+    from engine.runner import ModelRunner
+
+    def deterministic(pack: str, backend: str | None = None,
+                      path: Path = tiny_llama_d32_path) -> bool:
+        return ModelRunner(path, "float32", "cpu", num_blocks=8, block_size=4,
+                           max_model_len=32, num_threads=1, deterministic="auto",
+                           attention_backend=backend,
+                           pack_projections=pack).deterministic  # type: ignore[arg-type]
+
+    assert deterministic("f32_fma") is prefill_vectorized(32, 2)
+    assert deterministic("f32_fma", "torch") is False
+    assert deterministic("never") is False
+    assert deterministic("f32_fma", path=tiny_llama_path) is False
