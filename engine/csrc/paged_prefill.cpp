@@ -18,9 +18,10 @@
 // (bfloat16 values widened once per tile for all the tile's rows); bf16
 // scores use VDPBF16PS on pairs of the key's elements where the CPU has it.
 // Every sum is in float32.  A build for AVX2 + FMA without AVX512 runs the
-// same scheme on 8-lane vectors, tiles of at most 32 rows
-// (paged_prefill_avx2.h).  Other builds, dtypes and head dims take a
-// portable loop (scores of one query over its context, softmax, weighted sum).
+// same scheme on 8-lane vectors (paged_prefill_avx2.h), and the same driver
+// (`prefill_vec`) cuts the chunks into tiles.  Other builds, dtypes and head
+// dims take a portable loop (scores of one query over its context, softmax,
+// weighted sum).
 //
 // `tiles`: the cache holds bf16 blocks in the tiles layout
 // (engine/kv_layout.py), which the AMX decode reads: a key's pairs of dims
@@ -166,7 +167,6 @@ inline void widen_row(const at::BFloat16* src, float* dst) {
 }
 
 using preempt_serve_vec::prefetch_span;
-
 
 template <typename scalar_t, int DIM, int RV>
 void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,

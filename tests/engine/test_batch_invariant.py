@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import engine.attention_cpp as cpp
 from engine.attention import SeqSpan, get_attention_backend
-from engine.models import packed_bf16, prepacked
+from engine.models import packed_bf16, packed_f32, prepacked
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import linear_for
 from engine.runner import ModelRunner
@@ -293,6 +293,9 @@ def _alone(runner: ModelRunner, prompts: dict[str, list[int]],
     # Heads of 32: prompt positions through the prefill operator where it is built.
     ("tiny_llama_d32_path", "bfloat16", "never"),
     ("tiny_llama_d32_path", "float32", "never"),
+    # And the projections on our AVX2 FMA kernel (no tiles): what `auto` runs
+    # in float32 on an AVX2 CPU.
+    ("tiny_llama_d32_path", "float32", "f32_fma"),
 ])
 def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
     model: str, dtype: str, pack: str, request: pytest.FixtureRequest
@@ -301,14 +304,19 @@ def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
         pytest.skip(f"no oneDNN packed linear for {dtype} here")
     if pack == "bf16_dot" and not packed_bf16.built():
         pytest.skip("no AVX512-BF16 build of the operators here")
+    if pack == "f32_fma" and not packed_f32.built():
+        pytest.skip("no AVX2 FMA build of the operators here")
     path = request.getfixturevalue(model)
     runner = ModelRunner(path, dtype, "cpu", num_blocks=96, block_size=BS, max_model_len=80,
                          num_threads=1, deterministic=True,
                          pack_projections=pack)  # type: ignore[arg-type]
-    expected = {"never": "none", "always": "onednn", "bf16_dot": "bf16_dot"}.get(pack)
+    expected = {"never": "none", "always": "onednn", "bf16_dot": "bf16_dot",
+                "f32_fma": "f32_fma"}.get(pack)
     assert expected is None or runner.model.packing == expected
     if pack == "bf16_dot":
         assert packed_bf16.is_packed(runner.model.layers[0].qkv)
+    if pack == "f32_fma":
+        assert packed_f32.is_packed(runner.model.layers[0].qkv)
     prompts = random_prompts([5, 23, 41, 60, 1, 17, 33], seed=1)
     for params in (GREEDY, SEEDED):
         alone = _alone(runner, prompts, params)
