@@ -142,8 +142,8 @@ def test_the_runner_packs_projections_and_head_for_the_kernel(
     # (with a head dim the prefill operator's vector path takes), off with
     # oneDNN's weights, another attention backend or prompts attended by the
     # decode operator (head dim 16).
-    def deterministic(pack: str, backend: str | None = None, path: Path = tiny_llama_d32_path,
-                      ) -> bool:
+    def deterministic(pack: str, backend: str | None = None,
+                      path: Path = tiny_llama_d32_path) -> bool:
         return ModelRunner(path, "bfloat16", "cpu", num_blocks=8, block_size=4,
                            max_model_len=32, num_threads=1, deterministic="auto",
                            attention_backend=backend,
