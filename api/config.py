@@ -232,6 +232,11 @@ class AppConfig(SchedulingSettings):
     # largest projection, timed at start (engine/models/prepacked.py).  No
     # effect in float16, in emulated bfloat16 or on CUDA.
     pack_projections: Literal["auto", "always", "bf16_dot", "f32_fma", "never"] = "auto"
+    # With `f32_fma`: a weight decoded from a GGUF file's Q4_1 or Q8_0 blocks
+    # (the embedded SmolLM2's) kept as those codes where they give back every
+    # value exactly, and multiplied from them (the same bits, fewer bytes
+    # read a step: engine/models/packed_f32.py).  false: float32 weights.
+    weight_codes: bool = True
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on
     # chunking, or on preemption, swap or recompute, in float32 and bfloat16

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["auto", "always", "bf16_dot", "f32_fma", "never"],
                    help="projection weights packed for oneDNN (always) or our bf16 / f32 "
                    "kernel (bf16_dot / f32_fma); default: the engine's auto")
+    p.add_argument("--no-weight-codes", action="store_true",
+                   help="keep float32 weights where `f32_fma` would multiply a GGUF weight "
+                   "from its codes (engine/models/packed_f32.py)")
     p.add_argument("--distinct-kv", action="store_true",
                    help="each decode sequence reads its own copy of the context's KV blocks (as "
                    "HF's cache holds one per row, and as distinct requests do); default: the "
@@ -107,6 +110,7 @@ class OursBench:
             args.model, dtype=dtype, device="cpu", num_blocks=need, block_size=bs,
             max_model_len=max_len, num_threads=args.threads, attention_backend=args.attention,
             deterministic=args.deterministic, pack_projections=args.pack_projections,
+            weight_codes=not args.no_weight_codes,
         )
         self._n = 0
         self._decode_jobs: list[str] = []
@@ -291,6 +295,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "threads": args.threads,
             "attention_backend": args.attention or default_backend_name(torch.device("cpu")),
             "deterministic": args.deterministic,
+            "weight_codes": not args.no_weight_codes,
             "decode_context": args.decode_context // args.block_size * args.block_size,
             "decode_kv": "distinct" if args.distinct_kv else "shared",
             "decode_steps": args.decode_steps,

@@ -116,6 +116,7 @@ class Engine(EngineFigures):
             cuda_graph_max_batch=graph_batch,
             cuda_graph_max_tokens=graph_tokens,
             pack_projections=self.cfg.pack_projections,
+            weight_codes=self.cfg.weight_codes,
             lora_adapters=dict(self.cfg.lora_adapters) or None,
             max_lora_loaded=self.cfg.lora_runtime.max_loaded,
         )

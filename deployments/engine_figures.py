@@ -98,6 +98,7 @@ class EngineFigures:
                 "attention_backend": self.runner.attn.name,
                 "kv_layout": self.runner.attn.kv_layout,
                 "packed_projections": self.runner.model.packing,
+                "weight_codes": self.runner.model.weight_codes(),
                 "deterministic": self.runner.deterministic,
                 "packing_speedup": self.runner.packing_speedup,
             },

@@ -73,7 +73,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         deterministic: bool | Literal["auto"] = False,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
-        pack_projections: PackMode = "auto",
+        pack_projections: PackMode = "auto", weight_codes: bool = True,
         tensor_parallel: TensorParallel = SINGLE,
         pipeline: PipelineStage = SINGLE_STAGE,
         length_head: str | Path | None = None,
@@ -119,7 +119,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         # On CPU: the projections on weights packed for our GEMMs or oneDNN's
         # (engine.models.packed_*, .prepacked); before deterministic tiles.
         with torch.no_grad():
-            self.packing_speedup = self.model.pack_projections(pack_projections)
+            self.packing_speedup = self.model.pack_projections(pack_projections, weight_codes)
         backend_name = attention_backend or default_backend_name(self.device)
         if deterministic == "auto":  # where it costs nothing (README, "Deterministic mode")
             group = self.model.num_heads // self.model.num_kv_heads

@@ -130,12 +130,13 @@ class CausalLM(nn.Module, ABC):
         """Whether `pack_projections` packed the projections' weights."""
         return self.packing != "none"
 
-    def pack_projections(self, mode: prepacked.PackMode) -> float | None:
+    def pack_projections(self, mode: prepacked.PackMode, codes: bool = True) -> float | None:
         """Multiply every projection on a packed weight where that pays, on
         CPU: bfloat16 on our VDPBF16PS kernel where `auto` prefers it
         (engine.models.packed_bf16) or `bf16_dot` asks for it, float32 on our
         AVX2 FMA kernel where `auto` prefers it (engine.models.packed_f32) or
-        `f32_fma` asks for it; otherwise on oneDNN's layout
+        `f32_fma` asks for it (a weight decoded from GGUF codes kept as them
+        where `codes`: packed_f32.pack); otherwise on oneDNN's layout
         (engine.models.prepacked), float32 and natively multiplied bfloat16,
         `auto` timing both ways on the largest projection's shape first.
         Returns the measured speed-up (None where nothing was timed);
@@ -147,11 +148,14 @@ class CausalLM(nn.Module, ABC):
                     raise ValueError(
                         f"pack_projections '{kernel}' needs dtype {name} on a CPU "
                         f"with {cpu_needs} and the C++ operators built for it")
-                module.pack_in_place(self, self.projection_names)
+                if module is packed_f32:
+                    packed_f32.pack_in_place(self, self.projection_names, codes)
+                else:
+                    module.pack_in_place(self, self.projection_names)
                 self.linear = prepacked.packed_linear
                 # The lm_head packed beside its plain weight (which a tied
                 # embedding also reads).
-                self.head_linear = prepacked.PrepackedLinear(kernel)
+                self.head_linear = prepacked.PrepackedLinear(kernel, codes)
                 self.packing = kernel
                 return None
         if not prepacked.available(self.dtype, self.device) or mode == "never":
@@ -169,6 +173,16 @@ class CausalLM(nn.Module, ABC):
             self.linear = prepacked.packed_linear
             self.packing = "onednn"
         return speedup
+
+    def weight_codes(self) -> dict[str, int]:
+        """How many weights are multiplied from GGUF codes, by format
+        (engine.models.packed_f32): the projections and, once it has been
+        used, the lm_head."""
+        tensors = list(self.parameters())
+        head = getattr(self.head_linear, "inner", self.head_linear)  # under deterministic tiles
+        if isinstance(head, prepacked.PrepackedLinear):
+            tensors += head.packed_weights()
+        return packed_f32.code_formats(tensors)
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
         """Run every projection and the lm_head so that a row's result does

@@ -15,9 +15,21 @@ widest vectors are AVX2's (no `avx512f`).  With AVX512, oneDNN's packed
 matmul runs on 512-bit vectors that this kernel does not use, so `auto`
 keeps timing it against `F.linear` there, as before.  With more than one
 thread the kernel splits the columns between them by 16-column panels.
+
+A weight decoded from a GGUF file's Q4_1 or Q8_0 blocks (the embedded
+SmolLM2's) is packed as those codes instead (`engine/csrc/gemm_f32_codes.cpp`):
+where every block's float16 scale (and minimum) and codes give back every
+float32 value exactly, the kernel decodes each 16-column panel into a buffer
+and multiplies it as above, so the products are bit for bit the float32
+weight's while a decode step reads 5-6× fewer bytes of weights.  Any other
+weight stays float32.
 """
 
 from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -52,23 +64,58 @@ def packable(w: torch.Tensor) -> bool:
             and not w.is_mkldnn and w.shape[0] % 16 == 0)
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """`w` [N, K] in the kernel's layout [N/16, K, 16]."""
-    return torch.ops.preempt_serve.pack_f32(w.detach().contiguous())
+# Bytes of one packed block of 16 columns x 32 k (gemm_f32_codes.cpp).
+CODE_BLOCK_BYTES = {384: "q4", 576: "q8"}
+
+
+def pack(w: torch.Tensor, codes: bool = True) -> torch.Tensor:
+    """`w` [N, K] in the kernel's layout: its codes `[N/16, K/32, bytes]`
+    (uint8) where `codes` and it is exactly a Q4_1 or Q8_0 weight, else its
+    float32 values `[N/16, K, 16]`."""
+    w = w.detach().contiguous()
+    if codes:
+        packed = torch.ops.preempt_serve.pack_f32_codes(w)
+        if packed.numel():
+            return packed
+    return torch.ops.preempt_serve.pack_f32(w)
+
+
+def code_format(w: torch.Tensor) -> str | None:
+    """"q4" or "q8" for a weight packed as codes, None otherwise."""
+    if w.dim() != 3 or w.dtype is not torch.uint8:
+        return None
+    return CODE_BLOCK_BYTES.get(w.shape[2])
 
 
 def is_packed(w: torch.Tensor) -> bool:
-    return w.dim() == 3 and w.shape[2] == 16 and w.dtype is torch.float32
+    return (w.dim() == 3 and w.shape[2] == 16 and w.dtype is torch.float32
+            or code_format(w) is not None)
+
+
+def shape(w: torch.Tensor) -> tuple[int, int]:
+    """(out, in) features of a packed weight."""
+    if code_format(w) is not None:
+        return w.shape[0] * 16, w.shape[1] * 32
+    return w.shape[0] * 16, w.shape[1]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, b)` for 2-D float32 `x` and `w = pack(weight)`."""
+    if w.dtype is torch.uint8:
+        return torch.ops.preempt_serve.linear_f32_codes(x, w, b)
     return torch.ops.preempt_serve.linear_f32(x, w, b)
 
 
-def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> tuple[int, int]:
+def pack_in_place(module: nn.Module, names: tuple[str, ...],
+                  codes: bool = True) -> tuple[int, int]:
     """Replace every float32 parameter of `module` whose last name is in
-    `names` by its packed form where its shape allows; returns (packed, left
-    as they were).  Only `engine.models.prepacked.packed_linear` can use
-    them afterwards."""
-    return packed_bf16.replace_packable(module, names, packable, pack)
+    `names` by its packed form (as codes where `codes` and `pack` finds
+    them) where its shape allows; returns (packed, left as they were).  Only
+    `engine.models.prepacked.packed_linear` can use them afterwards."""
+    return packed_bf16.replace_packable(module, names, packable,
+                                        functools.partial(pack, codes=codes))
+
+
+def code_formats(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
+    """How many of `tensors` are packed as codes, by format ("q4", "q8")."""
+    return dict(Counter(f for t in tensors if (f := code_format(t)) is not None))

@@ -79,9 +79,12 @@ class PrepackedLinear:
     weight that kernel (`engine.models.packed_bf16`, `.packed_f32`) takes is
     packed for it instead."""
 
-    def __init__(self, ours: Literal["bf16_dot", "f32_fma"] | None = None) -> None:
+    def __init__(self, ours: Literal["bf16_dot", "f32_fma"] | None = None,
+                 codes: bool = True) -> None:
         self.kernel: ModuleType | None = {
             "bf16_dot": packed_bf16, "f32_fma": packed_f32, None: None}[ours]
+        # Whether `f32_fma` may keep a weight as its GGUF codes (packed_f32.pack).
+        self.codes = codes
         # id(weight) -> (data_ptr, version, packed)
         self._packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
@@ -93,7 +96,9 @@ class PrepackedLinear:
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
-            if self.kernel is not None and self.takes_ours(w):
+            if self.kernel is packed_f32 and self.takes_ours(w):
+                packed = packed_f32.pack(w, codes=self.codes)
+            elif self.kernel is not None and self.takes_ours(w):
                 packed = self.kernel.pack(w)
             else:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _ROWS_HINT)
@@ -107,6 +112,10 @@ class PrepackedLinear:
         if x.dim() != 2 or x.shape[0] == 0:
             return F.linear(x, w, b)
         return packed_linear(x, self._pack(w), b)
+
+    def packed_weights(self) -> list[torch.Tensor]:
+        """The packed copies made so far (the stats count their formats)."""
+        return [entry[2] for entry in self._packed.values()]
 
 
 def packed_linear(
@@ -131,7 +140,7 @@ def projection_shape(w: torch.Tensor) -> tuple[int, int]:
     if packed_bf16.is_packed(w):
         return w.shape[0] * 16, w.shape[1] * 2
     if packed_f32.is_packed(w):
-        return w.shape[0] * 16, w.shape[1]
+        return packed_f32.shape(w)
     return w.shape[0], w.shape[-1]
 
 

