@@ -5,15 +5,17 @@
 // A model read from a GGUF file (the embedded SmolLM2 is Q4_1, its
 // embedding Q8_0) holds float32 weights that are, every 32 along a row,
 // m + d q (Q4_1: q in 0..15, d and m float16) or d q (Q8_0: q in -128..127,
-// d float16).  Kept as float32 they are 32 bits a weight that a decode step
-// streams from memory once per step (SmolLM2: 540 MB, most of a batch-32
-// step's time on one AVX2 core); kept as codes they are 6 (Q4) or 9 (Q8).
+// d float16).  Kept as float32 they are 32 bits a weight that every decode
+// step reads from memory (SmolLM2: 538 MB, most of a batch-1 step's time on
+// one AVX2 core); kept as codes they are 6 (Q4) or 9 (Q8).
 // `pack_f32_codes` finds d, m and q for every block of a weight (m the
 // block's smallest value, d its range / 15 or its largest magnitude / 127,
 // as GGUF's quantizer sets them, to the nearest float16 or the two beside
-// it) and keeps them only where every value comes back exactly (fma(q, d, m) == w, one
-// rounding, as the decoder's d * q + m: d * q is exact, 11 bits times 4 or
-// 8); otherwise it returns an empty tensor and the weight stays float32.
+// it) and keeps them only where every value comes back exactly:
+// fma(q, d, m) == w, one rounding, as the decoder's d * q + m (d * q is
+// exact, 11 bits times 4 or 8).  (== takes -0 for +0: a zero weight's sign
+// never shows in a sum that starts from +0.)  Otherwise it returns an empty
+// tensor and the weight stays float32.
 //
 // Layout: [N/16][K/32][block], one block per 16 columns and 32 k:
 //   Q4 (384 bytes): d[16], m[16] float32; then per k 8 bytes, byte j the
