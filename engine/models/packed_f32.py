@@ -19,10 +19,11 @@ thread the kernel splits the columns between them by 16-column panels.
 A weight decoded from a GGUF file's Q4_1 or Q8_0 blocks (the embedded
 SmolLM2's) is packed as those codes instead (`engine/csrc/gemm_f32_codes.cpp`):
 where every block's float16 scale (and minimum) and codes give back every
-float32 value exactly, the kernel decodes each 16-column panel into a buffer
-and multiplies it as above, so the products are bit for bit the float32
-weight's while a decode step reads 5-6× fewer bytes of weights.  Any other
-weight stays float32.
+float32 value exactly, the kernel decodes them into those values as it
+multiplies (in registers up to six rows, through a per-thread buffer above)
+and sums the same FMA chains as above, so the products are bit for bit the
+float32 weight's while a decode step reads about a fifth of the bytes
+(SmolLM2: 111 MB instead of 538).  Any other weight stays float32.
 """
 
 from __future__ import annotations
