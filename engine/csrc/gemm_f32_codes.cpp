@@ -47,10 +47,6 @@ namespace gemm_codes {
 constexpr int64_t kBlockK = 32;
 constexpr int64_t kQ4Bytes = 64 + 64 + kBlockK * 8;
 constexpr int64_t kQ8Bytes = 64 + kBlockK * 16;
-// Row blocks up to which each block decodes the codes itself (no buffer):
-// one.  Two blocks (up to 12 rows) ran no faster either way on a Zen 3 core,
-// decoding twice against once plus the buffer's store and reload.
-constexpr int64_t kFusedBlocks = 1;
 
 float to_half(float v) { return static_cast<float>(c10::Half(v)); }
 
@@ -181,34 +177,50 @@ at::Tensor pack(const at::Tensor& w) {
 
 #ifdef PREEMPT_SERVE_F32_FMA
 
-// Panel `blocks` (K/32 blocks of one format) into `buf` [K][16] float32.
-void decode_panel(const uint8_t* blocks, int64_t kblocks, int64_t bytes, float* buf) {
-  const __m256i low4 = _mm256_set1_epi32(15);
-  for (int64_t kb = 0; kb < kblocks; ++kb) {
-    const uint8_t* blk = blocks + kb * bytes;
+// One block's scales (and minima) in registers; `at(i)` decodes the 16
+// columns' weights of its k = i, one FMA (Q4) or multiply (Q8) a weight.
+// The buffer and the register path both decode through it.
+template <bool Q4>
+struct Block {
+  static constexpr int64_t kBytes = Q4 ? kQ4Bytes : kQ8Bytes;
+  const uint8_t* codes;
+  __m256 d0, d1, m0, m1;
+
+  explicit Block(const uint8_t* blk) {
     const float* d = reinterpret_cast<const float*>(blk);
-    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-    float* out = buf + kb * kBlockK * 16;
-    if (bytes == kQ4Bytes) {
-      const __m256 m0 = _mm256_loadu_ps(d + 16), m1 = _mm256_loadu_ps(d + 24);
-      const uint8_t* codes = blk + 128;
-      for (int64_t i = 0; i < kBlockK; ++i) {
-        const __m256i c = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i * 8)));
-        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(c, low4));
-        const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
-        _mm256_storeu_ps(out + i * 16, _mm256_fmadd_ps(lo, d0, m0));
-        _mm256_storeu_ps(out + i * 16 + 8, _mm256_fmadd_ps(hi, d1, m1));
-      }
+    d0 = _mm256_loadu_ps(d);
+    d1 = _mm256_loadu_ps(d + 8);
+    m0 = Q4 ? _mm256_loadu_ps(d + 16) : _mm256_setzero_ps();
+    m1 = Q4 ? _mm256_loadu_ps(d + 24) : _mm256_setzero_ps();
+    codes = blk + (Q4 ? 128 : 64);
+  }
+
+  __attribute__((always_inline)) void at(int64_t i, __m256& w0, __m256& w1) const {
+    if constexpr (Q4) {
+      const __m256i q = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i * 8)));
+      w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15))),
+                           d0, m0);
+      w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d1, m1);
     } else {
-      const uint8_t* codes = blk + 64;
-      for (int64_t i = 0; i < kBlockK; ++i) {
-        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * 16));
-        const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
-        const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
-        _mm256_storeu_ps(out + i * 16, _mm256_mul_ps(lo, d0));
-        _mm256_storeu_ps(out + i * 16 + 8, _mm256_mul_ps(hi, d1));
-      }
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * 16));
+      w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d0);
+      w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d1);
+    }
+  }
+};
+
+// Panel `blocks` (K/32 blocks) into `buf` [K][16] float32.
+template <bool Q4>
+void decode_panel(const uint8_t* blocks, int64_t kblocks, float* buf) {
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    const Block<Q4> blk(blocks + kb * Block<Q4>::kBytes);
+    float* out = buf + kb * kBlockK * 16;
+    for (int64_t i = 0; i < kBlockK; ++i) {
+      __m256 w0, w1;
+      blk.at(i, w0, w1);
+      _mm256_storeu_ps(out + i * 16, w0);
+      _mm256_storeu_ps(out + i * 16 + 8, w1);
     }
   }
 }
@@ -219,34 +231,15 @@ void decode_panel(const uint8_t* blocks, int64_t kblocks, int64_t bytes, float* 
 template <int MR, bool Q4>
 void micro_codes(const float* a, int64_t lda, const uint8_t* blocks, int64_t kblocks,
                  const float* bias, float* c, int64_t ldc) {
-  constexpr int64_t bytes = Q4 ? kQ4Bytes : kQ8Bytes;
-  const __m256i low4 = _mm256_set1_epi32(15);
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t kb = 0; kb < kblocks; ++kb) {
-    const uint8_t* blk = blocks + kb * bytes;
-    const float* d = reinterpret_cast<const float*>(blk);
-    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+    const Block<Q4> blk(blocks + kb * Block<Q4>::kBytes);
     const float* ak = a + kb * kBlockK;
-    if constexpr (Q4) {
-      const __m256 m0 = _mm256_loadu_ps(d + 16), m1 = _mm256_loadu_ps(d + 24);
-      const uint8_t* codes = blk + 128;
-      for (int64_t i = 0; i < kBlockK; ++i) {
-        const __m256i q = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i * 8)));
-        const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), d0, m0);
-        const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d1, m1);
-        gemm_f32::fma_rows<MR>(ak, lda, i, w0, w1, PREEMPT_SERVE_ACC_ARGS);
-      }
-    } else {
-      const uint8_t* codes = blk + 64;
-      for (int64_t i = 0; i < kBlockK; ++i) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * 16));
-        const __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d0);
-        const __m256 w1 = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d1);
-        gemm_f32::fma_rows<MR>(ak, lda, i, w0, w1, PREEMPT_SERVE_ACC_ARGS);
-      }
+    for (int64_t i = 0; i < kBlockK; ++i) {
+      __m256 w0, w1;
+      blk.at(i, w0, w1);
+      gemm_f32::fma_rows<MR>(ak, lda, i, w0, w1, PREEMPT_SERVE_ACC_ARGS);
     }
   }
   gemm_f32::store_rows<MR>(bias, c, ldc, PREEMPT_SERVE_ACC_ARGS);
@@ -282,18 +275,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t chunks = gemm_f32::row_chunks(m, k);
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t m0 = c * m / chunks, m1 = (c + 1) * m / chunks;
-    const int64_t total = m1 - m0, blocks = (total + gemm_f32::kRows - 1) / gemm_f32::kRows;
-    if (blocks <= kFusedBlocks) {
+    const bool q4 = bytes == kQ4Bytes;
+    if (m1 - m0 <= gemm_f32::kRows) {
+      // Rows that fit one block decode in registers.  Two blocks (up to 12
+      // rows) ran no faster that way on a Zen 3 core than through the buffer:
+      // decoding twice against once plus the buffer's store and reload.
+      const MicroCodes micro = kMicroCodes[q4][m1 - m0 - 1];
       at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p) {
-          int64_t row = m0;
-          for (int64_t blk = 0; blk < blocks; ++blk) {
-            const int64_t rows = total / blocks + (blk < total % blocks ? 1 : 0);
-            kMicroCodes[bytes == kQ4Bytes][rows - 1](
-                xp + row * lda, lda, wp + p * kblocks * bytes, kblocks,
-                bp == nullptr ? nullptr : bp + p * 16, yp + row * n + p * 16, n);
-            row += rows;
-          }
+          micro(xp + m0 * lda, lda, wp + p * kblocks * bytes, kblocks,
+                bp == nullptr ? nullptr : bp + p * 16, yp + m0 * n + p * 16, n);
         }
       });
       continue;
@@ -302,7 +293,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
       thread_local std::vector<float> buf;
       buf.resize(static_cast<size_t>(k) * 16);
       for (int64_t p = p0; p < p1; ++p) {
-        decode_panel(wp + p * kblocks * bytes, kblocks, bytes, buf.data());
+        (q4 ? decode_panel<true> : decode_panel<false>)(wp + p * kblocks * bytes, kblocks,
+                                                       buf.data());
         // The decoded panel stands in for panel 0 of gemm_f32's layout; the
         // output and bias pointers are moved to panel p's columns.
         gemm_f32::gemm_range(xp, lda, buf.data(), k, bp == nullptr ? nullptr : bp + p * 16,
