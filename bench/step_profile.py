@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
                     choices=["auto", "always", "bf16_dot", "f32_fma", "never"],
                     help="projection weights packed for oneDNN (always) or our bf16 / f32 "
                     "kernel (bf16_dot / f32_fma); default: the engine's auto")
+    ap.add_argument("--distinct-kv", action="store_true",
+                    help="each sequence reads its own copy of the context's K/V (as distinct "
+                    "requests do); default: one shared copy")
     ap.add_argument("--top", type=int, default=0, help="also print the N costliest ops")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
                       "--warmup", "0", "--threads", str(a.threads),
                       "--decode-batches", str(a.batch), "--prefill-lens", str(a.context),
                       "--pack-projections", a.pack_projections,
-                      *(["--attention", a.attention] if a.attention else [])])
+                      *(["--attention", a.attention] if a.attention else []),
+                      *(["--distinct-kv"] if a.distinct_kv else [])])
     ours = OursBench(ea, a.dtype)
     step = ours.start_decode(list(range(100, 100 + a.context)), a.batch)
     for _ in range(2):
@@ -98,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{g:<18} {sh * 100:5.1f} %   {ms[g]:8.2f} ms/step")
     print(f"profiled step (wall, with profiler overhead): {wall * 1000:.1f} ms")
     meta = {"batch": a.batch, "context": a.context, "dtype": a.dtype, "threads": a.threads,
+            "decode_kv": "distinct" if a.distinct_kv else "shared",
             "attention_backend": ours.runner.attn.name,
             "packed_projections": ours.runner.model.packing,
             "packing_speedup": ours.runner.packing_speedup,

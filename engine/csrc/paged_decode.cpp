@@ -15,7 +15,8 @@
 // block by block (running max and sum, as in FlashAttention), in float32
 // whatever the cache dtype.  That portable loop serves every build; a build
 // for an AVX512 capability takes float32 and bfloat16 caches through the
-// vectorized passes further down (decode_avx512) instead.
+// vectorized passes further down (decode_avx512) instead, and an AVX2 build
+// float32 caches through the same passes on 8 lanes (paged_decode_avx2.h).
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -571,6 +572,10 @@ void decode_vectorized(const scalar_t* q, const scalar_t* key_cache,
 
 #endif  // AVX512
 
+#if !defined(PAGED_DECODE_AVX512) && defined(__AVX2__) && defined(__FMA__)
+#include "paged_decode_avx2.h"
+#endif
+
 template <typename scalar_t>
 void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
                   const at::Tensor& vc, const int64_t* ids, const int64_t* starts,
@@ -599,6 +604,26 @@ void dispatch_dim(int64_t dim, const at::Tensor& q, const at::Tensor& kc,
         break;
     }
 #undef PAGED_DECODE_AVX512_DIM
+  }
+#endif
+#ifdef PAGED_DECODE_AVX2
+  if constexpr (std::is_same_v<scalar_t, float>) {
+#define PAGED_DECODE_AVX2_DIM(D)                                                           \
+  case D:                                                                                 \
+    decode_avx2<D>(q.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), ids,    \
+                   starts, ctx, scale, out.data_ptr<float>(), n, heads, kv_heads,          \
+                   block_size);                                                           \
+    return;
+    switch (dim) {
+      PAGED_DECODE_AVX2_DIM(32)
+      PAGED_DECODE_AVX2_DIM(64)
+      PAGED_DECODE_AVX2_DIM(96)
+      PAGED_DECODE_AVX2_DIM(128)
+      PAGED_DECODE_AVX2_DIM(256)
+      default:
+        break;
+    }
+#undef PAGED_DECODE_AVX2_DIM
   }
 #endif
 #define PAGED_DECODE_DIM(D)                                                             \

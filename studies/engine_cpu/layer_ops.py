@@ -8,9 +8,10 @@ one thread, at `--rows` decode rows: SiLU(gate) * up (ATen) against
 cache against `write_kv`; and the gate and up projections on
 oneDNN-packed weights, 30 layers' worth each so that the weights come from
 memory as in a step, as two GEMMs against one of both.  Medians of seven
-rounds, each timing both sides in turn.  With `--dtype float32`, SiLU × up
-only (the other operators are bf16's; an AVX2 build runs it in vectors in
-float32 too).
+rounds, each timing both sides in turn.  With `--dtype float32`: SiLU × up,
+`x + r` then ATen's norm against `add_rms_norm_f32`, and ATen's argmax of
+SmolLM2-sized logits against `argmax_rows` (the K/V write and the GEMMs are
+bf16's here).
 
     taskset -c 0 python -m studies.engine_cpu.layer_ops --out studies/engine_cpu/layer_ops.json
 """
@@ -30,7 +31,7 @@ import engine.attention_cpp as cpp
 from bench.report import machine_meta, write_report
 from engine.models.prepacked import _ROWS_HINT, packed_linear
 
-HIDDEN, INTER, KV_HEADS, HEAD_DIM, LAYERS = 576, 1536, 3, 64, 30
+HIDDEN, INTER, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 576, 1536, 3, 64, 30, 49152
 
 
 def _us(fn: Callable[[], object], reps: int) -> float:
@@ -56,9 +57,19 @@ def measure(rows: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, object]
     gate, up = gate_up[:, :INTER].contiguous(), gate_up[:, INTER:].contiguous()
     ops = torch.ops.preempt_serve
     if dtype is not bf:
-        aten, fused = _pair(lambda: F.silu(gate) * up, lambda: ops.silu_mul(gate_up), 200)
-        return {"rows": rows, "dtype": str(dtype).removeprefix("torch."),
-                "silu_mul": {"aten_us": round(aten, 1), "operator_us": round(fused, 1)}}
+        x, r = torch.randn(rows, HIDDEN, generator=gen), torch.randn(rows, HIDDEN, generator=gen)
+        w = torch.rand(HIDDEN, generator=gen)
+        logits = torch.randn(rows, VOCAB, generator=gen)
+        res: dict[str, object] = {"rows": rows, "dtype": str(dtype).removeprefix("torch.")}
+        for name, a, b, reps in (
+            ("silu_mul", lambda: F.silu(gate) * up, lambda: ops.silu_mul(gate_up), 200),
+            ("add_norm", lambda: F.rms_norm(x + r, (HIDDEN,), w, 1e-5),
+             lambda: ops.add_rms_norm_f32(x, r, w, 1e-5), 300),
+            ("argmax", lambda: logits.argmax(dim=-1), lambda: ops.argmax_rows(logits), 20),
+        ):
+            aten, fused = _pair(a, b, reps)
+            res[name] = {"aten_us": round(aten, 1), "operator_us": round(fused, 1)}
+        return res
     x = torch.randn(rows, HIDDEN, generator=gen).to(bf)
     r = torch.randn(rows, HIDDEN, generator=gen).to(bf)
     w = torch.rand(HIDDEN, generator=gen).to(bf)

@@ -63,6 +63,7 @@ def _call(q, keys, values, tables, contexts):
     (4, 4, 96, 24),   # 16 + 8 tokens a block; the weighted sum in two slices
     (8, 2, 256, 16),  # four slices of the value rows
     (6, 3, 32, 16),   # two vectors a row
+    (6, 2, 64, 12),   # blocks not in whole 8s of tokens (AVX2: a part-vector of scores)
 ])
 def test_matches_dense_attention(heads: int, kv_heads: int, dim: int, bs: int) -> None:
     contexts = [1, bs - 1, bs, bs + 1, 5 * bs + 3, 40 * bs + 7]
@@ -73,12 +74,13 @@ def test_matches_dense_attention(heads: int, kv_heads: int, dim: int, bs: int) -
 
 
 @needs_cxx
-def test_online_softmax_keeps_extreme_scores_exact() -> None:
+@pytest.mark.parametrize("dim", [16, 64])
+def test_online_softmax_keeps_extreme_scores_exact(dim: int) -> None:
     # Keys scaled so that scores span hundreds: the running max changes
     # from block to block and early blocks' weights underflow to zero;
     # the result must stay the dense softmax's.
     contexts = [200, 63, 129]
-    q, keys, values, tables = _case(contexts, 4, 2, 16, 8, spread=40.0)
+    q, keys, values, tables = _case(contexts, 4, 2, dim, 8, spread=40.0)
     got = _call(q, keys, values, tables, contexts)
     want = _reference(q, keys, values, tables, contexts)
     assert torch.isfinite(got).all()
@@ -86,9 +88,10 @@ def test_online_softmax_keeps_extreme_scores_exact() -> None:
 
 
 @needs_cxx
-def test_one_long_context_does_not_change_the_others() -> None:
+@pytest.mark.parametrize("dim,bs", [(16, 4), (64, 12)])
+def test_one_long_context_does_not_change_the_others(dim: int, bs: int) -> None:
     contexts = [3, 9, 300, 7]
-    q, keys, values, tables = _case(contexts, 6, 2, 16, 4)
+    q, keys, values, tables = _case(contexts, 6, 2, dim, bs)
     full = _call(q, keys, values, tables, contexts)
     short = [0, 1, 3]
     part = _call(q[short], keys, values, [tables[i] for i in short],
@@ -301,8 +304,9 @@ def test_amx_path_keeps_extreme_scores_and_batch_invariance(amx_back_on: object)
 _OTHER_BUILDS = {
     # What an AVX512 CPU without avx512_bf16 builds: bf16 keys widened.
     "no-bf16-dot": ({"PREEMPT_SERVE_CPP_BF16_DOT": "0"}, cpp.bf16_dot_wanted()),
-    # What an AVX2 CPU builds: the portable decode loop, the prefill
-    # operator in 8-lane vectors (engine/csrc/paged_prefill_avx2.h).
+    # What an AVX2 CPU builds: float32 decodes and the prefill operator in
+    # 8-lane vectors (engine/csrc/paged_decode_avx2.h, paged_prefill_avx2.h),
+    # bfloat16 decodes on the portable loop.
     "portable": ({"ATEN_CPU_CAPABILITY": "avx2"},
                  torch.backends.cpu.get_cpu_capability() == "AVX512"),
 }
@@ -316,12 +320,14 @@ _OTHER_BUILD_CHECK = (
     "from tests.engine import test_attention_cpp as t, test_logits_cpu as lg\n"
     "from tests.engine import test_prefill_cpp as pf\n"
     "cpp.load_kernel()\n"
-    "for shape in [(9, 3, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (6, 2, 8, 4)]:\n"
+    "for shape in [(9, 3, 64, 16), (16, 2, 128, 8), (4, 4, 96, 24), (6, 2, 8, 4),\n"
+    "              (6, 2, 64, 12)]:\n"
     "    t.test_matches_dense_attention(*shape)\n"
     "    t.test_bfloat16_cache_accumulates_in_float32(*shape)\n"
     "    pf.test_prefill_matches_dense_attention(*shape)\n"
     "    pf.test_prefill_bfloat16_within_its_rounding(*shape)\n"
-    "t.test_online_softmax_keeps_extreme_scores_exact()\n"
+    "for dim in (16, 64):\n"
+    "    t.test_online_softmax_keeps_extreme_scores_exact(dim)\n"
     "pf.test_prefill_online_softmax_keeps_extreme_scores_exact()\n"
     "pf.test_prefill_chunks_agree_with_the_whole_prompt()\n"
     "from tests.engine import test_norm_rotary_cpu as nr\n"

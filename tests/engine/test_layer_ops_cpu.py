@@ -96,11 +96,15 @@ def test_add_norm_is_the_sum_then_the_norm(rows: int, n: int) -> None:
     total, normed = ops.add_rms_norm_bf16(x, r, w, 1e-5)
     assert torch.equal(total, x + r)
     assert torch.equal(normed, ops.rms_norm_bf16(x + r, w, 1e-5))
-    # The layer's helper: the operator for bf16, ATen for float32.
+    # The layer's helper takes the operator, for bf16 and for float32.
     assert torch.equal(llama.add_rms_norm_cpu(x, r, w, 1e-5)[1], normed)
-    xf, rf, wf = x.float(), r.float(), w.float()
+    xf, rf, wf = x.float() * 1.3, r.float(), w.float()
     sf, nf = llama.add_rms_norm_cpu(xf, rf, wf, 1e-5)
-    assert torch.equal(sf, xf + rf) and torch.equal(nf, llama.rms_norm(xf + rf, wf, 1e-5))
+    assert torch.equal(sf, xf + rf) and torch.equal(nf, ops.rms_norm_f32(xf + rf, wf, 1e-5))
+    assert torch.equal(ops.add_rms_norm_f32(xf, rf, wf, 1e-5)[1], nf)
+    torch.testing.assert_close(nf, llama.rms_norm(xf + rf, wf, 1e-5), rtol=4e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="x's dtype"):
+        ops.add_rms_norm_f32(xf, r, wf, 1e-5)
 
 
 def test_write_kv_writes_what_index_copy_writes() -> None:

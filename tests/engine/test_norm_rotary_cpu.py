@@ -1,7 +1,8 @@
-"""The CPU operators for a Llama layer's bf16 RMSNorm and its rotation of q
-and k: the values of the op-by-op versions they replace (bit for bit for
-the rotation, within the sum order for the norm), on strided views as the
-layer hands them over; and the layer taking them where they are loaded."""
+"""The CPU operators for a Llama layer's RMSNorm (bf16 and float32) and its
+rotation of q and k: the values of the op-by-op versions they replace (bit
+for bit for the rotation, within the sum order for the norm), on strided
+views as the layer hands them over; a row's norm whatever rows are beside
+it; and the layer taking them where they are loaded."""
 
 from __future__ import annotations
 
@@ -102,11 +103,32 @@ def test_bf16_norm_matches_the_op_by_op_norm(rows: int, n: int) -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
 
 
-def test_norm_dispatch_keeps_float32_and_unloaded_on_aten(
+@pytest.mark.parametrize("rows,n", [(1, 576), (32, 576), (7, 2048), (3, 10)])
+def test_float32_norm_is_atens_within_rounding_and_per_row(rows: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(n + rows)
+    wide = torch.randn(rows, n + 64, generator=gen) * 4
+    x = wide[:, 32 : 32 + n]
+    w = torch.rand(n, generator=gen) + 0.5
+    got = torch.ops.preempt_serve.rms_norm_f32(x, w, 1e-5)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    torch.testing.assert_close(got, rms_norm(x, w, 1e-5), rtol=4e-6, atol=1e-6)
+    # Each row alone gives the bits it gets among the others.
+    for r in range(rows):
+        assert torch.equal(torch.ops.preempt_serve.rms_norm_f32(x[r : r + 1], w, 1e-5),
+                           got[r : r + 1])
+    assert torch.equal(rms_norm_cpu(x, w, 1e-5), got)
+
+
+def test_norm_dispatch_takes_aten_where_the_operator_does_not_apply(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     x, w = torch.randn(4, 32), torch.rand(32)
-    assert torch.equal(rms_norm_cpu(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    # 3-D rows, a weight of another dtype: ATen's norm.
+    assert torch.equal(rms_norm_cpu(x[None], w, 1e-6), rms_norm(x[None], w, 1e-6))
+    assert torch.equal(rms_norm_cpu(x, w.double(), 1e-6), rms_norm(x, w.double(), 1e-6))
+    with pytest.raises(RuntimeError, match="float32 x and weight"):
+        torch.ops.preempt_serve.rms_norm_f32(x, w.bfloat16(), 1e-6)
     xb, wb = x.bfloat16(), w.bfloat16()
     monkeypatch.setattr(cpp, "_kernel", None)
     assert torch.equal(rms_norm_cpu(xb, wb, 1e-6), rms_norm(xb, wb, 1e-6))
+    assert torch.equal(rms_norm_cpu(x, w, 1e-6), rms_norm(x, w, 1e-6))
