@@ -43,6 +43,39 @@ using preempt_serve_vec::exp_nonpositive;
 
 using preempt_serve_vec::prefetch_span;
 
+// One thread's state for a sequence's decode with an online softmax (the
+// portable loop below and paged_decode_avx2.h): each head's scaled query,
+// weighted sum of values, running maximum and running sum of weights.
+struct OnlineState {
+  std::vector<float> qf, acc, run_max, run_sum;
+
+  OnlineState(int64_t heads, int64_t dim)
+      : qf(heads * dim), acc(heads * dim), run_max(heads), run_sum(heads) {}
+
+  // Before a sequence: its queries `q` [heads, dim] times `scale`, the rest
+  // from nothing.
+  template <typename T>
+  void start(const T* q, int64_t heads, int64_t dim, float scale) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < dim; ++d) {
+        qf[h * dim + d] = to_float(q[h * dim + d]) * scale;
+        acc[h * dim + d] = 0.0f;
+      }
+      run_max[h] = -std::numeric_limits<float>::infinity();
+      run_sum[h] = 0.0f;
+    }
+  }
+
+  // After it: each head's weighted sum over its sum of weights into `out`.
+  template <typename T>
+  void finish(T* out, int64_t heads, int64_t dim) const {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float inv = 1.0f / run_sum[h];
+      for (int64_t d = 0; d < dim; ++d) out[h * dim + d] = static_cast<T>(acc[h * dim + d] * inv);
+    }
+  }
+};
+
 // DIM > 0: the head dim as a constant the loops unroll on; 0: read from dim.
 template <typename scalar_t, int DIM_T>
 void decode(int64_t dim, const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_cache,
@@ -55,21 +88,15 @@ void decode(int64_t dim, const scalar_t* q, const scalar_t* key_cache, const sca
   const int64_t blk_stride = block_size * tok_stride;
   const int64_t tok_bytes = tok_stride * static_cast<int64_t>(sizeof(scalar_t));
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf_buf(heads * DIM), acc_buf(heads * DIM), sc_buf(heads * block_size);
-    std::vector<float> run_max(heads), run_sum(heads);
-    float* qf = qf_buf.data();
-    float* acc = acc_buf.data();
+    OnlineState st(heads, DIM);
+    std::vector<float> sc_buf(heads * block_size);
+    float* qf = st.qf.data();
+    float* acc = st.acc.data();
+    float* run_max = st.run_max.data();
+    float* run_sum = st.run_sum.data();
     float* sc = sc_buf.data();
     for (int64_t i = begin; i < end; ++i) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const scalar_t* qp = q + (i * heads + h) * DIM;
-        for (int64_t d = 0; d < DIM; ++d) {
-          qf[h * DIM + d] = to_float(qp[d]) * scale;
-          acc[h * DIM + d] = 0.0f;
-        }
-        run_max[h] = -std::numeric_limits<float>::infinity();
-        run_sum[h] = 0.0f;
-      }
+      st.start(q + i * heads * DIM, heads, DIM, scale);
       const int64_t ctx = context_lens[i];
       const int64_t* table = block_ids + table_starts[i];
       const int64_t num_blocks = (ctx + block_size - 1) / block_size;
@@ -131,11 +158,7 @@ void decode(int64_t dim, const scalar_t* q, const scalar_t* key_cache, const sca
           }
         }
       }
-      for (int64_t h = 0; h < heads; ++h) {
-        scalar_t* op = out + (i * heads + h) * DIM;
-        const float inv = 1.0f / run_sum[h];
-        for (int64_t d = 0; d < DIM; ++d) op[d] = static_cast<scalar_t>(acc[h * DIM + d] * inv);
-      }
+      st.finish(out + i * heads * DIM, heads, DIM);
     }
   });
 }

@@ -131,19 +131,15 @@ void decode_avx2(const float* q, const float* key_cache, const float* value_cach
   // Calls of the weighted sum a block: KV heads x tiles of heads x slices.
   const int64_t groups = (group + HT - 1) / HT, calls = kv_heads * groups * (DIM / 16);
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf_buf(heads * DIM), acc_buf(heads * DIM), sc_buf(heads * padded);
-    std::vector<float> run_max(heads), run_sum(heads);
-    float* qf = qf_buf.data();
-    float* accm = acc_buf.data();
+    OnlineState st(heads, DIM);
+    std::vector<float> sc_buf(heads * padded);
+    const float* qf = st.qf.data();
+    float* accm = st.acc.data();
+    float* run_max = st.run_max.data();
+    float* run_sum = st.run_sum.data();
     float* sc = sc_buf.data();
     for (int64_t i = begin; i < end; ++i) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* qp = q + (i * heads + h) * DIM;
-        for (int64_t d = 0; d < DIM; ++d) qf[h * DIM + d] = qp[d] * scale;
-        run_max[h] = -std::numeric_limits<float>::infinity();
-        run_sum[h] = 0.0f;
-      }
-      std::memset(accm, 0, heads * DIM * sizeof(float));
+      st.start(q + i * heads * DIM, heads, DIM, scale);
       const int64_t ctx = context_lens[i];
       const int64_t* table = block_ids + table_starts[i];
       const int64_t num_blocks = (ctx + block_size - 1) / block_size;
@@ -229,12 +225,7 @@ void decode_avx2(const float* q, const float* key_cache, const float* value_cach
           }
         }
       }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* op = out + (i * heads + h) * DIM;
-        const float* a = accm + h * DIM;
-        const float inv = 1.0f / run_sum[h];
-        for (int64_t d = 0; d < DIM; ++d) op[d] = a[d] * inv;
-      }
+      st.finish(out + i * heads * DIM, heads, DIM);
     }
   });
 }
