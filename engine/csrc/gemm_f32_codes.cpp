@@ -273,9 +273,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   const float* bp = o.bias_ptr();
   const int64_t lda = o.lda;
   const int64_t chunks = gemm_f32::row_chunks(m, k);
+  const bool q4 = bytes == kQ4Bytes;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t m0 = c * m / chunks, m1 = (c + 1) * m / chunks;
-    const bool q4 = bytes == kQ4Bytes;
     if (m1 - m0 <= gemm_f32::kRows) {
       // Rows that fit one block decode in registers.  Two blocks (up to 12
       // rows) ran no faster that way on a Zen 3 core than through the buffer:

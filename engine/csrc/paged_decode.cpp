@@ -16,7 +16,8 @@
 // whatever the cache dtype.  That portable loop serves every build; a build
 // for an AVX512 capability takes float32 and bfloat16 caches through the
 // vectorized passes further down (decode_avx512) instead, and an AVX2 build
-// float32 caches through the same passes on 8 lanes (paged_decode_avx2.h).
+// float32 caches through this loop's walk with its scores and weighted sums
+// in 8-lane vectors (paged_decode_avx2.h).
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -66,6 +67,29 @@ struct OnlineState {
     }
   }
 
+  // Head h's scores of one block, s[0, len), into their weights (the online
+  // softmax, FlashAttention): the running maximum taken up to the block's,
+  // and where it grows, what was summed so far rescaled.
+  void weigh_block(int64_t h, float* s, int64_t len, int64_t dim) {
+    float m = run_max[h];
+    for (int64_t t = 0; t < len; ++t) m = s[t] > m ? s[t] : m;
+    const float corr = exp_nonpositive(run_max[h] - m);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < len; ++t) {
+      const float p = exp_nonpositive(s[t] - m);
+      s[t] = p;
+      sum += p;
+    }
+    run_sum[h] = run_sum[h] * corr + sum;
+    run_max[h] = m;
+    if (corr != 1.0f) {
+      float* a = acc.data() + h * dim;
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) a[d] *= corr;
+    }
+  }
+
   // After it: each head's weighted sum over its sum of weights into `out`.
   template <typename T>
   void finish(T* out, int64_t heads, int64_t dim) const {
@@ -90,10 +114,8 @@ void decode(int64_t dim, const scalar_t* q, const scalar_t* key_cache, const sca
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     OnlineState st(heads, DIM);
     std::vector<float> sc_buf(heads * block_size);
-    float* qf = st.qf.data();
+    const float* qf = st.qf.data();
     float* acc = st.acc.data();
-    float* run_max = st.run_max.data();
-    float* run_sum = st.run_sum.data();
     float* sc = sc_buf.data();
     for (int64_t i = begin; i < end; ++i) {
       st.start(q + i * heads * DIM, heads, DIM, scale);
@@ -122,27 +144,7 @@ void decode(int64_t dim, const scalar_t* q, const scalar_t* key_cache, const sca
             }
           }
         }
-        // Online softmax: rescale what was accumulated when the max grows.
-        for (int64_t h = 0; h < heads; ++h) {
-          float* s = sc + h * block_size;
-          float m = run_max[h];
-          for (int64_t t = 0; t < len; ++t) m = s[t] > m ? s[t] : m;
-          const float corr = exp_nonpositive(run_max[h] - m);
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t t = 0; t < len; ++t) {
-            const float p = exp_nonpositive(s[t] - m);
-            s[t] = p;
-            sum += p;
-          }
-          run_sum[h] = run_sum[h] * corr + sum;
-          run_max[h] = m;
-          if (corr != 1.0f) {
-            float* a = acc + h * DIM;
-#pragma omp simd
-            for (int64_t d = 0; d < DIM; ++d) a[d] *= corr;
-          }
-        }
+        for (int64_t h = 0; h < heads; ++h) st.weigh_block(h, sc + h * block_size, len, DIM);
         // Weighted sum of V; K of the next block is fetched meanwhile.
         for (int64_t t = 0; t < len; ++t) {
           prefetch_span(reinterpret_cast<const char*>(kn + t * tok_stride), tok_bytes);

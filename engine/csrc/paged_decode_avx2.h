@@ -5,8 +5,7 @@
 //  1. every head's scores against the block's keys, 8 tokens of a KV head
 //     at once: per token a vector of partial products, the 8 folded into
 //     one vector of 8 scores (three rounds of horizontal adds);
-//  2. the online softmax (running maximum and sum, FlashAttention), in
-//     vectors;
+//  2. the portable loop's online softmax (OnlineState::weigh_block);
 //  3. the weighted sum of the values, each value row read once for up to
 //     four heads of its group, 16 of its elements at a time, the sums in
 //     registers across the block.
@@ -28,8 +27,6 @@
 #define PAGED_DECODE_AVX2 1
 
 namespace {
-
-using preempt_serve_vec::exp_nonpositive8;
 
 // A share of a span to prefetch, spread over a loop's rows: `lines` cache
 // lines from `base`, `per_row` of them as each row is computed on.  Blocks
@@ -135,8 +132,6 @@ void decode_avx2(const float* q, const float* key_cache, const float* value_cach
     std::vector<float> sc_buf(heads * padded);
     const float* qf = st.qf.data();
     float* accm = st.acc.data();
-    float* run_max = st.run_max.data();
-    float* run_sum = st.run_sum.data();
     float* sc = sc_buf.data();
     for (int64_t i = begin; i < end; ++i) {
       st.start(q + i * heads * DIM, heads, DIM, scale);
@@ -163,39 +158,7 @@ void decode_avx2(const float* q, const float* key_cache, const float* value_cach
             }
           }
         }
-        // Online softmax, block by block (FlashAttention): where the maximum
-        // grows, what was summed so far is rescaled.
-        for (int64_t h = 0; h < heads; ++h) {
-          float* s = sc + h * padded;
-          float m = run_max[h];
-          for (int64_t t = 0; t < len; ++t) m = s[t] > m ? s[t] : m;
-          const float corr = preempt_serve_vec::exp_nonpositive(run_max[h] - m);
-          const __m256 mv = _mm256_set1_ps(m);
-          __m256 sum = _mm256_setzero_ps();
-          int64_t t = 0;
-          for (; t + 8 <= len; t += 8) {
-            const __m256 p = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
-            _mm256_storeu_ps(s + t, p);
-            sum = _mm256_add_ps(sum, p);
-          }
-          alignas(32) float lanes[8];
-          _mm256_store_ps(lanes, sum);
-          float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                        ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-          for (; t < len; ++t) {
-            s[t] = preempt_serve_vec::exp_nonpositive(s[t] - m);
-            total += s[t];
-          }
-          run_sum[h] = run_sum[h] * corr + total;
-          run_max[h] = m;
-          if (corr != 1.0f) {
-            float* a = accm + h * DIM;
-            const __m256 c = _mm256_set1_ps(corr);
-            for (int64_t d = 0; d < DIM; d += 8) {
-              _mm256_storeu_ps(a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), c));
-            }
-          }
-        }
+        for (int64_t h = 0; h < heads; ++h) st.weigh_block(h, sc + h * padded, len, DIM);
         // The weighted values, each row read once for up to HT heads of its
         // group, 16 elements at a time; the next block's keys fetched
         // meanwhile.

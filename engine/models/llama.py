@@ -50,26 +50,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-# The C++ norms (engine/csrc/norm_rotary.cpp), by the rows' dtype.
-_CPP_NORMS = {torch.bfloat16: ("rms_norm_bf16", "add_rms_norm_bf16"),
-              torch.float32: ("rms_norm_f32", "add_rms_norm_f32")}
+# The C++ norms' dtypes (engine/csrc/norm_rotary.cpp: rms_norm_<suffix>,
+# add_rms_norm_<suffix>).
+_CPP_NORM_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
-def _cpp_norm(x: torch.Tensor, weight: torch.Tensor, which: int) -> str | None:
-    """The C++ operator's name for these 2-D rows where it is loaded."""
-    names = _CPP_NORMS.get(x.dtype)
-    if (names is None or weight.dtype is not x.dtype or x.dim() != 2 or x.stride(-1) != 1
+def _cpp_norm_suffix(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """The C++ norms' suffix for these 2-D rows, where they are loaded."""
+    if (weight.dtype is not x.dtype or x.dim() != 2 or x.stride(-1) != 1
             or not attention_cpp.loaded()):
         return None
-    return names[which]
+    return _CPP_NORM_SUFFIX.get(x.dtype)
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`rms_norm` by one C++ operator where it is loaded: bfloat16 rows with
     the same rounding; float32 rows with the sum of squares in another order
     than ATen's (a value may differ in its last bits, still per row)."""
-    if (name := _cpp_norm(x, weight, 0)) is not None:
-        return getattr(torch.ops.preempt_serve, name)(x, weight, eps)
+    if (suffix := _cpp_norm_suffix(x, weight)) is not None:
+        return getattr(torch.ops.preempt_serve, f"rms_norm_{suffix}")(x, weight, eps)
     return rms_norm(x, weight, eps)
 
 
@@ -77,9 +76,8 @@ def add_rms_norm_cpu(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, its norm): one C++ operator where it is loaded (the add
     rounded as ATen's, then `rms_norm_cpu`)."""
-    if (r.dtype is x.dtype and r.stride(-1) == 1
-            and (name := _cpp_norm(x, weight, 1)) is not None):
-        return getattr(torch.ops.preempt_serve, name)(x, r, weight, eps)
+    if r.dtype is x.dtype and r.stride(-1) == 1 and (suffix := _cpp_norm_suffix(x, weight)):
+        return getattr(torch.ops.preempt_serve, f"add_rms_norm_{suffix}")(x, r, weight, eps)
     x = x + r
     return x, rms_norm(x, weight, eps)
 
