@@ -5,7 +5,7 @@ Three engines side by side, step by step in turn: ours with `weight_codes`
 (every projection from its Q4_1 codes, the lm_head from the embedding's Q8_0
 ones: engine/csrc/gemm_f32_codes.cpp), ours with float32 weights on the same
 GEMM, and HF eager with a `DynamicCache`.  Decode steps at each batch size
-over 128-token contexts, each sequence on its own copy of the context's K/V
+over 128-token contexts (`--context`), each sequence on its own copy of the context's K/V
 (as `bench.engine_bench --distinct-kv`), then prefill of one prompt; medians.
 The greedy tokens of the two engines are compared step by step (the products
 are the same bits, so the tokens must be the same).
@@ -35,10 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3, help="rounds of every measurement")
     p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--context", type=int, default=128, help="decode context per sequence")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     common = ["--decode-batches", a.batches, "--decode-steps", str(a.steps), "--warmup", "1",
+              "--decode-context", str(a.context),
               "--prefill-lens", str(a.prefill), "--distinct-kv", "--threads", "1",
               "--pack-projections", "f32_fma"]
     codes = OursBench(bench_args(common), a.dtype)
