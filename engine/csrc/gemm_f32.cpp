@@ -139,10 +139,10 @@ void gemm_range(const float* x, int64_t lda, const float* w, int64_t k, const fl
 
 #endif  // PREEMPT_SERVE_F32_FMA
 
-// How many row chunks of about `kRowBytes` of x the `m` rows take, cut evenly
+// How many row chunks of about `bytes` of x the `m` rows take, cut evenly
 // (at K = 1,536, 32 rows as 16 and 16, not 30 and a latency-bound 2).
-int64_t row_chunks(int64_t m, int64_t k) {
-  const int64_t most = std::max<int64_t>(kRows, kRowBytes / (k * 4) / kRows * kRows);
+int64_t row_chunks(int64_t m, int64_t k, int64_t bytes = kRowBytes) {
+  const int64_t most = std::max<int64_t>(kRows, bytes / (k * 4) / kRows * kRows);
   return (m + most - 1) / most;
 }
 

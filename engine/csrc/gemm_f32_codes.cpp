@@ -25,7 +25,14 @@
 // and multiplies them at once; for more it decodes a panel (16 columns, all
 // K) into a per-thread float32 buffer in gemm_f32.cpp's layout, one FMA or
 // multiply per weight, and runs gemm_f32.cpp's micro-kernel on it for every
-// row block.  Either way each output is the same FMA chain over k on the
+// row block.  That decode is 14-16 % of the work at 32 rows
+// (studies/engine_cpu/README.md) and is paid once per row chunk, so the
+// chunks here are 4 MiB of x, not gemm_f32.cpp's 192 KiB (which keep x in
+// L2 while float32 weights stream from memory): x's rows stream from L3 at
+// an eighth of a byte per FLOP instead, and SmolLM2's projections ran
+// 1.02x / 1.05x / 1.07x faster at 32 / 96 / 512 rows, those over K = 1,536
+// 1.08-1.12x (studies/engine_cpu/codes_chunks.py).
+// Either way each output is the same FMA chain over k on the
 // same weights as gemm_f32.cpp's, so the same bits, whatever the rows
 // (deterministic mode needs no tiles here either).
 
@@ -47,6 +54,12 @@ namespace gemm_codes {
 constexpr int64_t kBlockK = 32;
 constexpr int64_t kQ4Bytes = 64 + 64 + kBlockK * 8;
 constexpr int64_t kQ8Bytes = 64 + kBlockK * 16;
+// Bytes of x a row chunk takes (header); a macro so that the study above can
+// build the previous size beside it.
+#ifndef PREEMPT_SERVE_CODES_ROW_BYTES
+#define PREEMPT_SERVE_CODES_ROW_BYTES (4 << 20)
+#endif
+constexpr int64_t kRowBytes = PREEMPT_SERVE_CODES_ROW_BYTES;
 
 float to_half(float v) { return static_cast<float>(c10::Half(v)); }
 
@@ -272,7 +285,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   float* yp = y.data_ptr<float>();
   const float* bp = o.bias_ptr();
   const int64_t lda = o.lda;
-  const int64_t chunks = gemm_f32::row_chunks(m, k);
+  const int64_t chunks = gemm_f32::row_chunks(m, k, kRowBytes);
   const bool q4 = bytes == kQ4Bytes;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t m0 = c * m / chunks, m1 = (c + 1) * m / chunks;

@@ -43,8 +43,9 @@ def _q8_0(n: int, k: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("make,fmt,block_bytes", [(_q4_1, "q4", 384), (_q8_0, "q8", 576)])
 @pytest.mark.parametrize("m,n,k", [
     (1, 16, 32), (5, 48, 576), (32, 960, 576),
-    # Several row chunks (30 rows each at K = 1,536) and a short last one.
-    (97, 48, 1536),
+    # One row chunk of 97 rows at K = 1,536 (float32 weights take four),
+    # and two of 4 MiB of x (gemm_f32_codes.cpp's row chunks).
+    (97, 48, 1536), (700, 32, 1536),
 ])
 def test_codes_give_the_float32_weights_products_bit_for_bit(
         make, fmt: str, block_bytes: int, m: int, n: int, k: int) -> None:
