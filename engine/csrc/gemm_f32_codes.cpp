@@ -54,8 +54,8 @@ namespace gemm_codes {
 constexpr int64_t kBlockK = 32;
 constexpr int64_t kQ4Bytes = 64 + 64 + kBlockK * 8;
 constexpr int64_t kQ8Bytes = 64 + kBlockK * 16;
-// Bytes of x a row chunk takes (header); a macro so that the study above can
-// build the previous size beside it.
+// Bytes of x a row chunk takes (the header says why); a macro so that
+// studies/engine_cpu/codes_chunks.py can build the previous size beside it.
 #ifndef PREEMPT_SERVE_CODES_ROW_BYTES
 #define PREEMPT_SERVE_CODES_ROW_BYTES (4 << 20)
 #endif
