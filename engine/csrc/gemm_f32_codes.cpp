@@ -29,9 +29,8 @@
 // (studies/engine_cpu/README.md) and is paid once per row chunk, so the
 // chunks here are 4 MiB of x, not gemm_f32.cpp's 192 KiB (which keep x in
 // L2 while float32 weights stream from memory): x's rows stream from L3 at
-// an eighth of a byte per FLOP instead, and SmolLM2's projections ran
-// 1.02x / 1.05x / 1.07x faster at 32 / 96 / 512 rows, those over K = 1,536
-// 1.08-1.12x (studies/engine_cpu/codes_chunks.py).
+// an eighth of a byte per FLOP instead (studies/engine_cpu/codes_chunks.py
+// times both sizes).
 // Either way each output is the same FMA chain over k on the
 // same weights as gemm_f32.cpp's, so the same bits, whatever the rows
 // (deterministic mode needs no tiles here either).
