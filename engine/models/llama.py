@@ -10,9 +10,9 @@ AVX512 CPU (on an AVX2 one in float32), SiLU and the product read the two
 halves in one C++ operator (engine/csrc/silu_mul.cpp), and in bf16 each
 residual sum is one operator with the norm that follows it
 (norm_rotary.cpp), with ATen's roundings: the same bits as the op-by-op
-forward in bf16.  Where a step is decodes only on packed bf16
-projections (`_decode_layer_args`), each layer is one C++ operator that
-calls the same operators in the same order (engine/csrc/decode_layer.cpp):
+forward in bf16.  Where a step is decodes only on our packed bf16 or
+float32 projections (`_decode_layer_args`), each layer is one C++ operator
+that calls the same operators in the same order (engine/csrc/decode_layer.cpp):
 the same bits again, without Python between them.
 """
 
@@ -28,7 +28,7 @@ from torch import nn
 
 from engine import attention_cpp
 from engine.kv_cache import KVCache
-from engine.models import packed_bf16
+from engine.models import packed_bf16, packed_f32
 from engine.models.activations import activation
 from engine.models.base import (
     CausalLM,
@@ -80,6 +80,14 @@ def add_rms_norm_cpu(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
         return getattr(torch.ops.preempt_serve, f"add_rms_norm_{suffix}")(x, r, weight, eps)
     x = x + r
     return x, rms_norm(x, weight, eps)
+
+
+# Packings whose projections a decoder layer's one operator takes: the
+# activations' dtype, and whether a weight is in that packed layout.
+_LAYER_PACKINGS: dict[str, tuple[torch.dtype, Callable[[torch.Tensor], bool]]] = {
+    "bf16_dot": (torch.bfloat16, packed_bf16.is_packed),
+    "f32_fma": (torch.float32, packed_f32.is_packed),
+}
 
 
 def _bias(n: int, enabled: bool, dtype: torch.dtype, device: torch.device) -> nn.Parameter | None:
@@ -268,19 +276,23 @@ class LlamaForCausalLM(CausalLM):
     def _decode_layer_args(
         self, batch: ForwardBatch, t: int
     ) -> tuple[list[torch.Tensor], bool] | None:
-        """The step's tensors for `decode_layer_bf16` (the decode operator's,
-        then the positions) and whether the cache is in `tiles`, where every
-        layer can be that one operator: bfloat16 on CPU, the projections in
-        our packed layout, SiLU, no LoRA or tensor parallelism, and a step of
-        decodes only that the attention answers with its decode operator."""
-        if (self.packing != "bf16_dot" or batch.lora is not None or self.tp.enabled
+        """The step's tensors for `decode_layer_bf16` / `decode_layer_f32` (the
+        decode operator's, then the positions) and whether the cache is in
+        `tiles`, where every layer can be that one operator: on CPU, the
+        projections in our packed bfloat16 or float32 layout, SiLU (whose
+        operator runs in vectors there), no LoRA or tensor parallelism, and a
+        step of decodes only that the attention answers with its decode
+        operator."""
+        packed = _LAYER_PACKINGS.get(self.packing)
+        if (packed is None or batch.lora is not None or self.tp.enabled
                 or not self._silu or self.add_norm_fn is None or self.attn is None
-                or batch.positions.device.type != "cpu" or not attention_cpp.vectorized()):
+                or batch.positions.device.type != "cpu"
+                or not attention_cpp.silu_mul_vectorized(packed[0])):
             return None
         if self._layers_packed[0] != self.packing:
             # Packing leaves a weight of a shape the layout cannot take as it was.
             self._layers_packed = (self.packing, all(
-                packed_bf16.is_packed(getattr(layer, name))
+                packed[1](getattr(layer, name))
                 for layer in self.layers for name in self.projection_names))
         if not self._layers_packed[1]:
             return None
@@ -292,7 +304,8 @@ class LlamaForCausalLM(CausalLM):
     def _decode_layers(self, x: torch.Tensor, h: torch.Tensor, layers: tuple[Any, ...],
                        kv_cache: KVCache, step: list[torch.Tensor], tiles: bool) -> torch.Tensor:
         """Every layer as one operator each (`_decode_layer_args` says when)."""
-        op = torch.ops.preempt_serve.decode_layer_bf16
+        op = (torch.ops.preempt_serve.decode_layer_f32 if self.packing == "f32_fma"
+              else torch.ops.preempt_serve.decode_layer_bf16)
         cos, sin = self.rotary.cos, self.rotary.sin
         heads, kv_heads, eps, scale = self.num_heads, self.num_kv_heads, self.eps, self.scale
         last = len(layers) - 1

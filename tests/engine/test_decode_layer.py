@@ -3,8 +3,10 @@
 
 It calls the operators the op-by-op layer calls, in the same order, so each
 decode step's hidden states and the K/V it writes must be the same bits as
-the op-by-op forward of the same step.  Runs where the operators' library
-has its AVX512-BF16 build (the packed bf16 projections it needs)."""
+the op-by-op forward of the same step.  In bfloat16 where the operators'
+library has its AVX512-BF16 build (the packed bf16 projections it needs); in
+float32 where it has the AVX2 FMA GEMMs (projections on float32 weights, and
+SmolLM2's on its GGUF codes)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,16 @@ import pytest
 import torch
 
 from engine.attention import SeqSpan, get_attention_backend
-from engine.models import packed_bf16
+from engine.models import packed_bf16, packed_f32
 from engine.models.llama import LlamaForCausalLM
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from tests.engine.helpers import drive, random_prompts
 
-pytestmark = pytest.mark.skipif(not packed_bf16.built(),
+needs_bf16 = pytest.mark.skipif(not packed_bf16.built(),
                                 reason="no AVX512-BF16 build of the C++ operators here")
+needs_f32 = pytest.mark.skipif(not packed_f32.built(),
+                               reason="no AVX2 FMA build of the C++ operators here")
 
 BS = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
@@ -54,25 +58,38 @@ def _checked_forward(model: LlamaForCausalLM, seen: dict[str, int]) -> Any:
     return checked
 
 
-@pytest.mark.parametrize("model_fixture,deterministic", [
-    ("tiny_llama_path", False),
+BF16 = ("bfloat16", "bf16_dot")
+F32 = ("float32", "f32_fma")
+
+
+@pytest.mark.parametrize("kind,model_fixture,deterministic", [
+    pytest.param(BF16, "tiny_llama_path", False, marks=needs_bf16),
     # Heads of 32: deterministic mode's prompts on the prefill operator.
-    ("tiny_llama_d32_path", True),
+    pytest.param(BF16, "tiny_llama_d32_path", True, marks=needs_bf16),
     # Heads of 16, whose prompts deterministic mode gives the decode operator
     # (every step is then decodes only to the layers).
-    ("tiny_llama_path", True),
+    pytest.param(BF16, "tiny_llama_path", True, marks=needs_bf16),
     # Biases on q, k, v and o, tied embeddings, a head dim of 16, llama3 RoPE.
-    ("tiny_llama3_rope_path", False),
+    pytest.param(BF16, "tiny_llama3_rope_path", False, marks=needs_bf16),
+    pytest.param(F32, "tiny_llama_path", False, marks=needs_f32),
+    pytest.param(F32, "tiny_llama_path", True, marks=needs_f32),
+    pytest.param(F32, "tiny_llama3_rope_path", False, marks=needs_f32),
+    # Every projection on its 4-bit codes: the C++ layer picks each
+    # projection's GEMM by its packing, as the op-by-op linear does.
+    pytest.param(F32, "smollm2_path", True, marks=needs_f32),
 ])
 def test_one_operator_layers_give_the_op_by_op_bits(
-    model_fixture: str, deterministic: bool, request: pytest.FixtureRequest
+    kind: tuple[str, str], model_fixture: str, deterministic: bool,
+    request: pytest.FixtureRequest
 ) -> None:
+    dtype, packing = kind
     path: Path = request.getfixturevalue(model_fixture)
-    runner = ModelRunner(path, "bfloat16", "cpu", num_blocks=64, block_size=BS,
+    runner = ModelRunner(path, dtype, "cpu", num_blocks=64, block_size=BS,
                          max_model_len=64, num_threads=1, attention_backend="cpp",
-                         deterministic=deterministic, pack_projections="bf16_dot")
+                         deterministic=deterministic, pack_projections=packing)
     model = runner.model
-    assert isinstance(model, LlamaForCausalLM) and model.packing == "bf16_dot"
+    assert isinstance(model, LlamaForCausalLM) and model.packing == packing
+    assert ("q4" in model.weight_codes()) == (model_fixture == "smollm2_path")
     seen = {"fused": 0, "op_by_op": 0}
     model.forward = _checked_forward(model, seen)  # type: ignore[method-assign]
     prompts = random_prompts([5, 11, 3, 8], seed=2)
@@ -86,6 +103,7 @@ def test_one_operator_layers_give_the_op_by_op_bits(
     assert (seen["op_by_op"] > 0) == prefill_path
 
 
+@needs_bf16
 def test_unpacked_projections_take_the_op_by_op_layers(tiny_llama_path: Path) -> None:
     runner = ModelRunner(tiny_llama_path, "bfloat16", "cpu", num_blocks=64, block_size=BS,
                          max_model_len=64, num_threads=1, attention_backend="cpp",
@@ -98,6 +116,7 @@ def test_unpacked_projections_take_the_op_by_op_layers(tiny_llama_path: Path) ->
     assert seen["fused"] == 0 and seen["op_by_op"] > 0
 
 
+@needs_bf16
 def test_the_backend_offers_only_decode_only_steps() -> None:
     cls = get_attention_backend("cpp")
     backend = cls(4, 2, 16, BS, torch.device("cpu"), dtype=torch.bfloat16)
