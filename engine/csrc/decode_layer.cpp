@@ -87,8 +87,8 @@ at::Tensor project(const LayerOps& ops, bool f32, const at::Tensor& x, const at:
 // operator's metadata, the K/V write's slots, the rotation's positions).
 // Returns (x + the layer's output, its norm by `next_norm`), or (x + output)
 // twice for the last layer, which has none.
-TensorPair decode_layer(bool f32, const at::Tensor& x, const at::Tensor& h,
-                        at::TensorList weights,
+template <bool f32>
+TensorPair decode_layer(const at::Tensor& x, const at::Tensor& h, at::TensorList weights,
                         const c10::List<std::optional<at::Tensor>>& biases,
                         const std::optional<at::Tensor>& next_norm,
                         const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -129,18 +129,6 @@ TensorPair decode_layer(bool f32, const at::Tensor& x, const at::Tensor& h,
   return {out, out};
 }
 
-template <bool F32>
-TensorPair decode_layer_of(const at::Tensor& x, const at::Tensor& h, at::TensorList weights,
-                           const c10::List<std::optional<at::Tensor>>& biases,
-                           const std::optional<at::Tensor>& next_norm,
-                           const at::Tensor& key_cache, const at::Tensor& value_cache,
-                           at::TensorList step, const at::Tensor& cos_table,
-                           const at::Tensor& sin_table, int64_t num_heads,
-                           int64_t num_kv_heads, double eps, double scale, bool tiles) {
-  return decode_layer(F32, x, h, weights, biases, next_norm, key_cache, value_cache, step,
-                      cos_table, sin_table, num_heads, num_kv_heads, eps, scale, tiles);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
@@ -155,6 +143,6 @@ TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
 }
 
 TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {
-  m.impl("decode_layer_bf16", &decode_layer_of<false>);
-  m.impl("decode_layer_f32", &decode_layer_of<true>);
+  m.impl("decode_layer_bf16", &decode_layer<false>);
+  m.impl("decode_layer_f32", &decode_layer<true>);
 }

@@ -83,10 +83,10 @@ def add_rms_norm_cpu(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
 
 
 # Packings whose projections a decoder layer's one operator takes: the
-# activations' dtype, and whether a weight is in that packed layout.
-_LAYER_PACKINGS: dict[str, tuple[torch.dtype, Callable[[torch.Tensor], bool]]] = {
-    "bf16_dot": (torch.bfloat16, packed_bf16.is_packed),
-    "f32_fma": (torch.float32, packed_f32.is_packed),
+# activations' dtype, whether a weight is in that packed layout, the operator.
+_LAYER_PACKINGS: dict[str, tuple[torch.dtype, Callable[[torch.Tensor], bool], str]] = {
+    "bf16_dot": (torch.bfloat16, packed_bf16.is_packed, "decode_layer_bf16"),
+    "f32_fma": (torch.float32, packed_f32.is_packed, "decode_layer_f32"),
 }
 
 
@@ -304,8 +304,7 @@ class LlamaForCausalLM(CausalLM):
     def _decode_layers(self, x: torch.Tensor, h: torch.Tensor, layers: tuple[Any, ...],
                        kv_cache: KVCache, step: list[torch.Tensor], tiles: bool) -> torch.Tensor:
         """Every layer as one operator each (`_decode_layer_args` says when)."""
-        op = (torch.ops.preempt_serve.decode_layer_f32 if self.packing == "f32_fma"
-              else torch.ops.preempt_serve.decode_layer_bf16)
+        op = getattr(torch.ops.preempt_serve, _LAYER_PACKINGS[self.packing][2])
         cos, sin = self.rotary.cos, self.rotary.sin
         heads, kv_heads, eps, scale = self.num_heads, self.num_kv_heads, self.eps, self.scale
         last = len(layers) - 1
