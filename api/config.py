@@ -25,6 +25,7 @@ from api.lora_runtime_settings import LoraRuntimeSettings
 from api.tool_formats import ToolCallFormatName
 from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
+from scheduler.cost import IterationCostSettings
 
 # What a LoRA adapter's name may be (`lora_adapters`).
 
@@ -251,6 +252,11 @@ class AppConfig(SchedulingSettings):
     host_kv_tokens: int = Field(0, ge=0)
     predictor: PredictorSettings = PredictorSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    # The iteration cost model the policies, admission control and the
+    # autoscaler use (scheduler/cost.py); None: each engine replica times a
+    # few iterations of its model when it starts (engine/profiler.py) and
+    # logs the figures to pin here.
+    iteration_cost: IterationCostSettings | None = None
     # Under `policy: conserve`, where offline requests wait for a replica
     # with room (the Scheduler deployment's pool, scheduler/offline_pool.py).
     offline_pool: OfflinePoolConfig = OfflinePoolConfig()

@@ -21,9 +21,11 @@ tier's copy thread stops.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
+from dataclasses import asdict
 from typing import Any, AsyncIterator
 
 from ray import serve
@@ -41,7 +43,8 @@ from deployments.gc_heap import freeze_startup_heap
 from deployments.generate_request import sampling_params
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
-from scheduler.cost import CostEstimator
+from scheduler.config import SchedulerConfig
+from scheduler.cost import CostEstimator, LinearCost
 from scheduler.cost_fit import LiveCost, typical_batch
 from scheduler.job import JobClass
 from scheduler.offline_pool import recompute_bound
@@ -84,6 +87,28 @@ class _StoppedJobLogs(logging.Filter):
 
 def _wire(lp: Any) -> dict[str, Any]:
     return {"logprob": lp.logprob, "top": lp.top, "rank": lp.rank}
+
+
+def _start_costs(runner: Any, cfg: AppConfig, sched_cfg: SchedulerConfig,
+                 needs_cost: bool) -> tuple[LinearCost | None, float]:
+    """The iteration cost model (where anything reads it) and admission's
+    full-batch tokens/s until the loop measures one under real load: from
+    `iteration_cost` where the config pins it, else timed on the model."""
+    batch = sched_cfg.max_batch_size
+    if cfg.iteration_cost is not None:
+        cost = cfg.iteration_cost.cost()
+        log.info("iteration cost pinned by the config: %s", cost)
+        return cost, batch / cost.decode_time(batch)
+    from engine.profiler import estimate_cost, full_batch_throughput
+
+    tokens_per_s = full_batch_throughput(runner, sched_cfg.block_size, batch)
+    if not needs_cost:
+        return None, tokens_per_s
+    cost = estimate_cost(runner, sched_cfg.block_size)
+    pin = {k: v for k, v in asdict(cost).items() if v is not None}
+    log.info("iteration cost timed at start: %s (to pin it: iteration_cost: %s)", cost,
+             json.dumps(pin))
+    return cost, tokens_per_s
 
 
 @serve.deployment(name="Engine", max_ongoing_requests=4096, health_check_period_s=10,
@@ -153,23 +178,15 @@ class Engine(EngineFigures):
                 tier = self.kv_tier
                 await asyncio.to_thread(self.shards.set_kv_tier, tier.directory, tier.name,
                                         tier.namespace, owner)
-        from engine.profiler import full_batch_throughput
-
-        # Admission's speed until the loop measures one under real load.
-        self.start_tokens_per_s = full_batch_throughput(
-            self.runner, sched_cfg.block_size, sched_cfg.max_batch_size)
         adm = self.cfg.admission
         self.bound = AdmissionBound(adm.ttft_slo_s, adm.max_queued_tokens,
                                     adm.max_backlog_s if adm.per_queue_wait else None)
         # The TTFT estimate of admission control needs the cost model
         # (scheduler/admission.py), as every policy but FCFS does.
         self.ttft_admission = adm.enabled and adm.max_queued_tokens is None
-        cost = None
-        if self.cfg.policy != "fcfs" or self.ttft_admission or self.cfg.autoscaling.enabled:
-            from engine.profiler import estimate_cost
-
-            cost = estimate_cost(self.runner, sched_cfg.block_size)
-            log.info("iteration cost estimate: %s", cost)
+        needs_cost = (self.cfg.policy != "fcfs" or self.ttft_admission
+                      or self.cfg.autoscaling.enabled)
+        cost, self.start_tokens_per_s = _start_costs(self.runner, self.cfg, sched_cfg, needs_cost)
         self.cost = cost
         # What the policy's estimate is: the co-serving budget's follows the
         # replica's measured iterations (scheduler/cost_fit.py).

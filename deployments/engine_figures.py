@@ -6,6 +6,7 @@ autoscaling signals (`record_autoscaling_stats`, which Serve calls)."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 from api.config import AppConfig
@@ -14,7 +15,7 @@ from scheduler.admission import AdmissionBound, bounded, load_report
 from scheduler.autoscale import kv_use, replica_signals, tpot_ratio
 from scheduler.checkpoint import exposure
 from scheduler.core import SchedulerCore
-from scheduler.cost import CostEstimator
+from scheduler.cost import LinearCost
 from scheduler.cost_fit import COEFFICIENTS, LiveCost
 from scheduler.job import JobClass
 from scheduler.offline_pool import offline_load
@@ -31,7 +32,7 @@ class EngineFigures:
     replica_id: str
     head_source: str | None
     bound: AdmissionBound
-    cost: CostEstimator | None
+    cost: LinearCost | None
     live_cost: LiveCost | None
     ttft_admission: bool
     start_tokens_per_s: float | None
@@ -101,6 +102,11 @@ class EngineFigures:
                 "weight_codes": self.runner.model.weight_codes(),
                 "deterministic": self.runner.deterministic,
                 "packing_speedup": self.runner.packing_speedup,
+                # What `iteration_cost` would pin (None: no part of this
+                # replica reads a cost model), and where it came from.
+                "iteration_cost": None if self.cost is None else asdict(self.cost),
+                "iteration_cost_source": "config" if self.cfg.iteration_cost else "timed",
+                "start_tokens_per_s": self.start_tokens_per_s,
             },
         }
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
 
 class CostEstimator(Protocol):
     def prefill_time(self, num_tokens: int) -> float:
@@ -55,3 +57,25 @@ class LinearCost:
             return self.decode_time(decodes)
         return (self.base_s + self.decode_per_seq_s * decodes
                 + self.prefill_per_token_s * prefill_tokens)
+
+
+class IterationCostSettings(BaseModel):
+    """A replica's iteration cost pinned in its config (`iteration_cost`),
+    instead of timed when it starts (engine/profiler.py): the figures a
+    replica logs and reports (`Engine.stats`, "engine" → "iteration_cost"),
+    so that a replica started again on the same hardware, model, dtype and
+    threads (a restart after a death, an autoscaled one) is serving a few
+    seconds sooner, and its quanta do not depend on how busy the machine
+    was while it started."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_s: float = Field(gt=0)
+    prefill_per_token_s: float = Field(ge=0)
+    decode_per_seq_s: float = Field(ge=0)
+    decode_base_s: float | None = Field(None, gt=0)
+
+    def cost(self) -> LinearCost:
+        return LinearCost(base_s=self.base_s, prefill_per_token_s=self.prefill_per_token_s,
+                          decode_per_seq_s=self.decode_per_seq_s,
+                          decode_base_s=self.decode_base_s)

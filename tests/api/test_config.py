@@ -55,6 +55,20 @@ def test_scheduler_fields_are_the_schedulers_own() -> None:
         k: getattr(cfg, k) for k in SchedulingSettings.model_fields}
 
 
+def test_a_pinned_iteration_cost_is_the_cost_model_and_bad_figures_are_named() -> None:
+    assert AppConfig().iteration_cost is None
+    pin = {"base_s": 0.012, "prefill_per_token_s": 0.003, "decode_per_seq_s": 0.004,
+           "decode_base_s": 0.011}
+    cost = AppConfig(iteration_cost=pin).iteration_cost.cost()
+    assert (cost.prefill_time(100), cost.decode_time(8)) == pytest.approx((0.312, 0.043))
+    for field, bad in (("base_s", 0.0), ("prefill_per_token_s", -1e-3),
+                       ("decode_base_s", 0.0), ("decode_per_seq", 0.004)):
+        with pytest.raises(ValidationError, match=rf"iteration_cost\.{field}"):
+            AppConfig(iteration_cost={**pin, field: bad})
+    with pytest.raises(ValidationError, match=r"iteration_cost\.base_s"):
+        AppConfig(iteration_cost={"prefill_per_token_s": 0.003, "decode_per_seq_s": 0.004})
+
+
 def test_a_cache_too_small_names_kv_cache_tokens() -> None:
     with pytest.raises(ValidationError, match=r"kv_cache_tokens: .*max_model_len = 2048"):
         AppConfig(kv_cache_tokens=2000)

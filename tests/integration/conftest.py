@@ -37,6 +37,18 @@ SMALL_CONFIG = {
 }
 
 
+# The iteration cost the default application's engine timed when it started
+# (engine/profiler.py), pinned in the config of every application deployed
+# after it (`iteration_cost`): their engine replicas, all on the same model,
+# dtype and threads, then start without timing the model again (about 5 s of
+# each start on a 2-core machine, more where two replicas start at once).
+PINNED_COST: dict[str, float] = {}
+
+
+def with_pinned_cost(config: dict) -> dict:
+    return {"iteration_cost": dict(PINNED_COST), **config} if PINNED_COST else config
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -69,6 +81,9 @@ def server():
             pass
         assert time.monotonic() < deadline, "server did not come up"
         time.sleep(0.5)
+    engine = serve.get_deployment_handle("Engine", app_name="llm").stats.remote().result()
+    assert engine["engine"]["iteration_cost_source"] == "timed", engine["engine"]
+    PINNED_COST.update(engine["engine"]["iteration_cost"])
     yield base
     serve.shutdown()
     ray.shutdown()
@@ -106,7 +121,7 @@ def _deploy(server: str, name: str, config: dict) -> str:
 
     from app.builder import build_app
 
-    serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+    serve.run(build_app(with_pinned_cost(config)), name=name, route_prefix=f"/{name}")
     return _healthy(server, name)
 
 
@@ -129,7 +144,7 @@ def deploy_declared(name: str, config: dict, deployments: list[dict] | None = No
     from ray.serve.schema import ServeDeploySchema
 
     app = {"name": name, "route_prefix": f"/{name}", "import_path": "app.builder:build_app",
-           "args": config}
+           "args": with_pinned_cost(config)}
     if deployments:
         app["deployments"] = deployments
     client = serve.context._get_global_client()

@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from tests.integration.conftest import PROMPTS, post_all, reference_texts, wait_engine_idle
+from tests.integration.conftest import (PINNED_COST, PROMPTS, post_all, reference_texts,
+                                        wait_engine_idle)
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +43,23 @@ def test_swapped_jobs_produce_the_same_tokens(server, mlfq_server, mlfq_engine):
     predicted = [r["metrics"]["predicted_output_len"] for r in concurrent]
     assert sum(p is not None for p in predicted) >= len(PROMPTS) // 2, predicted
     assert all(p is None or p >= 1 for p in predicted)
+
+
+def test_the_replica_runs_on_the_cost_the_config_pins(engine_handle, mlfq_engine):
+    # The default application timed its model at start; the MLFQ one was
+    # deployed with those figures pinned (`iteration_cost`) and planned its
+    # quanta on them, without timing anything.
+    timed = engine_handle.stats.remote().result()["engine"]
+    pinned = mlfq_engine.stats.remote().result()["engine"]
+    assert timed["iteration_cost_source"] == "timed"
+    assert pinned["iteration_cost_source"] == "config"
+    assert pinned["iteration_cost"] == timed["iteration_cost"] == PINNED_COST
+    cost = timed["iteration_cost"]
+    assert cost["base_s"] > 0 and cost["prefill_per_token_s"] > 0
+    # Admission's speed until the loop measures one: the pinned model's
+    # full batch (MLFQ_CONFIG's 4 slots).
+    assert pinned["start_tokens_per_s"] == pytest.approx(
+        4 / (cost["decode_base_s"] + 4 * cost["decode_per_seq_s"]))
+    # q1 is the pinned model's batch-1 decode (FastServe §4.1).
+    quanta = mlfq_engine.stats.remote().result()["policy"]["quanta"]
+    assert quanta[0] == pytest.approx(cost["decode_base_s"] + cost["decode_per_seq_s"])
