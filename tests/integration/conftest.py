@@ -56,18 +56,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def server():
+def server(ray_session):
     import httpx
-    import ray
     from ray import serve
 
     from app.builder import build_app
+    from tests.conftest import start_ray
 
-    # The applications each hold 1-CPU engine bundles (three at once, and a
-    # split one of six quarter-CPU bundles); the forward passes
-    # are pinned to one thread each, so logical CPUs may exceed the two
-    # physical cores.
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
+    start_ray()
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(SMALL_CONFIG), name="llm", route_prefix="/")
@@ -86,7 +82,6 @@ def server():
     PINNED_COST.update(engine["engine"]["iteration_cost"])
     yield base
     serve.shutdown()
-    ray.shutdown()
 
 
 MLFQ_CONFIG = {
