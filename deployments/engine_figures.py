@@ -102,10 +102,11 @@ class EngineFigures:
                 "weight_codes": self.runner.model.weight_codes(),
                 "deterministic": self.runner.deterministic,
                 "packing_speedup": self.runner.packing_speedup,
-                # What `iteration_cost` would pin (None: no part of this
-                # replica reads a cost model), and where it came from.
+                # The cost model in use, as `iteration_cost` pins it, and
+                # where it came from (None: nothing here reads one, none timed).
                 "iteration_cost": None if self.cost is None else asdict(self.cost),
-                "iteration_cost_source": "config" if self.cfg.iteration_cost else "timed",
+                "iteration_cost_source": None if self.cost is None
+                else "config" if self.cfg.iteration_cost else "timed",
                 "start_tokens_per_s": self.start_tokens_per_s,
             },
         }
