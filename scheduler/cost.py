@@ -76,6 +76,4 @@ class IterationCostSettings(BaseModel):
     decode_base_s: float | None = Field(None, gt=0)
 
     def cost(self) -> LinearCost:
-        return LinearCost(base_s=self.base_s, prefill_per_token_s=self.prefill_per_token_s,
-                          decode_per_seq_s=self.decode_per_seq_s,
-                          decode_base_s=self.decode_base_s)
+        return LinearCost(**self.model_dump())

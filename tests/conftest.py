@@ -16,32 +16,24 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def start_ray() -> Any:
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
     """This test session's local Ray cluster, started on first need (each
-    start costs several seconds) and shared by every module after: six
-    logical CPUs, since the integration applications hold up to three 1-CPU
-    engine bundles at once, and a split one of six quarter-CPU bundles (the
-    forward passes are pinned to one thread each, so logical CPUs may exceed
-    the two physical cores)."""
+    start costs several seconds), shared by every module after and shut
+    down when the session ends: six logical CPUs, since the integration
+    applications hold up to three 1-CPU engine bundles at once, and a split
+    one of six quarter-CPU bundles (the forward passes are pinned to one
+    thread each, so logical CPUs may exceed the two physical cores)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
-    return ray
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[Any]:
-    """`start_ray()`'s cluster, shut down when the session ends."""
-    ray = start_ray()
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
     yield ray
-    if ray.is_initialized():
-        ray.shutdown()
+    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(ray_session: Any) -> Any:
     """Ray for a module's actors (the object-store tier, tensor-parallel
     shards): the session's cluster."""
-    return start_ray()
+    return ray_session

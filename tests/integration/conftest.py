@@ -61,9 +61,7 @@ def server(ray_session):
     from ray import serve
 
     from app.builder import build_app
-    from tests.conftest import start_ray
 
-    start_ray()
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(SMALL_CONFIG), name="llm", route_prefix="/")
