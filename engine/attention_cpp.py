@@ -23,7 +23,8 @@ has it: ATen's `parallel_for`, inlined into the operators, runs serially without
 `avx512_bf16`, the build adds that instruction set (and `_bf16` to its
 name) for the bf16 dot product; PREEMPT_SERVE_CPP_BF16_DOT=0 builds
 without it.  Where it also has AMX (`amx_tile`, `amx_bf16`), the build adds
-those (and `_amx`) and bf16 decodes go through tiles
+those (and `_amx`), the bf16 projections' GEMM multiplies on tiles
+(`engine/csrc/gemm_bf16_amx.h`), and bf16 decodes go through tiles
 (`engine/csrc/paged_decode_amx.h`): keys straight from the cache as tiles,
 values interleaved by pairs of keys, the probabilities as two bf16 terms;
 on an Intel Xeon with AMX 1.35–1.45× faster than the vectors on K/V from

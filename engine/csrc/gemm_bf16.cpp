@@ -23,6 +23,9 @@
 // tiles around it (engine/models/batch_invariant.py).  VDPBF16PS treats
 // denormal inputs as zero and flushes denormal results, as oneDNN's bf16
 // kernels on the same instruction do.
+//
+// On a build with AMX, weights whose K is a multiple of 32 are multiplied
+// on the tiles instead (gemm_bf16_amx.h), on the same packed layout.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -38,6 +41,8 @@
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #endif
+
+#include "gemm_bf16_amx.h"
 
 namespace {
 
@@ -201,6 +206,14 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const float* bp = bias.has_value() ? bf.data_ptr<float>() : nullptr;
   const int64_t lda = xs.stride(0);
+#ifdef GEMM_BF16_AMX
+  // On the tiles wherever this build has them and K suits, by K alone
+  // (gemm_bf16_amx.h: never by the batch).
+  if (preempt_serve_gemm_amx::usable(k)) {
+    preempt_serve_gemm_amx::gemm(xp, lda, m, wp, k, vectors, bp, yp);
+    return y;
+  }
+#endif
   const int64_t chunk = std::max<int64_t>(kRows, kRowBytes / (k * 2) / kRows * kRows);
   const int64_t panels = (vectors + kPanel - 1) / kPanel;
   // Threads split the columns by whole panels; each row chunk in turn.
@@ -215,10 +228,24 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
+// Whether linear_bf16 multiplies on AMX tiles (weights with K a multiple of
+// 32) from now on: `enable` where this build has the tiles' path and the OS
+// grants their state; returns what holds after the call.
+bool set_gemm_amx(bool enable) {
+#ifdef GEMM_BF16_AMX
+  preempt_serve_gemm_amx::switched_on().store(enable);
+  return enable && preempt_serve_amx::tiles_permitted();
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
+  m.def("set_gemm_amx(bool enable) -> bool", &set_gemm_amx);
   m.def("pack_bf16(Tensor w) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias=None) -> Tensor");
 }

@@ -10,13 +10,22 @@ matmul on its own prepacked weight (`engine.models.prepacked`) at 32 rows,
 fixed by the weight alone, so a row's result never depends on the rows
 beside it: deterministic mode needs no row tiles around it.
 
+Where the CPU also has AMX, the library's AMX build multiplies the same
+packed weight on the tiles (`engine/csrc/gemm_bf16_amx.h`; weights whose
+K is a multiple of 32, chosen by K alone, never by the batch): on a Xeon
+with AMX 1.24–1.60× oneDNN's packed matmul at 1–32 rows, 1.02–1.24× at
+64, 0.80–1.11× at 128 and 0.68–0.89× at 512
+(`studies/engine_cpu/gemm_bf16_amx.json`); the whole bf16 engine there
+decodes 1.37–1.51× faster at batch 1, 1.15–1.21× at 32, 1.05× at 96, and
+prefills 512 tokens at 0.82–1.00× (`studies/engine_cpu/gemm_amx_ab/`).
+`amx(False)` switches a loaded build to its vectors.
+
 `auto` (`CausalLM.pack_projections`) takes it in bfloat16 on a CPU with
-`avx512_bf16` and without AMX.  Where the CPU has AMX, oneDNN multiplies
-on the tiles, which this kernel does not use, so `auto` keeps timing
-oneDNN's packed weight against `F.linear` there, as before.  With more
-than one thread the kernel splits the columns between them by whole
-panels (the operators' library is built with OpenMP for that): on two
-cores 1.37-1.63x oneDNN's matmul at 32 rows
+`avx512_bf16`, and where the CPU has AMX only on a build with the tiles'
+path (the vectors alone run at about a quarter of oneDNN's AMX matmul
+there).  With more than one thread the kernel splits the columns between
+them by whole panels (the operators' library is built with OpenMP for
+that): on two cores 1.37-1.63x oneDNN's matmul at 32 rows
 (`studies/engine_cpu/gemm_bf16_2threads.json`).
 """
 
@@ -44,9 +53,19 @@ def built() -> bool:
 
 def preferred(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `auto` takes this kernel: bfloat16 on a CPU with the
-    VDPBF16PS build and no AMX (module docstring)."""
-    return (device.type == "cpu" and dtype is torch.bfloat16
-            and not attention_cpp.amx_wanted() and built())
+    VDPBF16PS build, and where the CPU has AMX, a build that multiplies on
+    its tiles (module docstring)."""
+    return (device.type == "cpu" and dtype is torch.bfloat16 and built()
+            and (not attention_cpp.amx_wanted() or amx(True)))
+
+
+def amx(enable: bool = True) -> bool:
+    """Switch the loaded kernel's AMX tiles on or off (for studies and tests
+    that run both paths of one build); returns whether weights whose K is a
+    multiple of 32 are now multiplied on the tiles (False wherever the build
+    has no AMX path or the OS refuses the tiles)."""
+    attention_cpp.load_kernel()
+    return bool(torch.ops.preempt_serve.set_gemm_amx(enable))
 
 
 def packable(w: torch.Tensor) -> bool:

@@ -1,7 +1,8 @@
 """bf16 projections three ways on one CPU thread: `F.linear` on the plain
 weight (oneDNN underneath where bf16 is native), oneDNN's matmul on its own
-prepacked weight (`engine.models.prepacked`), and our VDPBF16PS kernel on
-its layout (`engine.models.packed_bf16`).
+prepacked weight (`engine.models.prepacked`), and our kernel on its layout
+(`engine.models.packed_bf16`): on AMX tiles where the build has them, then
+also its VDPBF16PS vectors alone (`bf16_dot_vectors`).
 
 SmolLM2's shapes (qkv 960 x 576, o 576 x 576, gate_up 3,072 x 576, down
 576 x 1,536, the lm_head 49,152 x 576) at `--rows` input rows; each
@@ -65,10 +66,22 @@ def measure(name: str, rows: int, rounds: int, kernel: ModuleType = packed_bf16,
         "onednn_packed": (lambda w: packed_linear(x, w), onednn),
         way: (lambda w: kernel.linear(x, w), ours),
     }
+    # On a build with AMX, our kernel multiplies on the tiles; its vectors
+    # alone are timed beside them (gemm_bf16_amx.h).
+    tiles = kernel is packed_bf16 and packed_bf16.amx(True)
+    if tiles:
+        ways[f"{way}_vectors"] = (lambda w: kernel.linear(x, w), ours)
     times: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(rounds):
-        for way, (fn, ws) in ways.items():
-            times[way].append(_seconds(fn, ws))
+        for name_, (fn, ws) in ways.items():
+            vectors = name_.endswith("_vectors")
+            if vectors:
+                packed_bf16.amx(False)
+            try:
+                times[name_].append(_seconds(fn, ws))
+            finally:
+                if vectors:
+                    packed_bf16.amx(True)
     flop = 2.0 * rows * n * k
     med = {way: statistics.median(t) for way, t in times.items()}
     return {"projection": name, "rows": rows, "n": n, "k": k,
@@ -106,8 +119,9 @@ def run(argv: list[str] | None, doc: str, kernel: ModuleType = packed_bf16,
         for name in SHAPES:
             r = measure(name, rows, a.rounds, kernel, way, dtype)
             g: dict[str, float] = r["gflops"]  # type: ignore[assignment]
+            vec = f"  vectors {g[way + '_vectors']:6.1f}" if way + "_vectors" in g else ""
             print(f"rows {rows:4d} {name:8s} F.linear {g['f_linear']:6.1f}  "
-                  f"oneDNN packed {g['onednn_packed']:6.1f}  {way} {g[way]:6.1f} "
+                  f"oneDNN packed {g['onednn_packed']:6.1f}  {way} {g[way]:6.1f}{vec} "
                   f"GFLOP/s  ({r[f'{way}_over_{other}']}x {base})")
             results.append(r)
     top = peak(a.rounds, kernel, dtype)

@@ -6,6 +6,7 @@ Runs where the operators' library has its AVX512-BF16 build (a CPU with
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,19 @@ from engine.models.batch_invariant import TiledLinear
 
 pytestmark = pytest.mark.skipif(not packed_bf16.built(),
                                 reason="no AVX512-BF16 build of the C++ operators here")
+
+
+@pytest.fixture(params=["tiles", "vectors"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The kernel on AMX tiles (where the build has them; weights with K a
+    multiple of 32) or on VDPBF16PS vectors only."""
+    on = packed_bf16.amx(request.param == "tiles")
+    if request.param == "tiles" and not on:
+        pytest.skip("no AMX path in this build of the C++ operators")
+    try:
+        yield request.param
+    finally:
+        packed_bf16.amx(True)
 
 
 def _operands(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -42,13 +56,13 @@ def _close_to_exact(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
 
 @pytest.mark.parametrize("m,n,k", [
     (1, 16, 2), (3, 48, 48), (8, 96, 64), (13, 80, 576), (32, 960, 576),
-    (37, 32, 1536),
+    (37, 32, 1536), (16, 48, 32), (17, 64, 576), (48, 112, 64),
     # More rows than one chunk (64 rows at K = 1,536), a tail block of 5.
     (197, 144, 1536),
     # Wider than 4,096 columns: computed in tiles, the last one partial.
     (9, 4112, 64), (40, 6160, 96),
 ])
-def test_products_match_the_exact_sum_rounded_once(m: int, n: int, k: int) -> None:
+def test_products_match_the_exact_sum_rounded_once(m: int, n: int, k: int, path: str) -> None:
     x, w, b = _operands(m, n, k, seed=m * 7 + n)
     wp = packed_bf16.pack(w)
     assert packed_bf16.is_packed(wp) and tuple(wp.shape) == (n // 16, k // 2, 16, 2)
@@ -57,7 +71,7 @@ def test_products_match_the_exact_sum_rounded_once(m: int, n: int, k: int) -> No
     _close_to_exact(packed_bf16.linear(x, wp, b), x, w, b)
 
 
-def test_strided_and_empty_inputs() -> None:
+def test_strided_and_empty_inputs(path: str) -> None:
     x, w, b = _operands(21, 64, 48, seed=3)
     wp = packed_bf16.pack(w)
     want = packed_bf16.linear(x, wp, b)
@@ -72,7 +86,7 @@ def test_strided_and_empty_inputs() -> None:
     assert packed_bf16.linear(x[:0], wp).shape == (0, 64)
 
 
-def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads() -> None:
+def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads(path: str) -> None:
     x, w, b = _operands(70, 4160, 576, seed=5)
     wp = packed_bf16.pack(w)
     threads = torch.get_num_threads()
@@ -83,7 +97,8 @@ def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads() -> None:
         assert torch.equal(packed_bf16.linear(x, wp, b), together)
     finally:
         torch.set_num_threads(threads)
-    for rows in (slice(0, 1), slice(5, 6), slice(3, 14), slice(64, 70), slice(1, 69)):
+    for rows in (slice(0, 1), slice(5, 6), slice(3, 14), slice(64, 70), slice(1, 69),
+                 slice(14, 47), slice(16, 32)):
         assert torch.equal(packed_bf16.linear(x[rows], wp, b), together[rows]), rows
     # Among other rows: the same row at a different place in its block.
     mixed = torch.cat([x[40:43], x[:9]])
@@ -152,3 +167,28 @@ def test_the_runner_packs_projections_and_head_for_the_kernel(
     assert deterministic("bf16_dot", "torch") is False
     assert deterministic("never") is False
     assert deterministic("bf16_dot", path=tiny_llama_path) is False
+
+
+def test_the_tiles_take_a_weight_by_its_k_alone() -> None:
+    # A weight whose K is a multiple of 32 is multiplied on the tiles at
+    # every row count, one whose K is not on the vectors at every row count:
+    # a build never switches kernel (and so bits) with the batch.
+    if not packed_bf16.amx(True):
+        pytest.skip("no AMX path in this build of the C++ operators")
+    for k, tiles in ((576, True), (48, False)):
+        x, w, b = _operands(40, 64, k, seed=k)
+        wp = packed_bf16.pack(w)
+        on = packed_bf16.linear(x, wp, b)
+        packed_bf16.amx(False)
+        try:
+            off = packed_bf16.linear(x, wp, b)
+        finally:
+            packed_bf16.amx(True)
+        # Both exact to within a rounding; they differ (or not) in the last
+        # bits, by the path alone.
+        _close_to_exact(on, x, w, b)
+        _close_to_exact(off, x, w, b)
+        if not tiles:
+            assert torch.equal(on, off)
+        for rows in (1, 7, 16, 33):
+            assert torch.equal(packed_bf16.linear(x[:rows], wp, b), on[:rows])

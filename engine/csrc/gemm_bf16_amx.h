@@ -1,0 +1,229 @@
+// bf16 projections on AMX tiles, for builds whose CPU has AMX (amx_tile,
+// amx_bf16; engine/attention_cpp.py adds the flags), on the same packed
+// weight as the VDPBF16PS kernel (gemm_bf16.cpp, pack_bf16's
+// [N/16][K/2][16][2]).
+//
+// Why: on such a CPU oneDNN multiplies bf16 on the tiles, and our vector
+// kernel, one VDPBF16PS per 16 columns and pair of K, does not keep up with
+// it beyond a few rows.  The packed layout already is the tiles' right-hand
+// operand: 16 pairs of K for one panel of 16 columns are 16 consecutive
+// 64-byte lines, one tile load.  x's 16 rows by 32 values of K are the
+// left-hand tile (read in place, the last partial tile of rows from a
+// zero-padded copy), and each 16 x 16 block of float32 sums stays in a tile
+// over all of K.
+//
+// Each output element is C += A . B over K in 32-value steps, in order, one
+// TDPBF16PS a step, then the bias and one rounding: the same instructions on
+// the same operands whatever M is, wherever the row sits, whichever variant
+// of the block (one or two tiles of rows, one to four panels) computes it.
+// So it is batch-invariant as the vector kernel is (deterministic mode needs
+// no row tiles around it); its bits differ from the vector kernel's, so a
+// build takes one or the other for a weight by K alone (K a multiple of 32
+// here), never by the batch.  TDPBF16PS, like VDPBF16PS, treats denormal
+// inputs as zero and flushes denormal results.
+#pragma once
+
+#include "paged_decode_amx.h"
+
+#ifdef PAGED_DECODE_AMX
+#define GEMM_BF16_AMX 1
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace preempt_serve_gemm_amx {
+
+// Switched off by preempt_serve::set_gemm_amx (studies and tests run the
+// vector kernel of the same build beside this one).
+inline std::atomic<bool>& switched_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+inline bool usable(int64_t k) {
+  return switched_on().load(std::memory_order_relaxed) && k % 32 == 0 &&
+         preempt_serve_amx::tiles_permitted();
+}
+
+// Every tile is 16 rows of 64 bytes: 16 rows of x by 32 values of K (A),
+// 16 pairs of K by 16 columns (B), 16 rows by 16 float32 sums (C).
+inline void configure() {
+  preempt_serve_amx::TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  preempt_serve_amx::load_config(cfg);
+}
+
+// Where one tile's 16 rows of x are read.
+struct RowTile {
+  const uint16_t* p;
+  int64_t stride;  // bytes between rows
+  int64_t rows;    // rows that are x's (the rest are padding)
+};
+
+// Tiles: MT = 1: C 0..NT-1 (panel j), A 4, B 5, 6, 7 (and 5 again for a
+// fourth panel).  MT = 2: C 2i + j (row tile i, panel j), A 4 and 5, B 6
+// and 7.  `acc` receives C as [MT * 16][NT * 16] float32.
+template <int MT, int NT>
+inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* acc) {
+  static_assert((MT == 1 && NT >= 1 && NT <= 4) || (MT == 2 && NT >= 1 && NT <= 2));
+  const int64_t pe = k2 * 32;  // elements of one packed panel
+  const int64_t steps = k2 / 16;
+  _tile_zero(0);
+  if constexpr (NT > 1) _tile_zero(1);
+  if constexpr (MT == 2 || NT > 2) _tile_zero(2);
+  if constexpr ((MT == 2 && NT > 1) || NT > 3) _tile_zero(3);
+  const uint16_t* a0 = rt[0].p;
+  const uint16_t* a1 = MT == 2 ? rt[1].p : nullptr;
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint16_t* b = panel + s * 512;
+    if constexpr (MT == 1) {
+      _tile_loadd(4, a0 + s * 32, rt[0].stride);
+      _tile_loadd(5, b, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      if constexpr (NT > 1) {
+        _tile_loadd(6, b + pe, 64);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      if constexpr (NT > 2) {
+        _tile_loadd(7, b + 2 * pe, 64);
+        _tile_dpbf16ps(2, 4, 7);
+      }
+      if constexpr (NT > 3) {
+        _tile_loadd(5, b + 3 * pe, 64);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+    } else {
+      // Each register is loaded again as soon as the previous step's last
+      // product that reads it is issued (tile registers are not renamed).
+      _tile_loadd(4, a0 + s * 32, rt[0].stride);
+      _tile_loadd(6, b, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (NT > 1) {
+        _tile_loadd(7, b + pe, 64);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_loadd(5, a1 + s * 32, rt[1].stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NT > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  constexpr int64_t ld = NT * 16 * static_cast<int64_t>(sizeof(float));
+  if constexpr (MT == 1) {
+    _tile_stored(0, acc, ld);
+    if constexpr (NT > 1) _tile_stored(1, acc + 16, ld);
+    if constexpr (NT > 2) _tile_stored(2, acc + 32, ld);
+    if constexpr (NT > 3) _tile_stored(3, acc + 48, ld);
+  } else {
+    _tile_stored(0, acc, ld);
+    _tile_stored(2, acc + 16 * NT * 16, ld);
+    if constexpr (NT > 1) {
+      _tile_stored(1, acc + 16, ld);
+      _tile_stored(3, acc + 16 * NT * 16 + 16, ld);
+    }
+  }
+}
+
+// The block's sums (+ bias) rounded once into y's rows of its row tiles and
+// its panels' columns (column vector v, of 16 columns).
+inline void store(const float* acc, int mt, int nt, const RowTile* rt, int64_t m, int64_t v,
+                  const float* bias, uint16_t* y, int64_t n) {
+  for (int i = 0; i < mt; ++i)
+    for (int64_t r = 0; r < rt[i].rows; ++r) {
+      const float* a = acc + (i * 16 + r) * nt * 16;
+      uint16_t* out = y + (m + i * 16 + r) * n + v * 16;
+      for (int j = 0; j < nt; ++j) {
+        __m512 s = _mm512_loadu_ps(a + j * 16);
+        if (bias != nullptr) s = _mm512_add_ps(s, _mm512_loadu_ps(bias + (v + j) * 16));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 16),
+                            (__m256i)_mm512_cvtneps_pbh(s));
+      }
+    }
+}
+
+template <int MT>
+inline void block_nt(int nt, const RowTile* rt, const uint16_t* panel, int64_t k2, float* acc) {
+  if constexpr (MT == 1) {
+    switch (nt) {
+      case 1: block<1, 1>(rt, panel, k2, acc); break;
+      case 2: block<1, 2>(rt, panel, k2, acc); break;
+      case 3: block<1, 3>(rt, panel, k2, acc); break;
+      default: block<1, 4>(rt, panel, k2, acc); break;
+    }
+  } else {
+    if (nt == 1) block<2, 1>(rt, panel, k2, acc);
+    else block<2, 2>(rt, panel, k2, acc);
+  }
+}
+
+// Row tiles of a chunk cut so that x's rows of one chunk (`row_bytes`)
+// stay in the core's L2 while every panel streams past them once.
+constexpr int64_t kChunkBytes = 192 * 1024;
+// Panels one thread's step takes (the MT = 1 block's four, the MT = 2
+// block's two twice).
+constexpr int64_t kGroup = 4;
+// With more than two tiles of rows, the panels a thread takes in one step
+// (each pair of row tiles passes over all of them, its x in L1, the panels
+// in L2).
+constexpr int64_t kWideGroup = 16;
+
+// y [m, n] = x [m, k] W^T (+ bias), W packed [n/16][k/2][16][2].
+inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, int64_t k,
+                 int64_t vectors, const float* bias, uint16_t* y) {
+  const int64_t k2 = k / 2, n = vectors * 16;
+  const int64_t tiles = (m + 15) / 16, tail = m % 16;
+  // The last partial tile's rows, zero-padded to 16.
+  std::vector<uint16_t> pad(tail ? static_cast<size_t>(16 * k) : 0, 0);
+  std::vector<RowTile> rts(static_cast<size_t>(tiles));
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (tail && t == tiles - 1) {
+      for (int64_t r = 0; r < tail; ++r)
+        std::memcpy(pad.data() + r * k, x + (t * 16 + r) * lda, static_cast<size_t>(k) * 2);
+      rts[t] = {pad.data(), k * 2, tail};
+    } else {
+      rts[t] = {x + t * 16 * lda, lda * 2, 16};
+    }
+  }
+  const int64_t chunk = std::max<int64_t>(2, kChunkBytes / (16 * k * 2) / 2 * 2);
+  const int64_t group = tiles > 2 ? kWideGroup : kGroup;
+  const int64_t groups = (vectors + group - 1) / group;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    configure();
+    alignas(64) float acc[2 * 16 * kGroup * 16];
+    for (int64_t c0 = 0; c0 < tiles; c0 += chunk) {
+      const int64_t c1 = std::min(tiles, c0 + chunk);
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t v0 = g * group, v1 = std::min(vectors, v0 + group);
+        for (int64_t t = c0; t < c1; t += 2) {
+          const RowTile* rt = rts.data() + t;
+          if (t + 1 < c1) {
+            for (int64_t v = v0; v < v1; v += 2) {
+              const int nt = static_cast<int>(std::min<int64_t>(2, v1 - v));
+              block_nt<2>(nt, rt, w + v * k2 * 32, k2, acc);
+              store(acc, 2, nt, rt, t * 16, v, bias, y, n);
+            }
+          } else {
+            for (int64_t v = v0; v < v1; v += kGroup) {
+              const int nt = static_cast<int>(std::min<int64_t>(kGroup, v1 - v));
+              block_nt<1>(nt, rt, w + v * k2 * 32, k2, acc);
+              store(acc, 1, nt, rt, t * 16, v, bias, y, n);
+            }
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace preempt_serve_gemm_amx
+
+#endif  // PAGED_DECODE_AMX
