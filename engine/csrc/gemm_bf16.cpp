@@ -241,11 +241,21 @@ bool set_gemm_amx(bool enable) {
 #endif
 }
 
+// Whether linear_bf16 multiplies on AMX tiles now (set_gemm_amx).
+bool gemm_amx() {
+#ifdef GEMM_BF16_AMX
+  return preempt_serve_gemm_amx::switched_on().load() && preempt_serve_amx::tiles_permitted();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
   m.def("set_gemm_amx(bool enable) -> bool", &set_gemm_amx);
+  m.def("gemm_amx() -> bool", &gemm_amx);
   m.def("pack_bf16(Tensor w) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias=None) -> Tensor");
 }

@@ -164,7 +164,7 @@ inline void block_nt(int nt, const RowTile* rt, const uint16_t* panel, int64_t k
   }
 }
 
-// Row tiles of a chunk cut so that x's rows of one chunk (`row_bytes`)
+// Row tiles of a chunk cut so that x's rows of one chunk (kChunkBytes)
 // stay in the core's L2 while every panel streams past them once.
 constexpr int64_t kChunkBytes = 192 * 1024;
 // Panels one thread's step takes (the MT = 1 block's four, the MT = 2

@@ -56,7 +56,7 @@ def preferred(dtype: torch.dtype, device: torch.device) -> bool:
     VDPBF16PS build, and where the CPU has AMX, a build that multiplies on
     its tiles (module docstring)."""
     return (device.type == "cpu" and dtype is torch.bfloat16 and built()
-            and (not attention_cpp.amx_wanted() or amx(True)))
+            and (not attention_cpp.amx_wanted() or on_tiles()))
 
 
 def amx(enable: bool = True) -> bool:
@@ -66,6 +66,13 @@ def amx(enable: bool = True) -> bool:
     has no AMX path or the OS refuses the tiles)."""
     attention_cpp.load_kernel()
     return bool(torch.ops.preempt_serve.set_gemm_amx(enable))
+
+
+def on_tiles() -> bool:
+    """Whether the loaded kernel multiplies on AMX tiles now (weights whose
+    K is a multiple of 32)."""
+    attention_cpp.load_kernel()
+    return bool(torch.ops.preempt_serve.gemm_amx())
 
 
 def packable(w: torch.Tensor) -> bool:

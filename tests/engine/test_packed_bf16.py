@@ -147,7 +147,7 @@ def test_the_runner_packs_projections_and_head_for_the_kernel(
     logits, ref = dot.model.compute_logits(hidden), plain.model.compute_logits(hidden)
     assert logits is not None and ref is not None
     torch.testing.assert_close(logits.float(), ref.float(), rtol=2**-6, atol=2e-2)
-    # `auto` takes the kernel where this CPU has no AMX (engine.models.packed_bf16).
+    # `auto` takes the kernel where it is preferred: without AMX, or on its tiles.
     auto = runner("auto")
     if packed_bf16.preferred(torch.bfloat16, torch.device("cpu")):
         assert auto.model.packing == "bf16_dot"
@@ -179,11 +179,11 @@ def test_the_tiles_take_a_weight_by_its_k_alone() -> None:
         x, w, b = _operands(40, 64, k, seed=k)
         wp = packed_bf16.pack(w)
         on = packed_bf16.linear(x, wp, b)
-        packed_bf16.amx(False)
+        assert packed_bf16.amx(False) is False and packed_bf16.on_tiles() is False
         try:
             off = packed_bf16.linear(x, wp, b)
         finally:
-            packed_bf16.amx(True)
+            assert packed_bf16.amx(True) and packed_bf16.on_tiles()
         # Both exact to within a rounding; they differ (or not) in the last
         # bits, by the path alone.
         _close_to_exact(on, x, w, b)
