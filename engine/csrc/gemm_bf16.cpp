@@ -228,26 +228,25 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
-// Whether linear_bf16 multiplies on AMX tiles (weights with K a multiple of
-// 32) from now on: `enable` where this build has the tiles' path and the OS
-// grants their state; returns what holds after the call.
-bool set_gemm_amx(bool enable) {
+// Whether linear_bf16 multiplies on AMX tiles now (weights with K a multiple
+// of 32): where this build has the tiles' path, they are switched on
+// (set_gemm_amx) and the OS grants their state.
+bool gemm_amx() {
 #ifdef GEMM_BF16_AMX
-  preempt_serve_gemm_amx::switched_on().store(enable);
-  return enable && preempt_serve_amx::tiles_permitted();
+  return preempt_serve_gemm_amx::on();
 #else
-  (void)enable;
   return false;
 #endif
 }
 
-// Whether linear_bf16 multiplies on AMX tiles now (set_gemm_amx).
-bool gemm_amx() {
+// Switch the tiles on or off from now on; returns gemm_amx() after it.
+bool set_gemm_amx(bool enable) {
 #ifdef GEMM_BF16_AMX
-  return preempt_serve_gemm_amx::switched_on().load() && preempt_serve_amx::tiles_permitted();
+  preempt_serve_gemm_amx::switched_on().store(enable);
 #else
-  return false;
+  (void)enable;
 #endif
+  return gemm_amx();
 }
 
 }  // namespace

@@ -46,10 +46,13 @@ inline std::atomic<bool>& switched_on() {
   return on;
 }
 
-inline bool usable(int64_t k) {
-  return switched_on().load(std::memory_order_relaxed) && k % 32 == 0 &&
-         preempt_serve_amx::tiles_permitted();
+// Whether weights go to the tiles now: switched on, and the OS grants the
+// tiles' state.
+inline bool on() {
+  return switched_on().load(std::memory_order_relaxed) && preempt_serve_amx::tiles_permitted();
 }
+
+inline bool usable(int64_t k) { return k % 32 == 0 && on(); }
 
 // Every tile is 16 rows of 64 bytes: 16 rows of x by 32 values of K (A),
 // 16 pairs of K by 16 columns (B), 16 rows by 16 float32 sums (C).
