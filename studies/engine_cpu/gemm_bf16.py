@@ -10,7 +10,9 @@ projection's weight is one of 30 distinct copies (the lm_head one of 2),
 used in turn, so that weights come from memory as in a decode step.
 Medians of `--rounds` rounds, each timing the three in turn; GFLOP/s =
 2 x rows x N x K / time.  Also the peak of the instruction on this core: a
-2,048-row GEMM of the gate_up shape on our kernel (operands in cache).
+2,048-row GEMM of the gate_up shape on our kernel (operands in cache), and
+whether oneDNN's packed matmul returns our kernel's bits at each shape and
+row count (`same_bits_as_onednn`).
 
     taskset -c 0 python -m studies.engine_cpu.gemm_bf16 --out studies/engine_cpu/gemm_bf16.json
 """
@@ -84,7 +86,11 @@ def measure(name: str, rows: int, rounds: int, kernel: ModuleType = packed_bf16,
                     packed_bf16.amx(True)
     flop = 2.0 * rows * n * k
     med = {way: statistics.median(t) for way, t in times.items()}
-    return {"projection": name, "rows": rows, "n": n, "k": k,
+    # Whether oneDNN's packed matmul gives our kernel's bits at these rows
+    # (could it stand in for ours at some batch without breaking batch
+    # invariance?).
+    same = torch.equal(kernel.linear(x, ours[0]), packed_linear(x, onednn[0]))
+    return {"projection": name, "rows": rows, "n": n, "k": k, "same_bits_as_onednn": same,
             "us": {way: round(t * 1e6, 1) for way, t in med.items()},
             "gflops": {way: round(flop / t / 1e9, 1) for way, t in med.items()},
             f"{way}_over_onednn": round(med["onednn_packed"] / med[way], 3),
@@ -122,7 +128,8 @@ def run(argv: list[str] | None, doc: str, kernel: ModuleType = packed_bf16,
             vec = f"  vectors {g[way + '_vectors']:6.1f}" if way + "_vectors" in g else ""
             print(f"rows {rows:4d} {name:8s} F.linear {g['f_linear']:6.1f}  "
                   f"oneDNN packed {g['onednn_packed']:6.1f}  {way} {g[way]:6.1f}{vec} "
-                  f"GFLOP/s  ({r[f'{way}_over_{other}']}x {base})")
+                  f"GFLOP/s  ({r[f'{way}_over_{other}']}x {base}; "
+                  f"bits {'=' if r['same_bits_as_onednn'] else '!='} oneDNN's)")
             results.append(r)
     top = peak(a.rounds, kernel, dtype)
     print(f"{way}, 2,048 x 3,072 x 576 in cache: {top} GFLOP/s")
