@@ -10,7 +10,8 @@
 // 64-byte lines, one tile load.  x's 16 rows by 32 values of K are the
 // left-hand tile (read in place, the last partial tile of rows from a
 // zero-padded copy), and each 16 x 16 block of float32 sums stays in a tile
-// over all of K.
+// over all of K (where x's rows outgrow L1, over passes of K, the sums stored
+// and loaded again, exactly, between them).
 //
 // Each output element is C += A . B over K in 32-value steps, in order, one
 // TDPBF16PS a step, then the bias and one rounding: the same instructions on
@@ -139,6 +140,44 @@ inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* a
   }
 }
 
+// Two row tiles by two panels over K steps [s0, s1) only, the float32 sums
+// coming from and going back to c ([32][32], zero at the first pass).  A
+// float32 tile stored and loaded again is exact, so K in passes gives the
+// same bits as one pass over all of K.
+inline void block22_pass(const RowTile* rt, const uint16_t* panel, int64_t k2, int64_t s0,
+                         int64_t s1, float* c) {
+  const int64_t pe = k2 * 32;
+  constexpr int64_t ld = 32 * static_cast<int64_t>(sizeof(float));
+  if (s0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, ld);
+    _tile_loadd(1, c + 16, ld);
+    _tile_loadd(2, c + 512, ld);
+    _tile_loadd(3, c + 528, ld);
+  }
+  const uint16_t* a0 = rt[0].p;
+  const uint16_t* a1 = rt[1].p;
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint16_t* b = panel + s * 512;
+    _tile_loadd(4, a0 + s * 32, rt[0].stride);
+    _tile_stream_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_stream_loadd(7, b + pe, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a1 + s * 32, rt[1].stride);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, ld);
+  _tile_stored(1, c + 16, ld);
+  _tile_stored(2, c + 512, ld);
+  _tile_stored(3, c + 528, ld);
+}
+
 // The block's sums (+ bias) rounded once into y's rows of its row tiles and
 // its panels' columns (column vector v, of 16 columns).
 inline void store(const float* acc, int mt, int nt, const RowTile* rt, int64_t m, int64_t v,
@@ -172,8 +211,11 @@ inline void block_nt(int nt, const RowTile* rt, const uint16_t* panel, int64_t k
 }
 
 // Row tiles of a chunk cut so that x's rows of one chunk (kChunkBytes)
-// stay in the core's L2 while every panel streams past them once.
-constexpr int64_t kChunkBytes = 192 * 1024;
+// stay in the core's L2 (2 MB where there is AMX) while every panel streams
+// past them once: half of it, so that 512 rows of K 576 read the weight from
+// memory once (192 KB: four times, gate_up 0.80x oneDNN's rate there against
+// 0.96x now).
+constexpr int64_t kChunkBytes = 1024 * 1024;
 // Panels one thread's step takes (the MT = 1 block's four, the MT = 2
 // block's two twice).
 constexpr int64_t kGroup = 4;
@@ -181,6 +223,16 @@ constexpr int64_t kGroup = 4;
 // (each pair of row tiles passes over all of them, its x in L1, the panels
 // in L2).
 constexpr int64_t kWideGroup = 16;
+// Where two row tiles of x over all of K outgrow L1 (a K of more than 768),
+// every panel would read them from L2 again: K is then taken in passes of
+// kPassSteps steps (128 values), each pair of row tiles over kPassGroup
+// panels per pass with its slice of x in L1 and the panels' sums in a
+// float32 buffer between passes (down's K of 1,536 at 128-512 rows: 0.72-0.82x
+// oneDNN's rate before, 0.81-0.93x with passes; at K 576, where x fits, they
+// were 0.8-0.9x the one-pass rate).
+constexpr int64_t kL1Bytes = 48 * 1024;
+constexpr int64_t kPassSteps = 4;
+constexpr int64_t kPassGroup = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias), W packed [n/16][k/2][16][2].
 inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, int64_t k,
@@ -200,18 +252,32 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
     }
   }
   const int64_t chunk = std::max<int64_t>(2, kChunkBytes / (16 * k * 2) / 2 * 2);
-  const int64_t group = tiles > 2 ? kWideGroup : kGroup;
+  const bool passes = tiles > 2 && 2 * 16 * k * 2 > kL1Bytes;
+  const int64_t group = passes ? kPassGroup : tiles > 2 ? kWideGroup : kGroup;
   const int64_t groups = (vectors + group - 1) / group;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     configure();
     alignas(64) float acc[2 * 16 * kGroup * 16];
+    alignas(64) float sums[kPassGroup / 2 * 1024];
     for (int64_t c0 = 0; c0 < tiles; c0 += chunk) {
       const int64_t c1 = std::min(tiles, c0 + chunk);
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t v0 = g * group, v1 = std::min(vectors, v0 + group);
         for (int64_t t = c0; t < c1; t += 2) {
           const RowTile* rt = rts.data() + t;
-          if (t + 1 < c1) {
+          if (passes && t + 1 < c1) {
+            const int64_t pairs = (v1 - v0) / 2, steps = k2 / 16;
+            for (int64_t s0 = 0; s0 < steps; s0 += kPassSteps)
+              for (int64_t i = 0; i < pairs; ++i)
+                block22_pass(rt, w + (v0 + 2 * i) * k2 * 32, k2, s0,
+                             std::min(steps, s0 + kPassSteps), sums + i * 1024);
+            for (int64_t i = 0; i < pairs; ++i)
+              store(sums + i * 1024, 2, 2, rt, t * 16, v0 + 2 * i, bias, y, n);
+            if ((v1 - v0) % 2) {  // the group's odd panel, in one pass
+              block_nt<2>(1, rt, w + (v1 - 1) * k2 * 32, k2, acc);
+              store(acc, 2, 1, rt, t * 16, v1 - 1, bias, y, n);
+            }
+          } else if (t + 1 < c1) {
             for (int64_t v = v0; v < v1; v += 2) {
               const int nt = static_cast<int>(std::min<int64_t>(2, v1 - v));
               block_nt<2>(nt, rt, w + v * k2 * 32, k2, acc);

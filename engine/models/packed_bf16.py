@@ -13,11 +13,11 @@ beside it: deterministic mode needs no row tiles around it.
 Where the CPU also has AMX, the library's AMX build multiplies the same
 packed weight on the tiles (`engine/csrc/gemm_bf16_amx.h`; weights whose
 K is a multiple of 32, chosen by K alone, never by the batch): on a Xeon
-with AMX 1.28–1.60× oneDNN's packed matmul at 1–32 rows, 1.06–1.35× at
-64, 0.82–1.32× at 128 and 0.72–1.02× at 512
+with AMX 1.25–1.65× oneDNN's packed matmul at 1–32 rows, 1.02–1.30× at
+64, 0.94–1.28× at 128 and 0.82–1.15× at 512
 (`studies/engine_cpu/gemm_bf16_amx.json`); the whole bf16 engine there
-decodes 1.42–1.43× faster at batch 1, 1.16–1.17× at 32, 1.00–1.05× at 96,
-and prefills 512 tokens at 0.87–0.99× (`studies/engine_cpu/gemm_amx_ab/`).
+decodes 1.46–1.49× faster at batch 1, 1.19× at 32, 1.01–1.02× at 96, and
+prefills 512 tokens at 0.98–1.06× (`studies/engine_cpu/gemm_amx_ab/`).
 `amx(False)` switches a loaded build to its vectors.
 
 `auto` (`CausalLM.pack_projections`) takes it in bfloat16 on a CPU with

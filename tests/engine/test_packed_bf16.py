@@ -108,6 +108,19 @@ def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads(path: str) ->
     assert torch.equal(tiled(x[:7], wp, b), together[:7])
 
 
+def test_k_in_passes_gives_the_bits_of_one_pass(path: str) -> None:
+    # At K 1,536 on the tiles, three or more row tiles take K in passes with
+    # the float32 sums stored between them; one or two row tiles take it in
+    # one pass.  A row's bits must not tell which (nine panels: the group of
+    # eight in pairs, then one alone).
+    x, w, b = _operands(70, 144, 1536, seed=11)
+    wp = packed_bf16.pack(w)
+    together = packed_bf16.linear(x, wp, b)
+    _close_to_exact(together, x, w, b)
+    for rows in (slice(0, 1), slice(3, 35), slice(40, 70), slice(16, 48), slice(0, 33)):
+        assert torch.equal(packed_bf16.linear(x[rows], wp, b), together[rows]), rows
+
+
 def test_shapes_the_layout_cannot_take_are_refused_or_left() -> None:
     with pytest.raises(RuntimeError, match="multiple of 16"):
         packed_bf16.pack(torch.zeros(40, 8, dtype=torch.bfloat16))
