@@ -73,25 +73,52 @@ struct RowTile {
   int64_t rows;    // rows that are x's (the rest are padding)
 };
 
+// A block's C tiles loaded from `acc` ([MT * 16][NT * 16] float32), as
+// `block` stores them.
+template <int MT, int NT>
+inline void load_sums(const float* acc) {
+  constexpr int64_t ld = NT * 16 * static_cast<int64_t>(sizeof(float));
+  _tile_loadd(0, acc, ld);
+  if constexpr (MT == 1) {
+    if constexpr (NT > 1) _tile_loadd(1, acc + 16, ld);
+    if constexpr (NT > 2) _tile_loadd(2, acc + 32, ld);
+    if constexpr (NT > 3) _tile_loadd(3, acc + 48, ld);
+  } else {
+    _tile_loadd(2, acc + 16 * NT * 16, ld);
+    if constexpr (NT > 1) {
+      _tile_loadd(1, acc + 16, ld);
+      _tile_loadd(3, acc + 16 * NT * 16 + 16, ld);
+    }
+  }
+}
+
 // Tiles: MT = 1: C 0..NT-1 (panel j), A 4, B 5, 6, 7 (and 5 again for a
 // fourth panel).  MT = 2: C 2i + j (row tile i, panel j), A 4 and 5, B 6
-// and 7.  `acc` receives C as [MT * 16][NT * 16] float32.
+// and 7.  `acc` receives C as [MT * 16][NT * 16] float32.  Over K steps
+// [s0, s1) only where asked (s1 < 0: to the end of K), the sums from `acc`
+// when s0 > 0: a float32 tile stored and loaded again is exact, so K in
+// passes gives the bits of one pass over all of K.
 template <int MT, int NT>
-inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* acc) {
+inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* acc,
+                  int64_t s0 = 0, int64_t s1 = -1) {
   static_assert((MT == 1 && NT >= 1 && NT <= 4) || (MT == 2 && NT >= 1 && NT <= 2));
   const int64_t pe = k2 * 32;  // elements of one packed panel
-  const int64_t steps = k2 / 16;
-  _tile_zero(0);
-  if constexpr (NT > 1) _tile_zero(1);
-  if constexpr (MT == 2 || NT > 2) _tile_zero(2);
-  if constexpr ((MT == 2 && NT > 1) || NT > 3) _tile_zero(3);
+  const int64_t steps = s1 < 0 ? k2 / 16 : s1;
+  if (s0 > 0) {
+    load_sums<MT, NT>(acc);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT > 1) _tile_zero(1);
+    if constexpr (MT == 2 || NT > 2) _tile_zero(2);
+    if constexpr ((MT == 2 && NT > 1) || NT > 3) _tile_zero(3);
+  }
   const uint16_t* a0 = rt[0].p;
   const uint16_t* a1 = MT == 2 ? rt[1].p : nullptr;
   // The weight's tiles are loaded with the streaming hint (TILELOADDT1): a
   // block reads each once, and loaded plainly they evict x's rows from L1,
   // which every panel of the group reads again (1.06-1.28x the GEMM's rate
   // at 128-512 rows, no change at a few; studies/engine_cpu/README.md).
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int64_t s = s0; s < steps; ++s) {
     const uint16_t* b = panel + s * 512;
     if constexpr (MT == 1) {
       _tile_loadd(4, a0 + s * 32, rt[0].stride);
@@ -138,44 +165,6 @@ inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* a
       _tile_stored(3, acc + 16 * NT * 16 + 16, ld);
     }
   }
-}
-
-// Two row tiles by two panels over K steps [s0, s1) only, the float32 sums
-// coming from and going back to c ([32][32], zero at the first pass).  A
-// float32 tile stored and loaded again is exact, so K in passes gives the
-// same bits as one pass over all of K.
-inline void block22_pass(const RowTile* rt, const uint16_t* panel, int64_t k2, int64_t s0,
-                         int64_t s1, float* c) {
-  const int64_t pe = k2 * 32;
-  constexpr int64_t ld = 32 * static_cast<int64_t>(sizeof(float));
-  if (s0 == 0) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  } else {
-    _tile_loadd(0, c, ld);
-    _tile_loadd(1, c + 16, ld);
-    _tile_loadd(2, c + 512, ld);
-    _tile_loadd(3, c + 528, ld);
-  }
-  const uint16_t* a0 = rt[0].p;
-  const uint16_t* a1 = rt[1].p;
-  for (int64_t s = s0; s < s1; ++s) {
-    const uint16_t* b = panel + s * 512;
-    _tile_loadd(4, a0 + s * 32, rt[0].stride);
-    _tile_stream_loadd(6, b, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_stream_loadd(7, b + pe, 64);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, a1 + s * 32, rt[1].stride);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  _tile_stored(0, c, ld);
-  _tile_stored(1, c + 16, ld);
-  _tile_stored(2, c + 512, ld);
-  _tile_stored(3, c + 528, ld);
 }
 
 // The block's sums (+ bias) rounded once into y's rows of its row tiles and
@@ -269,8 +258,8 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
             const int64_t pairs = (v1 - v0) / 2, steps = k2 / 16;
             for (int64_t s0 = 0; s0 < steps; s0 += kPassSteps)
               for (int64_t i = 0; i < pairs; ++i)
-                block22_pass(rt, w + (v0 + 2 * i) * k2 * 32, k2, s0,
-                             std::min(steps, s0 + kPassSteps), sums + i * 1024);
+                block<2, 2>(rt, w + (v0 + 2 * i) * k2 * 32, k2, sums + i * 1024, s0,
+                            std::min(steps, s0 + kPassSteps));
             for (int64_t i = 0; i < pairs; ++i)
               store(sums + i * 1024, 2, 2, rt, t * 16, v0 + 2 * i, bias, y, n);
             if ((v1 - v0) % 2) {  // the group's odd panel, in one pass
