@@ -1,8 +1,9 @@
-"""Where one decode step's CPU time goes: matmuls, attention, the rest.
+"""Where one decode step's (or one prefill's) CPU time goes: matmuls, attention, the rest.
 
 Drives our `ModelRunner` through `execute(Plan)` (greedy, `--batch`
 sequences sharing a `--context`-token prefix, as `bench/engine_bench.py`
-does) under `torch.profiler`, and groups the ops' self CPU time:
+does) under `torch.profiler`, and groups the ops' self CPU time (with
+`--prefill`, of one prompt of `--context` tokens prefilled instead):
 
 - matmul: `aten::mm` / `addmm` / `bmm` (the linear layers on plain
   weights), oneDNN's packed linear (the lm_head, and the projections
@@ -40,7 +41,8 @@ _GROUPS = {
                   "aten::_scaled_dot_product_attention_math",
                   "aten::_scaled_dot_product_efficient_attention",
                   "aten::_scaled_dot_product_flash_attention"),
-    "kv gather / write": ("aten::index_select", "aten::index_copy_", "preempt_serve::write_kv"),
+    "kv gather / write": ("aten::index_select", "aten::index_copy_", "preempt_serve::write_kv",
+                          "preempt_serve::write_kv_tiles"),
 }
 
 
@@ -62,7 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=4, help="profiled decode steps")
+    ap.add_argument("--steps", type=int, default=4, help="profiled decode steps (or prefills)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="profile the prefill of one --context-token prompt, not decode steps")
     ap.add_argument("--attention", default=None, help="torch | compiled | cpp (default: the engine's)")
     ap.add_argument("--pack-projections", default="auto",
                     choices=["auto", "always", "bf16_dot", "f32_fma", "never"],
@@ -81,7 +85,12 @@ def main(argv: list[str] | None = None) -> None:
                       *(["--attention", a.attention] if a.attention else []),
                       *(["--distinct-kv"] if a.distinct_kv else [])])
     ours = OursBench(ea, a.dtype)
-    step = ours.start_decode(list(range(100, 100 + a.context)), a.batch)
+    prompt = list(range(100, 100 + a.context))
+    if a.prefill:
+        def step() -> None:
+            ours.prefill(prompt)
+    else:
+        step = ours.start_decode(prompt, a.batch)
     for _ in range(2):
         step()
     t0 = time.perf_counter()
@@ -101,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     for g, sh in shares.items():
         print(f"{g:<18} {sh * 100:5.1f} %   {ms[g]:8.2f} ms/step")
     print(f"profiled step (wall, with profiler overhead): {wall * 1000:.1f} ms")
-    meta = {"batch": a.batch, "context": a.context, "dtype": a.dtype, "threads": a.threads,
+    meta = {"kind": "prefill" if a.prefill else "decode",
+            "batch": 1 if a.prefill else a.batch, "context": a.context, "dtype": a.dtype,
+            "threads": a.threads,
             "decode_kv": "distinct" if a.distinct_kv else "shared",
             "attention_backend": ours.runner.attn.name,
             "packed_projections": ours.runner.model.packing,

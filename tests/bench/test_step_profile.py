@@ -1,4 +1,4 @@
-"""The decode-step profile groups real op time of our engine."""
+"""The step profile groups real op time of our engine (decode or prefill)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,13 @@ def test_profile_of_a_small_step(tmp_path):
     doc = json.loads(out.read_text())
     assert abs(sum(doc["share"].values()) - 1.0) < 0.01
     assert doc["share"]["matmul"] > 0.1  # a forward pass is mostly linear layers
+    assert doc["meta"]["kind"] == "decode" and doc["meta"]["batch"] == 2
+
+
+def test_profile_of_a_prefill(tmp_path):
+    out = tmp_path / "p.json"
+    main(["--prefill", "--context", "48", "--steps", "1", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["kind"] == "prefill" and doc["meta"]["batch"] == 1
+    assert abs(sum(doc["share"].values()) - 1.0) < 0.01
+    assert doc["share"]["matmul"] > 0.1 and doc["share"]["attention"] > 0.0
