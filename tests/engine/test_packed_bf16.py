@@ -115,7 +115,14 @@ def test_k_in_passes_gives_the_bits_of_one_pass(path: str) -> None:
     # eight in pairs, then one alone).
     x, w, b = _operands(70, 144, 1536, seed=11)
     wp = packed_bf16.pack(w)
-    together = packed_bf16.linear(x, wp, b)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        together = packed_bf16.linear(x, wp, b)
+        torch.set_num_threads(2)
+        assert torch.equal(packed_bf16.linear(x, wp, b), together)
+    finally:
+        torch.set_num_threads(threads)
     _close_to_exact(together, x, w, b)
     for rows in (slice(0, 1), slice(3, 35), slice(40, 70), slice(16, 48), slice(0, 33)):
         assert torch.equal(packed_bf16.linear(x[rows], wp, b), together[rows]), rows
