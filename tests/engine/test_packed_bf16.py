@@ -54,6 +54,20 @@ def _close_to_exact(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
         float((err - exact.abs() * 2.0**-8).max())
 
 
+def _same_on_one_and_two_threads(x: torch.Tensor, wp: torch.Tensor,
+                                 b: torch.Tensor) -> torch.Tensor:
+    """The product on one thread, after checking that two give its bits."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = packed_bf16.linear(x, wp, b)
+        torch.set_num_threads(2)
+        assert torch.equal(packed_bf16.linear(x, wp, b), one)
+    finally:
+        torch.set_num_threads(threads)
+    return one
+
+
 @pytest.mark.parametrize("m,n,k", [
     (1, 16, 2), (3, 48, 48), (8, 96, 64), (13, 80, 576), (32, 960, 576),
     (37, 32, 1536), (16, 48, 32), (17, 64, 576), (48, 112, 64),
@@ -89,14 +103,7 @@ def test_strided_and_empty_inputs(path: str) -> None:
 def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads(path: str) -> None:
     x, w, b = _operands(70, 4160, 576, seed=5)
     wp = packed_bf16.pack(w)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        together = packed_bf16.linear(x, wp, b)
-        torch.set_num_threads(2)
-        assert torch.equal(packed_bf16.linear(x, wp, b), together)
-    finally:
-        torch.set_num_threads(threads)
+    together = _same_on_one_and_two_threads(x, wp, b)
     for rows in (slice(0, 1), slice(5, 6), slice(3, 14), slice(64, 70), slice(1, 69),
                  slice(14, 47), slice(16, 32)):
         assert torch.equal(packed_bf16.linear(x[rows], wp, b), together[rows]), rows
@@ -115,14 +122,7 @@ def test_k_in_passes_gives_the_bits_of_one_pass(path: str) -> None:
     # eight in pairs, then one alone).
     x, w, b = _operands(70, 144, 1536, seed=11)
     wp = packed_bf16.pack(w)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        together = packed_bf16.linear(x, wp, b)
-        torch.set_num_threads(2)
-        assert torch.equal(packed_bf16.linear(x, wp, b), together)
-    finally:
-        torch.set_num_threads(threads)
+    together = _same_on_one_and_two_threads(x, wp, b)
     _close_to_exact(together, x, w, b)
     for rows in (slice(0, 1), slice(3, 35), slice(40, 70), slice(16, 48), slice(0, 33)):
         assert torch.equal(packed_bf16.linear(x[rows], wp, b), together[rows]), rows
