@@ -29,9 +29,10 @@ those (and `_amx`), the bf16 projections' GEMM multiplies on tiles
 values interleaved by pairs of keys, the probabilities as two bf16 terms;
 on an Intel Xeon with AMX 1.35–1.45× faster than the vectors on K/V from
 L3 and 1.74× from L1/L2 (`studies/engine_cpu/decode_op.py`), while whole
-decode steps over K/V read from DRAM gained 1.01× there.
+decode steps over K/V read from DRAM gained 1.01× there; the prefill
+operator's bf16 scores go through tiles too (`engine/csrc/paged_prefill_amx.h`).
 PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a
-loaded build to its vectors.  A build that fails is retried without its
+loaded build's attention to its vectors.  A build that fails is retried without its
 last additions.  Building needs a C++ compiler and ninja; where no build
 succeeds the backend says so once and attends with the torch reference.
 
@@ -186,10 +187,10 @@ def amx_wanted() -> bool:
 
 
 def decode_amx(enable: bool = True) -> bool:
-    """Switch the loaded operator's AMX path for bf16 decodes on or off (for
-    studies and tests that run both paths of one build); returns whether bf16
-    decodes now take it (False wherever the build has no AMX path or the OS
-    refuses the tiles)."""
+    """Switch the loaded operators' AMX tiles for bf16 attention on or off:
+    decodes, and the prefill operator's scores (for studies and tests that
+    run both paths of one build); returns whether bf16 decodes now take them
+    (False wherever the build has no AMX path or the OS refuses the tiles)."""
     load_kernel()
     return bool(torch.ops.preempt_serve.set_decode_amx(enable))
 

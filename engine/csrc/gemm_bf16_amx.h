@@ -57,14 +57,7 @@ inline bool usable(int64_t k) { return k % 32 == 0 && on(); }
 
 // Every tile is 16 rows of 64 bytes: 16 rows of x by 32 values of K (A),
 // 16 pairs of K by 16 columns (B), 16 rows by 16 float32 sums (C).
-inline void configure() {
-  preempt_serve_amx::TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  preempt_serve_amx::load_config(cfg);
-}
+inline void configure() { preempt_serve_amx::configure_16x64(); }
 
 // Where one tile's 16 rows of x are read.
 struct RowTile {

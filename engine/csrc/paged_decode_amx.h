@@ -104,6 +104,17 @@ inline void load_config(const TileConfig& cfg) {
   _tile_loadconfig(&cfg);
 }
 
+// Every tile 16 rows of 64 bytes: the bf16 GEMM's (gemm_bf16_amx.h) and the
+// prefill scores' (paged_prefill_amx.h) shapes.
+inline void configure_16x64() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  load_config(cfg);
+}
+
 inline void configure_scores(int group) {
   TileConfig cfg;
   for (int t : {0, 1, 4, 5, 6, 7}) {

@@ -16,7 +16,9 @@
 // too ([dim][rows], each value element broadcast against 16 rows'
 // probabilities).  Key and value rows are read straight from the cache
 // (bfloat16 values widened once per tile for all the tile's rows); bf16
-// scores use VDPBF16PS on pairs of the key's elements where the CPU has it.
+// scores use VDPBF16PS on pairs of the key's elements where the CPU has it,
+// and where it also has AMX (blocks of a multiple of 16 tokens) the tiles,
+// 16 keys by 16 rows a product (paged_prefill_amx.h).
 // Every sum is in float32.  A build for AVX2 + FMA without AVX512 runs the
 // same scheme on 8-lane vectors (paged_prefill_avx2.h), and the same driver
 // (`prefill_vec`) cuts the chunks into tiles.  Other builds, dtypes and head
@@ -65,6 +67,7 @@ struct Chunk {
 struct Layout {
   int64_t heads, kv_heads, group, block_size, dim;
   bool tiles = false;
+  bool amx = false;  // bf16 scores on AMX tiles (paged_prefill_amx.h)
   int64_t tok_stride() const { return kv_heads * dim; }
   int64_t blk_stride() const { return block_size * kv_heads * dim; }
 };
@@ -148,6 +151,8 @@ void prefill_portable(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 
 #define PAGED_PREFILL_AVX512 1
 #define PAGED_PREFILL_VEC 1
+
+#include "paged_prefill_amx.h"
 
 namespace {
 
@@ -262,7 +267,15 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #ifdef __AVX512BF16__
       const auto* qt = reinterpret_cast<const int32_t*>(sc.qt.data());
       const __m512 vscale = _mm512_set1_ps(scale);
-      for (int64_t t0 = 0; t0 < kt; t0 += KS) {
+#ifdef PAGED_PREFILL_AMX
+      if (l.amx) {
+        const uint16_t* k0[2] = {reinterpret_cast<const uint16_t*>(kp[0]),
+                                 reinterpret_cast<const uint16_t*>(kp[kt > 16 ? 16 : 0])};
+        paged_prefill_amx::scores<DIM, RV>(k0, kt, 2 * k_piece,
+                                           l.tiles ? 64 : l.tok_stride() * 2, qt, scale, s);
+      }
+#endif
+      for (int64_t t0 = 0; t0 < (l.amx ? 0 : kt); t0 += KS) {
         __m512 acc[KS][RV];
         for (int k = 0; k < KS; ++k)
           for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
@@ -431,6 +444,9 @@ void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   }
   at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch sc(DIM);
+#ifdef PAGED_PREFILL_AMX
+    if (l.amx) paged_prefill_amx::configure();
+#endif
     for (int64_t w = begin; w < end; ++w) {
       const Chunk& c = tiles[w];
       const int64_t* table = block_ids + table_starts[c.seq];
@@ -446,6 +462,9 @@ void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
         prefill_tile<scalar_t, DIM, 8>(q, kc, vc, table, sp, qb, c, scale, out, l, sc);
       }
     }
+#ifdef PAGED_PREFILL_AMX
+    if (l.amx) _tile_release();
+#endif
   });
 }
 #endif  // PAGED_PREFILL_VEC
@@ -512,8 +531,13 @@ at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
   for (int64_t i = 0; i < num_seqs; ++i) {
     TORCH_CHECK(qs[i + 1] > qs[i], "paged_prefill: every sequence needs a query token");
   }
+  bool amx = false;
+#ifdef PAGED_PREFILL_AMX
+  amx = q.scalar_type() == at::kBFloat16 &&
+        paged_prefill_amx::usable(key_cache.size(1), q.size(2));
+#endif
   const Layout l{q.size(1), key_cache.size(2), q.size(1) / key_cache.size(2),
-                 key_cache.size(1), q.size(2), tiles};
+                 key_cache.size(1), q.size(2), tiles, amx};
   if (tiles) {
     constexpr const char* kTilesNeed =
         "paged_prefill: a tiles-layout cache needs the AVX512 build with the bf16 dot product, "

@@ -13,6 +13,10 @@ noisy host slows both alike (medians of `--rounds`):
   greedy, lm_head and sampling included) for prompts of the same lengths,
   with the backend's prefill operator on and off.
 
+On a build with AMX, bf16 rows also time the operator with its scores on the
+VDPBF16PS vectors instead of the tiles (`operator_vectors_ms`, the same
+build switched by `engine.attention_cpp.decode_amx`).
+
     python -m studies.engine_cpu.prefill_op --out studies/engine_cpu/prefill_op.json
 """
 
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+import engine.attention_cpp as cpp
 from bench.engine_bench import OursBench
 from bench.engine_bench import parse_args as engine_args
 from bench.report import machine_meta, write_report
@@ -67,23 +72,35 @@ def _attention_rows(dtype: torch.dtype, lens: list[int], rounds: int) -> list[di
         want = ref.forward(q, k, v, keys, values, md_ref, DIM**-0.5)
         err = (got.float() - want.float()).abs().max().item()
         reps = max(1, 2000 // n)
-        op_ms, sdpa_ms = [], []
+        op_ms, sdpa_ms, vec_ms = [], [], []
+        tiles = dtype is torch.bfloat16 and cpp.decode_amx(True)
         for _ in range(rounds):
             op_ms.append(_median_ms(
                 lambda: ops.forward(q, k, v, keys, values, md_ops, DIM**-0.5), 1, reps))
             sdpa_ms.append(_median_ms(
                 lambda: ref.forward(q, k, v, keys, values, md_ref, DIM**-0.5), 1, reps))
+            if tiles:
+                cpp.decode_amx(False)
+                try:
+                    vec_ms.append(_median_ms(
+                        lambda: ops.forward(q, k, v, keys, values, md_ops, DIM**-0.5), 1, reps))
+                finally:
+                    cpp.decode_amx(True)
         row = {"dtype": str(dtype).removeprefix("torch."), "start": start, "tokens": n,
                "operator_ms": round(statistics.median(op_ms), 3),
                "sdpa_ms": round(statistics.median(sdpa_ms), 3), "max_abs_diff": err}
         row["speedup"] = round(row["sdpa_ms"] / row["operator_ms"], 2)
+        if vec_ms:
+            row["operator_vectors_ms"] = round(statistics.median(vec_ms), 3)
+            row["tiles_speedup"] = round(row["operator_vectors_ms"] / row["operator_ms"], 2)
         # Causal attention's multiplies (scores and weighted sum), per second.
         flops = 4 * HEADS * DIM * sum(start + i + 1 for i in range(n))
         row["operator_gflops"] = round(flops / row["operator_ms"] / 1e6, 1)
         rows.append(row)
         print(f"{row['dtype']:>9} attention start {start:4d} tokens {n:4d}: operator "
               f"{row['operator_ms']:7.3f} ms, sdpa {row['sdpa_ms']:7.3f} ms "
-              f"({row['speedup']}x, {row['operator_gflops']} GFLOP/s)")
+              f"({row['speedup']}x, {row['operator_gflops']} GFLOP/s)"
+              + (f"; scores on vectors {row['operator_vectors_ms']:7.3f} ms" if vec_ms else ""))
     return rows
 
 
@@ -95,26 +112,33 @@ def _step_rows(dtype: str, lens: list[int], rounds: int) -> list[dict]:
     kernel = backend.prefill_kernel
     assert kernel is not None
     rows = []
+    tiles = dtype == "bfloat16" and cpp.decode_amx(True)
     for n in lens:
         prompt = [(7 * i + 100) % 40000 + 100 for i in range(n)]
-        on, off = [], []
+        on, off, vec = [], [], []
+        ways = [(kernel, True, on), (None, True, off)] + ([(kernel, False, vec)] if tiles else [])
         try:
             for r in range(rounds + 1):
-                for state, times in ((kernel, on), (None, off)):
+                for state, amx, times in ways:
                     backend.prefill_kernel = state
+                    cpp.decode_amx(amx)
                     t = time.perf_counter()
                     bench.prefill(prompt)
                     if r:  # the first round warms up
                         times.append(time.perf_counter() - t)
         finally:
             backend.prefill_kernel = kernel
+            cpp.decode_amx(True)
         row = {"dtype": dtype, "tokens": n,
                "operator_ms": round(statistics.median(on) * 1e3, 1),
                "sdpa_ms": round(statistics.median(off) * 1e3, 1)}
         row["speedup"] = round(row["sdpa_ms"] / row["operator_ms"], 3)
+        if vec:
+            row["operator_vectors_ms"] = round(statistics.median(vec) * 1e3, 1)
         rows.append(row)
         print(f"{dtype:>9} prefill step {n:4d} tokens: {row['operator_ms']:7.1f} ms with the "
-              f"operator, {row['sdpa_ms']:7.1f} ms on SDPA ({row['speedup']}x)")
+              f"operator, {row['sdpa_ms']:7.1f} ms on SDPA ({row['speedup']}x)"
+              + (f"; scores on vectors {row['operator_vectors_ms']:7.1f} ms" if vec else ""))
     return rows
 
 

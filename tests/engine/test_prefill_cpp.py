@@ -5,6 +5,7 @@ inputs checked; and the C++ backend routing a step's prefills through it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import accumulate
 
 import pytest
@@ -81,10 +82,23 @@ def test_prefill_matches_dense_attention(heads: int, kv_heads: int, dim: int, bs
                                rtol=2e-5, atol=2e-5)
 
 
+@pytest.fixture(params=["tiles", "vectors"])
+def scores_on(request: pytest.FixtureRequest) -> Iterator[str]:
+    """bf16 scores on AMX tiles (where the build has them: paged_prefill_amx.h)
+    or on the VDPBF16PS vectors."""
+    on = cpp.decode_amx(request.param == "tiles")
+    if request.param == "tiles" and not on:
+        pytest.skip("no AMX path in this build of the C++ operators")
+    try:
+        yield request.param
+    finally:
+        cpp.decode_amx(True)
+
+
 @needs_cxx
 @pytest.mark.parametrize("heads,kv_heads,dim,bs", SHAPES)
 def test_prefill_bfloat16_within_its_rounding(heads: int, kv_heads: int, dim: int,
-                                              bs: int) -> None:
+                                              bs: int, scores_on: str) -> None:
     # Products of bf16 inputs are exact in float32 and every sum is float32:
     # the error is the output's own rounding (2^-8 relative) and little more.
     q, keys, values, tables = _case(CHUNKS, heads, kv_heads, dim, bs, dtype=torch.bfloat16)
@@ -118,6 +132,34 @@ def test_prefill_chunks_agree_with_the_whole_prompt() -> None:
     parts = [(0, 33), (33, 1), (34, 66)]
     cut = _call(q, keys, values, tables * 3, parts)
     assert torch.equal(cut, whole)
+
+
+@needs_cxx
+def test_bfloat16_chunks_agree_with_the_whole_prompt(scores_on: str) -> None:
+    # The same in bfloat16, on either way of computing the scores: a key's
+    # score for a row is fixed by the two alone (tiles of 16 keys from
+    # position 0, 16 rows a tile however many the chunk has).
+    q, keys, values, tables = _case([(0, 100)], 9, 3, 64, 16, dtype=torch.bfloat16)
+    whole = _call(q, keys, values, tables, [(0, 100)])
+    for parts in ([(0, 33), (33, 1), (34, 66)], [(0, 5), (5, 17), (22, 78)]):
+        assert torch.equal(_call(q, keys, values, tables * 3, parts), whole), parts
+
+
+@needs_cxx
+def test_the_scores_take_the_tiles_where_the_build_has_them() -> None:
+    # Their rounding differs from the vectors' in a few elements: both are
+    # within the bf16 bound above, and which one ran shows.
+    q, keys, values, tables = _case(CHUNKS, 9, 3, 64, 16, dtype=torch.bfloat16)
+    if not cpp.decode_amx(True):
+        pytest.skip("no AMX path in this build of the C++ operators")
+    try:
+        tiles = _call(q, keys, values, tables, CHUNKS)
+        assert not cpp.decode_amx(False)
+        vectors = _call(q, keys, values, tables, CHUNKS)
+    finally:
+        cpp.decode_amx(True)
+    assert not torch.equal(tiles, vectors)
+    assert (tiles.double() - vectors.double()).abs().max() < 0.02
 
 
 @needs_cxx
