@@ -96,7 +96,7 @@ inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* a
                   int64_t s0 = 0, int64_t s1 = -1) {
   static_assert((MT == 1 && NT >= 1 && NT <= 4) || (MT == 2 && NT >= 1 && NT <= 2));
   const int64_t pe = k2 * 32;  // elements of one packed panel
-  const int64_t steps = s1 < 0 ? k2 / 16 : s1;
+  const int64_t end = s1 < 0 ? k2 / 16 : s1;
   if (s0 > 0) {
     load_sums<MT, NT>(acc);
   } else {
@@ -111,7 +111,7 @@ inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* a
   // block reads each once, and loaded plainly they evict x's rows from L1,
   // which every panel of the group reads again (1.06-1.28x the GEMM's rate
   // at 128-512 rows, no change at a few; studies/engine_cpu/README.md).
-  for (int64_t s = s0; s < steps; ++s) {
+  for (int64_t s = s0; s < end; ++s) {
     const uint16_t* b = panel + s * 512;
     if constexpr (MT == 1) {
       _tile_loadd(4, a0 + s * 32, rt[0].stride);

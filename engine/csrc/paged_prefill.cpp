@@ -266,33 +266,32 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     if constexpr (kNativeDot) {
 #ifdef __AVX512BF16__
       const auto* qt = reinterpret_cast<const int32_t*>(sc.qt.data());
-      const __m512 vscale = _mm512_set1_ps(scale);
+      if (l.amx) {  // on AMX tiles where the cache allows (paged_prefill_amx.h)
 #ifdef PAGED_PREFILL_AMX
-      if (l.amx) {
-        const uint16_t* k0[2] = {reinterpret_cast<const uint16_t*>(kp[0]),
-                                 reinterpret_cast<const uint16_t*>(kp[kt > 16 ? 16 : 0])};
-        paged_prefill_amx::scores<DIM, RV>(k0, kt, 2 * k_piece,
+        paged_prefill_amx::scores<DIM, RV>(kp, kt, 2 * k_piece,
                                            l.tiles ? 64 : l.tok_stride() * 2, qt, scale, s);
-      }
 #endif
-      for (int64_t t0 = 0; t0 < (l.amx ? 0 : kt); t0 += KS) {
-        __m512 acc[KS][RV];
-        for (int k = 0; k < KS; ++k)
-          for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
-        for (int d2 = 0; d2 < DIM / 2; ++d2) {
-          __m512bh qv[RV];
-          for (int v = 0; v < RV; ++v) {
-            qv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qt + d2 * R + 16 * v));
+      } else {
+        const __m512 vscale = _mm512_set1_ps(scale);
+        for (int64_t t0 = 0; t0 < kt; t0 += KS) {
+          __m512 acc[KS][RV];
+          for (int k = 0; k < KS; ++k)
+            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
+          for (int d2 = 0; d2 < DIM / 2; ++d2) {
+            __m512bh qv[RV];
+            for (int v = 0; v < RV; ++v) {
+              qv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qt + d2 * R + 16 * v));
+            }
+            for (int k = 0; k < KS; ++k) {
+              const __m512bh kb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(
+                  reinterpret_cast<const int32_t*>(kp[t0 + k])[(d2 / 16) * k_piece + d2 % 16]));
+              for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], kb, qv[v]);
+            }
           }
-          for (int k = 0; k < KS; ++k) {
-            const __m512bh kb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(
-                reinterpret_cast<const int32_t*>(kp[t0 + k])[(d2 / 16) * k_piece + d2 % 16]));
-            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], kb, qv[v]);
-          }
+          for (int k = 0; k < KS; ++k)
+            for (int v = 0; v < RV; ++v)
+              _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, _mm512_mul_ps(acc[k][v], vscale));
         }
-        for (int k = 0; k < KS; ++k)
-          for (int v = 0; v < RV; ++v)
-            _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, _mm512_mul_ps(acc[k][v], vscale));
       }
 #endif
     } else {

@@ -43,13 +43,14 @@ inline bool usable(int64_t block_size, int64_t dim) {
 inline void configure() { preempt_serve_amx::configure_16x64(); }
 
 // Scores of keys [0, kt) of a 32-key step for R = 16 * RV rows into
-// s [32][R], scaled: k0[u] is key 16u's first piece, `piece` elements
+// s [32][R], scaled: kp[t] is key t's first piece, `piece` elements
 // between a key's 32-dim pieces, `key_stride` bytes between keys; qt the
 // queries as [DIM / 2][R] pairs of dims.  Tiles 0..RV-1 sum the row tiles'
 // scores, 4 holds the keys' piece, 5 and 6 the queries' by turns.
-template <int DIM, int RV>
-inline void scores(const uint16_t* const* k0, int64_t kt, int64_t piece, int64_t key_stride,
+template <int DIM, int RV, typename T>
+inline void scores(const T* const* kp, int64_t kt, int64_t piece, int64_t key_stride,
                    const int32_t* qt, float scale, float* s) {
+  static_assert(sizeof(T) == 2, "bfloat16 keys");
   static_assert(RV == 1 || RV == 2 || RV == 4, "a tile's 16, 32 or 64 rows");
   constexpr int R = 16 * RV;
   constexpr int64_t ld = R * static_cast<int64_t>(sizeof(float));
@@ -63,7 +64,7 @@ inline void scores(const uint16_t* const* k0, int64_t kt, int64_t piece, int64_t
     }
     for (int c = 0; c < DIM / 32; ++c) {
       const int32_t* q = qt + c * 16 * R;
-      _tile_loadd(4, k0[u] + c * piece, key_stride);
+      _tile_loadd(4, kp[16 * u] + c * piece, key_stride);
       _tile_loadd(5, q, ld);
       _tile_dpbf16ps(0, 4, 5);
       if constexpr (RV > 1) {
