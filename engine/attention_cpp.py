@@ -30,7 +30,8 @@ values interleaved by pairs of keys, the probabilities as two bf16 terms;
 on an Intel Xeon with AMX 1.35–1.45× faster than the vectors on K/V from
 L3 and 1.74× from L1/L2 (`studies/engine_cpu/decode_op.py`), while whole
 decode steps over K/V read from DRAM gained 1.01× there; the prefill
-operator's bf16 scores go through tiles too (`engine/csrc/paged_prefill_amx.h`).
+operator's bf16 scores and weighted sums go through tiles too
+(`engine/csrc/paged_prefill_amx.h`).
 PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a
 loaded build's attention to its vectors.  A build that fails is retried without its
 last additions.  Building needs a C++ compiler and ninja; where no build
@@ -202,7 +203,7 @@ PREFILL_HEAD_DIMS = (32, 64, 96, 128, 256)
 def prefill_vectorized(head_dim: int, group: int) -> bool:
     """Whether prefill chunks go through the C++ prefill operator: on a
     build for an AVX512 or an AVX2 capability (engine/csrc/paged_prefill.cpp,
-    paged_prefill_avx2.h), with a head dim its vector path is built for and
+    paged_prefill_avx512.h, paged_prefill_avx2.h), with a head dim its vector path is built for and
     at most 64 query heads per KV head (float32 and bfloat16 take that path;
     float16 its portable loop).  Elsewhere the portable loop would be slower
     than SDPA's tiled matmuls, so prefills stay on SDPA."""

@@ -6,7 +6,9 @@
 //
 // exp_nonpositive16 (AVX512 builds), exp_nonpositive8 (AVX2 + FMA builds):
 // exp(x) for x <= 0 on 16 / 8 float32 lanes
-// (scores minus their maximum are never positive): 2^n * e^r with
+// (scores minus their maximum are never positive; the prefill operator's
+// exceed a running maximum by at most 8, where the same reduction and
+// accuracy hold): 2^n * e^r with
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
 // -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
 // zero it masks).  exp_nonpositive (every build) is the same reduction and

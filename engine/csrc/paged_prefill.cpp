@@ -4,7 +4,8 @@
 // in place through the block table after the step's new keys and values were
 // written there.  One operator call takes every prefill chunk of a step.
 //
-// A build for an AVX512 capability tiles the work as FlashAttention-2 does
+// A build for an AVX512 capability (paged_prefill_avx512.h) tiles the work
+// as FlashAttention-2 does
 // (one pass over the keys with a running maximum and sum), with the tile's
 // queries held transposed: a tile is the query heads of one KV head for up to
 // 64 / group consecutive tokens (at most 64 rows, row r = token r / group,
@@ -17,8 +18,9 @@
 // probabilities).  Key and value rows are read straight from the cache
 // (bfloat16 values widened once per tile for all the tile's rows); bf16
 // scores use VDPBF16PS on pairs of the key's elements where the CPU has it,
-// and where it also has AMX (blocks of a multiple of 16 tokens) the tiles,
-// 16 keys by 16 rows a product (paged_prefill_amx.h).
+// and where it also has AMX (blocks of a multiple of 16 tokens) the scores
+// and the weighted sum go through tiles, 16 keys or dims by 16 rows a
+// product (paged_prefill_amx.h).
 // Every sum is in float32.  A build for AVX2 + FMA without AVX512 runs the
 // same scheme on 8-lane vectors (paged_prefill_avx2.h), and the same driver
 // (`prefill_vec`) cuts the chunks into tiles.  Other builds, dtypes and head
@@ -67,7 +69,7 @@ struct Chunk {
 struct Layout {
   int64_t heads, kv_heads, group, block_size, dim;
   bool tiles = false;
-  bool amx = false;  // bf16 scores on AMX tiles (paged_prefill_amx.h)
+  bool amx = false;  // bf16 scores and weighted sum on AMX tiles (paged_prefill_amx.h)
   int64_t tok_stride() const { return kv_heads * dim; }
   int64_t blk_stride() const { return block_size * kv_heads * dim; }
 };
@@ -78,19 +80,7 @@ inline int64_t cache_row(const int64_t* table, int64_t j, int64_t kh, const Layo
          kh * l.dim;
 }
 
-// Tiles layout: where key position j's first 32-dim piece of KV head kh
-// starts, and where its pair of keys' first 16-dim column of values does.
-inline int64_t tiles_key(const int64_t* table, int64_t j, int64_t kh, const Layout& l) {
-  return table[j / l.block_size] * l.blk_stride() +
-         (kh * (l.dim / 32) * l.block_size + j % l.block_size) * 32;
-}
-
-inline int64_t tiles_value(const int64_t* table, int64_t j, int64_t kh, const Layout& l) {
-  return table[j / l.block_size] * l.blk_stride() +
-         (kh * (l.dim / 16) * (l.block_size / 2) + j % l.block_size / 2) * 32;
-}
-
-// The vector paths' tiles (below, and paged_prefill_avx2.h).
+// The vector paths' tiles (paged_prefill_avx512.h, paged_prefill_avx2.h).
 constexpr int64_t kMaxRows = 64;  // rows of a tile
 constexpr int64_t kKeyTile = 32;  // keys per step of the online softmax
 
@@ -101,9 +91,12 @@ struct Scratch {
   std::vector<float> ot;  // [DIM][R] output sums, transposed
   std::vector<float> kw;  // [kKeyTile][DIM] widened bf16 keys (no VDPBF16PS)
   std::vector<float> vw;  // [kKeyTile][DIM] widened bf16 values
+  std::vector<uint32_t> pt;  // [2][kKeyTile / 2][R] p's two bf16 terms (AMX)
+  std::vector<uint32_t> vt;  // [DIM / 16][16][kKeyTile / 2] a step's V^T (AMX)
   explicit Scratch(int64_t dim)
       : qt(dim * kMaxRows), s(kKeyTile * kMaxRows), ot(dim * kMaxRows),
-        kw(kKeyTile * dim), vw(kKeyTile * dim) {}
+        kw(kKeyTile * dim), vw(kKeyTile * dim), pt(kKeyTile * kMaxRows),
+        vt(dim * kKeyTile / 2) {}
 };
 
 template <typename scalar_t>
@@ -147,275 +140,7 @@ void prefill_portable(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 }  // namespace
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-#include <immintrin.h>
-
-#define PAGED_PREFILL_AVX512 1
-#define PAGED_PREFILL_VEC 1
-
-#include "paged_prefill_amx.h"
-
-namespace {
-
-constexpr int64_t kLanes = 16;  // a tile's 64 rows: at most 4 vectors
-
-using preempt_serve_vec::exp_nonpositive16;
-
-// 16 bfloat16 values widened to float32, in order.
-inline __m512 widen16(const at::BFloat16* p) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
-
-template <int DIM>
-inline void widen_row(const at::BFloat16* src, float* dst) {
-  for (int c = 0; c < DIM / 16; ++c) _mm512_storeu_ps(dst + 16 * c, widen16(src + 16 * c));
-}
-
-using preempt_serve_vec::prefetch_span;
-
-template <typename scalar_t, int DIM, int RV>
-void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
-                  const int64_t* table, int64_t start_pos, int64_t q_base, const Chunk& c,
-                  float scale, scalar_t* out, const Layout& l, Scratch& sc) {
-  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
-#ifdef __AVX512BF16__
-  constexpr bool kNativeDot = kBf16;
-#else
-  constexpr bool kNativeDot = false;
-#endif
-  constexpr int R = 16 * RV;
-  // 16 accumulators in either product: KS keys x RV row vectors for the
-  // scores, DS output elements x RV row vectors for the weighted sum.
-  constexpr int KS = 16 / RV;
-  constexpr int DS = 16 / RV;
-  static_assert(kKeyTile % KS == 0 && DIM % DS == 0, "whole steps");
-  const int64_t group = l.group, kh = c.kv_head;
-  const int64_t rows = c.count * group;
-  // Row r may attend keys up to base + r / group (inclusive).
-  const int64_t base = start_pos + c.first;
-  const int64_t num_keys = base + c.count;
-  constexpr int64_t row_bytes = DIM * static_cast<int64_t>(sizeof(scalar_t));
-
-  // Queries, transposed; padding rows are zero (finite scores, never stored).
-  if constexpr (kNativeDot) {
-    auto* qt = reinterpret_cast<int32_t*>(sc.qt.data());
-    for (int64_t r = 0; r < R; ++r) {
-      const int32_t* qp = r < rows
-          ? reinterpret_cast<const int32_t*>(
-                q + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM)
-          : nullptr;
-      for (int d2 = 0; d2 < DIM / 2; ++d2) qt[d2 * R + r] = qp != nullptr ? qp[d2] : 0;
-    }
-  } else {
-    float* qt = sc.qt.data();
-    for (int64_t r = 0; r < R; ++r) {
-      if (r >= rows) {
-        for (int d = 0; d < DIM; ++d) qt[d * R + r] = 0.0f;
-        continue;
-      }
-      const scalar_t* qp =
-          q + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
-      for (int d = 0; d < DIM; ++d) qt[d * R + r] = static_cast<float>(qp[d]) * scale;
-    }
-  }
-  float* ot = sc.ot.data();
-  std::memset(ot, 0, sizeof(float) * DIM * R);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  __m512 m[RV], lsum[RV];
-  for (int v = 0; v < RV; ++v) {
-    m[v] = _mm512_set1_ps(neg_inf);
-    lsum[v] = _mm512_setzero_ps();
-  }
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-
-  const scalar_t* kp[kKeyTile];
-  const scalar_t* vp[kKeyTile];
-  // int32 pairs of dims between a key's 32-dim pieces; a tiles layout's
-  // value columns (scalar_t elements apart).
-  const int64_t k_piece = l.tiles ? l.block_size * 16 : 16;
-  const int64_t v_column = (l.block_size / 2) * 32;
-  for (int64_t j0 = 0; j0 < num_keys; j0 += kKeyTile) {
-    const int64_t kt = std::min<int64_t>(kKeyTile, num_keys - j0);
-    for (int64_t t = 0; t < kt; ++t) {
-      if (l.tiles) {
-        kp[t] = kc + tiles_key(table, j0 + t, kh, l);
-        vp[t] = vc + tiles_value(table, j0 + t, kh, l);
-      } else {
-        const int64_t off = cache_row(table, j0 + t, kh, l);
-        kp[t] = kc + off;
-        vp[t] = vc + off;
-      }
-    }
-    // A short last step reuses its last row (scores computed, never used).
-    for (int64_t t = kt; t < kKeyTile; ++t) kp[t] = kp[kt - 1];
-    // The next step's rows lie anywhere in the cache: fetch them now.
-    for (int64_t t = 0; t < kKeyTile && j0 + kKeyTile + t < num_keys; ++t) {
-      if (l.tiles) {
-        const scalar_t* kn = kc + tiles_key(table, j0 + kKeyTile + t, kh, l);
-        const scalar_t* vn = vc + tiles_value(table, j0 + kKeyTile + t, kh, l);
-        for (int c = 0; c < DIM / 32; ++c) __builtin_prefetch(kn + c * l.block_size * 32);
-        for (int n = 0; n < DIM / 16; ++n) __builtin_prefetch(vn + n * v_column);
-      } else {
-        const int64_t off = cache_row(table, j0 + kKeyTile + t, kh, l);
-        prefetch_span(kc + off, row_bytes);
-        prefetch_span(vc + off, row_bytes);
-      }
-    }
-    float* s = sc.s.data();
-    // Scores [key][rows].
-    if constexpr (kNativeDot) {
-#ifdef __AVX512BF16__
-      const auto* qt = reinterpret_cast<const int32_t*>(sc.qt.data());
-      if (l.amx) {  // on AMX tiles where the cache allows (paged_prefill_amx.h)
-#ifdef PAGED_PREFILL_AMX
-        paged_prefill_amx::scores<DIM, RV>(kp, kt, 2 * k_piece,
-                                           l.tiles ? 64 : l.tok_stride() * 2, qt, scale, s);
-#endif
-      } else {
-        const __m512 vscale = _mm512_set1_ps(scale);
-        for (int64_t t0 = 0; t0 < kt; t0 += KS) {
-          __m512 acc[KS][RV];
-          for (int k = 0; k < KS; ++k)
-            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
-          for (int d2 = 0; d2 < DIM / 2; ++d2) {
-            __m512bh qv[RV];
-            for (int v = 0; v < RV; ++v) {
-              qv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qt + d2 * R + 16 * v));
-            }
-            for (int k = 0; k < KS; ++k) {
-              const __m512bh kb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(
-                  reinterpret_cast<const int32_t*>(kp[t0 + k])[(d2 / 16) * k_piece + d2 % 16]));
-              for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], kb, qv[v]);
-            }
-          }
-          for (int k = 0; k < KS; ++k)
-            for (int v = 0; v < RV; ++v)
-              _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, _mm512_mul_ps(acc[k][v], vscale));
-        }
-      }
-#endif
-    } else {
-      const float* krow[kKeyTile];
-      if constexpr (kBf16) {
-        for (int64_t t = 0; t < kKeyTile; ++t) {
-          if (t < kt) widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(kp[t]),
-                                     sc.kw.data() + t * DIM);
-          krow[t] = sc.kw.data() + std::min<int64_t>(t, kt - 1) * DIM;
-        }
-      } else {
-        for (int64_t t = 0; t < kKeyTile; ++t) krow[t] = reinterpret_cast<const float*>(kp[t]);
-      }
-      const float* qt = sc.qt.data();
-      for (int64_t t0 = 0; t0 < kt; t0 += KS) {
-        __m512 acc[KS][RV];
-        for (int k = 0; k < KS; ++k)
-          for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
-        for (int d = 0; d < DIM; ++d) {
-          __m512 qv[RV];
-          for (int v = 0; v < RV; ++v) qv[v] = _mm512_loadu_ps(qt + d * R + 16 * v);
-          for (int k = 0; k < KS; ++k) {
-            const __m512 kb = _mm512_set1_ps(krow[t0 + k][d]);
-            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_fmadd_ps(kb, qv[v], acc[k][v]);
-          }
-        }
-        for (int k = 0; k < KS; ++k)
-          for (int v = 0; v < RV; ++v) _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, acc[k][v]);
-      }
-    }
-    // Causal mask: key j is hidden from the rows before (j - base) * group.
-    for (int64_t t = 0; t < kt; ++t) {
-      const int64_t j = j0 + t;
-      if (j <= base) continue;
-      const int64_t first_live = (j - base) * group;
-      for (int v = 0; v < RV; ++v) {
-        const __mmask16 dead = _mm512_cmplt_epi32_mask(
-            _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v)),
-            _mm512_set1_epi32(static_cast<int32_t>(first_live)));
-        float* sp = s + t * R + 16 * v;
-        _mm512_storeu_ps(sp, _mm512_mask_mov_ps(_mm512_loadu_ps(sp), dead,
-                                                _mm512_set1_ps(neg_inf)));
-      }
-    }
-    // Online softmax, elementwise over the rows' vectors.
-    __m512 alpha[RV];
-    bool rescale = false;
-    for (int v = 0; v < RV; ++v) {
-      __m512 mx = m[v];
-      for (int64_t t = 0; t < kt; ++t) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + t * R + 16 * v));
-      // m starts at -inf; key 0 is live for every row, so mx is finite.
-      alpha[v] = exp_nonpositive16(_mm512_sub_ps(m[v], mx));
-      rescale |= j0 > 0 && _mm512_cmp_ps_mask(mx, m[v], _CMP_NEQ_OQ) != 0;
-      m[v] = mx;
-      __m512 psum = _mm512_setzero_ps();
-      for (int64_t t = 0; t < kt; ++t) {
-        float* sp = s + t * R + 16 * v;
-        const __m512 x = _mm512_loadu_ps(sp);
-        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
-        const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_sub_ps(x, mx)));
-        _mm512_storeu_ps(sp, p);
-        psum = _mm512_add_ps(psum, p);
-      }
-      lsum[v] = _mm512_fmadd_ps(lsum[v], alpha[v], psum);
-    }
-    if (rescale) {
-      for (int d = 0; d < DIM; ++d)
-        for (int v = 0; v < RV; ++v) {
-          float* op = ot + d * R + 16 * v;
-          _mm512_storeu_ps(op, _mm512_mul_ps(_mm512_loadu_ps(op), alpha[v]));
-        }
-    }
-    // Weighted sum of the values, transposed: ot[d][rows] += v[t][d] * p[t][rows].
-    const float* vrow[kKeyTile];
-    if constexpr (kBf16) {
-      for (int64_t t = 0; t < kt; ++t) {
-        if (l.tiles) {
-          // Key j's values: the low (even j) or high halves of its pair's.
-          const auto* pr = reinterpret_cast<const int32_t*>(vp[t]);
-          const bool odd = (j0 + t) % 2 != 0;
-          for (int n = 0; n < DIM / 16; ++n) {
-            const __m512i x = _mm512_loadu_si512(pr + n * v_column / 2);
-            const __m512i f = odd ? _mm512_and_si512(x, _mm512_set1_epi32(-65536))
-                                  : _mm512_slli_epi32(x, 16);
-            _mm512_storeu_ps(sc.vw.data() + t * DIM + 16 * n, _mm512_castsi512_ps(f));
-          }
-        } else {
-          widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(vp[t]), sc.vw.data() + t * DIM);
-        }
-        vrow[t] = sc.vw.data() + t * DIM;
-      }
-    } else {
-      for (int64_t t = 0; t < kt; ++t) vrow[t] = reinterpret_cast<const float*>(vp[t]);
-    }
-    for (int d0 = 0; d0 < DIM; d0 += DS) {
-      __m512 acc[DS][RV];
-      for (int e = 0; e < DS; ++e)
-        for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_loadu_ps(ot + (d0 + e) * R + 16 * v);
-      for (int64_t t = 0; t < kt; ++t) {
-        __m512 pv[RV];
-        for (int v = 0; v < RV; ++v) pv[v] = _mm512_loadu_ps(s + t * R + 16 * v);
-        const float* vr = vrow[t] + d0;
-        for (int e = 0; e < DS; ++e) {
-          const __m512 b = _mm512_set1_ps(vr[e]);
-          for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_fmadd_ps(b, pv[v], acc[e][v]);
-        }
-      }
-      for (int e = 0; e < DS; ++e)
-        for (int v = 0; v < RV; ++v) _mm512_storeu_ps(ot + (d0 + e) * R + 16 * v, acc[e][v]);
-    }
-  }
-  alignas(64) float inv[R];
-  for (int v = 0; v < RV; ++v) {
-    _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.0f), lsum[v]));
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    scalar_t* op =
-        out + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
-    for (int d = 0; d < DIM; ++d) op[d] = static_cast<scalar_t>(ot[d * R + r] * inv[r]);
-  }
-}
-
-}  // namespace
-
+#include "paged_prefill_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "paged_prefill_avx2.h"
 #endif  // AVX512, AVX2 + FMA

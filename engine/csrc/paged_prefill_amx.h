@@ -1,29 +1,46 @@
-// The prefill operator's scores on AMX tiles (paged_prefill.cpp, bf16 tiles
-// with the bf16 dot product), for builds whose CPU has AMX.
+// The prefill operator's bf16 products on AMX tiles (paged_prefill.cpp, bf16
+// tiles with the bf16 dot product), for builds whose CPU has AMX.
 //
 // A tile of the prefill holds up to 64 query rows (the query heads of one KV
 // head for consecutive tokens) and walks the keys 32 at a time; its scores
-// lie [key][rows].  On the vectors each key's score for 16 rows costs one
-// VDPBF16PS per pair of dims.  On the tiles, S^T[16 keys x 16 rows] +=
-// K[16 keys x 32 dims] . Q^T: the keys as the left-hand tile straight from
-// the cache (16 rows of 64 bytes: a tiles-layout piece as it lies, or 16
-// token rows of the row layout at the cache's token stride, one block
-// holding all 16 since blocks hold a multiple of 16 tokens), the queries as
-// the right-hand tile read from the vector path's transposed copy, whose
-// [dim pair][row] words are the pair-interleaved layout the tile wants, and
-// the result stored into the scores as the vector path lays them out.  The
-// softmax and the weighted sum stay on the vectors.
+// lie [key][rows] and its output sums [dim][rows].  On the vectors each
+// key's score for 16 rows costs one VDPBF16PS per pair of dims, and each
+// value element one FMA per 16 rows.  On the tiles:
+//  - scores: S^T[16 keys x 16 rows] += K[16 keys x 32 dims] . Q^T, the keys
+//    as the left-hand tile straight from the cache (16 rows of 64 bytes: a
+//    tiles-layout piece as it lies, or 16 token rows of the row layout at
+//    the cache's token stride, one block holding all 16 since blocks hold a
+//    multiple of 16 tokens), the queries as the right-hand tile read from
+//    the vector path's transposed copy, whose [dim pair][row] words are the
+//    pair-interleaved layout the tile wants, stored where the vector path
+//    keeps its scores;
+//  - weighted sum: O^T[16 dims x 16 rows] += V^T[16 dims x 32 keys] . P, the
+//    output sums' transposed rows loaded and stored as they lie, P's pairs
+//    of keys interleaved into the right-hand tile from the probabilities'
+//    [key][rows] vectors, and V^T built per step: a 16-dim column's pairs
+//    of keys as 16 words each (the tiles layout's rows as they lie; two
+//    rows of the row layout interleaved), transposed 16 x 16.  P is split
+//    in two bf16 terms as in the decode operator (paged_decode_amx.h): hi,
+//    p's bits cut to bf16's, and lo = bf16(p - hi), each multiplied, so
+//    that p keeps ~16 bits, not 8 (products exact, float32 sums).
+// The softmax stays on the vectors (the scores' scale folded into its
+// exponent), and while the scores' tile stores land, the values' V^T is
+// built (paged_prefill_avx512.h).
 //
-// A score is one TDPBF16PS chain over its key's and row's pairs of dims, in
-// order, then the scale: fixed by the key and the row alone, whatever tile
-// or chunk the row falls in, so deterministic mode's guarantee holds as on
-// the vectors (paged_prefill.cpp), and the two cache layouts give the same
-// bits.  Its rounding differs from the VDPBF16PS chain's, so a build takes
-// one or the other by the cache alone (block size, the tiles' switch),
-// never by the batch.
+// A score and an output sum are each one TDPBF16PS chain over their key's
+// and row's pairs, in order: fixed by the key (or the dim)
+// and the row alone, whatever tile or chunk the row falls in; keys past a
+// row's position weigh exactly 0 in both terms.  So deterministic mode's
+// guarantee holds as on the vectors (paged_prefill.cpp), and the two cache
+// layouts give the same bits.  Their rounding differs from the vectors',
+// so a build takes one or the other by the cache alone (block size, the
+// tiles' switch), never by the batch.
 #pragma once
 
 #include "paged_decode_amx.h"
+#include "vec16.h"
+
+#include <limits>
 
 #if defined(PAGED_DECODE_AMX)
 #define PAGED_PREFILL_AMX 1
@@ -39,22 +56,23 @@ inline bool usable(int64_t block_size, int64_t dim) {
 }
 
 // Every tile 16 rows of 64 bytes: 16 keys by 32 dims (the keys), 16 pairs
-// of dims by 16 rows (the queries), 16 keys by 16 rows of float32 scores.
+// of dims by 16 rows (the queries), 16 keys by 16 rows of float32 scores;
+// 16 dims by 32 keys (the values), 16 pairs of keys by 16 rows (p's terms),
+// 16 dims by 16 rows of float32 sums.
 inline void configure() { preempt_serve_amx::configure_16x64(); }
 
 // Scores of keys [0, kt) of a 32-key step for R = 16 * RV rows into
-// s [32][R], scaled: kp[t] is key t's first piece, `piece` elements
+// s [32][R], unscaled (the softmax scales them): kp[t] is key t's first piece, `piece` elements
 // between a key's 32-dim pieces, `key_stride` bytes between keys; qt the
 // queries as [DIM / 2][R] pairs of dims.  Tiles 0..RV-1 sum the row tiles'
 // scores, 4 holds the keys' piece, 5 and 6 the queries' by turns.
 template <int DIM, int RV, typename T>
 inline void scores(const T* const* kp, int64_t kt, int64_t piece, int64_t key_stride,
-                   const int32_t* qt, float scale, float* s) {
+                   const int32_t* qt, float* s) {
   static_assert(sizeof(T) == 2, "bfloat16 keys");
   static_assert(RV == 1 || RV == 2 || RV == 4, "a tile's 16, 32 or 64 rows");
   constexpr int R = 16 * RV;
   constexpr int64_t ld = R * static_cast<int64_t>(sizeof(float));
-  const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t u = 0; 16 * u < kt; ++u) {
     _tile_zero(0);
     if constexpr (RV > 1) _tile_zero(1);
@@ -85,12 +103,113 @@ inline void scores(const T* const* kp, int64_t kt, int64_t piece, int64_t key_st
       _tile_stored(2, su + 32, ld);
       _tile_stored(3, su + 48, ld);
     }
-    for (int t = 0; t < 16; ++t)
-      for (int v = 0; v < RV; ++v) {
-        float* p = su + t * R + 16 * v;
-        _mm512_storeu_ps(p, _mm512_mul_ps(_mm512_loadu_ps(p), vscale));
-      }
   }
+}
+
+// V^T of a 32-key step into vt [DIM / 16][16][16] words (column n's 16
+// dims by 16 words, a word the pair of keys 2w, 2w + 1), keys past kt zero (a step's last keys
+// hold whatever their block held; p = 0 times a NaN is NaN).  vp[t]: key
+// t's values, a row of DIM (rows layout) or its pair's row of column 0
+// (tiles layout, columns `column` elements apart).
+template <int DIM, typename T>
+inline void values_transposed(const T* const* vp, int64_t kt, bool tiles, int64_t column,
+                              uint32_t* vt) {
+  __m512i r[16];
+  for (int n = 0; n < DIM / 16; ++n) {
+    for (int w = 0; w < 16; ++w) {
+      const int64_t live = std::min<int64_t>(2, kt - 2 * w);
+      if (live <= 0) {
+        r[w] = _mm512_setzero_si512();
+      } else if (tiles) {
+        const __m512i x = _mm512_loadu_si512(vp[2 * w] + n * column);
+        r[w] = live == 2 ? x : _mm512_maskz_mov_epi16(0x55555555u, x);
+      } else {
+        const __m512i a = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp[2 * w] + 16 * n)));
+        const __m512i b = live == 2 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                          reinterpret_cast<const __m256i*>(vp[2 * w + 1] + 16 * n)))
+                                    : _mm512_setzero_si512();
+        r[w] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+      }
+    }
+    preempt_serve_vec::transpose16(r);
+    for (int d = 0; d < 16; ++d) _mm512_storeu_si512(vt + (16 * n + d) * 16, r[d]);
+  }
+}
+
+// Probabilities of one row vector for a 32-key step (s: the vector's scores,
+// rows R floats apart; keys past kt and masked ones weigh 0), e^(s * scale - m),
+// as the right-hand tiles' two terms, ph / pl [16 pairs of keys][R] words:
+// hi = p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi) rounded to
+// nearest even.  Returns their float32 sum, key by key in order.
+template <int RV>
+inline __m512 probabilities(const float* s, int64_t kt, __m512 scale, __m512 m, uint32_t* ph,
+                            uint32_t* pl) {
+  constexpr int R = 16 * RV;
+  const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  // Word i of a pair: bf16 i of the even key's 16, then of the odd key's.
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+  __m512 sum = _mm512_setzero_ps();
+  __m512 p[2];
+  for (int w = 0; w < 16; ++w) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = 2 * w + h;
+      if (t < kt) {
+        const __m512 x = _mm512_loadu_ps(s + t * R);
+        const __mmask16 live = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
+        p[h] = _mm512_maskz_mov_ps(
+            live, preempt_serve_vec::exp_nonpositive16(_mm512_fmsub_ps(x, scale, m)));
+        sum = _mm512_add_ps(sum, p[h]);
+      } else {
+        p[h] = _mm512_setzero_ps();
+      }
+    }
+    const __m512i e = _mm512_castps_si512(p[0]), o = _mm512_castps_si512(p[1]);
+    const __m512i eh = _mm512_and_si512(e, top), oh = _mm512_and_si512(o, top);
+    _mm512_storeu_si512(ph + w * R, _mm512_or_si512(_mm512_srli_epi32(e, 16), oh));
+    const __m512 el = _mm512_sub_ps(p[0], _mm512_castsi512_ps(eh));
+    const __m512 ol = _mm512_sub_ps(p[1], _mm512_castsi512_ps(oh));
+    const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(ol, el));
+    _mm512_storeu_si512(pl + w * R, _mm512_permutexvar_epi16(pairs, lo));
+  }
+  return sum;
+}
+
+// ot [DIM][R] += V^T . p over a 32-key step (vt from values_transposed,
+// ph / pl: p's terms from probabilities).  Tiles
+// 0-3 sum four 16-dim columns of a row tile, 4 and 7 hold V^T's columns by
+// turns, 5 and 6 p's two terms.
+template <int DIM, int RV>
+inline void weighted_sum(const uint32_t* vt, const uint32_t* ph, const uint32_t* pl, float* ot) {
+  constexpr int R = 16 * RV;
+  constexpr int N = DIM / 16;
+  constexpr int64_t ld = R * static_cast<int64_t>(sizeof(float));
+// Output tile C (column n of row tile v) += V^T's column n (tile A) . p.
+#define PS_PV(C, A, n)                          \
+  _tile_loadd(C, ot + (n) * 16 * R + 16 * v, ld); \
+  _tile_loadd(A, vt + (n) * 256, 64);           \
+  _tile_dpbf16ps(C, A, 5);                      \
+  _tile_dpbf16ps(C, A, 6);                      \
+  _tile_stored(C, ot + (n) * 16 * R + 16 * v, ld);
+  for (int v = 0; v < RV; ++v) {
+    _tile_loadd(5, ph + 16 * v, ld);
+    _tile_loadd(6, pl + 16 * v, ld);
+    int n = 0;
+    for (; n + 4 <= N; n += 4) {
+      PS_PV(0, 4, n)
+      PS_PV(1, 7, n + 1)
+      PS_PV(2, 4, n + 2)
+      PS_PV(3, 7, n + 3)
+    }
+    if (n < N) {  // N is even: a last pair of columns
+      PS_PV(0, 4, n)
+      PS_PV(1, 7, n + 1)
+    }
+  }
+#undef PS_PV
 }
 
 }  // namespace paged_prefill_amx

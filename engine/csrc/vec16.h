@@ -2,7 +2,9 @@
 // operators (norm_rotary.cpp, silu_mul.cpp): loads widen to float32, stores
 // round to nearest even as c10::BFloat16 rounds (NaN to its 0x7FC0), so that
 // a vector loop gives the bits of the scalar loop beside it.  The masked
-// forms take the first n < 16 elements of a row's tail.
+// forms take the first n < 16 elements of a row's tail.  transpose16: a
+// 16 x 16 block of 32-bit words (the prefill operator's [dim][rows] sums
+// back into rows, its values' pairs of keys into the tiles' layout).
 #pragma once
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -79,6 +81,34 @@ inline void store16(T* p, __m512 x, int64_t n) {
     _mm512_mask_storeu_ps(p, m, x);
   } else {
     _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(x)));
+  }
+}
+
+// 16 x 16 words transposed in place: pairs of words, then pairs of pairs
+// within each 128-bit lane, then the four lanes of four vectors.
+inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4g + c], lane L: rows 4g..4g+3 of column 4L + c.
+  __m512i u[16];
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
   }
 }
 

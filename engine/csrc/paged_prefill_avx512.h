@@ -1,0 +1,356 @@
+// The prefill operator's tiles (paged_prefill.cpp) for AVX512 builds: up to
+// 64 rows (64 / group tokens of one KV head) in 1, 2 or 4 vectors, their
+// queries transposed [dim][rows], a step's 32 keys' scores [key][rows], the
+// online softmax elementwise across the rows' vectors, the output sums
+// transposed [dim][rows] and turned back into rows once at the end.  bf16
+// scores take VDPBF16PS where the build has the bf16 dot product, and with
+// AMX (paged_prefill_amx.h) the scores and the weighted sum go through
+// tiles.  Included by paged_prefill.cpp in AVX512 builds; uses its Chunk,
+// Layout and Scratch; its driver `prefill_vec` runs these tiles.
+#pragma once
+
+#include <immintrin.h>
+
+#define PAGED_PREFILL_AVX512 1
+#define PAGED_PREFILL_VEC 1
+
+#include "paged_prefill_amx.h"
+#include "vec16.h"
+
+namespace {
+
+constexpr int64_t kLanes = 16;  // a tile's 64 rows: at most 4 vectors
+// How far a row's running maximum may trail its true one (softmax below).
+constexpr float kSlack = 8.0f;
+
+using preempt_serve_vec::exp_nonpositive16;
+
+// 16 bfloat16 values widened to float32, in order.
+inline __m512 widen16(const at::BFloat16* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+template <int DIM>
+inline void widen_row(const at::BFloat16* src, float* dst) {
+  for (int c = 0; c < DIM / 16; ++c) _mm512_storeu_ps(dst + 16 * c, widen16(src + 16 * c));
+}
+
+using preempt_serve_vec::prefetch_span;
+
+template <typename scalar_t, int DIM, int RV>
+void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+                  const int64_t* table, int64_t start_pos, int64_t q_base, const Chunk& c,
+                  float scale, scalar_t* out, const Layout& l, Scratch& sc) {
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+#ifdef __AVX512BF16__
+  constexpr bool kNativeDot = kBf16;
+#else
+  constexpr bool kNativeDot = false;
+#endif
+  constexpr int R = 16 * RV;
+  // 16 accumulators in either product: KS keys x RV row vectors for the
+  // scores, DS output elements x RV row vectors for the weighted sum.
+  constexpr int KS = 16 / RV;
+  constexpr int DS = 16 / RV;
+  static_assert(kKeyTile % KS == 0 && DIM % DS == 0, "whole steps");
+  const int64_t group = l.group, kh = c.kv_head;
+  const int64_t rows = c.count * group;
+  // Row r may attend keys up to base + r / group (inclusive).
+  const int64_t base = start_pos + c.first;
+  const int64_t num_keys = base + c.count;
+  constexpr int64_t row_bytes = DIM * static_cast<int64_t>(sizeof(scalar_t));
+
+  // Queries, transposed; padding rows are zero (finite scores, never stored).
+  if constexpr (kNativeDot) {
+    auto* qt = reinterpret_cast<int32_t*>(sc.qt.data());
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t* qp = r < rows
+          ? reinterpret_cast<const int32_t*>(
+                q + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM)
+          : nullptr;
+      for (int d2 = 0; d2 < DIM / 2; ++d2) qt[d2 * R + r] = qp != nullptr ? qp[d2] : 0;
+    }
+  } else {
+    float* qt = sc.qt.data();
+    for (int64_t r = 0; r < R; ++r) {
+      if (r >= rows) {
+        for (int d = 0; d < DIM; ++d) qt[d * R + r] = 0.0f;
+        continue;
+      }
+      const scalar_t* qp =
+          q + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
+      for (int d = 0; d < DIM; ++d) qt[d * R + r] = static_cast<float>(qp[d]) * scale;
+    }
+  }
+  float* ot = sc.ot.data();
+  // p's two bf16 terms for the AMX tiles, [16 pairs of keys][R] words each.
+  uint32_t* ph = sc.pt.data();
+  uint32_t* pl = ph + 16 * R;
+  uint32_t* vt = sc.vt.data();  // a step's V^T for the AMX tiles
+  std::memset(ot, 0, sizeof(float) * DIM * R);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m512 m[RV], lsum[RV];
+  for (int v = 0; v < RV; ++v) {
+    m[v] = _mm512_set1_ps(neg_inf);
+    lsum[v] = _mm512_setzero_ps();
+  }
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+
+  // int32 pairs of dims between a key's 32-dim pieces; a tiles layout's
+  // value columns (scalar_t elements apart).
+  const int64_t k_piece = l.tiles ? l.block_size * 16 : 16;
+  const int64_t v_column = (l.block_size / 2) * 32;
+  // Where keys [j, j + n) of the KV head lie, one division a step (the
+  // block and offset carried on): rows as cache_row says; in the tiles
+  // layout, a key's first 32-dim piece and its pair's first 16-dim column
+  // of values.
+  const int64_t k_head = l.tiles ? kh * (DIM / 32) * l.block_size * 32 : kh * DIM;
+  const int64_t v_head = l.tiles ? kh * (DIM / 16) * (l.block_size / 2) * 32 : kh * DIM;
+  const auto locate = [&](int64_t j, int64_t n, const scalar_t** ks, const scalar_t** vs) {
+    int64_t b = j / l.block_size, off = j % l.block_size;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t blk = table[b] * l.blk_stride();
+      if (l.tiles) {
+        ks[t] = kc + blk + k_head + off * 32;
+        vs[t] = vc + blk + v_head + off / 2 * 32;
+      } else {
+        ks[t] = kc + blk + k_head + off * l.tok_stride();
+        vs[t] = vc + blk + v_head + off * l.tok_stride();
+      }
+      if (++off == l.block_size) {
+        off = 0;
+        ++b;
+      }
+    }
+  };
+  // This step's rows and the next one's, by turns.
+  const scalar_t* key_rows[2][kKeyTile];
+  const scalar_t* value_rows[2][kKeyTile];
+  locate(0, std::min<int64_t>(kKeyTile, num_keys), key_rows[0], value_rows[0]);
+  for (int64_t j0 = 0, turn = 0; j0 < num_keys; j0 += kKeyTile, turn ^= 1) {
+    const int64_t kt = std::min<int64_t>(kKeyTile, num_keys - j0);
+    const scalar_t** kp = key_rows[turn];
+    const scalar_t* const* vp = value_rows[turn];
+    // A short last step reuses its last row (scores computed, never used).
+    for (int64_t t = kt; t < kKeyTile; ++t) kp[t] = kp[kt - 1];
+    // The next step's rows lie anywhere in the cache: fetch them now.
+    const int64_t next = std::min<int64_t>(kKeyTile, num_keys - j0 - kKeyTile);
+    if (next > 0) {
+      const scalar_t** kn = key_rows[turn ^ 1];
+      const scalar_t** vn = value_rows[turn ^ 1];
+      locate(j0 + kKeyTile, next, kn, vn);
+      for (int64_t t = 0; t < next; ++t) {
+        if (l.tiles) {
+          for (int c = 0; c < DIM / 32; ++c) __builtin_prefetch(kn[t] + c * l.block_size * 32);
+          if (t % 2 == 0) {
+            for (int n = 0; n < DIM / 16; ++n) __builtin_prefetch(vn[t] + n * v_column);
+          }
+        } else {
+          prefetch_span(kn[t], row_bytes);
+          prefetch_span(vn[t], row_bytes);
+        }
+      }
+    }
+    float* s = sc.s.data();
+    // Scores [key][rows].
+    if constexpr (kNativeDot) {
+#ifdef __AVX512BF16__
+      const auto* qt = reinterpret_cast<const int32_t*>(sc.qt.data());
+      if (l.amx) {  // on AMX tiles where the cache allows (paged_prefill_amx.h)
+#ifdef PAGED_PREFILL_AMX
+        paged_prefill_amx::scores<DIM, RV>(kp, kt, 2 * k_piece,
+                                           l.tiles ? 64 : l.tok_stride() * 2, qt, s);
+        // Vector work while the scores' tile stores land (no forwarding
+        // from them to loads): V^T for the weighted sum.
+        paged_prefill_amx::values_transposed<DIM>(vp, kt, l.tiles, v_column, vt);
+#endif
+      } else {
+        const __m512 vscale = _mm512_set1_ps(scale);
+        for (int64_t t0 = 0; t0 < kt; t0 += KS) {
+          __m512 acc[KS][RV];
+          for (int k = 0; k < KS; ++k)
+            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
+          for (int d2 = 0; d2 < DIM / 2; ++d2) {
+            __m512bh qv[RV];
+            for (int v = 0; v < RV; ++v) {
+              qv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qt + d2 * R + 16 * v));
+            }
+            for (int k = 0; k < KS; ++k) {
+              const __m512bh kb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(
+                  reinterpret_cast<const int32_t*>(kp[t0 + k])[(d2 / 16) * k_piece + d2 % 16]));
+              for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], kb, qv[v]);
+            }
+          }
+          for (int k = 0; k < KS; ++k)
+            for (int v = 0; v < RV; ++v)
+              _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, _mm512_mul_ps(acc[k][v], vscale));
+        }
+      }
+#endif
+    } else {
+      const float* krow[kKeyTile];
+      if constexpr (kBf16) {
+        for (int64_t t = 0; t < kKeyTile; ++t) {
+          if (t < kt) widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(kp[t]),
+                                     sc.kw.data() + t * DIM);
+          krow[t] = sc.kw.data() + std::min<int64_t>(t, kt - 1) * DIM;
+        }
+      } else {
+        for (int64_t t = 0; t < kKeyTile; ++t) krow[t] = reinterpret_cast<const float*>(kp[t]);
+      }
+      const float* qt = sc.qt.data();
+      for (int64_t t0 = 0; t0 < kt; t0 += KS) {
+        __m512 acc[KS][RV];
+        for (int k = 0; k < KS; ++k)
+          for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_setzero_ps();
+        for (int d = 0; d < DIM; ++d) {
+          __m512 qv[RV];
+          for (int v = 0; v < RV; ++v) qv[v] = _mm512_loadu_ps(qt + d * R + 16 * v);
+          for (int k = 0; k < KS; ++k) {
+            const __m512 kb = _mm512_set1_ps(krow[t0 + k][d]);
+            for (int v = 0; v < RV; ++v) acc[k][v] = _mm512_fmadd_ps(kb, qv[v], acc[k][v]);
+          }
+        }
+        for (int k = 0; k < KS; ++k)
+          for (int v = 0; v < RV; ++v) _mm512_storeu_ps(s + (t0 + k) * R + 16 * v, acc[k][v]);
+      }
+    }
+    // Causal mask: key j is hidden from the rows before (j - base) * group.
+    for (int64_t t = 0; t < kt; ++t) {
+      const int64_t j = j0 + t;
+      if (j <= base) continue;
+      const int64_t first_live = (j - base) * group;
+      for (int v = 0; v < RV; ++v) {
+        const __mmask16 dead = _mm512_cmplt_epi32_mask(
+            _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v)),
+            _mm512_set1_epi32(static_cast<int32_t>(first_live)));
+        float* sp = s + t * R + 16 * v;
+        _mm512_storeu_ps(sp, _mm512_mask_mov_ps(_mm512_loadu_ps(sp), dead,
+                                                _mm512_set1_ps(neg_inf)));
+      }
+    }
+    // Online softmax, elementwise over the rows' vectors.  A row's running
+    // maximum m moves only where the step's exceeds it by more than kSlack:
+    // its weights e^(s - m) are then at most e^kSlack, which float32 holds
+    // with room, and the rescale of the output sums, a pass over all of
+    // them, runs only on the rare step where some row's maximum jumps, not
+    // on nearly every step as an exact running maximum would make it.
+    // The AMX path's scores come unscaled: its scale is folded into the
+    // exponent, e^(s * scale - m) (on the vectors' scores, x * 1 - m = x - m).
+    __m512 alpha[RV];
+    bool rescale = false;
+    const __m512 s_scale = _mm512_set1_ps(l.amx ? scale : 1.0f);
+    for (int v = 0; v < RV; ++v) {
+      __m512 top = _mm512_set1_ps(neg_inf);
+      for (int64_t t = 0; t < kt; ++t) top = _mm512_max_ps(top, _mm512_loadu_ps(s + t * R + 16 * v));
+      __m512 mx = _mm512_max_ps(m[v], _mm512_mul_ps(top, s_scale));
+      // m starts at -inf; key 0 is live for every row, so mx is finite and
+      // every lane moves on the first step.
+      const __mmask16 moved =
+          _mm512_cmp_ps_mask(mx, _mm512_add_ps(m[v], _mm512_set1_ps(kSlack)), _CMP_GT_OQ);
+      mx = _mm512_mask_mov_ps(m[v], moved, mx);
+      alpha[v] = exp_nonpositive16(_mm512_sub_ps(m[v], mx));  // exactly 1 where m stays
+      rescale |= j0 > 0 && moved != 0;
+      m[v] = mx;
+      __m512 psum = _mm512_setzero_ps();
+#ifdef PAGED_PREFILL_AMX
+      if constexpr (kNativeDot) {
+        if (l.amx) {  // p straight into the tiles' two bf16 terms
+          lsum[v] = _mm512_fmadd_ps(
+              lsum[v], alpha[v],
+              paged_prefill_amx::probabilities<RV>(s + 16 * v, kt, s_scale, mx, ph + 16 * v,
+                                                   pl + 16 * v));
+          continue;
+        }
+      }
+#endif
+      for (int64_t t = 0; t < kt; ++t) {
+        float* sp = s + t * R + 16 * v;
+        const __m512 x = _mm512_loadu_ps(sp);
+        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
+        const __m512 p =
+            _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_fmsub_ps(x, s_scale, mx)));
+        _mm512_storeu_ps(sp, p);
+        psum = _mm512_add_ps(psum, p);
+      }
+      lsum[v] = _mm512_fmadd_ps(lsum[v], alpha[v], psum);
+    }
+    if (rescale) {
+      for (int d = 0; d < DIM; ++d)
+        for (int v = 0; v < RV; ++v) {
+          float* op = ot + d * R + 16 * v;
+          _mm512_storeu_ps(op, _mm512_mul_ps(_mm512_loadu_ps(op), alpha[v]));
+        }
+    }
+    // Weighted sum of the values, transposed: ot[d][rows] += v[t][d] * p[t][rows].
+#ifdef PAGED_PREFILL_AMX
+    if constexpr (kNativeDot) {
+      if (l.amx) {  // on AMX tiles (paged_prefill_amx.h)
+        paged_prefill_amx::weighted_sum<DIM, RV>(vt, ph, pl, ot);
+        continue;
+      }
+    }
+#endif
+    const float* vrow[kKeyTile];
+    if constexpr (kBf16) {
+      for (int64_t t = 0; t < kt; ++t) {
+        if (l.tiles) {
+          // Key j's values: the low (even j) or high halves of its pair's.
+          const auto* pr = reinterpret_cast<const int32_t*>(vp[t]);
+          const bool odd = (j0 + t) % 2 != 0;
+          for (int n = 0; n < DIM / 16; ++n) {
+            const __m512i x = _mm512_loadu_si512(pr + n * v_column / 2);
+            const __m512i f = odd ? _mm512_and_si512(x, _mm512_set1_epi32(-65536))
+                                  : _mm512_slli_epi32(x, 16);
+            _mm512_storeu_ps(sc.vw.data() + t * DIM + 16 * n, _mm512_castsi512_ps(f));
+          }
+        } else {
+          widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(vp[t]), sc.vw.data() + t * DIM);
+        }
+        vrow[t] = sc.vw.data() + t * DIM;
+      }
+    } else {
+      for (int64_t t = 0; t < kt; ++t) vrow[t] = reinterpret_cast<const float*>(vp[t]);
+    }
+    for (int d0 = 0; d0 < DIM; d0 += DS) {
+      __m512 acc[DS][RV];
+      for (int e = 0; e < DS; ++e)
+        for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_loadu_ps(ot + (d0 + e) * R + 16 * v);
+      for (int64_t t = 0; t < kt; ++t) {
+        __m512 pv[RV];
+        for (int v = 0; v < RV; ++v) pv[v] = _mm512_loadu_ps(s + t * R + 16 * v);
+        const float* vr = vrow[t] + d0;
+        for (int e = 0; e < DS; ++e) {
+          const __m512 b = _mm512_set1_ps(vr[e]);
+          for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_fmadd_ps(b, pv[v], acc[e][v]);
+        }
+      }
+      for (int e = 0; e < DS; ++e)
+        for (int v = 0; v < RV; ++v) _mm512_storeu_ps(ot + (d0 + e) * R + 16 * v, acc[e][v]);
+    }
+  }
+  alignas(64) float inv[R];
+  for (int v = 0; v < RV; ++v) {
+    _mm512_store_ps(inv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.0f), lsum[v]));
+  }
+  // Rows back out of [dim][rows], 16 x 16 at a time, each times 1 / its sum
+  // (store16 rounds as the scalar cast does).
+  __m512i b[16];
+  for (int v = 0; 16 * v < rows; ++v) {
+    for (int n = 0; n < DIM / 16; ++n) {
+      for (int d = 0; d < 16; ++d) b[d] = _mm512_loadu_si512(ot + (16 * n + d) * R + 16 * v);
+      preempt_serve_vec::transpose16(b);
+      for (int64_t i = 0; i < 16 && 16 * v + i < rows; ++i) {
+        const int64_t r = 16 * v + i;
+        scalar_t* op =
+            out + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
+        preempt_serve_vec::store16(op + 16 * n,
+                                   _mm512_mul_ps(_mm512_castsi512_ps(b[i]), _mm512_set1_ps(inv[r])));
+      }
+    }
+  }
+}
+
+}  // namespace
+
