@@ -83,20 +83,20 @@ inline int64_t cache_row(const int64_t* table, int64_t j, int64_t kh, const Layo
 // The vector paths' tiles (paged_prefill_avx512.h, paged_prefill_avx2.h).
 constexpr int64_t kMaxRows = 64;  // rows of a tile
 constexpr int64_t kKeyTile = 32;  // keys per step of the online softmax
+constexpr int64_t kMaxKeyTile = 128;  // the AMX path's steps (paged_prefill_amx.h)
 
 // Per-thread scratch of one tile.
 struct Scratch {
   std::vector<float> qt;  // [DIM][R] queries, transposed (bf16 pairs: [DIM/2][R] words)
-  std::vector<float> s;   // [kKeyTile][R] scores, then probabilities
+  std::vector<float> s;   // [keys][R] a step's scores, then probabilities (AMX: p's terms)
   std::vector<float> ot;  // [DIM][R] output sums, transposed
-  std::vector<float> kw;  // [kKeyTile][DIM] widened bf16 keys (no VDPBF16PS)
-  std::vector<float> vw;  // [kKeyTile][DIM] widened bf16 values
-  std::vector<uint32_t> pt;  // [2][kKeyTile / 2][R] p's two bf16 terms (AMX)
-  std::vector<uint32_t> vt;  // [DIM / 16][16][kKeyTile / 2] a step's V^T (AMX)
+  std::vector<float> kw;  // [keys][DIM] widened bf16 keys (no VDPBF16PS)
+  std::vector<float> vw;  // [keys][DIM] widened bf16 values
+  std::vector<uint32_t> vt;  // [keys / 32][DIM / 16][16][16] a step's V^T (AMX)
   explicit Scratch(int64_t dim)
-      : qt(dim * kMaxRows), s(kKeyTile * kMaxRows), ot(dim * kMaxRows),
-        kw(kKeyTile * dim), vw(kKeyTile * dim), pt(kKeyTile * kMaxRows),
-        vt(dim * kKeyTile / 2) {}
+      : qt(dim * kMaxRows), s(kMaxKeyTile * kMaxRows), ot(dim * kMaxRows),
+        kw(kMaxKeyTile * dim), vw(kMaxKeyTile * dim),
+        vt(dim * kMaxKeyTile / 2) {}
 };
 
 template <typename scalar_t>

@@ -55,6 +55,12 @@ inline bool usable(int64_t block_size, int64_t dim) {
          preempt_serve_amx::tiles_permitted();
 }
 
+// Keys a step of the online softmax takes on the tiles (paged_prefill.cpp
+// and paged_prefill_avx512.h; 32 on the vectors): each step's output sums
+// are loaded into tiles and stored once, and a step's scores are read back
+// long after their tile stores (no forwarding from those to loads).
+constexpr int64_t kKeys = 128;
+
 // Every tile 16 rows of 64 bytes: 16 keys by 32 dims (the keys), 16 pairs
 // of dims by 16 rows (the queries), 16 keys by 16 rows of float32 scores;
 // 16 dims by 32 keys (the values), 16 pairs of keys by 16 rows (p's terms),
@@ -106,45 +112,52 @@ inline void scores(const T* const* kp, int64_t kt, int64_t piece, int64_t key_st
   }
 }
 
-// V^T of a 32-key step into vt [DIM / 16][16][16] words (column n's 16
-// dims by 16 words, a word the pair of keys 2w, 2w + 1), keys past kt zero (a step's last keys
-// hold whatever their block held; p = 0 times a NaN is NaN).  vp[t]: key
-// t's values, a row of DIM (rows layout) or its pair's row of column 0
+// V^T of a step's keys [0, kt), 32 at a time, into vt [32-key part][DIM /
+// 16][16][16] words (column n's 16 dims by 16 words, a word the pair of
+// keys 2w, 2w + 1), keys past kt zero up to the part's end (a step's last
+// keys hold whatever their block held; p = 0 times a NaN is NaN).  vp[t]:
+// key t's values, a row of DIM (rows layout) or its pair's row of column 0
 // (tiles layout, columns `column` elements apart).
 template <int DIM, typename T>
 inline void values_transposed(const T* const* vp, int64_t kt, bool tiles, int64_t column,
                               uint32_t* vt) {
   __m512i r[16];
-  for (int n = 0; n < DIM / 16; ++n) {
-    for (int w = 0; w < 16; ++w) {
-      const int64_t live = std::min<int64_t>(2, kt - 2 * w);
-      if (live <= 0) {
-        r[w] = _mm512_setzero_si512();
-      } else if (tiles) {
-        const __m512i x = _mm512_loadu_si512(vp[2 * w] + n * column);
-        r[w] = live == 2 ? x : _mm512_maskz_mov_epi16(0x55555555u, x);
-      } else {
-        const __m512i a = _mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp[2 * w] + 16 * n)));
-        const __m512i b = live == 2 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                                          reinterpret_cast<const __m256i*>(vp[2 * w + 1] + 16 * n)))
-                                    : _mm512_setzero_si512();
-        r[w] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+  for (int64_t k0 = 0; k0 < kt; k0 += 32, vt += DIM * 16) {
+    for (int n = 0; n < DIM / 16; ++n) {
+      for (int w = 0; w < 16; ++w) {
+        const int64_t t = k0 + 2 * w;
+        const int64_t live = std::min<int64_t>(2, kt - t);
+        if (live <= 0) {
+          r[w] = _mm512_setzero_si512();
+        } else if (tiles) {
+          const __m512i x = _mm512_loadu_si512(vp[t] + n * column);
+          r[w] = live == 2 ? x : _mm512_maskz_mov_epi16(0x55555555u, x);
+        } else {
+          const __m512i a = _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp[t] + 16 * n)));
+          const __m512i b = live == 2 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                            reinterpret_cast<const __m256i*>(vp[t + 1] + 16 * n)))
+                                      : _mm512_setzero_si512();
+          r[w] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+        }
       }
+      preempt_serve_vec::transpose16(r);
+      for (int d = 0; d < 16; ++d) _mm512_storeu_si512(vt + (16 * n + d) * 16, r[d]);
     }
-    preempt_serve_vec::transpose16(r);
-    for (int d = 0; d < 16; ++d) _mm512_storeu_si512(vt + (16 * n + d) * 16, r[d]);
   }
 }
 
-// Probabilities of one row vector for a 32-key step (s: the vector's scores,
-// rows R floats apart; keys past kt and masked ones weigh 0), e^(s * scale - m),
-// as the right-hand tiles' two terms, ph / pl [16 pairs of keys][R] words:
-// hi = p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi) rounded to
-// nearest even.  Returns their float32 sum, key by key in order.
+// Probabilities of one row vector for a step's keys (s: the vector's
+// scores, rows R floats apart; keys past kt and masked ones weigh 0),
+// e^(s * scale - m), as the right-hand tiles' two terms, written over the
+// scores up to the last 32-key part's end: the pair of keys w's hi words
+// in row 2w, its lo words in row 2w + 1 (rows whose scores
+// were read), hi = p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi)
+// rounded to nearest even.
+// Returns their float32 sum: four running sums (key t in sum t % 4), so that
+// the additions' latency does not serialize the step, added at the end.
 template <int RV>
-inline __m512 probabilities(const float* s, int64_t kt, __m512 scale, __m512 m, uint32_t* ph,
-                            uint32_t* pl) {
+inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
   constexpr int R = 16 * RV;
   const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -152,61 +165,81 @@ inline __m512 probabilities(const float* s, int64_t kt, __m512 scale, __m512 m, 
   const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
-  __m512 sum = _mm512_setzero_ps();
-  __m512 p[2];
-  for (int w = 0; w < 16; ++w) {
-    for (int h = 0; h < 2; ++h) {
-      const int64_t t = 2 * w + h;
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  // Keys 4i .. 4i + 3: two pairs, one a sum each.
+  for (int64_t i = 0; i < (kt + 31) / 32 * 8; ++i) {
+    __m512 p[4];
+    for (int h = 0; h < 4; ++h) {
+      const int64_t t = 4 * i + h;
       if (t < kt) {
         const __m512 x = _mm512_loadu_ps(s + t * R);
         const __mmask16 live = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
         p[h] = _mm512_maskz_mov_ps(
             live, preempt_serve_vec::exp_nonpositive16(_mm512_fmsub_ps(x, scale, m)));
-        sum = _mm512_add_ps(sum, p[h]);
       } else {
         p[h] = _mm512_setzero_ps();
       }
+      sum[h] = _mm512_add_ps(sum[h], p[h]);
     }
-    const __m512i e = _mm512_castps_si512(p[0]), o = _mm512_castps_si512(p[1]);
-    const __m512i eh = _mm512_and_si512(e, top), oh = _mm512_and_si512(o, top);
-    _mm512_storeu_si512(ph + w * R, _mm512_or_si512(_mm512_srli_epi32(e, 16), oh));
-    const __m512 el = _mm512_sub_ps(p[0], _mm512_castsi512_ps(eh));
-    const __m512 ol = _mm512_sub_ps(p[1], _mm512_castsi512_ps(oh));
-    const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(ol, el));
-    _mm512_storeu_si512(pl + w * R, _mm512_permutexvar_epi16(pairs, lo));
+    for (int k = 0; k < 2; ++k) {
+      const int64_t w = 2 * i + k;
+      const __m512i e = _mm512_castps_si512(p[2 * k]), o = _mm512_castps_si512(p[2 * k + 1]);
+      const __m512i eh = _mm512_and_si512(e, top), oh = _mm512_and_si512(o, top);
+      _mm512_storeu_si512(s + 2 * w * R, _mm512_or_si512(_mm512_srli_epi32(e, 16), oh));
+      const __m512 el = _mm512_sub_ps(p[2 * k], _mm512_castsi512_ps(eh));
+      const __m512 ol = _mm512_sub_ps(p[2 * k + 1], _mm512_castsi512_ps(oh));
+      const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(ol, el));
+      _mm512_storeu_si512(s + (2 * w + 1) * R, _mm512_permutexvar_epi16(pairs, lo));
+    }
   }
-  return sum;
+  return _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
 }
 
-// ot [DIM][R] += V^T . p over a 32-key step (vt from values_transposed,
-// ph / pl: p's terms from probabilities).  Tiles
-// 0-3 sum four 16-dim columns of a row tile, 4 and 7 hold V^T's columns by
-// turns, 5 and 6 p's two terms.
+// ot [DIM][R] += V^T . p over a step's keys [0, kt) (vt from
+// values_transposed, p: p's terms from probabilities, in the scores' rows).  Per row tile
+// and four (or two) 16-dim columns, the output tiles stay in tiles 0-3
+// through the step's 32-key parts, loaded and stored once; 4 and 7 hold
+// V^T's columns by turns, 5 and 6 p's two terms.  An output sum adds its
+// parts in order, hi then lo in each.
 template <int DIM, int RV>
-inline void weighted_sum(const uint32_t* vt, const uint32_t* ph, const uint32_t* pl, float* ot) {
+inline void weighted_sum(const uint32_t* vt, int64_t kt, const float* p, float* ot) {
   constexpr int R = 16 * RV;
   constexpr int N = DIM / 16;
   constexpr int64_t ld = R * static_cast<int64_t>(sizeof(float));
-// Output tile C (column n of row tile v) += V^T's column n (tile A) . p.
-#define PS_PV(C, A, n)                          \
-  _tile_loadd(C, ot + (n) * 16 * R + 16 * v, ld); \
-  _tile_loadd(A, vt + (n) * 256, 64);           \
-  _tile_dpbf16ps(C, A, 5);                      \
-  _tile_dpbf16ps(C, A, 6);                      \
-  _tile_stored(C, ot + (n) * 16 * R + 16 * v, ld);
+  const int64_t parts = (kt + 31) / 32;
+// Output tile C += V^T's column at a (into tile A) . p's terms.
+#define PS_PV(C, A, a)      \
+  _tile_loadd(A, a, 64);    \
+  _tile_dpbf16ps(C, A, 5);  \
+  _tile_dpbf16ps(C, A, 6);
   for (int v = 0; v < RV; ++v) {
-    _tile_loadd(5, ph + 16 * v, ld);
-    _tile_loadd(6, pl + 16 * v, ld);
-    int n = 0;
-    for (; n + 4 <= N; n += 4) {
-      PS_PV(0, 4, n)
-      PS_PV(1, 7, n + 1)
-      PS_PV(2, 4, n + 2)
-      PS_PV(3, 7, n + 3)
-    }
-    if (n < N) {  // N is even: a last pair of columns
-      PS_PV(0, 4, n)
-      PS_PV(1, 7, n + 1)
+    float* o = ot + 16 * v;
+    for (int n = 0; n < N; n += 4) {
+      const bool four = n + 4 <= N;  // else a last pair of columns (N is even)
+      _tile_loadd(0, o + n * 16 * R, ld);
+      _tile_loadd(1, o + (n + 1) * 16 * R, ld);
+      if (four) {
+        _tile_loadd(2, o + (n + 2) * 16 * R, ld);
+        _tile_loadd(3, o + (n + 3) * 16 * R, ld);
+      }
+      for (int64_t k = 0; k < parts; ++k) {
+        _tile_loadd(5, p + 32 * k * R + 16 * v, 2 * ld);
+        _tile_loadd(6, p + (32 * k + 1) * R + 16 * v, 2 * ld);
+        const uint32_t* a = vt + k * DIM * 16 + n * 256;
+        PS_PV(0, 4, a)
+        PS_PV(1, 7, a + 256)
+        if (four) {
+          PS_PV(2, 4, a + 512)
+          PS_PV(3, 7, a + 768)
+        }
+      }
+      _tile_stored(0, o + n * 16 * R, ld);
+      _tile_stored(1, o + (n + 1) * 16 * R, ld);
+      if (four) {
+        _tile_stored(2, o + (n + 2) * 16 * R, ld);
+        _tile_stored(3, o + (n + 3) * 16 * R, ld);
+      }
     }
   }
 #undef PS_PV

@@ -48,12 +48,20 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #else
   constexpr bool kNativeDot = false;
 #endif
+  // Keys a step of the online softmax takes: the AMX tiles' steps are
+  // longer (paged_prefill_amx.h, kKeys), fixed per build and dtype.
+#ifdef PAGED_PREFILL_AMX
+  constexpr int64_t KT = kNativeDot ? paged_prefill_amx::kKeys : kKeyTile;
+#else
+  constexpr int64_t KT = kKeyTile;
+#endif
+  static_assert(KT <= kMaxKeyTile, "the scratch holds a step");
   constexpr int R = 16 * RV;
   // 16 accumulators in either product: KS keys x RV row vectors for the
   // scores, DS output elements x RV row vectors for the weighted sum.
   constexpr int KS = 16 / RV;
   constexpr int DS = 16 / RV;
-  static_assert(kKeyTile % KS == 0 && DIM % DS == 0, "whole steps");
+  static_assert(KT % KS == 0 && DIM % DS == 0, "whole steps");
   const int64_t group = l.group, kh = c.kv_head;
   const int64_t rows = c.count * group;
   // Row r may attend keys up to base + r / group (inclusive).
@@ -84,9 +92,6 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     }
   }
   float* ot = sc.ot.data();
-  // p's two bf16 terms for the AMX tiles, [16 pairs of keys][R] words each.
-  uint32_t* ph = sc.pt.data();
-  uint32_t* pl = ph + 16 * R;
   uint32_t* vt = sc.vt.data();  // a step's V^T for the AMX tiles
   std::memset(ot, 0, sizeof(float) * DIM * R);
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -125,21 +130,21 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     }
   };
   // This step's rows and the next one's, by turns.
-  const scalar_t* key_rows[2][kKeyTile];
-  const scalar_t* value_rows[2][kKeyTile];
-  locate(0, std::min<int64_t>(kKeyTile, num_keys), key_rows[0], value_rows[0]);
-  for (int64_t j0 = 0, turn = 0; j0 < num_keys; j0 += kKeyTile, turn ^= 1) {
-    const int64_t kt = std::min<int64_t>(kKeyTile, num_keys - j0);
+  const scalar_t* key_rows[2][KT];
+  const scalar_t* value_rows[2][KT];
+  locate(0, std::min<int64_t>(KT, num_keys), key_rows[0], value_rows[0]);
+  for (int64_t j0 = 0, turn = 0; j0 < num_keys; j0 += KT, turn ^= 1) {
+    const int64_t kt = std::min<int64_t>(KT, num_keys - j0);
     const scalar_t** kp = key_rows[turn];
     const scalar_t* const* vp = value_rows[turn];
     // A short last step reuses its last row (scores computed, never used).
-    for (int64_t t = kt; t < kKeyTile; ++t) kp[t] = kp[kt - 1];
+    for (int64_t t = kt; t < KT; ++t) kp[t] = kp[kt - 1];
     // The next step's rows lie anywhere in the cache: fetch them now.
-    const int64_t next = std::min<int64_t>(kKeyTile, num_keys - j0 - kKeyTile);
+    const int64_t next = std::min<int64_t>(KT, num_keys - j0 - KT);
     if (next > 0) {
       const scalar_t** kn = key_rows[turn ^ 1];
       const scalar_t** vn = value_rows[turn ^ 1];
-      locate(j0 + kKeyTile, next, kn, vn);
+      locate(j0 + KT, next, kn, vn);
       for (int64_t t = 0; t < next; ++t) {
         if (l.tiles) {
           for (int c = 0; c < DIM / 32; ++c) __builtin_prefetch(kn[t] + c * l.block_size * 32);
@@ -189,15 +194,15 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       }
 #endif
     } else {
-      const float* krow[kKeyTile];
+      const float* krow[KT];
       if constexpr (kBf16) {
-        for (int64_t t = 0; t < kKeyTile; ++t) {
+        for (int64_t t = 0; t < KT; ++t) {
           if (t < kt) widen_row<DIM>(reinterpret_cast<const at::BFloat16*>(kp[t]),
                                      sc.kw.data() + t * DIM);
           krow[t] = sc.kw.data() + std::min<int64_t>(t, kt - 1) * DIM;
         }
       } else {
-        for (int64_t t = 0; t < kKeyTile; ++t) krow[t] = reinterpret_cast<const float*>(kp[t]);
+        for (int64_t t = 0; t < KT; ++t) krow[t] = reinterpret_cast<const float*>(kp[t]);
       }
       const float* qt = sc.qt.data();
       for (int64_t t0 = 0; t0 < kt; t0 += KS) {
@@ -242,8 +247,18 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     bool rescale = false;
     const __m512 s_scale = _mm512_set1_ps(l.amx ? scale : 1.0f);
     for (int v = 0; v < RV; ++v) {
-      __m512 top = _mm512_set1_ps(neg_inf);
-      for (int64_t t = 0; t < kt; ++t) top = _mm512_max_ps(top, _mm512_loadu_ps(s + t * R + 16 * v));
+      // Four running maxima: one would chain every step's loads.
+      __m512 tops[4];
+      for (int i = 0; i < 4; ++i) tops[i] = _mm512_set1_ps(neg_inf);
+      int64_t t = 0;
+      for (; t + 4 <= kt; t += 4) {
+        for (int i = 0; i < 4; ++i) {
+          tops[i] = _mm512_max_ps(tops[i], _mm512_loadu_ps(s + (t + i) * R + 16 * v));
+        }
+      }
+      for (; t < kt; ++t) tops[0] = _mm512_max_ps(tops[0], _mm512_loadu_ps(s + t * R + 16 * v));
+      const __m512 top = _mm512_max_ps(_mm512_max_ps(tops[0], tops[1]),
+                                       _mm512_max_ps(tops[2], tops[3]));
       __m512 mx = _mm512_max_ps(m[v], _mm512_mul_ps(top, s_scale));
       // m starts at -inf; key 0 is live for every row, so mx is finite and
       // every lane moves on the first step.
@@ -259,8 +274,7 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
         if (l.amx) {  // p straight into the tiles' two bf16 terms
           lsum[v] = _mm512_fmadd_ps(
               lsum[v], alpha[v],
-              paged_prefill_amx::probabilities<RV>(s + 16 * v, kt, s_scale, mx, ph + 16 * v,
-                                                   pl + 16 * v));
+              paged_prefill_amx::probabilities<RV>(s + 16 * v, kt, s_scale, mx));
           continue;
         }
       }
@@ -287,12 +301,12 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #ifdef PAGED_PREFILL_AMX
     if constexpr (kNativeDot) {
       if (l.amx) {  // on AMX tiles (paged_prefill_amx.h)
-        paged_prefill_amx::weighted_sum<DIM, RV>(vt, ph, pl, ot);
+        paged_prefill_amx::weighted_sum<DIM, RV>(vt, kt, s, ot);
         continue;
       }
     }
 #endif
-    const float* vrow[kKeyTile];
+    const float* vrow[KT];
     if constexpr (kBf16) {
       for (int64_t t = 0; t < kt; ++t) {
         if (l.tiles) {

@@ -13,9 +13,10 @@ noisy host slows both alike (medians of `--rounds`):
   greedy, lm_head and sampling included) for prompts of the same lengths,
   with the backend's prefill operator on and off.
 
-On a build with AMX, bf16 rows also time the operator with its scores on the
-VDPBF16PS vectors instead of the tiles (`operator_vectors_ms`, the same
-build switched by `engine.attention_cpp.decode_amx`).
+On a build with AMX, bf16 rows also time the operator with its products (the
+scores, on VDPBF16PS, and the weighted sum) on the vectors instead of the
+tiles (`operator_vectors_ms`, the same build switched by
+`engine.attention_cpp.decode_amx`).
 
     python -m studies.engine_cpu.prefill_op --out studies/engine_cpu/prefill_op.json
 """
@@ -100,7 +101,7 @@ def _attention_rows(dtype: torch.dtype, lens: list[int], rounds: int) -> list[di
         print(f"{row['dtype']:>9} attention start {start:4d} tokens {n:4d}: operator "
               f"{row['operator_ms']:7.3f} ms, sdpa {row['sdpa_ms']:7.3f} ms "
               f"({row['speedup']}x, {row['operator_gflops']} GFLOP/s)"
-              + (f"; scores on vectors {row['operator_vectors_ms']:7.3f} ms" if vec_ms else ""))
+              + (f"; on vectors {row['operator_vectors_ms']:7.3f} ms" if vec_ms else ""))
     return rows
 
 
@@ -138,7 +139,7 @@ def _step_rows(dtype: str, lens: list[int], rounds: int) -> list[dict]:
         rows.append(row)
         print(f"{dtype:>9} prefill step {n:4d} tokens: {row['operator_ms']:7.1f} ms with the "
               f"operator, {row['sdpa_ms']:7.1f} ms on SDPA ({row['speedup']}x)"
-              + (f"; scores on vectors {row['operator_vectors_ms']:7.1f} ms" if vec else ""))
+              + (f"; on vectors {row['operator_vectors_ms']:7.1f} ms" if vec else ""))
     return rows
 
 
