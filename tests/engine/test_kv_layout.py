@@ -185,7 +185,7 @@ needs_bf16_dot = pytest.mark.skipif(
 @needs_bf16_dot
 @pytest.mark.parametrize("heads,kv_heads,dim,bs", [
     (9, 3, 64, 16), (9, 3, 64, 32), (8, 2, 256, 16), (6, 3, 32, 16), (32, 1, 64, 16),
-    (4, 4, 96, 24), (16, 2, 128, 2),
+    (4, 4, 96, 24), (16, 2, 128, 2), (9, 3, 64, 48),
 ])
 def test_the_prefill_reads_a_tiles_cache_as_it_reads_rows(heads: int, kv_heads: int,
                                                           dim: int, bs: int) -> None:

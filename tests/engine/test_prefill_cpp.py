@@ -70,6 +70,8 @@ SHAPES = [
     (32, 1, 64, 16),   # a group of 32: two tokens a tile
     (6, 2, 8, 4),      # a head dim with no vector build
     (4, 1, 80, 32),    # another
+    (8, 2, 128, 32),   # blocks of 32
+    (9, 3, 64, 48),    # blocks of 48: a 32-key part of the tiles' steps spans two
 ]
 
 
@@ -121,6 +123,18 @@ def test_prefill_online_softmax_keeps_extreme_scores_exact() -> None:
     ref = _reference(q, keys, values, tables, chunks)
     assert ref.abs().max() > 1.0  # not a trivial average
     torch.testing.assert_close(got.double(), ref, rtol=2e-4, atol=2e-4)
+
+
+@needs_cxx
+def test_bfloat16_keeps_extreme_scores(scores_on: str) -> None:
+    # The same spread in bfloat16 on either path: running maxima that move
+    # by more than the slack they may trail by rescale the sums exactly.
+    chunks = [(0, 300), (90, 40)]
+    q, keys, values, tables = _case(chunks, 6, 2, 64, 16, dtype=torch.bfloat16, spread=40.0)
+    got = _call(q, keys, values, tables, chunks).double()
+    ref = _reference(q, keys, values, tables, chunks)
+    assert ref.abs().max() > 1.0
+    assert ((got - ref).abs() <= ref.abs() * 2**-8 + 2e-3).all()
 
 
 @needs_cxx
