@@ -42,8 +42,9 @@ operator, the backend keeps its cache in the tiles layout
 (`engine/kv_layout.py`, `kv_layout`): the K/V write stores each token's
 rows where the tiles read them (`write_kv_tiles`), decodes load every tile
 as one run of memory (`paged_decode_tiles`), and a prefill chunk's context
-blocks are read by the prefill operator as they lie (a key's pieces, a
-value picked out of its pair as it is widened).
+blocks are read by the prefill operator as they lie (a key's pieces; a
+pair of keys' values as words to transpose for the tiles, or a value picked
+out of its pair as it is widened on the vectors).
 PREEMPT_SERVE_KV_LAYOUT=rows keeps rows; `tiles` fails at start where the
 tiles cannot be used.
 

@@ -30,8 +30,9 @@
 // `tiles`: the cache holds bf16 blocks in the tiles layout
 // (engine/kv_layout.py), which the AMX decode reads: a key's pairs of dims
 // are read from its 32-dim pieces (a block's `block_size * 32` elements
-// apart), a value row is picked out of its pairs of keys as it is widened;
-// the same numbers as from rows, so the same results bit for bit.  Only
+// apart), a value row is picked out of its pairs of keys as it is widened
+// (on the AMX tiles, a pair's words are the values' transposed tile as they
+// lie); the same numbers as from rows, so the same results bit for bit.  Only
 // the AVX512 path with the bf16 dot product reads it.
 //
 // A query row's arithmetic does not depend on the tile or chunk it falls

@@ -2,7 +2,8 @@
 // tiles with the bf16 dot product), for builds whose CPU has AMX.
 //
 // A tile of the prefill holds up to 64 query rows (the query heads of one KV
-// head for consecutive tokens) and walks the keys 32 at a time; its scores
+// head for consecutive tokens) and walks the keys in steps (32 keys on the
+// vectors, kKeys on the tiles, in parts of 32); its scores
 // lie [key][rows] and its output sums [dim][rows].  On the vectors each
 // key's score for 16 rows costs one VDPBF16PS per pair of dims, and each
 // value element one FMA per 16 rows.  On the tiles:
@@ -28,8 +29,8 @@
 // built (paged_prefill_avx512.h).
 //
 // A score and an output sum are each one TDPBF16PS chain over their key's
-// and row's pairs, in order: fixed by the key (or the dim)
-// and the row alone, whatever tile or chunk the row falls in; keys past a
+// and row's pairs, in order: fixed by the key (or the dim) and the row
+// alone, whatever tile or chunk the row falls in; keys past a
 // row's position weigh exactly 0 in both terms.  So deterministic mode's
 // guarantee holds as on the vectors (paged_prefill.cpp), and the two cache
 // layouts give the same bits.  Their rounding differs from the vectors',
@@ -67,8 +68,9 @@ constexpr int64_t kKeys = 128;
 // 16 dims by 16 rows of float32 sums.
 inline void configure() { preempt_serve_amx::configure_16x64(); }
 
-// Scores of keys [0, kt) of a 32-key step for R = 16 * RV rows into
-// s [32][R], unscaled (the softmax scales them): kp[t] is key t's first piece, `piece` elements
+// Scores of a step's keys [0, kt) for R = 16 * RV rows into s [keys][R],
+// unscaled (the softmax scales them), 16 keys at a time up to kt's next 16:
+// kp[t] is key t's first piece (past kt, any key's), `piece` elements
 // between a key's 32-dim pieces, `key_stride` bytes between keys; qt the
 // queries as [DIM / 2][R] pairs of dims.  Tiles 0..RV-1 sum the row tiles'
 // scores, 4 holds the keys' piece, 5 and 6 the queries' by turns.
@@ -151,11 +153,11 @@ inline void values_transposed(const T* const* vp, int64_t kt, bool tiles, int64_
 // scores, rows R floats apart; keys past kt and masked ones weigh 0),
 // e^(s * scale - m), as the right-hand tiles' two terms, written over the
 // scores up to the last 32-key part's end: the pair of keys w's hi words
-// in row 2w, its lo words in row 2w + 1 (rows whose scores
-// were read), hi = p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi)
-// rounded to nearest even.
-// Returns their float32 sum: four running sums (key t in sum t % 4), so that
-// the additions' latency does not serialize the step, added at the end.
+// in row 2w, its lo words in row 2w + 1 (rows whose scores were read), hi =
+// p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi) rounded to
+// nearest even.  Returns their float32 sum: four running sums (key t in
+// sum t % 4, so that the additions' latency does not chain the step), added
+// at the end.
 template <int RV>
 inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
   constexpr int R = 16 * RV;
@@ -197,8 +199,8 @@ inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
 }
 
 // ot [DIM][R] += V^T . p over a step's keys [0, kt) (vt from
-// values_transposed, p: p's terms from probabilities, in the scores' rows).  Per row tile
-// and four (or two) 16-dim columns, the output tiles stay in tiles 0-3
+// values_transposed, p: p's terms from probabilities, in the scores' rows).
+// Per row tile and four (or two) 16-dim columns, the output tiles stay in 0-3
 // through the step's 32-key parts, loaded and stored once; 4 and 7 hold
 // V^T's columns by turns, 5 and 6 p's two terms.  An output sum adds its
 // parts in order, hi then lo in each.

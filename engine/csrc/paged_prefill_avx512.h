@@ -359,8 +359,8 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
         const int64_t r = 16 * v + i;
         scalar_t* op =
             out + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM;
-        preempt_serve_vec::store16(op + 16 * n,
-                                   _mm512_mul_ps(_mm512_castsi512_ps(b[i]), _mm512_set1_ps(inv[r])));
+        const __m512 o = _mm512_mul_ps(_mm512_castsi512_ps(b[i]), _mm512_set1_ps(inv[r]));
+        preempt_serve_vec::store16(op + 16 * n, o);
       }
     }
   }
