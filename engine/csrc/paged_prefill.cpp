@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -93,11 +94,12 @@ struct Scratch {
   std::vector<float> ot;  // [DIM][R] output sums, transposed
   std::vector<float> kw;  // [keys][DIM] widened bf16 keys (no VDPBF16PS)
   std::vector<float> vw;  // [keys][DIM] widened bf16 values
-  std::vector<uint32_t> vt;  // [keys / 32][DIM / 16][16][16] a step's V^T (AMX)
+  // AMX: the tile's sequence's V^T for its KV head, from key 0 in 32-key
+  // parts (prefill_vec builds it once for all of their tiles).
+  const uint32_t* vt = nullptr;
   explicit Scratch(int64_t dim)
       : qt(dim * kMaxRows), s(kMaxKeyTile * kMaxRows), ot(dim * kMaxRows),
-        kw(kMaxKeyTile * dim), vw(kMaxKeyTile * dim),
-        vt(dim * kMaxKeyTile / 2) {}
+        kw(kMaxKeyTile * dim), vw(kMaxKeyTile * dim) {}
 };
 
 template <typename scalar_t>
@@ -167,6 +169,31 @@ void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       }
     }
   }
+#ifdef PAGED_PREFILL_AMX
+  // On the tiles, every sequence's values transposed once per KV head (a
+  // 16 x 16 transpose per 32 keys and 16 dims), read by all of its tiles
+  // instead of each tile transposing every key it reads.
+  std::unique_ptr<uint32_t[]> vt;
+  std::vector<int64_t> vt_at(num_seqs + 1, 0);  // words from sequence i's first
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (l.amx) {
+      for (int64_t i = 0; i < num_seqs; ++i) {
+        const int64_t ctx = start_positions[i] + query_starts[i + 1] - query_starts[i];
+        vt_at[i + 1] = vt_at[i] + (ctx + 31) / 32 * 16 * DIM * l.kv_heads;
+      }
+      vt.reset(new uint32_t[vt_at[num_seqs]]);
+      at::parallel_for(0, num_seqs * l.kv_heads, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+          const int64_t i = w / l.kv_heads, kh = w % l.kv_heads;
+          const int64_t per_head = (vt_at[i + 1] - vt_at[i]) / l.kv_heads;
+          values_of_sequence<DIM>(vc, block_ids + table_starts[i],
+                                  start_positions[i] + query_starts[i + 1] - query_starts[i],
+                                  kh, l, vt.get() + vt_at[i] + kh * per_head);
+        }
+      });
+    }
+  }
+#endif
   at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch sc(DIM);
 #ifdef PAGED_PREFILL_AMX
@@ -175,6 +202,12 @@ void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     for (int64_t w = begin; w < end; ++w) {
       const Chunk& c = tiles[w];
       const int64_t* table = block_ids + table_starts[c.seq];
+#ifdef PAGED_PREFILL_AMX
+      if (vt) {
+        sc.vt = vt.get() + vt_at[c.seq] +
+                c.kv_head * ((vt_at[c.seq + 1] - vt_at[c.seq]) / l.kv_heads);
+      }
+#endif
       const int64_t sp = start_positions[c.seq], qb = query_starts[c.seq];
       const int64_t rows = c.count * l.group;
       if (rows <= kLanes) {

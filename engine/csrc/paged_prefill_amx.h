@@ -18,15 +18,15 @@
 //  - weighted sum: O^T[16 dims x 16 rows] += V^T[16 dims x 32 keys] . P, the
 //    output sums' transposed rows loaded and stored as they lie, P's pairs
 //    of keys interleaved into the right-hand tile from the probabilities'
-//    [key][rows] vectors, and V^T built per step: a 16-dim column's pairs
-//    of keys as 16 words each (the tiles layout's rows as they lie; two
-//    rows of the row layout interleaved), transposed 16 x 16.  P is split
+//    [key][rows] vectors, and V^T built once per call, sequence and KV
+//    head for all of its tiles: a 16-dim column's pairs of keys as 16
+//    words each (the tiles layout's rows as they lie; two rows of the row
+//    layout interleaved), transposed 16 x 16.  P is split
 //    in two bf16 terms as in the decode operator (paged_decode_amx.h): hi,
 //    p's bits cut to bf16's, and lo = bf16(p - hi), each multiplied, so
 //    that p keeps ~16 bits, not 8 (products exact, float32 sums).
 // The softmax stays on the vectors (the scores' scale folded into its
-// exponent), and while the scores' tile stores land, the values' V^T is
-// built (paged_prefill_avx512.h).
+// exponent; paged_prefill_avx512.h).
 //
 // A score and an output sum are each one TDPBF16PS chain over their key's
 // and row's pairs, in order: fixed by the key (or the dim) and the row

@@ -38,6 +38,31 @@ inline void widen_row(const at::BFloat16* src, float* dst) {
 
 using preempt_serve_vec::prefetch_span;
 
+#ifdef PAGED_PREFILL_AMX
+// V^T of keys [0, ctx) of a sequence's KV head kh (its block table), in
+// 32-key parts (paged_prefill_amx::values_transposed's layout), zero past ctx.
+template <int DIM>
+void values_of_sequence(const at::BFloat16* vc, const int64_t* table, int64_t ctx, int64_t kh,
+                        const Layout& l, uint32_t* vt) {
+  const int64_t v_head = l.tiles ? kh * (DIM / 16) * (l.block_size / 2) * 32 : kh * DIM;
+  const int64_t v_column = (l.block_size / 2) * 32;
+  const at::BFloat16* vp[32];
+  int64_t b = 0, off = 0;
+  for (int64_t k0 = 0; k0 < ctx; k0 += 32, vt += DIM * 16) {
+    const int64_t n = std::min<int64_t>(32, ctx - k0);
+    for (int64_t t = 0; t < n; ++t) {
+      vp[t] = vc + table[b] * l.blk_stride() + v_head +
+              (l.tiles ? off / 2 * 32 : off * l.tok_stride());
+      if (++off == l.block_size) {
+        off = 0;
+        ++b;
+      }
+    }
+    paged_prefill_amx::values_transposed<DIM>(vp, n, l.tiles, v_column, vt);
+  }
+}
+#endif
+
 template <typename scalar_t, int DIM, int RV>
 void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
                   const int64_t* table, int64_t start_pos, int64_t q_base, const Chunk& c,
@@ -92,7 +117,6 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     }
   }
   float* ot = sc.ot.data();
-  uint32_t* vt = sc.vt.data();  // a step's V^T for the AMX tiles
   std::memset(ot, 0, sizeof(float) * DIM * R);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   __m512 m[RV], lsum[RV];
@@ -148,12 +172,12 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       for (int64_t t = 0; t < next; ++t) {
         if (l.tiles) {
           for (int c = 0; c < DIM / 32; ++c) __builtin_prefetch(kn[t] + c * l.block_size * 32);
-          if (t % 2 == 0) {
+          if (t % 2 == 0 && !l.amx) {  // the tiles read V^T (values_of_sequence)
             for (int n = 0; n < DIM / 16; ++n) __builtin_prefetch(vn[t] + n * v_column);
           }
         } else {
           prefetch_span(kn[t], row_bytes);
-          prefetch_span(vn[t], row_bytes);
+          if (!l.amx) prefetch_span(vn[t], row_bytes);
         }
       }
     }
@@ -166,9 +190,6 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #ifdef PAGED_PREFILL_AMX
         paged_prefill_amx::scores<DIM, RV>(kp, kt, 2 * k_piece,
                                            l.tiles ? 64 : l.tok_stride() * 2, qt, s);
-        // Vector work while the scores' tile stores land (no forwarding
-        // from them to loads): V^T for the weighted sum.
-        paged_prefill_amx::values_transposed<DIM>(vp, kt, l.tiles, v_column, vt);
 #endif
       } else {
         const __m512 vscale = _mm512_set1_ps(scale);
@@ -301,7 +322,9 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #ifdef PAGED_PREFILL_AMX
     if constexpr (kNativeDot) {
       if (l.amx) {  // on AMX tiles (paged_prefill_amx.h)
-        paged_prefill_amx::weighted_sum<DIM, RV>(vt, kt, s, ot);
+        // Keys in [kt, the part's end) that the sequence has weigh p = 0
+        // against finite values (its cache up to its context is written).
+        paged_prefill_amx::weighted_sum<DIM, RV>(sc.vt + j0 / 32 * DIM * 16, kt, s, ot);
         continue;
       }
     }
