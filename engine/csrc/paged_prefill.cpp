@@ -174,21 +174,22 @@ void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   // 16 x 16 transpose per 32 keys and 16 dims), read by all of its tiles
   // instead of each tile transposing every key it reads.
   std::unique_ptr<uint32_t[]> vt;
-  std::vector<int64_t> vt_at(num_seqs + 1, 0);  // words from sequence i's first
+  // Where sequence i's KV head kh's V^T starts: vt_at[i * kv_heads + kh].
+  std::vector<int64_t> vt_at(num_seqs * l.kv_heads + 1, 0);
+  const auto context = [&](int64_t i) {
+    return start_positions[i] + query_starts[i + 1] - query_starts[i];
+  };
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     if (l.amx) {
-      for (int64_t i = 0; i < num_seqs; ++i) {
-        const int64_t ctx = start_positions[i] + query_starts[i + 1] - query_starts[i];
-        vt_at[i + 1] = vt_at[i] + (ctx + 31) / 32 * 16 * DIM * l.kv_heads;
+      for (int64_t w = 0; w < num_seqs * l.kv_heads; ++w) {
+        vt_at[w + 1] = vt_at[w] + (context(w / l.kv_heads) + 31) / 32 * 16 * DIM;
       }
-      vt.reset(new uint32_t[vt_at[num_seqs]]);
+      vt.reset(new uint32_t[vt_at.back()]);
       at::parallel_for(0, num_seqs * l.kv_heads, 1, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
-          const int64_t i = w / l.kv_heads, kh = w % l.kv_heads;
-          const int64_t per_head = (vt_at[i + 1] - vt_at[i]) / l.kv_heads;
-          values_of_sequence<DIM>(vc, block_ids + table_starts[i],
-                                  start_positions[i] + query_starts[i + 1] - query_starts[i],
-                                  kh, l, vt.get() + vt_at[i] + kh * per_head);
+          const int64_t i = w / l.kv_heads;
+          values_of_sequence<DIM>(vc, block_ids + table_starts[i], context(i), w % l.kv_heads,
+                                  l, vt.get() + vt_at[w]);
         }
       });
     }
@@ -203,10 +204,7 @@ void prefill_vec(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       const Chunk& c = tiles[w];
       const int64_t* table = block_ids + table_starts[c.seq];
 #ifdef PAGED_PREFILL_AMX
-      if (vt) {
-        sc.vt = vt.get() + vt_at[c.seq] +
-                c.kv_head * ((vt_at[c.seq + 1] - vt_at[c.seq]) / l.kv_heads);
-      }
+      if (vt) sc.vt = vt.get() + vt_at[c.seq * l.kv_heads + c.kv_head];
 #endif
       const int64_t sp = start_positions[c.seq], qb = query_starts[c.seq];
       const int64_t rows = c.count * l.group;

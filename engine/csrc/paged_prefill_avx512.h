@@ -38,27 +38,40 @@ inline void widen_row(const at::BFloat16* src, float* dst) {
 
 using preempt_serve_vec::prefetch_span;
 
+// Where keys [j, j + n) of KV head kh lie in a sequence's blocks (`table`),
+// one division for all of them (the block and offset carried on): rows as
+// cache_row says; in the tiles layout, a key's first 32-dim piece and its
+// pair's first 16-dim column of values.  Keys into ks, values into vs,
+// either left out where null.
+template <int DIM, typename T>
+inline void locate_rows(const T* kc, const T* vc, const int64_t* table, int64_t kh,
+                        const Layout& l, int64_t j, int64_t n, const T** ks, const T** vs) {
+  const int64_t k_head = l.tiles ? kh * (DIM / 32) * l.block_size * 32 : kh * DIM;
+  const int64_t v_head = l.tiles ? kh * (DIM / 16) * (l.block_size / 2) * 32 : kh * DIM;
+  const int64_t k_token = l.tiles ? 32 : l.tok_stride();
+  int64_t b = j / l.block_size, off = j % l.block_size;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t blk = table[b] * l.blk_stride();
+    if (ks != nullptr) ks[t] = kc + blk + k_head + off * k_token;
+    if (vs != nullptr) vs[t] = vc + blk + v_head + (l.tiles ? off / 2 * 32 : off * l.tok_stride());
+    if (++off == l.block_size) {
+      off = 0;
+      ++b;
+    }
+  }
+}
+
 #ifdef PAGED_PREFILL_AMX
 // V^T of keys [0, ctx) of a sequence's KV head kh (its block table), in
 // 32-key parts (paged_prefill_amx::values_transposed's layout), zero past ctx.
 template <int DIM>
 void values_of_sequence(const at::BFloat16* vc, const int64_t* table, int64_t ctx, int64_t kh,
                         const Layout& l, uint32_t* vt) {
-  const int64_t v_head = l.tiles ? kh * (DIM / 16) * (l.block_size / 2) * 32 : kh * DIM;
-  const int64_t v_column = (l.block_size / 2) * 32;
   const at::BFloat16* vp[32];
-  int64_t b = 0, off = 0;
   for (int64_t k0 = 0; k0 < ctx; k0 += 32, vt += DIM * 16) {
     const int64_t n = std::min<int64_t>(32, ctx - k0);
-    for (int64_t t = 0; t < n; ++t) {
-      vp[t] = vc + table[b] * l.blk_stride() + v_head +
-              (l.tiles ? off / 2 * 32 : off * l.tok_stride());
-      if (++off == l.block_size) {
-        off = 0;
-        ++b;
-      }
-    }
-    paged_prefill_amx::values_transposed<DIM>(vp, n, l.tiles, v_column, vt);
+    locate_rows<DIM, at::BFloat16>(nullptr, vc, table, kh, l, k0, n, nullptr, vp);
+    paged_prefill_amx::values_transposed<DIM>(vp, n, l.tiles, (l.block_size / 2) * 32, vt);
   }
 }
 #endif
@@ -130,28 +143,10 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   // value columns (scalar_t elements apart).
   const int64_t k_piece = l.tiles ? l.block_size * 16 : 16;
   const int64_t v_column = (l.block_size / 2) * 32;
-  // Where keys [j, j + n) of the KV head lie, one division a step (the
-  // block and offset carried on): rows as cache_row says; in the tiles
-  // layout, a key's first 32-dim piece and its pair's first 16-dim column
-  // of values.
-  const int64_t k_head = l.tiles ? kh * (DIM / 32) * l.block_size * 32 : kh * DIM;
-  const int64_t v_head = l.tiles ? kh * (DIM / 16) * (l.block_size / 2) * 32 : kh * DIM;
+  // A step's key rows, and its value rows where the vectors read them (the
+  // tiles read V^T: values_of_sequence).
   const auto locate = [&](int64_t j, int64_t n, const scalar_t** ks, const scalar_t** vs) {
-    int64_t b = j / l.block_size, off = j % l.block_size;
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t blk = table[b] * l.blk_stride();
-      if (l.tiles) {
-        ks[t] = kc + blk + k_head + off * 32;
-        vs[t] = vc + blk + v_head + off / 2 * 32;
-      } else {
-        ks[t] = kc + blk + k_head + off * l.tok_stride();
-        vs[t] = vc + blk + v_head + off * l.tok_stride();
-      }
-      if (++off == l.block_size) {
-        off = 0;
-        ++b;
-      }
-    }
+    locate_rows<DIM, scalar_t>(kc, vc, table, kh, l, j, n, ks, l.amx ? nullptr : vs);
   };
   // This step's rows and the next one's, by turns.
   const scalar_t* key_rows[2][KT];
@@ -172,7 +167,7 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       for (int64_t t = 0; t < next; ++t) {
         if (l.tiles) {
           for (int c = 0; c < DIM / 32; ++c) __builtin_prefetch(kn[t] + c * l.block_size * 32);
-          if (t % 2 == 0 && !l.amx) {  // the tiles read V^T (values_of_sequence)
+          if (t % 2 == 0 && !l.amx) {
             for (int n = 0; n < DIM / 16; ++n) __builtin_prefetch(vn[t] + n * v_column);
           }
         } else {
