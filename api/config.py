@@ -236,7 +236,9 @@ class AppConfig(SchedulingSettings):
     # With `f32_fma`: a weight decoded from a GGUF file's Q4_1 or Q8_0 blocks
     # (the embedded SmolLM2's) kept as those codes where they give back every
     # value exactly, and multiplied from them (the same bits, fewer bytes
-    # read a step: engine/models/packed_f32.py).  false: float32 weights.
+    # read a step: engine/models/packed_f32.py); with `bf16_dot` on AMX
+    # tiles, the same codes beside the bf16 weights, multiplied at up to 64
+    # rows (engine/models/weight_codes.py).  false: the weights alone.
     weight_codes: bool = True
     # Batch-invariant execution: a request's greedy tokens (and a seeded
     # request's samples) do not depend on which requests share its steps, on

@@ -110,7 +110,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         with torch.no_grad():
             self.model = cls(self.config, self.dtype, self.device, max_model_len,
                              tp=self.tp, pp=self.pp)
-            self.model.load_weights(iter_weights(self.model_path))
+            self.model.load_weights(iter_weights(self.model_path), keep_codes=weight_codes
+                                    and self.model.codes_wanted(pack_projections))
         self.model.eval()
         # LoRA adapters (engine/lora.py): never on packed weights, tiled as the rest.
         self.adapters = AdapterPool(self.model, load_adapters(

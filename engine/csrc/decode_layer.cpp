@@ -3,8 +3,8 @@
 // paged decode attention, the output projection and its residual sum with
 // the next norm, the SwiGLU MLP and its residual sum with the norm after it.
 // `decode_layer_bf16` on our packed bfloat16 projections, `decode_layer_f32`
-// on our packed float32 ones (each projection on its GGUF codes or on float32
-// weights, as the op-by-op layer dispatches it: engine/models/packed_f32.py).
+// on our packed float32 ones (each projection on its GGUF codes or on its
+// values, as the op-by-op layer dispatches it: engine/models/prepacked.py).
 //
 // Why: each of those is already one operator of ours, and Python's glue
 // between them (ten dispatches from Python a layer, the interpreter's frames,
@@ -39,6 +39,8 @@ using AddNormSig = TensorPair(const at::Tensor&, const at::Tensor&, const at::Te
 // The operators a layer calls, looked up once.
 struct LayerOps {
   c10::TypedOperatorHandle<LinearSig> linear = layer_op<LinearSig>("preempt_serve::linear_bf16");
+  c10::TypedOperatorHandle<LinearSig> linear_codes =
+      layer_op<LinearSig>("preempt_serve::linear_bf16_codes");
   c10::TypedOperatorHandle<LinearSig> linear_f32 =
       layer_op<LinearSig>("preempt_serve::linear_f32");
   c10::TypedOperatorHandle<LinearSig> linear_f32_codes =
@@ -72,17 +74,19 @@ const LayerOps& layer_ops() {
   return ops;
 }
 
-// A projection as the op-by-op layer's linear takes it: packed bfloat16
-// weights, or float32 ones packed as codes (uint8) or as float32.
+// A projection as the op-by-op layer's linear takes it: bfloat16 or float32
+// weights packed as their codes (uint8) or as their values.
 at::Tensor project(const LayerOps& ops, bool f32, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& b) {
-  if (!f32) return ops.linear.call(x, w, b);
-  return (w.scalar_type() == at::kByte ? ops.linear_f32_codes : ops.linear_f32).call(x, w, b);
+  const bool codes = w.scalar_type() == at::kByte;
+  if (!f32) return (codes ? ops.linear_codes : ops.linear).call(x, w, b);
+  return (codes ? ops.linear_f32_codes : ops.linear_f32).call(x, w, b);
 }
 
 // x: the residual stream [T, D]; h: its norm by this layer's input norm.
 // weights: qkv, o, post_norm, gate_up, down (the projections packed by
-// pack_bf16, or pack_f32 / pack_f32_codes); biases: qkv, o, gate_up, down.
+// pack_bf16 or pack_f32, or as codes by pack_f32_codes); biases: qkv, o,
+// gate_up, down.
 // step: slots, block_ids, table_starts, context_lens, positions (the decode
 // operator's metadata, the K/V write's slots, the rotation's positions).
 // Returns (x + the layer's output, its norm by `next_norm`), or (x + output)

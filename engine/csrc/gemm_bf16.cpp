@@ -181,37 +181,44 @@ at::Tensor pack_bf16(const at::Tensor& w) {
   return w.reshape({n / 16, 16, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
-                       const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(bf16_gemm_built(), "linear_bf16: this build has no AVX512-BF16 path");
+// x, y and the bias as linear_bf16 and linear_bf16_codes take them.
+struct Operands {
+  at::Tensor x, y, bias;
+  int64_t m, lda;
+  const uint16_t* xp() const { return reinterpret_cast<const uint16_t*>(x.data_ptr()); }
+  uint16_t* yp() const { return reinterpret_cast<uint16_t*>(y.data_ptr()); }
+  const float* bias_ptr() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
+};
+
+Operands operands(const char* op, const at::Tensor& x, int64_t n, int64_t k,
+                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(bf16_gemm_built(), op, ": this build has no AVX512-BF16 path");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
-              "linear_bf16: x must be a 2-D bfloat16 tensor");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 &&
-                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
-              "linear_bf16: the weight must come from pack_bf16");
-  const int64_t k2 = packed.size(1), k = 2 * k2, vectors = packed.size(0), n = vectors * 16;
-  TORCH_CHECK(x.size(1) == k, "linear_bf16: x has ", x.size(1), " columns, the weight ", k);
+              op, ": x must be a 2-D bfloat16 tensor");
+  TORCH_CHECK(x.size(1) == k, op, ": x has ", x.size(1), " columns, the weight ", k);
   at::Tensor xs = x.stride(1) == 1 && x.stride(0) % 2 == 0 ? x : x.contiguous();
-  const int64_t m = xs.size(0);
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m == 0) return y;
   at::Tensor bf;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "linear_bf16: bias must be [", n, "]");
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must be [", n, "]");
     bf = bias->to(at::kFloat).contiguous();
   }
+  const int64_t m = xs.size(0);
+  return {xs, at::empty({m, n}, x.options()), bf, m, xs.stride(0)};
+}
+
+// o.y = o.x W^T (+ bias), W packed [vectors][k/2][16][2] at `wp`: on the
+// tiles wherever this build has them and K suits, by K alone
+// (gemm_bf16_amx.h: never by the batch), else on VDPBF16PS.
+void multiply(const Operands& o, const uint16_t* wp, int64_t k, int64_t vectors) {
 #ifdef __AVX512BF16__
-  const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
-  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const float* bp = bias.has_value() ? bf.data_ptr<float>() : nullptr;
-  const int64_t lda = xs.stride(0);
+  const int64_t m = o.m, k2 = k / 2, n = vectors * 16, lda = o.lda;
+  const uint16_t* xp = o.xp();
+  uint16_t* yp = o.yp();
+  const float* bp = o.bias_ptr();
 #ifdef GEMM_BF16_AMX
-  // On the tiles wherever this build has them and K suits, by K alone
-  // (gemm_bf16_amx.h: never by the batch).
   if (preempt_serve_gemm_amx::usable(k)) {
     preempt_serve_gemm_amx::gemm(xp, lda, m, wp, k, vectors, bp, yp);
-    return y;
+    return;
   }
 #endif
   const int64_t chunk = std::max<int64_t>(kRows, kRowBytes / (k * 2) / kRows * kRows);
@@ -224,8 +231,20 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
                  std::min(vectors, p1 * kPanel));
     });
   }
+#else
+  (void)o, (void)wp, (void)k, (void)vectors;
 #endif
-  return y;
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 &&
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
+              "linear_bf16: the weight must come from pack_bf16");
+  const int64_t k = 2 * packed.size(1), vectors = packed.size(0);
+  const Operands o = operands("linear_bf16", x, vectors * 16, k, bias);
+  if (o.m > 0) multiply(o, reinterpret_cast<const uint16_t*>(packed.data_ptr()), k, vectors);
+  return o.y;
 }
 
 // Whether linear_bf16 multiplies on AMX tiles now (weights with K a multiple

@@ -216,13 +216,12 @@ constexpr int64_t kL1Bytes = 48 * 1024;
 constexpr int64_t kPassSteps = 4;
 constexpr int64_t kPassGroup = 8;
 
-// y [m, n] = x [m, k] W^T (+ bias), W packed [n/16][k/2][16][2].
-inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, int64_t k,
-                 int64_t vectors, const float* bias, uint16_t* y) {
-  const int64_t k2 = k / 2, n = vectors * 16;
+// x's m rows [m, k] as tiles of 16 rows, read in place but the last
+// partial tile's, copied into `pad` zero-padded to 16.
+inline std::vector<RowTile> row_tiles(const uint16_t* x, int64_t lda, int64_t m, int64_t k,
+                                      std::vector<uint16_t>& pad) {
   const int64_t tiles = (m + 15) / 16, tail = m % 16;
-  // The last partial tile's rows, zero-padded to 16.
-  std::vector<uint16_t> pad(tail ? static_cast<size_t>(16 * k) : 0, 0);
+  pad.assign(tail ? static_cast<size_t>(16 * k) : 0, 0);
   std::vector<RowTile> rts(static_cast<size_t>(tiles));
   for (int64_t t = 0; t < tiles; ++t) {
     if (tail && t == tiles - 1) {
@@ -233,6 +232,16 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
       rts[t] = {x + t * 16 * lda, lda * 2, 16};
     }
   }
+  return rts;
+}
+
+// y [m, n] = x [m, k] W^T (+ bias), W packed [n/16][k/2][16][2].
+inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, int64_t k,
+                 int64_t vectors, const float* bias, uint16_t* y) {
+  const int64_t k2 = k / 2, n = vectors * 16;
+  const int64_t tiles = (m + 15) / 16;
+  std::vector<uint16_t> pad;
+  const std::vector<RowTile> rts = row_tiles(x, lda, m, k, pad);
   const int64_t chunk = std::max<int64_t>(2, kChunkBytes / (16 * k * 2) / 2 * 2);
   const bool passes = tiles > 2 && 2 * 16 * k * 2 > kL1Bytes;
   const int64_t group = passes ? kPassGroup : tiles > 2 ? kWideGroup : kGroup;

@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
-from engine.models import packed_bf16, packed_f32, prepacked
+from engine.models import packed_bf16, packed_f32, prepacked, weight_codes
 from engine.models.batch_invariant import TILE_ROWS, TiledLinear
 from engine.models.linear import LinearFn, linear_for
 from engine.preemption import PreemptFlag
@@ -121,6 +121,9 @@ class CausalLM(nn.Module, ABC):
             prepacked.PrepackedLinear() if prepacked.available(dtype, device) else self.linear)
         # Backend chosen by the runner (`set_attention_backend`) before use.
         self.attn: AttentionBackend | None = None
+        # Projections' GGUF codes by parameter name, from `load_weights` for
+        # `pack_projections` (which empties it).
+        self.source_codes: dict[str, torch.Tensor] = {}
         # Armed by the runner for a pass that may be cut between layers
         # (engine/preemption.py); checked at the end of each layer.
         self.preempt: PreemptFlag | None = None
@@ -136,11 +139,13 @@ class CausalLM(nn.Module, ABC):
         (engine.models.packed_bf16) or `bf16_dot` asks for it, float32 on our
         AVX2 FMA kernel where `auto` prefers it (engine.models.packed_f32) or
         `f32_fma` asks for it (a weight decoded from GGUF codes kept as them
-        where `codes`: packed_f32.pack); otherwise on oneDNN's layout
+        where `codes`: packed_f32.pack, and in bfloat16 where `load_weights`
+        kept them: `codes_wanted`); otherwise on oneDNN's layout
         (engine.models.prepacked), float32 and natively multiplied bfloat16,
         `auto` timing both ways on the largest projection's shape first.
         Returns the measured speed-up (None where nothing was timed);
         `self.packing` says the choice."""
+        source, self.source_codes = self.source_codes, {}
         for kernel, module, dtype, cpu_needs in _OUR_KERNELS:
             if mode == kernel or (mode == "auto" and module.preferred(self.dtype, self.device)):
                 if not (self.device.type == "cpu" and self.dtype is dtype and module.built()):
@@ -151,7 +156,8 @@ class CausalLM(nn.Module, ABC):
                 if module is packed_f32:
                     packed_f32.pack_in_place(self, self.projection_names, codes)
                 else:
-                    module.pack_in_place(self, self.projection_names)
+                    packed_bf16.pack_in_place(self, self.projection_names,
+                                              source if codes else None)
                 self.linear = prepacked.packed_linear
                 # The lm_head packed beside its plain weight (which a tied
                 # embedding also reads).
@@ -182,7 +188,7 @@ class CausalLM(nn.Module, ABC):
         head = getattr(self.head_linear, "inner", self.head_linear)  # under deterministic tiles
         if isinstance(head, prepacked.PrepackedLinear):
             tensors += head.packed_weights()
-        return packed_f32.code_formats(tensors)
+        return weight_codes.code_formats(tensors)
 
     def use_fixed_tiles(self, device: torch.device, rows: int = TILE_ROWS) -> None:
         """Run every projection and the lm_head so that a row's result does
@@ -289,7 +295,22 @@ class CausalLM(nn.Module, ABC):
         """Row sizes of the shards of a fused parameter (override if fused)."""
         raise WeightLoadError(f"{param} is not a fused parameter")
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def codes_wanted(self, mode: prepacked.PackMode) -> bool:
+        """Whether `pack_projections(mode)` may keep this bf16 model's
+        projections as their GGUF codes (engine.models.weight_codes), so
+        that `load_weights` should fit them on the checkpoint's float32
+        values: bf16 on our kernel where it multiplies on AMX tiles."""
+        ours = mode == "bf16_dot" or (
+            mode == "auto" and packed_bf16.preferred(self.dtype, self.device))
+        return (ours and self.dtype is torch.bfloat16 and self.device.type == "cpu"
+                and packed_bf16.codes_pay())
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     keep_codes: bool = False) -> None:
+        """Every parameter from the checkpoint's `weights`; where
+        `keep_codes`, the GGUF codes of the projections' float32 tensors are
+        kept in `source_codes` for `pack_projections` (`codes_wanted`)."""
+        codes = weight_codes.SourceCodes(self.projection_names) if keep_codes else None
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         shard_seen: dict[str, set[int]] = {}
@@ -312,6 +333,8 @@ class CausalLM(nn.Module, ABC):
                     f"{hf_name}: checkpoint shape {tuple(tensor.shape)} does not fit "
                     f"{target.param} slice of shape {tuple(dest.shape)}"
                 )
+            if codes is not None:
+                codes.add(target.param, target.shard, tensor)
             dest.copy_(tensor)
             if target.shard is None:
                 loaded.add(target.param)
@@ -321,3 +344,5 @@ class CausalLM(nn.Module, ABC):
         missing = sorted(set(params) - loaded)
         if missing:
             raise WeightLoadError(f"checkpoint lacks weights for {missing}")
+        if codes is not None:
+            self.source_codes = codes.finish(lambda p: len(self.fused_shards(p)))

@@ -54,10 +54,10 @@ class TiledLinear:
 
     def _invariant(self, w: torch.Tensor) -> bool:
         """Whether `inner` multiplies by `w` batch-invariantly as it is: on
-        our VDPBF16PS or AVX2 FMA kernel, which sum every element in an order
-        fixed by the weight alone (engine/csrc/gemm_bf16.cpp, gemm_f32.cpp),
-        so no tiles."""
-        if packed_bf16.is_packed(w) or packed_f32.is_packed(w):
+        our VDPBF16PS or AVX2 FMA kernel (or their AMX tiles, or their GGUF
+        codes), which sum every element in an order fixed by the weight alone
+        (engine/csrc/gemm_bf16.cpp, gemm_f32.cpp), so no tiles."""
+        if packed_bf16.multiplies(w) or packed_f32.is_packed(w):
             return True
         return isinstance(self.inner, PrepackedLinear) and self.inner.takes_ours(w)
 

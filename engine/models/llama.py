@@ -85,7 +85,7 @@ def add_rms_norm_cpu(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
 # Packings whose projections a decoder layer's one operator takes: the
 # activations' dtype, whether a weight is in that packed layout, the operator.
 _LAYER_PACKINGS: dict[str, tuple[torch.dtype, Callable[[torch.Tensor], bool], str]] = {
-    "bf16_dot": (torch.bfloat16, packed_bf16.is_packed, "decode_layer_bf16"),
+    "bf16_dot": (torch.bfloat16, packed_bf16.multiplies, "decode_layer_bf16"),
     "f32_fma": (torch.float32, packed_f32.is_packed, "decode_layer_f32"),
 }
 

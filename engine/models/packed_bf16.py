@@ -18,7 +18,11 @@ with AMX 1.25–1.65× oneDNN's packed matmul at 1–32 rows, 1.02–1.30× at
 (`studies/engine_cpu/gemm_bf16_amx.json`); the whole bf16 engine there
 decodes 1.46–1.49× faster at batch 1, 1.19× at 32, 1.01–1.02× at 96, and
 prefills 512 tokens at 0.98–1.06× (`studies/engine_cpu/gemm_amx_ab/`).
-`amx(False)` switches a loaded build to its vectors.
+`amx(False)` switches a loaded build to its vectors.  On the tiles, a weight
+decoded from GGUF codes (the embedded SmolLM2's) can also keep those codes
+beside its values (`pack_in_place`'s `codes`, engine.models.weight_codes):
+the tiles multiply the codes at a decode step's few rows (1.43-1.51x the
+values' rate at 1-32 rows), the values beyond, with the same bits.
 
 `auto` (`CausalLM.pack_projections`) takes it in bfloat16 on a CPU with
 `avx512_bf16`, and where the CPU has AMX only on a build with the tiles'
@@ -31,12 +35,13 @@ that): on two cores 1.37-1.63x oneDNN's matmul at 32 rows
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
 from engine import attention_cpp
+from engine.models import weight_codes
 
 
 def built() -> bool:
@@ -92,20 +97,53 @@ def is_packed(w: torch.Tensor) -> bool:
 
 def out_features(w: torch.Tensor) -> int:
     """N of a weight, packed or not."""
-    return w.shape[0] * 16 if is_packed(w) else w.shape[0]
+    return w.shape[0] * 16 if multiplies(w) else w.shape[0]
+
+
+def multiplies(w: torch.Tensor) -> bool:
+    """Whether `w` is packed for this kernel: as `pack` lays it out, or as
+    its GGUF codes with those values (`engine.models.weight_codes`)."""
+    return is_packed(w) or weight_codes.bf16_codes(w)
+
+
+def codes_pay() -> bool:
+    """Whether a bf16 projection is better kept with its GGUF codes: where
+    the loaded kernel multiplies on AMX tiles, which outrun one core's
+    stream of bf16 weights at a few rows (engine/csrc/gemm_bf16_codes.cpp).
+    Off the tiles the kernel copies the values out before each product."""
+    return built() and on_tiles()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, b)` for 2-D bfloat16 `x` and `w = pack(weight)`."""
+    """`F.linear(x, weight, b)` for 2-D bfloat16 `x` and `w = pack(weight)`
+    or `weight`'s codes (`engine.models.weight_codes`)."""
+    if w.dtype is torch.uint8:
+        return torch.ops.preempt_serve.linear_bf16_codes(x, w, b)
     return torch.ops.preempt_serve.linear_bf16(x, w, b)
 
 
-def pack_in_place(module: nn.Module, names: tuple[str, ...]) -> tuple[int, int]:
+def pack_in_place(module: nn.Module, names: tuple[str, ...],
+                  codes: Mapping[str, torch.Tensor] | None = None) -> tuple[int, int]:
     """Replace every bfloat16 parameter of `module` whose last name is in
-    `names` by its packed form where its shape allows; returns (packed, left
-    as they were).  Only a linear that dispatches on the layout
-    (`engine.models.prepacked.packed_linear`) can use them afterwards."""
-    return replace_packable(module, names, packable, pack)
+    `names` by its packed form where its shape allows, with its GGUF codes
+    (`engine.models.weight_codes.with_values`) where `codes` (by parameter
+    name) has them and they decode to exactly its values; returns (packed,
+    left as they were).  Only a linear that
+    dispatches on the layout (`engine.models.prepacked.packed_linear`) can
+    use them afterwards."""
+    kept = 0
+    for prefix, sub in module.named_modules() if codes else ():
+        for name in names:
+            w = getattr(sub, name, None)
+            c = codes.get(f"{prefix}.{name}" if prefix else name) if codes else None
+            if not isinstance(w, nn.Parameter) or c is None:
+                continue
+            c = weight_codes.with_values(c, pack(w))
+            if weight_codes.decodes_to(c, w):
+                setattr(sub, name, nn.Parameter(c, requires_grad=False))
+                kept += 1
+    packed, left = replace_packable(module, names, packable, pack)
+    return packed + kept, left
 
 
 def replace_packable(module: nn.Module, names: tuple[str, ...],

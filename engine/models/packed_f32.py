@@ -29,8 +29,6 @@ float32 weight's while a decode step reads about a fifth of the bytes
 from __future__ import annotations
 
 import functools
-from collections import Counter
-from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -38,6 +36,8 @@ from torch import nn
 from engine import attention_cpp
 from engine.cpp_build import cpu_has
 from engine.models import packed_bf16
+from engine.models import weight_codes
+from engine.models.weight_codes import code_format
 
 
 def built() -> bool:
@@ -65,10 +65,6 @@ def packable(w: torch.Tensor) -> bool:
             and not w.is_mkldnn and w.shape[0] % 16 == 0)
 
 
-# Bytes of one packed block of 16 columns x 32 k (gemm_f32_codes.cpp).
-CODE_BLOCK_BYTES = {384: "q4", 576: "q8"}
-
-
 def pack(w: torch.Tensor, codes: bool = True) -> torch.Tensor:
     """`w` [N, K] in the kernel's layout: its codes `[N/16, K/32, bytes]`
     (uint8) where `codes` and it is exactly a Q4_1 or Q8_0 weight, else its
@@ -81,16 +77,9 @@ def pack(w: torch.Tensor, codes: bool = True) -> torch.Tensor:
     return torch.ops.preempt_serve.pack_f32(w)
 
 
-def code_format(w: torch.Tensor) -> str | None:
-    """"q4" or "q8" for a weight packed as codes, None otherwise."""
-    if w.dim() != 3 or w.dtype is not torch.uint8:
-        return None
-    return CODE_BLOCK_BYTES.get(w.shape[2])
-
-
 def is_packed(w: torch.Tensor) -> bool:
     return (w.dim() == 3 and w.shape[2] == 16 and w.dtype is torch.float32
-            or code_format(w) is not None)
+            or weight_codes.f32_codes(w))
 
 
 def shape(w: torch.Tensor) -> tuple[int, int]:
@@ -115,8 +104,3 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...],
     `engine.models.prepacked.packed_linear` can use them afterwards."""
     return packed_bf16.replace_packable(module, names, packable,
                                         functools.partial(pack, codes=codes))
-
-
-def code_formats(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
-    """How many of `tensors` are packed as codes, by format ("q4", "q8")."""
-    return dict(Counter(f for t in tensors if (f := code_format(t)) is not None))
