@@ -160,8 +160,11 @@ class CausalLM(nn.Module, ABC):
                                               source if codes else None)
                 self.linear = prepacked.packed_linear
                 # The lm_head packed beside its plain weight (which a tied
-                # embedding also reads).
-                self.head_linear = prepacked.PrepackedLinear(kernel, codes)
+                # embedding also reads), in bf16 with its codes where kept.
+                head = self.head_weight()
+                head_codes = {id(head): c for n, p in self.named_parameters()
+                              if p is head and (c := source.get(n)) is not None} if codes else {}
+                self.head_linear = prepacked.PrepackedLinear(kernel, codes, head_codes)
                 self.packing = kernel
                 return None
         if not prepacked.available(self.dtype, self.device) or mode == "never":
@@ -308,10 +311,14 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
                      keep_codes: bool = False) -> None:
         """Every parameter from the checkpoint's `weights`; where
-        `keep_codes`, the GGUF codes of the projections' float32 tensors are
-        kept in `source_codes` for `pack_projections` (`codes_wanted`)."""
-        codes = weight_codes.SourceCodes(self.projection_names) if keep_codes else None
+        `keep_codes`, the GGUF codes of the projections' and the head's
+        float32 tensors are kept in `source_codes` for `pack_projections`
+        (`codes_wanted`)."""
         params = dict(self.named_parameters())
+        head = self.head_weight()
+        codes = weight_codes.SourceCodes(
+            n for n, p in params.items()
+            if n.rsplit(".", 1)[-1] in self.projection_names or p is head) if keep_codes else None
         loaded: set[str] = set()
         shard_seen: dict[str, set[int]] = {}
         for hf_name, tensor in weights:

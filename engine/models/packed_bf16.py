@@ -136,14 +136,24 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...],
         for name in names:
             w = getattr(sub, name, None)
             c = codes.get(f"{prefix}.{name}" if prefix else name) if codes else None
-            if not isinstance(w, nn.Parameter) or c is None:
-                continue
-            c = weight_codes.with_values(c, pack(w))
-            if weight_codes.decodes_to(c, w):
-                setattr(sub, name, nn.Parameter(c, requires_grad=False))
-                kept += 1
+            if isinstance(w, nn.Parameter) and c is not None and packable(w):
+                both = pack_with_codes(w, c)
+                if not is_packed(both):
+                    setattr(sub, name, nn.Parameter(both, requires_grad=False))
+                    kept += 1
     packed, left = replace_packable(module, names, packable, pack)
     return packed + kept, left
+
+
+def pack_with_codes(w: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor:
+    """`pack(w)`, with `codes` (`engine.models.weight_codes.fit`'s) beside
+    it where they pay (`codes_pay`) and decode to exactly `w`'s values."""
+    packed = pack(w)
+    if codes is not None and codes_pay():
+        both = weight_codes.with_values(codes, packed)
+        if weight_codes.decodes_to(both, w):
+            return both
+    return packed
 
 
 def replace_packable(module: nn.Module, names: tuple[str, ...],

@@ -80,11 +80,14 @@ class PrepackedLinear:
     packed for it instead."""
 
     def __init__(self, ours: Literal["bf16_dot", "f32_fma"] | None = None,
-                 codes: bool = True) -> None:
+                 codes: bool = True, bf16_codes: dict[int, torch.Tensor] | None = None) -> None:
         self.kernel: ModuleType | None = {
             "bf16_dot": packed_bf16, "f32_fma": packed_f32, None: None}[ours]
         # Whether `f32_fma` may keep a weight as its GGUF codes (packed_f32.pack).
         self.codes = codes
+        # id(weight) -> the codes `bf16_dot` may keep beside it
+        # (packed_bf16.pack_with_codes; from `CausalLM.load_weights`).
+        self.bf16_codes = bf16_codes or {}
         # id(weight) -> (data_ptr, version, packed)
         self._packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
@@ -98,6 +101,8 @@ class PrepackedLinear:
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
             if self.kernel is packed_f32 and self.takes_ours(w):
                 packed = packed_f32.pack(w, codes=self.codes)
+            elif self.kernel is packed_bf16 and self.takes_ours(w):
+                packed = packed_bf16.pack_with_codes(w, self.bf16_codes.get(id(w)))
             elif self.kernel is not None and self.takes_ours(w):
                 packed = self.kernel.pack(w)
             else:

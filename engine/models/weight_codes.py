@@ -1,4 +1,4 @@
-"""Projection weights kept as the GGUF codes they were decoded from (CPU).
+"""Projection and head weights kept as the GGUF codes they were decoded from (CPU).
 
 The embedded SmolLM2 ships as a GGUF file of Q4_1 blocks (its embedding
 Q8_0), converted to float32 when it is first resolved
@@ -14,8 +14,9 @@ to read it, as long as the product comes out the same.
 - bfloat16 (`engine.models.packed_bf16`, on AMX tiles): the model rounds
   every value when it loads, after which m + d q can no longer be found, so
   the loader fits the codes on the float32 values first (`SourceCodes`).
-  `pack_projections` keeps a projection as its codes, beside its packed
-  bf16 values (`with_values`), only where they decode
+  `pack_projections` keeps a projection (and the lm_head, when it packs it)
+  as its codes, beside its packed bf16 values (`with_values`), only where
+  they decode
   (`engine/csrc/gemm_bf16_codes.cpp`: m + d q in float32, rounded to nearest
   even) to exactly the model's bf16 weight (`decodes_to`).  The kernel
   multiplies the codes at up to 64 rows (a decode step's batch) and the
@@ -124,21 +125,22 @@ def decodes_to(w_codes: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 class SourceCodes:
-    """The codes of a model's projection weights, fitted on the float32
-    tensors of the checkpoint as they are loaded (`CausalLM.load_weights`),
-    before a bf16 model rounds them.  A fused projection (`qkv`, `gate_up`)
-    has codes only where every one of its parts has them, in one format:
-    parts whose rows are multiples of 16 stack block for block."""
+    """The codes of some of a model's weights (the projections', the
+    head's: `wanted`, by parameter name), fitted on the float32 tensors of
+    the checkpoint as they are loaded (`CausalLM.load_weights`), before a
+    bf16 model rounds them.  A fused projection (`qkv`, `gate_up`) has codes
+    only where every one of its parts has them, in one format: parts whose
+    rows are multiples of 16 stack block for block."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
+    def __init__(self, wanted: Iterable[str]) -> None:
+        self.wanted = frozenset(wanted)
         # parameter -> part (None: the whole weight) -> codes (None: none fit)
         self._parts: dict[str, dict[int | None, torch.Tensor | None]] = {}
 
     def add(self, param: str, part: int | None, tensor: torch.Tensor) -> None:
         """`tensor`, this rank's slice of the checkpoint's weight, loaded
         into part `part` of parameter `param`."""
-        if param.rsplit(".", 1)[-1] in self.names:
+        if param in self.wanted:
             self._parts.setdefault(param, {})[part] = fit(tensor)
 
     def finish(self, parts_of: Callable[[str], int]) -> dict[str, torch.Tensor]:

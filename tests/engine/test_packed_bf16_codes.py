@@ -116,17 +116,20 @@ def test_codes_that_do_not_decode_to_the_weight_are_not_kept() -> None:
     layer.up = torch.nn.Parameter(w.bfloat16(), requires_grad=False)
     layer.off = torch.nn.Parameter(off, requires_grad=False)
     assert packed_bf16.pack_in_place(layer, ("up", "off"), {"up": codes, "off": codes}) == (2, 0)
-    assert weight_codes.bf16_codes(layer.up)
+    # Kept only where they pay (on AMX tiles).
+    assert weight_codes.bf16_codes(layer.up) == packed_bf16.codes_pay()
     assert packed_bf16.is_packed(layer.off) and not weight_codes.bf16_codes(layer.off)
     with pytest.raises(RuntimeError, match="pack_bf16_codes"):
         torch.ops.preempt_serve.linear_bf16_codes(torch.zeros(2, 64, dtype=torch.bfloat16),
                                                   codes)
     with pytest.raises(RuntimeError, match="columns"):
-        packed_bf16.linear(torch.zeros(2, 32, dtype=torch.bfloat16), layer.up)
+        packed_bf16.linear(torch.zeros(2, 32, dtype=torch.bfloat16),
+                           weight_codes.with_values(codes, packed_bf16.pack(w.bfloat16())))
 
 
 def test_a_fused_projection_has_codes_only_where_all_its_parts_do() -> None:
-    source = weight_codes.SourceCodes(("qkv", "o"))
+    source = weight_codes.SourceCodes(["layers.0.qkv", "layers.1.qkv", "layers.2.qkv",
+                                       "layers.0.o"])
     q, k = _q4_1(32, 64, seed=1), _q4_1(16, 64, seed=2)
     source.add("layers.0.qkv", 0, q)
     source.add("layers.0.qkv", 1, k)
@@ -162,6 +165,12 @@ def test_smollm2_in_bf16_keeps_its_projections_codes(smollm2_path: Path) -> None
         pytest.skip("no AMX tiles here: bf16 weights keep no codes")
     assert with_codes.model.weight_codes() == {"q4": 4 * 30}
     assert with_codes.model.source_codes == {}
+    # The head (the embedding's Q8_0 codes) once it has been used.
+    hidden = torch.randn(3, with_codes.model.config.hidden_size).bfloat16()
+    logits = with_codes.model.compute_logits(hidden)
+    ref = plain.model.compute_logits(hidden)
+    assert logits is not None and ref is not None and torch.equal(logits, ref)
+    assert with_codes.model.weight_codes() == {"q4": 4 * 30, "q8": 1}
     tok = with_codes.tokenizer
     prompts = {f"p{i}": tok.encode(t, add_special_tokens=False) for i, t in
                enumerate(["The capital of France is", "def fib(n):", "Once upon a time"])}
