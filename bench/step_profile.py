@@ -9,9 +9,10 @@ does) under `torch.profiler`, and groups the ops' self CPU time (with
   weights), oneDNN's packed linear (the lm_head, and the projections
   where `pack_projections` packs them, `engine/models/prepacked.py`) and
   our bf16 and float32 GEMMs (`engine/models/packed_bf16.py`, `packed_f32.py`,
-  on float32 weights or on a GGUF weight's codes);
+  on the weights' values or on a GGUF weight's codes);
 - attention: scaled-dot-product attention kernels, the C++ paged decode
-  operator (`engine/attention_cpp.py`), and the Inductor one
+  operator (`engine/attention_cpp.py`, on vectors or on AMX tiles), the
+  prefill one, and the Inductor one
   (`engine/attention_compiled.py`: its compiled region, gather fused in);
 - kv gather: `aten::index_select` (reading each sequence's paged KV blocks
   into one padded tensor) and `aten::index_copy_` (writing new K/V);
@@ -34,9 +35,10 @@ from bench.engine_bench import OursBench, parse_args as engine_args
 
 _GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
-               "preempt_serve::linear_bf16", "preempt_serve::linear_f32",
-               "preempt_serve::linear_f32_codes"),
-    "attention": ("preempt_serve::paged_decode", "preempt_serve::paged_prefill",
+               "preempt_serve::linear_bf16", "preempt_serve::linear_bf16_codes",
+               "preempt_serve::linear_f32", "preempt_serve::linear_f32_codes"),
+    "attention": ("preempt_serve::paged_decode", "preempt_serve::paged_decode_tiles",
+                  "preempt_serve::paged_prefill",
                   "aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_attention_math",
                   "aten::_scaled_dot_product_efficient_attention",

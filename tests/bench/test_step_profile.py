@@ -12,6 +12,11 @@ def test_groups_name_the_ops():
     assert _group("aten::index_select") == "kv gather / write"
     assert _group("preempt_serve::write_kv") == "kv gather / write"
     assert _group("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    # Every operator of ours that attends or multiplies, on vectors or tiles.
+    for op in ("paged_decode", "paged_decode_tiles", "paged_prefill"):
+        assert _group(f"preempt_serve::{op}") == "attention"
+    for op in ("linear_bf16", "linear_bf16_codes", "linear_f32", "linear_f32_codes"):
+        assert _group(f"preempt_serve::{op}") == "matmul"
     assert _group("aten::silu") == "other"
 
 
