@@ -121,8 +121,8 @@ class CausalLM(nn.Module, ABC):
             prepacked.PrepackedLinear() if prepacked.available(dtype, device) else self.linear)
         # Backend chosen by the runner (`set_attention_backend`) before use.
         self.attn: AttentionBackend | None = None
-        # Projections' GGUF codes by parameter name, from `load_weights` for
-        # `pack_projections` (which empties it).
+        # The projections' and the head's GGUF codes by parameter name, from
+        # `load_weights` for `pack_projections` (which empties it).
         self.source_codes: dict[str, torch.Tensor] = {}
         # Armed by the runner for a pass that may be cut between layers
         # (engine/preemption.py); checked at the end of each layer.
@@ -300,8 +300,8 @@ class CausalLM(nn.Module, ABC):
 
     def codes_wanted(self, mode: prepacked.PackMode) -> bool:
         """Whether `pack_projections(mode)` may keep this bf16 model's
-        projections as their GGUF codes (engine.models.weight_codes), so
-        that `load_weights` should fit them on the checkpoint's float32
+        projections and head with their GGUF codes (engine.models.weight_codes),
+        so that `load_weights` should fit them on the checkpoint's float32
         values: bf16 on our kernel where it multiplies on AMX tiles."""
         ours = mode == "bf16_dot" or (
             mode == "auto" and packed_bf16.preferred(self.dtype, self.device))
