@@ -117,8 +117,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
         self.adapters = AdapterPool(self.model, load_adapters(
             lora_adapters or {}, self.model, self.world), max_lora_loaded)
         self.lora_linear = linear_for(self.dtype, self.device)
-        # On CPU: the projections on weights packed for our GEMMs or oneDNN's
-        # (engine.models.packed_*, .prepacked); before deterministic tiles.
+        # On CPU: weights packed for our GEMMs (engine.models.packed_*) or oneDNN's, before tiles.
         with torch.no_grad():
             self.packing_speedup = self.model.pack_projections(pack_projections, weight_codes)
         backend_name = attention_backend or default_backend_name(self.device)
