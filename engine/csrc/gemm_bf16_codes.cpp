@@ -116,10 +116,9 @@ namespace amx = preempt_serve_gemm_amx;
 // C (tiles 0..MT-1, MT <= 4) = the MT row tiles of `rt` times one panel's
 // codes (`kblocks` blocks from `panel`), each block decoded into a ring of L1
 // line buffers kDecodeAhead steps before the tiles read it, so that the
-// vector units decode while the tiles multiply.  `acc`
-// receives C as [MT * 16][16] float32.  Each C tile sums its products over K
-// in order from zero, one TDPBF16PS a step: gemm_bf16_amx.h's sums, bit for
-// bit.
+// vector units decode while the tiles multiply.  `acc` receives C as
+// [MT * 16][16] float32.  Each C tile sums its products over K in order from
+// zero, one TDPBF16PS a step: gemm_bf16_amx.h's sums, bit for bit.
 template <int MT, bool Q4>
 void codes_block(const amx::RowTile* rt, const uint8_t* panel, int64_t kblocks, int64_t bytes,
                  float* acc) {

@@ -126,23 +126,12 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...],
                   codes: Mapping[str, torch.Tensor] | None = None) -> tuple[int, int]:
     """Replace every bfloat16 parameter of `module` whose last name is in
     `names` by its packed form where its shape allows, with its GGUF codes
-    (`engine.models.weight_codes.with_values`) where `codes` (by parameter
-    name) has them and they decode to exactly its values; returns (packed,
-    left as they were).  Only a linear that
-    dispatches on the layout (`engine.models.prepacked.packed_linear`) can
-    use them afterwards."""
-    kept = 0
-    for prefix, sub in module.named_modules() if codes else ():
-        for name in names:
-            w = getattr(sub, name, None)
-            c = codes.get(f"{prefix}.{name}" if prefix else name) if codes else None
-            if isinstance(w, nn.Parameter) and c is not None and packable(w):
-                both = pack_with_codes(w, c)
-                if not is_packed(both):
-                    setattr(sub, name, nn.Parameter(both, requires_grad=False))
-                    kept += 1
-    packed, left = replace_packable(module, names, packable, pack)
-    return packed + kept, left
+    (`pack_with_codes`) where `codes` (by parameter name) has them; returns
+    (packed, left as they were).  Only a linear that dispatches on the
+    layout (`engine.models.prepacked.packed_linear`) can use them afterwards."""
+    found = codes or {}
+    return replace_packable(module, names, packable,
+                            lambda w, name: pack_with_codes(w, found.get(name)))
 
 
 def pack_with_codes(w: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor:
@@ -158,17 +147,19 @@ def pack_with_codes(w: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor
 
 def replace_packable(module: nn.Module, names: tuple[str, ...],
                      can_pack: Callable[[torch.Tensor], bool],
-                     packer: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, int]:
-    """`pack_in_place` for a kernel given by its `packable` and `pack`
-    (this module's, or `engine.models.packed_f32`'s)."""
+                     packer: Callable[[torch.Tensor, str], torch.Tensor]) -> tuple[int, int]:
+    """`pack_in_place` for a kernel given by its `packable` and a packer of
+    a weight and its parameter's name (this module's, or
+    `engine.models.packed_f32`'s)."""
     packed = left = 0
-    for sub in module.modules():
+    for prefix, sub in module.named_modules():
         for name in names:
             w = getattr(sub, name, None)
             if not isinstance(w, nn.Parameter) or w.dim() != 2:
                 continue
             if can_pack(w):
-                setattr(sub, name, nn.Parameter(packer(w), requires_grad=False))
+                full = f"{prefix}.{name}" if prefix else name
+                setattr(sub, name, nn.Parameter(packer(w, full), requires_grad=False))
                 packed += 1
             else:
                 left += 1

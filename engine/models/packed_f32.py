@@ -28,8 +28,6 @@ float32 weight's while a decode step reads about a fifth of the bytes
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -103,4 +101,4 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...],
     them) where its shape allows; returns (packed, left as they were).  Only
     `engine.models.prepacked.packed_linear` can use them afterwards."""
     return packed_bf16.replace_packable(module, names, packable,
-                                        functools.partial(pack, codes=codes))
+                                        lambda w, _name: pack(w, codes=codes))

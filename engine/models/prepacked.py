@@ -128,8 +128,8 @@ def packed_linear(
 ) -> torch.Tensor:
     """`F.linear` for a weight packed in place (`pack_in_place` here or in
     `engine.models.packed_bf16` / `.packed_f32`) or a plain one."""
-    if packed_bf16.is_packed(w) or (x.dtype is torch.bfloat16 and packed_bf16.multiplies(w)):
-        return packed_bf16.linear(x, w, b)  # its values, or its codes under bf16
+    if packed_bf16.multiplies(w):  # its values, or its codes with them
+        return packed_bf16.linear(x, w, b)
     if packed_f32.is_packed(w):
         return packed_f32.linear(x, w, b)
     if not w.is_mkldnn:

@@ -16,9 +16,9 @@ to read it, as long as the product comes out the same.
   the loader fits the codes on the float32 values first (`SourceCodes`).
   `pack_projections` keeps a projection (and the lm_head, when it packs it)
   as its codes, beside its packed bf16 values (`with_values`), only where
-  they decode
-  (`engine/csrc/gemm_bf16_codes.cpp`: m + d q in float32, rounded to nearest
-  even) to exactly the model's bf16 weight (`decodes_to`).  The kernel
+  they decode (`engine/csrc/gemm_bf16_codes.cpp`: m + d q in float32,
+  rounded to nearest even) to exactly the model's bf16 weight
+  (`decodes_to`).  The kernel
   multiplies the codes at up to 64 rows (a decode step's batch) and the
   values beyond (prefills), the same bf16 operands in the same order either
   way, so the logits are bit for bit those of the bf16 weight and
@@ -28,7 +28,8 @@ to read it, as long as the product comes out the same.
 Layout (`engine/csrc/gemm_f32_codes.cpp`): `[N/16, K/32, bytes]` uint8, one
 block per 16 output columns and 32 of K, 384 bytes (Q4) or 576 (Q8): the
 scales, then the codes; a bf16 model keeps the codes in another order
-(`to_bf16_layout`), each block followed by its bf16 values (`with_values`).
+(`to_bf16_layout`), all of them followed by its packed bf16 values
+(`with_values`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ import torch
 from engine import attention_cpp
 
 # Bytes of one block of 16 columns x 32 k, by format: the codes alone
-# (float32), the codes and the block's bf16 values (bfloat16).
+# (float32); the codes and the bf16 values (bfloat16: `with_values`'s
+# buffer, shaped as if each block held both).
 CODE_BLOCK_BYTES = {384: "q4", 576: "q8"}
 TILE_BYTES = 1024
 BF16_BLOCK_BYTES = {b + TILE_BYTES: f for b, f in CODE_BLOCK_BYTES.items()}
@@ -107,10 +109,10 @@ def to_bf16_layout(codes: torch.Tensor) -> torch.Tensor:
 
 def with_values(codes: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """A bf16 weight's codes (`fit`'s) and its values (`packed_bf16.pack`'s)
-    in one tensor `[N/16, K/32, bytes + 1024]`: each block's codes in
-    `to_bf16_layout`'s order, then its 16 lines of bf16 values
-    (engine/csrc/gemm_bf16_codes.cpp multiplies the codes at a few rows,
-    the values at more)."""
+    in one uint8 buffer shaped `[N/16, K/32, bytes + 1024]`: every block's
+    codes in `to_bf16_layout`'s order, then the packed values, so that each
+    of engine/csrc/gemm_bf16_codes.cpp's ways (the codes at a few rows, the
+    values at more) streams its own region."""
     return torch.ops.preempt_serve.pack_bf16_codes(to_bf16_layout(codes), packed)
 
 
