@@ -43,6 +43,7 @@
 #endif
 
 #include "gemm_bf16_amx.h"
+#include "vec16.h"
 
 namespace {
 
@@ -268,10 +269,24 @@ bool set_gemm_amx(bool enable) {
   return gemm_amx();
 }
 
+// Whether the tiles' GEMM and the prefill operator claim their output lines
+// before they compute them (vec16.h, claim); studies time them both ways in
+// one process.  Returns whether this build claims at all.
+bool set_output_claims(bool enable) {
+#ifdef PREEMPT_SERVE_VEC16
+  preempt_serve_vec::claims_switch().store(enable);
+  return true;
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
+  m.def("set_output_claims(bool enable) -> bool", &set_output_claims);
   m.def("set_gemm_amx(bool enable) -> bool", &set_gemm_amx);
   m.def("gemm_amx() -> bool", &gemm_amx);
   m.def("pack_bf16(Tensor w) -> Tensor");

@@ -25,6 +25,7 @@
 #pragma once
 
 #include "paged_decode_amx.h"
+#include "vec16.h"
 
 #ifdef PAGED_DECODE_AMX
 #define GEMM_BF16_AMX 1
@@ -177,6 +178,22 @@ inline void store(const float* acc, int mt, int nt, const RowTile* rt, int64_t m
     }
 }
 
+// Asks for y's lines of a block's rows and columns [col, col + cols) in
+// the exclusive state, before the block's K loop, so that its stores find
+// them in cache.  A prefill's output is fresh memory (gate_up's 6 MB at
+// 1,024 rows): stored into cold, every line's read for ownership stalled
+// the stores at the block's end (gate_up at 1,024 rows 0.68-0.73x oneDNN's
+// rate with the caches cold; studies/engine_cpu/README.md).
+inline void claim_out(const RowTile* rt, int mt, int64_t m, int64_t col, int64_t cols,
+                      uint16_t* y, int64_t n) {
+  for (int i = 0; i < mt; ++i)
+    for (int64_t r = 0; r < rt[i].rows; ++r) {
+      const uint16_t* row = y + (m + i * 16 + r) * n;
+      for (int64_t c = col; c < col + cols; c += 32) preempt_serve_vec::claim(row + c);
+      preempt_serve_vec::claim(row + col + cols - 1);
+    }
+}
+
 template <int MT>
 inline void block_nt(int nt, const RowTile* rt, const uint16_t* panel, int64_t k2, float* acc) {
   if constexpr (MT == 1) {
@@ -246,6 +263,13 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
   const bool passes = tiles > 2 && 2 * 16 * k * 2 > kL1Bytes;
   const int64_t group = passes ? kPassGroup : tiles > 2 ? kWideGroup : kGroup;
   const int64_t groups = (vectors + group - 1) / group;
+  // Claimed only where it paid (studies/engine_cpu/output_claims.json):
+  // outputs whose rows are wider than a 4 KB page (gate_up's 6 KB: the
+  // stores jump a page every 512 bytes, ahead of what the prefetchers
+  // follow; 1.10-1.18x at 256-2,048 rows), not the 1-2 KB rows of the
+  // others (0.96-0.98x), and none smaller than x's chunk, which may still
+  // be in L2 from the step before (a decode's).
+  const bool claim = preempt_serve_vec::claims_on() && n * 2 > 4096 && m * n * 2 >= kChunkBytes;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     configure();
     alignas(64) float acc[2 * 16 * kGroup * 16];
@@ -258,6 +282,7 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
           const RowTile* rt = rts.data() + t;
           if (passes && t + 1 < c1) {
             const int64_t pairs = (v1 - v0) / 2, steps = k2 / 16;
+            if (claim) claim_out(rt, 2, t * 16, v0 * 16, (v1 - v0) * 16, y, n);
             for (int64_t s0 = 0; s0 < steps; s0 += kPassSteps)
               for (int64_t i = 0; i < pairs; ++i)
                 block<2, 2>(rt, w + (v0 + 2 * i) * k2 * 32, k2, sums + i * 1024, s0,
@@ -271,6 +296,7 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
           } else if (t + 1 < c1) {
             for (int64_t v = v0; v < v1; v += 2) {
               const int nt = static_cast<int>(std::min<int64_t>(2, v1 - v));
+              if (claim) claim_out(rt, 2, t * 16, v * 16, nt * 16, y, n);
               block_nt<2>(nt, rt, w + v * k2 * 32, k2, acc);
               store(acc, 2, nt, rt, t * 16, v, bias, y, n);
             }

@@ -107,6 +107,16 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   const int64_t num_keys = base + c.count;
   constexpr int64_t row_bytes = DIM * static_cast<int64_t>(sizeof(scalar_t));
 
+#ifdef PREEMPT_SERVE_VEC16
+  // The tile's output rows, claimed now so that its stores at the end find
+  // them in cache (the output is fresh memory; vec16.h, claim).
+  for (int64_t r = 0; r < rows && preempt_serve_vec::claims_on(); ++r) {
+    const char* op = reinterpret_cast<const char*>(
+        out + ((q_base + c.first + r / group) * l.heads + kh * group + r % group) * DIM);
+    for (int64_t b = 0; b < row_bytes; b += 64) preempt_serve_vec::claim(op + b);
+    preempt_serve_vec::claim(op + row_bytes - 1);
+  }
+#endif
   // Queries, transposed; padding rows are zero (finite scores, never stored).
   if constexpr (kNativeDot) {
     auto* qt = reinterpret_cast<int32_t*>(sc.qt.data());

@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -47,6 +48,22 @@ inline __m512i bf16_bits(__m512 x) {
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
                                _mm512_set1_epi32(0x7FC0));
 }
+
+// Asks for p's cache line in the exclusive state (PREFETCHW: every CPU with
+// AVX512 has it), for an output about to be stored into fresh memory: the
+// stores then find their lines in cache instead of each waiting on its read
+// for ownership (the GEMM's and the prefill operator's outputs).
+inline void claim(const void* p) {
+  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(p)));
+}
+
+// Whether the operators claim their outputs (preempt_serve::set_output_claims:
+// studies time them both ways in one process).
+inline std::atomic<bool>& claims_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+inline bool claims_on() { return claims_switch().load(std::memory_order_relaxed); }
 
 // -x, by its sign bit (as the scalar negation: -0 and NaN's sign too).
 inline __m512 negate16(__m512 x) {
