@@ -1,41 +1,35 @@
 """Paged decode and prefill attention as C++ operators built for this
 machine's CPU.
 
-The kernel (`engine/csrc/paged_decode.cpp`) attends each decode's single
-query token over its cache blocks in place: no gather into a padded copy,
-no mask, and a software prefetch of the next block, which lies at an
-unpredictable place in a cache far larger than the CPU's.  A build for an
-AVX512 capability takes float32 and bfloat16 caches through explicit
-vectors in three passes per sequence (scores of 16 tokens at a time, the
-softmax over the whole context, the weighted sum with each value row read
-once for its group's heads); other builds and dtypes take a portable loop
-with an online softmax, which on one AVX2 core attends a served batch
-1.8–1.9× faster than the Inductor-generated kernel (`engine.attention_compiled`,
-`studies/engine_cpu/README.md`).
+The kernel (`engine/csrc/paged_decode.cpp`) attends each decode's single query token over
+its cache blocks in place: no gather into a padded copy, no mask, and a software prefetch of
+the next block, which lies at an unpredictable place in a cache far larger than the CPU's. A
+build for an AVX512 capability takes float32 and bfloat16 caches through explicit vectors in
+three passes per sequence (scores of 16 tokens at a time, the softmax over the whole
+context, the weighted sum with each value row read once for its group's heads); other builds
+and dtypes take a portable loop with an online softmax, which on one AVX2 core attends a
+served batch 1.8–1.9× faster than the Inductor-generated kernel
+(`engine.attention_compiled`, `studies/engine_cpu/README.md`).
 
-`torch.utils.cpp_extension` builds it when the backend is constructed, at
-the engine's start (about 30 s the first time, then cached
-under `TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`), with the
-vector flags of the ATen CPU capability this process runs with, and the
-capability in the build's name, so that a cache shared by different CPUs
-never serves one a binary built for another, and with OpenMP where torch
-has it: ATen's `parallel_for`, inlined into the operators, runs serially without.  Where the CPU has
-`avx512_bf16`, the build adds that instruction set (and `_bf16` to its
-name) for the bf16 dot product; PREEMPT_SERVE_CPP_BF16_DOT=0 builds
-without it.  Where it also has AMX (`amx_tile`, `amx_bf16`), the build adds
-those (and `_amx`), the bf16 projections' GEMM multiplies on tiles
-(`engine/csrc/gemm_bf16_amx.h`), and bf16 decodes go through tiles
-(`engine/csrc/paged_decode_amx.h`): keys straight from the cache as tiles,
-values interleaved by pairs of keys, the probabilities as two bf16 terms;
-on an Intel Xeon with AMX 1.35–1.45× faster than the vectors on K/V from
-L3 and 1.74× from L1/L2 (`studies/engine_cpu/decode_op.py`), while whole
-decode steps over K/V read from DRAM gained 1.01× there; the prefill
-operator's bf16 scores and weighted sums go through tiles too
-(`engine/csrc/paged_prefill_amx.h`).
-PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a
-loaded build's attention to its vectors.  A build that fails is retried without its
-last additions.  Building needs a C++ compiler and ninja; where no build
-succeeds the backend says so once and attends with the torch reference.
+`torch.utils.cpp_extension` builds it when the backend is constructed, at the engine's start
+(about 30 s the first time, then cached under `TORCH_EXTENSIONS_DIR`, default
+`~/.cache/torch_extensions`), with the vector flags of the ATen CPU capability this process
+runs with, and the capability in the build's name, so that a cache shared by different CPUs
+never serves one a binary built for another, and with OpenMP where torch has it: ATen's
+`parallel_for`, inlined into the operators, runs serially without. Where the CPU has
+`avx512_bf16`, the build adds that instruction set (and `_bf16` to its name) for the bf16
+dot product; PREEMPT_SERVE_CPP_BF16_DOT=0 builds without it. Where it also has AMX
+(`amx_tile`, `amx_bf16`), the build adds those (and `_amx`), the bf16 projections' GEMM
+multiplies on tiles (`engine/csrc/gemm_bf16_amx.h`), and bf16 decodes go through tiles
+(`engine/csrc/paged_decode_amx.h`): keys straight from the cache as tiles, values
+interleaved by pairs of keys, the probabilities as two bf16 terms; on an Intel Xeon with AMX
+1.35–1.45× faster than the vectors on K/V from L3 and 1.74× from L1/L2
+(`studies/engine_cpu/decode_op.py`), while whole decode steps over K/V read from DRAM gained
+1.01× there; the prefill operator's bf16 scores and weighted sums go through tiles too
+(`engine/csrc/paged_prefill_amx.h`). PREEMPT_SERVE_CPP_AMX=0 builds without it;
+`decode_amx(False)` switches a loaded build's attention to its vectors. A build that fails
+is retried without its last additions. Building needs a C++ compiler and ninja; where no
+build succeeds the backend says so once and attends with the torch reference.
 
 Where bf16 decodes take the AMX tiles and prefills the C++ prefill
 operator, the backend keeps its cache in the tiles layout
@@ -239,6 +233,8 @@ class CppAttentionMetadata(TorchAttentionMetadata):
     # prefills, as in the reference backend).
     prefill_rows: torch.Tensor | None = None
     decode_rows: torch.Tensor | None = None
+    # The step's tokens are all prompt positions: the prefill operator's output is the answer.
+    prompt_rows_only: bool = False
 
 
 class CppAttentionBackend(TorchAttentionBackend):
@@ -343,6 +339,7 @@ class CppAttentionBackend(TorchAttentionBackend):
             fields = self._prefill_fields(prompt_spans)
             fields["prefill_rows"] = torch.tensor(prompt_rows, dtype=torch.long, device=dev)
             fields["decode_rows"] = torch.tensor(decode_rows, dtype=torch.long, device=dev)
+            fields["prompt_rows_only"] = len(prompt_rows) == token
         return CppAttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decodes=len(decode_rows),
@@ -398,13 +395,19 @@ class CppAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         assert isinstance(md, CppAttentionMetadata)
         if md.prefill_rows is None:
+            # Decodes only, or prefill chunks only: one operator's output is the
+            # whole answer (no copy).
             if self._decodes_only(md, q.shape[0]):
-                # Decodes only: the operator's output is the whole answer (no copy).
                 return self._decode(q, key_cache, value_cache, md, scale)
+            if (md.num_decodes == 0 and self.prefill_kernel is not None
+                    and md.prefill_block_ids is not None):
+                return self._prefill_op(q, key_cache, value_cache, md, scale)
             return super()._attend(q, k, v, key_cache, value_cache, md, scale)
         # Deterministic mode with prompt positions: each position to its
         # operator (build_metadata), the rows gathered and put back.
         assert self.kernel is not None and self.prefill_kernel is not None
+        if md.prompt_rows_only:  # no gather and scatter of every row
+            return self._prefill_op(q, key_cache, value_cache, md, scale)
         out = torch.empty_like(q)
         out.index_copy_(0, md.prefill_rows, self._prefill_op(
             q.index_select(0, md.prefill_rows), key_cache, value_cache, md, scale))

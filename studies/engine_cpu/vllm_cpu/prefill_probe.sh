@@ -1,0 +1,34 @@
+#!/bin/bash
+# Idle servers' time to first token by prompt length (prefill_probe.py): our
+# server (serve_b128_bf16.yaml), then vLLM-CPU, each freshly started, bf16,
+# one engine core each (README "Exact commands" for vLLM's venv).
+#   bash studies/engine_cpu/vllm_cpu/prefill_probe.sh TAG
+# writes prefill_TAG_{ours,vllm}.json here.  PROFILE=1 also runs vLLM with its
+# torch profiler over three 1,024-token prompts and prints where its forward
+# passes' time goes (vllm_profile.py); servers' logs under $LOGDIR (/tmp).
+set -u
+TAG=$1
+cd "$(dirname "$0")/../../.."
+. studies/serve_lib.sh
+OUTD=studies/engine_cpu/vllm_cpu
+PROBE="python $OUTD/prefill_probe.py"
+RAY_AUTH_MODE=disabled start_server $OUTD/serve_b128_bf16.yaml ${LOGDIR:-/tmp}/prefill_${TAG}_ours.log
+$PROBE --base-url http://127.0.0.1:8000/v1 --out $OUTD/prefill_${TAG}_ours.json
+stop_server
+VM=/root/.cache/peer-vllm/smollm2-bf16
+PROF=${LOGDIR:-/tmp}/vllm_profile_$TAG
+EXTRA=(); [ -n "${PROFILE:-}" ] && EXTRA=(--profiler-config "{\"profiler\":\"torch\",\"torch_profiler_dir\":\"$PROF\"}")
+( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
+  cd ~/.cache/peer-vllm; exec vllm serve $VM --port 8011 --dtype bfloat16 --max-model-len 2048 \
+    --gpu-memory-utilization 0.3 "${EXTRA[@]}" ) > ${LOGDIR:-/tmp}/prefill_${TAG}_vllm.log 2>&1 &
+vp=$!
+for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
+$PROBE --base-url http://127.0.0.1:8011/v1 --model $VM --out $OUTD/prefill_${TAG}_vllm.json
+if [ -n "${PROFILE:-}" ]; then
+  curl -sf -X POST http://127.0.0.1:8011/start_profile
+  $PROBE --base-url http://127.0.0.1:8011/v1 --model $VM --lens 1024 --reps 3 --seed 5
+  curl -sf -X POST http://127.0.0.1:8011/stop_profile; sleep 20
+  python $OUTD/vllm_profile.py $PROF
+fi
+pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
+wait $vp 2>/dev/null
