@@ -1,0 +1,156 @@
+"""A burst's prefills replayed on the engine alone: where the time to the
+last first token goes.
+
+Takes the prompt lengths of a served burst (a `bench run --save-records`
+JSON, e.g. burst_policy.sh's), orders them shortest first (the skip-join
+MLFQ's prefill order) or as sent (`--order sent`, FCFS's), and packs them
+into iterations of at most `--budget` tokens, a prompt cut across two where
+the budget runs out, as the server's chunked prefill does; the first prompt
+alone (the server's first iteration starts on the first arrival). Each
+iteration is one `ModelRunner.execute` on one thread with no server around
+it, in the server's deterministic mode unless told, timed whole and split by wrapping the model's calls with a clock (no
+profiler: on Zen 4 torch's profiler doubles our GEMM's time):
+the four projections, attention, and the rest (norms, rotation, SiLU × up,
+residuals, the lm_head of the rows that sample, sampling, Python).
+
+    taskset -c 0 python -m studies.engine_cpu.vllm_cpu.burst_replay \\
+        studies/engine_cpu/vllm_cpu/burst_mlfq_2026-12-04_1.json \\
+        --out studies/engine_cpu/vllm_cpu/burst_replay_zen4.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.engine_bench import GREEDY
+from bench.report import machine_meta, write_report
+from engine.runner import ModelRunner
+from scheduler.plan import Plan, ScheduledChunk
+
+BLOCK = 16
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
+def pack(lens: list[int], budget: int) -> list[list[tuple[int, int, int]]]:
+    """Iterations of (prompt index, start, length) chunks: the first prompt
+    alone, then each iteration filled to `budget` in order."""
+    steps = [[(0, 0, lens[0])]]
+    done = [0] * len(lens)
+    i = 1
+    while i < len(lens):
+        step, left = [], budget
+        while i < len(lens) and left > 0:
+            n = min(left, lens[i] - done[i])
+            step.append((i, done[i], n))
+            done[i] += n
+            left -= n
+            if done[i] == lens[i]:
+                i += 1
+        steps.append(step)
+    return steps
+
+
+class Clock:
+    """Seconds spent in the model's calls, by part, summed over a step."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.parts: Counter[str] = Counter()
+        model = runner.model
+        project = model.project
+
+        def timed_project(lora: Any, i: int, which: str, *a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            out = project(lora, i, which, *a, **k)
+            self.parts[which] += time.perf_counter() - t
+            return out
+
+        model.project = timed_project
+        model.attn.forward = self._timed(model.attn.forward, "attention")
+
+    def _timed(self, fn: Callable[..., Any], part: str) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            self.parts[part] += time.perf_counter() - t
+            return out
+        return call
+
+
+def replay(lens: list[int], budget: int, threads: int, seed: int,
+           deterministic: bool | str) -> tuple[list[dict[str, Any]], bool]:
+    blocks = sum(-(-n // BLOCK) for n in lens)
+    runner = ModelRunner("embedded:smollm2", dtype="bfloat16", device="cpu", num_blocks=blocks,
+                         block_size=BLOCK, max_model_len=2048, num_threads=threads,
+                         deterministic=deterministic)
+    clock = Clock(runner)
+    rng = random.Random(seed)
+    prompts, tables, next_block = [], [], 0
+    for i, n in enumerate(lens):
+        prompts.append([rng.randrange(100, 40_000) for _ in range(n)])
+        tables.append(list(range(next_block, next_block + -(-n // BLOCK))))
+        next_block += len(tables[-1])
+        runner.add_request(f"p{i}", GREEDY, prompts[-1])
+    rows = []
+    for s, step in enumerate(pack(lens, budget)):
+        chunks = [ScheduledChunk(f"p{i}", prompts[i][start:start + n], start, tables[i],
+                                 start + n == lens[i], 0) for i, start, n in step]
+        clock.parts.clear()
+        t = time.perf_counter()
+        runner.execute(Plan(s, chunks))
+        total = time.perf_counter() - t
+        proj = {p: clock.parts[p] * 1e3 for p in PROJECTIONS}
+        rows.append({
+            "step": s, "prompts": len(step), "tokens": sum(n for _, _, n in step),
+            "first_tokens": sum(1 for i, start, n in step if start + n == lens[i]),
+            "ms": round(total * 1e3, 1),
+            "projections_ms": {p: round(v, 1) for p, v in proj.items()},
+            "attention_ms": round(clock.parts["attention"] * 1e3, 1),
+            "rest_ms": round((total - sum(clock.parts.values())) * 1e3, 1),
+        })
+        print(rows[-1], flush=True)
+    return rows, runner.deterministic
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", type=Path, help="a bench run JSON with --save-records")
+    ap.add_argument("--order", choices=("shortest", "sent"), default="shortest")
+    ap.add_argument("--budget", type=int, default=2048, help="tokens per iteration")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deterministic", choices=("auto", "on", "off"), default="auto",
+                    help="the engine's mode; auto: the server's default")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    recs = json.loads(a.records.read_text())["records"]
+    if a.order == "sent":
+        recs = sorted(recs, key=lambda r: int(r["request_id"].rsplit("-", 1)[1]))
+    lens = [r["prompt_tokens"] for r in recs]
+    if a.order == "shortest":
+        lens.sort()
+    mode = {"auto": "auto", "on": True, "off": False}[a.deterministic]
+    rows, deterministic = replay(lens, a.budget, a.threads, a.seed, mode)
+    s = sum(r["ms"] for r in rows)
+    proj = sum(sum(r["projections_ms"].values()) for r in rows)
+    flops = 2 * sum(lens) * 30 * 576 * (960 + 576 + 3072 + 1536)  # SmolLM2's projections
+    summary = {"prompt_tokens": sum(lens), "iterations": len(rows), "total_s": round(s / 1e3, 2),
+               "projections_share": round(proj / s, 3),
+               "projections_gflops": round(flops / proj / 1e6, 1),
+               "attention_s": round(sum(r["attention_ms"] for r in rows) / 1e3, 2),
+               "rest_s": round(sum(r["rest_ms"] for r in rows) / 1e3, 2)}
+    print(summary)
+    write_report({"meta": {**machine_meta(), "records": str(a.records), "order": a.order,
+                           "budget": a.budget, "threads": a.threads,
+                           "deterministic": deterministic},
+                  "summary": summary, "steps": rows}, a.out)
+
+
+if __name__ == "__main__":
+    main()
