@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -53,8 +54,16 @@ namespace {
 constexpr int64_t kRows = 8;
 constexpr int64_t kPanel = 3;
 // Rows of x multiplied against each weight panel before the next panel
-// (x's rows stay in the core's L2 while the weight streams past them).
-constexpr int64_t kRowBytes = 192 * 1024;
+// (x's rows stay in the core's L2 while the weight streams past them).  A
+// prefill's 2,048 rows against K = 576 are cut in 12 chunks, so each weight
+// streams in from the shared L3 12 times; chunks of 512 KiB (5 passes) were
+// no faster on a 2-core Zen 4, quiet or beside a core busy with a server's
+// Python and JSON work (studies/engine_cpu/gemm_row_chunks.py).
+// set_gemm_row_bytes changes it for studies; the bits do not depend on it.
+std::atomic<int64_t>& row_bytes() {
+  static std::atomic<int64_t> bytes{192 * 1024};
+  return bytes;
+}
 // Outputs wider than this are computed in tiles of kTileColumns (a multiple
 // of the panel's 48) and copied out (gemm_share says why).
 constexpr int64_t kWideColumns = 4096;
@@ -222,7 +231,7 @@ void multiply(const Operands& o, const uint16_t* wp, int64_t k, int64_t vectors)
     return;
   }
 #endif
-  const int64_t chunk = std::max<int64_t>(kRows, kRowBytes / (k * 2) / kRows * kRows);
+  const int64_t chunk = std::max<int64_t>(kRows, row_bytes().load() / (k * 2) / kRows * kRows);
   const int64_t panels = (vectors + kPanel - 1) / kPanel;
   // Threads split the columns by whole panels; each row chunk in turn.
   for (int64_t m0 = 0; m0 < m; m0 += chunk) {
@@ -282,10 +291,18 @@ bool set_output_claims(bool enable) {
 #endif
 }
 
+// Bytes of x's rows per chunk from now on (row_bytes), where `bytes` > 0;
+// returns the setting in effect after it.
+int64_t set_gemm_row_bytes(int64_t bytes) {
+  if (bytes > 0) row_bytes().store(bytes);
+  return row_bytes().load();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
+  m.def("set_gemm_row_bytes(int bytes) -> int", &set_gemm_row_bytes);
   m.def("set_output_claims(bool enable) -> bool", &set_output_claims);
   m.def("set_gemm_amx(bool enable) -> bool", &set_gemm_amx);
   m.def("gemm_amx() -> bool", &gemm_amx);

@@ -8,10 +8,12 @@ into iterations of at most `--budget` tokens, a prompt cut across two where
 the budget runs out, as the server's chunked prefill does; the first prompt
 alone (the server's first iteration starts on the first arrival). Each
 iteration is one `ModelRunner.execute` on one thread with no server around
-it, in the server's deterministic mode unless told, timed whole and split by wrapping the model's calls with a clock (no
-profiler: on Zen 4 torch's profiler doubles our GEMM's time):
-the four projections, attention, and the rest (norms, rotation, SiLU × up,
-residuals, the lm_head of the rows that sample, sampling, Python).
+it, in the server's deterministic mode unless told, timed whole and split by
+wrapping the model's calls with a clock (no profiler: on Zen 4 torch's
+profiler doubles our GEMM's time): the four projections, attention, and the
+rest (norms, rotation, SiLU × up, residuals, the lm_head of the rows that
+sample, sampling, Python). `--busy-core N` keeps core N busy meanwhile with
+the kind of work a server's other processes do (Python objects and JSON).
 
     taskset -c 0 python -m studies.engine_cpu.vllm_cpu.burst_replay \\
         studies/engine_cpu/vllm_cpu/burst_mlfq_2026-12-04_1.json \\
@@ -22,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +41,16 @@ from scheduler.plan import Plan, ScheduledChunk
 
 BLOCK = 16
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
+# `--busy-core`: what a server's other processes do there (the proxy, the
+# ingress, the client: Python objects and JSON), without end.
+BUSY = """
+import json, random
+r = random.Random(0)
+data = [{"id": i, "text": "x" * r.randrange(10, 400), "ids": list(range(r.randrange(5, 300)))}
+        for i in range(20000)]
+while True:
+    json.loads(json.dumps(data))
+"""
 
 
 def pack(lens: list[int], budget: int) -> list[list[tuple[int, int, int]]]:
@@ -83,28 +98,67 @@ class Clock:
         return call
 
 
+def burst_lens(records: Path, order: str) -> list[int]:
+    """The prompt lengths of a `--save-records` run, shortest first or as sent."""
+    recs = json.loads(records.read_text())["records"]
+    if order == "sent":
+        recs = sorted(recs, key=lambda r: int(r["request_id"].rsplit("-", 1)[1]))
+    lens = [r["prompt_tokens"] for r in recs]
+    return sorted(lens) if order == "shortest" else lens
+
+
+class Burst:
+    """The burst's prompts on a fresh engine, ready to be prefilled again
+    and again in `pack`'s iterations."""
+
+    def __init__(self, lens: list[int], budget: int, threads: int, seed: int,
+                 deterministic: bool | str) -> None:
+        self.lens, self.steps = lens, pack(lens, budget)
+        self.runner = ModelRunner("embedded:smollm2", dtype="bfloat16", device="cpu",
+                                  num_blocks=sum(-(-n // BLOCK) for n in lens), block_size=BLOCK,
+                                  max_model_len=2048, num_threads=threads,
+                                  deterministic=deterministic)
+        rng = random.Random(seed)
+        self.prompts = [[rng.randrange(100, 40_000) for _ in range(n)] for n in lens]
+        self.tables, first = [], 0
+        for n in lens:
+            self.tables.append(list(range(first, first + -(-n // BLOCK))))
+            first += len(self.tables[-1])
+
+    def run(self, each: Callable[[int, float], None] = lambda s, t: None) -> float:
+        """Prefill every prompt, iteration by iteration; `each(step, seconds)`
+        after each; returns the seconds of all."""
+        for i, p in enumerate(self.prompts):
+            self.runner.add_request(f"p{i}", GREEDY, p)
+        total = 0.0
+        for s, step in enumerate(self.steps):
+            chunks = [ScheduledChunk(f"p{i}", self.prompts[i][start:start + n], start,
+                                     self.tables[i], start + n == self.lens[i], 0)
+                      for i, start, n in step]
+            t = time.perf_counter()
+            self.runner.execute(Plan(s, chunks))
+            dt = time.perf_counter() - t
+            total += dt
+            each(s, dt)
+        for i in range(len(self.prompts)):
+            self.runner.remove_request(f"p{i}")
+        return total
+
+
+def busy_core(core: int) -> subprocess.Popen[bytes]:
+    """A process on `core` doing `BUSY` until killed."""
+    return subprocess.Popen([sys.executable, "-c", BUSY],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+
+
 def replay(lens: list[int], budget: int, threads: int, seed: int,
            deterministic: bool | str) -> tuple[list[dict[str, Any]], bool]:
-    blocks = sum(-(-n // BLOCK) for n in lens)
-    runner = ModelRunner("embedded:smollm2", dtype="bfloat16", device="cpu", num_blocks=blocks,
-                         block_size=BLOCK, max_model_len=2048, num_threads=threads,
-                         deterministic=deterministic)
-    clock = Clock(runner)
-    rng = random.Random(seed)
-    prompts, tables, next_block = [], [], 0
-    for i, n in enumerate(lens):
-        prompts.append([rng.randrange(100, 40_000) for _ in range(n)])
-        tables.append(list(range(next_block, next_block + -(-n // BLOCK))))
-        next_block += len(tables[-1])
-        runner.add_request(f"p{i}", GREEDY, prompts[-1])
-    rows = []
-    for s, step in enumerate(pack(lens, budget)):
-        chunks = [ScheduledChunk(f"p{i}", prompts[i][start:start + n], start, tables[i],
-                                 start + n == lens[i], 0) for i, start, n in step]
-        clock.parts.clear()
-        t = time.perf_counter()
-        runner.execute(Plan(s, chunks))
-        total = time.perf_counter() - t
+    burst = Burst(lens, budget, threads, seed, deterministic)
+    clock = Clock(burst.runner)
+    rows: list[dict[str, Any]] = []
+
+    def record(s: int, total: float) -> None:
+        step = burst.steps[s]
         proj = {p: clock.parts[p] * 1e3 for p in PROJECTIONS}
         rows.append({
             "step": s, "prompts": len(step), "tokens": sum(n for _, _, n in step),
@@ -114,8 +168,11 @@ def replay(lens: list[int], budget: int, threads: int, seed: int,
             "attention_ms": round(clock.parts["attention"] * 1e3, 1),
             "rest_ms": round((total - sum(clock.parts.values())) * 1e3, 1),
         })
+        clock.parts.clear()
         print(rows[-1], flush=True)
-    return rows, runner.deterministic
+
+    burst.run(record)
+    return rows, burst.runner.deterministic
 
 
 def main() -> None:
@@ -127,16 +184,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deterministic", choices=("auto", "on", "off"), default="auto",
                     help="the engine's mode; auto: the server's default")
+    ap.add_argument("--busy-core", type=int,
+                    help="keep this core busy with Python and JSON work meanwhile")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    recs = json.loads(a.records.read_text())["records"]
-    if a.order == "sent":
-        recs = sorted(recs, key=lambda r: int(r["request_id"].rsplit("-", 1)[1]))
-    lens = [r["prompt_tokens"] for r in recs]
-    if a.order == "shortest":
-        lens.sort()
+    lens = burst_lens(a.records, a.order)
     mode = {"auto": "auto", "on": True, "off": False}[a.deterministic]
-    rows, deterministic = replay(lens, a.budget, a.threads, a.seed, mode)
+    busy = None if a.busy_core is None else busy_core(a.busy_core)
+    try:
+        rows, deterministic = replay(lens, a.budget, a.threads, a.seed, mode)
+    finally:
+        if busy is not None:
+            busy.kill()
     s = sum(r["ms"] for r in rows)
     proj = sum(sum(r["projections_ms"].values()) for r in rows)
     flops = 2 * sum(lens) * 30 * 576 * (960 + 576 + 3072 + 1536)  # SmolLM2's projections
@@ -148,7 +207,7 @@ def main() -> None:
     print(summary)
     write_report({"meta": {**machine_meta(), "records": str(a.records), "order": a.order,
                            "budget": a.budget, "threads": a.threads,
-                           "deterministic": deterministic},
+                           "deterministic": deterministic, "busy_core": a.busy_core},
                   "summary": summary, "steps": rows}, a.out)
 
 
