@@ -78,24 +78,26 @@ class Clock:
     def __init__(self, runner: ModelRunner) -> None:
         self.parts: Counter[str] = Counter()
         model = runner.model
-        project = model.project
+        # A projection's part is its name (the call's third argument).
+        model.project = self._timed(model.project, lambda a: a[2])
+        model.attn.forward = self._timed(model.attn.forward, lambda a: "attention")
 
-        def timed_project(lora: Any, i: int, which: str, *a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            out = project(lora, i, which, *a, **k)
-            self.parts[which] += time.perf_counter() - t
-            return out
-
-        model.project = timed_project
-        model.attn.forward = self._timed(model.attn.forward, "attention")
-
-    def _timed(self, fn: Callable[..., Any], part: str) -> Callable[..., Any]:
+    def _timed(self, fn: Callable[..., Any],
+               part: Callable[[tuple[Any, ...]], str]) -> Callable[..., Any]:
         def call(*a: Any, **k: Any) -> Any:
             t = time.perf_counter()
             out = fn(*a, **k)
-            self.parts[part] += time.perf_counter() - t
+            self.parts[part(a)] += time.perf_counter() - t
             return out
         return call
+
+
+def projection_flops(model: Any, tokens: int) -> float:
+    """The four projections' multiply-adds × 2 for `tokens` tokens."""
+    c = model.config
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    per_layer = c.hidden_size * (q + 2 * kv + q + 3 * c.intermediate_size)
+    return 2.0 * tokens * model.num_layers * per_layer
 
 
 def burst_lens(records: Path, order: str) -> list[int]:
@@ -152,7 +154,7 @@ def busy_core(core: int) -> subprocess.Popen[bytes]:
 
 
 def replay(lens: list[int], budget: int, threads: int, seed: int,
-           deterministic: bool | str) -> tuple[list[dict[str, Any]], bool]:
+           deterministic: bool | str) -> tuple[list[dict[str, Any]], bool, float]:
     burst = Burst(lens, budget, threads, seed, deterministic)
     clock = Clock(burst.runner)
     rows: list[dict[str, Any]] = []
@@ -172,7 +174,7 @@ def replay(lens: list[int], budget: int, threads: int, seed: int,
         print(rows[-1], flush=True)
 
     burst.run(record)
-    return rows, burst.runner.deterministic
+    return rows, burst.runner.deterministic, projection_flops(burst.runner.model, sum(lens))
 
 
 def main() -> None:
@@ -192,13 +194,12 @@ def main() -> None:
     mode = {"auto": "auto", "on": True, "off": False}[a.deterministic]
     busy = None if a.busy_core is None else busy_core(a.busy_core)
     try:
-        rows, deterministic = replay(lens, a.budget, a.threads, a.seed, mode)
+        rows, deterministic, flops = replay(lens, a.budget, a.threads, a.seed, mode)
     finally:
         if busy is not None:
             busy.kill()
     s = sum(r["ms"] for r in rows)
     proj = sum(sum(r["projections_ms"].values()) for r in rows)
-    flops = 2 * sum(lens) * 30 * 576 * (960 + 576 + 3072 + 1536)  # SmolLM2's projections
     summary = {"prompt_tokens": sum(lens), "iterations": len(rows), "total_s": round(s / 1e3, 2),
                "projections_share": round(proj / s, 3),
                "projections_gflops": round(flops / proj / 1e6, 1),
