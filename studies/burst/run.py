@@ -54,15 +54,18 @@ class _Clock:
 
 class _Device:
     """An executor on the virtual clock: an iteration lasts the cost
-    model's time for its batch, its swap-ins land with it."""
+    model's time for its batch (and `decode_row_s` per decode row on top),
+    its swap-ins land with it."""
 
-    def __init__(self, clock: _Clock, cost: LinearCost) -> None:
-        self.clock, self.cost = clock, cost
+    def __init__(self, clock: _Clock, cost: LinearCost, decode_row_s: float = 0.0) -> None:
+        self.clock, self.cost, self.decode_row_s = clock, cost, decode_row_s
 
     def launch(self, plan: Plan) -> StepResult:
         landed = sorted({op.job_id for op in plan.block_ops
                          if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH)})
-        dt = _iteration_time(plan, self.cost) if plan.chunks else 0.0
+        dt = (_iteration_time(plan, self.cost)
+              + self.decode_row_s * sum(1 for c in plan.chunks if c.is_decode)
+              if plan.chunks else 0.0)
         self.clock.t += dt
         return StepResult(
             plan.step, [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks],

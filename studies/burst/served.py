@@ -28,39 +28,12 @@ from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
 from scheduler.iteration import IterationDriver
 from scheduler.job import Job
-from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult
-from studies.burst.run import _Clock
+from studies.burst.run import _Clock, _Device
 
 # serve_b128_bf16.yaml's limits.
 _CONFIG = dict(policy="mlfq", block_size=16, num_blocks=65536 // 16, max_batch_size=128,
                max_batch_tokens=2048, max_model_len=2048, swap_mode="proactive",
                host_kv_blocks=32768 // 16)
-
-
-class _Device:
-    """An iteration lasts the timed cost's time, plus `decode_row_s` per
-    decode row; swap-ins land with it."""
-
-    def __init__(self, clock: _Clock, cost: LinearCost, decode_row_s: float) -> None:
-        self.clock, self.cost, self.decode_row_s = clock, cost, decode_row_s
-
-    def execute(self, plan: Plan) -> StepResult:
-        landed = sorted({op.job_id for op in plan.block_ops
-                         if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH)})
-        decodes = sum(1 for c in plan.chunks if c.is_decode)
-        prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)
-        dt = (self.cost.batch_time(decodes, 0, prefill, 0) + self.decode_row_s * decodes
-              if plan.chunks else 0.0)
-        self.clock.t += dt
-        return StepResult(
-            plan.step, [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks],
-            dt, swaps_in_done=landed)
-
-    def remove_request(self, job_id: str) -> None:
-        pass
-
-    def wait_for_swaps(self, plan: Plan, result: StepResult) -> StepResult:
-        return result
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
