@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -23,43 +22,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-_SERVE = ("ServeReplica", "ProxyActor", "ServeController", "gcs_server", "raylet")
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _ticks(pid: str) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12])  # utime + stime
+from studies.serve_cpu import cpu_diff, cpu_s, serve_processes
 
 
 class Sampler(threading.Thread):
-    def __init__(self, pids: dict[str, str], every_s: float = 0.05) -> None:
+    """Each process's CPU seconds (`studies/serve_cpu.py`) every `every_s`."""
+
+    def __init__(self, processes: dict[str, str], every_s: float = 0.05) -> None:
         super().__init__(daemon=True)
-        self.pids, self.every_s = pids, every_s
-        self.rows: list[tuple[float, dict[str, int]]] = []
+        self.processes, self.every_s = processes, every_s
+        self.rows: list[tuple[float, dict[str, float]]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            now = time.monotonic()
-            row = {pid: t for pid in list(self.pids) if (t := _ticks(pid)) is not None}
-            self.rows.append((now, row))
+            self.rows.append((time.monotonic(), cpu_s(self.processes)))
             time.sleep(self.every_s)
 
     def cpu_between(self, t0: float, t1: float) -> tuple[float, dict[str, float]]:
         a = min(self.rows, key=lambda r: abs(r[0] - t0))
         b = min(self.rows, key=lambda r: abs(r[0] - t1))
-        hz = os.sysconf("SC_CLK_TCK")
-        return b[0] - a[0], {self.pids[p]: (v - a[1].get(p, v)) / hz for p, v in b[1].items()}
+        return b[0] - a[0], cpu_diff(a[1], b[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,16 +53,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--full", type=int, default=1500, help="tokens of a full iteration")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    pids = {pid: _cmdline(pid)[:60].strip() for pid in os.listdir("/proc") if pid.isdigit()
-            and any(k in _cmdline(pid) for k in _SERVE)}
+    processes = serve_processes()
     run_out = a.out.with_suffix(".run.json")
     started = time.monotonic()
     client = subprocess.Popen(
         [sys.executable, "-m", "bench", "run", "--dataset", "sharegpt", "-n", str(a.n),
          "--rate", "inf", "--seed", "0", "--base-url", a.base_url, "--endpoint", "completions",
          "--max-duration", "540", "--out", str(run_out)], stdout=subprocess.DEVNULL)
-    pids[str(client.pid)] = "bench client"
-    sampler = Sampler(pids)
+    processes[str(client.pid)] = "bench client"
+    sampler = Sampler(processes)
     sampler.start()
     client.wait()
     sampler.stop.set()
@@ -100,8 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         "plans_before_full": [{"jobs": len(r["jobs"]), "tokens": r["tokens"],
                                "iteration_time_s": r["iteration_time"]}
                               for r in plans if r["t"] < full],
-        "cpu_s": {k: round(v, 3) for k, v in sorted(cpu.items(), key=lambda x: -x[1])
-                  if v > 0.005},
+        "cpu_s": dict(sorted(cpu.items(), key=lambda x: -x[1])),
         "ttft_mean_s": summary["ttft"]["mean"], "ttft_p99_s": summary["ttft"]["p99"],
         "output_tokens_per_s": summary["output_token_throughput"],
     }

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench.metrics import Dist
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
@@ -34,14 +34,6 @@ from studies.burst.run import _Clock, _Device
 _CONFIG = dict(policy="mlfq", block_size=16, num_blocks=65536 // 16, max_batch_size=128,
                max_batch_tokens=2048, max_model_len=2048, swap_mode="proactive",
                host_kv_blocks=32768 // 16)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as bench's metrics take it."""
-    x = (len(sorted_values) - 1) * q / 100
-    lo = int(x)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (x - lo) * (sorted_values[hi] - sorted_values[lo])
 
 
 def replica_cost(stats_path: Path) -> LinearCost:
@@ -75,13 +67,12 @@ def replay(records: list[dict[str, Any]], cost: LinearCost, decode_row_s: float,
                 first.setdefault(ev.job_id, clock.t)
         if len(first) == len(records):
             break  # every first token is out: the rest is decodes
-    ttft = sorted(first[j] - sent[j] for j in first)
+    ttft = Dist.of(first[j] - sent[j] for j in first)
     prompt = {r["request_id"]: r["prompt_tokens"] for r in records}
     last = sorted(first, key=lambda j: first[j])[-5:]
     return {
-        "ttft_mean_s": statistics.fmean(ttft), "ttft_p50_s": statistics.median(ttft),
-        "ttft_p99_s": _percentile(ttft, 99),
-        "ttft_max_s": ttft[-1],
+        "ttft_mean_s": ttft.mean, "ttft_p50_s": ttft.median, "ttft_p99_s": ttft.p99,
+        "ttft_max_s": ttft.max,
         "last_first_tokens": [{"request_id": j, "prompt_tokens": prompt[j],
                                "ttft_s": first[j] - sent[j]} for j in last],
         "demotions": core.policy.num_demotions if hasattr(core.policy, "num_demotions") else 0,

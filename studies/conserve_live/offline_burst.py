@@ -20,44 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 
 import httpx
 
+from studies.serve_cpu import cpu_diff, cpu_s
+
 PROMPT = "Summarize the history of the printing press in a few paragraphs. " * 3
 OFFSETS_S = (0.05, 0.2, 0.5, 1.0, 1.5, 2.5, 4.0)
-
-
-# Process titles Ray gives the Serve processes, and the names they are
-# reported under.
-PROCESSES = {"ray::ProxyActor": "http_proxy", "ServeReplica:llm:Ingress": "ingress",
-             "ServeReplica:llm:Scheduler": "scheduler", "ServeReplica:llm:Engine": "engine",
-             "ServeReplica:llm:Predictor": "predictor", "ray::ServeController": "controller"}
-
-
-def _cpu_s() -> dict[str, float]:
-    """User + system CPU seconds of each Serve process by name (summed over
-    replicas of one deployment)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                title = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        for mark, name in PROCESSES.items():
-            if mark in title:
-                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {k: round(b[k] - a.get(k, 0.0), 2) for k in sorted(b)}
 
 
 async def _offline(c: httpx.AsyncClient, base: str, i: int) -> None:
@@ -90,9 +61,9 @@ async def run(base: str, offline: int) -> dict[str, object]:
     limits = httpx.Limits(max_connections=offline + 100, max_keepalive_connections=offline + 100)
     async with httpx.AsyncClient(timeout=600, limits=limits) as c:
         _, warm = await _online(c, base, 0.0)
-        quiet0 = _cpu_s()
+        quiet0 = cpu_s()
         await asyncio.sleep(OFFSETS_S[-1] + 1.0)
-        cpu0 = _cpu_s()
+        cpu0 = cpu_s()
         t0 = time.perf_counter()
         offs = [asyncio.create_task(_offline(c, base, i)) for i in range(offline)]
         ttfts = await asyncio.gather(*(_online(c, base, d) for d in OFFSETS_S))
@@ -100,7 +71,7 @@ async def run(base: str, offline: int) -> dict[str, object]:
             t.cancel()
         await asyncio.gather(*offs, return_exceptions=True)
         span = time.perf_counter() - t0
-        cpu1 = _cpu_s()
+        cpu1 = cpu_s()
     quiet1 = dict(cpu0)
     return {"offline_requests": offline, "warm_ttft_s": round(warm, 3),
             "online_ttft_s_by_offset_s": {str(d): round(t[1], 3)
@@ -109,9 +80,9 @@ async def run(base: str, offline: int) -> dict[str, object]:
                                              for d, t in zip(OFFSETS_S, ttfts)},
             # From the burst to the last offline request's cancellation.
             "burst_span_s": round(span, 2),
-            "cpu_s_over_burst": _diff(cpu0, cpu1),
+            "cpu_s_over_burst": cpu_diff(cpu0, cpu1),
             "cpu_s_quiet_before": {"span_s": OFFSETS_S[-1] + 1.0,
-                                   **_diff(quiet0, quiet1)}}
+                                   **cpu_diff(quiet0, quiet1)}}
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 
 import httpx
 
-from studies.conserve_live.offline_burst import _cpu_s, _diff
+from studies.serve_cpu import cpu_diff, cpu_s
 
 URL = "http://127.0.0.1:8000/v1/completions"
 
@@ -37,11 +37,11 @@ async def main(n: int, tokens: int, stream: bool) -> None:
                 r = await c.post(URL, json=body)
                 assert r.status_code == 200, r.text
 
-        cpu0, t0 = _cpu_s(), time.perf_counter()
+        cpu0, t0 = cpu_s(), time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
-        wall, cpu1 = time.perf_counter() - t0, _cpu_s()
+        wall, cpu1 = time.perf_counter() - t0, cpu_s()
     print(json.dumps({"n": n, "tokens": tokens, "stream": stream, "wall_s": round(wall, 2),
-                      "tok_s": round(n * tokens / wall, 1), "cpu": _diff(cpu0, cpu1)}))
+                      "tok_s": round(n * tokens / wall, 1), "cpu": cpu_diff(cpu0, cpu1)}))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from scheduler.cost import LinearCost
-from studies.burst.served import _percentile, replay
+from studies.burst.served import replay
 
 COST = LinearCost(base_s=0.013, prefill_per_token_s=0.0015, decode_per_seq_s=0.0,
                   decode_base_s=0.02)
@@ -32,9 +32,3 @@ def test_every_request_gets_a_first_token_and_the_longest_prompt_comes_last():
     assert mlfq["ttft_max_s"] - mlfq["ttft_p99_s"] > 0.5
     fcfs = replay(records, COST, 0.0008, policy="fcfs")
     assert fcfs["ttft_mean_s"] > mlfq["ttft_mean_s"]
-
-
-def test_percentile_is_numpy_s_linear_one():
-    values = [float(i) for i in range(100)]
-    assert _percentile(values, 99) == 98.01
-    assert _percentile([1.0, 3.0], 50) == 2.0
