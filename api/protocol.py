@@ -364,17 +364,6 @@ class JobMetrics(BaseModel):
     rejected_prediction_tokens: int | None = None
 
 
-class Admission(BaseModel):
-    """The Scheduler deployment's answer to "may this request run, where?"."""
-
-    admitted: bool
-    # The engine replica chosen (None: no replica has reported yet; any).
-    replica: str | None = None
-    # When refused: seconds after which the queued work should fit again.
-    retry_after_s: float | None = None
-    message: str | None = None
-
-
 class ErrorBody(BaseModel):
     message: str
     type: str

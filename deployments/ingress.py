@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from api.admission_wire import Admission, AdmitRequest
 from api.auth import BearerKeyAuth
 from api.chat_store_route import ChatStoreRoute
 from api.config import AppConfig
@@ -45,7 +46,6 @@ from api.logprobs import TokenText
 from api.models_route import ModelRoutes, unknown_model
 from api.openapi import build_openapi, openapi_endpoint
 from api.protocol import (
-    Admission,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
@@ -59,6 +59,7 @@ from api.tokenize_route import TokenizeRoutes, chat_ids, encode
 from api.tool_formats import tool_format
 from api.tools import ToolUse
 from deployments import STOP_POLL_S
+from deployments.coalesce import Coalescer
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.generate_request import check_prediction, generate_request
 from deployments.ingress_metrics import IngressMetrics
@@ -69,6 +70,7 @@ from deployments.messages_route import MessagesRoute
 from deployments.responses_route import ResponsesRoute
 from deployments.resume import ResumableStream
 from deployments.served_log import ServedLog
+from scheduler.job import JobClass
 from scheduler.prefix_affinity import prefix_keys, route_key
 
 log = logging.getLogger("ray.serve")
@@ -100,6 +102,11 @@ class Ingress:
         self.engine_calls = engine
         self.predictor = predictor
         self._background: set[asyncio.Task[Any]] = set()
+        # The Scheduler calls of requests arriving or ending together, one
+        # call each way per round trip (deployments/coalesce.py).
+        self._admits: Coalescer[dict[str, Any], dict[str, Any]] = Coalescer(
+            lambda reqs: self.scheduler.admit_many.remote(reqs), orphan=self._unwanted)
+        self._releases: Coalescer[tuple[str, str], None] = Coalescer(self._send_releases)
         self.door = OnlineFirstDoor(self.cfg.offline_starts)
         self.metrics = IngressMetrics(self.door)
         rec = self.cfg.predictor.record_dir
@@ -314,11 +321,21 @@ class Ingress:
             resumed["prefix_keys"] = keys
             if gens[0].prompt_cache_key is not None:
                 resumed["route_key"] = route_key(gens[0].prompt_cache_key)
+        tokens, choices = sum(len(g.prompt_token_ids) for g in gens), len(gens) * gens[0].n
         try:
-            raw = await self.scheduler.admit.remote(
-                request_id, sum(len(g.prompt_token_ids) for g in gens), gens[0].max_tokens,
-                gens[0].job_class, len(gens) * gens[0].n, priority=gens[0].priority,
-                **resumed)
+            if failed_replica is None and moved_from is None \
+                    and gens[0].job_class != JobClass.OFFLINE.value:
+                # One call with the online admissions arriving meanwhile.
+                raw = await self._admits.submit(AdmitRequest(
+                    request_id=request_id, prompt_tokens=tokens, max_tokens=gens[0].max_tokens,
+                    job_class=gens[0].job_class, n=choices, priority=gens[0].priority,
+                    **resumed).model_dump(exclude_defaults=True))
+            else:
+                # An offline request may wait in the offline pool, and would
+                # hold up a batch; its door starts a few at a time anyway.
+                raw = await self.scheduler.admit.remote(
+                    request_id, tokens, gens[0].max_tokens, gens[0].job_class, choices,
+                    priority=gens[0].priority, **resumed)
         except RayActorError as e:
             # The Scheduler replica died or restarted, with offline requests
             # waiting in its pool among others: retry.
@@ -368,11 +385,24 @@ class Ingress:
         task.add_done_callback(self._background.discard)
 
     def _release(self, request_id: str, outcome: str) -> None:
-        """Tell the Scheduler the request ended, from outside the HTTP
-        request's context (`_detached`): a release cancelled with the
-        request would leak the Scheduler's record of the job (8 % of
+        """Tell the Scheduler the request ended, together with the requests
+        ending meanwhile, from outside the HTTP request's context (the
+        `Coalescer`'s calls run in a fresh one): a release cancelled with
+        the request would leak the Scheduler's record of the job (8 % of
         requests in an overload run did)."""
-        self._detached(lambda: self.scheduler.release.remote(request_id, outcome))
+        self._releases.submit((request_id, outcome))
+
+    def _unwanted(self, req: dict[str, Any], raw: dict[str, Any]) -> None:
+        """An admission whose client went away while it was asked for."""
+        if raw.get("admitted"):
+            self._release(req["request_id"], "aborted")
+
+    async def _send_releases(self, releases: list[tuple[str, str]]) -> list[None]:
+        try:
+            await self.scheduler.release_many.remote(releases)
+        except Exception as e:  # noqa: BLE001 - nobody awaits a release
+            log.warning("releasing %d requests at the scheduler failed: %r", len(releases), e)
+        return [None] * len(releases)
 
     def _finish(self, builder: ResponseBuilder, stream: Any, outcome: str) -> None:
         stream.cancel()

@@ -33,7 +33,7 @@ from typing import Any
 from ray import serve
 
 from api.config import AppConfig
-from api.protocol import Admission
+from api.admission_wire import Admission, AdmitRequest
 from deployments import STOP_POLL_S
 from scheduler.admission import bounded
 from scheduler.job import JobClass
@@ -178,6 +178,19 @@ class Scheduler:
                                  "admitted_at": time.time()}
         return Admission(admitted=True, replica=replica).model_dump()
 
+    async def admit_many(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`admit` for each of several online requests (`AdmitRequest`
+        dumps), answered in order in one call: the ingress sends together
+        the admissions that arrive while its previous call is in flight
+        (deployments/coalesce.py). An offline request under the offline
+        pool is refused here: it would hold up the others while it waits."""
+        reqs = [AdmitRequest.model_validate(raw) for raw in requests]
+        for req in reqs:
+            if self.pool is not None and req.job_class == JobClass.OFFLINE.value:
+                raise ValueError(f"request {req.request_id}: an offline request can wait "
+                                 "in the offline pool; admit it by `admit`")
+        return [await self.admit(**req.model_dump()) for req in reqs]
+
     async def _from_pool(self, request_id: str, prompt_tokens: int, max_tokens: int,
                          n: int, priority: int) -> str | None:
         """Wait in the offline pool; the replica it hands the request to."""
@@ -224,6 +237,12 @@ class Scheduler:
         if self.pool is not None:
             self.pool.release(request_id)
             self._hand_out()
+
+    async def release_many(self, releases: list[tuple[str, str]]) -> None:
+        """`release` for each (request id, outcome), in one call (the
+        ingress coalesces them as it does admissions)."""
+        for request_id, outcome in releases:
+            await self.release(request_id, outcome)
 
     async def kv_directory(self) -> dict[str, Any] | None:
         """The application's KV directory as a `kvstore.directory.DirectoryRef`

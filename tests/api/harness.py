@@ -7,7 +7,8 @@ answer in the shapes the real deployments do:
 - scheduler: `admit.remote(request_id, prompt_tokens, max_tokens,
   job_class, n, priority=..., prefix_keys=...)` awaits to an `Admission` dict (admitted, or refused with
   `retry_after_s` for a 429 when `reject` is set); `release.remote(
-  request_id, outcome)` awaits to None.
+  request_id, outcome)` awaits to None; `admit_many` and `release_many`
+  call them for each request in turn, as the Scheduler does.
 - batch jobs (`ingress.batches.jobs`, batch/jobs.py's `Jobs`): `FakeJobs`,
   which records submissions and answers with the state a test sets; files
   and batch records go to a temporary storage directory.
@@ -56,6 +57,35 @@ class _Method:
         return self._fn(*args, **kwargs)
 
 
+async def settle_until(until: Callable[[], bool], what: str) -> None:
+    """Wait (at most 5 s, on the running loop) until `until()` holds."""
+    for _ in range(500):
+        if until():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def admit_each(scheduler: Any) -> _Method:
+    """`admit_many` as the Scheduler answers it: `scheduler.admit` for each
+    request in turn (a test that replaces `admit` sees every admission)."""
+    async def admit_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if hasattr(scheduler, "admit_calls"):
+            scheduler.admit_calls.append([r["request_id"] for r in requests])
+        return [await scheduler.admit.remote(**r) for r in requests]
+
+    return _Method(admit_many)
+
+
+def release_each(scheduler: Any) -> _Method:
+    """`release_many`: `scheduler.release` for each (request id, outcome)."""
+    async def release_many(releases: list[tuple[str, str]]) -> None:
+        for request_id, outcome in releases:
+            await scheduler.release.remote(request_id, outcome)
+
+    return _Method(release_many)
+
+
 @dataclass
 class FakeScheduler:
     reject: bool = False
@@ -73,6 +103,10 @@ class FakeScheduler:
         self.admit = _Method(self._admit)
         self.release = _Method(self._release)
         self.ready = _Method(self._ready)
+        self.admit_many = admit_each(self)
+        self.release_many = release_each(self)
+        # The requests each `admit_many` call carried.
+        self.admit_calls: list[list[str]] = []
 
     async def _ready(self) -> dict[str, int]:
         if self.live_engines is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.api.harness import _Method, harness
+from tests.api.harness import _Method, admit_each, harness, settle_until
 
 
 class PooledScheduler:
@@ -24,6 +24,8 @@ class PooledScheduler:
         self.admit = _Method(self._admit)
         self.release = inner.release
         self.ready = inner.ready
+        self.admit_many = admit_each(self)
+        self.release_many = inner.release_many
 
     async def _admit(self, request_id: str, prompt_tokens: int, max_tokens: int,
                      job_class: str = "online", *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -32,14 +34,6 @@ class PooledScheduler:
             await self.pool_open.wait()
         return await self.inner.admit.remote(request_id, prompt_tokens, max_tokens,
                                              job_class, *args, **kwargs)
-
-
-async def _settle(until: Any, what: str) -> None:
-    for _ in range(500):
-        if until():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 def test_online_starts_while_offline_waits_and_offline_go_in_by_priority() -> None:
@@ -57,7 +51,7 @@ def test_online_starts_while_offline_waits_and_offline_go_in_by_priority() -> No
                                                  "priority": priority}))
 
                 first = offline("first", 0)
-                await _settle(lambda: len(pool.asked) == 1, "the first offline admission")
+                await settle_until(lambda: len(pool.asked) == 1, "the first offline admission")
                 later = offline("later", 3)
                 urgent = offline("urgent", -1)
                 line = asyncio.get_running_loop().create_task(h.ingress.batch_request(
