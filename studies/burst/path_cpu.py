@@ -6,6 +6,10 @@ meanwhile, then the engine's plan trace (`python -m bench trace-live`), and repo
 seconds each process took between the burst's first plan (less 0.4 s: the requests on
 their way) and its first full iteration (at least `--full` tokens): the window in which the
 engine runs small iterations because the rest of the burst has not reached it yet.
+Also: each process's CPU over the whole run per request, and the intake: from the first
+plan to the first plan of the burst's last job to be planned. With `--fixed 16 1` (16-token
+prompts, one output token) every iteration is a few milliseconds, so a job is planned as
+it arrives and the intake is how long the burst takes to reach the engine.
 
     bash studies/burst/path_cpu.sh        # starts serve_b128_bf16.yaml, runs this, stops it
 """
@@ -51,13 +55,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     p.add_argument("-n", type=int, default=100)
     p.add_argument("--full", type=int, default=1500, help="tokens of a full iteration")
+    p.add_argument("--fixed", type=int, nargs=2, metavar=("INPUT", "OUTPUT"),
+                   help="fixed prompt and output tokens instead of ShareGPT's")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    dataset = (["--dataset", "sharegpt"] if a.fixed is None else
+               ["--dataset", "fixed", "--input-len", str(a.fixed[0]),
+                "--output-len", str(a.fixed[1])])
     processes = serve_processes()
     run_out = a.out.with_suffix(".run.json")
     started = time.monotonic()
     client = subprocess.Popen(
-        [sys.executable, "-m", "bench", "run", "--dataset", "sharegpt", "-n", str(a.n),
+        [sys.executable, "-m", "bench", "run", *dataset, "-n", str(a.n),
          "--rate", "inf", "--seed", "0", "--base-url", a.base_url, "--endpoint", "completions",
          "--max-duration", "540", "--out", str(run_out)], stdout=subprocess.DEVNULL)
     processes[str(client.pid)] = "bench client"
@@ -72,24 +81,36 @@ def main(argv: list[str] | None = None) -> None:
     plans = [r for r in json.loads(gzip.decompress(trace_out.read_bytes()))["trace"]
              if r["t"] >= started]
     first = plans[0]["t"]
-    full = next(r["t"] for r in plans if r["tokens"] >= a.full)
+    planned: dict[str, float] = {}  # each job's first plan
+    for r in plans:
+        for j in r["jobs"]:
+            planned.setdefault(j, r["t"])
+    full = next((r["t"] for r in plans if r["tokens"] >= a.full), plans[-1]["t"])
     wall, cpu = sampler.cpu_between(first - 0.4, full)
+    run_s = sampler.rows[-1][0] - sampler.rows[0][0]
+    run_cpu = cpu_diff(sampler.rows[0][1], sampler.rows[-1][1])
     summary = json.loads(run_out.read_text())["summary"]
     doc: dict[str, Any] = {
         "command": "python -m studies.burst.path_cpu " + " ".join(
             argv if argv is not None else sys.argv[1:]),
+        "intake_s": max(planned.values()) - first, "jobs_planned": len(planned),
         "window_s": wall, "first_full_iteration_after_first_plan_s": full - first,
         "plans_before_full": [{"jobs": len(r["jobs"]), "tokens": r["tokens"],
                                "iteration_time_s": r["iteration_time"]}
                               for r in plans if r["t"] < full],
         "cpu_s": dict(sorted(cpu.items(), key=lambda x: -x[1])),
+        "run_s": run_s,
+        "run_cpu_ms_per_request": {k: round(1e3 * v / a.n, 2) for k, v in sorted(
+            run_cpu.items(), key=lambda x: -x[1])},
         "ttft_mean_s": summary["ttft"]["mean"], "ttft_p99_s": summary["ttft"]["p99"],
         "output_tokens_per_s": summary["output_token_throughput"],
     }
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"window {wall:.2f} s; first full iteration {full - first:.2f} s after the first plan")
+    print(f"window {wall:.2f} s; first full iteration {full - first:.2f} s after the first plan;"
+          f" intake {doc['intake_s']:.2f} s ({len(planned)} jobs)")
     for k, v in doc["cpu_s"].items():
-        print(f"  {v:6.2f} s  {k}")
+        print(f"  {v:6.2f} s  {k}  ({doc['run_cpu_ms_per_request'].get(k, 0):.2f} ms a request"
+              " over the run)")
 
 
 if __name__ == "__main__":

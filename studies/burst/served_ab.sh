@@ -5,7 +5,8 @@
 #   bash studies/burst/served_ab.sh OLD_COMMIT PATH[,PATH…] STEP...
 # STEP n1, n2, …: the PATHs as in the working tree; o1, …: as at OLD_COMMIT; v1, …: vLLM-CPU.
 # Writes $OUTD/STEP.json (default studies/burst/served_ab; every request's token times); the
-# PATHs are restored.
+# PATHs are restored. With PATH_CPU set (e.g. "--fixed 16 1 -n 200"), our steps run
+# `python -m studies.burst.path_cpu $PATH_CPU` instead (where the path's CPU goes, the intake).
 set -u
 OLD=$1; IFS=, read -r -a FILES <<< "$2"; shift 2
 cd "$(dirname "$0")/../.."
@@ -19,6 +20,9 @@ done
 ours() {  # STEP VERSION-DIR
   for i in "${!FILES[@]}"; do cp "$2/$i" "${FILES[$i]}"; done
   RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log
+  if [ -n "${PATH_CPU:-}" ]; then
+    python -m studies.burst.path_cpu $PATH_CPU --out $OUTD/$1.json | head -1; stop_server; return
+  fi
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
     --endpoint completions --max-duration 540 --system "preempt-serve $1" --save-records \
     --out $OUTD/$1.json 2>&1 | tail -1
