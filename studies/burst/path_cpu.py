@@ -6,10 +6,11 @@ meanwhile, then the engine's plan trace (`python -m bench trace-live`), and repo
 seconds each process took between the burst's first plan (less 0.4 s: the requests on
 their way) and its first full iteration (at least `--full` tokens): the window in which the
 engine runs small iterations because the rest of the burst has not reached it yet.
-Also: each process's CPU over the whole run per request, and the intake: from the first
-plan to the first plan of the burst's last job to be planned. With `--fixed 16 1` (16-token
-prompts, one output token) every iteration is a few milliseconds, so a job is planned as
-it arrives and the intake is how long the burst takes to reach the engine.
+Also: each process's CPU over the whole run per request (with `--fixed 16 1`, 16-token
+prompts and one output token, mostly the path's), and the intake: from the first plan to
+the first plan of the burst's last job. The trace holds plans, not arrivals, so a job that
+arrives during an iteration counts from that iteration's end: the intake is an upper bound
+that one straggler can move by a whole iteration.
 
     bash studies/burst/path_cpu.sh        # starts serve_b128_bf16.yaml, runs this, stops it
 """

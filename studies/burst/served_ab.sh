@@ -21,7 +21,7 @@ ours() {  # STEP VERSION-DIR
   for i in "${!FILES[@]}"; do cp "$2/$i" "${FILES[$i]}"; done
   RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log
   if [ -n "${PATH_CPU:-}" ]; then
-    python -m studies.burst.path_cpu $PATH_CPU --out $OUTD/$1.json | head -1; stop_server; return
+    python -m studies.burst.path_cpu $PATH_CPU --out $OUTD/$1.json; stop_server; return
   fi
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
     --endpoint completions --max-duration 540 --system "preempt-serve $1" --save-records \

@@ -70,8 +70,6 @@ def admit_each(scheduler: Any) -> _Method:
     """`admit_many` as the Scheduler answers it: `scheduler.admit` for each
     request in turn (a test that replaces `admit` sees every admission)."""
     async def admit_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if hasattr(scheduler, "admit_calls"):
-            scheduler.admit_calls.append([r["request_id"] for r in requests])
         return [await scheduler.admit.remote(**r) for r in requests]
 
     return _Method(admit_many)
@@ -105,8 +103,6 @@ class FakeScheduler:
         self.ready = _Method(self._ready)
         self.admit_many = admit_each(self)
         self.release_many = release_each(self)
-        # The requests each `admit_many` call carried.
-        self.admit_calls: list[list[str]] = []
 
     async def _ready(self) -> dict[str, int]:
         if self.live_engines is None:
