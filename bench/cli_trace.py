@@ -18,9 +18,15 @@ from bench.cli_profile import add_server_args, engine_handle
 from scheduler.trace import StepTrace, summarize
 
 
-def write_trace(path: Path, trace: list[dict[str, Any]], stats: dict[str, Any]) -> None:
+def write_trace(path: Path, trace: list[dict[str, Any]], stats: dict[str, Any],
+                arrivals: list[list[Any]] | None = None) -> None:
+    """Plans, the server's stats and, from a live server, each request's
+    arrival at the replica ([monotonic time, request id], the plans' clock)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"kind": "trace", "stats": stats, "trace": trace})
+    doc: dict[str, Any] = {"kind": "trace", "stats": stats, "trace": trace}
+    if arrivals is not None:
+        doc["arrivals"] = arrivals
+    text = json.dumps(doc)
     if path.suffix == ".gz":
         path.write_bytes(gzip.compress(text.encode()))
     else:
@@ -41,7 +47,7 @@ def cmd_trace_live(a: argparse.Namespace) -> int:
     handle = engine_handle(a)
     trace = handle.step_trace.remote().result()
     stats = handle.stats.remote().result()
-    write_trace(a.out, trace, stats)
+    write_trace(a.out, trace["plans"], stats, trace["arrivals"])
     return 0
 
 

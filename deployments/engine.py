@@ -290,6 +290,7 @@ class Engine(EngineFigures):
         running: set[str] = set()
         for p, req in enumerate(reqs):
             req.arrival_time = time.monotonic()
+            self.loop.stats.arrival_times.append((req.arrival_time, req.request_id))
             for i, job_id in enumerate(choice_job_ids(req.request_id, req.n)):
                 if req.resume is not None and req.resume[i] is None:
                     continue  # finished on the replica this request resumes from
@@ -413,9 +414,9 @@ class Engine(EngineFigures):
         """The latest iterations' chunk shapes and times (see `LoopStats`)."""
         return list(self.loop.stats.recent_iterations.copy())
 
-    async def step_trace(self) -> list[dict[str, Any]]:
-        """Every recent plan as `scheduler.trace.StepTrace` fields."""
-        return [r.to_json() for r in self.loop.stats.recent_plans.copy()]
+    async def step_trace(self) -> dict[str, list[Any]]:
+        """Recent plans and arrivals (`LoopStats.trace`)."""
+        return self.loop.stats.trace()
 
     async def _report_loop(self) -> None:
         while self.loop.closed is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass, field
 
 from deployments.job_metrics import FinishedJob
@@ -73,6 +74,10 @@ class LoopStats:
     # Every plan that did something, for comparing a live run with its
     # simulation step by step (`python -m bench trace-summary`).
     recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
+    # (monotonic time, request id) of each request reaching the replica, on
+    # the plans' clock: how fast a burst gets here (studies/burst/path_cpu.py),
+    # which the plans alone bound only to within an iteration.
+    arrival_times: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=50_000))
     # Tokens/s of whole iterations when the batch was (nearly) full: the
     # replica's speed under load, which bounds its queued work
     # (scheduler/admission.py).  None until such an iteration ran.
@@ -83,6 +88,12 @@ class LoopStats:
     prefill_slowdown: float = 1.0
     # When the last iteration with decodes ended (None: idle since).
     last_decode_end: float | None = None
+
+    def trace(self) -> dict[str, list[Any]]:
+        """Every recent plan (`scheduler.trace.StepTrace` fields) and
+        arrival ([time, request id]), oldest first."""
+        return {"plans": [r.to_json() for r in self.recent_plans.copy()],
+                "arrivals": [list(a) for a in self.arrival_times.copy()]}
 
     def take_arrived(self) -> list[str]:
         """The requests taken in since the last call; popleft is atomic, and

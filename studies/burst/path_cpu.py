@@ -7,10 +7,12 @@ seconds each process took between the burst's first plan (less 0.4 s: the reques
 their way) and its first full iteration (at least `--full` tokens): the window in which the
 engine runs small iterations because the rest of the burst has not reached it yet.
 Also: each process's CPU over the whole run per request (with `--fixed 16 1`, 16-token
-prompts and one output token, mostly the path's), and the intake: from the first plan to
-the first plan of the burst's last job. The trace holds plans, not arrivals, so a job that
-arrives during an iteration counts from that iteration's end: the intake is an upper bound
-that one straggler can move by a whole iteration.
+prompts and one output token, mostly the path's), and the intake: from the burst's first
+request reaching the engine replica to its last (the trace's arrivals, on the plans'
+clock), with the time from the client's start to the first arrival, and the median wait
+from arrival to first plan.  `intake_from_plans_s` is the older figure, from the first plan
+to the first plan of the burst's last job: a job that arrives during an iteration counts
+from that iteration's end there, so one straggler moves it by a whole iteration.
 
     bash studies/burst/path_cpu.sh        # starts serve_b128_bf16.yaml, runs this, stops it
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -79,8 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     trace_out = a.out.with_suffix(".trace.json.gz")
     subprocess.run([sys.executable, "-m", "bench", "trace-live", "--out", str(trace_out)],
                    check=True, stdout=subprocess.DEVNULL)
-    plans = [r for r in json.loads(gzip.decompress(trace_out.read_bytes()))["trace"]
-             if r["t"] >= started]
+    trace = json.loads(gzip.decompress(trace_out.read_bytes()))
+    plans = [r for r in trace["trace"] if r["t"] >= started]
+    # One request id a prompt; its first choice's job is that id, the others `<id>#<i>`.
+    arrived = {rid: t for t, rid in trace["arrivals"] if t >= started}
     first = plans[0]["t"]
     planned: dict[str, float] = {}  # each job's first plan
     for r in plans:
@@ -94,7 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     doc: dict[str, Any] = {
         "command": "python -m studies.burst.path_cpu " + " ".join(
             argv if argv is not None else sys.argv[1:]),
-        "intake_s": max(planned.values()) - first, "jobs_planned": len(planned),
+        "intake_s": max(arrived.values()) - min(arrived.values()),
+        "first_arrival_after_start_s": min(arrived.values()) - started,
+        "arrival_to_first_plan_median_s": statistics.median(
+            planned[j] - arrived[j.split("#", 1)[0]] for j in planned
+            if j.split("#", 1)[0] in arrived),
+        "requests_arrived": len(arrived),
+        "intake_from_plans_s": max(planned.values()) - first, "jobs_planned": len(planned),
         "window_s": wall, "first_full_iteration_after_first_plan_s": full - first,
         "plans_before_full": [{"jobs": len(r["jobs"]), "tokens": r["tokens"],
                                "iteration_time_s": r["iteration_time"]}
@@ -108,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"window {wall:.2f} s; first full iteration {full - first:.2f} s after the first plan;"
-          f" intake {doc['intake_s']:.2f} s ({len(planned)} jobs)")
+          f" intake {doc['intake_s']:.2f} s ({len(arrived)} arrivals; from plans"
+          f" {doc['intake_from_plans_s']:.2f} s)")
     for k, v in doc["cpu_s"].items():
         print(f"  {v:6.2f} s  {k}  ({doc['run_cpu_ms_per_request'].get(k, 0):.2f} ms a request"
               " over the run)")

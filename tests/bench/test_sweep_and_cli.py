@@ -226,3 +226,24 @@ def test_cli_trace_out_and_summary(tmp_path, capsys):
     assert plans.split()[1:] == [str(len(trace))] * 2
     with pytest.raises(SystemExit):
         read_trace(tmp_path / "run.json")
+
+
+def test_a_live_trace_keeps_the_arrivals_beside_the_plans(tmp_path):
+    import gzip
+    import json
+
+    from bench.cli_trace import write_trace
+    from deployments.loop_stats import LoopStats
+    from scheduler.plan import JobOutput, Plan, ScheduledChunk, StepResult
+    from scheduler.trace import StepTrace
+
+    stats = LoopStats()
+    stats.arrival_times.append((5.0, "r1"))
+    plan = Plan(1, [ScheduledChunk("r1", [1, 2, 3], 0, [0], True, 0)])
+    stats.recent_plans.append(StepTrace.of(5.5, plan, StepResult(1, [JobOutput("r1", 7)], 0.1)))
+    live = stats.trace()
+    assert live["arrivals"] == [[5.0, "r1"]]
+    write_trace(tmp_path / "live.json.gz", live["plans"], {}, live["arrivals"])
+    doc = json.loads(gzip.decompress((tmp_path / "live.json.gz").read_bytes()))
+    assert doc["arrivals"] == [[5.0, "r1"]]
+    assert [r.jobs for r in read_trace(tmp_path / "live.json.gz")] == [("r1",)]

@@ -95,6 +95,22 @@ def test_an_unstreamed_answer_comes_in_few_items_with_the_same_tokens(server, en
     wait_engine_idle(engine_handle)
 
 
+def test_the_plan_trace_records_each_request_reaching_the_replica(server, engine_handle):
+    """`step_trace` (what `bench trace-live` saves): each request's arrival
+    at the engine replica, on the plans' clock, before its first plan."""
+    before = len(engine_handle.step_trace.remote().result()["arrivals"])
+    c = client(server)
+    for prompt in ("One, two,", "Red, green,"):
+        c.completions.create(model="smollm2", prompt=prompt, max_tokens=3, temperature=0)
+    trace = engine_handle.step_trace.remote().result()
+    arrivals = trace["arrivals"][before:]
+    assert len(arrivals) == 2
+    for t, request_id in arrivals:
+        first_plan = min(r["t"] for r in trace["plans"] if request_id in r["jobs"])
+        assert t <= first_plan < t + 60
+    wait_engine_idle(engine_handle)
+
+
 def test_stop_string_is_honoured(server):
     r = client(server).completions.create(
         model="smollm2", prompt="1, 2, 3, 4,", max_tokens=30, temperature=0,
