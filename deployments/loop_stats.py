@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from deployments.job_metrics import FinishedJob
 from scheduler.core import JobEvent
