@@ -53,6 +53,30 @@ class Sampler(threading.Thread):
         return b[0] - a[0], cpu_diff(a[1], b[1])
 
 
+def intake(trace: dict[str, Any], started: float) -> dict[str, Any]:
+    """How a burst sent at `started` reached the engine, from a live trace
+    (`bench trace-live`): the span of its arrivals, the first one's delay, the
+    median wait from arrival to a job's first plan, and the older bound from
+    the plans alone (first plan to the last job's first plan)."""
+    plans = [r for r in trace["trace"] if r["t"] >= started]
+    # A request's first choice's job is the request id, the others `<id>#<i>`.
+    arrived = {rid: t for t, rid in trace["arrivals"] if t >= started}
+    planned: dict[str, float] = {}  # each job's first plan
+    for r in plans:
+        for j in r["jobs"]:
+            planned.setdefault(j, r["t"])
+    waits = [t - arrived[j.split("#", 1)[0]] for j, t in planned.items()
+             if j.split("#", 1)[0] in arrived]
+    return {
+        "intake_s": max(arrived.values()) - min(arrived.values()),
+        "first_arrival_after_start_s": min(arrived.values()) - started,
+        "arrival_to_first_plan_median_s": statistics.median(waits),
+        "requests_arrived": len(arrived),
+        "intake_from_plans_s": max(planned.values()) - plans[0]["t"],
+        "jobs_planned": len(planned),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m studies.burst.path_cpu",
                                 description=__doc__.split("\n")[0])
@@ -84,13 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                    check=True, stdout=subprocess.DEVNULL)
     trace = json.loads(gzip.decompress(trace_out.read_bytes()))
     plans = [r for r in trace["trace"] if r["t"] >= started]
-    # One request id a prompt; its first choice's job is that id, the others `<id>#<i>`.
-    arrived = {rid: t for t, rid in trace["arrivals"] if t >= started}
     first = plans[0]["t"]
-    planned: dict[str, float] = {}  # each job's first plan
-    for r in plans:
-        for j in r["jobs"]:
-            planned.setdefault(j, r["t"])
     full = next((r["t"] for r in plans if r["tokens"] >= a.full), plans[-1]["t"])
     wall, cpu = sampler.cpu_between(first - 0.4, full)
     run_s = sampler.rows[-1][0] - sampler.rows[0][0]
@@ -99,13 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     doc: dict[str, Any] = {
         "command": "python -m studies.burst.path_cpu " + " ".join(
             argv if argv is not None else sys.argv[1:]),
-        "intake_s": max(arrived.values()) - min(arrived.values()),
-        "first_arrival_after_start_s": min(arrived.values()) - started,
-        "arrival_to_first_plan_median_s": statistics.median(
-            planned[j] - arrived[j.split("#", 1)[0]] for j in planned
-            if j.split("#", 1)[0] in arrived),
-        "requests_arrived": len(arrived),
-        "intake_from_plans_s": max(planned.values()) - first, "jobs_planned": len(planned),
+        **intake(trace, started),
         "window_s": wall, "first_full_iteration_after_first_plan_s": full - first,
         "plans_before_full": [{"jobs": len(r["jobs"]), "tokens": r["tokens"],
                                "iteration_time_s": r["iteration_time"]}
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"window {wall:.2f} s; first full iteration {full - first:.2f} s after the first plan;"
-          f" intake {doc['intake_s']:.2f} s ({len(arrived)} arrivals; from plans"
+          f" intake {doc['intake_s']:.2f} s ({doc['requests_arrived']} arrivals; from plans"
           f" {doc['intake_from_plans_s']:.2f} s)")
     for k, v in doc["cpu_s"].items():
         print(f"  {v:6.2f} s  {k}  ({doc['run_cpu_ms_per_request'].get(k, 0):.2f} ms a request"
