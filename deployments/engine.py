@@ -39,7 +39,7 @@ from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from deployments.engine_pinning import pin_replica
 from deployments.engine_priority import give_nice, loop_nice
-from deployments.gc_heap import freeze_startup_heap
+from deployments.gc_heap import prepare_serving_heap
 from deployments.generate_request import sampling_params
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
@@ -214,8 +214,7 @@ class Engine(EngineFigures):
         # it recomputed (deployments/resume.py).
         if scheduler is not None:
             self.loop.move_recompute_blocks = recompute_bound(sched_cfg)
-        frozen = freeze_startup_heap()
-        log.info("start-up heap frozen: %d objects left out of garbage collection", frozen)
+        prepare_serving_heap()
         self.loop.start()
         give_nice(nice)
         self.head_source = self.cfg.predictor.engine_head

@@ -11,11 +11,30 @@ field of that study's records).  `gc.freeze()` moves what exists at the
 end of start-up to a generation no collection visits; objects made later
 (requests, their states, the plans) are collected as before, cycles
 included.  vLLM's engine core freezes its start-up heap the same way.
+
+The serving loop then allocates a few objects per token (outputs, events,
+deliveries) and per iteration (plans, their lists), which die by reference
+count, yet the default collector runs a young collection every 700 net
+allocations, about once an iteration, and finds nothing: in the loop's host
+path alone (`studies/engine_gpu/README.md`, "The serving loop's host path
+on a CPU": the pass and sampling taken out, a 1,000-request burst on one
+core) no collection freed a single object.  With the young threshold at
+3,000 (`SERVING_THRESHOLDS`) the same runs spent 0.20-0.22 s collecting
+instead of 0.44-0.61 s under FCFS, 0.15-0.23 s instead of 0.85-1.07 s under
+the MLFQ with recompute and 0.35-0.59 s instead of 0.96-1.40 s with
+proactive swapping; the longest pause went from 17-20 ms to 12-29 ms under
+FCFS and shortened under the MLFQ (34-46 ms to 10-40 ms).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
+
+log = logging.getLogger("ray.serve")
+
+# (youngest, middle, oldest) generation thresholds while the replica serves.
+SERVING_THRESHOLDS = (3000, 10, 10)
 
 
 def freeze_startup_heap() -> int:
@@ -24,3 +43,14 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def prepare_serving_heap() -> int:
+    """`freeze_startup_heap`, then young collections every
+    `SERVING_THRESHOLDS[0]` net allocations instead of 700; returns how
+    many objects are frozen (and logs it)."""
+    frozen = freeze_startup_heap()
+    gc.set_threshold(*SERVING_THRESHOLDS)
+    log.info("start-up heap frozen: %d objects left out of garbage collection; young ones "
+             "collected every %d allocations", frozen, SERVING_THRESHOLDS[0])
+    return frozen

@@ -42,7 +42,7 @@ import torch
 from api.protocol import GenerateRequest
 from deployments.delivery import Delivery
 from deployments.engine_loop import EngineLoop
-from deployments.gc_heap import freeze_startup_heap
+from deployments.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap
 from engine.length_head import LengthHead
 from engine.profiler import estimate_cost
 from engine.runner import ModelRunner
@@ -51,6 +51,7 @@ from engine.swapper import BlockSwapper
 from kvstore.tier import LocalHostTier
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
+from studies.engine_gpu.null_pass import strip_pass
 
 BLOCK_SIZE = 16
 
@@ -101,6 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-gc-freeze", action="store_true",
                    help="leave the start-up heap to the garbage collector's scans (the "
                         "replica freezes it: deployments/gc_heap.py)")
+    p.add_argument("--gc-young", type=int, default=SERVING_THRESHOLDS[0],
+                   help="net allocations between young collections while serving (the "
+                        "replica's: deployments/gc_heap.py; Python's default 700)")
+    p.add_argument("--null-pass", action="store_true",
+                   help="once the cost model is measured, take the model's pass and sampling "
+                        "out (studies/engine_gpu/null_pass.py): the host path alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -175,6 +182,7 @@ class GcTimes:
     def __init__(self) -> None:
         self.count = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
+        self.collected = [0, 0, 0]  # unreachable objects freed
         self.longest = 0.0
         self._began = 0.0
         gc.callbacks.append(self._on)
@@ -186,6 +194,7 @@ class GcTimes:
         took, gen = time.perf_counter() - self._began, info["generation"]
         self.count[gen] += 1
         self.seconds[gen] += took
+        self.collected[gen] += info["collected"]
         self.longest = max(self.longest, took)
 
     def stop(self) -> None:
@@ -193,7 +202,7 @@ class GcTimes:
 
     def summary(self) -> dict[str, Any]:
         return {"count": self.count, "seconds": [round(s, 4) for s in self.seconds],
-                "longest_s": round(self.longest, 4)}
+                "longest_s": round(self.longest, 4), "collected": self.collected}
 
 
 def _replays(runner: ModelRunner) -> int:
@@ -228,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
             runner.swapper = BlockSwapper(runner.kv_cache, runner.swapper.tier,
                                           side_stream=False)
     cost = estimate_cost(runner, BLOCK_SIZE)
+    if args.null_pass:
+        strip_pass(runner, args.seed)
     core = SchedulerCore(
         SchedulerConfig(policy=args.policy, block_size=BLOCK_SIZE, num_blocks=num_blocks,
                         max_batch_size=args.max_batch_size,
@@ -246,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         runner.on_launch = None
         runner.defer_text = False
     frozen = 0 if args.no_gc_freeze else freeze_startup_heap()
+    gc.set_threshold(args.gc_young, *SERVING_THRESHOLDS[1:])
     collections = GcTimes()
     loop.start()
     rng = random.Random(args.seed)
@@ -273,7 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "dtype": args.dtype, "policy": args.policy, "swap_mode": args.swap_mode,
         "pageable_swaps": args.pageable_swaps, "overlap": not args.no_overlap,
-        "ahead": args.ahead, "length_head": args.length_head, "gc_freeze": not args.no_gc_freeze,
+        "ahead": args.ahead, "null_pass": args.null_pass, "length_head": args.length_head,
+        "gc_freeze": not args.no_gc_freeze, "gc_thresholds": gc.get_threshold(),
         "launched_ahead": getattr(loop.driver, "num_ahead", 0),
         "kv_tokens": args.kv_tokens, "host_kv_tokens": host_blocks * BLOCK_SIZE,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from deployments.gc_heap import freeze_startup_heap
+from deployments.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap, prepare_serving_heap
 
 
 class _Node:
@@ -36,3 +36,37 @@ def test_the_heap_before_is_frozen_and_later_cycles_are_collected() -> None:
         assert gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
+
+
+def _young_collections_while(allocate: int) -> int:
+    """Young collections that `allocate` new container objects, all kept
+    alive, set off from a collector with empty counts."""
+    gc.collect()
+    starts: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        kept = [[] for _ in range(allocate)]
+    finally:
+        gc.callbacks.remove(seen)
+    assert len(kept) == allocate
+    return len(starts)
+
+
+def test_the_serving_heap_collects_young_objects_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        prepare_serving_heap()
+        assert gc.get_threshold() == SERVING_THRESHOLDS and gc.get_freeze_count() > 1000
+        # Fewer allocations than the threshold: not one collection, where
+        # Python's default would run two or three.
+        assert _young_collections_while(SERVING_THRESHOLDS[0] - 500) == 0
+        gc.set_threshold(700, *SERVING_THRESHOLDS[1:])
+        assert _young_collections_while(SERVING_THRESHOLDS[0] - 500) >= 2
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
