@@ -20,6 +20,10 @@ temporary folder with SmolLM2's tokenizer (`--tokenizer`): no weights are
 downloaded.
 
     python -m studies.engine_gpu.engine_loop --out studies/engine_gpu/engine_loop.json
+
+With `--null-pass` the model's pass and sampling are taken out once the cost model is
+measured (`null_pass.py`): what is left is the loop's host path, which runs the same on a CPU
+(`host_path.sh`).
 """
 
 from __future__ import annotations
