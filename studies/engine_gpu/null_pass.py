@@ -5,9 +5,10 @@ the replica's loop is bound by its host work: planning, staging, completion, swa
 text decoding and delivery.  That work is Python and runs the same on any CPU, so it can
 be measured, and changed, without a GPU: `strip_pass` leaves a `ModelRunner` doing
 everything but the pass and the sampling, whose places take a constant and random ids.
-What the study then reports as `loop_s` is the host path of the same plans (staging the
-inputs, block copies for swaps and the tier's books included; on a CPU those copies are
-real, on a GPU they are queued on a side stream).
+What the study then reports as `loop_s` is the host path of the plans the policy makes
+(staging the inputs, block copies for swaps and the tier's books included; on a CPU those
+copies are real, on a GPU they are queued on a side stream).  A policy whose choices follow
+measured time (the MLFQ) makes other plans than with a model, whose iterations last longer.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ _FIRST_ID = 256
 
 
 def strip_pass(runner: ModelRunner, seed: int = 0) -> None:
-    """From now on `runner` computes nothing: a pass that wants logits gets one empty
-    column per row, and sampling draws ids uniformly from the vocabulary (seeded)."""
+    """From now on `runner` computes nothing: a pass that wants logits gets a column of
+    zeros, and sampling draws ids uniformly from the vocabulary (seeded)."""
     gen = torch.Generator().manual_seed(seed)
     vocab = runner.config.vocab_size
 
