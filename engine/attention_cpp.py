@@ -68,7 +68,8 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionMetadata, SeqSpan
-from engine.cpp_build import cpu_has, put_ninja_on_path, sources_digest
+from engine.cpp_build import (build_directory, cpu_has, exclusive_build, put_ninja_on_path,
+                              sources_digest)
 from engine.kv_layout import pick_layout
 from engine.attention_torch import (
     TorchAttentionBackend,
@@ -131,10 +132,12 @@ def load_kernel() -> Callable[..., torch.Tensor]:
                 builds.insert(0, (f"{name}_bf16_amx",
                                   [*flags, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]))
         for i, (build_name, build_flags) in enumerate(builds):
+            folder = build_directory(build_name)
             try:
-                load(name=build_name, sources=[str(p) for p in UNITS],
-                     extra_cflags=build_flags, extra_ldflags=ldflags,
-                     is_python_module=False, verbose=False)
+                with exclusive_build(folder):
+                    load(name=build_name, sources=[str(p) for p in UNITS],
+                         extra_cflags=build_flags, extra_ldflags=ldflags,
+                         build_directory=str(folder), is_python_module=False, verbose=False)
                 break
             except Exception:
                 if i == len(builds) - 1:

@@ -1,13 +1,20 @@
 """What building the C++ operators (engine/attention_cpp.py) asks of the
-machine: its CPU's flags, `ninja` on PATH, and a digest of the sources that
-names the build."""
+machine: its CPU's flags, `ninja` on PATH, a digest of the sources that
+names the build, and a build directory that one process at a time builds in."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
 import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def sources_digest(folder: Path) -> str:
@@ -42,3 +49,34 @@ def put_ninja_on_path() -> None:
     except ImportError:
         return
     os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
+def build_directory(name: str) -> Path:
+    """Where the build `name` lives: torch's layout for a CPU extension
+    (`TORCH_EXTENSIONS_DIR` or its default root, then `py<version>_cpu`)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_cpu")
+    return Path(root) / name
+
+
+@contextmanager
+def exclusive_build(folder: Path) -> Iterator[None]:
+    """Build (or load) in `folder` alone, clearing the lock file a build
+    that died there left.
+
+    `torch.utils.cpp_extension.load` marks a build with a `lock` file and
+    waits, with no limit, while one exists: a process killed while building
+    (a replica stopped during its first start) leaves it behind, and every
+    later start then waits forever.  An OS lock ends with its process, so a
+    `lock` file found while holding ours was left by a builder that is gone."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "builder.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when `held` closes
+        left = folder / "lock"
+        if left.exists():
+            log.warning("removing %s, left by a build of the C++ operators that did not "
+                        "finish", left)
+            left.unlink(missing_ok=True)
+        yield
