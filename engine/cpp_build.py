@@ -53,7 +53,9 @@ def put_ninja_on_path() -> None:
 
 def build_directory(name: str) -> Path:
     """Where the build `name` lives: torch's layout for a CPU extension
-    (`TORCH_EXTENSIONS_DIR` or its default root, then `py<version>_cpu`)."""
+    (`TORCH_EXTENSIONS_DIR` or its default root, then `py<version>_cpu`),
+    given to `load` rather than read from torch's private helper; a CUDA
+    build of torch would have put it under `py<version>_cu<version>`."""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
