@@ -8,13 +8,21 @@ batch-invariant modes of vLLM and SGLang replace the GEMM the same way).
 `invariant_linear` is `F.linear` as one Triton kernel with a single tile
 configuration for every shape: each output element is the dot product of
 its row with a weight column, accumulated over K in BLOCK_K slices in one
-fixed order by the same instructions, and never split over K.  Nothing about
+fixed order by the same instructions.  A weight with few column tiles is
+also split over K (as cuBLAS does for decode shapes): otherwise a decode
+step launches too few programs to keep every multiprocessor reading the
+weight (on an H200, 1.32-1.36x cuBLAS's time at 1-32 rows unsplit,
+1.04-1.05x split).  The split is chosen from
+the weight's shape alone (`splits`), each split accumulates whole BLOCK_K
+slices into float32, and a second kernel adds the splits in index order, so
+the rounding of every element still depends on N and K only.  Nothing about
 a row's result depends on M, on the row's place in its tile or on the other
 rows' values.  The price is a configuration that is not tuned per shape: a
 decode step's few rows ride in a mostly empty tile (the step is bound by
 reading the weights, so that costs little), and a long prefill gets tiles
-that no autotuner chose (`studies/engine_gpu/invariant_matmul.py` measures
-both, and chose the tile below).
+that no autotuner chose and writes the splits' partial sums
+(`studies/engine_gpu/invariant_matmul.py` measures both, and chose the
+configuration below).
 
 The CPU counterpart is `engine.models.batch_invariant.TiledLinear`, built
 on the CPU library's own GEMM.  On CPU tensors this kernel runs only under
@@ -37,26 +45,54 @@ class TileConfig(NamedTuple):
     block_k: int
     warps: int
     stages: int
+    # Split K until one row tile's launch has at least this many programs
+    # (0: never split); see `splits`.
+    split_to: int = 0
+
+
+# At most this many splits, each at least MIN_SLICES BLOCK_K slices long.
+MAX_SPLITS = 8
+MIN_SLICES = 4
 
 
 # The one tile configuration.  Changing it changes the rounding of every
-# token: never make it depend on the call's shape.
-CONFIG = TileConfig(block_m=64, block_n=64, block_k=128, warps=4, stages=3)
+# token: never make it depend on the number of rows (the weight's shape
+# alone picks the split, `splits`).  split_to 256, about two programs per
+# multiprocessor of an H100 or H200, was the fastest of 0-1,024 there at
+# 1-32 rows (studies/engine_gpu/README.md, "split over K").
+CONFIG = TileConfig(block_m=64, block_n=64, block_k=128, warps=4, stages=3, split_to=256)
 # M tiles per group in the launch order, so that a group's programs share
 # the weight tiles they read through L2 (launch order only: no effect on
 # any result).
 GROUP_M = 8
 
 
+def splits(n: int, k: int, config: TileConfig = CONFIG) -> tuple[int, int]:
+    """(number of splits over K, BLOCK_K slices per split) for a weight
+    `[n, k]`: a function of the weight's shape and the configuration alone,
+    never of M, so that every row rounds the same at any batch."""
+    slices = triton.cdiv(k, config.block_k)
+    count = 1
+    if config.split_to:
+        count = config.split_to // triton.cdiv(n, config.block_n)
+        count = max(1, min(count, MAX_SPLITS, slices // MIN_SLICES))
+    per_split = triton.cdiv(slices, count)
+    return triton.cdiv(slices, per_split), per_split
+
+
 @triton.jit(do_not_specialize=["M"])
 def _invariant_matmul(
-    a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
-    stride_am, stride_wn, stride_cm,
+    a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K, SLICES_PER_SPLIT,
+    stride_am, stride_wn, stride_cm, stride_cs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
+    """One (row tile, column tile) of the product over split `program_id(1)`
+    of K; with one split the finished tile (bias added, cast), else its
+    float32 partial sum into plane `program_id(1)` of c (stride_cs apart)."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_n
@@ -69,13 +105,15 @@ def _invariant_matmul(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < M
     col_mask = cols < N
+    k_first = split * SLICES_PER_SPLIT * BLOCK_K
+    k_end = tl.minimum(K, k_first + SLICES_PER_SPLIT * BLOCK_K)
     ks = tl.arange(0, BLOCK_K)
-    a = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
+    a = a_ptr + rows.to(tl.int64)[:, None] * stride_am + k_first + ks[None, :]
     # The weight is [N, K] row-major: its tile is read as [BLOCK_K, BLOCK_N].
-    w = w_ptr + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None]
+    w = w_ptr + cols.to(tl.int64)[None, :] * stride_wn + k_first + ks[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
+    for k0 in range(k_first, k_end, BLOCK_K):
+        k_mask = ks < k_end - k0
         x = tl.load(a, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         y = tl.load(w, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
         if DOT_F32:
@@ -86,8 +124,30 @@ def _invariant_matmul(
         w += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    c = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    c = c_ptr + split.to(tl.int64) * stride_cs + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _sum_splits(
+    part_ptr, bias_ptr, c_ptr, total, N, SPLITS, stride_ps,
+    BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """c = ((part[0] + part[1]) + part[2]) + ... (+ bias): the splits in
+    index order, the same for every element whatever M."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    part = part_ptr + offs
+    acc = tl.load(part, mask=mask, other=0.0)
+    for _ in range(1, SPLITS):
+        part += stride_ps
+        acc += tl.load(part, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+SUM_BLOCK = 1024
 
 
 def invariant_linear(
@@ -109,16 +169,25 @@ def invariant_linear(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
+    count, per_split = splits(n, k, config)
+    # With several splits the partial sums go to float32 planes first.
+    dest = out if count == 1 else torch.empty(count, m, n, dtype=torch.float32,
+                                              device=x.device)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), count)
     _invariant_matmul[grid](
-        x, w, x if b is None else b, out, m, n, k,
-        x.stride(0), w.stride(0), out.stride(0),
+        x, w, x if b is None else b, dest, m, n, k, per_split,
+        x.stride(0), w.stride(0), n, m * n,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=GROUP_M, HAS_BIAS=b is not None,
+        GROUP_M=GROUP_M, HAS_BIAS=b is not None and count == 1,
         # float32 in full precision (Triton's default for it is tf32).
         PRECISION="ieee" if x.dtype is torch.float32 else None,
         # The interpreter's dot multiplies bf16/fp16 bit patterns as integers.
         DOT_F32=x.device.type == "cpu",
         num_warps=config.warps, num_stages=config.stages,
     )
+    if count > 1:
+        _sum_splits[(triton.cdiv(m * n, SUM_BLOCK),)](
+            dest, x if b is None else b, out, m * n, n, count, m * n,
+            BLOCK=SUM_BLOCK, HAS_BIAS=b is not None,
+        )
     return out

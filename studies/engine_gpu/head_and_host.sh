@@ -8,22 +8,9 @@
 #
 # Optional: OLD=<folder> holding another tree of the packages (the commit
 # before a change) runs the length-head loop there too, for a side-by-side
-# pair; PYSPY=<path of py-spy>; TOK=<folder of SmolLM2's tokenizer files>
-# (default .dev/tok); WHEELS=<folder of wheels to install first> (pydantic,
-# which the image lacks; default .whl).
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+# pair; PYSPY=<path of py-spy>; TOK and WHEELS: see device_env.sh.
 ROOT=$PWD
-WHEELS=${WHEELS:-.whl}
-if [ -d "$WHEELS" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$WHEELS"/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-TOK=$(realpath "${TOK:-.dev/tok}")
-export PREEMPT_SERVE_TEST_TOKENIZER=$TOK PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv | tee "$OUT/main.log"
+. studies/engine_gpu/device_env.sh
 
 # 2,000 requests at once, Llama-3.2-1B shape in bf16, FCFS, async scheduling.
 LOOP=(--requests 2000 --timeout 75 --policy fcfs --swap-mode recompute --ahead
@@ -52,14 +39,7 @@ if [ -n "${PYSPY:-}" ]; then
     cp /tmp/pyspy_loop.json "$OUT/" 2>/dev/null
 fi
 
-TESTS="triton or gpu or cuda or graph or fused or rotary or rms or side_stream or invariant or head"
-timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider \
-    tests/engine/test_gpu.py tests/engine/test_attention.py tests/engine/test_fused_triton.py \
-    tests/engine/test_cuda_graphs.py tests/engine/test_cuda_graphs_mixed.py \
-    tests/engine/test_swap.py tests/engine/test_batch_invariant.py \
-    tests/engine/test_matmul_triton.py tests/engine/test_plan_ahead.py \
-    tests/engine/test_length_head.py tests/predictor/test_service.py \
-    tests/predictor/test_train.py -k "$TESTS" > "$OUT/pytest.log" 2>&1
+cuda_tests 200 tests/predictor/test_service.py tests/predictor/test_train.py
 echo "pytest rc=$?" | tee -a "$OUT/main.log"
 tail -3 "$OUT/pytest.log"
 

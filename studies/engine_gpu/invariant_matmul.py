@@ -3,12 +3,13 @@ swept on one GPU against cuBLAS (`F.linear`).
 
 Deterministic mode runs every projection through one tile configuration,
 whatever the number of rows; this picks the one that costs least over the
-shapes a Llama-3-8B step multiplies (bf16): q|k|v, o, gate, up, down per
+shapes a Llama-3-8B step multiplies (bf16): q|k|v, o, gate|up, down per
 layer (x 32 layers) and the lm_head for the sampled rows, at decode batches
 1 / 32 / 128 and a 2,048-token prefill.  Each launch is replayed 20 times
 from a CUDA graph.  Each configuration is also checked for invariance: the
 rows of a 2,048-row product equal the same rows multiplied alone or in
-slices, bit for bit.
+slices, bit for bit.  The sweep's second half varies the split over K
+(`TileConfig.split_to`) of the chosen tile.
 
     python -m studies.engine_gpu.invariant_matmul --out studies/engine_gpu/invariant_matmul.json
 """
@@ -28,7 +29,7 @@ from studies.engine_gpu.kernel_sweep import graph_time
 LAYERS = 32
 # (name, N, K, per step): the projections of one Llama-3-8B layer, and the head.
 SHAPES = [("qkv", 6144, 4096, LAYERS), ("o", 4096, 4096, LAYERS),
-          ("gate", 14336, 4096, LAYERS), ("up", 14336, 4096, LAYERS),
+          ("gate_up", 28672, 4096, LAYERS),
           ("down", 4096, 14336, LAYERS), ("head", 128256, 4096, 1)]
 DECODE = (1, 32, 128)
 PREFILL = 2048
@@ -37,8 +38,14 @@ CONFIGS = [
     TileConfig(64, 128, 64, 4, 3),
     TileConfig(128, 64, 64, 4, 3),
     TileConfig(128, 128, 64, 8, 3),
-    TileConfig(64, 64, 128, 4, 3),
+    TileConfig(64, 64, 128, 4, 3, 0),
     TileConfig(32, 64, 128, 4, 4),
+    # The chosen tile, split over K until a row tile launches this many programs.
+    TileConfig(64, 64, 128, 4, 3, 128),
+    TileConfig(64, 64, 128, 4, 3, 256),
+    TileConfig(64, 64, 128, 4, 3, 512),
+    TileConfig(64, 64, 128, 4, 3, 1024),
+    TileConfig(64, 128, 64, 4, 3, 256),
 ]
 
 
@@ -66,6 +73,8 @@ def step_ms(fn, m: int, dev: torch.device) -> float:  # type: ignore[no-untyped-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--splits-only", action="store_true",
+                   help="only the chosen tile with and without splits over K")
     args = p.parse_args()
     dev = torch.device("cuda")
     ms = (*DECODE, PREFILL)
@@ -74,7 +83,8 @@ def main() -> None:
     for m in ms:
         result["cublas_ms"][m] = step_ms(F.linear, m, dev)
     print("cublas", {m: round(t, 2) for m, t in result["cublas_ms"].items()}, flush=True)
-    for config in CONFIGS:
+    configs = [c for c in CONFIGS if c[:5] == CONFIG[:5]] if args.splits_only else CONFIGS
+    for config in configs:
         row = {"config": list(config), "invariant": invariant(config, dev), "ms": {}}
         for m in ms:
             row["ms"][m] = step_ms(lambda x, w: invariant_linear(x, w, config=config), m, dev)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.matmul_triton import CONFIG, invariant_linear
+from engine.models.matmul_triton import CONFIG, TileConfig, invariant_linear, splits
 
 BLOCK_M, BLOCK_K = CONFIG.block_m, CONFIG.block_k
 
@@ -23,17 +23,19 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _rows_alone_and_together(
-    m: int, n: int, k: int, dtype: torch.dtype, bias: bool, cuts: list[tuple[int, int]]
+    m: int, n: int, k: int, dtype: torch.dtype, bias: bool, cuts: list[tuple[int, int]],
+    config: TileConfig = CONFIG,
 ) -> None:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(DEVICE)
     b = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if bias else None
-    whole = invariant_linear(x, w, b)
+    whole = invariant_linear(x, w, b, config=config)
     for start, size in cuts:
-        part = invariant_linear(x[start : start + size], w, b)
+        part = invariant_linear(x[start : start + size], w, b, config=config)
         assert torch.equal(part, whole[start : start + size]), (start, size)
-    tol = 1e-5 if dtype is torch.float32 else 2e-2
+    # float32's rounding error grows with the length of the dot products.
+    tol = 1e-5 * max(1.0, k / 4096) if dtype is torch.float32 else 2e-2
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
     torch.testing.assert_close(whole.float(), want, rtol=tol, atol=tol)
 
@@ -48,6 +50,36 @@ def test_rows_do_not_depend_on_the_batch(dtype: torch.dtype, bias: bool) -> None
     if DEVICE.type == "cuda":
         cuts += [(5, 1), (m - 1, 1), (3, BLOCK_M), (1, 7), (60, 13)]
     _rows_alone_and_together(m, n, k, dtype, bias, cuts)
+
+
+# Small tiles so that the interpreter splits K without a model-sized weight.
+SPLIT = TileConfig(block_m=16, block_n=16, block_k=16, warps=1, stages=1, split_to=8)
+
+
+def test_the_split_over_k_is_chosen_from_the_weight_alone() -> None:
+    # 2 column tiles -> 4 splits wanted, but 14 slices (K = 13 x 16 + 5) give
+    # at most 3 of MIN_SLICES or more: 5, 5 and 4 slices.
+    assert splits(32, 13 * 16 + 5, SPLIT) == (3, 5)
+    # A weight with enough column tiles is not split; nor is a short K.
+    assert splits(16 * 8, 4096, SPLIT) == (1, 256)
+    assert splits(16, 3 * 16, SPLIT) == (1, 3)
+    # The shipped configuration: never more than MAX_SPLITS, whole slices.
+    for n, k in ((96, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096)):
+        count, per = splits(n, k)
+        assert 1 <= count and (count - 1) * per < -(-k // CONFIG.block_k) <= count * per
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_rows_split_over_k_do_not_depend_on_the_batch(dtype: torch.dtype, bias: bool) -> None:
+    # Three splits, the last one shorter and ragged, partial sums added in a
+    # second kernel.
+    m, n, k = 16 + 5, 32, 13 * 16 + 5
+    assert splits(n, k, SPLIT)[0] == 3
+    cuts = [(0, 1), (0, 5), (16, 1), (16, 5), (0, 16)]
+    if DEVICE.type == "cuda":
+        cuts += [(3, 1), (m - 1, 1), (2, 17)]
+    _rows_alone_and_together(m, n, k, dtype, bias, cuts, SPLIT)
 
 
 def test_strided_input_and_empty_batch() -> None:
@@ -69,3 +101,6 @@ def test_rows_do_not_depend_on_the_batch_at_model_scale(dtype: torch.dtype) -> N
     cuts = [(0, 1), (777, 1), (5, 31), (100, 64), (1000, 300), (0, 1024)]
     _rows_alone_and_together(2048, 4096, 4096, dtype, False, cuts)
     _rows_alone_and_together(600, 14336, 4096, dtype, False, [(0, 1), (17, 33), (64, 500)])
+    # Few column tiles and a long K: split over K (the MLP's down projection).
+    assert splits(4096, 14336)[0] > 1 or CONFIG.split_to == 0
+    _rows_alone_and_together(600, 4096, 14336, dtype, True, [(0, 1), (17, 33), (64, 500)])
