@@ -9,7 +9,7 @@ engine only runs inference.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -68,12 +68,15 @@ def frozen(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def fixed_tiles(linear: LinearFn, device: torch.device, rows: int = TILE_ROWS) -> LinearFn:
-    """`linear` made batch-invariant (`CausalLM.use_fixed_tiles`)."""
+def fixed_tiles(linear: LinearFn, device: torch.device, rows: int = TILE_ROWS,
+                weights: Sequence[torch.Tensor] = ()) -> LinearFn:
+    """`linear` made batch-invariant (`CausalLM.use_fixed_tiles`); on CUDA
+    large batches by `weights` may take a larger tile that rounds the same
+    (`engine.models.matmul_triton.InvariantLinear`)."""
     if device.type == "cuda":
-        from engine.models.matmul_triton import invariant_linear
+        from engine.models.matmul_triton import InvariantLinear, invariant_linear
 
-        return invariant_linear
+        return InvariantLinear(weights) if weights else invariant_linear
     return TiledLinear(linear, rows)
 
 
@@ -198,9 +201,15 @@ class CausalLM(nn.Module, ABC):
         not depend on the rows beside it (deterministic mode): on CPU in
         fixed-shape row tiles of the library's GEMM
         (engine.models.batch_invariant), on CUDA through one Triton GEMM
-        with a single tile configuration (engine.models.matmul_triton)."""
-        self.linear = fixed_tiles(self.linear, device, rows)
-        self.head_linear = fixed_tiles(self.head_linear, device, rows)
+        with a single tile configuration, and a larger tile for long prompts
+        where it was checked here to round the same on this model's weights
+        (engine.models.matmul_triton)."""
+        weights = [w for n, w in self.named_parameters()
+                   if n.rsplit(".", 1)[-1] in self.projection_names and w.dim() == 2]
+        head = self.head_weight()
+        self.linear = fixed_tiles(self.linear, device, rows, weights)
+        self.head_linear = fixed_tiles(self.head_linear, device, rows,
+                                       [] if head is None else [head])
 
     def safepoint(self, layer: int) -> None:
         if self.preempt is not None:

@@ -31,11 +31,13 @@ Triton's interpreter, for the test suite.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 
 
@@ -61,6 +63,19 @@ MIN_SLICES = 4
 # multiprocessor of an H100 or H200, was the fastest of 0-1,024 there at
 # 1-32 rows (studies/engine_gpu/README.md, "split over K").
 CONFIG = TileConfig(block_m=64, block_n=64, block_k=128, warps=4, stages=3, split_to=256)
+# A batch of LARGE_ROWS rows or more (a long prompt's chunk) takes a larger
+# tile where it rounds exactly as CONFIG does: the same BLOCK_K slices and
+# the same splits of K, only the rows and columns one program covers differ.
+# On an H200 (Triton 3.6) every projection of a Llama-3-8B layer and its
+# lm_head came out bit for bit the same with it in bfloat16, 1.45x faster at
+# 2,048 rows, and so did smaller tiles of it in float32, where it does not
+# fit the shared memory (studies/engine_gpu/tile_rounding.py).  No
+# specification promises that, so `InvariantLinear` checks it on the model's
+# own weights before it uses it.  The row threshold is a guess: the tile was
+# timed at 2,048 rows only.
+LARGE = TileConfig(block_m=128, block_n=128, block_k=CONFIG.block_k, warps=8, stages=3)
+LARGE_ROWS = 512
+
 # M tiles per group in the launch order, so that a group's programs share
 # the weight tiles they read through L2 (launch order only: no effect on
 # any result).
@@ -152,11 +167,12 @@ SUM_BLOCK = 1024
 
 def invariant_linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-    config: TileConfig = CONFIG,
+    config: TileConfig = CONFIG, split: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, w, b)` for x `[M, K]`, w `[N, K]`, in the fixed tile
     configuration: row i of the result depends on row i of x alone.
-    (`config` is for the study that chose CONFIG, never per call.)"""
+    (`config`, and `split` in place of `splits(n, k, config)`, are for the
+    studies that chose CONFIG and compare tile shapes, never per call.)"""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"invariant_linear needs x [M, K] and w [N, K], got "
                          f"{tuple(x.shape)} and {tuple(w.shape)}")
@@ -169,7 +185,7 @@ def invariant_linear(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    count, per_split = splits(n, k, config)
+    count, per_split = splits(n, k, config) if split is None else split
     # With several splits the partial sums go to float32 planes first.
     dest = out if count == 1 else torch.empty(count, m, n, dtype=torch.float32,
                                               device=x.device)
@@ -191,3 +207,41 @@ def invariant_linear(
             BLOCK=SUM_BLOCK, HAS_BIAS=b is not None,
         )
     return out
+
+
+def rounds_like_config(w: torch.Tensor, large: TileConfig = LARGE,
+                       rows: int = LARGE_ROWS) -> bool:
+    """Whether `large`, with CONFIG's split of K, multiplies a random
+    `[rows, K]` batch by `w` bit for bit as CONFIG does."""
+    gen = torch.Generator(device=w.device).manual_seed(0)
+    x = torch.randn(rows, w.shape[1], generator=gen, device=w.device).to(w.dtype)
+    try:
+        got = invariant_linear(x, w, config=large, split=splits(w.shape[0], w.shape[1]))
+    except OutOfResources:  # e.g. float32 tiles too large for the shared memory
+        return False
+    return torch.equal(got, invariant_linear(x, w))
+
+
+class InvariantLinear:
+    """`invariant_linear`, but with LARGE for batches of `large_rows` rows or
+    more by a weight whose shape and dtype passed `rounds_like_config` when
+    this was built (`weights`: the model's own), so that a row rounds the
+    same at any batch with either tile."""
+
+    def __init__(self, weights: Iterable[torch.Tensor], large: TileConfig = LARGE,
+                 large_rows: int = LARGE_ROWS) -> None:
+        if large.block_k != CONFIG.block_k:
+            raise ValueError("a larger tile must keep CONFIG's block_k (its slices of K)")
+        self.large, self.large_rows = large, large_rows
+        self.checked: dict[tuple[int, int, torch.dtype], bool] = {}
+        for w in weights:
+            key = (w.shape[0], w.shape[1], w.dtype)
+            if key not in self.checked:
+                self.checked[key] = rounds_like_config(w, large, large_rows)
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor,
+                 b: torch.Tensor | None = None) -> torch.Tensor:
+        if x.shape[0] >= self.large_rows and self.checked.get((w.shape[0], w.shape[1], w.dtype)):
+            return invariant_linear(x, w, b, config=self.large,
+                                    split=splits(w.shape[0], w.shape[1]))
+        return invariant_linear(x, w, b)

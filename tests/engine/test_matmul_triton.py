@@ -15,7 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.matmul_triton import CONFIG, TileConfig, invariant_linear, splits
+from engine.models import matmul_triton
+from engine.models.matmul_triton import (
+    CONFIG, LARGE, LARGE_ROWS, InvariantLinear, TileConfig, invariant_linear, splits,
+)
 
 BLOCK_M, BLOCK_K = CONFIG.block_m, CONFIG.block_k
 
@@ -80,6 +83,61 @@ def test_rows_split_over_k_do_not_depend_on_the_batch(dtype: torch.dtype, bias: 
     if DEVICE.type == "cuda":
         cuts += [(3, 1), (m - 1, 1), (2, 17)]
     _rows_alone_and_together(m, n, k, dtype, bias, cuts, SPLIT)
+
+
+def _larger_tile() -> tuple[TileConfig, int]:
+    """The shipped larger tile on CUDA; under the interpreter a small one."""
+    if DEVICE.type == "cuda":
+        return LARGE, LARGE_ROWS
+    return TileConfig(block_m=32, block_n=32, block_k=BLOCK_K, warps=1, stages=1), 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_large_batches_take_a_larger_tile_that_rounds_the_same(dtype: torch.dtype) -> None:
+    large, rows = _larger_tile()
+    gen = torch.Generator().manual_seed(3)
+    k = BLOCK_K + 40
+    w = (torch.randn(96, k, generator=gen) / k**0.5).to(dtype).to(DEVICE)
+    lin = InvariantLinear([w, w.clone()], large, rows)
+    # One check per shape and dtype.  Under the interpreter the tiles round
+    # alike; on a GPU that is the check's to find (LARGE does not even fit
+    # the shared memory in float32), and the rows below must agree either way.
+    assert list(lin.checked) == [(96, k, dtype)]
+    if DEVICE.type == "cpu":
+        assert lin.checked[(96, k, dtype)]
+    x = torch.randn(rows + 9, k, generator=gen).to(dtype).to(DEVICE)
+    whole = lin(x, w)  # the larger tile, where it was checked
+    for start, size in [(0, 1), (0, 7), (32, 1), (32, 9), (0, 32)]:
+        assert torch.equal(lin(x[start : start + size], w), whole[start : start + size])
+    torch.testing.assert_close(whole.float(), F.linear(x.float(), w.float()),
+                               rtol=2e-2 if dtype is torch.bfloat16 else 1e-5,
+                               atol=2e-2 if dtype is torch.bfloat16 else 1e-5)
+
+
+def test_the_larger_tile_only_for_large_batches_on_checked_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    large, rows = _larger_tile()
+    w = torch.randn(64, BLOCK_K, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    lin = InvariantLinear([w], large, rows)
+    used: list[TileConfig] = []
+    real = matmul_triton.invariant_linear
+
+    def spy(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+            config: TileConfig = CONFIG, split: tuple[int, int] | None = None) -> torch.Tensor:
+        used.append(config)
+        return real(x, w, b, config=config, split=split)
+
+    monkeypatch.setattr(matmul_triton, "invariant_linear", spy)
+    lin.checked[(64, BLOCK_K, w.dtype)] = True
+    lin(torch.zeros(rows - 1, BLOCK_K, device=DEVICE), w)
+    lin(torch.zeros(rows, BLOCK_K, device=DEVICE), w)
+    lin(torch.zeros(rows, BLOCK_K, device=DEVICE), w[:32])  # a weight never checked
+    lin.checked[(64, BLOCK_K, w.dtype)] = False  # rounded differently: never used
+    lin(torch.zeros(rows, BLOCK_K, device=DEVICE), w)
+    assert used == [CONFIG, large, CONFIG, CONFIG]
+    with pytest.raises(ValueError, match="block_k"):
+        InvariantLinear([w], large._replace(block_k=BLOCK_K // 2), rows)
 
 
 def test_strided_input_and_empty_batch() -> None:
