@@ -6,23 +6,24 @@ an ordinary engine its greedy continuation depends on what shares its steps
 (Thinking Machines, "Defeating Nondeterminism in LLM Inference", 2025; the
 batch-invariant modes of vLLM and SGLang replace the GEMM the same way).
 `invariant_linear` is `F.linear` as one Triton kernel with a single tile
-configuration for every shape: each output element is the dot product of
-its row with a weight column, accumulated over K in BLOCK_K slices in one
-fixed order by the same instructions.  A weight with few column tiles is
-also split over K (as cuBLAS does for decode shapes): otherwise a decode
-step launches too few programs to keep every multiprocessor reading the
-weight (on an H200, 1.32-1.36x cuBLAS's time at 1-32 rows unsplit,
-1.04-1.05x split).  The split is chosen from
-the weight's shape alone (`splits`), each split accumulates whole BLOCK_K
-slices into float32, and a second kernel adds the splits in index order, so
-the rounding of every element still depends on N and K only.  Nothing about
-a row's result depends on M, on the row's place in its tile or on the other
-rows' values.  The price is a configuration that is not tuned per shape: a
-decode step's few rows ride in a mostly empty tile (the step is bound by
-reading the weights, so that costs little), and a long prefill gets tiles
-that no autotuner chose and writes the splits' partial sums
-(`studies/engine_gpu/invariant_matmul.py` measures both, and chose the
-configuration below).
+configuration for every shape: each output element is the dot product of its
+row with a weight column, accumulated over K in BLOCK_K slices in one fixed
+order by the same instructions.  A weight with few column tiles is also
+split over K (as cuBLAS does for decode shapes): otherwise a decode step
+launches too few programs to keep every multiprocessor reading the weight
+(on an H200, 1.32-1.36x cuBLAS's time at 1-32 rows unsplit, 1.04-1.05x
+split).  The split is chosen from the weight's shape alone (`splits`), each
+split accumulates whole BLOCK_K slices into float32, and a second kernel
+adds the splits in index order, so the rounding of every element still
+depends on N and K only.  Nothing about a row's result depends on M, on the
+row's place in its tile or on the other rows' values.  (A batch of many rows
+may take a larger row and column tile, `InvariantLinear`, only on a weight
+for which the device was seen to round it exactly alike.) The price is a
+configuration that is not tuned per shape: a decode step's few rows ride in
+a mostly empty tile (the step is bound by reading the weights, so that costs
+little), and a long prefill gets tiles that no autotuner chose and writes
+the splits' partial sums (`studies/engine_gpu/invariant_matmul.py` measures
+both, and chose the configuration below).
 
 The CPU counterpart is `engine.models.batch_invariant.TiledLinear`, built
 on the CPU library's own GEMM.  On CPU tensors this kernel runs only under
@@ -31,6 +32,7 @@ Triton's interpreter, for the test suite.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -38,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+
+log = logging.getLogger(__name__)
 
 
 
@@ -238,6 +242,11 @@ class InvariantLinear:
             key = (w.shape[0], w.shape[1], w.dtype)
             if key not in self.checked:
                 self.checked[key] = rounds_like_config(w, large, large_rows)
+        if self.checked:
+            log.info("deterministic GEMM: %d of %d weight shapes take the %dx%d tile from %d "
+                     "rows (it rounds them as the %dx%d tile does)", sum(self.checked.values()),
+                     len(self.checked), large.block_m, large.block_n, large_rows,
+                     CONFIG.block_m, CONFIG.block_n)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor,
                  b: torch.Tensor | None = None) -> torch.Tensor:
