@@ -143,7 +143,8 @@ def _invariant_matmul(
         w += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    c = c_ptr + split.to(tl.int64) * stride_cs + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    c = c_ptr + split.to(tl.int64) * stride_cs
+    c += rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
