@@ -23,7 +23,9 @@ downloaded.
 
 With `--null-pass` the model's pass and sampling are taken out once the cost model is
 measured (`null_pass.py`): what is left is the loop's host path, which runs the same on a CPU
-(`host_path.sh`).
+(`host_path.sh`).  `--device-cost` then gives every pass a device's time back from a cost model
+(`null_pass.emulate_device`; say, the one an H200 run of this study measured and recorded as
+`cost_model`), which the scheduler is given too.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from engine.swapper import BlockSwapper
 from kvstore.tier import LocalHostTier
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
-from studies.engine_gpu.null_pass import strip_pass
+from scheduler.cost import LinearCost
+from studies.engine_gpu.null_pass import emulate_device, strip_pass
 
 BLOCK_SIZE = 16
 
@@ -63,6 +66,11 @@ BLOCK_SIZE = 16
 def _range(text: str) -> tuple[int, int]:
     lo, hi = (int(x) for x in text.split(","))
     return lo, hi
+
+
+def _cost(text: str) -> LinearCost:
+    base, per_token, per_seq, decode_base = (float(v) for v in text.split(","))
+    return LinearCost(base, per_token, per_seq, decode_base)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,9 +120,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--null-pass", action="store_true",
                    help="once the cost model is measured, take the model's pass and sampling "
                         "out (studies/engine_gpu/null_pass.py): the host path alone")
+    p.add_argument("--device-cost", type=_cost, default=None,
+                   metavar="BASE,PREFILL_PER_TOKEN,DECODE_PER_SEQ,DECODE_BASE",
+                   help="with --null-pass: each pass holds an emulated device for this cost "
+                        "model's time (seconds), which the scheduler uses too")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.device_cost is not None and not args.null_pass:
+        p.error("--device-cost emulates the device of a stripped pass: give --null-pass too")
+    return args
 
 
 def random_model(args: argparse.Namespace, folder: Path) -> Path:
@@ -241,8 +256,12 @@ def main(argv: list[str] | None = None) -> None:
             runner.swapper = BlockSwapper(runner.kv_cache, runner.swapper.tier,
                                           side_stream=False)
     cost = estimate_cost(runner, BLOCK_SIZE)
+    busy: list[float] = []
     if args.null_pass:
         strip_pass(runner, args.seed)
+        if args.device_cost is not None:
+            cost = args.device_cost
+            busy = emulate_device(runner, cost)
     core = SchedulerCore(
         SchedulerConfig(policy=args.policy, block_size=BLOCK_SIZE, num_blocks=num_blocks,
                         max_batch_size=args.max_batch_size,
@@ -298,6 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         "requests": args.requests, "finished": len(sink.done), "all_finished": finished,
         "errors": sink.errors[:10],
         "runner_start_s": start_s, "cost_model": repr(cost),
+        "emulated_device": args.device_cost is not None,
+        # The emulated device's time over the wall time (with --device-cost).
+        "device_busy_s": sum(busy), "device_utilization": sum(busy) / wall,
         "wall_s": wall, "output_tokens": sink.tokens, "output_tokens_per_s": sink.tokens / wall,
         "ttft_s": _pcts([sink.first[r] - arrival[r] for r in sink.first]),
         "latency_s": _pcts([sink.done[r] - arrival[r] for r in sink.done]),

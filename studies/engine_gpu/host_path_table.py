@@ -17,14 +17,19 @@ from typing import Any
 _NAME = re.compile(r"(?P<rule>\w+?_\w+?)_young(?P<young>\d+)_(?P<round>\d+)\.json")
 
 
-def rows(folder: Path) -> dict[tuple[str, int], list[dict[str, Any]]]:
-    """Each (rule, threshold)'s runs, in round order."""
-    runs: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+Runs = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def rows(folder: Path, name: re.Pattern[str] = _NAME,
+         keys: tuple[str, str] = ("rule", "young")) -> Runs:
+    """Each configuration's runs (the groups `keys` of a file's `name`), in the
+    order of their `round` group."""
+    runs: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for path in folder.glob("*.json"):
-        m = _NAME.fullmatch(path.name)
+        m = name.fullmatch(path.name)
         if m is not None:
-            runs[(m["rule"], int(m["young"]))].append((int(m["round"]),
-                                                       json.loads(path.read_text())))
+            runs[(m[keys[0]], m[keys[1]])].append((int(m["round"]),
+                                                   json.loads(path.read_text())))
     return {k: [r for _, r in sorted(v, key=lambda x: x[0])] for k, v in sorted(runs.items())}
 
 
@@ -35,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| rule | young threshold | host µs a token | of which collecting (s) | "
           "longest pause (ms) | collections (young / middle / old) | objects they freed |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for (rule, young), runs in rows(a.folder).items():
+    by_threshold = sorted(rows(a.folder).items(), key=lambda kv: (kv[0][0], int(kv[0][1])))
+    for (rule, young), runs in by_threshold:
         us = " / ".join(f"{1e6 * r['loop_s'] / r['output_tokens']:.1f}" for r in runs)
         gc_s = " / ".join(f"{sum(r['gc']['seconds']):.2f}" for r in runs)
         longest = " / ".join(f"{1e3 * r['gc']['longest_s']:.0f}" for r in runs)

@@ -25,6 +25,17 @@ def _collector_as_it_was() -> Iterator[None]:
     gc.set_threshold(*thresholds)
 
 
+@pytest.fixture
+def tokenizer() -> Path:
+    """SmolLM2's tokenizer folder (the embedded model's)."""
+    from engine.model_source import ModelSourceError, resolve_model
+
+    try:
+        return resolve_model("embedded:smollm2")
+    except ModelSourceError as e:
+        pytest.skip(f"embedded SmolLM2 unavailable: {e}")
+
+
 def _burst(out: Path, tokenizer: Path) -> list[str]:
     """30 requests on a tiny Llama shape, with too little device KV for them."""
     return [
@@ -36,13 +47,8 @@ def _burst(out: Path, tokenizer: Path) -> list[str]:
     ]
 
 
-def test_serves_a_burst_to_completion_and_frees_every_block(tmp_path: Path) -> None:
-    from engine.model_source import ModelSourceError, resolve_model
-
-    try:
-        tokenizer = resolve_model("embedded:smollm2")
-    except ModelSourceError as e:
-        pytest.skip(f"embedded SmolLM2 unavailable: {e}")
+def test_serves_a_burst_to_completion_and_frees_every_block(
+        tmp_path: Path, tokenizer: Path) -> None:
     out = tmp_path / "loop.json"
     engine_loop.main(_burst(out, tokenizer))
     r = json.loads(out.read_text())
@@ -55,14 +61,9 @@ def test_serves_a_burst_to_completion_and_frees_every_block(tmp_path: Path) -> N
 
 
 def test_the_null_pass_serves_the_burst_with_no_forward_pass(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.model_source import ModelSourceError, resolve_model
+        tmp_path: Path, tokenizer: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.runner import ModelRunner
 
-    try:
-        tokenizer = resolve_model("embedded:smollm2")
-    except ModelSourceError as e:
-        pytest.skip(f"embedded SmolLM2 unavailable: {e}")
     passes: list[int] = []
     stripped_after: list[int] = []
     forward, strip = ModelRunner._forward, engine_loop.strip_pass
@@ -86,3 +87,57 @@ def test_the_null_pass_serves_the_burst_with_no_forward_pass(
     # Passes ran to measure the cost model, none once the loop served.
     assert stripped_after and len(passes) == stripped_after[0] > 0
     assert r["gc_thresholds"][0] == 1234
+
+
+def test_the_emulated_device_queues_passes_and_collect_waits_for_them() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from scheduler.cost import LinearCost
+    from scheduler.plan import Plan, ScheduledChunk
+    from studies.engine_gpu.null_pass import device_time, emulate_device
+
+    cost = LinearCost(base_s=0.03, prefill_per_token_s=1e-4, decode_per_seq_s=0.01,
+                      decode_base_s=0.02)
+    decode = ScheduledChunk("a", [5], 9, [0], True, 1)
+    prompt = ScheduledChunk("b", list(range(100)), 0, [0] * 7, True, 0)
+    assert device_time(cost, Plan(0)) == 0.0
+    assert device_time(cost, Plan(1, [decode])) == pytest.approx(0.02 + 0.01)
+    assert device_time(cost, Plan(2, [decode, prompt])) == pytest.approx(0.03 + 0.01 + 0.01)
+    collected: list[object] = []
+    readies: list[object] = []
+    tier = SimpleNamespace(offload=lambda job, indices, blocks, ready=None: readies.append(ready))
+    runner = SimpleNamespace(launch=lambda plan: object(), collect=collected.append,
+                             swapper=SimpleNamespace(tier=tier))
+    busy = emulate_device(runner, cost)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    first = runner.launch(Plan(1, [decode]))
+    # A swap-out of the next plan, while the first pass is on the device.
+    runner.swapper.tier.offload("a", [0], None)
+    second = runner.launch(Plan(2, [decode, prompt]))
+    assert busy == pytest.approx([0.03, 0.05])
+    # Its copy is ready once the pass queued before it has ended.
+    readies[0]()  # type: ignore[operator]
+    assert time.perf_counter() - t0 >= 0.03
+    runner.collect(first)
+    assert time.perf_counter() - t0 >= 0.03
+    # The second pass was queued behind the first: it ends 0.05 s after it.
+    runner.collect(second)
+    assert time.perf_counter() - t0 >= 0.08
+    assert collected == [first, second]
+
+
+def test_the_null_pass_on_an_emulated_device_plans_ahead(tmp_path: Path,
+                                                        tokenizer: Path) -> None:
+    out = tmp_path / "loop.json"
+    engine_loop.main(_burst(out, tokenizer) + [
+        "--null-pass", "--device-cost", "0.002,0.00001,0.0001,0.0015", "--ahead"])
+    r = json.loads(out.read_text())
+    assert r["emulated_device"] and r["all_finished"] and not r["errors"]
+    assert r["cost_model"].startswith("LinearCost(base_s=0.002,")
+    assert r["launched_ahead"] > 0 and r["free_blocks_after"] == r["num_blocks"]
+    # One pass at a time on the device: never busier than the wall time.
+    assert r["device_busy_s"] >= r["iterations"] * 0.0015 * 0.5
+    assert 0 < r["device_utilization"] <= 1.0
+    with pytest.raises(SystemExit):
+        engine_loop.parse_args(["--out", "x", "--device-cost", "1,0,0,1"])
