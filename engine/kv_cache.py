@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.device_lists import index
 from engine.kv_layout import KVLayout, from_rows, to_rows
 
 
@@ -77,14 +78,14 @@ class KVCache:
         """A copy of the blocks, `[n, num_layers, 2, block_size, kv_heads, head_dim]`
         (all layers, K and V of one block together: the unit a host tier stores),
         in `rows` order whatever this cache's layout."""
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        idx = index(block_ids, self.device)
         return to_rows(self.data.movedim(2, 0).index_select(0, idx), self.layout)
 
     def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         """Inverse of `read_blocks`.  From pinned host memory the copy is
         queued on the current stream without waiting (the caching host
         allocator keeps `blocks` until it is done)."""
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        idx = index(block_ids, self.device)
         src = blocks.to(device=self.device, dtype=self.dtype, non_blocking=blocks.is_pinned())
         src = from_rows(src, self.layout).movedim(0, 2)
         self.data.index_copy_(2, idx, src)

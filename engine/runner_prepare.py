@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from engine.attention import SeqSpan
 from engine.bad_words import needs_history
+from engine.device_lists import on_device
 from engine.lora import Adapter, LoraStep
 from engine.models import ForwardBatch
 from engine.prepared import PreparedStep
@@ -232,23 +233,21 @@ class PlanPreparing:
             return None
         prev = self._in_flight
         assert prev is not None and prev.tokens is not None
-        rows = torch.tensor([prepared.fill_rows, prepared.fill_from], dtype=torch.long)
-        if self.device.type == "cuda":
-            # A pageable copy would wait for the pass in flight.
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        return rows[0], prev.tokens.index_select(0, rows[1]).to(torch.long)
+        rows = on_device(prepared.fill_rows + prepared.fill_from, torch.long, self.device)
+        n = len(prepared.fill_rows)
+        return rows[:n], prev.tokens.index_select(0, rows[n:]).to(torch.long)
 
     def _forward_batch(self, prepared: PreparedStep) -> ForwardBatch:
         dev = self.device
-        ids = torch.tensor(prepared.input_ids, dtype=torch.long, device=dev)
+        ids = on_device(prepared.input_ids, torch.long, dev)
         fill = self._fill(prepared)
         if fill is not None:
             ids.index_copy_(0, *fill)
         return ForwardBatch(
             input_ids=ids,
-            positions=torch.tensor(prepared.positions, dtype=torch.long, device=dev),
+            positions=on_device(prepared.positions, torch.long, dev),
             attn_metadata=self.attn.build_metadata(prepared.spans),
-            logits_indices=torch.tensor(prepared.logits_indices, dtype=torch.long, device=dev),
+            logits_indices=on_device(prepared.logits_indices, torch.long, dev),
             lora=self._lora_step(prepared.lora_rows, len(prepared.input_ids)),
         )
 
@@ -260,7 +259,7 @@ class PlanPreparing:
         if not lora_rows:
             return None
         return LoraStep([(adapter, None if len(rows) == num_rows else
-                          torch.tensor(rows, dtype=torch.long, device=self.device))
+                          on_device(rows, torch.long, self.device))
                          for adapter, rows in lora_rows.values()], self.lora_linear,
                         fused=self.lora_linear is F.linear)
 

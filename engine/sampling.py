@@ -36,6 +36,7 @@ from itertools import chain, repeat
 import torch
 
 from engine import attention_cpp
+from engine.device_lists import index, on_device
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.structured import mask_logits
@@ -118,8 +119,7 @@ def _apply_min_p(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
     """vLLM's min_p, in place on the tempered logits: p / p_max < min_p is
     logit < max logit + ln(min_p), so no softmax is needed (ln 0 = -inf
     drops nothing)."""
-    min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype,
-                         device=logits.device)
+    min_p = on_device([r.params.min_p for r in reqs], logits.dtype, logits.device)
     floor = logits.amax(dim=-1) + min_p.log()
     logits.masked_fill_(logits < floor.unsqueeze(1), float("-inf"))
 
@@ -345,7 +345,8 @@ class Sampler:
         if greedy:
             _greedy_into(tokens, logits, greedy, requests, exact)
         if rand:
-            tokens[rand] = self._sample_random(logits, rand, requests, raw, set(plain))
+            tokens.index_copy_(0, index(rand, tokens.device),
+                               self._sample_random(logits, rand, requests, raw, set(plain)))
         return tokens
 
     def _sample_random(
@@ -385,8 +386,9 @@ class Sampler:
         u = torch.empty((len(reqs), 1), dtype=torch.float64, device=device)
         unseeded = [j for j, r in enumerate(reqs) if r.params.seed is None]
         if unseeded:
-            u[unseeded] = torch.rand((len(unseeded), 1), dtype=torch.float64,
-                                     device=device, generator=self.generator)
+            u.index_copy_(0, index(unseeded, device),
+                          torch.rand((len(unseeded), 1), dtype=torch.float64,
+                                     device=device, generator=self.generator))
         for j, r in enumerate(reqs):
             if r.params.seed is not None:
                 gen = torch.Generator(device=device)
@@ -412,7 +414,8 @@ def _greedy_into(
     masked = [i for i in rows if requests[i].only_grammar]
     if len(adjusted) < len(rows):
         first = [i for i in rows if not requests[i].biased]
-        tokens[first] = argmax_rows(logits, exact)[first]
+        at = index(first, tokens.device)
+        tokens.index_copy_(0, at, argmax_rows(logits, exact).index_select(0, at))
         if masked:
             picked = tokens[masked].tolist()
             adjusted += [i for i, t in zip(masked, picked) if not requests[i].allows(t)]
@@ -426,24 +429,23 @@ def _inverse_cdf(logits: torch.Tensor, rows: list[int],
                  reqs: Sequence[SampleRequest], u: torch.Tensor) -> torch.Tensor:
     """Rows `rows` of `logits` through every stage, then the inverse of
     each row's cumulative distribution at `u`."""
-    # A copy (list indexing) that is adjusted and scaled in place: the
+    # A copy (index_select) that is adjusted and scaled in place: the
     # caller's logits stay raw, for logprobs.
-    logits = logits[rows]
+    logits = logits.index_select(0, index(rows, logits.device))
     if any(r.adjusts_logits for r in reqs):
         adjust_logits(logits, reqs)
     vocab = logits.shape[-1]
-    temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
+    dev = logits.device
+    temps = on_device([r.params.temperature for r in reqs], torch.float32, dev)
     logits.div_(temps.unsqueeze(1))
     if any(r.params.min_p > 0.0 for r in reqs):
         _apply_min_p(logits, reqs)
     top_k = top_p = None
     if any(r.params.top_k_enabled for r in reqs):
-        top_k = torch.tensor(
-            [r.params.top_k if r.params.top_k_enabled else vocab for r in reqs],
-            device=logits.device,
-        )
+        top_k = on_device([r.params.top_k if r.params.top_k_enabled else vocab for r in reqs],
+                          torch.long, dev)
     if any(r.params.top_p < 1.0 for r in reqs):
-        top_p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
+        top_p = on_device([r.params.top_p for r in reqs], torch.float32, dev)
     if top_k is not None or top_p is not None:
         logits = apply_top_k_top_p(logits, top_k, top_p)
     cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)

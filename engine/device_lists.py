@@ -1,0 +1,34 @@
+"""Small host lists (row indices, per-row parameters) as device tensors,
+without making the host wait for the device.
+
+`torch.tensor(values, device="cuda")`, like indexing a CUDA tensor with a
+Python list, copies from pageable memory and then synchronizes the stream:
+the host waits for every pass queued before the copy.  With the next
+iteration planned while a pass runs (`scheduler/ahead.py`) a pass is always
+queued, so one such copy takes that iteration's overlap away.  Staged
+through page-locked memory the copy is queued like a kernel instead (the
+caching host allocator keeps the staging buffer until the copy is done), as
+the runner already does for the tokens it fills from the pass in flight.
+On a CPU this is `torch.tensor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def on_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """`values` as a 1-D `dtype` tensor on `device`, its copy queued on the
+    current stream without waiting for the work before it."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def index(rows: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Row indices for `index_select` / `index_copy_` on `device`."""
+    return on_device(rows, torch.long, device)
