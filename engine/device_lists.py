@@ -7,8 +7,7 @@ the host waits for every pass queued before the copy.  With the next
 iteration planned while a pass runs (`scheduler/ahead.py`) a pass is always
 queued, so one such copy takes that iteration's overlap away.  Staged
 through page-locked memory the copy is queued like a kernel instead (the
-caching host allocator keeps the staging buffer until the copy is done), as
-the runner already does for the tokens it fills from the pass in flight.
+caching host allocator keeps the staging buffer until the copy is done).
 On a CPU this is `torch.tensor`.
 """
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from engine.device_lists import on_device
+
 # The head fitted on the embedded model's own answers (SmolLM2-135M-Instruct,
 # `python -m predictor fit-head`), shipped beside this file.
 EMBEDDED = Path(__file__).with_name("length_heads") / "smollm2-135m-instruct.pt"
@@ -115,11 +117,10 @@ def first_token_lengths(head: LengthHead, hidden: torch.Tensor, sampled: list[An
     """Estimates for the sampled rows `rows` of a pass (`(chunk, request
     state)` pairs; their prompts just computed) from the pass's final hidden
     states: their job ids, and the lengths, still on the device."""
-    host = torch.tensor([rows, [len(sampled[i][1].prompt_token_ids) for i in rows]])
-    if hidden.device.type == "cuda":
-        # A pageable copy would wait for the pass just queued.
-        host = host.pin_memory()
-    index, plens = host.to(hidden.device, non_blocking=True)
+    # Staged without waiting for the pass just queued (engine.device_lists).
+    staged = on_device(rows + [len(sampled[i][1].prompt_token_ids) for i in rows], torch.long,
+                       hidden.device)
+    index, plens = staged[:len(rows)], staged[len(rows):]
     return [sampled[i][0].job_id for i in rows], head.predict(hidden.index_select(0, index), plens)
 
 
