@@ -40,7 +40,7 @@ from engine.device_lists import index, on_device
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.structured import mask_logits
-from engine.top_k_top_p import apply_top_k_top_p
+from engine.top_k_top_p import apply_top_k_top_p, top_k_top_p_without_waiting
 from scheduler.plan import TokenLogprob
 
 __all__ = [
@@ -446,7 +446,10 @@ def _inverse_cdf(logits: torch.Tensor, rows: list[int],
                           torch.long, dev)
     if any(r.params.top_p < 1.0 for r in reqs):
         top_p = on_device([r.params.top_p for r in reqs], torch.float32, dev)
-    if top_k is not None or top_p is not None:
+    if (top_k is not None or top_p is not None) and dev.type == "cuda":
+        logits = top_k_top_p_without_waiting(logits, top_k, top_p, [
+            j for j, r in enumerate(reqs) if r.params.top_k_enabled or r.params.top_p < 1.0])
+    elif top_k is not None or top_p is not None:
         logits = apply_top_k_top_p(logits, top_k, top_p)
     cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
     u = u.clone()

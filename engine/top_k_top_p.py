@@ -5,7 +5,11 @@ with bias, bans, penalties or a grammar; `engine/sampling.py`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from engine.device_lists import index
 
 # Candidates read per row, widened for the rows whose kept set may reach
 # past them, before a full sort: a nucleus or a top-k list is nearly always
@@ -49,6 +53,34 @@ def apply_top_k_top_p(
             logits[rows], None if top_k is None else top_k[rows],
             None if top_p is None else top_p[rows])
     return out
+
+
+def top_k_top_p_without_waiting(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+    rows: Sequence[int],
+) -> torch.Tensor:
+    """`apply_top_k_top_p` with nothing read back to the host: each of
+    `rows` (the rows that ask for a cut, as the host knows them) is sorted
+    in full, the other rows are copied as they are.
+
+    The candidate cut above decides on the device which rows need a wider
+    cut or a sort, and acting on that decision reads it back: on a GPU
+    under async scheduling the host would wait for the pass in flight
+    (`scheduler/ahead.py`).  Here the work is the same whatever the
+    logits: a segmented sort of `len(rows)` rows on the device, as vLLM's
+    torch sampler does, where a CPU core would spend ~6 ms a row of a 49k
+    vocabulary."""
+    out = logits.clone()
+    if not rows:
+        return out
+    if len(rows) == logits.shape[0]:
+        return _top_k_top_p_sorted(out, top_k, top_p)
+    at = index(rows, logits.device)
+    cut = _top_k_top_p_sorted(
+        logits.index_select(0, at),
+        None if top_k is None else top_k.index_select(0, at),
+        None if top_p is None else top_p.index_select(0, at))
+    return out.index_copy_(0, at, cut)
 
 
 def _top_k_top_p_candidates(

@@ -1,9 +1,9 @@
 """Host lists staged to the device without waiting for it
 (engine/device_lists.py), and the paths that use them: a swap's block
-copies, temperature sampling, an op-by-op pass's inputs.  On CUDA each must
-return while a long kernel queued before it still runs (the host keeps
-planning the next iteration while a pass computes, scheduler/ahead.py); on
-a CPU the values are checked."""
+copies, temperature, top-k and top-p sampling, an op-by-op pass's inputs.
+On CUDA each must return while a long kernel queued before it still runs
+(the host keeps planning the next iteration while a pass computes,
+scheduler/ahead.py); on a CPU the values are checked."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def test_nothing_here_waits_for_the_kernel_queued_before_it() -> None:
     blocks = torch.randn(3, 2, 2, 4, 2, 16).pin_memory()
     logits = torch.randn(4, 50, device=dev)
     hot = [SampleRequest(SamplingParams(temperature=0.8, seed=7), 3),
-           SampleRequest(SamplingParams(temperature=0.0), 3)] * 2
+           SampleRequest(SamplingParams(temperature=0.0), 3),
+           SampleRequest(SamplingParams(temperature=0.7, top_p=0.9), 3),
+           SampleRequest(SamplingParams(temperature=1.0, top_k=5, min_p=0.05), 3)]
     sampler = Sampler(seed=0, device=dev)
     torch.cuda.synchronize()
     torch.cuda._sleep(cycles)
@@ -61,3 +63,4 @@ def test_nothing_here_waits_for_the_kernel_queued_before_it() -> None:
     assert staged.tolist() == [5, 6, 7]
     assert torch.equal(read.cpu(), blocks)
     assert tokens.shape == (4,) and tokens[1] == logits[1].argmax()
+    assert tokens[3] in logits[3].topk(5).indices

@@ -7,7 +7,11 @@ import torch
 from pydantic import ValidationError
 
 from engine.sampling import SampleRequest, Sampler, SamplingParams
-from engine.top_k_top_p import _top_k_top_p_sorted, apply_top_k_top_p
+from engine.top_k_top_p import (
+    _top_k_top_p_sorted,
+    apply_top_k_top_p,
+    top_k_top_p_without_waiting,
+)
 from tests.engine.helpers import reference_adjust
 
 VOCAB = 500
@@ -134,6 +138,34 @@ def test_top_k_top_p_matches_the_full_sort(case: str) -> None:
         # differ by that one token; none of these cases has one that close.
         assert torch.equal(torch.isfinite(got), torch.isfinite(want)), case
         assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(got)])
+
+
+def test_the_cut_that_reads_nothing_back_sorts_only_the_rows_asked() -> None:
+    """The GPU's cut (no read-back of which rows need a sort) keeps what the
+    candidate cut keeps on the rows named, and leaves the others as they
+    are, whatever their top_k / top_p tensors hold."""
+    g = torch.Generator().manual_seed(3)
+    rows, vocab = 12, 5000
+    logits = torch.randn(rows, vocab, generator=g) * 2.0
+    logits[4] *= 0.02  # a flat row: its nucleus reaches past every candidate width
+    top_k = torch.randint(1, 300, (rows,), generator=g)
+    top_p = torch.rand(rows, generator=g) * 0.9 + 0.05
+    asked = [0, 2, 4, 5, 9]
+    before = logits.clone()
+    for k, p in ((top_k, None), (None, top_p), (top_k, top_p)):
+        got = top_k_top_p_without_waiting(logits, k, p, asked)
+        assert torch.equal(logits, before)  # the caller's logits are left alone
+        want = apply_top_k_top_p(logits.clone(), k, p)
+        other = [i for i in range(rows) if i not in asked]
+        assert torch.equal(torch.isfinite(got[asked]), torch.isfinite(want[asked]))
+        assert torch.equal(got[other], logits[other])
+        kept = torch.isfinite(got)
+        assert torch.equal(got[kept], logits[kept])
+        assert torch.isinf(got[asked]).any(dim=-1).all()  # every named row was cut
+    every = top_k_top_p_without_waiting(logits, top_k, top_p, list(range(rows)))
+    assert torch.equal(torch.isfinite(every),
+                       torch.isfinite(apply_top_k_top_p(logits.clone(), top_k, top_p)))
+    assert torch.equal(top_k_top_p_without_waiting(logits, top_k, top_p, []), logits)
 
 
 def test_top_k_top_p_support() -> None:
