@@ -440,17 +440,15 @@ def _inverse_cdf(logits: torch.Tensor, rows: list[int],
     logits.div_(temps.unsqueeze(1))
     if any(r.params.min_p > 0.0 for r in reqs):
         _apply_min_p(logits, reqs)
-    top_k = top_p = None
-    if any(r.params.top_k_enabled for r in reqs):
-        top_k = on_device([r.params.top_k if r.params.top_k_enabled else vocab for r in reqs],
-                          torch.long, dev)
-    if any(r.params.top_p < 1.0 for r in reqs):
-        top_p = on_device([r.params.top_p for r in reqs], torch.float32, dev)
-    if (top_k is not None or top_p is not None) and dev.type == "cuda":
-        logits = top_k_top_p_without_waiting(logits, top_k, top_p, [
-            j for j, r in enumerate(reqs) if r.params.top_k_enabled or r.params.top_p < 1.0])
-    elif top_k is not None or top_p is not None:
-        logits = apply_top_k_top_p(logits, top_k, top_p)
+    ks = [r.params.top_k if r.params.top_k_enabled else vocab for r in reqs] \
+        if any(r.params.top_k_enabled for r in reqs) else None
+    ps = [r.params.top_p for r in reqs] if any(r.params.top_p < 1.0 for r in reqs) else None
+    if (ks or ps) and dev.type == "cuda":
+        logits = top_k_top_p_without_waiting(logits, ks, ps)
+    elif ks or ps:
+        logits = apply_top_k_top_p(
+            logits, None if ks is None else on_device(ks, torch.long, dev),
+            None if ps is None else on_device(ps, torch.float32, dev))
     cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
     u = u.clone()
     # The first entry whose running sum exceeds u·total: u < 1 keeps it

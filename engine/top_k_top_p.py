@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.device_lists import index
+from engine.device_lists import index, on_device
 
 # Candidates read per row, widened for the rows whose kept set may reach
 # past them, before a full sort: a nucleus or a top-k list is nearly always
@@ -56,31 +56,44 @@ def apply_top_k_top_p(
 
 
 def top_k_top_p_without_waiting(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-    rows: Sequence[int],
+    logits: torch.Tensor, top_k: Sequence[int] | None, top_p: Sequence[float] | None,
 ) -> torch.Tensor:
-    """`apply_top_k_top_p` with nothing read back to the host: each of
-    `rows` (the rows that ask for a cut, as the host knows them) is sorted
-    in full, the other rows are copied as they are.
+    """`apply_top_k_top_p` with nothing read back to the host, from each
+    row's `top_k` and `top_p` as the host holds them (vocab size or more /
+    1.0 = off).
 
     The candidate cut above decides on the device which rows need a wider
     cut or a sort, and acting on that decision reads it back: on a GPU
     under async scheduling the host would wait for the pass in flight
-    (`scheduler/ahead.py`).  Here the work is the same whatever the
-    logits: a segmented sort of `len(rows)` rows on the device, as vLLM's
-    torch sampler does, where a CPU core would spend ~6 ms a row of a 49k
-    vocabulary."""
+    (`scheduler/ahead.py`).  Here the host decides from the parameters
+    alone: a row with top-k only takes the `max k` largest logits
+    (`topk`) and keeps what reaches its k-th (ties kept); a row with top-p,
+    or with a k too large for `topk` to beat a sort, is sorted in full, as
+    vLLM's torch sampler does (a segmented sort on the device, where a CPU
+    core would spend ~6 ms a row of a 49k vocabulary)."""
+    rows, vocab = logits.shape
+    ks = [vocab if k >= vocab else max(k, 1) for k in top_k or [vocab] * rows]
+    ps = list(top_p or [1.0] * rows)
     out = logits.clone()
-    if not rows:
-        return out
-    if len(rows) == logits.shape[0]:
-        return _top_k_top_p_sorted(out, top_k, top_p)
-    at = index(rows, logits.device)
-    cut = _top_k_top_p_sorted(
-        logits.index_select(0, at),
-        None if top_k is None else top_k.index_select(0, at),
-        None if top_p is None else top_p.index_select(0, at))
-    return out.index_copy_(0, at, cut)
+    # k past the widest candidate cut: a sort costs about as much.
+    by_k = [i for i in range(rows) if ks[i] <= _TOP_WIDTHS[-1] and ks[i] < vocab
+            and ps[i] >= 1.0]
+    by_sort = [i for i in range(rows) if ps[i] < 1.0 or _TOP_WIDTHS[-1] < ks[i] < vocab]
+    dev = logits.device
+    if by_k:
+        at = index(by_k, dev)
+        cut = logits.index_select(0, at)
+        top = cut.topk(max(ks[i] for i in by_k), dim=-1).values
+        kth = top.gather(1, on_device([ks[i] - 1 for i in by_k], torch.long, dev).unsqueeze(1))
+        out.index_copy_(0, at, cut.masked_fill_(cut < kth, float("-inf")))
+    if by_sort:
+        at = index(by_sort, dev)
+        cut = _top_k_top_p_sorted(
+            logits.index_select(0, at),
+            on_device([ks[i] for i in by_sort], torch.long, dev),
+            on_device([ps[i] for i in by_sort], torch.float32, dev))
+        out.index_copy_(0, at, cut)
+    return out
 
 
 def _top_k_top_p_candidates(

@@ -140,32 +140,37 @@ def test_top_k_top_p_matches_the_full_sort(case: str) -> None:
         assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(got)])
 
 
-def test_the_cut_that_reads_nothing_back_sorts_only_the_rows_asked() -> None:
-    """The GPU's cut (no read-back of which rows need a sort) keeps what the
-    candidate cut keeps on the rows named, and leaves the others as they
-    are, whatever their top_k / top_p tensors hold."""
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_cut_that_reads_nothing_back_keeps_what_the_candidate_cut_keeps(
+        ties: bool) -> None:
+    """The GPU's cut (rows chosen on the host: top-k alone by `topk`, top-p
+    or a very large k by a sort) keeps the same tokens as the candidate cut,
+    and leaves the rows that ask for neither as they are."""
     g = torch.Generator().manual_seed(3)
-    rows, vocab = 12, 5000
+    rows, vocab = 14, 6000
     logits = torch.randn(rows, vocab, generator=g) * 2.0
     logits[4] *= 0.02  # a flat row: its nucleus reaches past every candidate width
-    top_k = torch.randint(1, 300, (rows,), generator=g)
-    top_p = torch.rand(rows, generator=g) * 0.9 + 0.05
-    asked = [0, 2, 4, 5, 9]
+    if ties:
+        logits = logits.round()  # many equal logits at every k-th value
+    ks = [5, vocab, 300, 1, vocab, 9000, 5000, 40, vocab, 17, 2, vocab, 250, 64]
+    ps = [1.0, 0.9, 1.0, 1.0, 0.95, 1.0, 1.0, 0.5, 1.0, 0.99, 1.0, 1.0, 0.3, 1.0]
     before = logits.clone()
-    for k, p in ((top_k, None), (None, top_p), (top_k, top_p)):
-        got = top_k_top_p_without_waiting(logits, k, p, asked)
+    combos = [(ks, None), (None, ps), (ks, ps)]
+    if ties:
+        combos = combos[:1]  # which of equal logits at a nucleus edge stays is the sort's
+    for k, p in combos:
+        got = top_k_top_p_without_waiting(logits, k, p)
         assert torch.equal(logits, before)  # the caller's logits are left alone
-        want = apply_top_k_top_p(logits.clone(), k, p)
-        other = [i for i in range(rows) if i not in asked]
-        assert torch.equal(torch.isfinite(got[asked]), torch.isfinite(want[asked]))
-        assert torch.equal(got[other], logits[other])
+        want = apply_top_k_top_p(
+            logits.clone(), None if k is None else torch.tensor(k),
+            None if p is None else torch.tensor(p))
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want))
         kept = torch.isfinite(got)
         assert torch.equal(got[kept], logits[kept])
-        assert torch.isinf(got[asked]).any(dim=-1).all()  # every named row was cut
-    every = top_k_top_p_without_waiting(logits, top_k, top_p, list(range(rows)))
-    assert torch.equal(torch.isfinite(every),
-                       torch.isfinite(apply_top_k_top_p(logits.clone(), top_k, top_p)))
-    assert torch.equal(top_k_top_p_without_waiting(logits, top_k, top_p, []), logits)
+        off = [i for i in range(rows)
+               if (k is None or k[i] >= vocab) and (p is None or p[i] >= 1.0)]
+        assert off and torch.equal(got[off], logits[off])
+    assert torch.equal(top_k_top_p_without_waiting(logits, None, None), logits)
 
 
 def test_top_k_top_p_support() -> None:
