@@ -22,3 +22,12 @@ def test_integration_apps_pin_float32() -> None:
     from tests.integration.conftest import MLFQ_CONFIG, SMALL_CONFIG
 
     assert SMALL_CONFIG["dtype"] == MLFQ_CONFIG["dtype"] == "float32"
+
+
+def test_aten_held_below_avx512_counts_as_no_native_bf16(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not dtypes.native_bf16_cpu()
+    assert dtypes.resolve_dtype("auto", "cpu") == "float32"
