@@ -174,14 +174,19 @@ def silu_mul_vectorized(dtype: torch.dtype) -> bool:
 
 def bf16_dot_wanted() -> bool:
     """Whether to build bf16 scores on VDPBF16PS: where the CPU has it
-    (`avx512_bf16`), unless PREEMPT_SERVE_CPP_BF16_DOT=0."""
-    return os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0" and cpu_has("avx512_bf16")
+    (`avx512_bf16`) and ATen runs at AVX512 (the build follows ATen's
+    capability, which `ATEN_CPU_CAPABILITY` may hold lower), unless
+    PREEMPT_SERVE_CPP_BF16_DOT=0."""
+    return (os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0"
+            and torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and cpu_has("avx512_bf16"))
 
 
 def amx_wanted() -> bool:
     """Whether to build bf16 decodes on AMX tiles (engine/csrc/paged_decode_amx.h):
-    where the CPU has `amx_tile` and `amx_bf16`, unless PREEMPT_SERVE_CPP_AMX=0."""
-    return (os.environ.get("PREEMPT_SERVE_CPP_AMX", "1") != "0"
+    where the CPU has `amx_tile` and `amx_bf16` and the build has the bf16
+    dot product, unless PREEMPT_SERVE_CPP_AMX=0."""
+    return (os.environ.get("PREEMPT_SERVE_CPP_AMX", "1") != "0" and bf16_dot_wanted()
             and cpu_has("amx_tile") and cpu_has("amx_bf16"))
 
 
