@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# On a GPU machine without Ray (the lent H200s), one call: whether the host
+# still waits for the pass in flight now that small host lists go through
+# page-locked memory (engine/device_lists.py) and top-k / top-p cut rows chosen
+# on the host (engine/top_k_top_p.py, top_k_top_p_without_waiting); the cost of
+# that cut on the device; and the whole deterministic step with the larger tile
+# for large batches (InvariantLinear). Writes at most 8 files to $OUT.
+#
+#   OUT=/tmp/out bash studies/engine_gpu/staged_copies.sh
+#
+# TOK and WHEELS: see device_env.sh.
+. studies/engine_gpu/device_env.sh
+stamp() { echo "$(date +%T) $*" | tee -a "$OUT/main.log"; }
+
+cuda_tests 150
+stamp "pytest rc=$?"
+tail -2 "$OUT/pytest.log"
+
+# The rule that gained nothing from async scheduling on the H200 (MLFQ with
+# proactive swaps), without and with it; 2,000 requests, Llama-3.2-1B shape.
+LOOP=(--requests 2000 --timeout 75 --policy mlfq --swap-mode proactive --tokenizer "$TOK")
+for mode in sync ahead; do
+    extra=()
+    [ "$mode" = ahead ] && extra=(--ahead)
+    timeout 80 python3 -m studies.engine_gpu.engine_loop --out "/tmp/loop_$mode.json" \
+        "${LOOP[@]}" "${extra[@]}" > "/tmp/loop_$mode.log" 2>&1
+    stamp "loop $mode rc=$?"
+done
+python3 - "$OUT" /tmp/loop_sync.json /tmp/loop_ahead.json <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+rows = {p.stem: json.loads(p.read_text()) for p in map(pathlib.Path, sys.argv[2:]) if p.exists()}
+(out / "loops.json").write_text(json.dumps(rows, indent=1))
+keys = ("output_tokens_per_s", "wall_s", "iterations", "all_finished", "free_blocks_after",
+        "num_blocks")
+for name, d in rows.items():
+    print(name, {k: round(d[k], 2) if isinstance(d.get(k), float) else d.get(k) for k in keys},
+          "ttft", {k: round(v, 2) for k, v in d["ttft_s"].items()})
+PY
+
+# The sampler on the device: the cut chosen on the host against the candidate
+# cut that reads back which rows need a sort (Llama 3's and SmolLM2's vocabularies).
+for vocab in 128256 49152; do
+    timeout 60 python3 -m bench.sampling_bench --device cuda --batch 1,32,128 --vocab "$vocab" \
+        --scales 3 --reps 21 --out "$OUT/sampling_$vocab.json" > "/tmp/sampling_$vocab.log" 2>&1
+    stamp "sampling $vocab rc=$?"
+    cat "/tmp/sampling_$vocab.log" >> "$OUT/sampling.log"
+done
+
+# The whole step, default and deterministic, decode and prefill.
+timeout 150 python3 -m bench.gpu_step --out "$OUT/gpu_step.json" --no-hf \
+    --backends triton,triton-det > "$OUT/step.log" 2>&1
+stamp "step rc=$?"
+grep -E "graphs|prefill|copy" "$OUT/step.log" | tail -40
+cat "$OUT/sampling.log"
