@@ -22,7 +22,11 @@ def on_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
     """`values` as a 1-D `dtype` tensor on `device`, its copy queued on the
     current stream without waiting for the work before it."""
-    host = torch.tensor(values, dtype=dtype)
+    return staged(torch.tensor(values, dtype=dtype), device)
+
+
+def staged(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor's copy on `device`, queued as `on_device` queues it."""
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

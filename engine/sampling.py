@@ -36,7 +36,7 @@ from itertools import chain, repeat
 import torch
 
 from engine import attention_cpp
-from engine.device_lists import index, on_device
+from engine.device_lists import index, on_device, staged
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.structured import mask_logits
@@ -130,7 +130,7 @@ def _long_tensor(values: Iterable[int], device: torch.device) -> torch.Tensor:
     buf = array("q", values)
     if not buf:
         return torch.empty(0, dtype=torch.long, device=device)
-    return torch.frombuffer(buf, dtype=torch.long).to(device)
+    return staged(torch.frombuffer(buf, dtype=torch.long), device)
 
 
 def _pairs(
@@ -174,12 +174,14 @@ def _leaving_some(stage: Callable[[torch.Tensor, Sequence[SampleRequest]], None]
     if not rows:
         stage(logits, reqs)
         return
-    before = logits[rows]
+    at = index(rows, logits.device)
+    before = logits.index_select(0, at)
     stage(logits, reqs)
-    emptied = [i for i, m in zip(rows, logits[rows].amax(dim=-1).tolist())
-               if m == float("-inf")]
-    if emptied:
-        logits[emptied] = before[[rows.index(i) for i in emptied]]
+    after = logits.index_select(0, at)
+    # Chosen on the device: reading which rows emptied would make a GPU
+    # host wait for the pass in flight.
+    emptied = after.amax(dim=-1, keepdim=True) == float("-inf")
+    logits.index_copy_(0, at, torch.where(emptied, before, after))
 
 
 def _allowed_only(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
@@ -191,8 +193,8 @@ def _allowed_only(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
     keep = torch.ones(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
     at, ids = _pairs(range(len(rows)), [a for _, a in rows], logits.device)
     keep[at, ids] = False
-    index = torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)
-    logits[index] = logits[index].masked_fill_(keep, float("-inf"))
+    at = index([i for i, _ in rows], logits.device)
+    logits.index_copy_(0, at, logits.index_select(0, at).masked_fill_(keep, float("-inf")))
 
 
 def _add_logit_bias(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None:
@@ -200,10 +202,8 @@ def _add_logit_bias(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> None
     if not biased:
         return
     rows, ids = _pairs([i for i, _ in biased], [list(b) for _, b in biased], logits.device)
-    values = torch.tensor(
-        list(chain.from_iterable(b.values() for _, b in biased)),
-        dtype=logits.dtype, device=logits.device,
-    )
+    values = on_device(list(chain.from_iterable(b.values() for _, b in biased)),
+                       logits.dtype, logits.device)
     # accumulate=True adds the bias to the logit instead of replacing it.
     logits.index_put_((rows, ids), values, accumulate=True)
 
@@ -227,9 +227,8 @@ def _repetition_penalty(logits: torch.Tensor, reqs: Sequence[SampleRequest]) -> 
     # the token occurred; only the seen cells are touched (O(history), not
     # O(rows * vocab)).
     cells, _ = _unique_cells(rows, ids, vocab)
-    penalty = torch.tensor(
-        [r.params.repetition_penalty for r in reqs], dtype=logits.dtype, device=logits.device
-    )[cells // vocab]
+    penalty = on_device([r.params.repetition_penalty for r in reqs], logits.dtype,
+                        logits.device)[cells // vocab]
     flat = logits.view(-1)
     seen = flat[cells]
     flat[cells] = torch.where(seen > 0, seen / penalty, seen * penalty)
@@ -248,8 +247,8 @@ def _presence_frequency_penalties(logits: torch.Tensor, reqs: Sequence[SampleReq
     cells, counts = _unique_cells(rows, ids, vocab)
     row = cells // vocab
     dev, dt = logits.device, logits.dtype
-    presence = torch.tensor([r.params.presence_penalty for r in reqs], dtype=dt, device=dev)
-    frequency = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=dt, device=dev)
+    presence = on_device([r.params.presence_penalty for r in reqs], dt, dev)
+    frequency = on_device([r.params.frequency_penalty for r in reqs], dt, dev)
     logits.view(-1).index_add_(0, cells, -(frequency[row] * counts.to(dt) + presence[row]))
 
 
@@ -420,9 +419,10 @@ def _greedy_into(
             picked = tokens[masked].tolist()
             adjusted += [i for i, t in zip(masked, picked) if not requests[i].allows(t)]
     if adjusted:
-        sub = logits[adjusted]
+        at = index(adjusted, tokens.device)
+        sub = logits.index_select(0, at)
         adjust_logits(sub, [requests[i] for i in adjusted])
-        tokens[adjusted] = argmax_rows(sub)
+        tokens.index_copy_(0, at, argmax_rows(sub))
 
 
 def _inverse_cdf(logits: torch.Tensor, rows: list[int],

@@ -1,9 +1,10 @@
 """Host lists staged to the device without waiting for it
 (engine/device_lists.py), and the paths that use them: a swap's block
-copies, temperature, top-k and top-p sampling, an op-by-op pass's inputs.
-On CUDA each must return while a long kernel queued before it still runs
-(the host keeps planning the next iteration while a pass computes,
-scheduler/ahead.py); on a CPU the values are checked."""
+copies, sampling (temperature, top-k, top-p, logit bias, allowed tokens and
+bans), an op-by-op pass's inputs.  On CUDA each must return while a long
+kernel queued before it still runs (the host keeps planning the next
+iteration while a pass computes, scheduler/ahead.py); on a CPU the values
+are checked."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import pytest
 import torch
 
-from engine.device_lists import index, on_device
+from engine.device_lists import index, on_device, staged
 from engine.kv_cache import KVCache
 from engine.sampling import Sampler, SampleRequest
 from engine.sampling_params import SamplingParams
@@ -24,6 +25,7 @@ def test_values_and_dtypes_on_the_cpu() -> None:
     t = on_device([0.5, 2.0], torch.float32, cpu)
     assert t.dtype is torch.float32 and t.tolist() == [0.5, 2.0]
     assert on_device([], torch.long, cpu).shape == (0,)
+    assert torch.equal(staged(torch.arange(3), cpu), torch.arange(3))
 
 
 def _kernel_seconds(cycles: int) -> float:
@@ -44,11 +46,14 @@ def test_nothing_here_waits_for_the_kernel_queued_before_it() -> None:
         cycles *= 2
     cache = KVCache(2, 8, 4, 2, 16, torch.float32, dev)
     blocks = torch.randn(3, 2, 2, 4, 2, 16).pin_memory()
-    logits = torch.randn(4, 50, device=dev)
+    logits = torch.randn(6, 50, device=dev)
     hot = [SampleRequest(SamplingParams(temperature=0.8, seed=7), 3),
            SampleRequest(SamplingParams(temperature=0.0), 3),
            SampleRequest(SamplingParams(temperature=0.7, top_p=0.9), 3),
-           SampleRequest(SamplingParams(temperature=1.0, top_k=5, min_p=0.05), 3)]
+           SampleRequest(SamplingParams(temperature=1.0, top_k=5, min_p=0.05), 3),
+           SampleRequest(SamplingParams(temperature=0.0, logit_bias={7: 50.0}), 3),
+           SampleRequest(SamplingParams(temperature=0.9, allowed_token_ids=[1, 2, 3]), 3,
+                         banned_token_ids=(2,))]
     sampler = Sampler(seed=0, device=dev)
     torch.cuda.synchronize()
     torch.cuda._sleep(cycles)
@@ -62,5 +67,6 @@ def test_nothing_here_waits_for_the_kernel_queued_before_it() -> None:
     assert queued_in < 0.1, f"the host waited {queued_in:.3f} s for the device"
     assert staged.tolist() == [5, 6, 7]
     assert torch.equal(read.cpu(), blocks)
-    assert tokens.shape == (4,) and tokens[1] == logits[1].argmax()
+    assert tokens.shape == (6,) and tokens[1] == logits[1].argmax()
     assert tokens[3] in logits[3].topk(5).indices
+    assert tokens[4] == 7 and tokens[5] in (1, 3)
