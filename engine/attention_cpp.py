@@ -68,8 +68,8 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionMetadata, SeqSpan
-from engine.cpp_build import (build_directory, cpu_has, exclusive_build, put_ninja_on_path,
-                              sources_digest)
+from engine.cpp_build import (amx_wanted, bf16_dot_wanted, build_directory,
+                              exclusive_build, put_ninja_on_path, sources_digest)
 from engine.kv_layout import pick_layout
 from engine.attention_torch import (
     TorchAttentionBackend,
@@ -170,24 +170,6 @@ def silu_mul_vectorized(dtype: torch.dtype) -> bool:
     AVX512 build, float32 on an AVX2 one (engine/csrc/silu_mul.cpp)."""
     return vectorized() or (_kernel is not None and _capability == "AVX2"
                             and dtype is torch.float32)
-
-
-def bf16_dot_wanted() -> bool:
-    """Whether to build bf16 scores on VDPBF16PS: where the CPU has it
-    (`avx512_bf16`) and ATen runs at AVX512 (the build follows ATen's
-    capability, which `ATEN_CPU_CAPABILITY` may hold lower), unless
-    PREEMPT_SERVE_CPP_BF16_DOT=0."""
-    return (os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0"
-            and torch.backends.cpu.get_cpu_capability() == "AVX512"
-            and cpu_has("avx512_bf16"))
-
-
-def amx_wanted() -> bool:
-    """Whether to build bf16 decodes on AMX tiles (engine/csrc/paged_decode_amx.h):
-    where the CPU has `amx_tile` and `amx_bf16` and the build has the bf16
-    dot product, unless PREEMPT_SERVE_CPP_AMX=0."""
-    return (os.environ.get("PREEMPT_SERVE_CPP_AMX", "1") != "0" and bf16_dot_wanted()
-            and cpu_has("amx_tile") and cpu_has("amx_bf16"))
 
 
 def decode_amx(enable: bool = True) -> bool:

@@ -1,6 +1,7 @@
 """What building the C++ operators (engine/attention_cpp.py) asks of the
-machine: its CPU's flags, `ninja` on PATH, a digest of the sources that
-names the build, and a build directory that one process at a time builds in."""
+machine: its CPU's flags and which optional paths to build for them, `ninja`
+on PATH, a digest of the sources that names the build, and a build directory
+that one process at a time builds in."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +85,21 @@ def exclusive_build(folder: Path) -> Iterator[None]:
                         "finish", left)
             left.unlink(missing_ok=True)
         yield
+
+
+def bf16_dot_wanted() -> bool:
+    """Whether to build bf16 scores on VDPBF16PS: where the CPU has it
+    (`avx512_bf16`) and ATen runs at AVX512 (the build follows ATen's
+    capability, which `ATEN_CPU_CAPABILITY` may hold lower), unless
+    PREEMPT_SERVE_CPP_BF16_DOT=0."""
+    return (os.environ.get("PREEMPT_SERVE_CPP_BF16_DOT", "1") != "0"
+            and torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and cpu_has("avx512_bf16"))
+
+
+def amx_wanted() -> bool:
+    """Whether to build bf16 decodes on AMX tiles (engine/csrc/paged_decode_amx.h):
+    where the CPU has `amx_tile` and `amx_bf16` and the build has the bf16
+    dot product, unless PREEMPT_SERVE_CPP_AMX=0."""
+    return (os.environ.get("PREEMPT_SERVE_CPP_AMX", "1") != "0" and bf16_dot_wanted()
+            and cpu_has("amx_tile") and cpu_has("amx_bf16"))

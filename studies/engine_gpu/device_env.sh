@@ -31,3 +31,21 @@ cuda_tests() {
         -k "triton or gpu or cuda or graph or fused or rotary or rms or side_stream or invariant or head or waits" \
         > "$OUT/pytest.log" 2>&1
 }
+
+stamp() { echo "$(date +%T) $*" | tee -a "$OUT/main.log"; }
+
+# One run of the serving loop: serving_loop <name> <seconds> [engine_loop flags],
+# its record in /tmp/loop_<name>.json; then loops_summary <name>... puts the
+# runs in $OUT/loops.json and prints a line each.
+serving_loop() {
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" python3 -m studies.engine_gpu.engine_loop --out "/tmp/loop_$name.json" \
+        "$@" > "/tmp/loop_$name.log" 2>&1
+    stamp "loop $name rc=$?"
+}
+loops_summary() {
+    local runs=() name
+    for name in "$@"; do runs+=("/tmp/loop_$name.json"); done
+    python3 -m studies.engine_gpu.loops_summary "$OUT" "${runs[@]}"
+}

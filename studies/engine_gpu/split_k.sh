@@ -9,7 +9,6 @@
 #
 # TOK and WHEELS: see device_env.sh.
 . studies/engine_gpu/device_env.sh
-stamp() { echo "$(date +%T) $*" | tee -a "$OUT/main.log"; }
 
 stamp sweep
 timeout 120 python3 -m studies.engine_gpu.invariant_matmul --splits-only \
@@ -37,27 +36,8 @@ tail -2 "$OUT/pytest.log"
 # the replica's young threshold (the study's default) against Python's 700.
 LOOP=(--requests 2000 --timeout 75 --policy fcfs --swap-mode recompute --ahead
       --tokenizer "$TOK")
-for name in serving 700; do
-    extra=()
-    [ "$name" = 700 ] && extra=(--gc-young 700)
-    timeout 70 python3 -m studies.engine_gpu.engine_loop --out "/tmp/loop_$name.json" \
-        "${LOOP[@]}" "${extra[@]}" > "/tmp/loop_$name.log" 2>&1
-    stamp "loop $name rc=$?"
-done
-python3 - "$OUT" /tmp/loop_serving.json /tmp/loop_700.json <<'EOF'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-rows = {}
-for f in sys.argv[2:]:
-    p = pathlib.Path(f)
-    if p.exists():
-        rows[p.stem] = json.loads(p.read_text())
-(out / "loops.json").write_text(json.dumps(rows, indent=1))
-keys = ("output_tokens_per_s", "wall_s", "iterations", "all_finished", "free_blocks_after",
-        "num_blocks", "gc_thresholds", "gc")
-for name, d in rows.items():
-    print(name, {k: round(d[k], 2) if isinstance(d.get(k), float) else d.get(k) for k in keys},
-          "ttft", {k: round(v, 2) for k, v in d["ttft_s"].items()})
-EOF
+serving_loop serving 70 "${LOOP[@]}"
+serving_loop 700 70 "${LOOP[@]}" --gc-young 700
+loops_summary serving 700
 tail -20 "$OUT/sweep.log"
 grep -E "graphs|prefill|copy" "$OUT/step.log" | tail -40

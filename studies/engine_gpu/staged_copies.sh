@@ -10,7 +10,6 @@
 #
 # TOK and WHEELS: see device_env.sh.
 . studies/engine_gpu/device_env.sh
-stamp() { echo "$(date +%T) $*" | tee -a "$OUT/main.log"; }
 
 cuda_tests 150
 stamp "pytest rc=$?"
@@ -19,24 +18,9 @@ tail -2 "$OUT/pytest.log"
 # The rule that gained nothing from async scheduling on the H200 (MLFQ with
 # proactive swaps), without and with it; 2,000 requests, Llama-3.2-1B shape.
 LOOP=(--requests 2000 --timeout 75 --policy mlfq --swap-mode proactive --tokenizer "$TOK")
-for mode in sync ahead; do
-    extra=()
-    [ "$mode" = ahead ] && extra=(--ahead)
-    timeout 80 python3 -m studies.engine_gpu.engine_loop --out "/tmp/loop_$mode.json" \
-        "${LOOP[@]}" "${extra[@]}" > "/tmp/loop_$mode.log" 2>&1
-    stamp "loop $mode rc=$?"
-done
-python3 - "$OUT" /tmp/loop_sync.json /tmp/loop_ahead.json <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-rows = {p.stem: json.loads(p.read_text()) for p in map(pathlib.Path, sys.argv[2:]) if p.exists()}
-(out / "loops.json").write_text(json.dumps(rows, indent=1))
-keys = ("output_tokens_per_s", "wall_s", "iterations", "all_finished", "free_blocks_after",
-        "num_blocks")
-for name, d in rows.items():
-    print(name, {k: round(d[k], 2) if isinstance(d.get(k), float) else d.get(k) for k in keys},
-          "ttft", {k: round(v, 2) for k, v in d["ttft_s"].items()})
-PY
+serving_loop sync 80 "${LOOP[@]}"
+serving_loop ahead 80 "${LOOP[@]}" --ahead
+loops_summary sync ahead
 
 # The sampler on the device: the cut chosen on the host against the candidate
 # cut that reads back which rows need a sort (Llama 3's and SmolLM2's vocabularies).
