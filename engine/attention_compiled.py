@@ -29,8 +29,9 @@ Shapes: the batch, the block list and the cache's block count are marked
 dynamic, so one compiled graph serves every step of every engine with the
 same head layout, block size and dtype.  A lone decode takes the reference
 path (Inductor specializes size-1 dimensions and would compile a second
-graph).  Compiling needs a C++ compiler; where the first compile fails the
-backend says so once and falls back to the reference path for good.
+graph).  Compiling needs a C++ compiler; where the first compile fails, or
+its first step disagrees with the reference path, the backend says so once
+and falls back to the reference path for good.
 """
 
 from __future__ import annotations
@@ -169,5 +170,17 @@ class CompiledAttentionBackend(TorchAttentionBackend):
                 "reference attention", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             self.compiled_ok = False
             return super()._decode(q, key_cache, value_cache, md, scale)
+        # A kernel that builds but computes wrong (a compiler's or a stale
+        # compile cache's fault: an Inductor graph cached under another
+        # ATen CPU capability has returned garbage) is caught on its first
+        # step against the reference, whose fields that step also carries.
+        want = super()._decode(q, key_cache, value_cache, md, scale)
+        if not torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2):
+            log.warning(
+                "compiled paged attention disagrees with the reference on its first step "
+                "(largest difference %.3g); using the torch reference attention",
+                float((out.float() - want.float()).abs().max()))
+            self.compiled_ok = False
+            return want
         self.compiled_ok = True
         return out

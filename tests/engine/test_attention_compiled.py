@@ -132,5 +132,23 @@ def test_falls_back_when_compiling_fails(
     assert caplog.text.count("unavailable") == 1
 
 
+def test_falls_back_when_the_compiled_kernel_computes_wrong(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def miscompiled() -> Any:
+        def wrong(q: torch.Tensor, *args: Any) -> torch.Tensor:
+            return torch.full_like(q, 5e20)
+        return wrong
+
+    monkeypatch.setattr(compiled, "_compiled_kernel", miscompiled)
+    contexts = [6, 11, 25]
+    with caplog.at_level(logging.WARNING, logger=compiled.__name__):
+        got, backend = _forward("compiled", contexts)
+    want, _ = _forward("torch", contexts)
+    torch.testing.assert_close(got, want)
+    assert backend.compiled_ok is False
+    assert "disagrees with the reference" in caplog.text
+
+
 def test_cuda_default_is_triton() -> None:
     assert default_backend_name(torch.device("cuda")) == "triton"
