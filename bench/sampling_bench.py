@@ -16,7 +16,9 @@ top-k / top-p.
 With `--device cuda` the logits are on the GPU, each time waits for the
 device, and the "torch path" column is the candidate cut of a CPU
 (`apply_top_k_top_p`, which reads back which rows need a sort) in place of
-the GPU's cut chosen on the host (`top_k_top_p_without_waiting`).
+the GPU's cut chosen on the host (`top_k_top_p_without_waiting`); the rows
+with top-k or top-p also time that cut alone, by the threshold search
+(`cut_ms`, `engine/top_k_top_p_triton.py`) and by a sort (`cut_sorted_ms`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,19 @@ from bench.report import machine_meta, write_report
 import engine.sampling
 from engine import attention_cpp
 from engine.sampling import SampleRequest, Sampler, SamplingParams
-from engine.top_k_top_p import _top_k_top_p_sorted, apply_top_k_top_p
+import engine.top_k_top_p
+from engine.top_k_top_p import (
+    _top_k_top_p_sorted,
+    apply_top_k_top_p,
+    top_k_top_p_without_waiting,
+)
 
 _CASES: dict[str, dict[str, Any]] = {
     "temperature": dict(temperature=0.8),
     "temperature_bf16": dict(temperature=0.8),
     "top_p": dict(temperature=0.8, top_p=0.9),
     "top_k": dict(temperature=0.8, top_k=50),
+    "top_k_top_p": dict(temperature=0.8, top_k=50, top_p=0.9),
     "seeded": dict(temperature=0.8, seed=1),
 }
 
@@ -103,6 +111,23 @@ def _with_candidate_cut(fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def _cut_times(logits: torch.Tensor, params: SamplingParams, reps: int) -> dict[str, float]:
+    """The GPU's top-k / top-p cut of every row alone: searched, then sorted."""
+    rows, vocab = logits.shape
+    ks = [params.top_k if params.top_k_enabled else vocab] * rows
+    ps = [params.top_p] * rows
+    x = logits.float() / params.temperature
+    searched = _median_ms(lambda: top_k_top_p_without_waiting(x, ks, ps), reps, x.device)
+    chosen = engine.top_k_top_p._searched_or_sorted
+    engine.top_k_top_p._searched_or_sorted = (  # type: ignore[assignment]
+        lambda lg, k, p: chosen(lg, k, p, search=False))
+    try:
+        sort = _median_ms(lambda: top_k_top_p_without_waiting(x, ks, ps), reps, x.device)
+    finally:
+        engine.top_k_top_p._searched_or_sorted = chosen  # type: ignore[assignment]
+    return {"cut_ms": round(searched, 3), "cut_sorted_ms": round(sort, 3)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.sampling_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--batch", default="32", help="comma-separated batch sizes")
@@ -136,11 +161,17 @@ def main(argv: list[str] | None = None) -> None:
                 torch_path = _median_ms(other(lambda: sampler.sample_tensor(rows, reqs)),
                                         a.reps, dev)
                 ref = _median_ms(lambda: _textbook(rows.float(), params, gen), a.reps, dev)
-                results.append({"batch": batch, "scale": scale, "case": name,
-                                "ours_ms": round(ours, 2), "torch_path_ms": round(torch_path, 2),
-                                "textbook_ms": round(ref, 2), "speedup": round(ref / ours, 2)})
+                row = {"batch": batch, "scale": scale, "case": name,
+                       "ours_ms": round(ours, 2), "torch_path_ms": round(torch_path, 2),
+                       "textbook_ms": round(ref, 2), "speedup": round(ref / ours, 2)}
+                if dev.type == "cuda" and (params.top_p < 1.0 or params.top_k_enabled):
+                    row |= _cut_times(rows, params, a.reps)
+                results.append(row)
+                cuts = (f"   cut {row['cut_ms']:.3f} / sorted {row['cut_sorted_ms']:.3f} ms"
+                        if "cut_ms" in row else "")
                 print(f"batch {batch:>3} scale {scale:>4}: {name:<16} ours {ours:7.2f} ms   "
-                      f"torch path {torch_path:7.2f} ms   textbook {ref:7.1f} ms", flush=True)
+                      f"torch path {torch_path:7.2f} ms   textbook {ref:7.1f} ms{cuts}",
+                      flush=True)
     meta = {"vocab": a.vocab, "threads": a.threads, "device": str(dev),
             "operator": attention_cpp.loaded(),
             **machine_meta()}

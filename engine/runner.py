@@ -165,7 +165,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
             self.graphs = cuda_graphs.DecodeGraphs(
                 self.model, self.kv_cache, self.attn, cuda_graph_max_batch, max_model_len,
                 pool)
-        self.sampler = Sampler(seed=seed, device=self.device)
+        self.sampler = Sampler(seed=seed, device=self.device, warm_vocab=self.vocab_size)
         # Answer lengths estimated at first tokens (engine/length_head.py).
         self.length_head = None if length_head is None else load_head(
             length_head, self.config.hidden_size, self.pp.enabled, self.device)

@@ -301,13 +301,19 @@ def token_logprobs(
 
 
 class Sampler:
-    def __init__(self, seed: int | None = None, device: torch.device | str = "cpu") -> None:
+    def __init__(self, seed: int | None = None, device: torch.device | str = "cpu",
+                 warm_vocab: int | None = None) -> None:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+        if warm_vocab and self.device.type == "cuda":
+            # Builds the top-p cut's kernel (engine/top_k_top_p_triton.py)
+            # now, not in the step of the first request that asks for it.
+            top_k_top_p_without_waiting(
+                torch.zeros(1, warm_vocab, device=self.device), [warm_vocab], [0.5])
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest],
                exact: ExactSource | None = None) -> list[int]:

@@ -5,11 +5,14 @@ with bias, bans, penalties or a grammar; `engine/sampling.py`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from engine.device_lists import index, on_device
+
+log = logging.getLogger(__name__)
 
 # Candidates read per row, widened for the rows whose kept set may reach
 # past them, before a full sort: a nucleus or a top-k list is nearly always
@@ -68,9 +71,11 @@ def top_k_top_p_without_waiting(
     (`scheduler/ahead.py`).  Here the host decides from the parameters
     alone: a row with top-k only takes the `max k` largest logits
     (`topk`) and keeps what reaches its k-th (ties kept); a row with top-p,
-    or with a k too large for `topk` to beat a sort, is sorted in full, as
-    vLLM's torch sampler does (a segmented sort on the device, where a CPU
-    core would spend ~6 ms a row of a 49k vocabulary)."""
+    or with a k too large for `topk` to beat a sort, is cut on a GPU at
+    thresholds found by a search over its logits
+    (`engine/top_k_top_p_triton.py`: a few reads of the row, no sort; vLLM's
+    torch sampler sorts it), elsewhere by a sort (on a CPU this function
+    serves only tests: the sampler takes the candidate cut there)."""
     rows, vocab = logits.shape
     ks = [vocab if k >= vocab else max(k, 1) for k in top_k or [vocab] * rows]
     ps = list(top_p or [1.0] * rows)
@@ -88,12 +93,34 @@ def top_k_top_p_without_waiting(
         out.index_copy_(0, at, cut.masked_fill_(cut < kth, float("-inf")))
     if by_sort:
         at = index(by_sort, dev)
-        cut = _top_k_top_p_sorted(
+        cut = _searched_or_sorted(
             logits.index_select(0, at),
             on_device([ks[i] for i in by_sort], torch.long, dev),
             on_device([ps[i] for i in by_sort], torch.float32, dev))
         out.index_copy_(0, at, cut)
     return out
+
+
+_search_failed = False
+
+
+def _searched_or_sorted(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    search: bool | None = None,
+) -> torch.Tensor:
+    """The rows' cut by the threshold search (`engine/top_k_top_p_triton.py`;
+    by default on a GPU only), else by a sort; a search that fails to build
+    or launch is reported once and sorted from then on."""
+    global _search_failed
+    if (logits.is_cuda if search is None else search) and not _search_failed:
+        try:
+            from engine.top_k_top_p_triton import top_k_top_p_searched
+            return top_k_top_p_searched(logits, top_k, top_p)
+        except Exception as e:  # a Triton build or launch failure
+            _search_failed = True
+            log.warning("top-k/top-p threshold search unavailable (%s: %s); sorting instead",
+                        type(e).__name__, e)
+    return _top_k_top_p_sorted(logits, top_k, top_p)
 
 
 def _top_k_top_p_candidates(

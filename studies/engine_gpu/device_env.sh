@@ -27,7 +27,8 @@ cuda_tests() {
         tests/engine/test_cuda_graphs.py tests/engine/test_cuda_graphs_mixed.py \
         tests/engine/test_swap.py tests/engine/test_batch_invariant.py \
         tests/engine/test_matmul_triton.py tests/engine/test_plan_ahead.py \
-        tests/engine/test_length_head.py tests/engine/test_device_lists.py "$@" \
+        tests/engine/test_length_head.py tests/engine/test_device_lists.py \
+        tests/engine/test_top_k_top_p_triton.py "$@" \
         -k "triton or gpu or cuda or graph or fused or rotary or rms or side_stream or invariant or head or waits" \
         > "$OUT/pytest.log" 2>&1
 }

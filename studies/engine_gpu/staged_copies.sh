@@ -3,8 +3,9 @@
 # still waits for the pass in flight now that small host lists go through
 # page-locked memory (engine/device_lists.py) and top-k / top-p cut rows chosen
 # on the host (engine/top_k_top_p.py, top_k_top_p_without_waiting); the cost of
-# that cut on the device; and the whole deterministic step with the larger tile
-# for large batches (InvariantLinear). Writes at most 8 files to $OUT.
+# that cut on the device, searched and sorted; and the whole deterministic step
+# with the larger tile for large batches (InvariantLinear). Writes at most 8
+# files to $OUT.
 #
 #   OUT=/tmp/out bash studies/engine_gpu/staged_copies.sh
 #
@@ -23,9 +24,11 @@ serving_loop ahead 80 "${LOOP[@]}" --ahead
 loops_summary sync ahead
 
 # The sampler on the device: the cut chosen on the host against the candidate
-# cut that reads back which rows need a sort (Llama 3's and SmolLM2's vocabularies).
+# cut that reads back which rows need a sort, and the top-k / top-p cut alone
+# searched (engine/top_k_top_p_triton.py) against sorted (Llama 3's and SmolLM2's
+# vocabularies).
 for vocab in 128256 49152; do
-    timeout 60 python3 -m bench.sampling_bench --device cuda --batch 1,32,128 --vocab "$vocab" \
+    timeout 75 python3 -m bench.sampling_bench --device cuda --batch 1,8,32,128 --vocab "$vocab" \
         --scales 3 --reps 21 --out "$OUT/sampling_$vocab.json" > "/tmp/sampling_$vocab.log" 2>&1
     stamp "sampling $vocab rc=$?"
     cat "/tmp/sampling_$vocab.log" >> "$OUT/sampling.log"
