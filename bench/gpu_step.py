@@ -20,7 +20,9 @@ downloaded) it measures, on the GPU it runs on:
 - prefill tokens/s of our model and of HF, against the matmul floor;
 - with `triton-det` among the backends, the same in deterministic mode (the
   batch-invariant Triton GEMM and attention), op by op and from graphs:
-  the price of batch invariance.
+  the price of batch invariance; `triton-det64` (any power of two) gives
+  its attention query tiles of that many rows instead of
+  `DETERMINISTIC_ROWS` (`engine/attention_triton.py`).
 
 Our side is driven at the model level (`engine.models` + attention backend
 + `KVCache`), without the `ModelRunner`'s request bookkeeping, so that the
@@ -50,8 +52,17 @@ BLOCK_SIZE = 16
 # Deterministic mode: the triton backend's batch-invariant kernel and the
 # batch-invariant GEMM (engine.models.matmul_triton).
 DET = "triton-det"
-# Decode rows replayed from CUDA graphs, per backend that has them.
-GRAPHS = {"triton": "triton+graphs", DET: "triton-det+graphs"}
+
+
+def is_det(backend: str) -> bool:
+    """A deterministic-mode backend: `triton-det`, or `triton-det<rows>`."""
+    return backend.startswith(DET)
+
+
+def has_graphs(backend: str) -> bool:
+    """Whether `backend`'s decode steps are also replayed from CUDA graphs
+    (as `<backend>+graphs`)."""
+    return backend == "triton" or is_det(backend)
 
 
 def _ints(text: str) -> list[int]:
@@ -162,9 +173,11 @@ class OurModel:
         self.cache.data.normal_()
         self.backends = {}
         for name in args.backends.split(","):
-            self.backends[name] = get_attention_backend("triton" if name == DET else name)(
+            rows = {"deterministic_rows": int(name[len(DET):])} if is_det(name) \
+                and name != DET else {}
+            self.backends[name] = get_attention_backend("triton" if is_det(name) else name)(
                 m.num_heads, m.num_kv_heads, m.head_dim, BLOCK_SIZE, device,
-                deterministic=name == DET)
+                deterministic=is_det(name), **rows)
         self.linears = (m.linear, m.head_linear)
         self.graphs: dict[str, Any] = {}
 
@@ -209,7 +222,7 @@ class OurModel:
         m = self.model
         m.set_attention_backend(self.backends[backend])
         m.linear, m.head_linear = self.linears
-        if backend == DET:
+        if is_det(backend):
             m.use_fixed_tiles(self.device)
 
     def capture(self, backend: str, max_batch: int, max_model_len: int) -> None:
@@ -218,7 +231,7 @@ class OurModel:
         from engine.cuda_graphs import DecodeGraphs
 
         self.use(backend)
-        self.graphs[GRAPHS[backend]] = DecodeGraphs(
+        self.graphs[f"{backend}+graphs"] = DecodeGraphs(
             self.model, self.cache, self.backends[backend], max_batch, max_model_len)
 
     @torch.inference_mode()
@@ -441,11 +454,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"({100 * r['fraction_of_floor']:.0f}% of floor)", flush=True)
     decode_backends = list(backends)
     for backend in backends:
-        if backend in GRAPHS and not args.no_graphs:
+        if has_graphs(backend) and not args.no_graphs:
             t0 = time.perf_counter()
             our.capture(backend, max(args.batches), args.graph_max_len)
             result.setdefault("graph_capture_s", {})[backend] = time.perf_counter() - t0
-            decode_backends.insert(decode_backends.index(backend) + 1, GRAPHS[backend])
+            decode_backends.insert(decode_backends.index(backend) + 1, f"{backend}+graphs")
     for backend in decode_backends:
         for b in args.batches:
             r = bench_decode(our, args, ceil, backend, b)

@@ -49,6 +49,11 @@ DECODE_STAGES = 3
 # Programs the decode kernel aims for before it splits contexts: a few per
 # multiprocessor, so that loads of one hide the latency of another's.
 PROGRAMS_PER_SM = 4
+# Deterministic mode's query tile (`_paged_rows`), in (token, head) rows: at
+# least a KV head's group.  Every token, decoded or prefilled, rides in a tile
+# of this one shape, so a larger tile cuts how often a prompt's K/V are read
+# (once per tile's tokens) at the price of padding rows in every decode.
+DETERMINISTIC_ROWS = 16
 
 
 @dataclass(slots=True)
@@ -166,6 +171,7 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
         device: torch.device, deterministic: bool = False, dtype: torch.dtype | None = None,
+        deterministic_rows: int = DETERMINISTIC_ROWS,
     ) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, block_size, device, deterministic,
                          dtype)
@@ -178,7 +184,10 @@ class TritonAttentionBackend(AttentionBackend):
         # tl.dot needs at least 16 rows: a small group rides in a padded tile.
         self.block_g = max(16, triton.next_power_of_2(self.group))
         # Deterministic mode's query tile: as many whole groups as fit.
-        self.block_r = self.block_g
+        if deterministic_rows < 16 or deterministic_rows & (deterministic_rows - 1):
+            raise ValueError(f"deterministic_rows must be a power of two of at least 16, "
+                             f"not {deterministic_rows}")
+        self.block_r = max(self.block_g, deterministic_rows)
         self.row_tokens = self.block_r // self.group
         self.num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
                         if device.type == "cuda" else 4)

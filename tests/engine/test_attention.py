@@ -40,6 +40,7 @@ def _check_backend(
     backend_name: str, heads: int, kv_heads: int, shapes: list[tuple[int, int]],
     d: int = 8, bs: int = 4, num_blocks: int = 64, dtype: torch.dtype = torch.float32,
     tol: float = 1e-5, views_of_qkv: bool = False, deterministic: bool = False,
+    deterministic_rows: int | None = None,
 ) -> None:
     """Attend `shapes` (start_pos, num_tokens) chunks with random K/V and
     compare with the dense reference in float32; also check the stores."""
@@ -48,8 +49,9 @@ def _check_backend(
                        else "cpu")
     gen = torch.Generator().manual_seed(0)
     cache = KVCache(1, num_blocks, bs, kv_heads, d, dtype, "cpu")
+    rows = {} if deterministic_rows is None else {"deterministic_rows": deterministic_rows}
     backend = get_attention_backend(backend_name)(heads, kv_heads, d, bs, dev,
-                                                  deterministic=deterministic)
+                                                  deterministic=deterministic, **rows)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     history = []  # full K/V of each sequence, the dense truth
     spans = []
@@ -113,16 +115,26 @@ def test_long_contexts_and_query_tiles(backend_name: str) -> None:
     _check_backend(backend_name, 4, 2, LONG, d=16, bs=16, num_blocks=64)
 
 
-@pytest.mark.parametrize("heads,kv_heads,shapes", [
-    (4, 2, MIXED), (6, 1, NARROW), (9, 3, MIXED), (8, 8, EQUAL)])
+@pytest.mark.parametrize("heads,kv_heads,shapes,rows", [
+    (4, 2, MIXED, 16), (6, 1, NARROW, 16), (9, 3, MIXED, 16), (8, 8, EQUAL, 16),
+    (9, 3, MIXED, 64), (4, 2, LONG, 64)])
 def test_triton_deterministic_kernel_matches_dense(
-    heads: int, kv_heads: int, shapes: list[tuple[int, int]]
+    heads: int, kv_heads: int, shapes: list[tuple[int, int]], rows: int
 ) -> None:
     # One kernel for decodes and prefill chunks; query tiles of whole
-    # groups (5 tokens x 3 heads in SmolLM2's 9/3 layout, 2 x 8 for MHA).
+    # groups (5 tokens x 3 heads in SmolLM2's 9/3 layout, 2 x 8 for MHA;
+    # with 64 rows, 21 x 3 and 32 x 2: chunks of several tiles, tiles that
+    # hold the end of one chunk only).
     # Contexts of many key tiles run on CUDA (test_triton_on_cuda_at_model_scale).
     _check_backend("triton", heads, kv_heads, shapes, d=16, bs=8, num_blocks=96,
-                   deterministic=True)
+                   deterministic=True, deterministic_rows=rows)
+
+
+@pytest.mark.parametrize("rows", [8, 24])
+def test_triton_deterministic_rows_are_a_power_of_two_of_16_or_more(rows: int) -> None:
+    with pytest.raises(ValueError, match="deterministic_rows"):
+        get_attention_backend("triton")(4, 2, 16, 8, torch.device("cpu"), deterministic=True,
+                                        deterministic_rows=rows)
 
 
 def test_triton_splits_long_decode_contexts() -> None:

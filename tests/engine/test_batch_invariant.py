@@ -89,22 +89,25 @@ def _step(backend, q, k, v, caches, spans):  # type: ignore[no-untyped-def]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("backend_name,n", [
-    pytest.param("cpp", 23, marks=needs_cxx),
-    pytest.param("triton", 23, marks=[pytest.mark.gpu, ON_CUDA]),
+@pytest.mark.parametrize("backend_name,n,rows", [
+    pytest.param("cpp", 23, None, marks=needs_cxx),
+    pytest.param("triton", 23, None, marks=[pytest.mark.gpu, ON_CUDA]),
     # Contexts of several key tiles.
-    pytest.param("triton", 300, marks=[pytest.mark.gpu, ON_CUDA]),
+    pytest.param("triton", 300, None, marks=[pytest.mark.gpu, ON_CUDA]),
+    # Query tiles of 21 tokens (engine/attention_triton.py, DETERMINISTIC_ROWS).
+    pytest.param("triton", 300, 64, marks=[pytest.mark.gpu, ON_CUDA]),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_position_attends_the_same_prefilled_chunked_or_decoded(
-    backend_name: str, n: int, dtype: torch.dtype
+    backend_name: str, n: int, rows: int | None, dtype: torch.dtype
 ) -> None:
     if backend_name == "cpp" and dtype is torch.bfloat16:
         pytest.skip("the C++ operator's float32 case covers its code path")
     heads, kv_heads, dim, bs = 9, 3, 64, 4  # SmolLM2's heads, small blocks
     dev = torch.device("cuda") if backend_name == "triton" else CPU
-    backend = get_attention_backend(backend_name)(heads, kv_heads, dim, bs, dev,
-                                                  deterministic=True)
+    backend = get_attention_backend(backend_name)(
+        heads, kv_heads, dim, bs, dev, deterministic=True,
+        **({} if rows is None else {"deterministic_rows": rows}))
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(n, heads, dim, generator=gen).to(dev, dtype)
     k = torch.randn(n, kv_heads, dim, generator=gen).to(dev, dtype)
