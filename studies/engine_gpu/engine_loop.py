@@ -59,6 +59,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
 from studies.engine_gpu.null_pass import emulate_device, strip_pass
+from studies.engine_gpu.sync_sites import SyncSites
 
 BLOCK_SIZE = 16
 
@@ -124,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    metavar="BASE,PREFILL_PER_TOKEN,DECODE_PER_SEQ,DECODE_BASE",
                    help="with --null-pass: each pass holds an emulated device for this cost "
                         "model's time (seconds), which the scheduler uses too")
+    p.add_argument("--sync-sites", action="store_true",
+                   help="count where the host waits for the GPU (sync_sites.py; slows the loop)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0)
     args = p.parse_args(argv)
@@ -282,6 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     frozen = 0 if args.no_gc_freeze else freeze_startup_heap()
     gc.set_threshold(args.gc_young, *SERVING_THRESHOLDS[1:])
     collections = GcTimes()
+    sites = SyncSites(Path(__file__).resolve().parents[2])
+    if args.sync_sites:
+        sites.start()
     loop.start()
     rng = random.Random(args.seed)
     vocab = runner.config.vocab_size
@@ -300,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     wall = max(sink.done.values(), default=time.monotonic()) - t_submit
     free_after, host_free_after = core.blocks.num_free, core.swap.host_free
     loop.stop()
+    sites.stop()
     collections.stop()
     stats = loop.stats
     result: dict[str, Any] = {
@@ -345,6 +352,9 @@ def main(argv: list[str] | None = None) -> None:
         "host_free_blocks_after": host_free_after, "host_blocks": host_blocks,
         "free_blocks_after": free_after, "num_blocks": num_blocks,
     }
+    if args.sync_sites:
+        result["sync_sites"] = sites.summary()
+        result["syncs_per_iteration"] = sites.summary()["total"] / max(1, stats.iterations)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))

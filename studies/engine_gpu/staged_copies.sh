@@ -6,8 +6,9 @@
 # engine/top_k_top_p.py); the cost of that cut on the device, searched and
 # sorted; the whole step, default and deterministic, with deterministic
 # attention's query tiles of 16 and of 64 rows, prefills up to 8,192 tokens;
-# then MLFQ with proactive swaps with and without async scheduling. Writes at
-# most 8 files to $OUT; what a timeout cuts short is last.
+# then where the loop still makes the host wait for the GPU (engine_loop
+# --sync-sites, sync_sites.py), and MLFQ with proactive swaps with and without
+# async scheduling. Writes 9 files to $OUT; what a timeout cuts short is last.
 #
 #   OUT=/tmp/out bash studies/engine_gpu/staged_copies.sh
 #
@@ -23,7 +24,7 @@ tail -2 "$OUT/pytest.log"
 # top-k / top-p cut alone by the threshold search (engine/top_k_top_p_triton.py)
 # and by a sort.
 timeout 60 python3 -m bench.sampling_bench --device cuda --batch 1,8,32,128 --vocab 128256 \
-    --scales 3 --reps 21 --out "$OUT/sampling.json" > "$OUT/sampling.log" 2>&1
+    --scales 3 --reps 21 --out "$OUT/sampling.json" > /tmp/sampling.log 2>&1
 stamp "sampling rc=$?"
 
 # The whole step, default and deterministic (query tiles of 16 and 64 rows).
@@ -32,11 +33,16 @@ timeout 200 python3 -m bench.gpu_step --out "$OUT/gpu_step.json" --no-hf \
     > "$OUT/step.log" 2>&1
 stamp "step rc=$?"
 grep -E "graphs|prefill|copy" "$OUT/step.log" | tail -40
-grep -E "top_p|top_k" "$OUT/sampling.log"
+grep -E "top_p|top_k|Error" /tmp/sampling.log
 
 # The rule that gained nothing from async scheduling on the H200 (MLFQ with
 # proactive swaps), without and with it; 2,000 requests, Llama-3.2-1B shape.
 LOOP=(--requests 2000 --timeout 75 --policy mlfq --swap-mode proactive --tokenizer "$TOK")
+# First, 500 of them with every synchronizing CUDA call counted by its site.
+serving_loop sites 60 "${LOOP[@]}" --ahead --sync-sites --requests 500
+cp /tmp/loop_sites.json "$OUT/sync_sites.json"
+python3 -c "import json; r = json.load(open('$OUT/sync_sites.json')); \
+print(r.get('syncs_per_iteration'), r.get('sync_sites', {}).get('by_site', [])[:12])"
 serving_loop sync 80 "${LOOP[@]}"
 serving_loop ahead 80 "${LOOP[@]}" --ahead
 loops_summary sync ahead
