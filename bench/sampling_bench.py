@@ -18,7 +18,8 @@ device, and the "torch path" column is the candidate cut of a CPU
 (`apply_top_k_top_p`, which reads back which rows need a sort) in place of
 the GPU's cut chosen on the host (`top_k_top_p_without_waiting`); the rows
 with top-k or top-p also time that cut alone, by the threshold search
-(`cut_ms`, `engine/top_k_top_p_triton.py`) and by a sort (`cut_sorted_ms`).
+(`cut_ms`, `engine/top_k_top_p_triton.py`) and by a sort (`cut_sorted_ms`, the
+default while `SEARCH_ON_CUDA` is off).
 """
 
 from __future__ import annotations
@@ -117,15 +118,17 @@ def _cut_times(logits: torch.Tensor, params: SamplingParams, reps: int) -> dict[
     ks = [params.top_k if params.top_k_enabled else vocab] * rows
     ps = [params.top_p] * rows
     x = logits.float() / params.temperature
-    searched = _median_ms(lambda: top_k_top_p_without_waiting(x, ks, ps), reps, x.device)
     chosen = engine.top_k_top_p._searched_or_sorted
-    engine.top_k_top_p._searched_or_sorted = (  # type: ignore[assignment]
-        lambda lg, k, p: chosen(lg, k, p, search=False))
-    try:
-        sort = _median_ms(lambda: top_k_top_p_without_waiting(x, ks, ps), reps, x.device)
-    finally:
-        engine.top_k_top_p._searched_or_sorted = chosen  # type: ignore[assignment]
-    return {"cut_ms": round(searched, 3), "cut_sorted_ms": round(sort, 3)}
+    times = {}
+    for name, search in (("cut_ms", True), ("cut_sorted_ms", False)):
+        engine.top_k_top_p._searched_or_sorted = (  # type: ignore[assignment]
+            lambda lg, k, p, s=search: chosen(lg, k, p, search=s))
+        try:
+            times[name] = round(_median_ms(lambda: top_k_top_p_without_waiting(x, ks, ps),
+                                           reps, x.device), 3)
+        finally:
+            engine.top_k_top_p._searched_or_sorted = chosen  # type: ignore[assignment]
+    return times
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,7 @@ from itertools import chain, repeat
 
 import torch
 
-from engine import attention_cpp
+from engine import attention_cpp, top_k_top_p
 from engine.device_lists import index, on_device, staged
 from engine.logits_cpu import ExactSource, argmax_rows
 from engine.sampling_params import SamplingParams
@@ -309,7 +309,7 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        if warm_vocab and self.device.type == "cuda":
+        if warm_vocab and self.device.type == "cuda" and top_k_top_p.SEARCH_ON_CUDA:
             # Builds the top-p cut's kernel (engine/top_k_top_p_triton.py)
             # now, not in the step of the first request that asks for it.
             top_k_top_p_without_waiting(

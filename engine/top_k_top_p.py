@@ -71,11 +71,11 @@ def top_k_top_p_without_waiting(
     (`scheduler/ahead.py`).  Here the host decides from the parameters
     alone: a row with top-k only takes the `max k` largest logits
     (`topk`) and keeps what reaches its k-th (ties kept); a row with top-p,
-    or with a k too large for `topk` to beat a sort, is cut on a GPU at
-    thresholds found by a search over its logits
-    (`engine/top_k_top_p_triton.py`: a few reads of the row, no sort; vLLM's
-    torch sampler sorts it), elsewhere by a sort (on a CPU this function
-    serves only tests: the sampler takes the candidate cut there)."""
+    or with a k too large for `topk` to beat a sort, is sorted in full, as
+    vLLM's torch sampler does (or, with `SEARCH_ON_CUDA`, cut at thresholds
+    found by a search over its logits, `engine/top_k_top_p_triton.py`).  On
+    a CPU this function serves only tests: the sampler takes the candidate
+    cut there."""
     rows, vocab = logits.shape
     ks = [vocab if k >= vocab else max(k, 1) for k in top_k or [vocab] * rows]
     ps = list(top_p or [1.0] * rows)
@@ -101,6 +101,12 @@ def top_k_top_p_without_waiting(
     return out
 
 
+# Whether a GPU's rows take the threshold search instead of the sort.  Off
+# until measured: it runs one program a row over a few reads of it, so a
+# small batch may wait on a few multiprocessors' latency where a segmented
+# sort spreads a row over many (`bench.sampling_bench --device cuda`: cut_ms
+# against cut_sorted_ms decides, and from how many rows).
+SEARCH_ON_CUDA = False
 _search_failed = False
 
 
@@ -109,10 +115,13 @@ def _searched_or_sorted(
     search: bool | None = None,
 ) -> torch.Tensor:
     """The rows' cut by the threshold search (`engine/top_k_top_p_triton.py`;
-    by default on a GPU only), else by a sort; a search that fails to build
-    or launch is reported once and sorted from then on."""
+    by default where `SEARCH_ON_CUDA` and the rows are on a GPU), else by a
+    sort; a search that fails to build or launch is reported once and sorted
+    from then on."""
     global _search_failed
-    if (logits.is_cuda if search is None else search) and not _search_failed:
+    if search is None:
+        search = SEARCH_ON_CUDA and logits.is_cuda
+    if search and not _search_failed:
         try:
             from engine.top_k_top_p_triton import top_k_top_p_searched
             return top_k_top_p_searched(logits, top_k, top_p)

@@ -1,5 +1,6 @@
 """Top-k and top-p truncation on a GPU by a threshold search instead of a
-sort (the rows `top_k_top_p_without_waiting` would sort in full).
+sort (the rows `top_k_top_p_without_waiting` would sort in full; taken
+where `engine.top_k_top_p.SEARCH_ON_CUDA` is on, off until timed on a GPU).
 
 A row's kept set is every token whose logit reaches a threshold: the k-th
 largest logit for top-k (ties kept), then, among those, the largest logit
