@@ -10,9 +10,11 @@ cut keeps, ties kept).  Both thresholds are found by a many-way search over
 the logits' order-preserving integer keys: each pass over the row counts
 (or weighs, `exp(x - max)`) the tokens at or above 16 pivots at once, keeps
 the bucket where the count crosses its target and shrinks it to the keys
-actually in it, until one key is left.  A row takes a few passes of
-reads where a segmented sort writes and reads it several times and
-scatters it back; nothing is read back to the host (one program a row).
+actually in it, until one key is left.  A row takes one program and
+some ten reads of it (its bounds, a few passes a threshold, the write),
+writes nothing but the result and reads nothing back to the host; whether
+that beats a segmented sort, and from how many rows, is the GPU
+benchmark's to say (`bench.sampling_bench --device cuda`).
 
 This is the same kind of search as vLLM's pivot-based Triton top-k/top-p
 (after Qrita); the semantics here are the sorted cut's, with ties kept.
