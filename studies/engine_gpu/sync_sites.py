@@ -34,7 +34,7 @@ class SyncSites:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._shown: Any = None
-        self._filters: list[Any] = []
+        self._saved: warnings.catch_warnings | None = None
 
     def record(self, message: str, stack: list[traceback.FrameSummary]) -> bool:
         """Count one warning if it is a synchronization; False otherwise."""
@@ -56,8 +56,10 @@ class SyncSites:
             self._shown(message, category, filename, lineno, file, line)
 
     def start(self) -> None:
+        # Filters and showwarning as they were, put back by stop().
+        self._saved = warnings.catch_warnings()
+        self._saved.__enter__()
         self._shown = warnings.showwarning
-        self._filters = list(warnings.filters)
         warnings.showwarning = self._show
         # Every occurrence, not once per place.
         warnings.filterwarnings("always", message=f".*{MESSAGE}.*")
@@ -67,9 +69,9 @@ class SyncSites:
     def stop(self) -> None:
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("default")
-        if self._shown is not None:
-            warnings.showwarning = self._shown
-            warnings.filters[:] = self._filters
+        if self._saved is not None:
+            self._saved.__exit__(None, None, None)
+            self._saved = None
 
     def summary(self, top: int = 40) -> dict[str, Any]:
         with self._lock:
