@@ -9,7 +9,10 @@ layer (x 32 layers) and the lm_head for the sampled rows, at decode batches
 from a CUDA graph.  Each configuration is also checked for invariance: the
 rows of a 2,048-row product equal the same rows multiplied alone or in
 slices, bit for bit.  The sweep's second half varies the split over K
-(`TileConfig.split_to`) of the chosen tile.
+(`TileConfig.split_to`) of the chosen tile.  `--large-rows` instead times a
+prefill's matmuls with the chosen tile and with `LARGE` (CONFIG's split
+kept, as `InvariantLinear` multiplies) from 128 to 2,048 rows: where the
+larger tile starts to pay (`LARGE_ROWS`).
 
     python -m studies.engine_gpu.invariant_matmul --out studies/engine_gpu/invariant_matmul.json
 """
@@ -23,7 +26,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.models.matmul_triton import CONFIG, TileConfig, invariant_linear
+from engine.models.matmul_triton import (
+    CONFIG,
+    LARGE,
+    LARGE_ROWS,
+    TileConfig,
+    invariant_linear,
+    splits,
+)
 from studies.engine_gpu.kernel_sweep import graph_time
 
 LAYERS = 32
@@ -58,16 +68,40 @@ def invariant(config: TileConfig, dev: torch.device) -> bool:
                for a, n in ((0, 1), (777, 1), (5, 31), (100, 64), (1000, 300)))
 
 
-def step_ms(fn, m: int, dev: torch.device) -> float:  # type: ignore[no-untyped-def]
+PREFILL_ROWS = (128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def step_ms(fn, m: int, dev: torch.device,  # type: ignore[no-untyped-def]
+            prefill: bool | None = None) -> float:
     """Matmul time of one step of `m` rows (the head for one row per
-    sequence at decode, for one row at prefill)."""
+    sequence at decode, for one row at prefill; a prefill: `m == PREFILL`
+    unless said)."""
+    prefill = m == PREFILL if prefill is None else prefill
     total = 0.0
     for name, n, k, count in SHAPES:
-        rows = 1 if (name == "head" and m == PREFILL) else m
+        rows = 1 if (name == "head" and prefill) else m
         x = torch.randn(rows, k, device=dev).bfloat16()
         w = (torch.randn(n, k, device=dev) / k**0.5).bfloat16()
         total += count * graph_time(lambda: fn(x, w))
     return 1e3 * total
+
+
+def _large(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return invariant_linear(x, w, config=LARGE, split=splits(w.shape[0], w.shape[1]))
+
+
+def large_rows(dev: torch.device) -> dict:
+    """A prefill's matmuls at PREFILL_ROWS: cuBLAS, CONFIG, LARGE."""
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    result: dict = {"device": name, "large_rows": LARGE_ROWS,
+                    "config": list(CONFIG), "large": list(LARGE), "rows": []}
+    for m in PREFILL_ROWS:
+        row = {"rows": m, **{name: step_ms(fn, m, dev, prefill=True) for name, fn in (
+            ("cublas_ms", F.linear), ("config_ms", invariant_linear), ("large_ms", _large))}}
+        result["rows"].append(row)
+        print(m, {k: round(v, 2) for k, v in row.items() if k != "rows"},
+              f"large / config {row['large_ms'] / row['config_ms']:.2f}", flush=True)
+    return result
 
 
 def main() -> None:
@@ -75,8 +109,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--splits-only", action="store_true",
                    help="only the chosen tile with and without splits over K")
+    p.add_argument("--large-rows", action="store_true",
+                   help="only CONFIG against LARGE over a prefill's row counts")
     args = p.parse_args()
     dev = torch.device("cuda")
+    if args.large_rows:
+        args.out.write_text(json.dumps(large_rows(dev), indent=2))
+        return
     ms = (*DECODE, PREFILL)
     result: dict = {"device": torch.cuda.get_device_name(dev), "chosen": list(CONFIG),
                     "rows": list(ms), "cublas_ms": {}, "configs": []}

@@ -6,9 +6,10 @@
 # engine/top_k_top_p.py); the cost of that cut on the device, searched and
 # sorted; the whole step, default and deterministic, with deterministic
 # attention's query tiles of 16 and of 64 rows, prefills up to 8,192 tokens;
-# then where the loop still makes the host wait for the GPU (engine_loop
-# --sync-sites, sync_sites.py), and MLFQ with proactive swaps with and without
-# async scheduling. Writes 9 files to $OUT; what a timeout cuts short is last.
+# from how many rows the deterministic GEMM's larger tile pays; then where the
+# loop still makes the host wait for the GPU (engine_loop --sync-sites,
+# sync_sites.py), and MLFQ with proactive swaps with and without async
+# scheduling. Writes 10 files to $OUT; what a timeout cuts short is last.
 #
 #   OUT=/tmp/out bash studies/engine_gpu/staged_copies.sh
 #
@@ -34,6 +35,13 @@ timeout 200 python3 -m bench.gpu_step --out "$OUT/gpu_step.json" --no-hf \
 stamp "step rc=$?"
 grep -E "graphs|prefill|copy" "$OUT/step.log" | tail -40
 grep -E "top_p|top_k|Error" /tmp/sampling.log
+
+# From how many rows the deterministic GEMM's larger tile pays (LARGE_ROWS,
+# 512 a guess): a prefill's matmuls of the 8B shape at 128 to 2,048 rows.
+timeout 60 python3 -m studies.engine_gpu.invariant_matmul --large-rows \
+    --out "$OUT/large_rows.json" > /tmp/large_rows.log 2>&1
+stamp "large rows rc=$?"
+cat /tmp/large_rows.log
 
 # The rule that gained nothing from async scheduling on the H200 (MLFQ with
 # proactive swaps), without and with it; 2,000 requests, Llama-3.2-1B shape.
