@@ -24,6 +24,7 @@ def test_writes_every_case(tmp_path):
 def test_cut_times_time_the_search_and_the_sort(monkeypatch):
     """The GPU's cut timed searched (here under Triton's interpreter), then
     sorted, and the choice restored after."""
+    monkeypatch.setattr(engine.top_k_top_p, "_search_failed", False)  # put back after
     chosen = engine.top_k_top_p._searched_or_sorted
     searched = []
     monkeypatch.setattr(engine.top_k_top_p, "_searched_or_sorted",

@@ -122,12 +122,14 @@ def test_a_search_that_fails_is_reported_once_and_sorted_after(
     import engine.top_k_top_p_triton as searched
 
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(3, 800, generator=g) * 3
-    ks, ps = torch.tensor([800, 30, 800]), torch.tensor([0.9, 0.8, 0.5])
+    logits = (torch.randn(3, 800, generator=g) * 3).to(DEVICE)
+    ks = torch.tensor([800, 30, 800], device=DEVICE)
+    ps = torch.tensor([0.9, 0.8, 0.5], device=DEVICE)
     want = _top_k_top_p_sorted(logits, ks, ps)
     monkeypatch.setattr(cut, "_search_failed", False)
     assert torch.equal(cut._searched_or_sorted(logits, ks, ps, search=True).isfinite(),
                        want.isfinite())
+    assert not cut._search_failed  # it searched
     calls = []
 
     def broken(*args: object) -> torch.Tensor:
