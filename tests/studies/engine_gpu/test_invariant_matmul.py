@@ -1,6 +1,6 @@
 """`studies.engine_gpu.invariant_matmul --large-rows` runs between GPU
-sessions: on CPU tensors under Triton's interpreter, tiny shapes, each
-launch timed once instead of replayed from a graph."""
+sessions: tiny shapes (on CPU tensors under Triton's interpreter where no
+GPU is), each launch timed once instead of replayed from a graph."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def test_large_rows_times_every_row_count_three_ways(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(invariant_matmul, "graph_time", once)
     monkeypatch.setattr(invariant_matmul, "SHAPES", [("o", 64, 256, 2), ("head", 96, 256, 1)])
     monkeypatch.setattr(invariant_matmul, "PREFILL_ROWS", (16, 40))
-    result = invariant_matmul.large_rows(torch.device("cpu"))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result = invariant_matmul.large_rows(dev)
     assert [r["rows"] for r in result["rows"]] == [16, 40]
     # Per row count: two shapes, three ways, the head on one row (a prefill).
     assert calls == [16, 1] * 3 + [40, 1] * 3
