@@ -112,7 +112,8 @@ def scenarios() -> None:
         table = torch.zeros(64, 64, dtype=torch.float32)
         apply_rotary_qk(q, k, table, table, torch.zeros(5, dtype=torch.long))
         w = torch.zeros(1536, 576, dtype=dtype)
-        invariant_linear(x, w)  # split over K: the partial sums, then their sum
+        invariant_linear(x, w)  # K = 576: one split
+        # K = 1,536: three splits' partial sums, then their sum with the bias.
         invariant_linear(torch.zeros(5, 1536, dtype=dtype), torch.zeros(576, 1536, dtype=dtype),
                          torch.zeros(576, dtype=dtype))
         if dtype is torch.bfloat16:  # float32's does not fit: InvariantLinear keeps CONFIG
