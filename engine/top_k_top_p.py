@@ -73,9 +73,11 @@ def top_k_top_p_without_waiting(
     (`topk`) and keeps what reaches its k-th (ties kept); a row with top-p,
     or with a k too large for `topk` to beat a sort, is sorted in full, as
     vLLM's torch sampler does (or, with `SEARCH_ON_CUDA`, cut at thresholds
-    found by a search over its logits, `engine/top_k_top_p_triton.py`).  On
-    a CPU this function serves only tests: the sampler takes the candidate
-    cut there."""
+    found by a search over its logits, `engine/top_k_top_p_triton.py`); both
+    keep every token tied with the nucleus's edge, so that the kept set does
+    not depend on the order a sort leaves equal logits in (a GPU's sort is
+    not stable).  On a CPU this function serves only tests: the sampler
+    takes the candidate cut there."""
     rows, vocab = logits.shape
     ks = [vocab if k >= vocab else max(k, 1) for k in top_k or [vocab] * rows]
     ps = list(top_p or [1.0] * rows)
@@ -171,16 +173,20 @@ def _top_k_top_p_candidates(
 def _top_k_top_p_sorted(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
-    """`apply_top_k_top_p` by a full sort of each row (the general case)."""
+    """`apply_top_k_top_p` by a full sort of each row (the general case):
+    each cut is the sorted row's value at its edge, and the row keeps what
+    reaches it (ties kept), so nothing is scattered back."""
     vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1)  # ascending
+    sorted_logits = logits.sort(dim=-1).values  # ascending
+    edge = torch.full_like(sorted_logits[:, :1], float("-inf"))
     if top_k is not None:
-        kth_index = (vocab - top_k.clamp(1, vocab)).unsqueeze(1)
-        kth = sorted_logits.gather(1, kth_index)
-        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+        edge = sorted_logits.gather(1, (vocab - top_k.clamp(1, vocab)).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < edge, float("-inf"))
     if top_p is not None:
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1.0 - top_p).unsqueeze(1)
-        drop[:, -1] = False  # the most likely token always survives
-        sorted_logits.masked_fill_(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+        # The running sum rises along the row: the tokens it leaves at or
+        # under 1 - top_p come first (those top-k cut among them: they weigh
+        # 0); the most likely token always survives.
+        dropped = (cum <= (1.0 - top_p).unsqueeze(1)).sum(dim=-1).clamp_(max=vocab - 1)
+        edge = sorted_logits.gather(1, dropped.unsqueeze(1))
+    return logits.masked_fill(logits < edge, float("-inf"))

@@ -128,8 +128,8 @@ def test_top_k_top_p_matches_the_full_sort(case: str) -> None:
         top_p[1::3] = 1.0
     combos = [(top_k, None), (None, top_p), (top_k, top_p)]
     if case == "ties":
-        # Which of several equal logits at the nucleus edge stays depends
-        # on the order a sort leaves them in; top-k keeps every tie.
+        # The candidate cut keeps equal logits at the nucleus edge by their
+        # rank in `topk`, the sort keeps them all; top-k keeps every tie.
         combos = combos[:1]
     for k, p in combos:
         got = apply_top_k_top_p(logits.clone(), k, p)
@@ -171,6 +171,16 @@ def test_the_cut_that_reads_nothing_back_keeps_what_the_candidate_cut_keeps(
                if (k is None or k[i] >= vocab) and (p is None or p[i] >= 1.0)]
         assert off and torch.equal(got[off], logits[off])
     assert torch.equal(top_k_top_p_without_waiting(logits, None, None), logits)
+
+
+def test_the_sorted_cut_keeps_every_tie_at_the_nucleus_edge() -> None:
+    """Mass above 3 is 0.46 of the row, above each 2 the same 0.46: all
+    three 2s survive top_p 0.6, whatever order a sort leaves them in (a
+    GPU's sort is not stable), and top_p 0.4 keeps the 3 alone."""
+    logits = torch.tensor([[2.0, 0.0, 2.0, 3.0, 2.0]] * 2)
+    got = _top_k_top_p_sorted(logits, None, torch.tensor([0.6, 0.4]))
+    assert torch.isfinite(got).tolist() == [[True, False, True, True, True],
+                                            [False, False, False, True, False]]
 
 
 def test_top_k_top_p_support() -> None:
