@@ -173,8 +173,8 @@ class OurModel:
         self.cache.data.normal_()
         self.backends = {}
         for name in args.backends.split(","):
-            rows = {"deterministic_rows": int(name[len(DET):])} if is_det(name) \
-                and name != DET else {}
+            tile = name[len(DET):] if is_det(name) else ""  # "triton-det64": 64 rows
+            rows = {"deterministic_rows": int(tile)} if tile else {}
             self.backends[name] = get_attention_backend("triton" if is_det(name) else name)(
                 m.num_heads, m.num_kv_heads, m.head_dim, BLOCK_SIZE, device,
                 deterministic=is_det(name), **rows)

@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.sync_sites:
         result["sync_sites"] = sites.summary()
-        result["syncs_per_iteration"] = sites.summary()["total"] / max(1, stats.iterations)
+        result["syncs_per_iteration"] = result["sync_sites"]["total"] / max(1, stats.iterations)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))
