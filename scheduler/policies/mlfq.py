@@ -27,21 +27,21 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from functools import partial
 
 from scheduler.blocks import blocks_for
 from scheduler.job import Job
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.burst_reserve import BurstReserve
-from scheduler.policies.enst import EnstRanking, RankingOnce, Shortfall, execute_times
+from scheduler.policies.enst import RankingOnce, Shortfall
 from scheduler.policies.mlfq_admission import NewcomerLevel, newcomer_levels
 from scheduler.policies.mlfq_kv import MLFQResidency
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
 from scheduler.policies.mlfq_walk import MLFQWalking
 from scheduler.policies.walk import queue_order
-from scheduler.policy import Policy
+from scheduler.policy import _RUNNING, Policy
 from scheduler.swap import SwapMode
 
 # Default q1 when no cost estimate is given: a small model's decode step.
@@ -351,27 +351,6 @@ class MLFQPolicy(Policy, MLFQResidency, MLFQWalking):
                 return job
         raise KeyError(job_id)
 
-    # ENST (FastServe §4.2) --------------------------------------------------
-
-    def _ranking(self, now: float) -> EnstRanking:
-        counts = {p: [len(q) for q in levels] for p, levels in self._levels.items()}
-        return EnstRanking(execute_times(counts, self.quanta, self.config.max_batch_size,
-                                         self._shortfall),
-                           self._rank, self.last_run, self.alpha, now,
-                           promotes=self.variant != "fixed")
-
-    def enst(self, now: float) -> dict[str, float]:
-        """Estimated next scheduled time of every job, relative to now (for
-        inspection and tests; planning ranks only the jobs it needs with
-        `EnstRanking`).  Position inside the level breaks ties."""
-        ranking = self._ranking(now)
-        out: dict[str, float] = {}
-        for levels in self._levels.values():
-            for q in levels:
-                for pos, job in enumerate(q.values()):
-                    out[job.job_id] = ranking.value(job) + pos * 1e-9
-        return out
-
     # Planning -------------------------------------------------------------
 
     def reserve_target(self, now: float) -> int:
@@ -418,6 +397,7 @@ class MLFQPolicy(Policy, MLFQResidency, MLFQWalking):
         keep_kv = not self.config.mlfq.cold_start_recompute
         bs = self.blocks.block_size
         visited = pool.visited
+        taken_add = pool.taken.add
         for job in walk:
             if slots <= 0 or budget <= 0:
                 break
@@ -463,23 +443,41 @@ class MLFQPolicy(Policy, MLFQResidency, MLFQWalking):
                         fail = min(fail, job.num_host_blocks)
                 continue
             computed = job.num_computed_tokens
-            n = len(job.prompt_token_ids) + len(job.output_token_ids) - computed
+            outputs = job.output_token_ids
+            p = len(job.prompt_token_ids)
+            known = p + len(outputs)
+            n = known - computed
             if n > budget:
                 n = budget
-            need = -(-(computed + n) // bs) - len(table)
+            end = computed + n
+            need = -(-end // bs) - len(table)
             if need >= fail:
                 continue
-            if need > 0 and not self._make_room(job, n, plan, pool, cold):
-                if cold:
-                    self._narrow(walk, job, with_host=True)
-                elif self.skip_hopeless:
-                    fail = need
-                    if fail <= 1:
-                        self._narrow(walk, job, with_host=False)
-                continue
+            if need > 0:
+                if not self._make_room(job, n, plan, pool, cold):
+                    if cold:
+                        self._narrow(walk, job, with_host=True)
+                    elif self.skip_hopeless:
+                        fail = need
+                        if fail <= 1:
+                            self._narrow(walk, job, with_host=False)
+                    continue
+                table = job.block_table
             selected.append(job)
-            pool.taken.add(job.job_id)
-            chunks.append(self.chunk_for(job, n))
+            taken_add(job.job_id)
+            # `chunk_for`, inlined: once per job of the batch, and the
+            # walk has already read what it checks.
+            if job.state is not _RUNNING:
+                job.transition(_RUNNING)
+            if job.first_scheduled_time is None:
+                job.first_scheduled_time = now
+            copy = job.table_copy
+            if copy is None or len(copy) != len(table):
+                copy = job.table_copy = table.copy()
+            chunks.append(ScheduledChunk(
+                job.job_id,
+                outputs[computed - p:end - p] if computed >= p else job.token_slice(computed, end),
+                computed, copy, end == known, len(outputs)))
             budget -= n
             slots -= 1
 
@@ -488,12 +486,3 @@ class MLFQPolicy(Policy, MLFQResidency, MLFQWalking):
         plan.chunks = chunks
         self.selected = selected
         return plan
-
-    def _by_enst(self, ranking: Callable[[], EnstRanking]) -> Iterator[Job]:
-        """The resident jobs not being swapped in, largest ENST first, ranked
-        when the first is read."""
-        yield from self._resident.descending(ranking(), _not_in_flight)
-
-
-def _not_in_flight(job: Job) -> bool:
-    return job.swap_pending is None

@@ -1,21 +1,22 @@
-"""Where the MLFQ's jobs' KV lives (FastServe §4.2): making room for the
-walk's jobs by evicting lower-priority idle ones, largest ENST first; the
-rule that a job with no KV does not start by dropping a started job's KV
-(`mlfq.cold_start_recompute`); swap-ins; and proactive swapping, which
-keeps a reserve of free blocks and brings the smallest-ENST jobs back
-ahead of their turn.  A mixin of `MLFQPolicy`, which holds the state."""
+"""Where the MLFQ's jobs' KV lives (FastServe §4.2): the ENST order of the
+jobs holding KV; making room for the walk's jobs by evicting lower-priority
+idle ones, largest ENST first; the rule that a job with no KV does not
+start by dropping a started job's KV (`mlfq.cold_start_recompute`);
+swap-ins; and proactive swapping, which keeps a reserve of free blocks and
+brings the smallest-ENST jobs back ahead of their turn.  A mixin of `MLFQPolicy`, which holds the state."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
 from scheduler.blocks import BlockManager
 from scheduler.job import Job
 from scheduler.plan import BlockOp, Plan
-from scheduler.policies.enst import EnstRanking
+from scheduler.config import SchedulerConfig
+from scheduler.policies.enst import EnstRanking, Shortfall, execute_times
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
 from scheduler.swap import SwapManager, SwapMode
@@ -32,6 +33,15 @@ class MLFQResidency:
     swapped_in_step: dict[str, int]
     _step: int
     _host: RankedSet
+    _resident: RankedSet
+    config: SchedulerConfig
+    variant: str
+    quanta: list[float]
+    alpha: float
+    last_run: dict[str, float]
+    _levels: dict[int, list[dict[str, Job]]]
+    _rank: dict[str, tuple[int, int, int]]
+    _shortfall: Shortfall | None
 
     if TYPE_CHECKING:  # `Policy` and `MLFQPolicy` provide them
         def evict(self, job: Job, ops: list[BlockOp]) -> None: ...
@@ -164,3 +174,33 @@ class MLFQResidency:
         are all held by siblings too would give back none, so it stays."""
         if self.blocks.num_exclusive(job):
             self._swap_out(job, ops, pool)
+
+    # ENST order (FastServe §4.2) -----------------------------------------
+
+    def _ranking(self, now: float) -> EnstRanking:
+        counts = {p: [len(q) for q in levels] for p, levels in self._levels.items()}
+        return EnstRanking(execute_times(counts, self.quanta, self.config.max_batch_size,
+                                         self._shortfall),
+                           self._rank, self.last_run, self.alpha, now,
+                           promotes=self.variant != "fixed")
+
+    def enst(self, now: float) -> dict[str, float]:
+        """Estimated next scheduled time of every job, relative to now (for
+        inspection and tests; planning ranks only the jobs it needs with
+        `EnstRanking`).  Position inside the level breaks ties."""
+        ranking = self._ranking(now)
+        out: dict[str, float] = {}
+        for levels in self._levels.values():
+            for q in levels:
+                for pos, job in enumerate(q.values()):
+                    out[job.job_id] = ranking.value(job) + pos * 1e-9
+        return out
+
+    def _by_enst(self, ranking: Callable[[], EnstRanking]) -> Iterator[Job]:
+        """The resident jobs not being swapped in, largest ENST first, ranked
+        when the first is read."""
+        yield from self._resident.descending(ranking(), _not_in_flight)
+
+
+def _not_in_flight(job: Job) -> bool:
+    return job.swap_pending is None

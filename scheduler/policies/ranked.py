@@ -234,12 +234,36 @@ class _Streams:
     def promote(self, reverse: bool = False, enst_only: bool = False
                 ) -> Iterator[tuple[_Key, str]]:
         row, alpha, now, top = self.row, self.alpha, self.now, self.top
+        if reverse and enst_only:
+            yield from self._promote_descending()
+            return
         for t, lvl, seq, jid in reversed(self._by_run) if reverse else self._by_run:
             if lvl:
                 tp = alpha - (now - t)
                 tp = tp if tp > 0.0 else 0.0
                 if not enst_only or lvl >= top or tp < row[lvl]:
                     yield (tp, lvl, seq), jid
+
+    def _promote_descending(self) -> Iterator[tuple[_Key, str]]:
+        """`promote(reverse=True, enst_only=True)`.  Members that ran at the
+        same time share a T_promote and lie in level order, and T_execute
+        rises with the level, so once one of them has its ENST in the
+        T_execute stream (Q1, or T_promote ≥ its level's T_execute), so have
+        all those below it: the rest of that time is passed over at once.
+        The members of the last batches, which the largest-first order
+        reaches first and which rarely carry their ENST here, then cost a
+        bisection a batch instead of a step a member."""
+        by_run, row, alpha, now, top = self._by_run, self.row, self.alpha, self.now, self.top
+        i = len(by_run) - 1
+        while i >= 0:
+            t, lvl, seq, jid = by_run[i]
+            tp = alpha - (now - t)
+            tp = tp if tp > 0.0 else 0.0
+            if lvl and (lvl >= top or tp < row[lvl]):
+                yield (tp, lvl, seq), jid
+                i -= 1
+            else:
+                i = bisect.bisect_left(by_run, (t,), 0, i) - 1
 
 
 def _merge(a: Iterator[tuple[_Key, str]], b: Iterator[tuple[_Key, str]],

@@ -214,7 +214,8 @@ def test_ranked_set_enst_orders_match_sorting_by_the_full_key(seed):
     `EnstRanking.key`, where T_promote beats T_execute for some members,
     ties T_execute exactly for some, and whole levels have T_execute above
     α (the merge's cut).  Every member ran less than α ago, as in a plan:
-    the policy promotes a job idle for α before it ranks anyone."""
+    the policy promotes a job idle for α before it ranks anyone.  Members
+    share their last runs (eight times), as a batch's do."""
     from scheduler.policies.ranked import RankedSet
 
     rng = random.Random(seed)
