@@ -66,6 +66,10 @@ class PlanTimeConfig(BaseModel):
     # "wall": perf_counter; "cpu": this thread's CPU time, which leaves out
     # the time other processes took the core (steadier A/B on a shared box).
     clock: str = "wall"
+    # Blocks a second the host tier copies, as an engine reports it
+    # (`StepResult.copy_rate`): what bounds a plan's proactive swap-ins.
+    # None: not reported (the bound is then 1/8 of the device blocks).
+    copy_rate: float | None = None
 
 
 class PlanTime(BaseModel):
@@ -151,7 +155,8 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         clock.t += it
         before = len(core.jobs)
         t0 = tick()
-        core.complete(plan, StepResult(plan.step, outputs, it, swaps_in_done=swapped_in))
+        core.complete(plan, StepResult(plan.step, outputs, it, swaps_in_done=swapped_in,
+                                       copy_rate=cfg.copy_rate))
         if step >= cfg.warmup:
             completes.append((tick() - t0) / 1000)
         for _ in range(before - len(core.jobs)):
@@ -180,6 +185,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["recompute", "reactive", "proactive"])
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="plan without the prefix cache's bookkeeping")
+    p.add_argument("--num-blocks", type=int, default=PlanTimeConfig.model_fields["num_blocks"].default,
+                   help="device KV blocks")
+    p.add_argument("--host-kv-blocks", type=int,
+                   default=PlanTimeConfig.model_fields["host_kv_blocks"].default)
+    p.add_argument("--copy-rate", type=float, default=None,
+                   help="KV blocks a second the host tier copies, as an engine would report "
+                        "it (bounds proactive swap-ins per iteration); default: not reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time, or this thread's CPU time (steadier on a shared machine)")
@@ -220,7 +232,9 @@ def main(argv: list[str] | None = None) -> None:
             r = measure(PlanTimeConfig(policy=policy, queued=n, steps=a.steps,
                                        warmup=a.warmup, swap_mode=a.swap_mode, seed=a.seed,
                                        prefix_caching=not a.no_prefix_caching,
-                                       clock=a.clock))
+                                       clock=a.clock, num_blocks=a.num_blocks,
+                                       host_kv_blocks=a.host_kv_blocks,
+                                       copy_rate=a.copy_rate))
             points.append(r)
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "

@@ -21,7 +21,8 @@ from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
 from scheduler.swap import SwapManager, SwapMode
 
-# Proactive swap-ins per iteration: at most 1/8 of the device blocks.
+# Proactive swap-ins per iteration: at most 1/8 of the device blocks, and
+# at most what the host tier's link copies in an iteration.
 _SWAP_IN_SHARE = 8
 
 
@@ -148,13 +149,17 @@ class MLFQResidency:
             self._swap_out_freeing(idle.pop(), plan.block_ops, pool)
         if self.blocks.num_free < reserve and not swap.host_free:
             return  # no swap-in fits below the reserve, and no swap-out makes room
-        budget = max(1, self.blocks.num_blocks // _SWAP_IN_SHARE)
+        # The copies overlap the computation (FastServe §4.2) where they are
+        # no more than the link moves while an iteration computes, as
+        # measured (`copies_per_iteration`); more would only queue behind.
+        cap = swap.copies_per_iteration(max(1, self.blocks.num_blocks // _SWAP_IN_SHARE))
+        budget = cap
         ranking = ranked()
         host = self._host.ascending(ranking, lambda j: j.swap_pending is None
                                     and j.job_id not in pool.swapped_out)
         for h in host:
             n = h.num_host_blocks
-            if n > budget and budget < self.blocks.num_blocks // _SWAP_IN_SHARE:
+            if n > budget and budget < cap:
                 break  # (the first job always goes, however large)
             while (self.blocks.num_free - n < reserve and swap.host_free
                    and idle.head is not None and ranking.key(idle.head) > ranking.key(h)

@@ -272,6 +272,40 @@ def _swap_workload(clock, mode, seed=0, host=256, **kw):
     return core, engine, plans
 
 
+@pytest.mark.parametrize("copy_rate", [None, 200.0])
+def test_proactive_swap_ins_stay_within_what_the_link_copies_in_an_iteration(clock, copy_rate):
+    """FastServe §4.2 overlaps the swaps with the computation: a plan's
+    swap-ins are at most what the host tier's link copies while an
+    iteration computes (the engine's measured blocks/s times the last
+    iteration's time; 200 × 11 ms: 2 blocks), 1/8 of the device blocks (16)
+    while no rate is known, and a plan's first job goes whatever its size."""
+    rng = random.Random(0)
+    core = mlfq_core(clock, num_blocks=128, max_batch_size=4, swap_mode="proactive",
+                     host_kv_blocks=2048, max_model_len=128)
+    engine = FakeEngine(clock, step_time=0.011, swap_delay=1)
+    sizes: list[int] = []
+    for step in range(4000):
+        if step < 400 and rng.random() < 0.3:
+            core.add(make_job(rng.randint(4, 40), rng.randint(4, 60)))
+        if step >= 400 and not core.has_work:
+            break
+        p = core.schedule()
+        ins = [op.job_id for op in p.block_ops if op.kind is BlockOpKind.SWAP_IN]
+        if ins:
+            cap = 16 if core.swap.copy_rate is None else int(copy_rate * 0.011)
+            assert len(ins) <= cap or len(set(ins)) == 1, (step, len(ins), cap)
+            sizes.append(len(ins))
+        result = engine.execute(p)
+        result.copy_rate = copy_rate
+        core.complete(p, result)
+        core.blocks.check()
+    assert not core.has_work and sizes
+    if copy_rate is None:
+        assert max(sizes) > 2  # the rate's bound below would have cut these
+    else:
+        assert sum(n > 2 for n in sizes) < len(sizes)  # only single large jobs pass it
+
+
 @pytest.mark.parametrize("mode", ["reactive", "proactive"])
 def test_swapping_never_pingpongs_and_preserves_outputs(clock, mode):
     core, engine, plans = _swap_workload(clock, mode)
