@@ -7,17 +7,18 @@ a plan touches.  ENST(i) = min(T_promote(i), T_execute(i)), and each of the
 two orders jobs by a stored property that changes only when the job runs or
 changes level: T_execute by the walk rank (class, level, entry order; it
 grows with the level within a class), T_promote by the time the job last
-ran.  A `RankedSet` keeps its members sorted both ways (bisect on plain
-lists: O(log n) to find, a memmove to insert), and a plan merges the two
-lazily, taking only as many jobs as it uses.
+ran.  A `RankedSet` keeps its members sorted both ways, the second within
+each level (bisect on plain lists: O(log n) to find, a memmove to insert),
+and a plan merges them lazily, taking only as many jobs as it uses.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from itertools import islice
 from operator import itemgetter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from scheduler.job import Job
 from scheduler.policies.enst import EnstRanking, Rank
@@ -32,7 +33,11 @@ class RankedSet:
         self._jobs: dict[str, Job] = {}
         self._entries: dict[str, tuple[_RankEntry, _RunEntry]] = {}
         self._by_rank: list[_RankEntry] = []
-        self._by_run: list[_RunEntry] = []
+        # The last-run order, one list per level: the largest-first ENST
+        # order finds each level's members whose T_promote is their ENST by
+        # one bisection (`_Streams.promote_descending`); the smallest-first
+        # order merges the levels.
+        self._runs_at: dict[int, list[_RunEntry]] = {}
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -66,7 +71,7 @@ class RankedSet:
         self._jobs[jid] = job
         self._entries[jid] = (re, ru)
         bisect.insort(self._by_rank, re)
-        bisect.insort(self._by_run, ru)
+        bisect.insort(self._runs_at.setdefault(ru[1], []), ru)
 
     def discard(self, job_id: str) -> None:
         entries = self._entries.pop(job_id, None)
@@ -75,7 +80,8 @@ class RankedSet:
         del self._jobs[job_id]
         re, ru = entries
         del self._by_rank[bisect.bisect_left(self._by_rank, re)]
-        del self._by_run[bisect.bisect_left(self._by_run, ru)]
+        at = self._runs_at[ru[1]]
+        del at[bisect.bisect_left(at, ru)]
 
     def update(self, job_id: str, rank: Rank, last_run: float) -> None:
         """A member changed level or ran.  Only the order whose key changed
@@ -91,22 +97,24 @@ class RankedSet:
             del self._by_rank[bisect.bisect_left(self._by_rank, old_re)]
             bisect.insort(self._by_rank, re)
         if ru != old_ru:
-            by_run = self._by_run
-            del by_run[bisect.bisect_left(by_run, old_ru)]
-            if not by_run or ru >= by_run[-1]:
-                by_run.append(ru)
+            old_at = self._runs_at[old_ru[1]]
+            del old_at[bisect.bisect_left(old_at, old_ru)]
+            at = self._runs_at.setdefault(ru[1], [])
+            if not at or ru >= at[-1]:
+                at.append(ru)
             else:
-                bisect.insort(by_run, ru)
+                bisect.insort(at, ru)
         self._entries[job_id] = (re, ru)
 
     def ran(self, job_ids: list[str], now: float) -> None:
         """The members among `job_ids` ran at `now`, no earlier than any
         member last ran: their last-run entries move to the end of that
-        order, as `update` would move them one by one (ranks unchanged).
-        One pass over the order instead of a call, search and memmove per
-        job: an iteration's whole batch runs at once."""
+        order of their level, as `update` would move them one by one (ranks
+        unchanged).  One pass over each of those orders instead of a call,
+        search and memmove per job: an iteration's whole batch runs at once."""
         entries = self._entries
         moved: dict[str, _RunEntry] = {}
+        at_level: dict[int, list[_RunEntry]] = {}
         for jid in job_ids:
             e = entries.get(jid)
             if e is not None:
@@ -114,17 +122,15 @@ class RankedSet:
                 new: _RunEntry = (now, ru[1], ru[2], jid)
                 moved[jid] = new
                 entries[jid] = (re, new)
-        if not moved:
-            return
-        kept = [ru for ru in self._by_run if ru[3] not in moved]
-        fresh = sorted(moved.values())
-        if kept and fresh[0] < kept[-1]:
-            # A member joined at `now` ranks after some of these.
-            for ru in fresh:
-                bisect.insort(kept, ru)
-        else:
-            kept += fresh
-        self._by_run = kept
+                mine = at_level.get(ru[1])
+                if mine is None:
+                    at_level[ru[1]] = [new]
+                else:
+                    mine.append(new)
+        runs_at = self._runs_at
+        for lvl, mine in at_level.items():
+            mine.sort()
+            runs_at[lvl] = _moved_last(runs_at[lvl], moved, mine)
 
     def members(self) -> list[Job]:
         return list(self._jobs.values())
@@ -151,7 +157,7 @@ class RankedSet:
             return
         # The first of a member's two appearances carries its ENST.
         seen: set[str] = set()
-        streams = _Streams(self._by_rank, self._by_run, ranking)
+        streams = _Streams(self._by_rank, self._runs_at, ranking)
         for jid in _merge(streams.execute(), streams.promote(), reverse=False):
             if jid in seen:
                 continue
@@ -175,9 +181,9 @@ class RankedSet:
             return
         # Largest first, the first appearance is the larger time: each
         # member is taken only from the stream whose time is its ENST.
-        streams = _Streams(self._by_rank, self._by_run, ranking, self._entries)
+        streams = _Streams(self._by_rank, self._runs_at, ranking, self._entries)
         for jid in _merge(streams.execute(reverse=True, enst_only=True),
-                          streams.promote(reverse=True, enst_only=True), reverse=True):
+                          streams.promote_descending(), reverse=True):
             job = jobs[jid]
             if keep(job):
                 yield job
@@ -194,17 +200,17 @@ class _Streams:
     pass over most members here.
 
     Each member's ENST is the smaller of its two times, ties to T_execute
-    as `EnstRanking.key` breaks them.  With `enst_only`, a stream holds
-    only the members whose ENST it carries, so that the merge holds each
-    member once.  The T_execute stream stops below `top`, the lowest level
+    as `EnstRanking.key` breaks them.  The largest-first streams
+    (`execute(enst_only=True)`, `promote_descending`) hold only the members
+    whose ENST they carry, so that their merge holds each member once.  The T_execute stream stops below `top`, the lowest level
     from which every T_execute exceeds α: T_promote never does, so no
     member there has its ENST in that stream (under overload most members
     sit there)."""
 
-    def __init__(self, by_rank: list[_RankEntry], by_run: list[_RunEntry],
+    def __init__(self, by_rank: list[_RankEntry], runs_at: Mapping[int, list[_RunEntry]],
                  ranking: EnstRanking,
                  entries: Mapping[str, tuple[_RankEntry, _RunEntry]] | None = None) -> None:
-        self._by_rank, self._by_run, self._entries = by_rank, by_run, entries
+        self._by_rank, self._runs_at, self._entries = by_rank, runs_at, entries
         self.row = row = ranking.exec_row()
         self.alpha, self.now = ranking.alpha, ranking.now
         top = len(row)
@@ -231,39 +237,57 @@ class _Streams:
                     continue  # its ENST is T_promote
             yield (t, lvl, seq), jid
 
-    def promote(self, reverse: bool = False, enst_only: bool = False
-                ) -> Iterator[tuple[_Key, str]]:
-        row, alpha, now, top = self.row, self.alpha, self.now, self.top
-        if reverse and enst_only:
-            yield from self._promote_descending()
-            return
-        for t, lvl, seq, jid in reversed(self._by_run) if reverse else self._by_run:
-            if lvl:
-                tp = alpha - (now - t)
-                tp = tp if tp > 0.0 else 0.0
-                if not enst_only or lvl >= top or tp < row[lvl]:
-                    yield (tp, lvl, seq), jid
+    def promote(self) -> Iterator[tuple[_Key, str]]:
+        """Every member but Q1's (never promoted) by T_promote, smallest
+        first: the levels' last-run orders merged."""
+        levels = [at for lvl, at in self._runs_at.items() if lvl and at]
+        return self._promote_keys(levels[0] if len(levels) == 1 else heapq.merge(*levels))
 
-    def _promote_descending(self) -> Iterator[tuple[_Key, str]]:
-        """`promote(reverse=True, enst_only=True)`.  Members that ran at the
-        same time share a T_promote and lie in level order, and T_execute
-        rises with the level, so once one of them has its ENST in the
-        T_execute stream (Q1, or T_promote ≥ its level's T_execute), so have
-        all those below it: the rest of that time is passed over at once.
-        The members of the last batches, which the largest-first order
-        reaches first and which rarely carry their ENST here, then cost a
-        bisection a batch instead of a step a member."""
-        by_run, row, alpha, now, top = self._by_run, self.row, self.alpha, self.now, self.top
-        i = len(by_run) - 1
-        while i >= 0:
-            t, lvl, seq, jid = by_run[i]
+    def promote_descending(self) -> Iterator[tuple[_Key, str]]:
+        """The members whose ENST is their T_promote (below their level's
+        T_execute; all of them from `top` up; none in Q1), largest first.
+        Within a level T_promote rises with the last run, so they are a
+        leading run of the level's last-run order, found by one bisection;
+        the levels are then merged.  The members that ran last, which a
+        largest-first pass over every member would read first and which
+        mostly have their ENST in the T_execute stream, are never read."""
+        row, alpha, now, top = self.row, self.alpha, self.now, self.top
+
+        def carries_execute(entry: _RunEntry, t_exec: float) -> bool:
+            tp = alpha - (now - entry[0])
+            return (tp if tp > 0.0 else 0.0) >= t_exec
+
+        streams = []
+        for lvl, at in self._runs_at.items():
+            if not lvl or not at:
+                continue
+            n = len(at) if lvl >= top else bisect.bisect_left(
+                at, True, key=lambda e, r=row[lvl]: carries_execute(e, r))
+            if n:
+                streams.append(self._promote_keys(islice(reversed(at), len(at) - n, None)))
+        if len(streams) == 1:
+            return streams[0]
+        return heapq.merge(*streams, reverse=True)
+
+    def _promote_keys(self, entries: Iterable[_RunEntry]) -> Iterator[tuple[_Key, str]]:
+        alpha, now = self.alpha, self.now
+        for t, lvl, seq, jid in entries:
             tp = alpha - (now - t)
-            tp = tp if tp > 0.0 else 0.0
-            if lvl and (lvl >= top or tp < row[lvl]):
-                yield (tp, lvl, seq), jid
-                i -= 1
-            else:
-                i = bisect.bisect_left(by_run, (t,), 0, i) - 1
+            yield ((tp if tp > 0.0 else 0.0), lvl, seq), jid
+
+
+def _moved_last(order: list[_RunEntry], moved: Mapping[str, _RunEntry],
+                fresh: list[_RunEntry]) -> list[_RunEntry]:
+    """`order` with the entries of `moved` (ids) replaced by `fresh` (their
+    new entries, sorted), which ran last."""
+    kept = [ru for ru in order if ru[3] not in moved]
+    if kept and fresh[0] < kept[-1]:
+        # A member joined at `now` ranks after some of these.
+        for ru in fresh:
+            bisect.insort(kept, ru)
+    else:
+        kept += fresh
+    return kept
 
 
 def _merge(a: Iterator[tuple[_Key, str]], b: Iterator[tuple[_Key, str]],

@@ -159,6 +159,18 @@ def _ranked_set(rng: random.Random):
     return rs, jobs, rank, last_run, members
 
 
+def _by_level(entries):
+    out = {}
+    for e in entries:
+        out.setdefault(e[1], []).append(e)
+    return out
+
+
+def _run_orders(rs):
+    """A `RankedSet`'s last-run orders, one per level that has members."""
+    return {lvl: at for lvl, at in rs._runs_at.items() if at}
+
+
 def test_ranked_set_keeps_both_orders_sorted_through_updates():
     rng = random.Random(7)
     rs, jobs, rank, last_run, members = _ranked_set(rng)
@@ -175,7 +187,8 @@ def test_ranked_set_keeps_both_orders_sorted_through_updates():
             members = {k: jobs[k] for k in rng.sample(list(jobs), 40)}
             rs.sync(members, rank, last_run)
         assert rs._by_rank == sorted((rank[k], k) for k in members)
-        assert rs._by_run == sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members)
+        assert _run_orders(rs) == _by_level(
+            sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members))
 
 
 def test_ranked_set_batch_runs_keep_the_last_run_order_sorted():
@@ -197,11 +210,12 @@ def test_ranked_set_batch_runs_keep_the_last_run_order_sorted():
         batch = rng.sample(list(jobs), rng.randint(1, 20))
         for jid in batch:
             last_run[jid] = t
-        before = sorted(rs._by_run)
+        before = [e for at in rs._runs_at.values() for e in at]
         rs.ran(batch, t)
         ties += any(e[0] == t and e[3] not in batch for e in before)
         assert rs._by_rank == sorted((rank[k], k) for k in members)
-        assert rs._by_run == sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members)
+        assert _run_orders(rs) == _by_level(
+            sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members))
         if rng.random() < 0.1:
             members = {k: jobs[k] for k in rng.sample(list(jobs), 40)}
             rs.sync(members, rank, last_run)
