@@ -180,7 +180,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policies", default="mlfq,fcfs")
     p.add_argument("--queued", type=_ints, default=[100, 1000, 5000])
     p.add_argument("--steps", type=int, default=1000, help="timed schedule() calls per point")
-    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=200,
+                   help="plans before the timed ones; a large pool fills only after several "
+                        "hundred (2,000 at 16,384 blocks)")
     p.add_argument("--swap-mode", default="proactive",
                    choices=["recompute", "reactive", "proactive"])
     p.add_argument("--no-prefix-caching", action="store_true",

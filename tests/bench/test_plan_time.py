@@ -26,3 +26,25 @@ def test_main_writes_json_and_plot(tmp_path):
     assert [(r["config"]["policy"], r["config"]["queued"]) for r in doc["results"]] == [
         ("mlfq", 20), ("mlfq", 40), ("fcfs", 20), ("fcfs", 40)]
     assert png.stat().st_size > 0
+
+
+def test_main_passes_the_pool_and_the_copy_rate_to_the_scheduler(tmp_path, monkeypatch):
+    """`--num-blocks`, `--host-kv-blocks` and `--copy-rate` reach the plans:
+    the rate is what every result reports to the scheduler."""
+    import bench.plan_time as pt
+
+    seen: list[tuple[int, int, float | None]] = []
+    real = pt.SchedulerCore.complete
+
+    def complete(self, plan, result):  # type: ignore[no-untyped-def]
+        seen.append((self.blocks.num_blocks, self.swap.host_capacity, result.copy_rate))
+        return real(self, plan, result)
+
+    monkeypatch.setattr(pt.SchedulerCore, "complete", complete)
+    out = tmp_path / "plan.json"
+    main(["--policies", "mlfq", "--queued", "30", "--steps", "5", "--warmup", "2",
+          "--num-blocks", "512", "--host-kv-blocks", "1024", "--copy-rate", "2500",
+          "--out", str(out)])
+    assert seen and set(seen) == {(512, 1024, 2500.0)}
+    cfg = json.loads(out.read_text())["results"][0]["config"]
+    assert (cfg["num_blocks"], cfg["host_kv_blocks"], cfg["copy_rate"]) == (512, 1024, 2500.0)
