@@ -211,10 +211,11 @@ class SchedulerCore:
             out = outputs.get(chunk.job_id)
             accepted = out.accepted if out is not None else ()
             # A draft's KV counts only if it was accepted (speculation.py).
-            job.num_computed_tokens += chunk.num_known_tokens + len(accepted)
+            known = len(chunk.token_ids) - chunk.draft  # `num_known_tokens`
+            job.num_computed_tokens += known + len(accepted)
             if chunk.draft and out is not None and out.token_id is not None:
                 observe(job, chunk.draft, len(accepted))
-            if prefix is not None and chunk.num_known_tokens > 1:
+            if prefix is not None and known > 1:
                 # A prefilled prompt is found by jobs arriving from now on
                 # (blocks a decode fills are indexed at its next `grow`).
                 prefix.index(job, job.num_computed_tokens)
