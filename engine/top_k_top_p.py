@@ -27,8 +27,9 @@ def apply_top_k_top_p(
 
     top_k: `[rows]` long (vocab size = off); top_p: `[rows]` float (1 = off).
     A token survives top-k if its logit is at least the k-th largest (ties
-    kept), then top-p if the mass of the surviving tokens ranked above it is
-    below `top_p` (the most likely token always survives).
+    kept), then top-p if the mass of the surviving tokens with larger logits
+    is below `top_p` (the most likely token always survives, and equal
+    logits survive together).
 
     Each row is first cut to its 256 largest logits (`topk`, not a sort of
     the vocabulary: a full sort of 32 rows of a 49k vocabulary cost ~180 ms
@@ -161,10 +162,14 @@ def _top_k_top_p_candidates(
         before = mass.cumsum(dim=-1) - mass
         nucleus = before < top_p.unsqueeze(1)
         nucleus[:, 0] = True
-        keep &= ~p_on.unsqueeze(1) | nucleus
+        # Every candidate tied with the nucleus's last stays too, as in the
+        # sort's cut, whatever order `topk` left equal logits in.
+        edge = vals.gather(1, (nucleus & keep).sum(dim=-1, keepdim=True) - 1)
+        keep &= ~p_on.unsqueeze(1) | (vals >= edge)
         # Without top-k, the nucleus ends inside the candidates only if
-        # their mass reaches top_p.
-        fits &= ~p_on | k_on | (mass.sum(dim=-1) >= top_p) | (width == vocab)
+        # their mass reaches top_p; and its ties must not run past them.
+        fits &= ~p_on | (width == vocab) | (
+            (k_on | (mass.sum(dim=-1) >= top_p)) & (vals[:, -1] < edge.squeeze(1)))
     out = torch.full_like(logits, float("-inf")).scatter_(
         -1, idx, vals.masked_fill(~keep, float("-inf")))
     return out, fits

@@ -29,8 +29,9 @@
 // buckets.  Every token of a bucket before the one holding the k-th largest
 // key is in the top k, and only that bucket's tokens are sorted (by key,
 // ties by index) to cut it exactly, ties with the k-th kept.  Then top-p: a
-// token stays if the kept weight ranked above it is below top_p of the kept
-// weight (of the row's whole weight without top-k), the first always staying;
+// token stays if the kept weight of larger keys is below top_p of the kept
+// weight (of the row's whole weight without top-k), the first always staying
+// and equal keys together (as the GPU's cuts, engine/top_k_top_p.py);
 // every token of a bucket before the one where that weight is reached stays,
 // and only that bucket's tokens are sorted to find the last.  min_p drops a
 // key below ln(min_p).  The draw runs over the kept tokens in index order, as
@@ -167,11 +168,10 @@ int64_t sample_truncated(const T* row, int64_t n, float m, float inv_t, int64_t 
   double total = 0.0;
   for (int b = 0; b < kBuckets; ++b) total += mass[b];
   // The kept set is every token of a bucket before `edge`, and those of
-  // bucket `edge` at or above (key, index) = (cut_key, cut_index) in the
-  // order by key, then index: only one bucket's tokens are ever sorted.
+  // bucket `edge` whose key reaches `cut_key` (ties at either cut kept):
+  // only one bucket's tokens are ever sorted.
   int edge = kBuckets;  // nothing cut: every token of weight > 0
   float cut_key = -std::numeric_limits<float>::infinity();
-  int64_t cut_index = n;
   auto& cand = sc.cand;
   // The tokens of bucket b (of them, those already kept), by key then index.
   auto sorted_bucket = [&](int b) {
@@ -208,8 +208,9 @@ int64_t sample_truncated(const T* row, int64_t n, float m, float inv_t, int64_t 
     }
   }
   if (top_p < 1.0f) {
-    // A token stays if the kept weight ranked above it is below top_p * z:
-    // every token of a bucket before the one where that weight is reached.
+    // A token stays if the kept weight ranked above it is below top_p * z
+    // (so does every token tied with it): every token of a bucket before
+    // the one where that weight is reached.
     double above = 0.0;
     const int stop = edge < kBuckets ? edge : kBuckets - 1;
     for (int b = 0; b <= stop; ++b) {
@@ -222,10 +223,9 @@ int64_t sample_truncated(const T* row, int64_t n, float m, float inv_t, int64_t 
           }
           above += weight[cand[i].second];
         }
-        if (i > 0) {
+        if (i > 0) {  // the tokens tied with the last kept stay with it
           edge = b;
           cut_key = cand[i - 1].first;
-          cut_index = cand[i - 1].second;
         }
         break;
       }
@@ -236,7 +236,7 @@ int64_t sample_truncated(const T* row, int64_t n, float m, float inv_t, int64_t 
   auto kept = [&](int64_t j) {
     const int b = bucket[j];
     return weight[j] > 0.0f &&
-           (b < edge || (b == edge && (key[j] > cut_key || (key[j] == cut_key && j <= cut_index))));
+           (b < edge || (b == edge && key[j] >= cut_key));
   };
   double sum = 0.0;
   int64_t last_kept = -1;

@@ -33,8 +33,9 @@ def _reference(row: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.
 def _truncated_reference(row: torch.Tensor, temperature: float, top_k: int, top_p: float,
                          min_p: float, u: torch.Tensor) -> torch.Tensor:
     """The sampler's rules in float64: min_p, then top-k (ties at the k-th
-    kept), then top-p over the kept weight (the first token always kept),
-    then the inverse of the kept tokens' distribution in index order."""
+    kept), then top-p over the kept weight (the first token always kept, and
+    every token tied with the last kept), then the inverse of the kept
+    tokens' distribution in index order."""
     key = row.double() / temperature
     key = key - key.max()
     weight = key.exp()
@@ -49,7 +50,7 @@ def _truncated_reference(row: torch.Tensor, temperature: float, top_k: int, top_
         z = float(weight[order].sum()) if k_on else float(weight.sum())
         kept, before = [], 0.0
         for j in order:
-            if kept and before >= top_p * z:
+            if kept and before >= top_p * z and float(key[j]) < float(key[kept[-1]]):
                 break
             kept.append(j)
             before += float(weight[j])
@@ -81,6 +82,21 @@ def test_it_cuts_as_the_sampler_does(op, cuts: dict, scale: float) -> None:
                  torch.full((draws,), min_p))
         want = _truncated_reference(logits[row], temperature, top_k, top_p, min_p, u)
         assert int((got != want).sum()) <= 2, (row, cuts)
+
+
+def test_it_keeps_every_token_tied_with_the_nucleus_edge(op) -> None:
+    """Mass above 3 is 0.46 of the row, above each 2 the same 0.46: top_p
+    0.6 keeps all three 2s (the sampler's torch cuts keep them too), top_p
+    0.4 the 3 alone; every kept token is drawn, in proportion."""
+    logits = torch.tensor([[2.0, 0.0, 2.0, 3.0, 2.0]])
+    draws = 2000
+    u = (torch.arange(draws, dtype=torch.float64) + 0.5) / draws
+    for top_p, want in ((0.6, {0, 2, 3, 4}), (0.4, {3})):
+        got = op(logits, torch.zeros(draws, dtype=torch.long), torch.ones(draws), u,
+                 torch.full((draws,), 5), torch.full((draws,), top_p), torch.zeros(draws))
+        assert set(got.tolist()) == want, top_p
+        ref = _truncated_reference(logits[0], 1.0, 5, top_p, 0.0, u)
+        assert torch.equal(got, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -126,12 +126,7 @@ def test_top_k_top_p_matches_the_full_sort(case: str) -> None:
     if case == "mixed_off":
         top_k[::3] = vocab
         top_p[1::3] = 1.0
-    combos = [(top_k, None), (None, top_p), (top_k, top_p)]
-    if case == "ties":
-        # The candidate cut keeps equal logits at the nucleus edge by their
-        # rank in `topk`, the sort keeps them all; top-k keeps every tie.
-        combos = combos[:1]
-    for k, p in combos:
+    for k, p in [(top_k, None), (None, top_p), (top_k, top_p)]:
         got = apply_top_k_top_p(logits.clone(), k, p)
         want = _top_k_top_p_sorted(logits.clone(), k, p)
         # Rows whose nucleus edge is within float rounding of top_p may
@@ -155,10 +150,7 @@ def test_the_cut_that_reads_nothing_back_keeps_what_the_candidate_cut_keeps(
     ks = [5, vocab, 300, 1, vocab, 9000, 5000, 40, vocab, 17, 2, vocab, 250, 64]
     ps = [1.0, 0.9, 1.0, 1.0, 0.95, 1.0, 1.0, 0.5, 1.0, 0.99, 1.0, 1.0, 0.3, 1.0]
     before = logits.clone()
-    combos = [(ks, None), (None, ps), (ks, ps)]
-    if ties:
-        combos = combos[:1]  # which of equal logits at a nucleus edge stays is the sort's
-    for k, p in combos:
+    for k, p in [(ks, None), (None, ps), (ks, ps)]:
         got = top_k_top_p_without_waiting(logits, k, p)
         assert torch.equal(logits, before)  # the caller's logits are left alone
         want = apply_top_k_top_p(
@@ -173,14 +165,26 @@ def test_the_cut_that_reads_nothing_back_keeps_what_the_candidate_cut_keeps(
     assert torch.equal(top_k_top_p_without_waiting(logits, None, None), logits)
 
 
-def test_the_sorted_cut_keeps_every_tie_at_the_nucleus_edge() -> None:
+@pytest.mark.parametrize("cut", ["sorted", "candidates"])
+def test_the_cuts_keep_every_tie_at_the_nucleus_edge(cut: str) -> None:
     """Mass above 3 is 0.46 of the row, above each 2 the same 0.46: all
-    three 2s survive top_p 0.6, whatever order a sort leaves them in (a
-    GPU's sort is not stable), and top_p 0.4 keeps the 3 alone."""
+    three 2s survive top_p 0.6, whatever order a sort or `topk` leaves them
+    in (a GPU's sort is not stable), and top_p 0.4 keeps the 3 alone."""
     logits = torch.tensor([[2.0, 0.0, 2.0, 3.0, 2.0]] * 2)
-    got = _top_k_top_p_sorted(logits, None, torch.tensor([0.6, 0.4]))
+    fn = _top_k_top_p_sorted if cut == "sorted" else apply_top_k_top_p
+    got = fn(logits, None, torch.tensor([0.6, 0.4]))
     assert torch.isfinite(got).tolist() == [[True, False, True, True, True],
                                             [False, False, False, True, False]]
+
+
+def test_ties_at_the_nucleus_edge_running_past_the_candidates_are_sorted() -> None:
+    """300 equal logits below a clear top: the nucleus ends among them, so
+    all 300 stay, though the first candidate width holds 256 of them."""
+    logits = torch.full((1, 1000), -10.0)
+    logits[0, 0] = 2.0
+    logits[0, 100:400] = 0.0
+    got = apply_top_k_top_p(logits, None, torch.tensor([0.2]))
+    assert torch.isfinite(got[0]).nonzero().squeeze(1).tolist() == [0, *range(100, 400)]
 
 
 def test_top_k_top_p_support() -> None:
