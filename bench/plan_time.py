@@ -187,10 +187,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["recompute", "reactive", "proactive"])
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="plan without the prefix cache's bookkeeping")
-    p.add_argument("--num-blocks", type=int, default=PlanTimeConfig.model_fields["num_blocks"].default,
+    defaults = PlanTimeConfig.model_fields
+    p.add_argument("--num-blocks", type=int, default=defaults["num_blocks"].default,
                    help="device KV blocks")
     p.add_argument("--host-kv-blocks", type=int,
-                   default=PlanTimeConfig.model_fields["host_kv_blocks"].default)
+                   default=defaults["host_kv_blocks"].default)
     p.add_argument("--copy-rate", type=float, default=None,
                    help="KV blocks a second the host tier copies, as an engine would report "
                         "it (bounds proactive swap-ins per iteration); default: not reported")

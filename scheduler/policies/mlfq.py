@@ -31,7 +31,7 @@ from collections.abc import Collection, Iterator
 from functools import partial
 
 from scheduler.blocks import blocks_for
-from scheduler.job import Job
+from scheduler.job import Job, JobState
 from scheduler.plan import Plan, ScheduledChunk
 from scheduler.policies.burst_reserve import BurstReserve
 from scheduler.policies.enst import RankingOnce, Shortfall
@@ -41,8 +41,11 @@ from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool
 from scheduler.policies.mlfq_walk import MLFQWalking
 from scheduler.policies.walk import queue_order
-from scheduler.policy import _RUNNING, Policy
+from scheduler.policy import Policy
 from scheduler.swap import SwapMode
+
+# An enum member's lookup costs ~0.12 µs on Python 3.11: once per chunk.
+_RUNNING = JobState.RUNNING
 
 # Default q1 when no cost estimate is given: a small model's decode step.
 _DEFAULT_Q1_S = 0.02

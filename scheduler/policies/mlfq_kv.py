@@ -3,7 +3,8 @@ jobs holding KV; making room for the walk's jobs by evicting lower-priority
 idle ones, largest ENST first; the rule that a job with no KV does not
 start by dropping a started job's KV (`mlfq.cold_start_recompute`);
 swap-ins; and proactive swapping, which keeps a reserve of free blocks and
-brings the smallest-ENST jobs back ahead of their turn.  A mixin of `MLFQPolicy`, which holds the state."""
+brings the smallest-ENST jobs back ahead of their turn.  A mixin of
+`MLFQPolicy`, which holds the state."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from scheduler.blocks import BlockManager
+from scheduler.config import SchedulerConfig
 from scheduler.job import Job
 from scheduler.plan import BlockOp, Plan
-from scheduler.config import SchedulerConfig
 from scheduler.policies.enst import EnstRanking, Shortfall, execute_times
 from scheduler.policies.ranked import RankedSet
 from scheduler.policies.victims import VictimPool

@@ -202,10 +202,10 @@ class _Streams:
     Each member's ENST is the smaller of its two times, ties to T_execute
     as `EnstRanking.key` breaks them.  The largest-first streams
     (`execute(enst_only=True)`, `promote_descending`) hold only the members
-    whose ENST they carry, so that their merge holds each member once.  The T_execute stream stops below `top`, the lowest level
-    from which every T_execute exceeds α: T_promote never does, so no
-    member there has its ENST in that stream (under overload most members
-    sit there)."""
+    whose ENST they carry, so that their merge holds each member once.  The
+    T_execute stream stops below `top`, the lowest level from which every
+    T_execute exceeds α: T_promote never does, so no member there has its
+    ENST in that stream (under overload most members sit there)."""
 
     def __init__(self, by_rank: list[_RankEntry], runs_at: Mapping[int, list[_RunEntry]],
                  ranking: EnstRanking,
