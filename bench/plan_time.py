@@ -91,6 +91,10 @@ class PlanTime(BaseModel):
     # what the plans achieve (a policy that thrashes plans fast and serves
     # nothing shows here).
     tokens_per_s: float = 0.0
+    # Mean blocks a timed plan copies out (SWAP_OUT) and back (SWAP_IN):
+    # the per-block work that makes a plan with swaps cost more.
+    swap_out_blocks: float = 0.0
+    swap_in_blocks: float = 0.0
 
 
 class _Clock:
@@ -134,6 +138,7 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
     batches: list[int] = []
     waiting: list[int] = []
     sampled = 0
+    blocks_out = blocks_in = 0
     t_start = 0.0
     gc.collect()
     tick = time.thread_time_ns if cfg.clock == "cpu" else time.perf_counter_ns
@@ -148,6 +153,8 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
             batches.append(len(plan.chunks))
             waiting.append(core.stats().num_waiting)
             sampled += sum(1 for c in plan.chunks if c.sample)
+            blocks_out += sum(1 for op in plan.block_ops if op.kind is BlockOpKind.SWAP_OUT)
+            blocks_in += sum(1 for op in plan.block_ops if op.kind is BlockOpKind.SWAP_IN)
         swapped_in = sorted({op.job_id for op in plan.block_ops
                              if op.kind is BlockOpKind.SWAP_IN})
         outputs = [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks]
@@ -168,7 +175,8 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         mean_us=statistics.fmean(times), mean_batch=statistics.fmean(batches),
         mean_waiting=statistics.fmean(waiting), num_preemptions=core.num_preemptions,
         num_finished=core.num_finished, complete_median_us=statistics.median(completes),
-        tokens_per_s=sampled / max(clock.t - t_start, 1e-9))
+        tokens_per_s=sampled / max(clock.t - t_start, 1e-9),
+        swap_out_blocks=blocks_out / len(times), swap_in_blocks=blocks_in / len(times))
 
 
 def _ints(text: str) -> list[int]:
@@ -242,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "
                   f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}  "
-                  f"tokens/s {r.tokens_per_s:7.0f}  complete median {r.complete_median_us:6.1f} µs",
+                  f"tokens/s {r.tokens_per_s:7.0f}  complete median {r.complete_median_us:6.1f} µs  "
+                  f"swapped out / in {r.swap_out_blocks:5.1f} / {r.swap_in_blocks:5.1f} blocks",
                   flush=True)
     meta = {**machine_meta(), "processor": platform.processor(),
             "wall_s": round(time.time() - t0, 1), "cost_model": _COST.__dict__}

@@ -81,5 +81,5 @@ class MLFQWalking:
         rank = self._rank[job.job_id]
         rest = self._resident.ranked_after(rank)
         if host:
-            rest = list(heapq.merge(rest, self._host.ranked_after(rank), key=self._walk_rank))
+            rest = heapq.merge(rest, self._host.ranked_after(rank), key=self._walk_rank)
         walk.narrow_to(rest)

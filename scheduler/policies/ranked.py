@@ -135,11 +135,13 @@ class RankedSet:
     def members(self) -> list[Job]:
         return list(self._jobs.values())
 
-    def ranked_after(self, rank: Rank) -> list[Job]:
-        """Members ranked after `rank`, in rank order."""
+    def ranked_after(self, rank: Rank) -> Iterator[Job]:
+        """Members ranked after `rank`, in rank order, as they are read (a
+        narrowed walk reads only as many as its batch takes, of what may be
+        every job holding KV; the order is copied, not the jobs)."""
         by_rank, jobs = self._by_rank, self._jobs
         i = bisect.bisect_right(by_rank, (rank, "\U0010ffff"))
-        return list(map(jobs.__getitem__, map(itemgetter(1), by_rank[i:])))
+        return map(jobs.__getitem__, map(itemgetter(1), by_rank[i:]))
 
     # Orders ---------------------------------------------------------------
 

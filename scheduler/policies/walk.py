@@ -22,7 +22,7 @@ class Walk:
     def __init__(self, jobs: Iterable[Job], rank: Callable[[Job], Any]) -> None:
         self._jobs = jobs
         self.rank = rank
-        self._rest: list[Job] | None = None
+        self._rest: Iterable[Job] | None = None
 
     @property
     def narrowed(self) -> bool:
@@ -43,7 +43,7 @@ class Walk:
         rest.sort(key=lambda rj: rj[0])
         self._rest = [j for _, j in rest]
 
-    def narrow_to(self, rest: list[Job]) -> None:
+    def narrow_to(self, rest: Iterable[Job]) -> None:
         if self._rest is None:
             self._rest = rest
 
