@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "
                   f"waiting {r.mean_waiting:7.1f}  preemptions {r.num_preemptions}  "
-                  f"tokens/s {r.tokens_per_s:7.0f}  complete median {r.complete_median_us:6.1f} µs  "
+                  f"tokens/s {r.tokens_per_s:7.0f}  "
+                  f"complete median {r.complete_median_us:6.1f} µs  "
                   f"swapped out / in {r.swap_out_blocks:5.1f} / {r.swap_in_blocks:5.1f} blocks",
                   flush=True)
     meta = {**machine_meta(), "processor": platform.processor(),
