@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import repeat
 from typing import NamedTuple
 
 from scheduler.free_blocks import FreeBlocks
@@ -287,25 +288,24 @@ class BlockManager:
         as sole holder, checked in bulk."""
         jid, table, holders = job.job_id, job.block_table, self._holders
         alone = {jid}
-        held = list(map(holders.get, table))
-        if held.count(alone) != len(held):  # nothing changed yet
+        held = list(map(holders.pop, table, repeat(None, len(table))))
+        if held.count(alone) != len(held):
+            for b, h in zip(table, held):  # put back: the error changes nothing
+                if h is not None:
+                    holders[b] = h
             bad = next(i for i, h in enumerate(held) if h != alone)
             raise BlockAccountingError(
                 f"block {table[bad]} freed by {jid} but held by {sorted(held[bad] or ())}")
-        for b in table:
-            del holders[b]
         self._release(table)
         return len(table)
 
     def _release(self, blocks: list[int]) -> None:
         """Blocks that lost their last holder: to the pool, or parked in the
-        prefix cache if it indexed their KV (tail first: the head of a
-        sequence, which other sequences may share, is evicted last)."""
+        prefix cache if it indexed their KV (`PrefixCache.park`)."""
         if self.prefix is None:
             self._free.give_back(blocks)
             return
-        park = self.prefix.park
-        self._free.give_back([b for b in reversed(blocks) if not park(b)])
+        self._free.give_back(self.prefix.park(blocks))
 
     def _free_shared(self, job: Job) -> int:
         jid = job.job_id

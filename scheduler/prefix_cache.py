@@ -108,11 +108,13 @@ class PrefixCache:
         # prompt's blocks sliced from it directly.
         table, prompt = job.block_table, job.prompt_token_ids
         stop = min(upto // bs, len(table))
-        index, entry = self._index, self._entry
+        in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
+        index, entry, serials = self._index, self._entry, self._serials
         parent = path[-1] if path else _root(job)
+        added = 0
         while i < stop:
             lo = i * bs
-            if lo + bs <= len(prompt):
+            if i < in_prompt:
                 tokens = tuple(prompt[lo:lo + bs])
             else:
                 tokens = tuple(job.token_slice(lo, lo + bs))
@@ -123,9 +125,9 @@ class PrefixCache:
             block = index.setdefault(key, mine)
             found = entry.get(block)
             if found is None:  # a new entry: `mine` under this key
-                serial = next(self._serials)
+                serial = next(serials)
                 entry[block] = (key, serial, tokens)
-                self.version += 1
+                added += 1
             elif found[0] != key:
                 del index[key]  # `mine` is indexed under other tokens: never expected
                 break
@@ -136,6 +138,7 @@ class PrefixCache:
             path.append(serial)
             parent = serial
             i += 1
+        self.version += added
 
     def forget(self, job: Job) -> None:
         """`job` lets go of its blocks: its path goes with them."""
@@ -143,13 +146,19 @@ class PrefixCache:
 
     # Parking and eviction ----------------------------------------------
 
-    def park(self, block: int) -> bool:
-        """`block` lost its last holder: keep it if it is indexed (True),
-        else the caller frees it."""
-        if block not in self._entry:
-            return False
-        self._parked[block] = None
-        return True
+    def park(self, blocks: list[int]) -> list[int]:
+        """`blocks` lost their last holder: those indexed are kept, tail
+        first (the head of a sequence, which other sequences may share, is
+        evicted last); returns the others, tail first, for the caller to
+        free."""
+        entry, parked = self._entry, self._parked
+        unindexed: list[int] = []
+        for block in reversed(blocks):
+            if block in entry:
+                parked[block] = None
+            else:
+                unindexed.append(block)
+        return unindexed
 
     def evict_many(self, n: int) -> list[int]:
         """Un-index the `n` parked blocks let go longest ago and hand them

@@ -178,8 +178,8 @@ class SwapManager:
         """Copy all of `job`'s device blocks to the host and drop its
         references (blocks a sibling shares stay with the sibling)."""
         assert self.can_swap_out(job), f"cannot swap out {job.job_id}"
-        ops = [BlockOp(BlockOpKind.SWAP_OUT, job.job_id, i, b)
-               for i, b in enumerate(job.block_table)]
+        kind, jid = BlockOpKind.SWAP_OUT, job.job_id
+        ops = [BlockOp(kind, jid, i, b) for i, b in enumerate(job.block_table)]
         n = len(ops)
         self.blocks.free(job)
         self.host_used += n
@@ -213,7 +213,9 @@ class SwapManager:
         kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
         job.swap_pending = kind.value
         self.blocks_in += n - kept
-        return [BlockOp(kind, job.job_id, i, job.block_table[i]) for i in range(kept, n)]
+        jid = job.job_id
+        return [BlockOp(kind, jid, i, b)
+                for i, b in enumerate(job.block_table[kept:n], start=kept)]
 
     def swap_in_done(self, job: Job) -> None:
         self._off_host(job.job_id)

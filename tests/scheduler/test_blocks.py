@@ -46,6 +46,19 @@ def test_check_catches_tables_that_disagree_with_the_holders():
     bm.check([leader, sib])
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_freeing_a_block_another_job_holds_fails_and_changes_nothing(prefix_caching):
+    bm = BlockManager(num_blocks=8, block_size=4, prefix_caching=prefix_caching)
+    a, b = make_job(8, 4, job_id="A"), make_job(8, 4, job_id="B")
+    assert bm.grow(a, 8) and bm.grow(b, 8)
+    b.block_table.append(a.block_table[1])  # forge a reference to a's block
+    with pytest.raises(BlockAccountingError, match="held by"):
+        bm.free(b)
+    b.block_table.pop()
+    bm.check([a, b])  # every block still held as before
+    assert bm.free(b) == 2 and bm.free(a) == 2
+    bm.check([])
+
 def test_share_refuses_blocks_the_source_does_not_hold():
     bm = BlockManager(num_blocks=8, block_size=4)
     leader, sib = _leader_and_sibling(bm)

@@ -125,8 +125,8 @@ def test_a_reused_block_does_not_lead_to_the_tail_of_its_old_content():
     a.num_computed_tokens = 2 * BS
     cache.index(a, a.num_computed_tokens)
     cache.forget(a)
-    cache.park(7)  # the head is let go first, so it is evicted first
-    cache.park(8)
+    assert cache.park([7]) == []  # the head is let go first, so it is evicted first
+    assert cache.park([8]) == []
     assert cache.evict_many(1) == [7] and cache.num_parked == 1
     b = _job("b", [5] * BS + [6])
     b.block_table[:] = [7]  # block 7 reused for other tokens
@@ -348,8 +348,7 @@ def test_evicting_many_takes_the_longest_parked_first_and_unindexes_them():
     a.num_computed_tokens = 3 * BS
     cache.index(a, a.num_computed_tokens)
     cache.forget(a)
-    for b in (7, 6, 5):  # tail first, as a job lets go
-        cache.park(b)
+    assert cache.park([5, 6, 7, 99]) == [99]  # tail first; 99 is not indexed
     assert cache.evict_many(2) == [7, 6] and cache.parked() == [5]
     assert not cache.is_indexed(7) and not cache.is_indexed(6) and cache.is_indexed(5)
     # Only the head is still found.
