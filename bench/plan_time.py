@@ -24,17 +24,19 @@ carried (a plan that schedules nothing is fast for the wrong reason).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import platform
 import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from bench.report import machine_meta, write_report
+from deployments.gc_heap import serving_heap
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
@@ -70,6 +72,10 @@ class PlanTimeConfig(BaseModel):
     # (`StepResult.copy_rate`): what bounds a plan's proactive swap-ins.
     # None: not reported (the bound is then 1/8 of the device blocks).
     copy_rate: float | None = None
+    # "python": Python's default garbage collector; "serving": as an Engine
+    # replica runs its scheduler (deployments/gc_heap.py): the heap before
+    # the first arrival frozen, young collections every 3,000 allocations.
+    gc: Literal["python", "serving"] = "python"
 
 
 class PlanTime(BaseModel):
@@ -111,6 +117,11 @@ def _iteration_time(plan: Any) -> float:
 
 
 def measure(cfg: PlanTimeConfig) -> PlanTime:
+    with contextlib.ExitStack() as stack:
+        return _measure(cfg, stack)
+
+
+def _measure(cfg: PlanTimeConfig, stack: contextlib.ExitStack) -> PlanTime:
     rng = random.Random(cfg.seed)
     clock = _Clock()
     sc = SchedulerConfig(
@@ -120,6 +131,8 @@ def measure(cfg: PlanTimeConfig) -> PlanTime:
         host_kv_blocks=cfg.host_kv_blocks, prefix_caching=cfg.prefix_caching,
     )
     core = SchedulerCore(sc, clock, cost=_COST)
+    if cfg.gc == "serving":  # as a replica once its scheduler is built
+        stack.enter_context(serving_heap())
     counter = 0
 
     def arrive() -> None:
@@ -203,6 +216,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--copy-rate", type=float, default=None,
                    help="KV blocks a second the host tier copies, as an engine would report "
                         "it (bounds proactive swap-ins per iteration); default: not reported")
+    p.add_argument("--gc", choices=["python", "serving"], default="python",
+                   help="Python's default garbage collector, or the Engine replica's (its "
+                        "start-up heap frozen, young collections every 3,000 allocations)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time, or this thread's CPU time (steadier on a shared machine)")
@@ -245,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
                                        prefix_caching=not a.no_prefix_caching,
                                        clock=a.clock, num_blocks=a.num_blocks,
                                        host_kv_blocks=a.host_kv_blocks,
-                                       copy_rate=a.copy_rate))
+                                       copy_rate=a.copy_rate, gc=a.gc))
             points.append(r)
             print(f"{policy:>6} queued {n:>6}: median {r.median_us:8.1f} µs  "
                   f"P90 {r.p90_us:8.1f}  P99 {r.p99_us:8.1f}  batch {r.mean_batch:5.1f}  "

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("ray.serve")
 
@@ -54,3 +56,20 @@ def prepare_serving_heap() -> int:
     log.info("start-up heap frozen: %d objects left out of garbage collection; young ones "
              "collected every %d allocations", frozen, SERVING_THRESHOLDS[0])
     return frozen
+
+
+@contextmanager
+def serving_heap() -> Iterator[int]:
+    """The serving heap for the duration of a block (a benchmark that plans
+    as a replica does, `bench/plan_time.py`): frozen and thresholds set on
+    entry, both as they were on exit; yields how many objects are frozen."""
+    thresholds = gc.get_threshold()
+    frozen_before = gc.get_freeze_count()
+    frozen = freeze_startup_heap()
+    gc.set_threshold(*SERVING_THRESHOLDS)
+    try:
+        yield frozen
+    finally:
+        gc.set_threshold(*thresholds)
+        if not frozen_before:  # (a heap frozen before stays so: no partial thaw)
+            gc.unfreeze()

@@ -51,3 +51,31 @@ def test_main_passes_the_pool_and_the_copy_rate_to_the_scheduler(tmp_path, monke
     assert seen and set(seen) == {(512, 1024, 2500.0)}
     cfg = json.loads(out.read_text())["results"][0]["config"]
     assert (cfg["num_blocks"], cfg["host_kv_blocks"], cfg["copy_rate"]) == (512, 1024, 2500.0)
+
+
+def test_serving_gc_plans_on_the_replicas_heap_and_restores_it(tmp_path, monkeypatch):
+    """`--gc serving`: every plan runs with the start-up heap frozen and the
+    replica's young threshold (deployments/gc_heap.py); afterwards the
+    collector is as it was."""
+    import gc
+
+    import bench.plan_time as pt
+    from deployments.gc_heap import SERVING_THRESHOLDS
+
+    seen: set[tuple[tuple[int, int, int], bool]] = set()
+    real = pt.SchedulerCore.schedule
+
+    def schedule(self):  # type: ignore[no-untyped-def]
+        seen.add((gc.get_threshold(), gc.get_freeze_count() > 0))
+        return real(self)
+
+    monkeypatch.setattr(pt.SchedulerCore, "schedule", schedule)
+    before = gc.get_threshold(), gc.get_freeze_count()
+    main(["--policies", "mlfq", "--queued", "30", "--steps", "5", "--warmup", "2",
+          "--gc", "serving", "--out", str(tmp_path / "plan.json")])
+    assert seen == {(SERVING_THRESHOLDS, True)}
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+    seen.clear()
+    main(["--policies", "mlfq", "--queued", "30", "--steps", "5", "--warmup", "2",
+          "--out", str(tmp_path / "plan.json")])
+    assert seen == {(before[0], before[1] > 0)}
