@@ -102,7 +102,7 @@ class BatchShape:
         s.num_sampled = sum(c.sample for c in plan.chunks)
         for op in plan.block_ops:
             if op.kind is not BlockOpKind.DROP:
-                s.swap_blocks += 1
+                s.swap_blocks += op.num_blocks
         return s
 
     @classmethod

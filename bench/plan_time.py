@@ -166,8 +166,10 @@ def _measure(cfg: PlanTimeConfig, stack: contextlib.ExitStack) -> PlanTime:
             batches.append(len(plan.chunks))
             waiting.append(core.stats().num_waiting)
             sampled += sum(1 for c in plan.chunks if c.sample)
-            blocks_out += sum(1 for op in plan.block_ops if op.kind is BlockOpKind.SWAP_OUT)
-            blocks_in += sum(1 for op in plan.block_ops if op.kind is BlockOpKind.SWAP_IN)
+            blocks_out += sum(op.num_blocks for op in plan.block_ops
+                              if op.kind is BlockOpKind.SWAP_OUT)
+            blocks_in += sum(op.num_blocks for op in plan.block_ops
+                             if op.kind is BlockOpKind.SWAP_IN)
         swapped_in = sorted({op.job_id for op in plan.block_ops
                              if op.kind is BlockOpKind.SWAP_IN})
         outputs = [JobOutput(c.job_id, 11 if c.sample else None) for c in plan.chunks]

@@ -202,8 +202,8 @@ def _profile_swaps(runner: Any, cfg: ProfileConfig, log: Callable[[str], None]) 
         runner.set_kv_tier(LocalHostTier(1 << 36))
     out: list[SwapMeasurement] = []
     for n in cfg.swap_blocks:
-        ops_out = [BlockOp(BlockOpKind.SWAP_OUT, "swap-probe", i, i) for i in range(n)]
-        ops_in = [BlockOp(BlockOpKind.SWAP_IN, "swap-probe", i, i) for i in range(n)]
+        ops_out = [BlockOp(BlockOpKind.SWAP_OUT, "swap-probe", 0, list(range(n)))]
+        ops_in = [BlockOp(BlockOpKind.SWAP_IN, "swap-probe", 0, list(range(n)))]
         times = []
         try:
             for _ in range(cfg.repeats):

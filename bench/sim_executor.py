@@ -141,11 +141,11 @@ class SimulatedExecutor:
         n_out = n_ckpt = 0
         for op in plan.block_ops:
             if op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
-                ins[op.job_id] = ins.get(op.job_id, 0) + 1
+                ins[op.job_id] = ins.get(op.job_id, 0) + op.num_blocks
             elif op.kind is BlockOpKind.SWAP_OUT:
-                n_out += 1
+                n_out += op.num_blocks
             elif op.kind is BlockOpKind.CHECKPOINT:
-                n_ckpt += 1
+                n_ckpt += op.num_blocks
         n_in = sum(ins.values())
         start = self.clock.now
         if n_ckpt:
@@ -184,7 +184,8 @@ class SimulatedExecutor:
             t.swap_out_blocks += n_out
             for op in plan.block_ops:
                 if op.kind is not BlockOpKind.DROP:
-                    self.swap_blocks[op.job_id] = self.swap_blocks.get(op.job_id, 0) + 1
+                    self.swap_blocks[op.job_id] = (self.swap_blocks.get(op.job_id, 0)
+                                                   + op.num_blocks)
         if cut is not None:
             result = StepResult(plan.step, [], dt, interrupted=True)
             done = self._landed()

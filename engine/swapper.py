@@ -124,8 +124,8 @@ class BlockSwapper:
             i = j
 
     def _apply_group(self, kind: BlockOpKind, job_id: str, ops: Sequence[BlockOp]) -> None:
-        indices = [op.block_index for op in ops]
-        device_blocks = [op.device_block for op in ops]
+        indices = [i for op in ops for i in op.block_indices]
+        device_blocks = [b for op in ops for b in op.device_blocks]
         if kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT) and self._side is not None:
             done = self._copy_on_side_stream(job_id, indices, device_blocks)
             if kind is BlockOpKind.SWAP_OUT:

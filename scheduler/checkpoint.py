@@ -89,6 +89,6 @@ def _copy_in_order(swap: SwapManager, jobs: list[Job], max_blocks: int) -> list[
         if budget <= 0 or swap.host_free <= 0:
             break
         got = swap.checkpoint(job, budget)
-        budget -= len(got)
+        budget -= sum(op.num_blocks for op in got)
         ops += got
     return ops

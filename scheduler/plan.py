@@ -73,11 +73,24 @@ class BlockOpKind(str, enum.Enum):
 
 @dataclass(slots=True)
 class BlockOp:
+    """One job's blocks of one kind: its logical blocks `first_block`,
+    `first_block` + 1, ... held in `device_blocks`, in that order (a DROP
+    names none).  One op per job, not per block: a swap moves a job's whole
+    table, and a plan that swaps makes one object per job it moves."""
+
     kind: BlockOpKind
     job_id: str
-    # Logical block index within the job and the device block it maps to.
-    block_index: int
-    device_block: int
+    first_block: int
+    device_blocks: list[int]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.device_blocks)
+
+    @property
+    def block_indices(self) -> range:
+        """The job's logical blocks it moves."""
+        return range(self.first_block, self.first_block + len(self.device_blocks))
 
 
 @dataclass(slots=True)

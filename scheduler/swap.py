@@ -135,12 +135,11 @@ class SwapManager:
         if n <= 0:
             return []
         k = job.num_checkpointed_blocks
-        ops = [BlockOp(BlockOpKind.CHECKPOINT, job.job_id, i, job.block_table[i])
-               for i in range(k, k + n)]
+        op = BlockOp(BlockOpKind.CHECKPOINT, job.job_id, k, job.block_table[k:k + n])
         job.num_checkpointed_blocks = k + n
         self.host_used += n
         self.blocks_checkpointed += n
-        return ops
+        return [op]
 
     def discard_to_checkpoint(self, job: Job) -> None:
         """Preempt `job` by freeing its device blocks; it resumes from its
@@ -178,16 +177,15 @@ class SwapManager:
         """Copy all of `job`'s device blocks to the host and drop its
         references (blocks a sibling shares stay with the sibling)."""
         assert self.can_swap_out(job), f"cannot swap out {job.job_id}"
-        kind, jid = BlockOpKind.SWAP_OUT, job.job_id
-        ops = [BlockOp(kind, jid, i, b) for i, b in enumerate(job.block_table)]
-        n = len(ops)
+        op = BlockOp(BlockOpKind.SWAP_OUT, job.job_id, 0, job.block_table.copy())
+        n = op.num_blocks
         self.blocks.free(job)
         self.host_used += n
         job.num_host_blocks = n
         self._to_host(job)
         self.num_swap_out += 1
         self.blocks_out += n
-        return ops
+        return [op]
 
     def swap_in(self, job: Job) -> list[BlockOp] | None:
         """Start copying `job`'s host blocks back; None if no device room.
@@ -207,15 +205,13 @@ class SwapManager:
         self._set_host_only(job.job_id, False)
         if kept == n:  # nothing to copy: back already
             if not job.num_checkpointed_blocks:  # a move: no copy lands to drop the host's
-                self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
+                self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, 0, []))
             self.swap_in_done(job)
             return []
         kind = BlockOpKind.PREFETCH if job.num_checkpointed_blocks else BlockOpKind.SWAP_IN
         job.swap_pending = kind.value
         self.blocks_in += n - kept
-        jid = job.job_id
-        return [BlockOp(kind, jid, i, b)
-                for i, b in enumerate(job.block_table[kept:n], start=kept)]
+        return [BlockOp(kind, job.job_id, kept, job.block_table[kept:n])]
 
     def swap_in_done(self, job: Job) -> None:
         self._off_host(job.job_id)
@@ -246,7 +242,7 @@ class SwapManager:
         if held:
             self.host_used -= held
             if not keep:
-                self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, -1, -1))
+                self.pending_ops.append(BlockOp(BlockOpKind.DROP, job.job_id, 0, []))
         job.num_host_blocks = 0
         job.num_checkpointed_blocks = 0
         job.swap_pending = None

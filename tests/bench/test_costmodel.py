@@ -26,7 +26,7 @@ def test_batch_shape_of_plan():
         chunk("d1", 1, 99),  # decode at context 100
         chunk("d2", 1, 9),  # decode at context 10
         chunk("p", 4, 6, sample=False),  # prefill chunk at offset 6
-    ], block_ops=[BlockOp(BlockOpKind.SWAP_OUT, "x", 0, 3), BlockOp(BlockOpKind.DROP, "y", -1, -1)])
+    ], block_ops=[BlockOp(BlockOpKind.SWAP_OUT, "x", 0, [3]), BlockOp(BlockOpKind.DROP, "y", 0, [])])
     s = BatchShape.of(plan)
     assert (s.decode_tokens, s.decode_context) == (2, 110)
     assert (s.prefill_tokens, s.prefill_chunks) == (4, 1)

@@ -19,7 +19,7 @@ def decode(job_id: str) -> ScheduledChunk:
 
 
 def swap_in(job_id: str, n: int) -> list[BlockOp]:
-    return [BlockOp(BlockOpKind.SWAP_IN, job_id, i, i) for i in range(n)]
+    return [BlockOp(BlockOpKind.SWAP_IN, job_id, 0, list(range(n)))]
 
 
 def test_reactive_copies_stall_the_iteration_and_land_with_it():
@@ -171,16 +171,17 @@ def test_conserve_in_the_simulator_cuts_offline_passes_for_online_arrivals():
 def test_checkpoints_never_stall_and_a_prefetch_is_a_swap_in():
     clock = VirtualClock()
     dev = SimulatedExecutor(UnitCost(), clock, overlap_swap=False, next_arrival=lambda: None)
-    ckpt = [BlockOp(BlockOpKind.CHECKPOINT, "a", i, i) for i in range(6)]
+    ckpt = [BlockOp(BlockOpKind.CHECKPOINT, "a", 0, list(range(6)))]
     res = dev.execute(Plan(step=1, chunks=[decode("a")], block_ops=ckpt))
     # Even with copies on the critical path, a checkpoint's 3 s copy runs
     # on its own lane beside the 1 s forward pass.
     assert res.iteration_time == 1.0 and dev.totals.exposed_swap_time == 0.0
     assert dev.totals.checkpoint_blocks == 6 and dev.totals.checkpoint_lane_busy == 3.0
     # Its lane is still busy: the next checkpoint queues behind.
-    dev.execute(Plan(step=2, chunks=[decode("a")], block_ops=ckpt[:2]))
+    dev.execute(Plan(step=2, chunks=[decode("a")],
+                     block_ops=[BlockOp(BlockOpKind.CHECKPOINT, "a", 6, [6, 7])]))
     assert dev.totals.checkpoint_lane_busy == 4.0
-    prefetch = [BlockOp(BlockOpKind.PREFETCH, "b", i, i) for i in range(2)]
+    prefetch = [BlockOp(BlockOpKind.PREFETCH, "b", 0, [0, 1])]
     res = dev.execute(Plan(step=3, chunks=[decode("a")], block_ops=prefetch))
     assert res.iteration_time == 2.0 and res.swaps_in_done == ["b"]
 

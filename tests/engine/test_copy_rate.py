@@ -46,8 +46,8 @@ def test_the_swapper_measures_its_copies_to_the_tier() -> None:
     cache = KVCache(2, 16, 4, 2, 3, torch.float32, "cpu")
     tier = LocalHostTier(capacity_bytes=10**7)
     sw = BlockSwapper(cache, tier)
-    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "a", i, i) for i in range(4)])
-    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "b", i, 8 + i) for i in range(4)])
+    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "a", 0, [0, 1, 2, 3])])
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "b", 0, [8, 9, 10, 11])])
     tier.flush()
     deadline = time.monotonic() + 5
     while sw.copy_rate.rate is None and time.monotonic() < deadline:

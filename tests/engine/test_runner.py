@@ -182,7 +182,7 @@ def test_contract_errors(tiny: ModelRunner) -> None:
         bad = ScheduledChunk("e", PROMPT, 0, [0, 1, 2], sample=True, output_index=3)
         with pytest.raises(RuntimeError, match="scheduler samples output 3"):
             tiny.execute(Plan(1, [bad]))
-        op = BlockOp(BlockOpKind.SWAP_OUT, "e", 0, 0)
+        op = BlockOp(BlockOpKind.SWAP_OUT, "e", 0, [0])
         with pytest.raises(NotImplementedError, match="swap_out"):
             tiny.execute(Plan(2, [], block_ops=[op]))
         assert tiny.execute(Plan(3)).outputs == []

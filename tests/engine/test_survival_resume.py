@@ -52,7 +52,8 @@ def serve(runner: ModelRunner, core: SchedulerCore, tokens: dict[str, list[int]]
             break
         it = driver.step()
         plans.append([(c.job_id, c.start_pos, c.num_tokens, None) for c in it.plan.chunks]
-                     + [(o.job_id, o.block_index, 0, o.kind) for o in it.plan.block_ops])
+                     + [(o.job_id, o.first_block, o.num_blocks, o.kind)
+                        for o in it.plan.block_ops])
         for ev in it.events:
             assert ev.token_id is not None
             tokens[ev.job_id].append(ev.token_id)
@@ -102,7 +103,7 @@ def test_a_job_goes_on_from_its_checkpoints_on_another_runner(
         assert len(p) + len(got[j]) - job.num_computed_tokens < 3 * BLOCK  # the tail only
     plans = serve(second, core, got)
     assert got == reference
-    fetched = {x[0]: x[1] + 1 for plan in plans for x in plan if x[3] is BlockOpKind.PREFETCH}
+    fetched = {x[0]: x[1] + x[2] for plan in plans for x in plan if x[3] is BlockOpKind.PREFETCH}
     assert fetched == adopted and all(n > 0 for n in adopted.values())
     # Each job's first chunk here starts where its checkpoint ends.
     starts: dict[str, int] = {}

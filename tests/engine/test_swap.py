@@ -46,14 +46,14 @@ def _swapped_out(dtype: torch.dtype, device: str
     before = cache.read_blocks([2, 5]).cpu()
     tier = LocalHostTier(capacity_bytes=10**6)
     sw = BlockSwapper(cache, tier)
-    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 2), BlockOp(BlockOpKind.SWAP_OUT, "j", 1, 5)])
+    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, [2, 5])])
     return cache, before, tier, sw
 
 
 def test_swapper_moves_blocks_and_reports_landing() -> None:
     cache, before, tier, sw = _swapped_out(torch.bfloat16, "cpu")
     cache.data.zero_()  # the freed blocks get overwritten by others
-    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 7), BlockOp(BlockOpKind.SWAP_IN, "j", 1, 0)])
+    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, [7]), BlockOp(BlockOpKind.SWAP_IN, "j", 1, [0])])
     done: list[str] = []
     deadline = time.monotonic() + 5
     while not done and time.monotonic() < deadline:
@@ -62,7 +62,7 @@ def test_swapper_moves_blocks_and_reports_landing() -> None:
     assert done == ["j"] and sw.num_in_flight == 0
     assert torch.equal(cache.read_blocks([7, 0]), before)
     # Unknown host copy: the fetch fails and says so.
-    sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1), BlockOp(BlockOpKind.SWAP_IN, "j", 0, 1)])
+    sw.apply([BlockOp(BlockOpKind.DROP, "j", 0, []), BlockOp(BlockOpKind.SWAP_IN, "j", 0, [1])])
     deadline = time.monotonic() + 5
     failed = []
     while not failed and time.monotonic() < deadline:
@@ -75,10 +75,10 @@ def test_drop_abandons_a_fetch_in_flight() -> None:
     cache.data.copy_(torch.randn_like(cache.data))
     tier = LocalHostTier(capacity_bytes=10**6)
     sw = BlockSwapper(cache, tier)
-    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, 3)])
-    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 5)])
+    sw.apply([BlockOp(BlockOpKind.SWAP_OUT, "j", 0, [3])])
+    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, [5])])
     # Aborted before the copy landed: block 5 may already be someone else's.
-    sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1)])
+    sw.apply([BlockOp(BlockOpKind.DROP, "j", 0, [])])
     snapshot = cache.data.clone()
     tier.flush()
     assert sw.poll(wait_s=0.05) == ([], [])
@@ -130,12 +130,12 @@ def test_swapping_is_transparent(
 
 def test_block_ops_without_tier_and_profiler_probe(swap_runner: ModelRunner) -> None:
     # DROP needs no tier; the others do.
-    swap_runner.execute(Plan(1, [], block_ops=[BlockOp(BlockOpKind.DROP, "x", -1, -1)]))
+    swap_runner.execute(Plan(1, [], block_ops=[BlockOp(BlockOpKind.DROP, "x", 0, [])]))
     # The start-up profiler times a swap round trip with an unregistered job.
     swap_runner.set_kv_tier(LocalHostTier(capacity_bytes=10**7))
     try:
-        out = [BlockOp(BlockOpKind.SWAP_OUT, "probe", i, i) for i in range(3)]
-        inn = [BlockOp(BlockOpKind.SWAP_IN, "probe", i, i) for i in range(3)]
+        out = [BlockOp(BlockOpKind.SWAP_OUT, "probe", 0, [0, 1, 2])]
+        inn = [BlockOp(BlockOpKind.SWAP_IN, "probe", 0, [0, 1, 2])]
         swap_runner.execute(Plan(2, [], block_ops=out))
         res = swap_runner.execute(Plan(3, [], block_ops=inn))
         assert res.swaps_in_done == ["probe"]
@@ -162,16 +162,16 @@ def test_checkpoints_accumulate_and_prefetch_keeps_them() -> None:
     before = cache.read_blocks([2, 5, 6]).clone()
     tier = LocalHostTier(capacity_bytes=10**6)
     sw = BlockSwapper(cache, tier)
-    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, 2)])
-    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 1, 5), BlockOp(BlockOpKind.CHECKPOINT, "j", 2, 6)])
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, [2])])
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 1, [5]), BlockOp(BlockOpKind.CHECKPOINT, "j", 2, [6])])
     for target in ([0, 1, 3], [7, 4, 1]):
         cache.data.zero_()
-        sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", i, b) for i, b in enumerate(target)])
+        sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", 0, list(target))])
         assert _land(sw) == ["j"]
         assert torch.equal(cache.read_blocks(target), before)
         tier.flush()
         assert tier.used == before.numel() * before.element_size()
-    sw.apply([BlockOp(BlockOpKind.DROP, "j", -1, -1)])
+    sw.apply([BlockOp(BlockOpKind.DROP, "j", 0, [])])
     tier.flush()
     assert tier.used == 0
 
@@ -187,12 +187,12 @@ def test_checkpoints_on_a_side_stream_hold_the_blocks_as_they_were() -> None:
     tier = LocalHostTier(capacity_bytes=10**6)
     sw = BlockSwapper(cache, tier)
     assert sw._side is not None
-    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, 2), BlockOp(BlockOpKind.CHECKPOINT, "j", 1, 5)])
+    sw.apply([BlockOp(BlockOpKind.CHECKPOINT, "j", 0, [2]), BlockOp(BlockOpKind.CHECKPOINT, "j", 1, [5])])
     # The next pass, block ops or not (the runner calls this before each):
     # its work is ordered after the copy.
     sw.order_after_copies()
     cache.data.zero_()
-    sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", 0, 0), BlockOp(BlockOpKind.PREFETCH, "j", 1, 1)])
+    sw.apply([BlockOp(BlockOpKind.PREFETCH, "j", 0, [0]), BlockOp(BlockOpKind.PREFETCH, "j", 1, [1])])
     assert _land(sw) == ["j"]
     assert torch.equal(cache.read_blocks([0, 1]).cpu(), before)
 
@@ -207,7 +207,7 @@ def test_swaps_on_a_gpu_go_through_pinned_memory_without_waiting() -> None:
     cache.data.zero_()  # queued on the compute stream, after the copy
     tier.flush()
     assert tier.fetch("j", [0, 1], pinned=True).result().is_pinned()
-    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, 6), BlockOp(BlockOpKind.SWAP_IN, "j", 1, 1)])
+    sw.apply([BlockOp(BlockOpKind.SWAP_IN, "j", 0, [6]), BlockOp(BlockOpKind.SWAP_IN, "j", 1, [1])])
     assert _land(sw) == ["j"]
     assert torch.equal(cache.read_blocks([6, 1]).cpu(), before)
     assert not sw._copies  # nothing left for the next plan to wait for

@@ -58,15 +58,15 @@ def test_load_slice_takes_the_shards_rows_and_pads_the_last() -> None:
 
 def test_a_swap_in_lands_when_every_shard_has_it() -> None:
     swaps = SwapsInFlight(2)
-    swaps.issued([BlockOp(BlockOpKind.SWAP_IN, "a", 0, 3), BlockOp(BlockOpKind.SWAP_IN, "b", 0, 4),
-                  BlockOp(BlockOpKind.PREFETCH, "c", 0, 5)])
+    swaps.issued([BlockOp(BlockOpKind.SWAP_IN, "a", 0, [3]), BlockOp(BlockOpKind.SWAP_IN, "b", 0, [4]),
+                  BlockOp(BlockOpKind.PREFETCH, "c", 0, [5])])
     assert swaps.combine([(["a"], []), ([], [])]) == ([], [])
     assert swaps.pending == 3  # what the first shard waits for with nothing to run
     assert swaps.combine([(["b"], []), (["a", "b"], [])]) == (["a", "b"], [])
     # Lost on one shard: failed, and what lands elsewhere later is ignored.
     assert swaps.combine([(["c"], []), ([], ["c"])]) == ([], ["c"])
     assert swaps.combine([([], []), (["c"], [])]) == ([], [])
-    swaps.issued([BlockOp(BlockOpKind.SWAP_IN, "d", 0, 6), BlockOp(BlockOpKind.DROP, "d", 0, 6)])
+    swaps.issued([BlockOp(BlockOpKind.SWAP_IN, "d", 0, [6]), BlockOp(BlockOpKind.DROP, "d", 0, [])])
     assert swaps.combine([(["d"], []), (["d"], [])]) == ([], [])
 
 

@@ -1,13 +1,24 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator
 
 import pytest
 
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job
-from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult
+from scheduler.plan import BlockOp, BlockOpKind, JobOutput, Plan, StepResult
+
+
+def per_block(ops: Iterable[BlockOp]) -> Iterator[tuple[BlockOp, int, int]]:
+    """Each op's blocks as (op, logical block, device block); an op that
+    moves none (DROP) once, as (op, -1, -1)."""
+    for op in ops:
+        if not op.device_blocks:
+            yield op, -1, -1
+        for index, block in zip(op.block_indices, op.device_blocks):
+            yield op, index, block
 
 
 class FakeClock:
@@ -93,18 +104,18 @@ class FakeEngine:
         landed_now: list[str] = []
         fetching: set[str] = set()
         moved: set[str] = set()
-        for op in plan.block_ops:
+        for op, index, block in per_block(plan.block_ops):
             if op.kind in (BlockOpKind.SWAP_OUT, BlockOpKind.CHECKPOINT):
-                self.host[(op.job_id, op.block_index)] = list(self.device[op.device_block])
+                self.host[(op.job_id, index)] = list(self.device[block])
                 if op.kind is BlockOpKind.SWAP_OUT:
                     self.swapped_out_blocks += 1
                 else:
                     self.checkpointed_blocks += 1
             elif op.kind in (BlockOpKind.SWAP_IN, BlockOpKind.PREFETCH):
-                key = (op.job_id, op.block_index)
+                key = (op.job_id, index)
                 # A prefetch restores a checkpoint and keeps it.
-                self.device[op.device_block] = list(self.host.pop(key) if op.kind is
-                                                    BlockOpKind.SWAP_IN else self.host[key])
+                self.device[block] = list(self.host.pop(key) if op.kind is
+                                          BlockOpKind.SWAP_IN else self.host[key])
                 self.swapped_in_blocks += 1
                 # A fetch may start past block 0: the leading blocks still
                 # on the device are not copied (`SwapManager.swap_in`).

@@ -11,12 +11,12 @@ from scheduler.checkpoint import jobs_to_cover
 from scheduler.core import SchedulerCore
 from scheduler.job import Job, JobClass
 from scheduler.plan import BlockOpKind, Plan, StepResult
-from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job
+from tests.scheduler.conftest import FakeClock, FakeEngine, drain, make_job, per_block
 from tests.scheduler.test_conserve import add_offline, core_for, offline, step
 
 
 def ops(plan: Plan, kind: BlockOpKind) -> list[tuple[str, int]]:
-    return [(op.job_id, op.block_index) for op in plan.block_ops if op.kind is kind]
+    return [(op.job_id, i) for op, i, _ in per_block(plan.block_ops) if op.kind is kind]
 
 
 def ckpt_core(clock: FakeClock, prefix_caching: bool = True, **conserve) -> SchedulerCore:
@@ -298,7 +298,7 @@ def test_a_started_offline_job_moves_to_another_replica_through_the_host_tier(
     assert again.num_computed_tokens == copied * 4
     plans = finish(there, engine_there)
     fetched = [op for p in plans for op in p.block_ops if op.kind is BlockOpKind.PREFETCH]
-    assert sorted(op.block_index for op in fetched) == list(range(copied))
+    assert sorted(i for op in fetched for i in op.block_indices) == list(range(copied))
     # Computed there: only what lies past the copied blocks.
     first = next(c for p in plans for c in p.chunks if c.job_id == again.job_id)
     assert first.start_pos == copied * 4

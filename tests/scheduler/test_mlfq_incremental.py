@@ -90,7 +90,8 @@ def _core(clock, policy: str, mode: str, starvation_s: float | None) -> Schedule
 def _fingerprint(plan) -> tuple:
     return (
         [(c.job_id, c.start_pos, c.num_tokens, tuple(c.block_table), c.sample) for c in plan.chunks],
-        [(op.kind.value, op.job_id, op.block_index, op.device_block) for op in plan.block_ops],
+        [(op.kind.value, op.job_id, op.first_block, tuple(op.device_blocks))
+         for op in plan.block_ops],
         list(plan.preempted),
     )
 

@@ -167,7 +167,7 @@ def test_equal_priorities_schedule_as_without_priorities(policy, mode):
                 break
             plan = step(core, engine)
             out.append((tuple((c.job_id, c.start_pos, c.num_tokens) for c in plan.chunks),
-                        tuple((o.kind, o.job_id, o.device_block) for o in plan.block_ops),
+                        tuple((o.kind, o.job_id, tuple(o.device_blocks)) for o in plan.block_ops),
                         tuple(plan.preempted)))
         assert not core.has_work
         return out

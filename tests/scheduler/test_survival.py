@@ -11,6 +11,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.job import Job
 from scheduler.plan import BlockOpKind, JobOutput, Plan, StepResult
+from tests.scheduler.conftest import per_block
 
 
 def core(policy: str = "fcfs", **survival: object) -> SchedulerCore:
@@ -27,7 +28,7 @@ def run(c: SchedulerCore, plan: Plan, landed: tuple[str, ...] = ()) -> None:
 
 
 def ops(plan: Plan, kind: BlockOpKind) -> list[tuple[str, int]]:
-    return [(o.job_id, o.block_index) for o in plan.block_ops if o.kind is kind]
+    return [(op.job_id, i) for op, i, _ in per_block(plan.block_ops) if op.kind is kind]
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "mlfq"])

@@ -12,9 +12,9 @@ def _chunk(jid: str, n: int = 1) -> ScheduledChunk:
 
 def test_record_names_jobs_once_per_kind():
     plan = Plan(step=7, chunks=[_chunk("a", 3), _chunk("b")], preempted=["c"])
-    plan.block_ops = [BlockOp(BlockOpKind.SWAP_OUT, "c", i, i) for i in range(3)]
-    plan.block_ops += [BlockOp(BlockOpKind.SWAP_IN, "d", i, 10 + i) for i in range(2)]
-    plan.block_ops.append(BlockOp(BlockOpKind.DROP, "e", 0, -1))
+    plan.block_ops = [BlockOp(BlockOpKind.SWAP_OUT, "c", 0, [0, 1, 2])]
+    plan.block_ops += [BlockOp(BlockOpKind.SWAP_IN, "d", 0, [10, 11])]
+    plan.block_ops.append(BlockOp(BlockOpKind.DROP, "e", 0, []))
     rec = StepTrace.of(1.5, plan, StepResult(7, [], 0.25, swaps_in_done=["f"]))
     assert rec == StepTrace(1.5, 7, ("a", "b"), 4, ("d",), ("c",), ("c",), ("f",), 0.25)
     assert StepTrace(**rec.to_json()) == rec
@@ -50,5 +50,5 @@ def test_only_plans_that_did_something_are_kept():
     assert StepTrace.eventful(idle, StepResult(1, [], 0.0, swaps_in_done=["a"]))
     assert StepTrace.eventful(idle, StepResult(1, [], 0.0, swaps_in_failed=["a"]))
     assert StepTrace.eventful(Plan(step=2, chunks=[_chunk("a")]), StepResult(2, [], 0.1))
-    copy = Plan(step=3, block_ops=[BlockOp(BlockOpKind.DROP, "a", 0, -1)])
+    copy = Plan(step=3, block_ops=[BlockOp(BlockOpKind.DROP, "a", 0, [])])
     assert StepTrace.eventful(copy, StepResult(3, [], 0.0))
