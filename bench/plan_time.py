@@ -36,7 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from bench.report import machine_meta, write_report
-from deployments.gc_heap import serving_heap
+from engine.gc_heap import serving_heap
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
@@ -73,7 +73,7 @@ class PlanTimeConfig(BaseModel):
     # None: not reported (the bound is then 1/8 of the device blocks).
     copy_rate: float | None = None
     # "python": Python's default garbage collector; "serving": as an Engine
-    # replica runs its scheduler (deployments/gc_heap.py): the heap before
+    # replica runs its scheduler (engine/gc_heap.py): the heap before
     # the first arrival frozen, young collections every 3,000 allocations.
     gc: Literal["python", "serving"] = "python"
 

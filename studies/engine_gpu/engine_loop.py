@@ -48,7 +48,7 @@ import torch
 from api.protocol import GenerateRequest
 from deployments.delivery import Delivery
 from deployments.engine_loop import EngineLoop
-from deployments.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap
+from engine.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap
 from engine.length_head import LengthHead
 from engine.profiler import estimate_cost
 from engine.runner import ModelRunner
@@ -114,10 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "length head (engine/length_head.py) of the model's hidden size")
     p.add_argument("--no-gc-freeze", action="store_true",
                    help="leave the start-up heap to the garbage collector's scans (the "
-                        "replica freezes it: deployments/gc_heap.py)")
+                        "replica freezes it: engine/gc_heap.py)")
     p.add_argument("--gc-young", type=int, default=SERVING_THRESHOLDS[0],
                    help="net allocations between young collections while serving (the "
-                        "replica's: deployments/gc_heap.py; Python's default 700)")
+                        "replica's: engine/gc_heap.py; Python's default 700)")
     p.add_argument("--null-pass", action="store_true",
                    help="once the cost model is measured, take the model's pass and sampling "
                         "out (studies/engine_gpu/null_pass.py): the host path alone")

@@ -55,12 +55,12 @@ def test_main_passes_the_pool_and_the_copy_rate_to_the_scheduler(tmp_path, monke
 
 def test_serving_gc_plans_on_the_replicas_heap_and_restores_it(tmp_path, monkeypatch):
     """`--gc serving`: every plan runs with the start-up heap frozen and the
-    replica's young threshold (deployments/gc_heap.py); afterwards the
+    replica's young threshold (engine/gc_heap.py); afterwards the
     collector is as it was."""
     import gc
 
     import bench.plan_time as pt
-    from deployments.gc_heap import SERVING_THRESHOLDS
+    from engine.gc_heap import SERVING_THRESHOLDS
 
     seen: set[tuple[tuple[int, int, int], bool]] = set()
     real = pt.SchedulerCore.schedule

@@ -1,4 +1,4 @@
-"""The replica's start-up heap frozen (deployments/gc_heap.py): what exists
+"""The replica's start-up heap frozen (engine/gc_heap.py): what exists
 is left out of collections, what comes later is still collected."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from deployments.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap, prepare_serving_heap
+from engine.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap, prepare_serving_heap
 
 
 class _Node:
