@@ -39,8 +39,8 @@ from deployments.engine_loop import EngineLoop, choice_job_ids
 from deployments.engine_metrics import EngineMetrics
 from deployments.engine_pinning import pin_replica
 from deployments.engine_priority import give_nice, loop_nice
-from engine.gc_heap import prepare_serving_heap
 from deployments.generate_request import sampling_params
+from engine.gc_heap import prepare_serving_heap
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
 from scheduler.config import SchedulerConfig
