@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from itertools import repeat
 from typing import NamedTuple
 
 from scheduler.free_blocks import FreeBlocks
@@ -288,14 +287,13 @@ class BlockManager:
         as sole holder, checked in bulk."""
         jid, table, holders = job.job_id, job.block_table, self._holders
         alone = {jid}
-        held = list(map(holders.pop, table, repeat(None, len(table))))
-        if held.count(alone) != len(held):
-            for b, h in zip(table, held):  # put back: the error changes nothing
-                if h is not None:
-                    holders[b] = h
+        held = list(map(holders.get, table))
+        if held.count(alone) != len(held):  # nothing changed yet
             bad = next(i for i, h in enumerate(held) if h != alone)
             raise BlockAccountingError(
                 f"block {table[bad]} freed by {jid} but held by {sorted(held[bad] or ())}")
+        for b in table:
+            del holders[b]
         self._release(table)
         return len(table)
 
