@@ -196,6 +196,11 @@ def serve_main(args: argparse.Namespace) -> int:
     # Before Ray is imported: `serve run` otherwise turns on token auth
     # (ARCHITECTURE.md); a value the user set is kept.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # The HTTP proxy's calls to the ingress over Serve's gRPC data plane, as
+    # the ingress's own calls go (deployments/handles.py); read by the proxy
+    # a local Ray starts from here, so a cluster named by --address keeps its
+    # own setting. A value the user set is kept.
+    os.environ.setdefault("RAY_SERVE_PROXY_USE_GRPC", "1")
     # Import paths resolve against the working directory, as with `serve run`.
     sys.path.insert(0, os.getcwd())
 

@@ -40,6 +40,7 @@ from deployments.engine_metrics import EngineMetrics
 from deployments.engine_pinning import pin_replica
 from deployments.engine_priority import give_nice, loop_nice
 from deployments.generate_request import sampling_params
+from deployments.handles import by_value
 from engine.gc_heap import prepare_serving_heap
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
@@ -199,7 +200,7 @@ class Engine(EngineFigures):
                                                     memory=sched_cfg.conserve.cost_memory)
         self.core = SchedulerCore(sched_cfg, time.monotonic, cost=policy_cost)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.scheduler = scheduler
+        self.scheduler = None if scheduler is None else by_value(scheduler)
         self._aio = asyncio.get_running_loop()
         # Job id -> (its call's delivery queue, prompt number, choice index).
         self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}

@@ -62,6 +62,7 @@ from deployments import STOP_POLL_S
 from deployments.coalesce import Coalescer
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.generate_request import check_prediction, generate_request
+from deployments.handles import by_value
 from deployments.ingress_metrics import IngressMetrics
 from deployments.lora_routes import LoraRoutes
 from deployments.online_first import OnlineFirstDoor
@@ -97,10 +98,11 @@ class Ingress:
         self.tokenizer = load_tokenizer(model_path)
         self.vocab_size = len(self.tokenizer)
         self.token_text = TokenText(self.tokenizer)
-        self.scheduler = scheduler
-        self.engine = engine.options(stream=True)
+        # Calls on the request path go over the replicas' gRPC data plane.
+        self.scheduler = by_value(scheduler)
+        self.engine = by_value(engine).options(stream=True)
         self.engine_calls = engine
-        self.predictor = predictor
+        self.predictor = None if predictor is None else by_value(predictor)
         self._background: set[asyncio.Task[Any]] = set()
         # The Scheduler calls of requests arriving or ending together, one
         # call each way per round trip (deployments/coalesce.py).

@@ -9,7 +9,8 @@ LIVE_SIM_ARGS=(--num-blocks 128 --block-size 16 --max-batch-size 32 --max-batch-
   --overlap-swap)
 pid=
 start_server() {
-  serve run "$1" > "$2" 2>&1 &
+  # As the README starts it: the proxy's calls to the ingress over gRPC (deployments/handles.py).
+  RAY_SERVE_PROXY_USE_GRPC=${RAY_SERVE_PROXY_USE_GRPC:-1} serve run "$1" > "$2" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do
     curl -sf http://127.0.0.1:8000/health >/dev/null && return 0

@@ -13,6 +13,7 @@ answer in the shapes the real deployments do:
   which records submissions and answers with the state a test sets; files
   and batch records go to a temporary storage directory.
 - engine: `.options(stream=True).generate.remote(requests, replica=...)`
+  (`options(_by_reference=False)` kept by later views, as Serve's are)
   (one `GenerateRequest` dump per prompt of the client's request) returns
   an async iterator with `cancel()` that yields lists of `GenerateDelta`
   dumps, one per choice with new output (its `prompt` and `index`), the
@@ -96,6 +97,8 @@ class FakeScheduler:
     # Engine replicas reporting their load (what /health reads); None: the
     # scheduler does not answer.
     live_engines: int | None = 1
+    # False once the ingress asked for calls by value (deployments/handles.py).
+    by_reference: bool = True
 
     def __post_init__(self) -> None:
         self.admit = _Method(self._admit)
@@ -103,6 +106,11 @@ class FakeScheduler:
         self.ready = _Method(self._ready)
         self.admit_many = admit_each(self)
         self.release_many = release_each(self)
+
+    def options(self, _by_reference: bool = True) -> "FakeScheduler":
+        # One state for the handle and its view, as the tests read it.
+        self.by_reference = _by_reference
+        return self
 
     async def _ready(self) -> dict[str, int]:
         if self.live_engines is None:
@@ -165,12 +173,17 @@ class _EngineState:
     # first `free_wakeups`).
     paused: bool = False
     free_wakeups: int = 0
+    # Per `generate` call: whether it went on a by-reference view.
+    generate_by_reference: list[bool] = field(default_factory=list)
 
 
 class FakeEngine:
-    def __init__(self, state: _EngineState | None = None, stream: bool = False) -> None:
+    def __init__(self, state: _EngineState | None = None, stream: bool = False,
+                 by_reference: bool = True) -> None:
         self.state = state or _EngineState()
         self.stream = stream
+        # A view keeps the options it was made with, as a Serve handle's does.
+        self.by_reference = by_reference
         self.generate = _Method(self._generate)
         self.set_prediction = _Method(self._set_prediction)
         self.check_lora = _Method(self._check_lora)
@@ -183,8 +196,10 @@ class FakeEngine:
     def streams(self) -> list[FakeStream]:
         return self.state.streams
 
-    def options(self, stream: bool = False) -> "FakeEngine":
-        return FakeEngine(self.state, stream)
+    def options(self, stream: bool | None = None,
+                _by_reference: bool | None = None) -> "FakeEngine":
+        return FakeEngine(self.state, self.stream if stream is None else stream,
+                          self.by_reference if _by_reference is None else _by_reference)
 
     async def _check_lora(self, name: str, path: str) -> str | None:
         """The real engine reads the adapter onto its model; this one has
@@ -208,6 +223,7 @@ class FakeEngine:
         assert self.stream, "generate is only called on the stream=True handle"
         reqs = [GenerateRequest(**r) for r in requests]  # raises as the real engine would
         self.requests.extend(reqs)
+        self.state.generate_by_reference.append(self.by_reference)
         per_prompt = [self._deltas(p, req) for p, req in enumerate(reqs)]
         # The prompts' wake-ups interleave, as their jobs share iterations.
         items = [sum((d[k] for d in per_prompt if k < len(d)), [])

@@ -113,24 +113,28 @@ class _RayInitCalled(Exception):
     pass
 
 
-@pytest.mark.parametrize("preset", [None, "token"])
-def test_serve_disables_ray_auth_unless_the_user_set_it(monkeypatch, preset: str | None):
+@pytest.mark.parametrize("preset", [None, ("token", "0")])
+def test_serve_disables_ray_auth_and_sends_the_proxy_over_grpc_unless_the_user_set_them(
+        monkeypatch, preset: tuple[str, str] | None):
     import ray
 
     if preset is None:
         monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        monkeypatch.delenv("RAY_SERVE_PROXY_USE_GRPC", raising=False)
     else:
-        monkeypatch.setenv("RAY_AUTH_MODE", preset)
+        monkeypatch.setenv("RAY_AUTH_MODE", preset[0])
+        monkeypatch.setenv("RAY_SERVE_PROXY_USE_GRPC", preset[1])
     seen: dict[str, str | None] = {}
 
     def fake_init(**kwargs: object) -> None:
         seen["mode"] = os.environ.get("RAY_AUTH_MODE")
+        seen["grpc"] = os.environ.get("RAY_SERVE_PROXY_USE_GRPC")
         raise _RayInitCalled
 
     monkeypatch.setattr(ray, "init", fake_init)
     with pytest.raises(_RayInitCalled):
         cli.main(["serve", str(REPO / "serve_config.yaml")])
-    assert seen["mode"] == (preset or "disabled")
+    assert (seen["mode"], seen["grpc"]) == (preset or ("disabled", "1"))
 
 
 def tiny_builder(args: dict[str, object]):  # type: ignore[no-untyped-def]
