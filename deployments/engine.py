@@ -200,7 +200,7 @@ class Engine(EngineFigures):
                                                     memory=sched_cfg.conserve.cost_memory)
         self.core = SchedulerCore(sched_cfg, time.monotonic, cost=policy_cost)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.scheduler = None if scheduler is None else by_value(scheduler)
+        self.scheduler = by_value(scheduler)
         self._aio = asyncio.get_running_loop()
         # Job id -> (its call's delivery queue, prompt number, choice index).
         self._streams: dict[str, tuple[asyncio.Queue[Delivery], int, int]] = {}

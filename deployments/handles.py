@@ -23,7 +23,10 @@ from typing import Any
 
 def by_value(handle: Any) -> Any:
     """`handle` with its calls sent over the replicas' gRPC data plane, or
-    `handle` itself where this Ray Serve cannot (no `_by_reference` option)."""
+    `handle` itself where this Ray Serve cannot (no `_by_reference` option);
+    None (a deployment the application does not have) stays None."""
+    if handle is None:
+        return None
     try:
         return handle.options(_by_reference=False)
     except TypeError:

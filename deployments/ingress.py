@@ -102,7 +102,7 @@ class Ingress:
         self.scheduler = by_value(scheduler)
         self.engine = by_value(engine).options(stream=True)
         self.engine_calls = engine
-        self.predictor = None if predictor is None else by_value(predictor)
+        self.predictor = by_value(predictor)
         self._background: set[asyncio.Task[Any]] = set()
         # The Scheduler calls of requests arriving or ending together, one
         # call each way per round trip (deployments/coalesce.py).

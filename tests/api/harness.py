@@ -13,14 +13,15 @@ answer in the shapes the real deployments do:
   which records submissions and answers with the state a test sets; files
   and batch records go to a temporary storage directory.
 - engine: `.options(stream=True).generate.remote(requests, replica=...)`
-  (`options(_by_reference=False)` kept by later views, as Serve's are)
   (one `GenerateRequest` dump per prompt of the client's request) returns
   an async iterator with `cancel()` that yields lists of `GenerateDelta`
   dumps, one per choice with new output (its `prompt` and `index`), the
   last delta of each choice carrying its `finish_reason` and `JobMetrics`
   (a canned answer ends at its first stop string, as the engine's would,
   with the `stop_reason`);
-  `set_prediction.remote(...)` awaits to None.
+  `set_prediction.remote(...)` awaits to None. A view made by `options()`
+  keeps the options it was made from (`_by_reference=False` included), as
+  a Serve handle's does.
 
 The tokenizer is the real one (`embedded:smollm2`), so prompts, chat
 templates and token ids go through the code a server runs.
