@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +36,39 @@ def engine_handle(a: argparse.Namespace) -> Any:
     return serve.get_deployment_handle("Engine", app_name=a.app)
 
 
+def answer(response: Any, what: str, timeout_s: float) -> Any:
+    """A handle call's result, or an exit that says what to check. A driver
+    whose RAY_AUTH_MODE differs from the cluster's reaches the replicas, but
+    their answers never reach it: without a bound the command would hang."""
+    try:
+        return response.result(timeout_s=timeout_s)
+    except TimeoutError:
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        raise SystemExit(
+            f"bench: no answer to {what} in {timeout_s:g} s. Run this command with the "
+            f"RAY_AUTH_MODE the server's Ray started with (here it is {mode}): answers "
+            "cannot reach a process whose mode differs. Or the replica is busy: raise "
+            "--call-timeout.") from None
+
+
 def add_server_args(q: argparse.ArgumentParser) -> None:
     q.add_argument("--address", default="auto", help="Ray cluster of the server")
     q.add_argument("--app", default="llm", help="Serve application name")
+
+
+def add_call_args(q: argparse.ArgumentParser) -> None:
+    """`add_server_args` for a command that calls the engine replica itself."""
+    add_server_args(q)
+    q.add_argument("--call-timeout", type=float, default=120.0,
+                   help="seconds to wait for each answer from the engine replica")
 
 
 def cmd_profile_live(a: argparse.Namespace) -> int:
     from bench.costtable import CostTable
     from bench.profiler import table_from_iterations
 
-    rows = engine_handle(a).iteration_log.remote().result()
+    rows = answer(engine_handle(a).iteration_log.remote(), "Engine.iteration_log",
+                  a.call_timeout)
     swaps = []
     if a.swaps_from is not None:
         swaps = CostTable.model_validate_json(a.swaps_from.read_text()).swaps
@@ -77,7 +101,7 @@ def add_profile_parsers(sub: Any) -> None:
 
     q = sub.add_parser("profile-live", help="a cost table from the iterations a running server "
                                              "recorded (one engine replica)")
-    add_server_args(q)
+    add_call_args(q)
     _add_engine_args(q)
     q.add_argument("--swaps-from", type=Path, default=None,
                    help="take the swap measurements of this cost table (`profile`)")

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.cli_profile import add_server_args, engine_handle
+from bench.cli_profile import add_call_args, answer, engine_handle
 from scheduler.trace import StepTrace, summarize
 
 
@@ -45,8 +45,8 @@ def read_trace(path: Path) -> list[StepTrace]:
 
 def cmd_trace_live(a: argparse.Namespace) -> int:
     handle = engine_handle(a)
-    trace = handle.step_trace.remote().result()
-    stats = handle.stats.remote().result()
+    trace = answer(handle.step_trace.remote(), "Engine.step_trace", a.call_timeout)
+    stats = answer(handle.stats.remote(), "Engine.stats", a.call_timeout)
     write_trace(a.out, trace["plans"], stats, trace["arrivals"])
     return 0
 
@@ -75,7 +75,7 @@ def _fmt(v: float) -> str:
 
 def add_trace_parsers(sub: Any) -> None:
     q = sub.add_parser("trace-live", help="save the running server's plan trace")
-    add_server_args(q)
+    add_call_args(q)
     q.add_argument("--out", type=Path, required=True)
     q.set_defaults(func=cmd_trace_live)
 

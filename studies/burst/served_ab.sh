@@ -7,7 +7,12 @@
 # Writes $OUTD/STEP.json (default studies/burst/served_ab; every request's token times); the
 # PATHs are restored. With PATH_CPU set (e.g. "--fixed 16 1 -n 200"), our steps run
 # `python -m studies.burst.path_cpu $PATH_CPU` instead (where the path's CPU goes, the intake).
+# With CLIENT set (a command that takes --base-url, --model and --out, e.g. "python
+# studies/engine_cpu/vllm_cpu/prefill_probe.py --lens 16,512"), every step runs it instead.
+# OLD_ENV (e.g. "RAY_SERVE_PROXY_USE_GRPC=0") is set for the o steps' server only.
 set -u
+# The clients that call Ray (path_cpu's trace-live) must match the server's auth mode.
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OLD=$1; IFS=, read -r -a FILES <<< "$2"; shift 2
 cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
@@ -17,11 +22,14 @@ KEEP=$(mktemp -d); OLDD=$(mktemp -d)
 for i in "${!FILES[@]}"; do
   cp "${FILES[$i]}" "$KEEP/$i"; git show "$OLD:${FILES[$i]}" > "$OLDD/$i"
 done
-ours() {  # STEP VERSION-DIR
+ours() {  # STEP VERSION-DIR [VAR=VALUE…]
   for i in "${!FILES[@]}"; do cp "$2/$i" "${FILES[$i]}"; done
-  RAY_AUTH_MODE=disabled start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log
+  eval "RAY_AUTH_MODE=disabled ${3:-} start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log"
   if [ -n "${PATH_CPU:-}" ]; then
     python -m studies.burst.path_cpu $PATH_CPU --out $OUTD/$1.json; stop_server; return
+  fi
+  if [ -n "${CLIENT:-}" ]; then
+    $CLIENT --base-url http://127.0.0.1:8000/v1 --out $OUTD/$1.json; stop_server; return
   fi
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8000/v1 \
     --endpoint completions --max-duration 540 --system "preempt-serve $1" --save-records \
@@ -34,14 +42,18 @@ vllm() {
       --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.3 ) > ${LOGDIR:-/tmp}/served_ab_$1.log 2>&1 &
   vp=$!
   for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
-  python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8011/v1 \
+  if [ -n "${CLIENT:-}" ]; then
+    $CLIENT --base-url http://127.0.0.1:8011/v1 --model /root/.cache/peer-vllm/smollm2-bf16 \
+      --out $OUTD/$1.json
+  else python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8011/v1 \
     --endpoint completions --model /root/.cache/peer-vllm/smollm2-bf16 --max-duration 540 \
     --system vllm-cpu --save-records --out $OUTD/$1.json 2>&1 | tail -1
+  fi
   pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore; wait $vp 2>/dev/null
 }
 for s in "$@"; do
   date -u +%H:%M:%S
-  case $s in v*) vllm $s ;; n*) ours $s "$KEEP" ;; o*) ours $s "$OLDD" ;; esac
+  case $s in v*) vllm $s ;; n*) ours $s "$KEEP" ;; o*) ours $s "$OLDD" "${OLD_ENV:-}" ;; esac
 done
 for i in "${!FILES[@]}"; do cp "$KEEP/$i" "${FILES[$i]}"; done
 rm -rf "$KEEP" "$OLDD"
