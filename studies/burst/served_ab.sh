@@ -11,7 +11,7 @@
 # studies/engine_cpu/vllm_cpu/prefill_probe.py --lens 16,512"), every step runs it instead.
 # OLD_ENV (e.g. "RAY_SERVE_PROXY_USE_GRPC=0") is set for the o steps' server only.
 set -u
-# The clients that call Ray (path_cpu's trace-live) must match the server's auth mode.
+# The server and the clients that call Ray (path_cpu's trace-live) in one auth mode.
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 OLD=$1; IFS=, read -r -a FILES <<< "$2"; shift 2
 cd "$(dirname "$0")/../.."
@@ -24,7 +24,7 @@ for i in "${!FILES[@]}"; do
 done
 ours() {  # STEP VERSION-DIR [VAR=VALUE…]
   for i in "${!FILES[@]}"; do cp "$2/$i" "${FILES[$i]}"; done
-  eval "RAY_AUTH_MODE=disabled ${3:-} start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log"
+  eval "${3:-} start_server $CFG ${LOGDIR:-/tmp}/served_ab_$1.log"
   if [ -n "${PATH_CPU:-}" ]; then
     python -m studies.burst.path_cpu $PATH_CPU --out $OUTD/$1.json; stop_server; return
   fi
