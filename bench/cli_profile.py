@@ -39,7 +39,8 @@ def engine_handle(a: argparse.Namespace) -> Any:
 def answer(response: Any, what: str, timeout_s: float) -> Any:
     """A handle call's result, or an exit that says what to check. A driver
     whose RAY_AUTH_MODE differs from the cluster's reaches the replicas, but
-    their answers never reach it: without a bound the command would hang."""
+    the answers to its actor-task calls never reach it: without a bound the
+    command would hang."""
     try:
         return response.result(timeout_s=timeout_s)
     except TimeoutError:

@@ -1,7 +1,7 @@
 """`bench trace-live` / `profile-live`: each call to the engine replica is
 bounded, and a call that gets no answer exits with what to check instead of
 hanging (a driver whose RAY_AUTH_MODE differs from the cluster's never gets
-its answers)."""
+the answers to its actor-task calls)."""
 
 from __future__ import annotations
 
