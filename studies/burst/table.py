@@ -19,11 +19,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.records import RequestRecord
+
 
 def burst(run: dict[str, Any]) -> tuple[list[str], list[str]]:
     s = run["summary"]
-    firsts = [(r["token_times"][0] - r["send_time"], r["prompt_tokens"])
-              for r in run["records"] if r.get("token_times")]
+    records = [RequestRecord.model_validate(r) for r in run["records"]]
+    firsts = [(r.ttft, r.prompt_tokens) for r in records if r.ttft is not None]
     last_s, last_prompt = max(firsts) if firsts else (float("nan"), 0)
     return (["output tok/s", "TTFT mean / P99 (s)", "last first token (s, prompt tokens)",
              "completed"],

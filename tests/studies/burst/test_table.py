@@ -18,6 +18,8 @@ def _burst() -> dict:
         {"send_time": 1.0, "token_times": [4.5], "prompt_tokens": 905},
         {"send_time": 0.0, "token_times": [], "prompt_tokens": 7},  # failed: no token
     ]
+    records = [{"request_id": f"req-{i}", "scheduled_time": r["send_time"], **r}
+               for i, r in enumerate(records)]
     summary = {"output_token_throughput": 406.57, "ttft": {"mean": 4.133, "p99": 11.456},
                "num_completed": 2, "num_requests": 3}
     return {"summary": summary, "records": records}
