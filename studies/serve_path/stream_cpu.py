@@ -1,7 +1,7 @@
 """Each Serve process's CPU per request while a running server streams answers.
 
 Sends `-n` chat completions, `--concurrency` at a time, each `--max-tokens` tokens
-(`ignore_eos`), streamed or not, to the server at 127.0.0.1:8000 (a 429 is retried after
+(`ignore_eos`), streamed or not, to the server at `--url` (a 429 is retried after
 0.25 s and counted), and reads every Serve process's CPU time from /proc before and after
 (`studies/serve_cpu.py`). Writes one JSON object: requests/s, output tokens/s, and each
 process's CPU milliseconds per request.
@@ -25,7 +25,7 @@ URL = "http://127.0.0.1:8000/v1/chat/completions"
 
 
 async def load(n: int, concurrency: int, max_tokens: int, stream: bool,
-               offset: int) -> dict[str, Any]:
+               offset: int, url: str = URL) -> dict[str, Any]:
     gate, retried = asyncio.Semaphore(concurrency), 0
 
     async def one(s: aiohttp.ClientSession, i: int) -> None:
@@ -35,7 +35,7 @@ async def load(n: int, concurrency: int, max_tokens: int, stream: bool,
                                                 f"Say a number near {i + offset}, only that."}]}
         async with gate:
             while True:
-                async with s.post(URL, json=body) as r:
+                async with s.post(url, json=body) as r:
                     text = await r.read()
                     if r.status == 429:
                         retried += 1
@@ -59,12 +59,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--offset", type=int, default=0, help="first prompt's number")
+    ap.add_argument("--url", default=URL, help=f"chat completions URL (default: {URL})")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="-")
     a = ap.parse_args()
     procs = serve_processes()
     before = cpu_s(procs)
-    row = asyncio.run(load(a.n, a.concurrency, a.max_tokens, a.stream, a.offset))
+    row = asyncio.run(load(a.n, a.concurrency, a.max_tokens, a.stream, a.offset, a.url))
     used = cpu_diff(before, cpu_s(procs))
     row.update(label=a.label, n=a.n, concurrency=a.concurrency, max_tokens=a.max_tokens,
                stream=a.stream,

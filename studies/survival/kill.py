@@ -22,7 +22,10 @@ def engines() -> list[str]:
 def main() -> None:
     ray.init(address="auto", namespace="serve", log_to_driver=False)
     if "--stats" in sys.argv:
-        sched = serve.get_deployment_handle("Scheduler", app_name="llm").stats.remote().result()
+        # Bounded: a driver whose RAY_AUTH_MODE is not the server's gets no
+        # answer (README.md, the live bench commands' auth mode).
+        sched = serve.get_deployment_handle("Scheduler", app_name="llm").stats.remote().result(
+            timeout_s=60.0)
         print(json.dumps({"time": time.time(), "engines": engines(),
                           "resumed": sched.get("resumed"), "outcomes": sched.get("outcomes"),
                           "engine_stats": _engine_stats()}))
