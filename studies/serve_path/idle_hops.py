@@ -41,6 +41,11 @@ def send(port: int, ids: list[int]) -> tuple[float, float]:
     return t0, time.monotonic()
 
 
+def parse_entries(text: str) -> dict[str, int]:
+    """`NAME=PORT,…` -> {name: port}, in order."""
+    return {name: int(port) for name, port in (e.split("=", 1) for e in text.split(","))}
+
+
 def split(sent: list[tuple[str, int, float, float]], trace: dict[str, Any]
           ) -> dict[str, dict[str, dict[str, float]]]:
     """Median milliseconds of each part, by entry and prompt length; a
@@ -80,8 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
-    entries = [(name, int(port)) for name, port in
-               (e.split("=", 1) for e in a.entries.split(","))]
+    entries = parse_entries(a.entries).items()
     rng = random.Random(a.seed)
     for _, port in entries:  # each entry's first request's one-off costs
         send(port, [rng.randrange(1000, 40000) for _ in range(8)])

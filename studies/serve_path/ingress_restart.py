@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from studies.serve_path.idle_hops import parse_entries, send
+
 
 def healthy(port: int) -> bool:
     try:
@@ -27,14 +29,6 @@ def healthy(port: int) -> bool:
             return r.status == 200
     except OSError:
         return False
-
-
-def complete(port: int) -> None:
-    body = json.dumps({"model": "smollm2", "prompt": [1000, 2000, 3000], "max_tokens": 1})
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        r.read()
 
 
 def kill_ingress(app: str) -> str:
@@ -60,15 +54,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--wait-s", type=float, default=90.0)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
-    entries = {name: int(port) for name, port in
-               (e.split("=", 1) for e in a.entries.split(","))}
+    entries = parse_entries(a.entries)
     rounds: list[dict[str, Any]] = []
     for i in range(a.rounds):
         if not all(healthy(p) for p in entries.values()):
             rounds.append({"round": i + 1, "skipped": "not every entry was healthy"})
             break
         for _ in range(a.requests):
-            complete(a.port)
+            send(a.port, [1000, 2000, 3000])
         killed, start = kill_ingress(a.app), time.monotonic()
         time.sleep(1.0)  # the actor is gone before the first poll
         back: dict[str, float | None] = {name: None for name in entries}
