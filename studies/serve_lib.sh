@@ -32,3 +32,24 @@ dump_engine_stats() {  # FILE: every engine replica's stats, as JSON
 json.dump(RayStatsSource().engines(), open(sys.argv[1], 'w'), indent=1, default=str)" \
     "$1" || true
 }
+# vLLM-CPU's server on :8011 from its own venv (studies/engine_cpu/vllm_cpu/README.md,
+# "Exact commands"), the model converted there; stop it for sure before the next server.
+#   start_vllm DTYPE LOG [more `vllm serve` arguments] ; … ; stop_vllm
+VLLM_MODEL=/root/.cache/peer-vllm/smollm2-bf16
+vp=
+start_vllm() {
+  local dtype=$1 log=$2; shift 2
+  ( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
+    cd ~/.cache/peer-vllm; exec vllm serve $VLLM_MODEL --port 8011 --dtype "$dtype" \
+      --max-model-len 2048 --gpu-memory-utilization 0.3 "$@" ) > "$log" 2>&1 &
+  vp=$!
+  for _ in $(seq 1 150); do
+    curl -sf http://127.0.0.1:8011/health >/dev/null && return 0
+    sleep 2
+  done
+}
+stop_vllm() {
+  pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
+  [ -z "$vp" ] || wait "$vp" 2>/dev/null
+  vp=
+}

@@ -37,19 +37,14 @@ ours() {  # STEP VERSION-DIR [VAR=VALUE…]
   stop_server
 }
 vllm() {
-  ( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-    cd ~/.cache/peer-vllm; exec vllm serve /root/.cache/peer-vllm/smollm2-bf16 --port 8011 \
-      --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.3 ) > ${LOGDIR:-/tmp}/served_ab_$1.log 2>&1 &
-  vp=$!
-  for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
+  start_vllm bfloat16 ${LOGDIR:-/tmp}/served_ab_$1.log
   if [ -n "${CLIENT:-}" ]; then
-    $CLIENT --base-url http://127.0.0.1:8011/v1 --model /root/.cache/peer-vllm/smollm2-bf16 \
-      --out $OUTD/$1.json
+    $CLIENT --base-url http://127.0.0.1:8011/v1 --model $VLLM_MODEL --out $OUTD/$1.json
   else python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8011/v1 \
-    --endpoint completions --model /root/.cache/peer-vllm/smollm2-bf16 --max-duration 540 \
+    --endpoint completions --model $VLLM_MODEL --max-duration 540 \
     --system vllm-cpu --save-records --out $OUTD/$1.json 2>&1 | tail -1
   fi
-  pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore; wait $vp 2>/dev/null
+  stop_vllm
 }
 for s in "$@"; do
   date -u +%H:%M:%S

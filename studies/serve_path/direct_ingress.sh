@@ -38,14 +38,8 @@ python -m studies.serve_path.ingress_restart --port 8000 --entries proxy=8000 \
   --out $OUTD/restart_proxy.json
 stop_server
 date -u +%H:%M:%S
-( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-  cd ~/.cache/peer-vllm; exec vllm serve /root/.cache/peer-vllm/smollm2-bf16 --port 8011 \
-    --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.3 ) \
-  > ${LOGDIR:-/tmp}/direct_ingress_vllm.log 2>&1 &
-vp=$!
-for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
+start_vllm bfloat16 ${LOGDIR:-/tmp}/direct_ingress_vllm.log
 python studies/engine_cpu/vllm_cpu/prefill_probe.py --base-url http://127.0.0.1:8011/v1 \
-  --model /root/.cache/peer-vllm/smollm2-bf16 --lens 16,128 --reps 20 --out $OUTD/vllm_cpu.json
-pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
-wait $vp 2>/dev/null
+  --model $VLLM_MODEL --lens 16,128 --reps 20 --out $OUTD/vllm_cpu.json
+stop_vllm
 date -u +%H:%M:%S
