@@ -8,14 +8,17 @@ LIVE_SIM_ARGS=(--num-blocks 128 --block-size 16 --max-batch-size 32 --max-batch-
   --max-model-len 1024 --sched-opt 'swap_mode="proactive"' --sched-opt host_kv_blocks=4096
   --overlap-swap)
 pid=
+wait_healthy() {  # URL TRIES: poll every 2 s until URL answers
+  for _ in $(seq 1 "$2"); do
+    curl -sf "$1" >/dev/null && return 0
+    sleep 2
+  done
+}
 start_server() {
   # As the README starts it: the proxy's calls to the ingress over gRPC (deployments/handles.py).
   RAY_SERVE_PROXY_USE_GRPC=${RAY_SERVE_PROXY_USE_GRPC:-1} serve run "$1" > "$2" 2>&1 &
   pid=$!
-  for _ in $(seq 1 120); do
-    curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
-    sleep 2
-  done
+  wait_healthy http://127.0.0.1:8000/health 120
 }
 stop_server() {
   [ -n "$pid" ] || return 0
@@ -43,10 +46,7 @@ start_vllm() {
     cd ~/.cache/peer-vllm; exec vllm serve $VLLM_MODEL --port 8011 --dtype "$dtype" \
       --max-model-len 2048 --gpu-memory-utilization 0.3 "$@" ) > "$log" 2>&1 &
   vp=$!
-  for _ in $(seq 1 150); do
-    curl -sf http://127.0.0.1:8011/health >/dev/null && return 0
-    sleep 2
-  done
+  wait_healthy http://127.0.0.1:8011/health 150
 }
 stop_vllm() {
   pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore

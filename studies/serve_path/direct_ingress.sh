@@ -19,7 +19,7 @@ DIRECT=(RAY_SERVE_ENABLE_DIRECT_INGRESS=1 RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT
 date -u +%H:%M:%S
 export "${DIRECT[@]}"
 start_server $CFG ${LOGDIR:-/tmp}/direct_ingress_1.log
-for _ in $(seq 1 60); do curl -sf http://127.0.0.1:8100/health >/dev/null && break; sleep 1; done
+wait_healthy http://127.0.0.1:8100/health 30
 python -m studies.serve_path.idle_hops --entries proxy=8000,direct=8100 --lens 16,128 \
   --reps 20 --out $OUTD/idle_hops.json
 for r in p1 d1 p2 d2; do
