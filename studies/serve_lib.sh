@@ -48,8 +48,9 @@ start_vllm() {
   vp=$!
   wait_healthy http://127.0.0.1:8011/health 150
 }
-stop_vllm() {
-  pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
-  [ -z "$vp" ] || wait "$vp" 2>/dev/null
+stop_vllm() {  # safe under `set -e`, and with no vLLM-CPU running
+  pkill -TERM -f "vllm serve" || true; sleep 5
+  pkill -9 -f "vllm serve" || true; pkill -9 -f EngineCore || true
+  [ -z "$vp" ] || wait "$vp" 2>/dev/null || true
   vp=
 }

@@ -14,7 +14,7 @@ N=$1; CV=$2; shift 2; RATES=$*
 cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
 OUTD=studies/latency_vs_vllm/runs; mkdir -p $OUTD
-VM=/root/.cache/peer-vllm/smollm2-bf16
+VM=$VLLM_MODEL
 client() {  # PORT SYSTEM RATE [--model M]
   local port=$1 sys=$2 rate=$3; shift 3
   python -m bench run --dataset sharegpt -n $N --rate $rate --cv $CV --seed 0 \
@@ -33,14 +33,8 @@ for rate in $RATES; do
   stop_server
   [ "${ONLY:-}" = ours ] && continue
   date -u +"%H:%M vllm $rate"
-  ( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-    cd ~/.cache/peer-vllm; exec vllm serve $VM --port 8011 --dtype bfloat16 \
-      --max-model-len 2048 --gpu-memory-utilization 0.3 ) \
-    > ${LOGDIR:-/tmp}/vllm_cv${CV}_$rate.log 2>&1 &
-  vp=$!
-  for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
-  client 8011 vllm $rate --model $VM
-  pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
-  wait $vp 2>/dev/null
+  start_vllm bfloat16 ${LOGDIR:-/tmp}/vllm_cv${CV}_$rate.log
+  client 8011 vllm $rate --model $VLLM_MODEL
+  stop_vllm
 done
 date -u +%H:%M

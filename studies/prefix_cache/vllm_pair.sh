@@ -15,28 +15,16 @@ N_INF=${N_INF:-${4:-100}}
 PARTS=${PARTS:-vllm_rate ours_rate vllm_burst ours_burst}
 OUT=${OUT:-studies/prefix_cache/vllm_pair}
 mkdir -p "$OUT"
-trap 'stop_server; vllm_stop' EXIT
-M=/root/.cache/peer-vllm/smollm2-bf16
-vp=
-vllm_stop() {
-  [ -n "$vp" ] || return 0
-  pkill -TERM -f "vllm serve" || true; sleep 5; pkill -9 -f "vllm serve" || true
-  pkill -9 -f EngineCore || true; wait "$vp" 2>/dev/null || true; vp=
-}
+trap 'stop_server; [ -z "$vp" ] || stop_vllm' EXIT
 vllm() {  # NAME BENCH-ARGS...
   local name=$1; shift
-  ( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
-    cd ~/.cache/peer-vllm
-    exec vllm serve $M --port 8011 --dtype bfloat16 --max-model-len 2048 \
-      --gpu-memory-utilization 0.3 ) > "$OUT/$name.server.log" 2>&1 &
-  vp=$!
-  for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
-  python -m bench run --base-url http://127.0.0.1:8011/v1 --model $M "${work[@]}" "$@" \
+  start_vllm bfloat16 "$OUT/$name.server.log"
+  python -m bench run --base-url http://127.0.0.1:8011/v1 --model $VLLM_MODEL "${work[@]}" "$@" \
     --system vllm-cpu --out "$OUT/$name.json" > "$OUT/$name.log"
   sleep 11  # its stats line (every 10 s) with the prefix cache's hit rate
   grep -o "Prefix cache hit rate: [0-9.]*%" "$OUT/$name.server.log" | tail -1 \
     > "$OUT/$name.prefix_hits.txt" || true
-  vllm_stop
+  stop_vllm
 }
 ours() {  # CONFIG NAME BENCH-ARGS...
   local cfg=$1 name=$2; shift 2

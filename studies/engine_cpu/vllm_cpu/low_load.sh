@@ -23,13 +23,7 @@ for cfg in codes nocodes; do
   stop_server
 done
 date -u +%H:%M
-( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-  cd ~/.cache/peer-vllm; exec vllm serve /root/.cache/peer-vllm/smollm2-bf16 --port 8011 \
-    --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.3 ) \
-  > ${LOGDIR:-/tmp}/low_vllm_$TAG.log 2>&1 &
-vp=$!
-for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
-load http://127.0.0.1:8011/v1 /root/.cache/peer-vllm/smollm2-bf16 vllm-cpu $OUTD/low_${TAG}_vllm.json
-pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
-wait $vp 2>/dev/null
+start_vllm bfloat16 ${LOGDIR:-/tmp}/low_vllm_$TAG.log
+load http://127.0.0.1:8011/v1 $VLLM_MODEL vllm-cpu $OUTD/low_${TAG}_vllm.json
+stop_vllm
 date -u +%H:%M

@@ -18,14 +18,10 @@ ours() {
   stop_server
 }
 ours 1
-VM=/root/.cache/peer-vllm/smollm2-bf16
+VM=$VLLM_MODEL
 PROF=${LOGDIR:-/tmp}/vllm_profile_$TAG
 EXTRA=(); [ -n "${PROFILE:-}" ] && EXTRA=(--profiler-config "{\"profiler\":\"torch\",\"torch_profiler_dir\":\"$PROF\"}")
-( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-  cd ~/.cache/peer-vllm; exec vllm serve $VM --port 8011 --dtype bfloat16 --max-model-len 2048 \
-    --gpu-memory-utilization 0.3 "${EXTRA[@]}" ) > ${LOGDIR:-/tmp}/prefill_${TAG}_vllm.log 2>&1 &
-vp=$!
-for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
+start_vllm bfloat16 ${LOGDIR:-/tmp}/prefill_${TAG}_vllm.log "${EXTRA[@]}"
 $PROBE --base-url http://127.0.0.1:8011/v1 --model $VM --out $OUTD/prefill_${TAG}_vllm.json
 if [ -n "${PROFILE:-}" ]; then
   curl -sf -X POST http://127.0.0.1:8011/start_profile
@@ -33,6 +29,5 @@ if [ -n "${PROFILE:-}" ]; then
   curl -sf -X POST http://127.0.0.1:8011/stop_profile; sleep 20
   python $OUTD/vllm_profile.py $PROF
 fi
-pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
-wait $vp 2>/dev/null
+stop_vllm
 ours 2

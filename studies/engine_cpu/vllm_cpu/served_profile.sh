@@ -15,19 +15,14 @@ profile() {  # PID OUTFILE: 25 s of native stacks, 200 a second
   py-spy record --native -r 200 -d 25 -f raw -o "$2" -p "$1" > "$2.log" 2>&1
 }
 # vLLM: the model runs in its worker process (VLLM::Worker).
-( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-  cd ~/.cache/peer-vllm; exec vllm serve /root/.cache/peer-vllm/smollm2-bf16 --port 8011 \
-    --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.3 ) > $OUT/vllm.log 2>&1 &
-vp=$!
-for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
-"${BENCH[@]}" --base-url http://127.0.0.1:8011/v1 --model /root/.cache/peer-vllm/smollm2-bf16 \
+start_vllm bfloat16 $OUT/vllm.log
+"${BENCH[@]}" --base-url http://127.0.0.1:8011/v1 --model $VLLM_MODEL \
   --system vllm-cpu --out $OUT/vllm_run.json > $OUT/vllm_bench.log 2>&1 &
 bp=$!
 sleep 20
 profile "$(pgrep -f 'VLLM::Worker' | head -1)" $OUT/vllm_raw.txt
 wait $bp
-pkill -TERM -f "vllm serve"; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore
-wait $vp 2>/dev/null
+stop_vllm
 # Ours: the model runs in the Engine replica's process.
 RAY_AUTH_MODE=disabled start_server studies/engine_cpu/vllm_cpu/serve_b128_bf16.yaml $OUT/ours.log
 "${BENCH[@]}" --base-url http://127.0.0.1:8000/v1 --system preempt-serve \

@@ -23,14 +23,10 @@ json.dump(RayStatsSource().engines(), open(sys.argv[1], 'w'), indent=1, default=
   stop_server
 }
 vllm() {
-  ( . ~/.cache/peer-vllm/venv/bin/activate; export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1;
-    cd ~/.cache/peer-vllm; exec vllm serve /root/.cache/peer-vllm/smollm2-bf16 --port 8011 --dtype $DT \
-      --max-model-len 2048 --gpu-memory-utilization 0.3 ) > ${LOGDIR:-/tmp}/vllm_$TAG.log 2>&1 &
-  vp=$!
-  for _ in $(seq 1 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 2; done
+  start_vllm $DT ${LOGDIR:-/tmp}/vllm_$TAG.log
   python -m bench run --dataset sharegpt -n 100 --rate inf --seed 0 --base-url http://127.0.0.1:8011/v1 \
-    --endpoint completions --model /root/.cache/peer-vllm/smollm2-bf16 --max-duration 540 \
+    --endpoint completions --model $VLLM_MODEL --max-duration 540 \
     --system vllm-cpu ${BENCH_EXTRA:-} --out $OUTD/vllm_${TAG}_1.json 2>&1 | tail -3
-  pkill -TERM -f "vllm serve" ; sleep 5; pkill -9 -f "vllm serve"; pkill -9 -f EngineCore; wait $vp 2>/dev/null
+  stop_vllm
 }
 case "${3:-triple}" in ours) ours 1 ;; *) date -u +%H:%M; ours 1; date -u +%H:%M; vllm; date -u +%H:%M; ours 2; date -u +%H:%M ;; esac
