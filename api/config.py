@@ -291,6 +291,11 @@ class AppConfig(SchedulingSettings):
     api_key: SecretStr | None = Field(None, validate_default=True)
     # Largest request body accepted (413 beyond it), counted as it arrives.
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # A streaming client's tokens go out this many a choice at a time (its
+    # first token and its last at once, none held past 0.5 s): fewer messages
+    # through the engine's core, the Ingress and the proxy, in larger chunks
+    # (deployments/stream_pacing.py).  1: every token as it comes.
+    stream_interval: int = Field(1, ge=1, le=256)
     # Offline requests (HTTP with `job_class: offline`, batch lines) an
     # Ingress replica starts at once (tokenizes, admits, opens the engine
     # stream); the others wait at its door, and none starts while an online

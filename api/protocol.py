@@ -440,8 +440,12 @@ class GenerateRequest(BaseModel):
     # The client's end-user id (OpenAI `user`), for logs.
     user: str | None = None
     # The client reads tokens as they come (`stream`); otherwise the engine
-    # sends its output at most every `HOLD_UNSTREAMED_S` (deployments/engine.py).
+    # sends its output at most every `HOLD_UNSTREAMED_S`
+    # (deployments/stream_pacing.py).
     streamed: bool = True
+    # A streamed choice's tokens go out this many at a time (the server's
+    # `stream_interval`), the first one and the last at once.
+    stream_interval: int = Field(1, ge=1)
     # Resuming on this replica a request whose replica failed
     # (deployments/resume.py): per choice, the tokens the client already
     # has (the engine recomputes their KV and goes on from there), or None

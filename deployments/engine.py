@@ -41,6 +41,7 @@ from deployments.engine_pinning import pin_replica
 from deployments.engine_priority import give_nice, loop_nice
 from deployments.generate_request import sampling_params
 from deployments.handles import by_value
+from deployments.stream_pacing import StreamPacer
 from engine.gc_heap import prepare_serving_heap
 from scheduler.admission import AdmissionBound
 from scheduler.core import SchedulerCore
@@ -53,11 +54,6 @@ from scheduler.offline_pool import recompute_bound
 log = logging.getLogger("ray.serve")
 
 REPORT_INTERVAL_S = 0.5
-# A client that reads only the whole answer (no `stream`: batch lines) gets
-# its output at most this often: an item a token cost the engine's core and
-# the Ingress ~0.4 ms each (studies/conserve_live/README.md, "Unstreamed").
-HOLD_UNSTREAMED_S = 1.0
-
 
 def _graph_limits(cfg: AppConfig, sched: Any) -> tuple[int, int]:
     """(requests, tokens) of the largest step captured in CUDA graphs
@@ -300,8 +296,8 @@ class Engine(EngineFigures):
         # Whether its client has tokens: only then does a move keep host
         # copies for its next replica (deployments/engine_loop.py).
         has_tokens = any(out for req in reqs for out in req.resume or ())
-        hold = not any(req.streamed for req in reqs)
-        sent = time.monotonic()
+        pacer = StreamPacer(any(req.streamed for req in reqs),
+                            reqs[0].stream_interval if reqs else 1, time.monotonic())
         deltas: dict[tuple[int, int], GenerateDelta] = {}
         try:
             for req in reqs:
@@ -316,7 +312,14 @@ class Engine(EngineFigures):
                 # it back unstarted (scheduler/offline_pool.py).
                 self.loop.submit(req, movable=len(reqs) == 1)
             while running:
-                items = [await q.get()]
+                linger = pacer.wait_s(time.monotonic())
+                if linger is None:
+                    items = [await q.get()]
+                else:  # the gathered tokens go when it runs out
+                    try:
+                        items = [await asyncio.wait_for(q.get(), linger)]
+                    except asyncio.TimeoutError:
+                        items = []
                 while not q.empty():
                     items.append(q.get_nowait())
                 for d in items:
@@ -357,11 +360,11 @@ class Engine(EngineFigures):
                         delta.finish_reason = ev.finish_reason
                         delta.stop_reason = ev.stop_reason
                         delta.metrics = d.metrics
-                if not deltas or (hold and running
-                                  and time.monotonic() - sent < HOLD_UNSTREAMED_S):
+                if not pacer.due(deltas, bool(running), time.monotonic()):
                     continue
                 yield [dl.model_dump() for dl in deltas.values()]
-                deltas, sent = {}, time.monotonic()
+                pacer.sent(deltas, time.monotonic())
+                deltas = {}
         finally:
             for job_id in jobs:
                 self._streams.pop(job_id, None)

@@ -67,7 +67,7 @@ def test_an_unstreamed_answer_comes_in_few_items_with_the_same_tokens(server, en
     import time
 
     from api.protocol import GenerateRequest
-    from deployments.engine import HOLD_UNSTREAMED_S
+    from deployments.stream_pacing import HOLD_UNSTREAMED_S
 
     stream_handle = engine_handle.options(stream=True)
 
@@ -92,6 +92,35 @@ def test_an_unstreamed_answer_comes_in_few_items_with_the_same_tokens(server, en
     assert streamed_items >= 24  # about an item an iteration
     assert held_items <= took / HOLD_UNSTREAMED_S + 2
     assert held_items < streamed_items
+    wait_engine_idle(engine_handle)
+
+
+def test_a_stream_interval_groups_tokens_after_the_first(server, engine_handle):
+    """With `stream_interval` 4 (the server's setting, carried by each
+    request) a streamed request's first token comes alone, then its tokens
+    in items of up to 4: the same tokens (greedy, float32) in fewer items."""
+    import time
+
+    from api.protocol import GenerateRequest
+
+    stream_handle = engine_handle.options(stream=True)
+
+    def run(interval: int) -> list[list[int]]:
+        req = GenerateRequest(
+            request_id=f"interval-{interval}", prompt_token_ids=[1, 504, 3458, 28, 253],
+            max_tokens=33, temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=[],
+            stop_token_ids=[], ignore_eos=True, min_tokens=0, arrival_time=time.time(),
+            stream_interval=interval)
+        return [sum((d["token_ids"] for d in item), [])
+                for item in stream_handle.generate.remote([req.model_dump()])]
+
+    one, four = run(1), run(4)
+    assert sum(one, []) == sum(four, []) and len(sum(four, [])) == 33
+    assert len(four[0]) == 1
+    # Each later item holds up to 4 tokens; fewer only when held past the
+    # linger time (a slow step) or at the end.
+    assert all(1 <= len(item) <= 4 for item in four[1:])
+    assert len(four) < len(one)
     wait_engine_idle(engine_handle)
 
 
