@@ -312,16 +312,7 @@ class Engine(EngineFigures):
                 # it back unstarted (scheduler/offline_pool.py).
                 self.loop.submit(req, movable=len(reqs) == 1)
             while running:
-                linger = pacer.wait_s(time.monotonic())
-                if linger is None:
-                    items = [await q.get()]
-                else:  # the gathered tokens go when it runs out
-                    try:
-                        items = [await asyncio.wait_for(q.get(), linger)]
-                    except asyncio.TimeoutError:
-                        items = []
-                while not q.empty():
-                    items.append(q.get_nowait())
+                items = await pacer.next_items(q)
                 for d in items:
                     if d.error is not None:
                         if deltas:  # output held back: a resume starts after it

@@ -18,8 +18,12 @@ An error's held output goes before the error, whatever the pacing
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 # A non-streaming client reads only the whole answer.
 HOLD_UNSTREAMED_S = 1.0
@@ -65,6 +69,21 @@ class StreamPacer:
         if not self.streamed or self.interval == 1 or self._held_since is None:
             return None
         return max(0.0, self._held_since + STREAM_LINGER_S - now)
+
+    async def next_items(self, q: "asyncio.Queue[T]") -> list[T]:
+        """What the queue holds, once it holds something or, with deltas
+        held, once their linger time runs out (then maybe nothing)."""
+        linger = self.wait_s(time.monotonic())
+        if linger is None:
+            items = [await q.get()]
+        else:
+            try:
+                items = [await asyncio.wait_for(q.get(), linger)]
+            except asyncio.TimeoutError:
+                items = []
+        while not q.empty():
+            items.append(q.get_nowait())
+        return items
 
     def sent(self, deltas: Mapping[object, _Delta], now: float) -> None:
         self._started.update(k for k, d in deltas.items() if d.token_ids)

@@ -94,3 +94,24 @@ def test_unstreamed_output_goes_at_most_every_hold_and_at_the_end() -> None:
 def test_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         StreamPacer(True, 0, now=0.0)
+
+
+def test_next_items_waits_for_a_delivery_or_the_linger_time() -> None:
+    import asyncio
+    import time
+
+    async def go() -> None:
+        q: asyncio.Queue[int] = asyncio.Queue()
+        p = StreamPacer(True, 8, now=time.monotonic())
+        q.put_nowait(1)
+        q.put_nowait(2)
+        assert await p.next_items(q) == [1, 2]  # all it holds, nothing held back
+        # Tokens held: an empty queue answers nothing once the linger time is up.
+        p.due({0: D([5])}, True, time.monotonic())
+        p.sent({0: D([5])}, time.monotonic())
+        assert not p.due({0: D([6])}, True, time.monotonic())
+        t0 = time.monotonic()
+        assert await p.next_items(q) == []
+        assert STREAM_LINGER_S * 0.9 <= time.monotonic() - t0 < STREAM_LINGER_S + 5
+
+    asyncio.run(go())
