@@ -35,3 +35,8 @@ class Admission(BaseModel):
     # When refused: seconds after which the queued work should fit again.
     retry_after_s: float | None = None
     message: str | None = None
+    # The application's only live engine replica, where it started a
+    # newcomer at once when this request came: the ingress may send its
+    # next online request there before that one's answer
+    # (deployments/dispatch_ahead.py). None: wait for the answer.
+    dispatch_ahead: str | None = None

@@ -107,6 +107,11 @@ class AdmissionSettings(BaseModel):
     # requests (newcomers overtake that work, so the estimate alone would
     # admit without end in an overload).
     max_backlog_s: float = Field(10.0, gt=0)
+    # Send an online request to the engine replica beside its admission
+    # call where the Scheduler's last answer foresaw where it goes (one live
+    # replica, starting newcomers at once): the call's round trip leaves an
+    # idle server's first token (deployments/dispatch_ahead.py).
+    dispatch_ahead: bool = True
 
 
 class BatchSettings(BaseModel):

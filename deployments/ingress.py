@@ -60,6 +60,7 @@ from api.tool_formats import tool_format
 from api.tools import ToolUse
 from deployments import STOP_POLL_S
 from deployments.coalesce import Coalescer
+from deployments.dispatch_ahead import DispatchAhead
 from deployments.engine_stream import EngineFailed, EngineRefused, engine_deltas, engine_failure
 from deployments.generate_request import check_prediction, generate_request
 from deployments.handles import by_value
@@ -110,7 +111,8 @@ class Ingress:
             lambda reqs: self.scheduler.admit_many.remote(reqs), orphan=self._unwanted)
         self._releases: Coalescer[tuple[str, str], None] = Coalescer(self._send_releases)
         self.door = OnlineFirstDoor(self.cfg.offline_starts)
-        self.metrics = IngressMetrics(self.door)
+        self._ahead = DispatchAhead(self.cfg.admission.dispatch_ahead)
+        self.metrics = IngressMetrics(self.door, self._ahead)
         rec = self.cfg.predictor.record_dir
         self.served_log = (ServedLog(rec, eos_token_ids(model_path, self.tokenizer, None))
                            if rec else None)
@@ -263,10 +265,11 @@ class Ingress:
         for g in gens:
             g.admission_id, g.structured = request_id, structure
         check_prediction(gens[0])
-        replica = await self._admit(request_id, gens)
+        replica, call = await self._ahead.open(
+            gens[0].job_class != JobClass.OFFLINE.value, lambda: self._admit(request_id, gens),
+            lambda where, fresh: self._send(gens, where, fresh))
         stream = ResumableStream(
-            gens, replica, self.engine.generate.remote([g.model_dump() for g in gens],
-                                                       replica=replica),
+            gens, replica, call,
             lambda again, failed: self._resume(request_id, again, failed),
             move=lambda again, where: self._resume(request_id, again, where, moved=True))
         if self.predictor is not None:
@@ -304,8 +307,13 @@ class Ingress:
         gave it back to the offline pool, and its stream (deployments/resume.py)."""
         replica = await (self._admit(request_id, gens, moved_from=failed or "") if moved
                          else self._admit(request_id, gens, failed_replica=failed or ""))
-        return replica, self.engine.generate.remote([g.model_dump() for g in gens],
-                                                    replica=replica)
+        return replica, self._send(gens, replica, False)
+
+    def _send(self, gens: list[GenerateRequest], replica: str | None, fresh: bool) -> Any:
+        """The request's engine stream on `replica` (DispatchAhead.open)."""
+        def call() -> Any:
+            return self.engine.generate.remote([g.model_dump() for g in gens], replica=replica)
+        return contextvars.Context().run(call) if fresh else call()
 
     async def _admit(self, request_id: str, gens: list[GenerateRequest],
                      failed_replica: str | None = None,
@@ -345,6 +353,7 @@ class Ingress:
             raise APIError(503, "the scheduler failed or restarted; retry",
                            type_="service_unavailable")
         adm = Admission.model_validate(raw)
+        self._ahead.learn(adm)
         if not adm.admitted:
             retry = max(1, math.ceil(adm.retry_after_s or 1.0))
             raise APIError(429, adm.message or "the server is at capacity; retry later",

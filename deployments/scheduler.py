@@ -160,6 +160,7 @@ class Scheduler:
                                      "admitted_at": time.time()}
             return Admission(admitted=True, replica=replica).model_dump()
         now = time.monotonic()
+        ahead = self._dispatch_ahead(now)
         if self.cfg.admission.enabled and bounded(job_class, self.cfg.policy):
             res = self.placement.admit(request_id, prompt_tokens, max_tokens, n, now,
                                        prefix_keys, route_key)
@@ -176,7 +177,16 @@ class Scheduler:
             request_id, prompt_tokens + n * max_tokens, now, prefix_keys, route_key)
         self.jobs[request_id] = {"class": job_class, "replica": replica,
                                  "admitted_at": time.time()}
-        return Admission(admitted=True, replica=replica).model_dump()
+        return Admission(admitted=True, replica=replica, dispatch_ahead=ahead).model_dump()
+
+    def _dispatch_ahead(self, now: float) -> str | None:
+        """The only live replica, where it starts a newcomer at once (before
+        this request is placed): where the ingress may send its next online
+        request before that one's answer (deployments/dispatch_ahead.py)."""
+        if not self.cfg.admission.dispatch_ahead:
+            return None
+        live = self.placement.live(now)
+        return live[0].replica_id if len(live) == 1 and live[0].starts_at_once() else None
 
     async def admit_many(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """`admit` for each of several online requests (`AdmitRequest`

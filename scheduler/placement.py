@@ -61,6 +61,9 @@ class ReplicaLoad:
     # Jobs placed here that its reports have not counted yet:
     # id -> (tokens, prompt tokens, jobs, when placed).
     in_transit: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
+    # Jobs a report counted before they were placed here (sent ahead of
+    # their admission, deployments/dispatch_ahead.py): id -> when reported.
+    ahead_of_placing: dict[str, float] = field(default_factory=dict)
 
     @property
     def placed_tokens(self) -> int:
@@ -75,6 +78,8 @@ class ReplicaLoad:
         return sum(j for _, _, j, _ in self.in_transit.values())
 
     def place(self, job_id: str, tokens: int, prompt: int, jobs: int, now: float) -> None:
+        if self.ahead_of_placing.pop(job_id, None) is not None:
+            return  # a report counts it already
         # Placed again (resumed): counted once.
         self.in_transit[job_id] = (tokens, prompt, jobs, now)
 
@@ -198,6 +203,11 @@ class Placement:
         r.queued_tokens = queued_tokens
         r.num_jobs = num_jobs
         r.reported_at = now
+        for job_id in arrived or ():
+            if job_id not in r.in_transit:
+                r.ahead_of_placing[job_id] = now
+        for job_id in [j for j, at in r.ahead_of_placing.items() if now - at > self.stale_after_s]:
+            del r.ahead_of_placing[job_id]  # never placed here: refused, or placed elsewhere
         gone = list(r.in_transit) if arrived is None else [
             *arrived,
             # Placed long ago and never reported: the request ended before

@@ -54,3 +54,10 @@ stop_vllm() {  # safe under `set -e`, and with no vLLM-CPU running
   [ -z "$vp" ] || wait "$vp" 2>/dev/null || true
   vp=
 }
+vllm_first_tokens() {  # OUT LOG REPS: vLLM-CPU's first token on its idle server (bf16), at 16
+  # and 128 prompt tokens, REPS of each
+  start_vllm bfloat16 "$2"
+  python studies/engine_cpu/vllm_cpu/prefill_probe.py --base-url http://127.0.0.1:8011/v1 \
+    --model $VLLM_MODEL --lens 16,128 --reps "$3" --out "$1"
+  stop_vllm
+}

@@ -38,8 +38,5 @@ python -m studies.serve_path.ingress_restart --port 8000 --entries proxy=8000 \
   --out $OUTD/restart_proxy.json
 stop_server
 date -u +%H:%M:%S
-start_vllm bfloat16 ${LOGDIR:-/tmp}/direct_ingress_vllm.log
-python studies/engine_cpu/vllm_cpu/prefill_probe.py --base-url http://127.0.0.1:8011/v1 \
-  --model $VLLM_MODEL --lens 16,128 --reps 20 --out $OUTD/vllm_cpu.json
-stop_vllm
+vllm_first_tokens $OUTD/vllm_cpu.json ${LOGDIR:-/tmp}/direct_ingress_vllm.log 20
 date -u +%H:%M:%S

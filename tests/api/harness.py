@@ -100,6 +100,9 @@ class FakeScheduler:
     live_engines: int | None = 1
     # False once the ingress asked for calls by value (deployments/handles.py).
     by_reference: bool = True
+    # The replica every admission answer names, and names for the next
+    # request to be sent to ahead of its answer (deployments/dispatch_ahead.py).
+    ahead: str | None = None
 
     def __post_init__(self) -> None:
         self.admit = _Method(self._admit)
@@ -128,7 +131,7 @@ class FakeScheduler:
         self.admitted.append((request_id, prompt_tokens, max_tokens, job_class, n))
         self.prefix_keys[request_id] = prefix_keys
         self.route_keys[request_id] = route_key
-        return {"admitted": True, "replica": None}
+        return {"admitted": True, "replica": self.ahead, "dispatch_ahead": self.ahead}
 
     async def _release(self, request_id: str, outcome: str) -> None:
         self.released[request_id] = outcome

@@ -146,8 +146,8 @@ def test_shutdown_lets_waiting_requests_go_on_to_the_stopped_engines(make) -> No
         await s.shutdown_engines("bye")
         assert make.stopped == ["r"]
         # Any replica: each refuses it with the shutdown's reason (a 503).
-        assert (await waiting) == {"admitted": True, "replica": None,
-                                   "retry_after_s": None, "message": None}
+        assert (await waiting) == {"admitted": True, "replica": None, "retry_after_s": None,
+                                   "message": None, "dispatch_ahead": None}
         late = await s.admit("late", 20, 40, "offline", 1)
         assert late["admitted"] and (await s.stats())["offline_pool"]["waiting"] == 0
     asyncio.run(run())
