@@ -6,14 +6,15 @@
 # ShareGPT answer length), arrivals at the given rates; the two servers interleaved rate by
 # rate, each run on a freshly started server, every request's times kept.
 #   bash studies/latency_vs_vllm/run.sh N CV RATE...      (e.g. 300 1 0.9 1.2 1.5)
-# writes runs/{ours,vllm}_cvCV_RATE.json.gz (+ ours_*_engine_stats.json) in this folder.
+# writes runs/{ours,vllm}_cvCV_RATE.json.gz (+ ours_*_engine_stats.json) in this folder, or in
+# OUTD where it is set.
 # CONFIG=studies/latency_vs_vllm/serve_matched.yaml OURS=matched ONLY=ours: another of our
 # configurations, under another name, without the vLLM runs.
 set -u
 N=$1; CV=$2; shift 2; RATES=$*
 cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
-OUTD=studies/latency_vs_vllm/runs; mkdir -p $OUTD
+OUTD=${OUTD:-studies/latency_vs_vllm/runs}; mkdir -p $OUTD
 VM=$VLLM_MODEL
 client() {  # PORT SYSTEM RATE [--model M]
   local port=$1 sys=$2 rate=$3; shift 3
