@@ -32,9 +32,8 @@ class DispatchAhead:
         # The replica the last admission answer named as sole and open.
         self.replica: str | None = None
         self._in_flight = False
-        # Early calls made, and those kept or cancelled after the answer
-        # (the `ingress_dispatched_ahead` metric, tests).
-        self.num_sent = 0
+        # Early calls kept or cancelled after the answer (the
+        # `ingress_dispatched_ahead` metric, tests).
         self.num_kept = 0
         self.num_cancelled = 0
 
@@ -44,7 +43,6 @@ class DispatchAhead:
         if not (self.enabled and online) or self.replica is None or self._in_flight:
             return None
         self._in_flight = True
-        self.num_sent += 1
         return self.replica
 
     def learn(self, adm: Admission) -> None:
@@ -65,14 +63,15 @@ class DispatchAhead:
             replica = await admit()
             return replica, send(replica, False)
         early = send(ahead, False)
-        answered: str | None = None
+        kept = False
         try:
             answered = await admit()
+            kept = answered == ahead
         finally:
             self._in_flight = False
-            if answered is not None and answered == ahead:
+            if kept:
                 self.num_kept += 1
             else:
                 self.num_cancelled += 1
                 early.cancel()
-        return answered, (early if answered == ahead else send(answered, True))
+        return answered, early if kept else send(answered, True)

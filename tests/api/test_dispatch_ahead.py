@@ -48,7 +48,7 @@ def test_the_engine_has_the_request_before_its_admission_answer() -> None:
                     else:
                         assert r.text.rstrip().endswith("data: [DONE]")
                     assert len(h.engine.requests) == sent + 1  # one stream, kept
-                assert h.ingress._ahead.num_sent == 2 and h.ingress._ahead.num_cancelled == 0
+                assert h.ingress._ahead.num_kept == 2 and h.ingress._ahead.num_cancelled == 0
 
         asyncio.run(asyncio.wait_for(run(), 60))
 

@@ -73,7 +73,7 @@ def test_a_foreseen_replica_gets_the_request_before_the_answer_and_keeps_it() ->
     events, calls, (replica, call) = _run(ahead, "r1")
     assert events == ["sent to r1", "admit asked", "admit answered"]
     assert replica == "r1" and call is calls[0] and len(calls) == 1 and not call.cancelled
-    assert (ahead.num_sent, ahead.num_cancelled) == (1, 0)
+    assert (ahead.num_kept, ahead.num_cancelled) == (1, 0)
 
 
 def test_a_refusal_cancels_the_early_stream_and_turns_the_guess_off() -> None:
