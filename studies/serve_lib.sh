@@ -61,3 +61,11 @@ vllm_first_tokens() {  # OUT LOG REPS: vLLM-CPU's first token on its idle server
     --model $VLLM_MODEL --lens 16,128 --reps "$3" --out "$1"
   stop_vllm
 }
+serve_config_with() {  # ARGS_LINE: a temporary copy of serve_config.yaml with ARGS_LINE (YAML,
+  # e.g. "admission: {dispatch_ahead: false}") added to the application's args; prints its path
+  local f
+  f=$(mktemp --suffix .yaml)
+  cp serve_config.yaml "$f"
+  echo "      $1" >> "$f"
+  echo "$f"
+}

@@ -9,9 +9,7 @@ cd "$(dirname "$0")/../.."
 . studies/serve_lib.sh
 export RAY_AUTH_MODE=disabled
 OUTD=${OUTD:-studies/serve_path/dispatch_ahead}; mkdir -p $OUTD
-OFF=$(mktemp --suffix .yaml)
-cp serve_config.yaml $OFF
-echo "      admission: {dispatch_ahead: false}" >> $OFF
+OFF=$(serve_config_with "admission: {dispatch_ahead: false}")
 for r in on1 off1 on2 off2; do
   date -u +%H:%M:%S
   case $r in on*) cfg=serve_config.yaml ;; off*) cfg=$OFF ;; esac

@@ -6,10 +6,9 @@
 #   python -m studies.serve_path.load_table studies/serve_path/dispatch_ahead/load
 set -u
 cd "$(dirname "$0")/../.."
+. studies/serve_lib.sh
 export OUTD=studies/serve_path/dispatch_ahead/load
-OFF=$(mktemp --suffix .yaml)
-cp serve_config.yaml $OFF
-echo "      admission: {dispatch_ahead: false}" >> $OFF
+OFF=$(serve_config_with "admission: {dispatch_ahead: false}")
 OURS=ahead_on bash studies/latency_vs_vllm/run.sh 300 1 0.9
 CONFIG=$OFF OURS=ahead_off ONLY=ours bash studies/latency_vs_vllm/run.sh 300 1 0.9
 OURS=ahead_on ONLY=ours bash studies/latency_vs_vllm/run.sh 300 3 1.2
