@@ -13,7 +13,7 @@
 // while a panel of 48 columns is multiplied, the next panel's lines are
 // prefetched, one or more per step of K, so that the weight streams from
 // memory behind the arithmetic instead of stalling the first rows that
-// need it.
+// need it (where to, by CPU and row count: prefetch_hints).
 //
 // Each output element is the sum over K in one fixed order (pairs of K in
 // turn, each pair by one VDPBF16PS into a float32 accumulator), then the
@@ -39,6 +39,9 @@
 #include <memory>
 #include <utility>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #endif
@@ -64,6 +67,45 @@ std::atomic<int64_t>& row_bytes() {
   static std::atomic<int64_t> bytes{192 * 1024};
   return bytes;
 }
+// Where a row chunk's multiply prefetches the next weight panel's lines
+// (_MM_HINT_T0 3: the L1, T1 2, T2 1; 0: not at all), by the chunk's rows:
+// one, 2-16, 17-47, 48 and more.  The prefetch into the L1 was measured on
+// Zen 5 (1.44x at 32 rows, weights from memory) and stays the hint of every
+// other CPU; on a Zen 4 core it slowed SmolLM2's shapes at a few rows and
+// at many (studies/engine_cpu/README.md, "The next panel's prefetch on Zen
+// 4"): there, against T0, T2 runs them 1.06-1.57x at 2-16 rows, none
+// 1.08-1.38x at one row and 1.03-1.10x from 128 rows (0.98-1.05x at 48-64).
+// The bits never depend on it.
+constexpr int kRowClasses = 4;
+int row_class(int64_t rows) { return rows <= 1 ? 0 : rows <= 16 ? 1 : rows < 48 ? 2 : 3; }
+
+bool zen4() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  // "AuthenticAMD" in ebx, edx, ecx.
+  if (ebx != 0x68747541u || edx != 0x69746e65u || ecx != 0x444d4163u) return false;
+  __get_cpuid(1, &eax, &ebx, &ecx, &edx);
+  const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
+  // Family 19h with AVX-512 is Zen 4 (Zen 3 has none; Zen 5 is 1Ah).
+  return family == 0x19 && __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+std::array<std::atomic<int>, kRowClasses>& prefetch_hints() {
+  static std::array<std::atomic<int>, kRowClasses> hints;
+  static const bool set = [] {
+    const bool z = zen4();
+    const std::array<int, kRowClasses> on_zen4 = {0, 1, 3, 0};
+    for (int i = 0; i < kRowClasses; ++i) hints[i].store(z ? on_zen4[i] : 3);
+    return true;
+  }();
+  (void)set;
+  return hints;
+}
+
 // Outputs wider than this are computed in tiles of kTileColumns (a multiple
 // of the panel's 48) and copied out (gemm_share says why).
 constexpr int64_t kWideColumns = 4096;
@@ -76,7 +118,7 @@ constexpr int64_t kTileColumns = 3072;
 // panel from `pf`, `per_step` per pair of K.  MR and NR are compile-time so
 // that the accumulators stay in registers (a run-time row count in the loop
 // made GCC keep them on the stack: 2.4x slower).
-template <int MR, int NR>
+template <int MR, int NR, int HINT>
 inline void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k2,
                   const float* bias, uint16_t* c, int64_t ldc, const char* pf,
                   int64_t pf_lines, int64_t per_step) {
@@ -86,9 +128,11 @@ inline void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k2,
   const int32_t* a32 = reinterpret_cast<const int32_t*>(a);
   const int64_t lda32 = lda / 2;
   for (int64_t kp = 0; kp < k2; ++kp) {
-    for (int64_t q = 0; q < per_step; ++q) {
-      const int64_t line = kp * per_step + q;
-      if (line < pf_lines) _mm_prefetch(pf + line * 64, _MM_HINT_T0);
+    if constexpr (HINT > 0) {
+      for (int64_t q = 0; q < per_step; ++q) {
+        const int64_t line = kp * per_step + q;
+        if (line < pf_lines) _mm_prefetch(pf + line * 64, static_cast<_mm_hint>(HINT));
+      }
     }
     __m512bh w[NR];
     for (int j = 0; j < NR; ++j)
@@ -110,16 +154,27 @@ inline void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k2,
 using Micro = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const float*,
                        uint16_t*, int64_t, const char*, int64_t, int64_t);
 
-template <int NR, int... MR>
+template <int HINT, int NR, int... MR>
 constexpr std::array<Micro, sizeof...(MR)> micros(std::integer_sequence<int, MR...>) {
-  return {&micro<MR + 1, NR>...};
+  return {&micro<MR + 1, NR, HINT>...};
 }
 
-// kernels[nr - 1][rows - 1]
-const std::array<std::array<Micro, kRows>, kPanel> kernels = {
-    micros<1>(std::make_integer_sequence<int, kRows>{}),
-    micros<2>(std::make_integer_sequence<int, kRows>{}),
-    micros<3>(std::make_integer_sequence<int, kRows>{})};
+using Kernels = std::array<std::array<Micro, kRows>, kPanel>;
+
+// kernels<HINT>[nr - 1][rows - 1]
+template <int HINT>
+constexpr Kernels kernels = {micros<HINT, 1>(std::make_integer_sequence<int, kRows>{}),
+                             micros<HINT, 2>(std::make_integer_sequence<int, kRows>{}),
+                             micros<HINT, 3>(std::make_integer_sequence<int, kRows>{})};
+
+const Kernels& kernels_for(int hint) {
+  switch (hint) {
+    case 3: return kernels<3>;
+    case 2: return kernels<2>;
+    case 1: return kernels<1>;
+    default: return kernels<0>;
+  }
+}
 
 // Rows [m0, m1) against column vectors [v0, v1) (of 16 columns each), into
 // `out` (row m0, column vector v0; rows `ldo` apart); the panels' prefetches
@@ -127,6 +182,8 @@ const std::array<std::array<Micro, kRows>, kPanel> kernels = {
 void gemm_range(const uint16_t* x, int64_t lda, const uint16_t* w, int64_t k2,
                 const float* bias, uint16_t* out, int64_t ldo, int64_t m0, int64_t m1,
                 int64_t v0, int64_t v1, int64_t pf_end) {
+  const Kernels& kernels =
+      kernels_for(prefetch_hints()[row_class(m1 - m0)].load(std::memory_order_relaxed));
   const int64_t blocks = (m1 - m0 + kRows - 1) / kRows;
   const int64_t per_step = (kPanel + blocks - 1) / blocks;
   for (int64_t v = v0; v < v1; v += kPanel) {
@@ -291,6 +348,16 @@ bool set_output_claims(bool enable) {
 #endif
 }
 
+// Where row chunks of `rows` prefetch the next panel from now on
+// (prefetch_hints), where `hint` is 0-3; returns the setting in effect for
+// that many rows after it.
+int64_t set_gemm_prefetch(int64_t rows, int64_t hint) {
+  TORCH_CHECK(rows >= 1, "set_gemm_prefetch: rows must be at least 1");
+  std::atomic<int>& h = prefetch_hints()[row_class(rows)];
+  if (hint >= 0 && hint <= 3) h.store(static_cast<int>(hint));
+  return h.load();
+}
+
 // Bytes of x's rows per chunk from now on (row_bytes), where `bytes` > 0;
 // returns the setting in effect after it.
 int64_t set_gemm_row_bytes(int64_t bytes) {
@@ -303,6 +370,7 @@ int64_t set_gemm_row_bytes(int64_t bytes) {
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
   m.def("set_gemm_row_bytes(int bytes) -> int", &set_gemm_row_bytes);
+  m.def("set_gemm_prefetch(int rows, int hint) -> int", &set_gemm_prefetch);
   m.def("set_output_claims(bool enable) -> bool", &set_output_claims);
   m.def("set_gemm_amx(bool enable) -> bool", &set_gemm_amx);
   m.def("gemm_amx() -> bool", &gemm_amx);

@@ -115,6 +115,37 @@ def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads(path: str) ->
     assert torch.equal(tiled(x[:7], wp, b), together[:7])
 
 
+def test_the_next_panels_prefetch_never_changes_the_bits() -> None:
+    # Where the next weight panel is prefetched to (or whether it is at
+    # all) is chosen by the row chunk's size and the CPU (gemm_bf16.cpp,
+    # prefetch_hints); rows of every class, each hint, one bits.
+    set_prefetch = torch.ops.preempt_serve.set_gemm_prefetch
+    x, w, b = _operands(70, 4160, 576, seed=7)
+    wp = packed_bf16.pack(w)
+    packed_bf16.amx(False)  # the tiles' path prefetches nothing of this kind
+    classes = (1, 9, 30, 70)  # one row, 2-16, 17-47, 48 and more
+    shipped = [set_prefetch(r, -1) for r in classes]
+    try:
+        want = {r: packed_bf16.linear(x[:r], wp, b) for r in classes}
+        _close_to_exact(want[70], x, w, b)
+        for hint in (3, 2, 1, 0):
+            for r in classes:
+                assert set_prefetch(r, hint) == hint
+            for r in classes:
+                assert torch.equal(packed_bf16.linear(x[:r], wp, b), want[r]), (hint, r)
+                assert torch.equal(want[r], want[70][:r])
+        # A class's setting is its own; an out-of-range hint only reads it.
+        set_prefetch(1, 0)
+        assert set_prefetch(2, 1) == 1 and set_prefetch(16, -1) == 1
+        assert set_prefetch(1, -1) == 0 and set_prefetch(17, 9) == 0
+        with pytest.raises(RuntimeError, match="rows must be at least 1"):
+            set_prefetch(0, 3)
+    finally:
+        for r, h in zip(classes, shipped):
+            set_prefetch(r, h)
+        packed_bf16.amx(True)
+
+
 def test_k_in_passes_gives_the_bits_of_one_pass(path: str) -> None:
     # At K 1,536 on the tiles, three or more row tiles take K in passes with
     # the float32 sums stored between them; one or two row tiles take it in
