@@ -88,6 +88,7 @@ bool zen4() {
   __get_cpuid(1, &eax, &ebx, &ecx, &edx);
   const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
   // Family 19h with AVX-512 is Zen 4 (Zen 3 has none; Zen 5 is 1Ah).
+  __builtin_cpu_init();
   return family == 0x19 && __builtin_cpu_supports("avx512f");
 #else
   return false;
