@@ -102,6 +102,17 @@ class AttentionBackend(ABC):
         (engine/csrc/decode_layer.cpp).  None: the layer runs op by op."""
         return None
 
+    def prefill_layer_step(
+        self, metadata: AttentionMetadata, num_tokens: int
+    ) -> tuple[list[torch.Tensor | None], int, bool] | None:
+        """Where a step of `num_tokens` tokens has prompt chunks that this
+        backend attends with the C++ prefill operator (and its decodes, if
+        any, with the decode operator): the `prefill_layer_*` operator's step
+        entries before the positions (engine/csrc/decode_layer.cpp,
+        `PrefillStep`), the number of decodes and whether the cache is in
+        `tiles`.  None: the layer runs op by op."""
+        return None
+
     @abstractmethod
     def forward(
         self,

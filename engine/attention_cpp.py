@@ -58,7 +58,6 @@ prompt position (`CppAttentionBackend`).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -352,6 +351,31 @@ class CppAttentionBackend(TorchAttentionBackend):
             return None
         return ([md.slot_mapping, md.decode_block_ids, md.decode_table_starts,
                  md.decode_context_lens], self.kv_layout == "tiles")
+
+    def prefill_layer_step(
+        self, metadata: AttentionMetadata, num_tokens: int
+    ) -> tuple[list[torch.Tensor | None], int, bool] | None:
+        md = metadata
+        # The cases in which `_attend` answers the prompt rows with the
+        # prefill operator and any other rows with the decode operator.
+        if (not isinstance(md, CppAttentionMetadata) or num_tokens == 0
+                or self.kernel is None or self.prefill_kernel is None
+                or md.prefill_block_ids is None):
+            return None
+        nd = md.num_decodes
+        rows: list[torch.Tensor | None] = [None, None]
+        if md.prefill_rows is not None:
+            # Deterministic mode: each position to its operator.
+            if not md.prompt_rows_only:
+                rows = [md.prefill_rows, md.decode_rows]
+        elif nd + sum(p.token_end - p.token_start for p in md.prefills) != num_tokens:
+            return None
+        if (nd or rows[0] is not None) and md.decode_block_ids is None:
+            return None
+        return ([md.slot_mapping, md.prefill_block_ids, md.prefill_table_starts,
+                 md.prefill_query_starts, md.prefill_start_positions, md.decode_block_ids,
+                 md.decode_table_starts, md.decode_context_lens, *rows], nd,
+                self.kv_layout == "tiles")
 
     def _decodes_only(self, md: CppAttentionMetadata, num_tokens: int) -> bool:
         """Whether the step's `num_tokens` rows are all decodes that the decode

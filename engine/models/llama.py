@@ -10,10 +10,11 @@ AVX512 CPU (on an AVX2 one in float32), SiLU and the product read the two
 halves in one C++ operator (engine/csrc/silu_mul.cpp), and in bf16 each
 residual sum is one operator with the norm that follows it
 (norm_rotary.cpp), with ATen's roundings: the same bits as the op-by-op
-forward in bf16.  Where a step is decodes only on our packed bf16 or
-float32 projections (`_decode_layer_args`), each layer is one C++ operator
-that calls the same operators in the same order (engine/csrc/decode_layer.cpp):
-the same bits again, without Python between them.
+forward in bf16.  Where a step's attention is the C++ decode and prefill
+operators' on our packed bf16 or float32 projections (`_layer_args`), each
+layer is one C++ operator that calls the same operators in the same order
+(engine/csrc/decode_layer.cpp): the same bits again, without Python between
+them.
 """
 
 from __future__ import annotations
@@ -83,10 +84,11 @@ def add_rms_norm_cpu(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
 
 
 # Packings whose projections a decoder layer's one operator takes: the
-# activations' dtype, whether a weight is in that packed layout, the operator.
+# activations' dtype, whether a weight is in that packed layout, the
+# operators' suffix (decode_layer_<suffix>, prefill_layer_<suffix>).
 _LAYER_PACKINGS: dict[str, tuple[torch.dtype, Callable[[torch.Tensor], bool], str]] = {
-    "bf16_dot": (torch.bfloat16, packed_bf16.multiplies, "decode_layer_bf16"),
-    "f32_fma": (torch.float32, packed_f32.is_packed, "decode_layer_f32"),
+    "bf16_dot": (torch.bfloat16, packed_bf16.multiplies, "bf16"),
+    "f32_fma": (torch.float32, packed_f32.is_packed, "f32"),
 }
 
 
@@ -173,7 +175,7 @@ class LlamaForCausalLM(CausalLM):
         # AVX512 CPU (bit-identical to the ATen ops there); elsewhere ATen's.
         self._silu = getattr(config, "hidden_act", "silu") in ("silu", "swish")
         self.add_norm_fn = add_rms_norm_cpu if device.type == "cpu" else None
-        # (packing, whether it packed every projection): `_decode_layer_args`.
+        # (packing, whether it packed every projection): `_layer_args`.
         self._layers_packed: tuple[str | None, bool] = (None, False)
 
     # Weights ----------------------------------------------------------
@@ -243,9 +245,9 @@ class LlamaForCausalLM(CausalLM):
         # Each residual sum goes with the norm after it (`_add_norm`).
         h = norm(x, layers[0].input_norm, self.eps) if layers else x
         lora = batch.lora
-        fused = self._decode_layer_args(batch, t)
+        fused = self._layer_args(batch, t)
         if fused is not None:
-            x = self._decode_layers(x, h, layers, kv_cache, *fused)
+            x = self._one_op_layers(x, h, layers, kv_cache, *fused)
             return self._final_norm(x, batch)
         for i, layer in enumerate(layers):
             qkv = self.project(lora, i, "qkv", h, layer.qkv, layer.qkv_bias)
@@ -273,16 +275,16 @@ class LlamaForCausalLM(CausalLM):
             return x
         return self.norm_fn(x[batch.logits_indices], self.norm, self.eps)
 
-    def _decode_layer_args(
+    def _layer_args(
         self, batch: ForwardBatch, t: int
-    ) -> tuple[list[torch.Tensor], bool] | None:
-        """The step's tensors for `decode_layer_bf16` / `decode_layer_f32` (the
-        decode operator's, then the positions) and whether the cache is in
-        `tiles`, where every layer can be that one operator: on CPU, the
-        projections in our packed bfloat16 or float32 layout, SiLU (whose
-        operator runs in vectors there), no LoRA or tensor parallelism, and a
-        step of decodes only that the attention answers with its decode
-        operator."""
+    ) -> tuple[Any, list[torch.Tensor | None], tuple[Any, ...]] | None:
+        """The one-operator layer for this step, its step tensors (the
+        attention's, then the positions) and its last arguments, where every
+        layer can be that one operator: on CPU, the projections in our packed
+        bfloat16 or float32 layout, SiLU (whose operator runs in vectors
+        there), no LoRA or tensor parallelism, and a step that the attention
+        answers with its decode operator alone (`decode_layer_*`) or with its
+        prefill operator beside it (`prefill_layer_*`)."""
         packed = _LAYER_PACKINGS.get(self.packing)
         if (packed is None or batch.lora is not None or self.tp.enabled
                 or not self._silu or self.add_norm_fn is None or self.attn is None
@@ -296,15 +298,24 @@ class LlamaForCausalLM(CausalLM):
                 for layer in self.layers for name in self.projection_names))
         if not self._layers_packed[1]:
             return None
-        got = self.attn.decode_layer_step(batch.attn_metadata, t)
-        if got is None:
+        ops = torch.ops.preempt_serve
+        md = batch.attn_metadata
+        decode = self.attn.decode_layer_step(md, t)
+        if decode is not None:
+            step, tiles = decode
+            return (getattr(ops, f"decode_layer_{packed[2]}"), [*step, batch.positions],
+                    (tiles,))
+        prefill = self.attn.prefill_layer_step(md, t)
+        if prefill is None:
             return None
-        return [*got[0], batch.positions], got[1]
+        entries, num_decodes, tiles = prefill
+        return (getattr(ops, f"prefill_layer_{packed[2]}"), [*entries, batch.positions],
+                (tiles, num_decodes))
 
-    def _decode_layers(self, x: torch.Tensor, h: torch.Tensor, layers: tuple[Any, ...],
-                       kv_cache: KVCache, step: list[torch.Tensor], tiles: bool) -> torch.Tensor:
-        """Every layer as one operator each (`_decode_layer_args` says when)."""
-        op = getattr(torch.ops.preempt_serve, _LAYER_PACKINGS[self.packing][2])
+    def _one_op_layers(self, x: torch.Tensor, h: torch.Tensor, layers: tuple[Any, ...],
+                       kv_cache: KVCache, op: Any, step: list[torch.Tensor | None],
+                       last_args: tuple[Any, ...]) -> torch.Tensor:
+        """Every layer as one operator each (`_layer_args` says when)."""
         cos, sin = self.rotary.cos, self.rotary.sin
         heads, kv_heads, eps, scale = self.num_heads, self.num_kv_heads, self.eps, self.scale
         last = len(layers) - 1
@@ -317,7 +328,7 @@ class LlamaForCausalLM(CausalLM):
                       p.get("down_bias")]
             nxt = layers[i + 1]._parameters["input_norm"] if i < last else None
             x, h = op(x, h, weights, biases, nxt, kv_cache.key(i), kv_cache.value(i), step,
-                      cos, sin, heads, kv_heads, eps, scale, tiles)
+                      cos, sin, heads, kv_heads, eps, scale, *last_args)
             self.safepoint(i)
         return x
 

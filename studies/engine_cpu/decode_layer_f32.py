@@ -6,7 +6,7 @@ The engine on SmolLM2 in float32 with its projections on their GGUF codes
 (`pack_projections: f32_fma`, `weight_codes`), one thread, each sequence on
 its own copy of a `--context`-token context (`bench.engine_bench
 --distinct-kv`).  Every other step runs with the one-operator layers turned
-off (`_decode_layer_args` patched to refuse), so both modes decode the same
+off (`_layer_args` patched to refuse), so both modes decode the same
 sequences over the same caches and the host's swings fall on both alike.
 Both give the same bits (tests/engine/test_decode_layer.py), so the tokens
 are the same whichever mode ran a step.
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                 if i % 2 == 0:
                     times["one_op"].append(step() * 1e3)
                 else:
-                    with patch.object(model, "_decode_layer_args", lambda batch, n: None):
+                    with patch.object(model, "_layer_args", lambda batch, n: None):
                         times["op_by_op"].append(step() * 1e3)
             for mode, t in times.items():
                 ms[mode].append(statistics.median(t))

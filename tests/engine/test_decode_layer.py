@@ -1,9 +1,10 @@
-"""A decoder layer as one C++ operator on decode-only steps
-(engine/csrc/decode_layer.cpp, `LlamaForCausalLM._decode_layers`).
+"""A decoder layer as one C++ operator (engine/csrc/decode_layer.cpp,
+`LlamaForCausalLM._one_op_layers`): on decode-only steps, and on steps with
+prompt chunks that the prefill operator attends.
 
 It calls the operators the op-by-op layer calls, in the same order, so each
-decode step's hidden states and the K/V it writes must be the same bits as
-the op-by-op forward of the same step.  In bfloat16 where the operators'
+step's hidden states and the K/V it writes must be the same bits as the
+op-by-op forward of the same step.  In bfloat16 where the operators'
 library has its AVX512-BF16 build (the packed bf16 projections it needs); in
 float32 where it has the AVX2 FMA GEMMs (projections on float32 weights, and
 SmolLM2's on its GGUF codes)."""
@@ -41,14 +42,19 @@ def _checked_forward(model: LlamaForCausalLM, seen: dict[str, int]) -> Any:
 
     def checked(batch: Any, kv_cache: Any, hidden: Any = None) -> torch.Tensor:
         t = batch.input_ids.shape[0]
-        if model._decode_layer_args(batch, t) is None:
+        args = model._layer_args(batch, t)
+        if args is None:
             seen["op_by_op"] += 1
             return forward(batch, kv_cache, hidden)
+        op, step, last = args
+        if len(last) == 2:  # prefill_layer_*: (tiles, num_decodes)
+            kind = "rows" if step[8] is not None else "mixed" if last[1] else "prefill"
+            seen[kind] = seen.get(kind, 0) + 1
         before = kv_cache.data.clone()
         out = forward(batch, kv_cache, hidden)
         after = kv_cache.data.clone()
         kv_cache.data.copy_(before)
-        with patch.object(model, "_decode_layer_args", lambda b, n: None):
+        with patch.object(model, "_layer_args", lambda b, n: None):
             ref = forward(batch, kv_cache, hidden)
         assert torch.equal(out, ref)
         assert torch.equal(kv_cache.data, after)
@@ -96,11 +102,50 @@ def test_one_operator_layers_give_the_op_by_op_bits(
     result = drive(runner, prompts, GREEDY, num_blocks=64, block_size=BS, max_model_len=64,
                    max_batch_tokens=64)
     assert all(len(t) == GREEDY.max_tokens for t in result.tokens.values())
-    # The decode steps in one operator a layer; prompts op by op where the
-    # attention takes them with its prefill path.
-    assert seen["fused"] >= GREEDY.max_tokens - 1
-    prefill_path = not deterministic or runner.attn.prefill_kernel is not None
-    assert (seen["op_by_op"] > 0) == prefill_path
+    # Every step in one operator a layer, but for prompts that the reference
+    # attention takes (no prefill operator for these heads, outside
+    # deterministic mode, which gives them the decode operator).
+    reference_prompts = runner.attn.prefill_kernel is None and not deterministic
+    assert (seen["op_by_op"] > 0) == reference_prompts
+    assert seen["fused"] >= GREEDY.max_tokens - 1 + (0 if reference_prompts else 1)
+    # The prompts together in one step of prompt rows only.
+    assert (seen.get("prefill", 0) > 0) == (runner.attn.prefill_kernel is not None)
+
+
+@pytest.mark.parametrize("kind", [pytest.param(BF16, marks=needs_bf16),
+                                  pytest.param(F32, marks=needs_f32)])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_prompt_chunks_beside_decodes_and_recomputes_give_the_op_by_op_bits(
+    kind: tuple[str, str], deterministic: bool, tiny_llama_d32_path: Path
+) -> None:
+    """Heads of 32, which the prefill operator takes: prompts cut into
+    chunks of 6 tokens beside other jobs' decodes, and too few blocks, so
+    that jobs are preempted and recomputed (in deterministic mode a
+    recompute's generated positions go to the decode operator beside its
+    prompt's rows)."""
+    dtype, packing = kind
+    runner = ModelRunner(tiny_llama_d32_path, dtype, "cpu", num_blocks=64, block_size=BS,
+                         max_model_len=64, num_threads=1, attention_backend="cpp",
+                         deterministic=deterministic, pack_projections=packing)
+    if runner.attn.prefill_kernel is None:
+        pytest.skip("no vector build of the prefill operator here")
+    model = runner.model
+    seen = {"fused": 0, "op_by_op": 0}
+    model.forward = _checked_forward(model, seen)  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = random_prompts([5, 17, 3, 13, 9], seed=4)
+    result = drive(runner, prompts, params, num_blocks=10, block_size=BS, max_model_len=32,
+                   max_batch_tokens=6)
+    assert result.num_mid_generation_preemptions > 0
+    assert all(len(t) == params.max_tokens for t in result.tokens.values())
+    assert seen["op_by_op"] == 0
+    # Chunks beside decodes: split by their order, or by rows in deterministic mode.
+    assert seen.get("rows" if deterministic else "mixed", 0) > 0
+    # The same tokens as the layers op by op.
+    with patch.object(model, "_layer_args", lambda b, n: None):
+        ref = drive(runner, prompts, params, num_blocks=10, block_size=BS, max_model_len=32,
+                    max_batch_tokens=6)
+    assert ref.tokens == result.tokens
 
 
 @needs_bf16
