@@ -68,21 +68,16 @@ std::atomic<int64_t>& row_bytes() {
   return bytes;
 }
 // Where a row chunk's multiply prefetches the next weight panel's lines
-// (_MM_HINT_T0 3: the L1, T1 2, T2 1; 0: not at all), by the product's depth
-// (K under 1,024, or more) and the chunk's rows: one, 2-16, 17-47, 48 and
-// more.  The prefetch into the L1 was measured on Zen 5 (1.44x at 32 rows,
-// weights from memory) and stays the hint of every other CPU; on a Zen 4
-// core it slowed SmolLM2's shapes at a few rows and at many
-// (studies/engine_cpu/README.md, "The next panel's prefetch on Zen 4"):
-// there, against T0, T2 runs the shallow ones (K = 576) 1.06-1.57x at 2-16
-// rows, none 1.08-1.38x at one row and 1.03-1.10x from 128 rows (0.98-1.05x
-// at 48-64); the deep one (the down projection, K = 1,536, whose panels of
-// 147 KiB are three times the L1) ran best with none at every row count
-// ("The deep projection's prefetch on Zen 4").  The bits never depend on it.
+// (_MM_HINT_T0 3: the L1, T1 2, T2 1; 0: not at all), by the chunk's rows:
+// one, 2-16, 17-47, 48 and more.  The prefetch into the L1 was measured on
+// Zen 5 (1.44x at 32 rows, weights from memory) and stays the hint of every
+// other CPU; on a Zen 4 core it slowed SmolLM2's shapes at a few rows and
+// at many (studies/engine_cpu/README.md, "The next panel's prefetch on Zen
+// 4"): there, against T0, T2 runs them 1.06-1.57x at 2-16 rows, none
+// 1.08-1.38x at one row and 1.03-1.10x from 128 rows (0.98-1.05x at 48-64).
+// The bits never depend on it.
 constexpr int kRowClasses = 4;
-constexpr int kDepthClasses = 2;
 int row_class(int64_t rows) { return rows <= 1 ? 0 : rows <= 16 ? 1 : rows < 48 ? 2 : 3; }
-int depth_class(int64_t k) { return k < 1024 ? 0 : 1; }
 
 bool zen4() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -100,16 +95,12 @@ bool zen4() {
 #endif
 }
 
-using HintTable = std::array<std::array<std::atomic<int>, kRowClasses>, kDepthClasses>;
-
-HintTable& prefetch_hints() {
-  static HintTable hints;
+std::array<std::atomic<int>, kRowClasses>& prefetch_hints() {
+  static std::array<std::atomic<int>, kRowClasses> hints;
   static const bool set = [] {
     const bool z = zen4();
-    const int on_zen4[kDepthClasses][kRowClasses] = {{0, 1, 3, 0}, {0, 0, 0, 0}};
-    for (int d = 0; d < kDepthClasses; ++d) {
-      for (int i = 0; i < kRowClasses; ++i) hints[d][i].store(z ? on_zen4[d][i] : 3);
-    }
+    const std::array<int, kRowClasses> on_zen4 = {0, 1, 3, 0};
+    for (int i = 0; i < kRowClasses; ++i) hints[i].store(z ? on_zen4[i] : 3);
     return true;
   }();
   (void)set;
@@ -193,8 +184,7 @@ void gemm_range(const uint16_t* x, int64_t lda, const uint16_t* w, int64_t k2,
                 const float* bias, uint16_t* out, int64_t ldo, int64_t m0, int64_t m1,
                 int64_t v0, int64_t v1, int64_t pf_end) {
   const Kernels& kernels =
-      kernels_for(prefetch_hints()[depth_class(2 * k2)][row_class(m1 - m0)].load(
-          std::memory_order_relaxed));
+      kernels_for(prefetch_hints()[row_class(m1 - m0)].load(std::memory_order_relaxed));
   const int64_t blocks = (m1 - m0 + kRows - 1) / kRows;
   const int64_t per_step = (kPanel + blocks - 1) / blocks;
   for (int64_t v = v0; v < v1; v += kPanel) {
@@ -359,13 +349,12 @@ bool set_output_claims(bool enable) {
 #endif
 }
 
-// Where row chunks of `rows` in products of depth `k` prefetch the next
-// panel from now on (prefetch_hints), where `hint` is 0-3; returns the
-// setting in effect for them after it.
-int64_t set_gemm_prefetch(int64_t rows, int64_t hint, int64_t k) {
+// Where row chunks of `rows` prefetch the next panel from now on
+// (prefetch_hints), where `hint` is 0-3; returns the setting in effect for
+// that many rows after it.
+int64_t set_gemm_prefetch(int64_t rows, int64_t hint) {
   TORCH_CHECK(rows >= 1, "set_gemm_prefetch: rows must be at least 1");
-  TORCH_CHECK(k >= 1, "set_gemm_prefetch: k must be at least 1");
-  std::atomic<int>& h = prefetch_hints()[depth_class(k)][row_class(rows)];
+  std::atomic<int>& h = prefetch_hints()[row_class(rows)];
   if (hint >= 0 && hint <= 3) h.store(static_cast<int>(hint));
   return h.load();
 }
@@ -382,7 +371,7 @@ int64_t set_gemm_row_bytes(int64_t bytes) {
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("bf16_gemm_built() -> bool", &bf16_gemm_built);
   m.def("set_gemm_row_bytes(int bytes) -> int", &set_gemm_row_bytes);
-  m.def("set_gemm_prefetch(int rows, int hint, int k=1) -> int", &set_gemm_prefetch);
+  m.def("set_gemm_prefetch(int rows, int hint) -> int", &set_gemm_prefetch);
   m.def("set_output_claims(bool enable) -> bool", &set_output_claims);
   m.def("set_gemm_amx(bool enable) -> bool", &set_gemm_amx);
   m.def("gemm_amx() -> bool", &gemm_amx);

@@ -4,10 +4,9 @@
 While the kernel multiplies a panel of 48 weight columns, it prefetches the
 next panel's lines, spread over the K steps of the first row blocks.  The
 hint says where they go: 3 the L1 (`_MM_HINT_T0`), 2 (T1), 1 (T2), or 0 no
-prefetch at all; `preempt_serve::set_gemm_prefetch(rows, hint, k)` sets it
-for one class of row chunks (one row, 2-16, 17-47, 48 and more) in products
-of one class of depth (K under 1,024, or more).  The bits do not depend on
-it.
+prefetch at all; `preempt_serve::set_gemm_prefetch(rows, hint)` sets it for
+one class of row chunks (one row, 2-16, 17-47, 48 and more).  The bits do
+not depend on it.
 
 1. SmolLM2's projections (`studies.engine_cpu.gemm_bf16`'s shapes, 30
    weight copies used in turn so that weights come from memory) at each of
@@ -19,9 +18,6 @@ it.
 
     taskset -c 0 python -m studies.engine_cpu.gemm_prefetch \\
         --out studies/engine_cpu/gemm_prefetch_zen4.json
-
-`--against 0,1,3,0,0,1,3,0` sets the engine's other side (here: the deep
-class as the shallow one); `--no-projections` skips part 1.
 """
 
 from __future__ import annotations
@@ -41,18 +37,18 @@ from engine.models import packed_bf16
 from studies.engine_cpu.gemm_bf16 import SHAPES, _seconds
 
 HINTS = (3, 2, 1, 0)
-# One (rows, K) in each class of gemm_bf16.cpp's depth_class and row_class.
-CLASSES = tuple((r, k) for k in (576, 1536) for r in (1, 8, 32, 64))
+# One row count in each class of gemm_bf16.cpp's row_class.
+CLASS_ROWS = (1, 8, 32, 64)
 
 
 def hints() -> list[int]:
-    """The hint of each class now."""
-    return [int(torch.ops.preempt_serve.set_gemm_prefetch(r, -1, k)) for r, k in CLASSES]
+    """The hint of each row class now."""
+    return [int(torch.ops.preempt_serve.set_gemm_prefetch(r, -1)) for r in CLASS_ROWS]
 
 
 def set_hints(values: list[int]) -> None:
-    for (r, k), h in zip(CLASSES, values):
-        torch.ops.preempt_serve.set_gemm_prefetch(r, h, k)
+    for r, h in zip(CLASS_ROWS, values):
+        torch.ops.preempt_serve.set_gemm_prefetch(r, h)
 
 
 def projections(rows: list[int], rounds: int) -> list[dict[str, Any]]:
@@ -68,7 +64,7 @@ def projections(rows: list[int], rounds: int) -> list[dict[str, Any]]:
             first = None
             for _ in range(rounds):
                 for h in HINTS:
-                    set_hints([h] * len(CLASSES))
+                    set_hints([h] * len(CLASS_ROWS))
                     s = _seconds(lambda w: packed_bf16.linear(x, w), weights)
                     rates[h].append(2 * m * n * k / s / 1e9)
                     y = packed_bf16.linear(x, weights[0])
@@ -82,13 +78,13 @@ def projections(rows: list[int], rounds: int) -> list[dict[str, Any]]:
 
 
 def engine(prefill_lens: list[int], batches: list[int], rounds: int, tuned: list[int],
-           against: list[int], steps: int = 6) -> list[dict[str, Any]]:
+           steps: int = 6) -> list[dict[str, Any]]:
     args = engine_args(["--decode-context", "256", "--decode-steps", str(steps + 1),
                         "--warmup", "0", "--threads", "1",
                         "--prefill-lens", ",".join(map(str, prefill_lens)),
                         "--decode-batches", ",".join(map(str, batches))])
     bench = OursBench(args, "bfloat16")
-    variants = {"t0": against, "tuned": tuned}
+    variants = {"t0": [3] * len(CLASS_ROWS), "tuned": tuned}
     prompt = [100 + (i * 7919) % 40000 for i in range(max(*prefill_lens, 256))]
     out = []
     cases = [("prefill", n) for n in prefill_lens] + [("decode", b) for b in batches]
@@ -124,27 +120,17 @@ def main() -> None:
     ap.add_argument("--prefill-lens", default="16,128,512")
     ap.add_argument("--batches", default="1,8,16,32")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--against", default=None,
-                    help="the engine's other hints, one a class as `hints()` lists them "
-                         "(default: T0, 3, everywhere; its results keep the key `t0`)")
-    ap.add_argument("--no-projections", action="store_true")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     torch.set_num_threads(1)
     assert packed_bf16.built(), "no AVX512-BF16 build of the operators here"
     tuned = hints()
-    print("this build's hints by row class (1, 2-16, 17-47, 48+), K < 1,024 then more:",
-          tuned)
-    against = ([int(h) for h in a.against.split(",")] if a.against
-               else [3] * len(CLASSES))
-    assert len(against) == len(CLASSES), f"--against: {len(CLASSES)} hints"
-    proj = [] if a.no_projections else projections([int(r) for r in a.rows.split(",")],
-                                                    a.rounds)
+    print("this build's hints by row class (1, 2-16, 17-47, 48+):", tuned)
+    proj = projections([int(r) for r in a.rows.split(",")], a.rounds)
     eng = engine([int(n) for n in a.prefill_lens.split(",")],
-                 [int(b) for b in a.batches.split(",")], a.rounds, tuned, against)
+                 [int(b) for b in a.batches.split(",")], a.rounds, tuned)
     set_hints(tuned)
-    write_report({"meta": {**machine_meta(), "default_hints": tuned, "against": against,
-                           "rounds": a.rounds},
+    write_report({"meta": {**machine_meta(), "default_hints": tuned, "rounds": a.rounds},
                   "projections": proj, "engine": eng}, a.out)
 
 

@@ -117,41 +117,32 @@ def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads(path: str) ->
 
 def test_the_next_panels_prefetch_never_changes_the_bits() -> None:
     # Where the next weight panel is prefetched to (or whether it is at
-    # all) is chosen by the product's depth, the row chunk's size and the
-    # CPU (gemm_bf16.cpp, prefetch_hints); rows of every class at both
-    # depths, each hint, one bits.
+    # all) is chosen by the row chunk's size and the CPU (gemm_bf16.cpp,
+    # prefetch_hints); rows of every class, each hint, one bits.
     set_prefetch = torch.ops.preempt_serve.set_gemm_prefetch
+    x, w, b = _operands(70, 4160, 576, seed=7)
+    wp = packed_bf16.pack(w)
     packed_bf16.amx(False)  # the tiles' path prefetches nothing of this kind
     classes = (1, 9, 30, 70)  # one row, 2-16, 17-47, 48 and more
-    depths = (576, 1536)  # K under 1,024, and more
-    shipped = {(r, k): set_prefetch(r, -1, k) for k in depths for r in classes}
+    shipped = [set_prefetch(r, -1) for r in classes]
     try:
-        for k in depths:
-            x, w, b = _operands(70, 4160 if k < 1024 else 576, k, seed=7)
-            wp = packed_bf16.pack(w)
-            want = {r: packed_bf16.linear(x[:r], wp, b) for r in classes}
-            _close_to_exact(want[70], x, w, b)
-            for hint in (3, 2, 1, 0):
-                for d in depths:
-                    for r in classes:
-                        assert set_prefetch(r, hint, d) == hint
-                for r in classes:
-                    assert torch.equal(packed_bf16.linear(x[:r], wp, b), want[r]), (k, hint, r)
-                    assert torch.equal(want[r], want[70][:r])
+        want = {r: packed_bf16.linear(x[:r], wp, b) for r in classes}
+        _close_to_exact(want[70], x, w, b)
+        for hint in (3, 2, 1, 0):
+            for r in classes:
+                assert set_prefetch(r, hint) == hint
+            for r in classes:
+                assert torch.equal(packed_bf16.linear(x[:r], wp, b), want[r]), (hint, r)
+                assert torch.equal(want[r], want[70][:r])
         # A class's setting is its own; an out-of-range hint only reads it.
         set_prefetch(1, 0)
         assert set_prefetch(2, 1) == 1 and set_prefetch(16, -1) == 1
         assert set_prefetch(1, -1) == 0 and set_prefetch(17, 9) == 0
-        set_prefetch(2, 2, 1536)
-        assert set_prefetch(2, -1) == 1 and set_prefetch(16, -1, 1024) == 2
-        assert set_prefetch(16, -1, 1023) == 1
         with pytest.raises(RuntimeError, match="rows must be at least 1"):
             set_prefetch(0, 3)
-        with pytest.raises(RuntimeError, match="k must be at least 1"):
-            set_prefetch(1, 3, 0)
     finally:
-        for (r, k), h in shipped.items():
-            set_prefetch(r, h, k)
+        for r, h in zip(classes, shipped):
+            set_prefetch(r, h)
         packed_bf16.amx(True)
 
 
