@@ -1,4 +1,4 @@
-"""What building the C++ operators (engine/attention_cpp.py) asks of the
+"""What building the C++ operators (engine/cpp_ops.py) asks of the
 machine: its CPU's flags and which optional paths to build for them, `ninja`
 on PATH, a digest of the sources that names the build, and a build directory
 that one process at a time builds in."""

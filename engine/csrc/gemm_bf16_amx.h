@@ -1,5 +1,5 @@
 // bf16 projections on AMX tiles, for builds whose CPU has AMX (amx_tile,
-// amx_bf16; engine/attention_cpp.py adds the flags), on the same packed
+// amx_bf16; engine/cpp_ops.py adds the flags), on the same packed
 // weight as the VDPBF16PS kernel (gemm_bf16.cpp, pack_bf16's
 // [N/16][K/2][16][2]).
 //

@@ -7,7 +7,7 @@
 // rounded logits never order two tokens against their exact values; they only
 // tie them, and `argmax_rows_exact` breaks a tie at the top by the exact
 // logits.  Registered next to paged_decode in the preempt_serve namespace
-// (engine/attention_cpp.py builds both into one library).
+// (engine/cpp_ops.py builds both into one library).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,7 +1,7 @@
 // Paged decode attention on CPU: one query token per sequence, attended
 // over the sequence's cache blocks in place (no gather, no padding).
 //
-// Built at first use by torch.utils.cpp_extension (engine/attention_cpp.py)
+// Built at first use by torch.utils.cpp_extension (engine/cpp_ops.py)
 // with the vector ISA flags of the machine's ATen capability, and registered
 // as the torch operator preempt_serve::paged_decode.
 //

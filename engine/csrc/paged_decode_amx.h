@@ -1,5 +1,5 @@
 // Paged decode attention on AMX tiles, for bfloat16 caches on a build whose
-// CPU has AMX (amx_tile, amx_bf16) and AVX512-BF16 (engine/attention_cpp.py
+// CPU has AMX (amx_tile, amx_bf16) and AVX512-BF16 (engine/cpp_ops.py
 // adds the flags where /proc/cpuinfo lists them).
 //
 // The AVX512 path (paged_decode.cpp, decode_avx512) is bound by its

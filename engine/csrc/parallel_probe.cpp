@@ -1,7 +1,7 @@
 // How many threads ATen's parallel_for, inlined into this library, runs on:
 // with OpenMP in the build it takes the engine's intra-op threads; without
 // it every operator here would run serially whatever torch.set_num_threads
-// says (engine/attention_cpp.py builds with -fopenmp for that).  For tests.
+// says (engine/cpp_ops.py builds with -fopenmp for that).  For tests.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,5 +1,5 @@
 // One of the two translation units the operators' library is built from
-// (engine/attention_cpp.py): ATen's and torch's headers take about ten
+// (engine/cpp_ops.py): ATen's and torch's headers take about ten
 // seconds to parse in each unit, longer than most of our sources take to
 // compile, so the sources are grouped into two units, one per core of a
 // small machine, instead of one unit each.  This one: the decode operator,

@@ -22,7 +22,7 @@ from scheduler.plan import TokenLogprob
 # tokenizer that the tiny models reuse, all inside their small vocabulary.
 TINY_VOCAB = 1024
 
-# A C++ compiler for the CPU operators (engine/attention_cpp.py builds them).
+# A C++ compiler for the CPU operators (engine/cpp_ops.py builds them).
 HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import engine.attention_cpp as cpp
+import engine.cpp_ops as ops
 from engine.attention import SeqSpan, default_backend_name, get_attention_backend
 
 HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
@@ -190,15 +191,15 @@ def test_build_failure_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(kwargs)
         raise OSError("g++: command not found")
 
-    monkeypatch.setattr(cpp, "_kernel", None)
-    monkeypatch.setattr(cpp, "_load_error", None)
+    monkeypatch.setattr(ops, "_kernel", None)
+    monkeypatch.setattr(ops, "_load_error", None)
     monkeypatch.setattr("torch.utils.cpp_extension.load", failing_load)
     with pytest.raises(RuntimeError, match="command not found"):
-        cpp.load_kernel()
+        ops.load_kernel()
     attempts = len(calls)
     assert attempts in (1, 2, 3)  # the AMX and bf16 dot builds are tried first where wanted
     with pytest.raises(RuntimeError, match="command not found"):
-        cpp.load_kernel()
+        ops.load_kernel()
     assert len(calls) == attempts
 
 
@@ -206,7 +207,7 @@ def _builds_after_a_failure(monkeypatch: pytest.MonkeyPatch, failing_flag: str, 
                             ) -> list[list[str]]:
     """The flags of every build `load_kernel` tries on an AVX512 CPU with the
     bf16 dot product (and AMX where `amx`) when builds with `failing_flag` fail."""
-    real = cpp.load_kernel()  # the operator is registered in this process
+    real = ops.load_kernel()  # the operator is registered in this process
     calls: list[list[str]] = []
 
     def load(**kwargs: object) -> None:
@@ -215,13 +216,13 @@ def _builds_after_a_failure(monkeypatch: pytest.MonkeyPatch, failing_flag: str, 
         if failing_flag in flags:
             raise RuntimeError(f"unrecognized command-line option '{failing_flag}'")
 
-    monkeypatch.setattr(cpp, "_kernel", None)
-    monkeypatch.setattr(cpp, "_load_error", None)
-    monkeypatch.setattr(cpp, "bf16_dot_wanted", lambda: True)
-    monkeypatch.setattr(cpp, "amx_wanted", lambda: amx)
+    monkeypatch.setattr(ops, "_kernel", None)
+    monkeypatch.setattr(ops, "_load_error", None)
+    monkeypatch.setattr(ops, "bf16_dot_wanted", lambda: True)
+    monkeypatch.setattr(ops, "amx_wanted", lambda: amx)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr("torch.utils.cpp_extension.load", load)
-    assert cpp.load_kernel() is real
+    assert ops.load_kernel() is real
     return calls
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import engine.attention_cpp as cpp
+import engine.cpp_ops as ops
 from engine.logits_cpu import argmax_rows
 from tests.engine.helpers import HAS_CXX
 
@@ -83,7 +84,7 @@ def test_refuses_what_it_cannot_read(op) -> None:
 
 
 def test_aten_where_the_operator_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpp, "_kernel", None)
+    monkeypatch.setattr(ops, "_kernel", None)
     calls = []
     real = torch.Tensor.argmax
 
@@ -149,7 +150,7 @@ def test_a_tie_at_the_top_goes_to_the_largest_exact_logit(
             torch.ops.preempt_serve.argmax_rows_exact(logits, hidden, weight), want)
         # Without the exact source the operator keeps the first index.
         assert torch.equal(argmax_rows(logits), logits.float().argmax(dim=-1))
-    monkeypatch.setattr(cpp, "_kernel", None)  # ATen's path
+    monkeypatch.setattr(ops, "_kernel", None)  # ATen's path
     assert torch.equal(argmax_rows(logits, (hidden, weight)), want)
 
 
