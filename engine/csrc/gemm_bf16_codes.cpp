@@ -38,10 +38,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
 #include <vector>
 
 namespace {
@@ -72,10 +69,6 @@ constexpr int64_t kPrefetchBlocks = PREEMPT_SERVE_CODES_PREFETCH;
 #endif
 constexpr int64_t kDecodeAhead = PREEMPT_SERVE_CODES_AHEAD;
 constexpr int64_t kRing = kDecodeAhead + 1;
-// Up to this many rows, the VDPBF16PS path (no tiles) multiplies the codes.
-#ifndef PREEMPT_SERVE_CODES_VECTOR_ROWS
-#define PREEMPT_SERVE_CODES_VECTOR_ROWS 8
-#endif
 
 #ifdef __AVX512BF16__
 
@@ -206,94 +199,7 @@ void gemm_codes(const uint16_t* x, int64_t lda, int64_t m, const uint8_t* codes,
 }
 #endif  // GEMM_BF16_AMX
 
-// y [m, n] = x [m, k] W^T (+ bias) on VDPBF16PS from W's codes, m at most
-// vector_rows(): each panel of kPanel column vectors is decoded once into a
-// per-thread buffer in pack_bf16's layout (the codes kPrefetchBlocks blocks
-// ahead asked into the L1, as on the tiles), then gemm_bf16.cpp's
-// micro-kernel multiplies it for every block of rows, the same operands in
-// the same order as from the packed weight.  Threads split the panels.
-std::atomic<int64_t>& mix() {
-  static std::atomic<int64_t> m{0};
-  return m;
-}
-
-template <bool Q4>
-void gemm_codes_vectors(const uint16_t* x, int64_t lda, int64_t m, const uint8_t* codes,
-                        int64_t kblocks, int64_t bytes, int64_t vectors, const float* bias,
-                        uint16_t* y, const uint16_t* vals) {
-  const int64_t k2 = kblocks * 16, n = vectors * 16;
-  const int64_t panels = (vectors + kPanel - 1) / kPanel;
-  const uint8_t* end = codes + vectors * kblocks * bytes;
-  const Kernels& micro = kernels<0>;
-  const int64_t mx = mix().load();
-  // mx = 0: all codes; else panel p uses values when p % 4 < mx
-  auto by_values = [&](int64_t p) { return mx > 0 && p % 4 < mx; };
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    std::unique_ptr<uint16_t[], void (*)(void*)> buf(
-        static_cast<uint16_t*>(std::aligned_alloc(64, kPanel * kblocks * kTileBytes)), std::free);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t v = p * kPanel, nr = std::min(kPanel, vectors - v);
-      const float* pb = bias == nullptr ? nullptr : bias + v * 16;
-      if (by_values(p)) {
-        for (int64_t m0 = 0; m0 < m; m0 += kRows) {
-          const int64_t rows = std::min(kRows, m - m0);
-          micro[nr - 1][rows - 1](x + m0 * lda, lda, vals + v * k2 * 32, k2, pb,
-                                  y + m0 * n + v * 16, n, nullptr, 0, 0);
-        }
-        continue;
-      }
-      // the next panel's values, if it takes them, asked into L2 over the decode
-      const bool pf_vals = p + 1 < p1 && by_values(p + 1);
-      const int64_t nv = std::min(kPanel, vectors - v - nr);
-      const char* pfv = reinterpret_cast<const char*>(vals + (v + nr) * k2 * 32);
-      const int64_t pf_lines = pf_vals ? nv * k2 : 0;
-      const int64_t nb = nr * kblocks;
-      const int64_t per_blk = (pf_lines + nb - 1) / nb;
-      const uint8_t* src = codes + v * kblocks * bytes;
-      for (int64_t blk = 0; blk < nb; ++blk) {
-        const uint8_t* ahead = src + (blk + kPrefetchBlocks) * bytes;
-        if (ahead < end)
-          for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-        for (int64_t q = blk * per_blk; q < std::min(pf_lines, (blk + 1) * per_blk); ++q)
-          _mm_prefetch(pfv + q * 64, _MM_HINT_T1);
-        decode_block<Q4>(src + blk * bytes, buf.get() + blk * kBlockValues);
-      }
-      for (int64_t m0 = 0; m0 < m; m0 += kRows) {
-        const int64_t rows = std::min(kRows, m - m0);
-        micro[nr - 1][rows - 1](x + m0 * lda, lda, buf.get(), k2, pb, y + m0 * n + v * 16, n,
-                                nullptr, 0, 0);
-      }
-    }
-  });
-}
-
 #endif  // __AVX512BF16__
-
-// Up to how many rows the VDPBF16PS path multiplies the codes rather than
-// the values (set_codes_vector_rows, for studies; the bits never depend on
-// it).
-std::atomic<int64_t>& vector_rows() {
-  static std::atomic<int64_t> rows{PREEMPT_SERVE_CODES_VECTOR_ROWS};
-  return rows;
-}
-
-int64_t set_codes_vector_rows(int64_t rows) {
-#ifdef __AVX512BF16__
-  if (rows >= 1000) { mix().store(rows - 1000); return rows; }
-#endif
-  if (rows >= 0) vector_rows().store(rows);
-  return vector_rows().load();
-}
-
-// Whether linear_bf16 multiplies a weight of depth `k` on the tiles.
-bool on_tiles(int64_t k) {
-#ifdef GEMM_BF16_AMX
-  return amx::usable(k);
-#else
-  (void)k;
-  return false;
-#endif
-}
 
 // pack_bf16's weight in `w`'s buffer (header, "Layout").
 const uint16_t* values(const at::Tensor& w, int64_t bytes) {
@@ -360,15 +266,7 @@ at::Tensor linear_bf16_codes(const at::Tensor& x, const at::Tensor& w,
     }
   }
 #endif
-#ifdef __AVX512BF16__
-  if (!on_tiles(k) && o.m <= vector_rows().load()) {
-    (bytes == kQ4Bytes ? gemm_codes_vectors<true> : gemm_codes_vectors<false>)(
-        o.xp(), o.lda, o.m, w.data_ptr<uint8_t>(), kblocks, bytes, vectors, o.bias_ptr(),
-        o.yp(), values(w, bytes));
-    return o.y;
-  }
-#endif
-  // The values, on the tiles or on VDPBF16PS.
+  // The values, on the tiles or (where they are off) on VDPBF16PS.
   multiply(o, values(w, bytes), k, vectors);
   return o.y;
 }
@@ -380,7 +278,6 @@ TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("pack_bf16_codes(Tensor codes, Tensor packed) -> Tensor");
   m.def("unpack_bf16_codes(Tensor w) -> Tensor");
   m.def("linear_bf16_codes(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
-  m.def("set_codes_vector_rows(int rows) -> int", &gemm_bf16_codes::set_codes_vector_rows);
 }
 
 TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {

@@ -1,5 +1,5 @@
 """bf16 projections from their GGUF codes on VDPBF16PS (no AMX), against the
-packed bf16 weights, one CPU thread: tried at the commit that added this study
+packed bf16 weights, one CPU thread: tried at commit f8f615d
 (`engine/csrc/gemm_bf16_codes.cpp`'s `gemm_codes_vectors`, taken back out
 after it; studies/engine_cpu/README.md, "GGUF codes under bf16 on
 VDPBF16PS (tried, not kept)").
@@ -12,6 +12,7 @@ instead (their lines asked into L2 while the panel before decodes), to see
 whether the decode's arithmetic overlaps the values' stream.  Rounds
 alternate the ways; medians; the products are checked to be the same bits.
 
+    git checkout f8f615d  # the kernel it times
     taskset -c 0 python -m studies.engine_cpu.gemm_bf16_codes_vectors \\
         --out studies/engine_cpu/gemm_bf16_codes_vectors_zen4.json
 """
