@@ -20,7 +20,11 @@
 // scores use VDPBF16PS on pairs of the key's elements where the CPU has it,
 // and where it also has AMX (blocks of a multiple of 16 tokens) the scores
 // and the weighted sum go through tiles, 16 keys or dims by 16 rows a
-// product (paged_prefill_amx.h).
+// product (paged_prefill_amx.h).  Off the tiles, a bf16 weighted sum takes
+// VDPBF16PS on pairs of keys (weighted_sum_pairs), the probabilities rounded
+// to bf16 for it as ATen's CPU flash attention rounds them: 1.3x the
+// attention's speed on a Zen 4 core (studies/engine_cpu/README.md, "A bf16
+// prompt's weighted sum on pairs of keys").
 // Every sum is in float32.  A build for AVX2 + FMA without AVX512 runs the
 // same scheme on 8-lane vectors (paged_prefill_avx2.h), and the same driver
 // (`prefill_vec`) cuts the chunks into tiles.  Other builds, dtypes and head
@@ -320,9 +324,24 @@ at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
   return out;
 }
 
+// Whether bf16 weighted sums on the vectors take VDPBF16PS on pairs of keys
+// from now on (paged_prefill_avx512.h, weighted_sum_pairs) or float32 FMAs
+// key by key; returns whether this build has the pairs' path (studies and
+// tests run both in one process).
+bool set_prefill_value_pairs(bool enable) {
+#if defined(PAGED_PREFILL_AVX512) && defined(__AVX512BF16__)
+  value_pairs_switch().store(enable);
+  return true;
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
+  m.def("set_prefill_value_pairs(bool enable) -> bool", &set_prefill_value_pairs);
   m.def(
       "paged_prefill(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
       "Tensor table_starts, Tensor query_starts, Tensor start_positions, float scale, "

@@ -11,6 +11,8 @@
 
 #include <immintrin.h>
 
+#include <atomic>
+
 #define PAGED_PREFILL_AVX512 1
 #define PAGED_PREFILL_VEC 1
 
@@ -72,6 +74,92 @@ void values_of_sequence(const at::BFloat16* vc, const int64_t* table, int64_t ct
     const int64_t n = std::min<int64_t>(32, ctx - k0);
     locate_rows<DIM, at::BFloat16>(nullptr, vc, table, kh, l, k0, n, nullptr, vp);
     paged_prefill_amx::values_transposed<DIM>(vp, n, l.tiles, (l.block_size / 2) * 32, vt);
+  }
+}
+#endif
+
+#ifdef __AVX512BF16__
+// Whether bf16 weighted sums take VDPBF16PS on pairs of keys (`weighted_sum_pairs`)
+// rather than float32 FMAs key by key (preempt_serve::set_prefill_value_pairs:
+// studies time both in one process).
+inline std::atomic<bool>& value_pairs_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// p rounded to bf16 to nearest even, widened back.
+inline __m512 bf16_round(__m512 p) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// ot[d][rows] += sum over the step's keys of v[t][d] * p[t][rows] on
+// VDPBF16PS, two keys an instruction: key pairs (2i, 2i + 1) from the step's
+// first key, which lies at a multiple of the step's length, so a pair is the
+// same keys for every row and tile, and each row's sum runs over them in one
+// order (deterministic mode's invariance holds).  p is rounded to bf16 (to
+// nearest even) for it, as ATen's flash attention on CPU and FlashAttention
+// on GPUs round it for their bf16 matmul (the softmax's sum is then of
+// the rounded p too: prefill_tile).  `vp` as prefill_tile locates it (rows: a key's row;
+// tiles: its pair's first column); `wp` and `pp` are scratch for the step's
+// value pairs [pairs][DIM] and probability pairs [pairs][R].
+template <int DIM, int RV>
+inline void weighted_sum_pairs(const at::BFloat16* const* vp, int64_t kt, const float* s,
+                               float* ot, const Layout& l, uint32_t* wp, uint32_t* pp) {
+  constexpr int R = 16 * RV;
+  constexpr int DS = 16 / RV;
+  const int64_t pairs = (kt + 1) / 2;
+  const int64_t v_column = (l.block_size / 2) * 32;
+  // Lane r of a pair's probabilities: bf16 p[2i][r] low, p[2i + 1][r] high.
+  const __m512i interleave = _mm512_set_epi16(
+      31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+      23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const bool whole = 2 * i + 1 < kt;  // else key 2i + 1 is past the step: weight 0
+    for (int v = 0; v < RV; ++v) {
+      const __m512 p0 = _mm512_loadu_ps(s + 2 * i * R + 16 * v);
+      const __m512 p1 = whole ? _mm512_loadu_ps(s + (2 * i + 1) * R + 16 * v)
+                              : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+      _mm512_storeu_si512(pp + i * R + 16 * v, _mm512_permutexvar_epi16(interleave, both));
+    }
+    uint32_t* w = wp + i * DIM;
+    // Past the step, key 2i + 1's value may be any bits (its cache slot
+    // unwritten): its half is cleared, so 0 * v cannot be NaN.
+    const __m512i keep = _mm512_set1_epi32(whole ? -1 : 0xffff);
+    if (l.tiles) {  // the pair is interleaved in the cache already
+      const auto* pr = reinterpret_cast<const int32_t*>(vp[2 * i]);
+      for (int n = 0; n < DIM / 16; ++n) {
+        _mm512_storeu_si512(w + 16 * n,
+                            _mm512_and_si512(_mm512_loadu_si512(pr + n * v_column / 2), keep));
+      }
+    } else {
+      const at::BFloat16* v0 = vp[2 * i];
+      const at::BFloat16* v1 = whole ? vp[2 * i + 1] : v0;
+      for (int n = 0; n < DIM / 16; ++n) {
+        const __m512i lo = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * n)));
+        const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 16 * n))), 16);
+        _mm512_storeu_si512(w + 16 * n, _mm512_and_si512(_mm512_or_si512(lo, hi), keep));
+      }
+    }
+  }
+  for (int d0 = 0; d0 < DIM; d0 += DS) {
+    __m512 acc[DS][RV];
+    for (int e = 0; e < DS; ++e)
+      for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_loadu_ps(ot + (d0 + e) * R + 16 * v);
+    for (int64_t i = 0; i < pairs; ++i) {
+      __m512bh pv[RV];
+      for (int v = 0; v < RV; ++v) pv[v] = (__m512bh)_mm512_loadu_si512(pp + i * R + 16 * v);
+      const uint32_t* w = wp + i * DIM + d0;
+      for (int e = 0; e < DS; ++e) {
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(w[e]));
+        for (int v = 0; v < RV; ++v) acc[e][v] = _mm512_dpbf16_ps(acc[e][v], b, pv[v]);
+      }
+    }
+    for (int e = 0; e < DS; ++e)
+      for (int v = 0; v < RV; ++v) _mm512_storeu_ps(ot + (d0 + e) * R + 16 * v, acc[e][v]);
   }
 }
 #endif
@@ -271,6 +359,9 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     // exponent, e^(s * scale - m) (on the vectors' scores, x * 1 - m = x - m).
     __m512 alpha[RV];
     bool rescale = false;
+#ifdef __AVX512BF16__
+    const bool pairs = kNativeDot && value_pairs_switch().load(std::memory_order_relaxed);
+#endif
     const __m512 s_scale = _mm512_set1_ps(l.amx ? scale : 1.0f);
     for (int v = 0; v < RV; ++v) {
       // Four running maxima: one would chain every step's loads.
@@ -309,8 +400,13 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
         float* sp = s + t * R + 16 * v;
         const __m512 x = _mm512_loadu_ps(sp);
         const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
-        const __m512 p =
-            _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_fmsub_ps(x, s_scale, mx)));
+        __m512 p = _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_fmsub_ps(x, s_scale, mx)));
+#ifdef __AVX512BF16__
+        // The weighted sum of key pairs takes p in bf16: the sum that divides
+        // it is of the same values, so the weights still add up to one (a
+        // row whose one key dominates gets that key's value exactly).
+        if (pairs) p = bf16_round(p);
+#endif
         _mm512_storeu_ps(sp, p);
         psum = _mm512_add_ps(psum, p);
       }
@@ -330,6 +426,16 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
         // Keys in [kt, the part's end) that the sequence has weigh p = 0
         // against finite values (its cache up to its context is written).
         paged_prefill_amx::weighted_sum<DIM, RV>(sc.vt + j0 / 32 * DIM * 16, kt, s, ot);
+        continue;
+      }
+    }
+#endif
+#ifdef __AVX512BF16__
+    if constexpr (kNativeDot) {
+      if (pairs) {
+        weighted_sum_pairs<DIM, RV>(reinterpret_cast<const at::BFloat16* const*>(vp), kt, s, ot,
+                                    l, reinterpret_cast<uint32_t*>(sc.vw.data()),
+                                    reinterpret_cast<uint32_t*>(sc.kw.data()));
         continue;
       }
     }
