@@ -40,7 +40,7 @@ def _pairs(on: bool) -> bool:
 
 
 def _reference(q, keys, values, table, start: int) -> torch.Tensor:
-    n, ctx, group = q.shape[0], start + q.shape[0], HEADS // KV_HEADS
+    ctx, group = start + q.shape[0], HEADS // KV_HEADS
     k = keys[table].reshape(-1, KV_HEADS, DIM)[:ctx].double().repeat_interleave(group, 1)
     v = values[table].reshape(-1, KV_HEADS, DIM)[:ctx].double().repeat_interleave(group, 1)
     s = torch.einsum("thd,khd->htk", q.double(), k) * DIM**-0.5
