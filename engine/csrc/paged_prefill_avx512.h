@@ -99,10 +99,10 @@ inline __m512 bf16_round(__m512 p) {
 // same keys for every row and tile, and each row's sum runs over them in one
 // order (deterministic mode's invariance holds).  p is rounded to bf16 (to
 // nearest even) for it, as ATen's flash attention on CPU and FlashAttention
-// on GPUs round it for their bf16 matmul (the softmax's sum is then of
-// the rounded p too: prefill_tile).  `vp` as prefill_tile locates it (rows: a key's row;
-// tiles: its pair's first column); `wp` and `pp` are scratch for the step's
-// value pairs [pairs][DIM] and probability pairs [pairs][R].
+// on GPUs round it for their bf16 matmul (the softmax's sum is then of the
+// rounded p too: prefill_tile).  `vp` as prefill_tile locates it (rows: a
+// key's row; tiles: its pair's first column); `wp` and `pp` are scratch for
+// the step's value pairs [pairs][DIM] and probability pairs [pairs][R].
 template <int DIM, int RV>
 inline void weighted_sum_pairs(const at::BFloat16* const* vp, int64_t kt, const float* s,
                                float* ot, const Layout& l, uint32_t* wp, uint32_t* pp) {
@@ -404,7 +404,8 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #ifdef __AVX512BF16__
         // The weighted sum of key pairs takes p in bf16: the sum that divides
         // it is of the same values, so the weights still add up to one (a
-        // row whose one key dominates gets that key's value exactly).
+        // row whose one key dominates gets that key's value, not p's
+        // rounding of it).
         if (pairs) p = bf16_round(p);
 #endif
         _mm512_storeu_ps(sp, p);
