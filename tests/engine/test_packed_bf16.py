@@ -115,6 +115,26 @@ def test_rows_do_not_depend_on_the_rows_beside_them_or_the_threads(path: str) ->
     assert torch.equal(tiled(x[:7], wp, b), together[:7])
 
 
+def test_row_blocks_of_even_size_give_the_bits_of_eights_and_a_tail() -> None:
+    # A chunk of 9 rows multiplied as 5 + 4 (gemm_bf16.cpp, even_blocks) or
+    # as 8 + 1: every element sums the same pairs of K in the same order.
+    even = torch.ops.preempt_serve.set_gemm_even_rows
+    x, w, b = _operands(70, 4160, 576, seed=11)
+    wp = packed_bf16.pack(w)
+    packed_bf16.amx(False)  # the tiles' path has row tiles of its own
+    try:
+        assert even(True)
+        want = {r: packed_bf16.linear(x[:r], wp, b) for r in (9, 11, 17, 19, 25, 70)}
+        _close_to_exact(want[70], x, w, b)
+        assert not even(False)
+        for r, got in want.items():
+            assert torch.equal(packed_bf16.linear(x[:r], wp, b), got), r
+            assert torch.equal(got, want[70][:r]), r
+    finally:
+        even(True)
+        packed_bf16.amx(True)
+
+
 def test_the_next_panels_prefetch_never_changes_the_bits() -> None:
     # Where the next weight panel is prefetched to (or whether it is at
     # all) is chosen by the row chunk's size and the CPU (gemm_bf16.cpp,
