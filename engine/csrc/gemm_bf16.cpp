@@ -67,6 +67,19 @@ std::atomic<int64_t>& row_bytes() {
   static std::atomic<int64_t> bytes{192 * 1024};
   return bytes;
 }
+// Whether a row chunk of more than kRows rows is cut into blocks of even
+// size (9 rows as 5 + 4) rather than of kRows and a tail (8 + 1): a block of
+// one to three rows runs on as few accumulator chains, bound by their
+// latency, and took about as long as a block of eight.  On a Zen 4 core,
+// SmolLM2's projections at 9 / 10 / 11 rows 1.18 / 1.11 / 1.07x, at 17-19
+// 1.07-1.09x, 0.99-1.02x at 12-16 and 24-40 (studies/engine_cpu/README.md,
+// "Row blocks of even size").  set_gemm_even_rows switches it for studies;
+// the bits do not depend on it.
+std::atomic<bool>& even_blocks() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 // Where a row chunk's multiply prefetches the next weight panel's lines
 // (_MM_HINT_T0 3: the L1, T1 2, T2 1; 0: not at all), by the chunk's rows:
 // one, 2-16, 17-47, 48 and more.  The prefetch into the L1 was measured on
@@ -175,19 +188,6 @@ const Kernels& kernels_for(int hint) {
     case 1: return kernels<1>;
     default: return kernels<0>;
   }
-}
-
-// Whether a row chunk of more than kRows rows is cut into blocks of even
-// size (9 rows as 5 + 4) rather than of kRows and a tail (8 + 1): a block of
-// one to three rows runs on as few accumulator chains, bound by their
-// latency, and took about as long as a block of eight.  On a Zen 4 core,
-// SmolLM2's projections at 9 / 10 / 11 rows 1.18 / 1.11 / 1.07x, at 17-19
-// 1.07-1.09x, 0.99-1.02x at 12-16 and 24-40 (studies/engine_cpu/README.md,
-// "Row blocks of even size").  set_gemm_even_rows switches it for studies;
-// the bits do not depend on it.
-std::atomic<bool>& even_blocks() {
-  static std::atomic<bool> on{true};
-  return on;
 }
 
 // Rows [m0, m1) against column vectors [v0, v1) (of 16 columns each), into
