@@ -67,12 +67,13 @@ std::atomic<int64_t>& row_bytes() {
   static std::atomic<int64_t> bytes{192 * 1024};
   return bytes;
 }
+
 // Whether a row chunk of more than kRows rows is cut into blocks of even
 // size (9 rows as 5 + 4) rather than of kRows and a tail (8 + 1): a block of
 // one to three rows runs on as few accumulator chains, bound by their
 // latency, and took about as long as a block of eight.  On a Zen 4 core,
-// SmolLM2's projections at 9 / 10 / 11 rows 1.18 / 1.11 / 1.07x, at 17-19
-// 1.07-1.09x, 0.99-1.02x at 12-16 and 24-40 (studies/engine_cpu/README.md,
+// SmolLM2's projections at 9 / 10 / 11 rows 1.18 / 1.10 / 1.06x, at 17-19
+// 1.08-1.12x, 1.00-1.03x at 12-16 and 24-40 (studies/engine_cpu/README.md,
 // "Row blocks of even size").  set_gemm_even_rows switches it for studies;
 // the bits do not depend on it.
 std::atomic<bool>& even_blocks() {
