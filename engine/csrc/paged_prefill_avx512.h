@@ -236,6 +236,10 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     lsum[v] = _mm512_setzero_ps();
   }
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#ifdef __AVX512BF16__
+  // Read once a tile: every step of it sums its values the same way.
+  const bool pairs = kNativeDot && value_pairs_switch().load(std::memory_order_relaxed);
+#endif
 
   // int32 pairs of dims between a key's 32-dim pieces; a tiles layout's
   // value columns (scalar_t elements apart).
@@ -359,9 +363,6 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
     // exponent, e^(s * scale - m) (on the vectors' scores, x * 1 - m = x - m).
     __m512 alpha[RV];
     bool rescale = false;
-#ifdef __AVX512BF16__
-    const bool pairs = kNativeDot && value_pairs_switch().load(std::memory_order_relaxed);
-#endif
     const __m512 s_scale = _mm512_set1_ps(l.amx ? scale : 1.0f);
     for (int v = 0; v < RV; ++v) {
       // Four running maxima: one would chain every step's loads.
