@@ -24,7 +24,7 @@
 // VDPBF16PS on pairs of keys (weighted_sum_pairs), the probabilities rounded
 // to bf16 for it as ATen's CPU flash attention rounds them: 1.3x the
 // attention's speed on a Zen 4 core (studies/engine_cpu/README.md, "A bf16
-// prompt's weighted sum on pairs of keys").
+// prompt's weighted sum on pairs of keys"); the tiles take p so rounded too.
 // Every sum is in float32.  A build for AVX2 + FMA without AVX512 runs the
 // same scheme on 8-lane vectors (paged_prefill_avx2.h), and the same driver
 // (`prefill_vec`) cuts the chunks into tiles.  Other builds, dtypes and head
@@ -324,10 +324,11 @@ at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& key_cache,
   return out;
 }
 
-// Whether bf16 weighted sums on the vectors take VDPBF16PS on pairs of keys
-// from now on (paged_prefill_avx512.h, weighted_sum_pairs) or float32 FMAs
-// key by key; returns whether this build has the pairs' path (studies and
-// tests run both in one process).
+// Whether bf16 weighted sums take p rounded to bf16 from now on: on the
+// vectors VDPBF16PS on pairs of keys (paged_prefill_avx512.h,
+// weighted_sum_pairs), on AMX tiles one term (paged_prefill_amx.h); else
+// float32 FMAs key by key, or the tiles' two terms.  Returns whether this
+// build has the pairs' path (studies and tests run both in one process).
 bool set_prefill_value_pairs(bool enable) {
 #if defined(PAGED_PREFILL_AVX512) && defined(__AVX512BF16__)
   value_pairs_switch().store(enable);

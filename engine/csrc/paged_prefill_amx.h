@@ -21,10 +21,15 @@
 //    [key][rows] vectors, and V^T built once per call, sequence and KV
 //    head for all of its tiles: a 16-dim column's pairs of keys as 16
 //    words each (the tiles layout's rows as they lie; two rows of the row
-//    layout interleaved), transposed 16 x 16.  P is split
-//    in two bf16 terms as in the decode operator (paged_decode_amx.h): hi,
-//    p's bits cut to bf16's, and lo = bf16(p - hi), each multiplied, so
-//    that p keeps ~16 bits, not 8 (products exact, float32 sums).
+//    layout interleaved), transposed 16 x 16.  P is rounded to bf16 once
+//    (to nearest even), as the vectors' key pairs take it
+//    (paged_prefill_avx512.h, weighted_sum_pairs) and ATen's CPU flash
+//    attention does: one product a 32-key part and 16 dims, 1.06-1.10x the
+//    operator's speed of the two terms the decode operator keeps
+//    (paged_decode_amx.h: hi, p's bits cut to bf16's, and lo = bf16(p -
+//    hi), each multiplied, so that p keeps ~16 bits), which
+//    set_prefill_value_pairs(false) brings back (products exact, float32
+//    sums either way).
 // The softmax stays on the vectors (the scores' scale folded into its
 // exponent; paged_prefill_avx512.h).
 //
@@ -151,14 +156,16 @@ inline void values_transposed(const T* const* vp, int64_t kt, bool tiles, int64_
 
 // Probabilities of one row vector for a step's keys (s: the vector's
 // scores, rows R floats apart; keys past kt and masked ones weigh 0),
-// e^(s * scale - m), as the right-hand tiles' two terms, written over the
+// e^(s * scale - m), as the right-hand tiles' terms, written over the
 // scores up to the last 32-key part's end: the pair of keys w's hi words
-// in row 2w, its lo words in row 2w + 1 (rows whose scores were read), hi =
-// p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi) rounded to
-// nearest even.  Returns their float32 sum: four running sums (key t in
-// sum t % 4, so that the additions' latency does not chain the step), added
-// at the end.
-template <int RV>
+// in row 2w, with TWO its lo words in row 2w + 1 (rows whose scores were
+// read), hi = p's bits cut to bf16's (p - hi exact), lo = bf16(p - hi)
+// rounded to nearest even; without TWO, p rounded to bf16 to nearest even
+// in row 2w alone, as the vectors' key pairs take it.  Returns the float32
+// sum of what the tiles weigh (p, or without TWO p's rounding, so that the
+// weights still add up to one): four running sums (key t in sum t % 4, so
+// that the additions' latency does not chain the step), added at the end.
+template <int RV, bool TWO>
 inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
   constexpr int R = 16 * RV;
   const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
@@ -182,10 +189,19 @@ inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
       } else {
         p[h] = _mm512_setzero_ps();
       }
+      if constexpr (!TWO) {
+        const __m256i b = (__m256i)_mm512_cvtneps_pbh(p[h]);
+        p[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+      }
       sum[h] = _mm512_add_ps(sum[h], p[h]);
     }
     for (int k = 0; k < 2; ++k) {
       const int64_t w = 2 * i + k;
+      if constexpr (!TWO) {  // p already bf16's: the conversion is exact
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[2 * k + 1], p[2 * k]);
+        _mm512_storeu_si512(s + 2 * w * R, _mm512_permutexvar_epi16(pairs, both));
+        continue;
+      }
       const __m512i e = _mm512_castps_si512(p[2 * k]), o = _mm512_castps_si512(p[2 * k + 1]);
       const __m512i eh = _mm512_and_si512(e, top), oh = _mm512_and_si512(o, top);
       _mm512_storeu_si512(s + 2 * w * R, _mm512_or_si512(_mm512_srli_epi32(e, 16), oh));
@@ -199,22 +215,23 @@ inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
 }
 
 // ot [DIM][R] += V^T . p over a step's keys [0, kt) (vt from
-// values_transposed, p: p's terms from probabilities, in the scores' rows).
-// Per row tile and four (or two) 16-dim columns, the output tiles stay in 0-3
-// through the step's 32-key parts, loaded and stored once; 4 and 7 hold
-// V^T's columns by turns, 5 and 6 p's two terms.  An output sum adds its
-// parts in order, hi then lo in each.
-template <int DIM, int RV>
+// values_transposed, p: p's terms from probabilities<RV, TWO>, in the
+// scores' rows).  Per row tile and four (or two) 16-dim columns, the output
+// tiles stay in 0-3 through the step's 32-key parts, loaded and stored
+// once; 4 and 7 hold V^T's columns by turns, 5 and 6 p's two terms (5
+// alone without TWO).  An output sum adds its parts in order, hi then lo in
+// each.
+template <int DIM, int RV, bool TWO>
 inline void weighted_sum(const uint32_t* vt, int64_t kt, const float* p, float* ot) {
   constexpr int R = 16 * RV;
   constexpr int N = DIM / 16;
   constexpr int64_t ld = R * static_cast<int64_t>(sizeof(float));
   const int64_t parts = (kt + 31) / 32;
 // Output tile C += V^T's column at a (into tile A) . p's terms.
-#define PS_PV(C, A, a)      \
-  _tile_loadd(A, a, 64);    \
-  _tile_dpbf16ps(C, A, 5);  \
-  _tile_dpbf16ps(C, A, 6);
+#define PS_PV(C, A, a)                 \
+  _tile_loadd(A, a, 64);               \
+  _tile_dpbf16ps(C, A, 5);             \
+  if constexpr (TWO) _tile_dpbf16ps(C, A, 6);
   for (int v = 0; v < RV; ++v) {
     float* o = ot + 16 * v;
     for (int n = 0; n < N; n += 4) {
@@ -227,7 +244,7 @@ inline void weighted_sum(const uint32_t* vt, int64_t kt, const float* p, float* 
       }
       for (int64_t k = 0; k < parts; ++k) {
         _tile_loadd(5, p + 32 * k * R + 16 * v, 2 * ld);
-        _tile_loadd(6, p + (32 * k + 1) * R + 16 * v, 2 * ld);
+        if constexpr (TWO) _tile_loadd(6, p + (32 * k + 1) * R + 16 * v, 2 * ld);
         const uint32_t* a = vt + k * DIM * 16 + n * 256;
         PS_PV(0, 4, a)
         PS_PV(1, 7, a + 256)

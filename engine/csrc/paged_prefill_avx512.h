@@ -80,8 +80,9 @@ void values_of_sequence(const at::BFloat16* vc, const int64_t* table, int64_t ct
 
 #ifdef __AVX512BF16__
 // Whether bf16 weighted sums take VDPBF16PS on pairs of keys (`weighted_sum_pairs`)
-// rather than float32 FMAs key by key (preempt_serve::set_prefill_value_pairs:
-// studies time both in one process).
+// rather than float32 FMAs key by key, and on AMX tiles p in one bf16 term
+// rather than two (preempt_serve::set_prefill_value_pairs: studies time both
+// in one process).
 inline std::atomic<bool>& value_pairs_switch() {
   static std::atomic<bool> on{true};
   return on;
@@ -389,10 +390,11 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       __m512 psum = _mm512_setzero_ps();
 #ifdef PAGED_PREFILL_AMX
       if constexpr (kNativeDot) {
-        if (l.amx) {  // p straight into the tiles' two bf16 terms
-          lsum[v] = _mm512_fmadd_ps(
-              lsum[v], alpha[v],
-              paged_prefill_amx::probabilities<RV>(s + 16 * v, kt, s_scale, mx));
+        if (l.amx) {  // p straight into the tiles' bf16 terms: one with pairs, else two
+          const __m512 sum =
+              pairs ? paged_prefill_amx::probabilities<RV, false>(s + 16 * v, kt, s_scale, mx)
+                    : paged_prefill_amx::probabilities<RV, true>(s + 16 * v, kt, s_scale, mx);
+          lsum[v] = _mm512_fmadd_ps(lsum[v], alpha[v], sum);
           continue;
         }
       }
@@ -427,7 +429,12 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
       if (l.amx) {  // on AMX tiles (paged_prefill_amx.h)
         // Keys in [kt, the part's end) that the sequence has weigh p = 0
         // against finite values (its cache up to its context is written).
-        paged_prefill_amx::weighted_sum<DIM, RV>(sc.vt + j0 / 32 * DIM * 16, kt, s, ot);
+        const uint32_t* vt = sc.vt + j0 / 32 * DIM * 16;
+        if (pairs) {
+          paged_prefill_amx::weighted_sum<DIM, RV, false>(vt, kt, s, ot);
+        } else {
+          paged_prefill_amx::weighted_sum<DIM, RV, true>(vt, kt, s, ot);
+        }
         continue;
       }
     }

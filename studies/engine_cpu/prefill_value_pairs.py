@@ -2,7 +2,9 @@
 instruction, against float32 FMAs key by key (engine/csrc/
 paged_prefill_avx512.h, `weighted_sum_pairs`; switched in one process by
 `preempt_serve::set_prefill_value_pairs`), one CPU thread, each pair of
-ways alternated round by round (medians of `--rounds`):
+ways alternated round by round (medians of `--rounds`).  On a CPU with AMX
+the same switch sets how the tiles take p (paged_prefill_amx.h): one bf16
+term ("pairs" below) or two ("fma"):
 
 - the attention alone, one layer of SmolLM2's shape (9 query heads, 3 KV
   heads, head dim 64, blocks of 16 at random places in a cache four times

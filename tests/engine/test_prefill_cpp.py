@@ -97,14 +97,13 @@ def scores_on(request: pytest.FixtureRequest) -> Iterator[str]:
         cpp.decode_amx(True)
 
 
-def _bf16_bound(scores_on: str, dim: int = 64, bs: int = 16) -> float:
+def _bf16_bound(scores_on: str) -> float:
     """The absolute part of a bf16 output's error bound (beside 2^-8 of its
-    size): the tiles keep p to ~16 bits in two bf16 terms; the vectors'
-    pairs of keys round it once (2^-9 relative, `test_value_pairs_...`).
-    The tiles take blocks of a multiple of 16 tokens and head dims of a
-    multiple of 32 (paged_prefill_amx.h); other shapes run on the vectors."""
-    on_tiles = scores_on == "tiles" and bs % 16 == 0 and dim % 32 == 0
-    return 2e-3 if on_tiles or not _value_pairs() else 5e-3
+    size): p rounded once to bf16 for the weighted sum, as the vectors' key
+    pairs and the tiles' one term take it (2^-9 relative,
+    `test_p_rounded_once_stays_near_the_finer_sums`), else kept to ~16 bits
+    in the tiles' two terms or to float32 in the vectors' FMAs."""
+    return 5e-3 if _value_pairs() else 2e-3
 
 
 def _value_pairs(on: bool = True) -> bool:
@@ -124,34 +123,33 @@ def test_prefill_bfloat16_within_its_rounding(heads: int, kv_heads: int, dim: in
     got = _call(q, keys, values, tables, CHUNKS).double()
     ref = _reference(q, keys, values, tables, CHUNKS)
     assert got.dtype == torch.float64 and got.shape == ref.shape
-    assert ((got - ref).abs() <= ref.abs() * 2**-8 + _bf16_bound(scores_on, dim, bs)).all()
+    assert ((got - ref).abs() <= ref.abs() * 2**-8 + _bf16_bound(scores_on)).all()
 
 
 @needs_cxx
 @pytest.mark.parametrize("heads,kv_heads,dim,bs", [s for s in SHAPES if s[2] % 32 == 0])
-def test_value_pairs_round_p_once_and_stay_near_the_fma_sums(heads: int, kv_heads: int,
-                                                             dim: int, bs: int) -> None:
-    # On VDPBF16PS two keys' values go in one instruction, p rounded to bf16
-    # for it; key by key in float32 FMAs p stays float32.  Both ways within
-    # their bounds, the pairs' error a little larger, and the path switched.
-    if cpp.decode_amx(False):
-        pytest.fail("the tiles stayed on")
+def test_p_rounded_once_stays_near_the_finer_sums(heads: int, kv_heads: int, dim: int,
+                                                  bs: int, scores_on: str) -> None:
+    # set_prefill_value_pairs: on VDPBF16PS two keys' values go in one
+    # instruction, on the tiles p goes in one bf16 term, p rounded to bf16
+    # for either; off, p stays float32 (the vectors' FMAs, key by key) or
+    # ~16 bits (the tiles' two terms).  Both ways within their bounds, the
+    # rounded p's error a little larger, and the path switched.
     try:
         if not _value_pairs(True):
             pytest.skip("no VDPBF16PS build of the C++ operators here")
         q, keys, values, tables = _case(CHUNKS, heads, kv_heads, dim, bs, dtype=torch.bfloat16)
         ref = _reference(q, keys, values, tables, CHUNKS)
-        pairs = _call(q, keys, values, tables, CHUNKS).double()
+        once = _call(q, keys, values, tables, CHUNKS).double()
         _value_pairs(False)
-        fma = _call(q, keys, values, tables, CHUNKS).double()
+        finer = _call(q, keys, values, tables, CHUNKS).double()
     finally:
         _value_pairs(True)
-        cpp.decode_amx(True)
-    assert ((fma - ref).abs() <= ref.abs() * 2**-8 + 2e-3).all()
-    assert ((pairs - ref).abs() <= ref.abs() * 2**-8 + 5e-3).all()
-    assert not torch.equal(pairs, fma)
+    assert ((finer - ref).abs() <= ref.abs() * 2**-8 + 2e-3).all()
+    assert ((once - ref).abs() <= ref.abs() * 2**-8 + 5e-3).all()
+    assert not torch.equal(once, finer)
     rel = lambda got: ((got - ref).abs() / (ref.abs() + 1e-3)).median().item()  # noqa: E731
-    assert rel(fma) <= rel(pairs) < 3 * rel(fma) + 1e-4
+    assert rel(finer) <= rel(once) < 3 * rel(finer) + 1e-4
 
 
 @needs_cxx
@@ -206,25 +204,30 @@ def test_bfloat16_chunks_agree_with_the_whole_prompt(scores_on: str) -> None:
 
 @needs_cxx
 def test_the_products_take_the_tiles_where_the_build_has_them() -> None:
-    # Their rounding differs from the vectors' float32 FMA sums in a few
-    # elements (by one rounding step of the output, p kept to ~16 bits in
-    # two bf16 terms; a single term, as the vectors' key pairs take it,
-    # moves about half of them): both are within the bf16 bound above, and
-    # which one ran shows.
+    # With p kept fine (the tiles' two bf16 terms, ~16 bits; the vectors'
+    # float32 FMAs) their rounding differs in a few elements, by one rounding
+    # step of the output; with p rounded once to bf16 on both (the tiles' one
+    # term, the vectors' key pairs) in fewer still.  All within the bf16
+    # bound above, and which path ran shows.
     q, keys, values, tables = _case(CHUNKS, 9, 3, 64, 16, dtype=torch.bfloat16)
     if not cpp.decode_amx(True):
         pytest.skip("no AMX path in this build of the C++ operators")
+    got: dict[tuple[bool, bool], torch.Tensor] = {}
     try:
-        tiles = _call(q, keys, values, tables, CHUNKS)
-        assert not cpp.decode_amx(False)
-        _value_pairs(False)
-        vectors = _call(q, keys, values, tables, CHUNKS)
+        for fine in (True, False):
+            _value_pairs(not fine)
+            for tiles in (True, False):
+                assert cpp.decode_amx(tiles) == tiles
+                got[fine, tiles] = _call(q, keys, values, tables, CHUNKS)
     finally:
         cpp.decode_amx(True)
         _value_pairs(True)
-    assert not torch.equal(tiles, vectors)
-    assert (tiles != vectors).double().mean() < 0.02
-    assert (tiles.double() - vectors.double()).abs().max() < 0.02
+    for fine in (True, False):
+        tiles, vectors = got[fine, True], got[fine, False]
+        assert (tiles != vectors).double().mean() < 0.02
+        assert (tiles.double() - vectors.double()).abs().max() < 0.02
+    assert not torch.equal(got[True, True], got[True, False])
+    assert not torch.equal(got[True, True], got[False, True])
 
 
 @needs_cxx
