@@ -40,6 +40,17 @@ void silu_mul_rows(const T* y, int64_t stride, int64_t rows, int64_t n, T* out) 
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
         using namespace preempt_serve_vec;
         const __m512 one = _mm512_set1_ps(1.0f);
+        // Two vectors a turn: their exps and divisions overlap (1.1-1.3x the
+        // operator on a Xeon with AMX, studies/engine_cpu/README.md).
+        for (; j + 32 <= n; j += 32) {
+          const __m512 x0 = load16(g + j), x1 = load16(g + j + 16);
+          const __m512 e0 = Sleef_expf16_u10(negate16(x0));
+          const __m512 e1 = Sleef_expf16_u10(negate16(x1));
+          const __m512 s0 = round16<T>(_mm512_div_ps(x0, _mm512_add_ps(one, e0)));
+          const __m512 s1 = round16<T>(_mm512_div_ps(x1, _mm512_add_ps(one, e1)));
+          store16(o + j, _mm512_mul_ps(s0, load16(u + j)));
+          store16(o + j + 16, _mm512_mul_ps(s1, load16(u + j + 16)));
+        }
         for (; j < n; j += 16) {
           const int64_t left = n - j;
           const __m512 x = left >= 16 ? load16(g + j) : load16(g + j, left);
