@@ -189,10 +189,7 @@ inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
       } else {
         p[h] = _mm512_setzero_ps();
       }
-      if constexpr (!TWO) {
-        const __m256i b = (__m256i)_mm512_cvtneps_pbh(p[h]);
-        p[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-      }
+      if constexpr (!TWO) p[h] = preempt_serve_vec::bf16_round(p[h]);
       sum[h] = _mm512_add_ps(sum[h], p[h]);
     }
     for (int k = 0; k < 2; ++k) {

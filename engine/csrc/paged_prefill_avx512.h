@@ -88,11 +88,7 @@ inline std::atomic<bool>& value_pairs_switch() {
   return on;
 }
 
-// p rounded to bf16 to nearest even, widened back.
-inline __m512 bf16_round(__m512 p) {
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+using preempt_serve_vec::bf16_round;
 
 // ot[d][rows] += sum over the step's keys of v[t][d] * p[t][rows] on
 // VDPBF16PS, two keys an instruction: key pairs (2i, 2i + 1) from the step's

@@ -81,6 +81,15 @@ inline __m512 round16(__m512 x) {
   }
 }
 
+#ifdef __AVX512BF16__
+// x rounded to bf16 to nearest even and widened again, on the CPU's own
+// conversion (round16<at::BFloat16> for x that is not NaN).
+inline __m512 bf16_round(__m512 x) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 template <typename T>
 inline void store16(T* p, __m512 x) {
   if constexpr (std::is_same_v<T, float>) {
