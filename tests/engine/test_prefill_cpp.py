@@ -97,7 +97,7 @@ def scores_on(request: pytest.FixtureRequest) -> Iterator[str]:
         cpp.decode_amx(True)
 
 
-def _bf16_bound(scores_on: str) -> float:
+def _bf16_bound() -> float:
     """The absolute part of a bf16 output's error bound (beside 2^-8 of its
     size): p rounded once to bf16 for the weighted sum, as the vectors' key
     pairs and the tiles' one term take it (2^-9 relative,
@@ -123,7 +123,7 @@ def test_prefill_bfloat16_within_its_rounding(heads: int, kv_heads: int, dim: in
     got = _call(q, keys, values, tables, CHUNKS).double()
     ref = _reference(q, keys, values, tables, CHUNKS)
     assert got.dtype == torch.float64 and got.shape == ref.shape
-    assert ((got - ref).abs() <= ref.abs() * 2**-8 + _bf16_bound(scores_on)).all()
+    assert ((got - ref).abs() <= ref.abs() * 2**-8 + _bf16_bound()).all()
 
 
 @needs_cxx
@@ -176,7 +176,7 @@ def test_bfloat16_keeps_extreme_scores(scores_on: str) -> None:
     got = _call(q, keys, values, tables, chunks).double()
     ref = _reference(q, keys, values, tables, chunks)
     assert ref.abs().max() > 1.0
-    assert ((got - ref).abs() <= ref.abs() * 2**-8 + _bf16_bound(scores_on)).all()
+    assert ((got - ref).abs() <= ref.abs() * 2**-8 + _bf16_bound()).all()
 
 
 @needs_cxx
