@@ -7,7 +7,8 @@ on a CPU, a win on GPUs), and so are gate and up: on oneDNN-packed bf16
 weights read from memory one GEMM of both is 1.05–1.1× the two at 8–96 rows
 (studies/engine_cpu/layer_ops.py), level with them in float32 on MKL.  On an
 AVX512 CPU (on an AVX2 one in float32), SiLU and the product read the two
-halves in one C++ operator (engine/csrc/silu_mul.cpp), and in bf16 each
+halves in one C++ operator (engine/csrc/silu_mul.cpp; in bf16 silu looked up
+in a table of its result for each of the 65,536 gates), and in bf16 each
 residual sum is one operator with the norm that follows it
 (norm_rotary.cpp), with ATen's roundings: the same bits as the op-by-op
 forward in bf16.  Where a step's attention is the C++ decode and prefill

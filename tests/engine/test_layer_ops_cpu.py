@@ -67,6 +67,28 @@ def test_silu_mul_is_the_op_by_op_product(dtype: torch.dtype, rows: int, n: int)
                                    rtol=2 ** -7, atol=0.0)
 
 
+@pytest.mark.parametrize("by_table", [True, False])
+def test_every_bf16_gate_gives_atens_silu(by_table: bool) -> None:
+    if not ops.set_silu_by_table(by_table):
+        pytest.skip("bf16 SiLU × up runs in vectors (by table) on AVX512 builds only")
+    # The AVX512 build looks silu(gate) up in a table of all 65,536 bf16
+    # gates, or computes it (the switch, for studies): each gate times a
+    # random up, both ways (rows' tails: the test above, by table).
+    try:
+        gates = torch.arange(-(2 ** 15), 2 ** 15, dtype=torch.int16).view(torch.bfloat16)
+        gen = torch.Generator().manual_seed(0)
+        ups = (torch.randn(gates.numel(), generator=gen) * 4).to(torch.bfloat16)
+        gate, up = gates.view(-1, 128), ups.view(-1, 128)
+        got = ops.silu_mul(torch.cat([gate, up], dim=1))
+        tail = ops.silu_mul(torch.cat([gate[:, :37], up[:, :37]], dim=1))
+    finally:
+        ops.set_silu_by_table(True)
+    want = F.silu(gate) * up
+    assert bool((got.isnan() == want.isnan()).all())
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+    assert torch.equal(tail.nan_to_num(0.0), want[:, :37].nan_to_num(0.0))
+
+
 def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """How many float32 values lie between `a` and `b`, element-wise (NaN as 0)."""
     def ordered(t: torch.Tensor) -> torch.Tensor:
