@@ -84,7 +84,8 @@ void silu_mul_bf16_row(const at::BFloat16* g, const at::BFloat16* u, int64_t n,
   if (j < n) {
     // Lanes past the row's end look up entry 0 and are not stored.
     const int64_t left = n - j;
-    const __m256i gates = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << left) - 1u), g + j);
+    const __mmask16 m = static_cast<__mmask16>((1u << left) - 1u);
+    const __m256i gates = _mm256_maskz_loadu_epi16(m, g + j);
     store16(o + j, _mm512_mul_ps(silu(gates), load16(u + j, left)), left);
   }
 }

@@ -73,7 +73,7 @@ def test_every_bf16_gate_gives_atens_silu(by_table: bool) -> None:
         pytest.skip("bf16 SiLU × up runs in vectors (by table) on AVX512 builds only")
     # The AVX512 build looks silu(gate) up in a table of all 65,536 bf16
     # gates, or computes it (the switch, for studies): each gate times a
-    # random up, both ways (rows' tails: the test above, by table).
+    # random up, both ways, in rows of 128 and in rows of 37 (a tail).
     try:
         gates = torch.arange(-(2 ** 15), 2 ** 15, dtype=torch.int16).view(torch.bfloat16)
         gen = torch.Generator().manual_seed(0)
