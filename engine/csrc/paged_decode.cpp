@@ -789,6 +789,18 @@ bool set_decode_amx(bool enable) {
 #endif
 }
 
+// Whether AMX decodes take p as one bf16 term (else two) from now on;
+// returns whether this build has the AMX path.
+bool set_decode_value_terms(bool one) {
+#ifdef PAGED_DECODE_AMX
+  preempt_serve_amx::one_term_switch().store(one);
+  return true;
+#else
+  (void)one;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(preempt_serve, m) {
@@ -799,6 +811,7 @@ TORCH_LIBRARY(preempt_serve, m) {
       "paged_decode_tiles(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
       "Tensor table_starts, Tensor context_lens, float scale) -> Tensor");
   m.def("set_decode_amx(bool enable) -> bool", &set_decode_amx);
+  m.def("set_decode_value_terms(bool one) -> bool", &set_decode_value_terms);
   m.def("tiles_decodable(int group, int block_size, int head_dim) -> bool", &tiles_decodable);
 }
 

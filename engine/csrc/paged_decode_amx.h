@@ -19,10 +19,14 @@
 //  2. the softmax over the whole context at once, in float32;
 //  3. O[group x 16 dims] += P[group x 32 keys] . V[32 keys x 16 dims], the
 //     values interleaved by pairs of keys into the right-hand tile's layout
-//     (two unpacks per pair of rows and 32 dims), P as bfloat16.  P is split
-//     in two bfloat16 terms, hi = bf16(p) and lo = bf16(p - hi), each
-//     multiplied: p's 24-bit mantissa keeps ~16 bits, not 8, so the sum is
-//     within the float32 path's accuracy (products exact, float32 sums).
+//     (two unpacks per pair of rows and 32 dims), P as bfloat16: p rounded
+//     once (to nearest even, the softmax's sum over the rounded values), as
+//     the prefill operator and ATen's CPU flash attention take it; one
+//     product a 32-key step and 16 dims (1.04-1.14x the operator, 1.02-1.06x
+//     a decode step, studies/engine_cpu/decode_value_terms.py).
+//     set_decode_value_terms(false) brings back two terms, hi = bf16(p) and
+//     lo = bf16(p - hi), each multiplied: p keeps ~16 bits, not 8, and the
+//     sum the float32 path's accuracy (products exact, float32 sums).
 // Every key block must hold a multiple of 16 tokens (one tile of keys lies
 // within a block); other block sizes and float32 take decode_avx512.
 //
@@ -93,12 +97,20 @@ struct alignas(64) TileConfig {
 // it into the instruction's text).  Pass 1: tiles 0 and 1 take the scores
 // of alternate 16-key chunks, 2 and 3 the keys, 4-7 the group's queries
 // (a 32-dim piece each; rows of dim pairs, a column per head).  Pass 3:
-// tiles 0-3 sum four 16-dim columns of the output (a row per head), 4 and
-// 5 hold p's two terms for 32 keys, 6 and 7 the values (rows of key pairs).
+// tiles 0-3 sum four 16-dim columns of the output (a row per head), 4 (and
+// 5, with two terms) p for 32 keys, 6 and 7 the values (rows of key pairs).
 
 // GCC 12 dropped some of a configuration's stores before the ldtilecfg
 // that reads them (found as a fault on an all-zero column width): the
 // barrier makes every store land first.
+// Whether the weighted sum takes p as one bf16 term (rounded to nearest
+// even, the softmax's sum over the rounded values) rather than two
+// (preempt_serve::set_decode_value_terms: studies time both in one process).
+inline std::atomic<bool>& one_term_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 inline void load_config(const TileConfig& cfg) {
   asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
@@ -257,6 +269,7 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
   const int64_t k_piece = TILES ? block_size * 32 : 32;
   // Keys a step of the weighted sum takes: a value tile lies within a block.
   const int64_t v_keys = TILES && block_size % 32 != 0 ? 16 : 32;
+  const bool one_term = one_term_switch().load(std::memory_order_relaxed);
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     // Per KV head and piece, the right-hand tile of the queries: row r,
     // column g = the pair of dims (32c + 2r, 32c + 2r + 1) of head g.
@@ -383,11 +396,15 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
           const __m512 p = _mm512_maskz_mov_ps(
               live, preempt_serve_vec::exp_nonpositive16(
                         _mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), m)));
-          sum = _mm512_add_ps(sum, p);
           const __m256i hi = (__m256i)_mm512_cvtneps_pbh(p);
-          const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p, widen16(hi)));
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ph + j), hi);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pl + j), lo);
+          if (one_term) {
+            sum = _mm512_add_ps(sum, widen16(hi));
+          } else {
+            sum = _mm512_add_ps(sum, p);
+            const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p, widen16(hi)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pl + j), lo);
+          }
         }
         inv[h] = 1.0f / _mm512_reduce_add_ps(sum);
       }
@@ -447,14 +464,14 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
               interleave_values<P>(rows, 2 * cg, vt);
             }
             _tile_loadd(4, hi_buf.data() + h0 * padded + j0, p_stride);
-            _tile_loadd(5, lo_buf.data() + h0 * padded + j0, p_stride);
-// Output tile OUT += p's two terms (tiles 4, 5) . the values vsrc[n],
-// loaded into tile V (6 and 7 alternate, so that one loads while the other
-// multiplies).
-#define PS_ACCUMULATE(OUT, V, n)        \
-  _tile_loadd(V, vsrc[n], 64);          \
-  _tile_dpbf16ps(OUT, 4, V);            \
-  _tile_dpbf16ps(OUT, 5, V);
+            if (!one_term) _tile_loadd(5, lo_buf.data() + h0 * padded + j0, p_stride);
+// Output tile OUT += p's one or two terms (tiles 4, 5) . the values
+// vsrc[n], loaded into tile V (6 and 7 alternate, so that one loads while
+// the other multiplies).
+#define PS_ACCUMULATE(OUT, V, n)           \
+  _tile_loadd(V, vsrc[n], 64);             \
+  _tile_dpbf16ps(OUT, 4, V);               \
+  if (!one_term) _tile_dpbf16ps(OUT, 5, V);
             PS_ACCUMULATE(0, 6, 0)
             PS_ACCUMULATE(1, 7, 1)
             if (four) {

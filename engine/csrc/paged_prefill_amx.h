@@ -25,11 +25,11 @@
 //    (to nearest even), as the vectors' key pairs take it
 //    (paged_prefill_avx512.h, weighted_sum_pairs) and ATen's CPU flash
 //    attention does: one product a 32-key part and 16 dims, 1.07-1.23x the
-//    operator's speed of the two terms the decode operator keeps
-//    (paged_decode_amx.h: hi, p's bits cut to bf16's, and lo = bf16(p -
-//    hi), each multiplied, so that p keeps ~16 bits), which
+//    operator's speed of two terms (hi, p's bits cut to bf16's, and lo =
+//    bf16(p - hi), each multiplied, so that p keeps ~16 bits), which
 //    set_prefill_value_pairs(false) brings back (products exact, float32
-//    sums either way).
+//    sums either way); the decode operator takes p the same way
+//    (paged_decode_amx.h).
 // The softmax stays on the vectors (the scores' scale folded into its
 // exponent; paged_prefill_avx512.h).
 //

@@ -274,17 +274,32 @@ def test_amx_path_matches_dense_attention_and_the_vector_path(
     q, keys, values, tables = _case(contexts, heads, kv_heads, dim, bs)
     args = (q.bfloat16(), keys.bfloat16(), values.bfloat16(), tables, contexts)
     assert cpp.decode_amx(True)  # this CPU has AMX: bf16 decodes must take it
-    tiles = _call(*args)
+    assert torch.ops.preempt_serve.set_decode_value_terms(True)
+    try:
+        tiles = _call(*args)
+        torch.ops.preempt_serve.set_decode_value_terms(False)
+        two_terms = _call(*args)
+    finally:
+        torch.ops.preempt_serve.set_decode_value_terms(True)
     want = _reference(*(t.float() for t in args[:3]), tables, contexts)
     torch.testing.assert_close(tiles.double(), want, rtol=8e-3, atol=8e-3)
     assert not cpp.decode_amx(False)
     vectors = _call(*args)
-    # p's two bf16 terms keep the weighted sum at the vector path's accuracy:
-    # the two differ by the output's last bf16 bit, and rarely (where a sum
-    # of terms near 1 cancels to near 0, by what float32 sums leave, ~1e-5).
-    diff = (tiles.float() - vectors.float()).abs()
+    # p's two bf16 terms (the switch, for studies) keep the weighted sum at
+    # the vector path's accuracy: the two differ by the output's last bf16
+    # bit, and rarely (where a sum of terms near 1 cancels to near 0, by
+    # what float32 sums leave, ~1e-5).
+    diff = (two_terms.float() - vectors.float()).abs()
     assert (diff <= vectors.float().abs() * 2**-7 + 1e-4).all()
     assert (diff > 0).float().mean() < 0.02
+    # p rounded once to bf16 (the default, as the prefill operator takes it):
+    # 2^-9 of each weight, a little more error against the exact sums, never
+    # more than the prefill operator's bound.
+    err = lambda got: (got.double() - want).abs()  # noqa: E731
+    assert (err(tiles) <= want.abs() * 2**-8 + 5e-3).all()
+    assert not torch.equal(tiles, two_terms)
+    rel = lambda got: (err(got) / (want.abs() + 1e-3)).median().item()  # noqa: E731
+    assert rel(two_terms) <= rel(tiles) < 3 * rel(two_terms) + 1e-4
 
 
 @needs_amx
