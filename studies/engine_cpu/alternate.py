@@ -1,10 +1,13 @@
 """Two configurations of our engine timed alternately, run by run, so that
-a neighbour process on the shared host slows both alike."""
+a neighbour process on the shared host slows both alike: two engines
+(`engines`, `alternate`), or one engine's switch thrown between runs
+(`switched`)."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -69,4 +72,24 @@ def _row(kind: str, size: int, tokens: int, times: dict[str, list[float]]) -> di
     row["ratio"] = round(tps[names[1]] / tps[names[0]], 3)
     print(f"{kind} {size}: " + ", ".join(f"{k} {tps[k]:.1f} tok/s" for k in names)
           + f" ({row['ratio']:.2f}x)", flush=True)
+    return row
+
+
+def switched(ways: Sequence[tuple[str, bool]], switch: Callable[[bool], object],
+             run: Callable[[], float], rounds: int, warmup: int = 0,
+             digits: int = 3) -> dict[str, float]:
+    """`run` (returning ms) under each of two ways, `switch(on)` before
+    each; the ways swap places every round so that neither always runs
+    first; the first `warmup` rounds untimed.  The medians (`<way>_ms`) and
+    the first way's over the second's (`speedup`)."""
+    times: dict[str, list[float]] = {w: [] for w, _ in ways}
+    for r in range(warmup + rounds):
+        for way, on in (ways if r % 2 == 0 else ways[::-1]):
+            switch(on)
+            elapsed = run()
+            if r >= warmup:
+                times[way].append(elapsed)
+    row = {f"{w}_ms": round(statistics.median(ts), digits) for w, ts in times.items()}
+    first, second = (w for w, _ in ways)
+    row["speedup"] = round(row[f"{first}_ms"] / row[f"{second}_ms"], 3)
     return row

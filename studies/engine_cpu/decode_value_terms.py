@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ import torch
 from bench.engine_bench import OursBench
 from bench.engine_bench import parse_args as engine_args
 from bench.report import machine_meta, write_report
+from studies.engine_cpu.alternate import switched
 from engine.attention_cpp import decode_amx, load_kernel
 from studies.engine_cpu.decode_op import _case
 
@@ -37,19 +37,6 @@ WAYS = (("two", False), ("one", True))
 
 def _one_term(on: bool) -> bool:
     return bool(torch.ops.preempt_serve.set_decode_value_terms(on))
-
-
-def _alternated(run: Callable[[], float], rounds: int) -> dict[str, float]:
-    """Median ms of `run` (returning ms) each way; the ways swap places
-    every round, so that neither always runs first."""
-    times: dict[str, list[float]] = {"two": [], "one": []}
-    for r in range(rounds):
-        for way, on in (WAYS if r % 2 == 0 else WAYS[::-1]):
-            _one_term(on)
-            times[way].append(run())
-    row = {f"{w}_ms": round(statistics.median(ts), 3) for w, ts in times.items()}
-    row["speedup"] = round(row["two_ms"] / row["one_ms"], 3)
-    return row
 
 
 def _op_rows(batch: int, contexts: list[int], rounds: int) -> list[dict]:
@@ -73,7 +60,7 @@ def _op_rows(batch: int, contexts: list[int], rounds: int) -> list[dict]:
                 return (time.perf_counter() - t) / 5 * 1e3
 
             rows.append({"kv": "hot" if hot else "cold", "batch": batch, "context": ctx,
-                         **_alternated(timed, rounds),
+                         **switched(WAYS, _one_term, timed, rounds),
                          "max_abs_diff": round((outs["one"] - outs["two"]).abs().max().item(), 5)})
             print(rows[-1], flush=True)
     return rows
@@ -89,8 +76,9 @@ def _step_rows(batches: list[int], rounds: int) -> list[dict]:
     for b in batches:
         step = bench.start_decode([(5 * i + 300) % 40000 + 100 for i in range(256)], b)
         # Each round's figure: the median of 4 steps.
-        rows.append({"batch": b, "context": 256, **_alternated(
-            lambda: statistics.median(step() for _ in range(4)) * 1e3, rounds)})
+        rows.append({"batch": b, "context": 256, **switched(
+            WAYS, _one_term, lambda: statistics.median(step() for _ in range(4)) * 1e3,
+            rounds)})
         print(rows[-1], flush=True)
     return rows
 

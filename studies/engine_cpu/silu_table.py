@@ -31,6 +31,7 @@ import engine.attention_cpp as cpp
 from bench.engine_bench import OursBench
 from bench.engine_bench import parse_args as engine_args
 from bench.report import machine_meta, write_report
+from studies.engine_cpu.alternate import switched
 
 INTER = 1536
 WAYS = (("computed", False), ("table", True))
@@ -75,20 +76,6 @@ def _op_rows(rows_list: list[int], rounds: int) -> list[dict]:
     return out
 
 
-def _alternated(run: Callable[[], float], rounds: int) -> dict[str, float]:
-    """Median ms of `run` (returning seconds) each way, a first round to warm up."""
-    times: dict[str, list[float]] = {"computed": [], "table": []}
-    for r in range(rounds + 1):
-        for way, on in _ways(r):
-            _table(on)
-            elapsed = run()
-            if r:
-                times[way].append(elapsed * 1e3)
-    row = {f"{w}_ms": round(statistics.median(ts), 2) for w, ts in times.items()}
-    row["speedup"] = round(row["computed_ms"] / row["table_ms"], 3)
-    return row
-
-
 def _step_rows(lens: list[int], batches: list[int], rounds: int) -> list[dict]:
     ea = engine_args(["--prefill-lens", ",".join(map(str, lens)),
                       "--decode-batches", ",".join(map(str, batches)),
@@ -103,15 +90,17 @@ def _step_rows(lens: list[int], batches: list[int], rounds: int) -> list[dict]:
         def prefill() -> float:
             t = time.perf_counter()
             bench.prefill(prompt)
-            return time.perf_counter() - t
+            return (time.perf_counter() - t) * 1e3
 
-        rows.append({"kind": "prefill", "tokens": n, **_alternated(prefill, rounds)})
+        rows.append({"kind": "prefill", "tokens": n,
+                     **switched(WAYS, _table, prefill, rounds, warmup=1, digits=2)})
         print(rows[-1], flush=True)
     for b in batches:
         step = bench.start_decode([(5 * i + 300) % 40000 + 100 for i in range(128)], b)
         # Each round's figure: the median of 4 steps.
-        rows.append({"kind": "decode", "batch": b, **_alternated(
-            lambda: statistics.median(step() for _ in range(4)), rounds)})
+        rows.append({"kind": "decode", "batch": b, **switched(
+            WAYS, _table, lambda: statistics.median(step() for _ in range(4)) * 1e3, rounds,
+            warmup=1, digits=2)})
         print(rows[-1], flush=True)
     return rows
 
