@@ -12,7 +12,9 @@
 // |r| <= ln2/2 and a degree-7 polynomial, relative error ~1e-7; inputs below
 // -87 are clamped there (a weight of ~1.6e-38; where a caller needs an exact
 // zero it masks).  exp_nonpositive (every build) is the same reduction and
-// polynomial on one float.  first_lanes / max_of (AVX512 builds): the mask
+// polynomial on one float.  exp2_nonpositive16_for_bf16 (AVX512 builds):
+// 2^y for y <= 0 to ~3e-6 relative, for weights rounded to bf16 next.
+// first_lanes / max_of (AVX512 builds): the mask
 // of a vector's first n lanes; the largest of n floats.
 #pragma once
 
@@ -68,6 +70,27 @@ inline __m512 exp_nonpositive16(__m512 x) {
   __m512 p = _mm512_set1_ps(kExpPoly[0]);
   for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 2^y for y <= 0 (scores minus their maximum, in base 2), for weights that
+// are rounded to bf16 next (the AMX prefill's p, paged_prefill_amx.h): n = y
+// rounded, 2^(y - n) = 1 + f (c1 + f (c2 + f (c3 + f c4))) with f in
+// [-1/2, 1/2], fitted for the least largest relative error (2.9e-6, against
+// bf16's half step of 2^-9: the rounding lands elsewhere than exp's exact
+// value's for ~0.15% of weights, one bf16 step), exactly 1 at y = 0, then
+// scaled by 2^n.  Against exp_nonpositive16 it leaves out the multiply by
+// log2(e) (folded into the caller's scale), the two-part reduction and three
+// of the polynomial's terms.  Inputs below -126 are clamped there (a weight
+// of ~1.2e-38; where a caller needs an exact zero it masks).
+inline __m512 exp2_nonpositive16_for_bf16(__m512 y) {
+  y = _mm512_max_ps(y, _mm512_set1_ps(-126.0f));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(9.58281849e-3f), f, _mm512_set1_ps(5.59063703e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40240991e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93124175e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
 

@@ -31,7 +31,9 @@
 //    sums either way); the decode operator takes p the same way
 //    (paged_decode_amx.h).
 // The softmax stays on the vectors (the scores' scale folded into its
-// exponent; paged_prefill_avx512.h).
+// exponent; paged_prefill_avx512.h); with p in one term, e^x as 2^(x log2 e)
+// on a short polynomial, which p's rounding to bf16 leaves room for
+// (exp2_switch).
 //
 // A score and an output sum are each one TDPBF16PS chain over their key's
 // and row's pairs, in order: fixed by the key (or the dim) and the row
@@ -59,6 +61,14 @@ inline bool usable(int64_t block_size, int64_t dim) {
   return block_size % 16 == 0 && dim % 32 == 0 &&
          preempt_serve_amx::switched_on().load(std::memory_order_relaxed) &&
          preempt_serve_amx::tiles_permitted();
+}
+
+// Whether one-term probabilities take e^x as 2^(x log2 e) on the short
+// polynomial (exp2_nonpositive16_for_bf16) rather than exp_nonpositive16
+// (preempt_serve::set_prefill_exp2: studies time both in one process).
+inline std::atomic<bool>& exp2_switch() {
+  static std::atomic<bool> on{true};
+  return on;
 }
 
 // Keys a step of the online softmax takes on the tiles (paged_prefill.cpp
@@ -165,8 +175,12 @@ inline void values_transposed(const T* const* vp, int64_t kt, bool tiles, int64_
 // sum of what the tiles weigh (p, or without TWO p's rounding, so that the
 // weights still add up to one): four running sums (key t in sum t % 4, so
 // that the additions' latency does not chain the step), added at the end.
-template <int RV, bool TWO>
+// EXP2 (one term only): scale and m come multiplied by log2(e), and p =
+// 2^(s * scale - m) on the short polynomial, which bf16's rounding of p
+// leaves room for.
+template <int RV, bool TWO, bool EXP2 = false>
 inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
+  static_assert(!(TWO && EXP2), "two terms keep ~16 bits of p: the full exponential");
   constexpr int R = 16 * RV;
   const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -176,29 +190,44 @@ inline __m512 probabilities(float* s, int64_t kt, __m512 scale, __m512 m) {
                                          16, 0);
   __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
-  // Keys 4i .. 4i + 3: two pairs, one a sum each.
-  for (int64_t i = 0; i < (kt + 31) / 32 * 8; ++i) {
+  const auto p_of = [&](int64_t t) {
+    const __m512 x = _mm512_loadu_ps(s + t * R);
+    const __mmask16 live = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
+    const __m512 y = _mm512_fmsub_ps(x, scale, m);
+    if constexpr (EXP2) {
+      return _mm512_maskz_mov_ps(live, preempt_serve_vec::exp2_nonpositive16_for_bf16(y));
+    } else {
+      return _mm512_maskz_mov_ps(live, preempt_serve_vec::exp_nonpositive16(y));
+    }
+  };
+  // Keys 4i .. 4i + 3: two pairs, one a sum each.  Groups whose four keys
+  // all lie before kt take no branch per key (most of a step: the keys of
+  // a group are independent, and the loop's exponentials overlap).
+  const int64_t whole = kt / 4, groups = (kt + 31) / 32 * 8;
+  for (int64_t i = 0; i < groups; ++i) {
     __m512 p[4];
-    for (int h = 0; h < 4; ++h) {
-      const int64_t t = 4 * i + h;
-      if (t < kt) {
-        const __m512 x = _mm512_loadu_ps(s + t * R);
-        const __mmask16 live = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
-        p[h] = _mm512_maskz_mov_ps(
-            live, preempt_serve_vec::exp_nonpositive16(_mm512_fmsub_ps(x, scale, m)));
-      } else {
-        p[h] = _mm512_setzero_ps();
-      }
-      if constexpr (!TWO) p[h] = preempt_serve_vec::bf16_round(p[h]);
-      sum[h] = _mm512_add_ps(sum[h], p[h]);
+    if (i < whole) {
+      for (int h = 0; h < 4; ++h) p[h] = p_of(4 * i + h);
+    } else {
+      for (int h = 0; h < 4; ++h) p[h] = 4 * i + h < kt ? p_of(4 * i + h) : _mm512_setzero_ps();
     }
     for (int k = 0; k < 2; ++k) {
       const int64_t w = 2 * i + k;
-      if constexpr (!TWO) {  // p already bf16's: the conversion is exact
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[2 * k + 1], p[2 * k]);
-        _mm512_storeu_si512(s + 2 * w * R, _mm512_permutexvar_epi16(pairs, both));
+      if constexpr (!TWO) {
+        // One rounding of the pair to bf16 (to nearest even), interleaved:
+        // the words stored are the tiles' terms, and the same words widened
+        // (the low word shifted up, the high word masked) are the rounded p
+        // that the sums add.
+        const __m512i both = _mm512_permutexvar_epi16(
+            pairs, (__m512i)_mm512_cvtne2ps_pbh(p[2 * k + 1], p[2 * k]));
+        _mm512_storeu_si512(s + 2 * w * R, both);
+        sum[2 * k] = _mm512_add_ps(sum[2 * k], _mm512_castsi512_ps(_mm512_slli_epi32(both, 16)));
+        sum[2 * k + 1] =
+            _mm512_add_ps(sum[2 * k + 1], _mm512_castsi512_ps(_mm512_and_si512(both, top)));
         continue;
       }
+      sum[2 * k] = _mm512_add_ps(sum[2 * k], p[2 * k]);
+      sum[2 * k + 1] = _mm512_add_ps(sum[2 * k + 1], p[2 * k + 1]);
       const __m512i e = _mm512_castps_si512(p[2 * k]), o = _mm512_castps_si512(p[2 * k + 1]);
       const __m512i eh = _mm512_and_si512(e, top), oh = _mm512_and_si512(o, top);
       _mm512_storeu_si512(s + 2 * w * R, _mm512_or_si512(_mm512_srli_epi32(e, 16), oh));

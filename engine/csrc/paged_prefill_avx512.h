@@ -237,6 +237,9 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   // Read once a tile: every step of it sums its values the same way.
   const bool pairs = kNativeDot && value_pairs_switch().load(std::memory_order_relaxed);
 #endif
+#ifdef PAGED_PREFILL_AMX
+  const bool short_exp = paged_prefill_amx::exp2_switch().load(std::memory_order_relaxed);
+#endif
 
   // int32 pairs of dims between a key's 32-dim pieces; a tiles layout's
   // value columns (scalar_t elements apart).
@@ -387,9 +390,13 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
 #ifdef PAGED_PREFILL_AMX
       if constexpr (kNativeDot) {
         if (l.amx) {  // p straight into the tiles' bf16 terms: one with pairs, else two
+          const __m512 log2e = _mm512_set1_ps(preempt_serve_vec::kExpLog2e);
+          float* sv = s + 16 * v;
           const __m512 sum =
-              pairs ? paged_prefill_amx::probabilities<RV, false>(s + 16 * v, kt, s_scale, mx)
-                    : paged_prefill_amx::probabilities<RV, true>(s + 16 * v, kt, s_scale, mx);
+              !pairs      ? paged_prefill_amx::probabilities<RV, true>(sv, kt, s_scale, mx)
+              : short_exp ? paged_prefill_amx::probabilities<RV, false, true>(
+                                sv, kt, _mm512_mul_ps(s_scale, log2e), _mm512_mul_ps(mx, log2e))
+                          : paged_prefill_amx::probabilities<RV, false>(sv, kt, s_scale, mx);
           lsum[v] = _mm512_fmadd_ps(lsum[v], alpha[v], sum);
           continue;
         }

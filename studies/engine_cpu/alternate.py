@@ -93,3 +93,22 @@ def switched(ways: Sequence[tuple[str, bool]], switch: Callable[[bool], object],
     first, second = (w for w, _ in ways)
     row["speedup"] = round(row[f"{first}_ms"] / row[f"{second}_ms"], 3)
     return row
+
+
+def switched_prefills(bench: OursBench, lens: Sequence[int], ways: Sequence[tuple[str, bool]],
+                      switch: Callable[[bool], object], rounds: int) -> list[dict[str, Any]]:
+    """`switched` on one prefill step of `bench` for a prompt of each of
+    `lens` tokens (one round of warm-up), a row each, printed."""
+    rows = []
+    for n in lens:
+        prompt = [(7 * i + 100) % 40000 + 100 for i in range(n)]
+
+        def prefill() -> float:
+            t = time.perf_counter()
+            bench.prefill(prompt)
+            return (time.perf_counter() - t) * 1e3
+
+        rows.append({"kind": "prefill", "tokens": n,
+                     **switched(ways, switch, prefill, rounds, warmup=1, digits=2)})
+        print(rows[-1], flush=True)
+    return rows

@@ -31,7 +31,7 @@ import engine.attention_cpp as cpp
 from bench.engine_bench import OursBench
 from bench.engine_bench import parse_args as engine_args
 from bench.report import machine_meta, write_report
-from studies.engine_cpu.alternate import switched
+from studies.engine_cpu.alternate import switched, switched_prefills
 
 INTER = 1536
 WAYS = (("computed", False), ("table", True))
@@ -83,18 +83,7 @@ def _step_rows(lens: list[int], batches: list[int], rounds: int) -> list[dict]:
                       "--warmup", "0", "--threads", "1", "--no-hf", "--distinct-kv",
                       "--deterministic"])
     bench = OursBench(ea, "bfloat16")
-    rows = []
-    for n in lens:
-        prompt = [(7 * i + 100) % 40000 + 100 for i in range(n)]
-
-        def prefill() -> float:
-            t = time.perf_counter()
-            bench.prefill(prompt)
-            return (time.perf_counter() - t) * 1e3
-
-        rows.append({"kind": "prefill", "tokens": n,
-                     **switched(WAYS, _table, prefill, rounds, warmup=1, digits=2)})
-        print(rows[-1], flush=True)
+    rows = switched_prefills(bench, lens, WAYS, _table, rounds)
     for b in batches:
         step = bench.start_decode([(5 * i + 300) % 40000 + 100 for i in range(128)], b)
         # Each round's figure: the median of 4 steps.

@@ -153,6 +153,40 @@ def test_p_rounded_once_stays_near_the_finer_sums(heads: int, kv_heads: int, dim
 
 
 @needs_cxx
+@pytest.mark.parametrize("spread", [1.0, 40.0])
+@pytest.mark.parametrize("heads,kv_heads,dim,bs", [(9, 3, 64, 16), (8, 2, 128, 32)])
+def test_the_tiles_short_exponential_rounds_p_as_closely(heads: int, kv_heads: int, dim: int,
+                                                         bs: int, spread: float) -> None:
+    # set_prefill_exp2: the tiles' one-term p as 2^(x log2 e) on a degree-4
+    # polynomial (~3e-6 relative) instead of the degree-7 e^x (~1e-7); p is
+    # rounded to bf16 (2^-9 relative) next, so only the few p near a
+    # rounding boundary land one bf16 step elsewhere: the same bound against
+    # float64, about the same median error, and the path switched where the
+    # weights spread (spread 40: running maxima that move, rescaled sums,
+    # weights that underflow; nearly every p there is 1 or far below it).
+    if not cpp.decode_amx(True):
+        pytest.skip("no AMX path in this build of the C++ operators")
+    chunks = [(0, 300), (90, 40), *CHUNKS]
+    q, keys, values, tables = _case(chunks, heads, kv_heads, dim, bs, dtype=torch.bfloat16,
+                                    spread=spread)
+    ref = _reference(q, keys, values, tables, chunks)
+    try:
+        _value_pairs(True)
+        assert torch.ops.preempt_serve.set_prefill_exp2(False)
+        full = _call(q, keys, values, tables, chunks).double()
+        assert torch.ops.preempt_serve.set_prefill_exp2(True)
+        short = _call(q, keys, values, tables, chunks).double()
+    finally:
+        torch.ops.preempt_serve.set_prefill_exp2(True)
+    for got in (full, short):
+        assert ((got - ref).abs() <= ref.abs() * 2**-8 + 5e-3).all()
+    assert spread > 1.0 or not torch.equal(short, full)
+    assert (short != full).double().mean() < 0.05
+    rel = lambda got: ((got - ref).abs() / (ref.abs() + 1e-3)).median().item()  # noqa: E731
+    assert rel(short) < 1.1 * rel(full) + 1e-5
+
+
+@needs_cxx
 def test_prefill_online_softmax_keeps_extreme_scores_exact() -> None:
     # Scores spanning hundreds: the running maximum moves from key tile to
     # key tile and early tiles' weights underflow; still the dense softmax.
