@@ -19,7 +19,10 @@ AMX the tiles (then with p in two bf16 terms) were 1.35–1.45× faster than the
 from L3 and 1.74× from L1/L2 (`studies/engine_cpu/decode_op.py`), while whole decode steps
 over K/V read from DRAM gained 1.01× there; p in one term made decode steps 1.02–1.06×
 faster (`studies/engine_cpu/decode_value_terms.py`). The prefill operator's bf16 scores and
-weighted sums go through tiles too (`engine/csrc/paged_prefill_amx.h`).
+weighted sums go through tiles too (`engine/csrc/paged_prefill_amx.h`, p rounded once to bf16
+and its exponential on a degree-4 polynomial of base 2), and past 64 rows the decoder layer
+operator takes gate_up's projection and SiLU × up in one pass on the tiles
+(`linear_bf16_codes_silu_mul`).
 PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a loaded build's
 attention to its vectors. A build that fails is retried without its last additions. Building
 needs a C++ compiler and ninja; where no build succeeds the backend says so once and attends

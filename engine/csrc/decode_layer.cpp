@@ -46,6 +46,8 @@ struct LayerOps {
   c10::TypedOperatorHandle<LinearSig> linear = layer_op<LinearSig>("preempt_serve::linear_bf16");
   c10::TypedOperatorHandle<LinearSig> linear_codes =
       layer_op<LinearSig>("preempt_serve::linear_bf16_codes");
+  c10::TypedOperatorHandle<LinearSig> swiglu_codes =
+      layer_op<LinearSig>("preempt_serve::linear_bf16_codes_silu_mul");
   c10::TypedOperatorHandle<LinearSig> linear_f32 =
       layer_op<LinearSig>("preempt_serve::linear_f32");
   c10::TypedOperatorHandle<LinearSig> linear_f32_codes =
@@ -133,8 +135,13 @@ TensorPair layer(const char* name, const at::Tensor& x, const at::Tensor& h,
   const at::Tensor a = attend(qr);
   const at::Tensor o = project(ops, f32, a.view({t, q_size}), weights[1], biases.get(1));
   const auto [x1, h1] = add_norm.call(x, o, weights[2], eps);
-  const at::Tensor gate_up = project(ops, f32, h1, weights[3], biases.get(2));
-  const at::Tensor d = project(ops, f32, ops.silu_mul.call(gate_up), weights[4], biases.get(3));
+  // bf16 codes: the projection and silu(gate) * up as one operator, which
+  // fuses them where it pays (gemm_bf16_codes.cpp), the same bits either way.
+  const at::Tensor act =
+      !f32 && weights[3].scalar_type() == at::kByte
+          ? ops.swiglu_codes.call(h1, weights[3], biases.get(2))
+          : ops.silu_mul.call(project(ops, f32, h1, weights[3], biases.get(2)));
+  const at::Tensor d = project(ops, f32, act, weights[4], biases.get(3));
   if (next_norm.has_value()) return add_norm.call(x1, d, *next_norm, eps);
   at::Tensor out = x1 + d;
   return {out, out};

@@ -274,8 +274,9 @@ struct Operands {
   const float* bias_ptr() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
 };
 
+// y: [m, out_cols] (out_cols < 0: n, the weight's columns).
 Operands operands(const char* op, const at::Tensor& x, int64_t n, int64_t k,
-                  const std::optional<at::Tensor>& bias) {
+                  const std::optional<at::Tensor>& bias, int64_t out_cols = -1) {
   TORCH_CHECK(bf16_gemm_built(), op, ": this build has no AVX512-BF16 path");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               op, ": x must be a 2-D bfloat16 tensor");
@@ -287,7 +288,7 @@ Operands operands(const char* op, const at::Tensor& x, int64_t n, int64_t k,
     bf = bias->to(at::kFloat).contiguous();
   }
   const int64_t m = xs.size(0);
-  return {xs, at::empty({m, n}, x.options()), bf, m, xs.stride(0)};
+  return {xs, at::empty({m, out_cols < 0 ? n : out_cols}, x.options()), bf, m, xs.stride(0)};
 }
 
 // o.y = o.x W^T (+ bias), W packed [vectors][k/2][16][2] at `wp`: on the

@@ -91,12 +91,13 @@ inline void load_sums(const float* acc) {
 // and 7.  `acc` receives C as [MT * 16][NT * 16] float32.  Over K steps
 // [s0, s1) only where asked (s1 < 0: to the end of K), the sums from `acc`
 // when s0 > 0: a float32 tile stored and loaded again is exact, so K in
-// passes gives the bits of one pass over all of K.
+// passes gives the bits of one pass over all of K.  The block's panels lie
+// `apart` elements apart (0: one packed panel, the next ones).
 template <int MT, int NT>
 inline void block(const RowTile* rt, const uint16_t* panel, int64_t k2, float* acc,
-                  int64_t s0 = 0, int64_t s1 = -1) {
+                  int64_t s0 = 0, int64_t s1 = -1, int64_t apart = 0) {
   static_assert((MT == 1 && NT >= 1 && NT <= 4) || (MT == 2 && NT >= 1 && NT <= 2));
-  const int64_t pe = k2 * 32;  // elements of one packed panel
+  const int64_t pe = apart > 0 ? apart : k2 * 32;  // elements from one panel to the next
   const int64_t end = s1 < 0 ? k2 / 16 : s1;
   if (s0 > 0) {
     load_sums<MT, NT>(acc);
@@ -306,6 +307,82 @@ inline void gemm(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, i
               block_nt<1>(nt, rt, w + v * k2 * 32, k2, acc);
               store(acc, 1, nt, rt, t * 16, v, bias, y, n);
             }
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+
+// SwiGLU's product fused with its elementwise half: out [m, n] = silu(g) *
+// u, where [g | u] = x [m, k] W^T (+ bias) is the gate_up projection (W
+// packed as `vectors` panels, the first half the gate's).  Each block
+// multiplies gate panel v and up panel v + vectors / 2 for its rows (the
+// same TDPBF16PS chains as `gemm`), rounds each to bf16 as `store` does,
+// and writes silu(g) (looked up in `table`, silu_table.h) times u rounded
+// as silu_mul.cpp rounds it: the bits of `gemm` then `silu_mul`, without
+// the projection's output stored and read again.  For K that two row tiles
+// keep in L1 (k <= kL1Bytes / 64; `gemm` takes larger K in passes).
+// Switched off by preempt_serve::set_swiglu_fused (studies time the two
+// operators against the fused one in one process).
+inline std::atomic<bool>& swiglu_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+inline bool swiglu_fits(int64_t m, int64_t k, int64_t vectors) {
+  return swiglu_switch().load(std::memory_order_relaxed) && usable(k) && vectors % 2 == 0 &&
+         (m <= 32 || 2 * 16 * k * 2 <= kL1Bytes);
+}
+
+inline void store_swiglu(const float* acc, int mt, const RowTile* rt, int64_t m, int64_t v,
+                         int64_t half, const float* bias, const uint16_t* table, uint16_t* out,
+                         int64_t n) {
+  for (int i = 0; i < mt; ++i)
+    for (int64_t r = 0; r < rt[i].rows; ++r) {
+      const float* a = acc + (i * 16 + r) * 32;
+      __m512 g = _mm512_loadu_ps(a), u = _mm512_loadu_ps(a + 16);
+      if (bias != nullptr) {
+        g = _mm512_add_ps(g, _mm512_loadu_ps(bias + v * 16));
+        u = _mm512_add_ps(u, _mm512_loadu_ps(bias + (v + half) * 16));
+      }
+      const __m512i gb = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(g));
+      const __m512i ub = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(u));
+      const __m512 silu =
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_i32gather_epi32(gb, table, 2), 16));
+      const __m512 prod = _mm512_mul_ps(silu, _mm512_castsi512_ps(_mm512_slli_epi32(ub, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (m + i * 16 + r) * n + v * 16),
+                          _mm512_cvtepi32_epi16(preempt_serve_vec::bf16_bits(prod)));
+    }
+}
+
+inline void gemm_swiglu(const uint16_t* x, int64_t lda, int64_t m, const uint16_t* w, int64_t k,
+                        int64_t vectors, const float* bias, const uint16_t* table,
+                        uint16_t* out) {
+  const int64_t k2 = k / 2, half = vectors / 2, n = half * 16, apart = half * k2 * 32;
+  const int64_t tiles = (m + 15) / 16;
+  std::vector<uint16_t> pad;
+  const std::vector<RowTile> rts = row_tiles(x, lda, m, k, pad);
+  const int64_t chunk = std::max<int64_t>(2, kChunkBytes / (16 * k * 2) / 2 * 2);
+  // Gate panels a thread's step takes (each with its up panel): as `gemm`'s
+  // groups, counted in weight panels.
+  const int64_t group = (tiles > 2 ? kWideGroup : kGroup) / 2;
+  const int64_t groups = (half + group - 1) / group;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    configure();
+    alignas(64) float acc[2 * 16 * 2 * 16];
+    for (int64_t c0 = 0; c0 < tiles; c0 += chunk) {
+      const int64_t c1 = std::min(tiles, c0 + chunk);
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t v0 = g * group, v1 = std::min(half, v0 + group);
+        for (int64_t t = c0; t < c1; t += 2) {
+          const RowTile* rt = rts.data() + t;
+          const int mt = t + 1 < c1 ? 2 : 1;
+          for (int64_t v = v0; v < v1; ++v) {
+            if (mt == 2) block<2, 2>(rt, w + v * k2 * 32, k2, acc, 0, -1, apart);
+            else block<1, 2>(rt, w + v * k2 * 32, k2, acc, 0, -1, apart);
+            store_swiglu(acc, mt, rt, t * 16, v, half, bias, table, out, n);
           }
         }
       }

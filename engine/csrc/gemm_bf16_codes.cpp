@@ -35,7 +35,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include "silu_table.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -271,6 +274,45 @@ at::Tensor linear_bf16_codes(const at::Tensor& x, const at::Tensor& w,
   return o.y;
 }
 
+// SwiGLU on the gate_up projection (decode_layer.cpp): silu(g) * u of
+// [g | u] = x W^T (+ bias), bit for bit linear_bf16_codes then silu_mul.
+// Past kDecodeRows rows, where the values multiply on the tiles and K suits
+// (gemm_bf16_amx.h, swiglu_fits), in one pass that never stores the
+// projection's output (gemm_swiglu); else the two operators.  Either way
+// by the rows' count and the shapes alone, and with the same bits.
+at::Tensor linear_bf16_codes_silu_mul(const at::Tensor& x, const at::Tensor& w,
+                                      const std::optional<at::Tensor>& bias) {
+  static const auto silu_mul = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("preempt_serve::silu_mul", "")
+                                   .typed<at::Tensor(const at::Tensor&)>();
+  const int64_t bytes = code_bytes("linear_bf16_codes_silu_mul", w);
+  const int64_t vectors = w.size(0), k = w.size(1) * 32;
+#if defined(GEMM_BF16_AMX) && defined(PREEMPT_SERVE_VEC16)
+  if (x.dim() == 2 && x.size(0) > kDecodeRows && amx::swiglu_fits(x.size(0), k, vectors)) {
+    const Operands o =
+        operands("linear_bf16_codes_silu_mul", x, vectors * 16, k, bias, vectors * 8);
+    amx::gemm_swiglu(o.xp(), o.lda, o.m, values(w, bytes), k, vectors, o.bias_ptr(),
+                     preempt_serve_silu::bf16_silu_table(), o.yp());
+    return o.y;
+  }
+#else
+  (void)bytes, (void)vectors, (void)k;
+#endif
+  return silu_mul.call(linear_bf16_codes(x, w, bias));
+}
+
+// Whether linear_bf16_codes_silu_mul may take the fused pass from now on;
+// returns whether this build has it.
+bool set_swiglu_fused(bool enable) {
+#if defined(GEMM_BF16_AMX) && defined(PREEMPT_SERVE_VEC16)
+  amx::swiglu_switch().store(enable);
+  return true;
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace gemm_bf16_codes
 }  // namespace
 
@@ -278,10 +320,13 @@ TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("pack_bf16_codes(Tensor codes, Tensor packed) -> Tensor");
   m.def("unpack_bf16_codes(Tensor w) -> Tensor");
   m.def("linear_bf16_codes(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("linear_bf16_codes_silu_mul(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("set_swiglu_fused(bool enable) -> bool", &gemm_bf16_codes::set_swiglu_fused);
 }
 
 TORCH_LIBRARY_IMPL(preempt_serve, CPU, m) {
   m.impl("pack_bf16_codes", &gemm_bf16_codes::pack_bf16_codes);
   m.impl("unpack_bf16_codes", &gemm_bf16_codes::unpack_bf16_codes);
   m.impl("linear_bf16_codes", &gemm_bf16_codes::linear_bf16_codes);
+  m.impl("linear_bf16_codes_silu_mul", &gemm_bf16_codes::linear_bf16_codes_silu_mul);
 }

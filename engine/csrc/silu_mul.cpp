@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "silu_table.h"
 #include "vec16.h"
 
 #if defined(PREEMPT_SERVE_VEC16) || (defined(__AVX2__) && defined(__FMA__))
@@ -38,28 +39,8 @@
 namespace {
 
 #ifdef PREEMPT_SERVE_VEC16
-// silu(x) of 16 lanes as ATen's AVX512 silu computes it, in float32.
-inline __m512 silu16(__m512 x) {
-  using namespace preempt_serve_vec;
-  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), Sleef_expf16_u10(negate16(x))));
-}
-
-// silu(x) in bf16 for every bf16 x, indexed by x's bits; one entry more so
-// that the gather's 4-byte read of the last entry stays inside.
-const uint16_t* bf16_silu_table() {
-  static const std::vector<uint16_t> table = [] {
-    using namespace preempt_serve_vec;
-    std::vector<uint16_t> t(65536 + 1);
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int32_t i = 0; i < 65536; i += 16) {
-      const __m512i bits = _mm512_add_epi32(_mm512_set1_epi32(i), lanes);
-      store16(reinterpret_cast<at::BFloat16*>(t.data() + i),
-              silu16(_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16))));
-    }
-    return t;
-  }();
-  return table.data();
-}
+using preempt_serve_silu::bf16_silu_table;
+using preempt_serve_silu::silu16;
 
 // Whether bf16 rows look silu up in the table (preempt_serve::set_silu_by_table:
 // studies time it against the computed loop in one process).

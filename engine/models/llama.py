@@ -15,7 +15,9 @@ forward in bf16.  Where a step's attention is the C++ decode and prefill
 operators' on our packed bf16 or float32 projections (`_layer_args`), each
 layer is one C++ operator that calls the same operators in the same order
 (engine/csrc/decode_layer.cpp): the same bits again, without Python between
-them.
+them; on bf16 GGUF codes past 64 rows on AMX tiles that operator also takes
+gate_up's projection and silu(gate) × up in one pass, never storing the
+projection's output (gemm_bf16_codes.cpp, `linear_bf16_codes_silu_mul`).
 """
 
 from __future__ import annotations

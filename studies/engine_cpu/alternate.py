@@ -112,3 +112,27 @@ def switched_prefills(bench: OursBench, lens: Sequence[int], ways: Sequence[tupl
                      **switched(ways, switch, prefill, rounds, warmup=1, digits=2)})
         print(rows[-1], flush=True)
     return rows
+
+
+def switched_steps(lens: Sequence[int], batches: Sequence[int],
+                   ways: Sequence[tuple[str, bool]], switch: Callable[[bool], object],
+                   rounds: int) -> list[dict[str, Any]]:
+    """`switched` on whole bf16 steps of one engine in deterministic mode,
+    the server's on CPU (greedy, lm_head and sampling included): a prefill
+    of each of `lens` tokens, then decode steps at each of `batches`
+    sequences of 128-token contexts, each its own (a round's figure the
+    median of 4 steps)."""
+    ea = engine_args(["--prefill-lens", ",".join(map(str, lens)),
+                      "--decode-batches", ",".join(map(str, batches)),
+                      "--decode-context", "128", "--decode-steps", str(8 * (rounds + 1)),
+                      "--warmup", "0", "--threads", "1", "--no-hf", "--distinct-kv",
+                      "--deterministic"])
+    bench = OursBench(ea, "bfloat16")
+    rows = switched_prefills(bench, lens, ways, switch, rounds)
+    for b in batches:
+        step = bench.start_decode([(5 * i + 300) % 40000 + 100 for i in range(128)], b)
+        rows.append({"kind": "decode", "batch": b, **switched(
+            ways, switch, lambda: statistics.median(step() for _ in range(4)) * 1e3, rounds,
+            warmup=1, digits=2)})
+        print(rows[-1], flush=True)
+    return rows

@@ -28,10 +28,8 @@ import torch
 import torch.nn.functional as F
 
 import engine.attention_cpp as cpp
-from bench.engine_bench import OursBench
-from bench.engine_bench import parse_args as engine_args
 from bench.report import machine_meta, write_report
-from studies.engine_cpu.alternate import switched, switched_prefills
+from studies.engine_cpu.alternate import switched_steps
 
 INTER = 1536
 WAYS = (("computed", False), ("table", True))
@@ -76,24 +74,6 @@ def _op_rows(rows_list: list[int], rounds: int) -> list[dict]:
     return out
 
 
-def _step_rows(lens: list[int], batches: list[int], rounds: int) -> list[dict]:
-    ea = engine_args(["--prefill-lens", ",".join(map(str, lens)),
-                      "--decode-batches", ",".join(map(str, batches)),
-                      "--decode-context", "128", "--decode-steps", str(8 * (rounds + 1)),
-                      "--warmup", "0", "--threads", "1", "--no-hf", "--distinct-kv",
-                      "--deterministic"])
-    bench = OursBench(ea, "bfloat16")
-    rows = switched_prefills(bench, lens, WAYS, _table, rounds)
-    for b in batches:
-        step = bench.start_decode([(5 * i + 300) % 40000 + 100 for i in range(128)], b)
-        # Each round's figure: the median of 4 steps.
-        rows.append({"kind": "decode", "batch": b, **switched(
-            WAYS, _table, lambda: statistics.median(step() for _ in range(4)) * 1e3, rounds,
-            warmup=1, digits=2)})
-        print(rows[-1], flush=True)
-    return rows
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,8,32,96,512,1024,2048")
@@ -108,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("needs the operators' AVX512 build")
     try:
         op = _op_rows([int(x) for x in a.rows.split(",")], a.rounds)
-        steps = _step_rows([int(x) for x in a.step_lens.split(",")],
-                           [int(x) for x in a.batches.split(",")], a.rounds)
+        steps = switched_steps([int(x) for x in a.step_lens.split(",")],
+                               [int(x) for x in a.batches.split(",")], WAYS, _table, a.rounds)
     finally:
         _table(True)
     write_report({"meta": {**machine_meta(), "rounds": a.rounds, "threads": 1,

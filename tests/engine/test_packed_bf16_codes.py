@@ -87,6 +87,32 @@ def test_a_row_alone_and_in_any_batch_gets_the_same_bits(tiles: bool) -> None:
     assert torch.equal(packed_bf16.linear(wide[:60, 10:586], both, b), together[:60])
 
 
+@pytest.mark.parametrize("m,inter,k", [
+    # The codes (up to 64 rows), then the fused pass: two row tiles, one,
+    # a partial one, and rows across several of x's chunks; a K too deep
+    # for the pass (two operators again).
+    (1, 48, 576), (64, 64, 576), (65, 64, 576), (96, 1536, 576), (130, 80, 576),
+    (300, 32, 704), (1100, 32, 576), (100, 32, 1536),
+])
+def test_swiglu_on_the_codes_gives_the_two_operators_bits(tiles: bool, m: int, inter: int,
+                                                          k: int) -> None:
+    # linear_bf16_codes_silu_mul: silu(g) * u of the gate_up projection,
+    # fused past 64 rows on the tiles, must be linear_bf16_codes then
+    # silu_mul bit for bit, with a bias or none, whichever way it runs, and
+    # a row alone the same bits as in the batch.
+    ops = torch.ops.preempt_serve
+    both, _ = _both(_q4_1(2 * inter, k, seed=m + inter))
+    gen = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, k, generator=gen) * 2).bfloat16()
+    b = torch.randn(2 * inter, generator=gen).bfloat16()
+    for bias in (None, b):
+        want = ops.silu_mul(ops.linear_bf16_codes(x, both, bias))
+        assert torch.equal(ops.linear_bf16_codes_silu_mul(x, both, bias), want)
+        assert torch.equal(ops.linear_bf16_codes_silu_mul(x[m // 2 : m // 2 + 1], both, bias),
+                           want[m // 2 : m // 2 + 1])
+    assert ops.set_swiglu_fused(False) == ops.set_swiglu_fused(True)
+
+
 def test_the_layout_puts_each_lines_codes_where_the_decoder_reads_them() -> None:
     # to_bf16_layout against its definition, code by code.
     w = _q4_1(32, 64, seed=7)
