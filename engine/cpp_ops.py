@@ -14,15 +14,15 @@ dot product; PREEMPT_SERVE_CPP_BF16_DOT=0 builds without it. Where it also has A
 (`amx_tile`, `amx_bf16`), the build adds those (and `_amx`), the bf16 projections' GEMM
 multiplies on tiles (`engine/csrc/gemm_bf16_amx.h`), and bf16 decodes go through tiles
 (`engine/csrc/paged_decode_amx.h`): keys straight from the cache as tiles, values
-interleaved by pairs of keys, the probabilities rounded once to bf16. On an Intel Xeon with
+interleaved by pairs of keys, the probabilities rounded once to bf16 (their exponential on a
+degree-4 polynomial of base 2, which that rounding leaves room for). On an Intel Xeon with
 AMX the tiles (then with p in two bf16 terms) were 1.35–1.45× faster than the vectors on K/V
 from L3 and 1.74× from L1/L2 (`studies/engine_cpu/decode_op.py`), while whole decode steps
 over K/V read from DRAM gained 1.01× there; p in one term made decode steps 1.02–1.06×
 faster (`studies/engine_cpu/decode_value_terms.py`). The prefill operator's bf16 scores and
-weighted sums go through tiles too (`engine/csrc/paged_prefill_amx.h`, p rounded once to bf16
-and its exponential on a degree-4 polynomial of base 2), and past 64 rows the decoder layer
-operator takes gate_up's projection and SiLU × up in one pass on the tiles
-(`linear_bf16_codes_silu_mul`).
+weighted sums go through tiles too (`engine/csrc/paged_prefill_amx.h`, p likewise), and past
+64 rows the decoder layer operator takes gate_up's projection and SiLU × up in one pass on
+the tiles (`linear_bf16_codes_silu_mul`).
 PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a loaded build's
 attention to its vectors. A build that fails is retried without its last additions. Building
 needs a C++ compiler and ninja; where no build succeeds the backend says so once and attends

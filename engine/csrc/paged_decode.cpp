@@ -801,6 +801,19 @@ bool set_decode_value_terms(bool one) {
 #endif
 }
 
+// Whether the AMX operators' one-term p (decode and prefill) take the
+// short base-2 exponential from now on (paged_decode_amx.h,
+// short_exp_switch); returns whether this build has them.
+bool set_short_exp(bool enable) {
+#ifdef PAGED_DECODE_AMX
+  preempt_serve_amx::short_exp_switch().store(enable);
+  return true;
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(preempt_serve, m) {
@@ -812,6 +825,7 @@ TORCH_LIBRARY(preempt_serve, m) {
       "Tensor table_starts, Tensor context_lens, float scale) -> Tensor");
   m.def("set_decode_amx(bool enable) -> bool", &set_decode_amx);
   m.def("set_decode_value_terms(bool one) -> bool", &set_decode_value_terms);
+  m.def("set_short_exp(bool enable) -> bool", &set_short_exp);
   m.def("tiles_decodable(int group, int block_size, int head_dim) -> bool", &tiles_decodable);
 }
 

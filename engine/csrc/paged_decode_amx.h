@@ -16,7 +16,8 @@
 //     built once per sequence; each head's column of the tile is picked
 //     out by two permutes and a blend (a group of up to four heads) or a
 //     gather into the head's row of scores;
-//  2. the softmax over the whole context at once, in float32;
+//  2. the softmax over the whole context at once, in float32 (with p in one
+//     term, e^x as 2^(x log2 e) on a degree-4 polynomial, short_exp_switch);
 //  3. O[group x 16 dims] += P[group x 32 keys] . V[32 keys x 16 dims], the
 //     values interleaved by pairs of keys into the right-hand tile's layout
 //     (two unpacks per pair of rows and 32 dims), P as bfloat16: p rounded
@@ -100,9 +101,6 @@ struct alignas(64) TileConfig {
 // tiles 0-3 sum four 16-dim columns of the output (a row per head), 4 (and
 // 5, with two terms) p for 32 keys, 6 and 7 the values (rows of key pairs).
 
-// GCC 12 dropped some of a configuration's stores before the ldtilecfg
-// that reads them (found as a fault on an all-zero column width): the
-// barrier makes every store land first.
 // Whether the weighted sum takes p as one bf16 term (rounded to nearest
 // even, the softmax's sum over the rounded values) rather than two
 // (preempt_serve::set_decode_value_terms: studies time both in one process).
@@ -111,6 +109,19 @@ inline std::atomic<bool>& one_term_switch() {
   return on;
 }
 
+// Whether p in one bf16 term, here and in the prefill operator's tiles
+// (paged_prefill_amx.h), is e^x computed as 2^(x log2 e) on the short
+// polynomial (kernel_util.h, exp2_nonpositive16_for_bf16), which p's
+// rounding to bf16 leaves room for, rather than exp_nonpositive16
+// (preempt_serve::set_short_exp: studies time both in one process).
+inline std::atomic<bool>& short_exp_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// GCC 12 dropped some of a configuration's stores before the ldtilecfg
+// that reads them (found as a fault on an all-zero column width): the
+// barrier makes every store land first.
 inline void load_config(const TileConfig& cfg) {
   asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
@@ -270,6 +281,7 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
   // Keys a step of the weighted sum takes: a value tile lies within a block.
   const int64_t v_keys = TILES && block_size % 32 != 0 ? 16 : 32;
   const bool one_term = one_term_switch().load(std::memory_order_relaxed);
+  const bool short_exp = one_term && short_exp_switch().load(std::memory_order_relaxed);
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     // Per KV head and piece, the right-hand tile of the queries: row r,
     // column g = the pair of dims (32c + 2r, 32c + 2r + 1) of head g.
@@ -387,15 +399,21 @@ void decode(const at::BFloat16* q, const at::BFloat16* key_cache,
       // terms (zero past the context, up to a whole tile of keys).
       for (int64_t h = 0; h < heads; ++h) {
         float* s = sc + h * padded;
-        const __m512 m = _mm512_set1_ps(preempt_serve_vec::max_of(s, ctx));
+        const float top = preempt_serve_vec::max_of(s, ctx);
+        const __m512 m = _mm512_set1_ps(top);
+        // In base 2 for the short exponential: s log2 e - m log2 e.
+        const __m512 log2e = _mm512_set1_ps(preempt_serve_vec::kExpLog2e);
+        const __m512 m2 = _mm512_set1_ps(top * preempt_serve_vec::kExpLog2e);
         __m512 sum = _mm512_setzero_ps();
         uint16_t* ph = hi_buf.data() + h * padded;
         uint16_t* pl = lo_buf.data() + h * padded;
         for (int64_t j = 0; j < padded; j += 16) {
           const __mmask16 live = preempt_serve_vec::first_lanes(ctx - j);
+          const __m512 x = _mm512_maskz_loadu_ps(live, s + j);
           const __m512 p = _mm512_maskz_mov_ps(
-              live, preempt_serve_vec::exp_nonpositive16(
-                        _mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), m)));
+              live, short_exp ? preempt_serve_vec::exp2_nonpositive16_for_bf16(
+                                    _mm512_fmsub_ps(x, log2e, m2))
+                              : preempt_serve_vec::exp_nonpositive16(_mm512_sub_ps(x, m)));
           const __m256i hi = (__m256i)_mm512_cvtneps_pbh(p);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ph + j), hi);
           if (one_term) {

@@ -339,24 +339,10 @@ bool set_prefill_value_pairs(bool enable) {
 #endif
 }
 
-// Whether the AMX prefill's one-term probabilities take the short base-2
-// exponential from now on (paged_prefill_amx.h, exp2_switch).  Returns
-// whether this build has that path.
-bool set_prefill_exp2(bool enable) {
-#if defined(PAGED_PREFILL_AVX512) && defined(PAGED_PREFILL_AMX)
-  paged_prefill_amx::exp2_switch().store(enable);
-  return true;
-#else
-  (void)enable;
-  return false;
-#endif
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(preempt_serve, m) {
   m.def("set_prefill_value_pairs(bool enable) -> bool", &set_prefill_value_pairs);
-  m.def("set_prefill_exp2(bool enable) -> bool", &set_prefill_exp2);
   m.def(
       "paged_prefill(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_ids, "
       "Tensor table_starts, Tensor query_starts, Tensor start_positions, float scale, "

@@ -33,7 +33,7 @@
 // The softmax stays on the vectors (the scores' scale folded into its
 // exponent; paged_prefill_avx512.h); with p in one term, e^x as 2^(x log2 e)
 // on a short polynomial, which p's rounding to bf16 leaves room for
-// (exp2_switch).
+// (preempt_serve_amx::short_exp_switch, as the decode operator's).
 //
 // A score and an output sum are each one TDPBF16PS chain over their key's
 // and row's pairs, in order: fixed by the key (or the dim) and the row
@@ -61,14 +61,6 @@ inline bool usable(int64_t block_size, int64_t dim) {
   return block_size % 16 == 0 && dim % 32 == 0 &&
          preempt_serve_amx::switched_on().load(std::memory_order_relaxed) &&
          preempt_serve_amx::tiles_permitted();
-}
-
-// Whether one-term probabilities take e^x as 2^(x log2 e) on the short
-// polynomial (exp2_nonpositive16_for_bf16) rather than exp_nonpositive16
-// (preempt_serve::set_prefill_exp2: studies time both in one process).
-inline std::atomic<bool>& exp2_switch() {
-  static std::atomic<bool> on{true};
-  return on;
 }
 
 // Keys a step of the online softmax takes on the tiles (paged_prefill.cpp

@@ -238,7 +238,7 @@ void prefill_tile(const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
   const bool pairs = kNativeDot && value_pairs_switch().load(std::memory_order_relaxed);
 #endif
 #ifdef PAGED_PREFILL_AMX
-  const bool short_exp = paged_prefill_amx::exp2_switch().load(std::memory_order_relaxed);
+  const bool short_exp = preempt_serve_amx::short_exp_switch().load(std::memory_order_relaxed);
 #endif
 
   // int32 pairs of dims between a key's 32-dim pieces; a tiles layout's

@@ -303,6 +303,38 @@ def test_amx_path_matches_dense_attention_and_the_vector_path(
 
 
 @needs_amx
+@pytest.mark.parametrize("spread", [1.0, 40.0])
+def test_amx_short_exponential_rounds_p_as_closely(spread: float, amx_back_on: object) -> None:
+    # set_short_exp: the one-term p as 2^(x log2 e) on a degree-4 polynomial
+    # (~3e-6 relative) instead of the degree-7 e^x; p is rounded to bf16
+    # next, so only p near a rounding boundary lands a bf16 step elsewhere:
+    # the same bound against float64, about the same median error, the path
+    # switched where the weights spread, and batch invariance kept.
+    contexts = [1, 17, 33, 200, 63, 129, 5, 700]
+    q, keys, values, tables = _case(contexts, 9, 3, 64, 16, spread=spread)
+    q, keys, values = q.bfloat16(), keys.bfloat16(), values.bfloat16()
+    assert cpp.decode_amx(True)
+    try:
+        assert torch.ops.preempt_serve.set_short_exp(False)
+        full = _call(q, keys, values, tables, contexts)
+        assert torch.ops.preempt_serve.set_short_exp(True)
+        short = _call(q, keys, values, tables, contexts)
+    finally:
+        torch.ops.preempt_serve.set_short_exp(True)
+    want = _reference(q.float(), keys.float(), values.float(), tables, contexts)
+    err = lambda got: (got.double() - want).abs()  # noqa: E731
+    for got in (full, short):
+        assert (err(got) <= want.abs() * 2**-8 + 5e-3).all()
+    assert spread > 1.0 or not torch.equal(short, full)
+    assert (short != full).double().mean() < 0.05
+    rel = lambda got: (err(got) / (want.abs() + 1e-3)).median().item()  # noqa: E731
+    assert rel(short) < 1.1 * rel(full) + 1e-5
+    some = [6, 1, 3]
+    part = _call(q[some], keys, values, [tables[i] for i in some], [contexts[i] for i in some])
+    assert torch.equal(short[some], part)
+
+
+@needs_amx
 def test_amx_path_keeps_extreme_scores_and_batch_invariance(amx_back_on: object) -> None:
     contexts = [200, 63, 129, 5, 700]
     q, keys, values, tables = _case(contexts, 9, 3, 64, 16, spread=40.0)

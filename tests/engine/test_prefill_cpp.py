@@ -157,7 +157,7 @@ def test_p_rounded_once_stays_near_the_finer_sums(heads: int, kv_heads: int, dim
 @pytest.mark.parametrize("heads,kv_heads,dim,bs", [(9, 3, 64, 16), (8, 2, 128, 32)])
 def test_the_tiles_short_exponential_rounds_p_as_closely(heads: int, kv_heads: int, dim: int,
                                                          bs: int, spread: float) -> None:
-    # set_prefill_exp2: the tiles' one-term p as 2^(x log2 e) on a degree-4
+    # set_short_exp: the tiles' one-term p as 2^(x log2 e) on a degree-4
     # polynomial (~3e-6 relative) instead of the degree-7 e^x (~1e-7); p is
     # rounded to bf16 (2^-9 relative) next, so only the few p near a
     # rounding boundary land one bf16 step elsewhere: the same bound against
@@ -172,12 +172,12 @@ def test_the_tiles_short_exponential_rounds_p_as_closely(heads: int, kv_heads: i
     ref = _reference(q, keys, values, tables, chunks)
     try:
         _value_pairs(True)
-        assert torch.ops.preempt_serve.set_prefill_exp2(False)
+        assert torch.ops.preempt_serve.set_short_exp(False)
         full = _call(q, keys, values, tables, chunks).double()
-        assert torch.ops.preempt_serve.set_prefill_exp2(True)
+        assert torch.ops.preempt_serve.set_short_exp(True)
         short = _call(q, keys, values, tables, chunks).double()
     finally:
-        torch.ops.preempt_serve.set_prefill_exp2(True)
+        torch.ops.preempt_serve.set_short_exp(True)
     for got in (full, short):
         assert ((got - ref).abs() <= ref.abs() * 2**-8 + 5e-3).all()
     assert spread > 1.0 or not torch.equal(short, full)
