@@ -331,9 +331,9 @@ inline std::atomic<bool>& swiglu_switch() {
   return on;
 }
 
-inline bool swiglu_fits(int64_t m, int64_t k, int64_t vectors) {
+inline bool swiglu_fits(int64_t k, int64_t vectors) {
   return swiglu_switch().load(std::memory_order_relaxed) && usable(k) && vectors % 2 == 0 &&
-         (m <= 32 || 2 * 16 * k * 2 <= kL1Bytes);
+         2 * 16 * k * 2 <= kL1Bytes;
 }
 
 inline void store_swiglu(const float* acc, int mt, const RowTile* rt, int64_t m, int64_t v,

@@ -288,7 +288,7 @@ at::Tensor linear_bf16_codes_silu_mul(const at::Tensor& x, const at::Tensor& w,
   const int64_t bytes = code_bytes("linear_bf16_codes_silu_mul", w);
   const int64_t vectors = w.size(0), k = w.size(1) * 32;
 #if defined(GEMM_BF16_AMX) && defined(PREEMPT_SERVE_VEC16)
-  if (x.dim() == 2 && x.size(0) > kDecodeRows && amx::swiglu_fits(x.size(0), k, vectors)) {
+  if (x.dim() == 2 && x.size(0) > kDecodeRows && amx::swiglu_fits(k, vectors)) {
     const Operands o =
         operands("linear_bf16_codes_silu_mul", x, vectors * 16, k, bias, vectors * 8);
     amx::gemm_swiglu(o.xp(), o.lda, o.m, values(w, bytes), k, vectors, o.bias_ptr(),
