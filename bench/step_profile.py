@@ -9,7 +9,8 @@ does) under `torch.profiler`, and groups the ops' self CPU time (with
   weights), oneDNN's packed linear (the lm_head, and the projections
   where `pack_projections` packs them, `engine/models/prepacked.py`) and
   our bf16 and float32 GEMMs (`engine/models/packed_bf16.py`, `packed_f32.py`,
-  on the weights' values or on a GGUF weight's codes);
+  on the weights' values or on a GGUF weight's codes; gate_up's with
+  SwiGLU's silu(gate) x up fused into its output, `linear_bf16_codes_silu_mul`);
 - attention: scaled-dot-product attention kernels, the C++ paged decode
   operator (`engine/attention_cpp.py`, on vectors or on AMX tiles), the
   prefill one, and the Inductor one
@@ -36,6 +37,7 @@ from bench.engine_bench import OursBench, parse_args as engine_args
 _GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
                "preempt_serve::linear_bf16", "preempt_serve::linear_bf16_codes",
+               "preempt_serve::linear_bf16_codes_silu_mul",
                "preempt_serve::linear_f32", "preempt_serve::linear_f32_codes"),
     "attention": ("preempt_serve::paged_decode", "preempt_serve::paged_decode_tiles",
                   "preempt_serve::paged_prefill",

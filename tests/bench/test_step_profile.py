@@ -15,7 +15,8 @@ def test_groups_name_the_ops():
     # Every operator of ours that attends or multiplies, on vectors or tiles.
     for op in ("paged_decode", "paged_decode_tiles", "paged_prefill"):
         assert _group(f"preempt_serve::{op}") == "attention"
-    for op in ("linear_bf16", "linear_bf16_codes", "linear_f32", "linear_f32_codes"):
+    for op in ("linear_bf16", "linear_bf16_codes", "linear_bf16_codes_silu_mul", "linear_f32",
+               "linear_f32_codes"):
         assert _group(f"preempt_serve::{op}") == "matmul"
     assert _group("aten::silu") == "other"
 

@@ -5,7 +5,8 @@
 #   bash studies/engine_cpu/vllm_cpu/prefill_probe.sh TAG
 # writes prefill_TAG_{ours_1,vllm,ours_2}.json here.  PROFILE=1 also runs vLLM with its
 # torch profiler over three 1,024-token prompts and prints where its forward
-# passes' time goes (vllm_profile.py); servers' logs under $LOGDIR (/tmp).
+# passes' time goes (vllm_profile.py; PROFILE_LEN=N: N-token prompts instead);
+# servers' logs under $LOGDIR (/tmp).
 set -u
 TAG=$1
 cd "$(dirname "$0")/../../.."
@@ -25,7 +26,7 @@ start_vllm bfloat16 ${LOGDIR:-/tmp}/prefill_${TAG}_vllm.log "${EXTRA[@]}"
 $PROBE --base-url http://127.0.0.1:8011/v1 --model $VM --out $OUTD/prefill_${TAG}_vllm.json
 if [ -n "${PROFILE:-}" ]; then
   curl -sf -X POST http://127.0.0.1:8011/start_profile
-  $PROBE --base-url http://127.0.0.1:8011/v1 --model $VM --lens 1024 --reps 3 --seed 5
+  $PROBE --base-url http://127.0.0.1:8011/v1 --model $VM --lens ${PROFILE_LEN:-1024} --reps 3 --seed 5
   curl -sf -X POST http://127.0.0.1:8011/stop_profile; sleep 20
   python $OUTD/vllm_profile.py $PROF
 fi
