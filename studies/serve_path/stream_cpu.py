@@ -3,8 +3,9 @@
 Sends `-n` chat completions, `--concurrency` at a time, each `--max-tokens` tokens
 (`ignore_eos`; `--temperature` where given), streamed or not, to the server at `--url` (a
 429 is retried after 0.25 s and counted), and reads every Serve process's CPU time from
-/proc before and after (`studies/serve_cpu.py`), and its own. Writes one JSON object: requests/s, output tokens/s,
-and each process's CPU milliseconds per request (this client's as `client`).
+/proc before and after (`studies/serve_cpu.py`), and its own. Writes one JSON object:
+requests/s, output tokens/s, and each process's CPU milliseconds per request (this
+client's as `client`).
 
     python -m studies.serve_path.stream_cpu -n 160 --concurrency 24 --max-tokens 64 --stream
 """

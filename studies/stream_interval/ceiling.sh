@@ -19,7 +19,8 @@ MODEL=$TMPD/tiny_llama_49k
 N=${N:-512} CONC=${CONC:-128} MAX_TOKENS=${MAX_TOKENS:-256}
 [ -f $MODEL/model.safetensors ] || python -m studies.stream_interval.tiny_model $MODEL
 for i in 1 8; do
-  sed -e "s|^    model: .*|    model: $MODEL\n    served_model_name: smollm2|" -e "s/^    engine_num_cpus: 1$/&\n    stream_interval: $i/" \
+  sed -e "s|^    model: .*|    model: $MODEL\n    served_model_name: smollm2|" \
+    -e "s/^    engine_num_cpus: 1$/&\n    stream_interval: $i/" \
     studies/engine_cpu/vllm_cpu/serve_b128_bf16.yaml > $TMPD/ceiling_i$i.yaml
 done
 load() {  # LABEL [--stream]

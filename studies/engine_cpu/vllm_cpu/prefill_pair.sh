@@ -15,7 +15,8 @@ cd "$(dirname "$0")/../../.."
 OUTD=studies/engine_cpu/vllm_cpu
 CORE=$(( $(nproc) - 1 ))
 CONFIG=${LOGDIR:-/tmp}/prefill_pair_${TAG}.yaml
-sed "s/^    engine_num_cpus: 1$/&\n    engine_cpu_ids: [$CORE]/" $OUTD/serve_b128_bf16.yaml > $CONFIG
+sed "s/^    engine_num_cpus: 1$/&\n    engine_cpu_ids: [$CORE]/" $OUTD/serve_b128_bf16.yaml \
+  > $CONFIG
 VLLM_CPU_OMP_THREADS_BIND=$CORE start_vllm bfloat16 ${LOGDIR:-/tmp}/prefill_pair_${TAG}_vllm.log
 RAY_AUTH_MODE=disabled start_server $CONFIG ${LOGDIR:-/tmp}/prefill_pair_${TAG}_ours.log
 python $OUTD/prefill_probe.py --base-url http://127.0.0.1:8000/v1 \
