@@ -27,9 +27,11 @@ import torch
 from engine.kv_layout import KVLayout
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class SeqSpan:
-    """One chunk of the flattened batch, in batch order."""
+    """One chunk of the flattened batch, in batch order.  Not frozen: a
+    frozen dataclass sets each field through `object.__setattr__`, 3x the
+    constructor's time, and one is built per chunk of every step."""
 
     start_pos: int
     num_tokens: int

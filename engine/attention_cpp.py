@@ -44,13 +44,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Any
 
 import torch
 
 from engine.attention import AttentionMetadata, SeqSpan
 from engine.cpp_build import amx_wanted, bf16_dot_wanted
+from engine.device_lists import on_device
 from engine.cpp_ops import decode_amx, load_kernel, loaded, silu_mul_vectorized, vectorized
 from engine.kv_layout import pick_layout
 from engine.attention_torch import (
@@ -213,16 +214,16 @@ class CppAttentionBackend(TorchAttentionBackend):
         fields: dict[str, Any] = {}
         if prompt_spans:
             fields = self._prefill_fields(prompt_spans)
-            fields["prefill_rows"] = torch.tensor(prompt_rows, dtype=torch.long, device=dev)
-            fields["decode_rows"] = torch.tensor(decode_rows, dtype=torch.long, device=dev)
+            fields["prefill_rows"] = on_device(prompt_rows, torch.long, dev)
+            fields["decode_rows"] = on_device(decode_rows, torch.long, dev)
             fields["prompt_rows_only"] = len(prompt_rows) == token
         return CppAttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=on_device(slots, torch.long, dev),
             num_decodes=len(decode_rows),
             prefills=[],
-            decode_block_ids=torch.tensor(flat, dtype=torch.long, device=dev),
-            decode_table_starts=torch.tensor(starts, dtype=torch.long, device=dev),
-            decode_context_lens=torch.tensor(contexts, dtype=torch.long, device=dev),
+            decode_block_ids=on_device(flat, torch.long, dev),
+            decode_table_starts=on_device(starts, torch.long, dev),
+            decode_context_lens=on_device(contexts, torch.long, dev),
             **fields,
         )
 
@@ -330,17 +331,15 @@ class CppAttentionBackend(TorchAttentionBackend):
         if self.prefill_kernel is None:
             return {}
         bs = self.block_size
-        tables = [list(s.block_table[: -(-s.context_len // bs)]) for s in spans]
+        tables = [s.block_table[: -(-s.context_len // bs)] for s in spans]
         dev = self.device
         return {
-            "prefill_block_ids": torch.tensor([b for t in tables for b in t], dtype=torch.long,
-                                              device=dev),
-            "prefill_table_starts": torch.tensor(
-                [0, *accumulate(len(t) for t in tables)][:-1], dtype=torch.long, device=dev),
-            "prefill_query_starts": torch.tensor(
-                [0, *accumulate(s.num_tokens for s in spans)], dtype=torch.long, device=dev),
-            "prefill_start_positions": torch.tensor(
-                [s.start_pos for s in spans], dtype=torch.long, device=dev),
+            "prefill_block_ids": on_device(list(chain.from_iterable(tables)), torch.long, dev),
+            "prefill_table_starts": on_device(
+                [0, *accumulate(len(t) for t in tables)][:-1], torch.long, dev),
+            "prefill_query_starts": on_device(
+                [0, *accumulate(s.num_tokens for s in spans)], torch.long, dev),
+            "prefill_start_positions": on_device([s.start_pos for s in spans], torch.long, dev),
         }
 
     def _prefill(
@@ -374,13 +373,13 @@ class CppAttentionBackend(TorchAttentionBackend):
     ) -> dict[str, Any]:
         if self.kernel is None:
             return super()._decode_fields(tables, contexts)
-        flat = [b for table in tables for b in table]
+        flat = list(chain.from_iterable(tables))
         starts = [0, *accumulate(len(t) for t in tables)][:-1]
         dev = self.device
         return {
-            "decode_block_ids": torch.tensor(flat, dtype=torch.long, device=dev),
-            "decode_table_starts": torch.tensor(starts, dtype=torch.long, device=dev),
-            "decode_context_lens": torch.tensor(contexts, dtype=torch.long, device=dev),
+            "decode_block_ids": on_device(flat, torch.long, dev),
+            "decode_table_starts": on_device(starts, torch.long, dev),
+            "decode_context_lens": on_device(contexts, torch.long, dev),
         }
 
     def _decode(

@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from engine.device_lists import on_device
+
 from engine.attention import AttentionBackend, AttentionMetadata, SeqSpan
 
 
@@ -78,21 +80,23 @@ class TorchAttentionBackend(AttentionBackend):
                     f"block table of {len(table)} blocks cannot hold {ctx} tokens "
                     f"(block_size {bs})"
                 )
-            for pos in range(span.start_pos, ctx):
-                slots.append(table[pos // bs] * bs + pos % bs)
             if n == 1:
                 if prefills:
                     raise ValueError("single-token spans must precede multi-token spans")
+                pos = ctx - 1
+                slots.append(table[pos // bs] * bs + pos % bs)
                 num_decodes += 1
                 decode_tables.append(table[: -(-ctx // bs)])
                 decode_ctx.append(ctx)
             else:
+                for pos in range(span.start_pos, ctx):
+                    slots.append(table[pos // bs] * bs + pos % bs)
                 prefills.append(self._prefill_span(span, token))
                 prefill_spans.append(span)
             token += n
 
         return self.metadata_cls(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            slot_mapping=on_device(slots, torch.long, self.device),
             num_decodes=num_decodes,
             prefills=prefills,
             **(self._decode_fields(decode_tables, decode_ctx) if num_decodes else {}),

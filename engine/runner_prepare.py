@@ -127,7 +127,10 @@ class PlanPreparing:
             # A row its grammar leaves open samples as a free one.
             open_ = open_rows(bitmask, self.grammars.vocab_size)
             allowed = {i: bitmask[k] for k, (i, _) in enumerate(grammars) if not open_[k]}
-        return [SampleRequest(s.params, c.output_index, s.banned_token_ids(),
+        # Most rows ban nothing: past min_tokens, no bad words.
+        return [SampleRequest(s.params, c.output_index,
+                              () if len(s.output_token_ids) >= s.params.min_tokens
+                              and not s.params.bad_words_token_ids else s.banned_token_ids(),
                               s.prompt_token_ids, s.output_token_ids, allowed.get(i))
                 if not c.draft else _after_drafts(c, s, c.draft)
                 for i, (c, s) in enumerate(sampled)] + [
@@ -153,7 +156,7 @@ class PlanPreparing:
         order, then the prompt positions whose logprobs are owed.  Nothing
         is recorded in any request's state: that happens after the forward
         pass succeeded."""
-        ordered = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
+        ordered = sorted(plan.chunks, key=lambda c: len(c.token_ids) != 1)
         sampled: list[tuple[ScheduledChunk, RequestState]] = []
         prompt_rows: list[PromptRows] = []
         input_ids: list[int] = []
@@ -166,19 +169,24 @@ class PlanPreparing:
         lora_rows: dict[int, tuple[Adapter, list[int]]] = {}
         verify: dict[int, int] = {}
         verify_rows: list[int] = []
+        requests, max_len = self._requests, self.max_model_len
+        # Once per chunk per step (every running sequence's decode): the
+        # checks' common cases inlined, their methods called where they apply.
         for chunk in ordered:
-            state = self._state(chunk)
-            end = chunk.start_pos + chunk.num_tokens
-            if end > self.max_model_len:
+            state = requests.get(chunk.job_id) or self._state(chunk)
+            start, ids = chunk.start_pos, chunk.token_ids
+            end = start + len(ids)
+            if end > max_len:
                 raise ValueError(
-                    f"job {chunk.job_id}: position {end} exceeds max_model_len {self.max_model_len}"
+                    f"job {chunk.job_id}: position {end} exceeds max_model_len {max_len}"
                 )
-            owed = state.prompt_logprob_positions(chunk.start_pos, end)
-            if owed:
-                base = len(input_ids) - chunk.start_pos
-                prompt_indices.extend(range(base + owed.start, base + owed.stop))
-                prompt_rows.append(PromptRows(state, owed))
-            ids = chunk.token_ids
+            num_prompt = len(state.prompt_token_ids)
+            if state.prompt_logprobs is not None:
+                owed = state.prompt_logprob_positions(start, end)
+                if owed:
+                    base = len(input_ids) - start
+                    prompt_indices.extend(range(base + owed.start, base + owed.stop))
+                    prompt_rows.append(PromptRows(state, owed))
             in_flight = 0
             if ids and min(ids) < 0:
                 ids, in_flight = self._pending_token(chunk, state, len(input_ids),
@@ -187,11 +195,13 @@ class PlanPreparing:
                 lora_rows.setdefault(id(state.lora), (state.lora, []))[1].extend(
                     range(len(input_ids), len(input_ids) + len(ids)))
             input_ids.extend(ids)
-            positions.extend(range(chunk.start_pos, end))
-            spans.append(SeqSpan(chunk.start_pos, chunk.num_tokens, chunk.block_table,
-                                 len(state.prompt_token_ids)))
+            positions.extend(range(start, end))
+            spans.append(SeqSpan(start, len(ids), chunk.block_table, num_prompt))
             if chunk.sample:
-                self._check_sample_point(chunk, state, in_flight)
+                outputs = len(state.output_token_ids) + in_flight
+                if (chunk.output_index != outputs
+                        or end - chunk.draft != num_prompt + outputs):
+                    self._check_sample_point(chunk, state, in_flight)
                 logits_indices.append(len(input_ids) - 1)
                 if chunk.draft:  # the rows whose picks the drafts must match
                     verify[len(sampled)] = len(verify_rows)
