@@ -28,6 +28,7 @@ import torch
 import triton
 
 from engine.attention import AttentionBackend, AttentionMetadata, SeqSpan
+from engine.table_rows import TableRows
 from engine.attention_triton_kernels import (
     _merge_splits,
     _paged_decode,
@@ -126,10 +127,11 @@ def fill_block_tables(tables: np.ndarray, spans: Sequence[SeqSpan], need: np.nda
 
 
 def span_layout(spans: Sequence[SeqSpan], block_size: int, width: int | None = None,
-                tables: np.ndarray | None = None) -> SpanLayout:
+                tables: np.ndarray | None = None, rows: TableRows | None = None) -> SpanLayout:
     """Lay out `spans` (decodes first), checking that every block table
     holds its context; block tables `width` blocks wide (None: as wide as
-    the longest needs), written into `tables` where given."""
+    the longest needs), written into `tables` where given (through `rows`,
+    which knows what that buffer's rows already hold, where given)."""
     bs, num = block_size, len(spans)
     start = np.fromiter((s.start_pos for s in spans), np.int64, num)
     ntok = np.fromiter((s.num_tokens for s in spans), np.int64, num)
@@ -153,7 +155,11 @@ def span_layout(spans: Sequence[SeqSpan], block_size: int, width: int | None = N
                          f"tables ({width} blocks)")
     if tables is None:
         tables = np.zeros((num, width), np.int32)
-    fill_block_tables(tables, spans, need)
+        rows = None
+    if rows is not None:
+        rows.fill(tables, spans, need)
+    else:
+        fill_block_tables(tables, spans, need)
     # Each new token's slot, from its span's table row and position.
     total = int(ntok.sum())
     owner = np.repeat(np.arange(num), ntok)

@@ -34,10 +34,10 @@ from engine.attention import SeqSpan
 from engine.attention_triton import (
     TritonAttentionBackend,
     TritonAttentionMetadata,
-    fill_block_tables,
 )
 from engine.kv_cache import KVCache
 from engine.models import CausalLM, ForwardBatch
+from engine.table_rows import TableRows
 
 if TYPE_CHECKING:
     from engine.cuda_graphs_mixed import MixedGraphs
@@ -182,6 +182,8 @@ class DecodeGraphs(StagedGraphs):
         sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_batch = max_batch
         self.width = width
+        # The host buffer's block-table rows keep what the last step wrote.
+        self._table_rows = TableRows(max_batch)
         dev, big = self.device, max_batch
         ids_pos = self._long.view(2, big)
         slots, ctx, tables = self._meta.split([big, big, big * self.width])
@@ -252,7 +254,7 @@ class DecodeGraphs(StagedGraphs):
         ids_pos[1, :n] = pos
         meta = self._host_meta.numpy()
         tables = meta[2 * big :].reshape(big, width)
-        fill_block_tables(tables, spans, need)
+        self._table_rows.fill(tables, spans, need)
         rows = np.arange(n)
         meta[:n] = tables[rows, pos // bs] * bs + pos % bs
         meta[big : big + n] = pos + 1

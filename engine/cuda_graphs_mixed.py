@@ -51,6 +51,7 @@ from engine.attention_triton import (
 from engine.cuda_graphs import Fill, StagedGraphs
 from engine.kv_cache import KVCache
 from engine.models import CausalLM, ForwardBatch
+from engine.table_rows import TableRows
 
 # Step sizes in tokens captured (those below the largest, plus the largest).
 # Above a few hundred tokens the matmuls are compute-bound, so a padding
@@ -93,6 +94,8 @@ class MixedGraphs(StagedGraphs):
         self.max_spans, self.max_tokens = max_spans, max_tokens
         self.width = -(-max_model_len // kv_cache.block_size)
         self.max_tiles = -(-max_tokens // PREFILL_TILE_M) + max_spans
+        # The host buffer's block-table rows keep what the last step wrote.
+        self._table_rows = TableRows(max_spans)
         # Static inputs: token ids | positions | logits rows (int64), then
         # one int32 buffer of slots | decode contexts | block tables | tiles.
         super().__init__(model, kv_cache, 2 * tokens + spans,
@@ -175,7 +178,7 @@ class MixedGraphs(StagedGraphs):
                              f"{self.max_tokens} tokens, {self.max_spans} spans)")
         self._staging()
         ids, pos, rows, slots, ctx, tables, tiles = self._host()
-        lay = span_layout(spans, self.kv_cache.block_size, self.width, tables)
+        lay = span_layout(spans, self.kv_cache.block_size, self.width, tables, self._table_rows)
         nd, size = lay.num_decodes, bucket.tokens
         ids[:n] = input_ids
         ids[n:size] = 0
