@@ -51,8 +51,8 @@ import torch
 
 from engine.attention import AttentionMetadata, SeqSpan
 from engine.cpp_build import amx_wanted, bf16_dot_wanted
-from engine.device_lists import on_device
 from engine.cpp_ops import decode_amx, load_kernel, loaded, silu_mul_vectorized, vectorized
+from engine.device_lists import on_device
 from engine.kv_layout import pick_layout
 from engine.attention_torch import (
     TorchAttentionBackend,

@@ -25,9 +25,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.device_lists import on_device
-
 from engine.attention import AttentionBackend, AttentionMetadata, SeqSpan
+from engine.device_lists import on_device
 
 
 @dataclass(slots=True)

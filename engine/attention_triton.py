@@ -28,7 +28,6 @@ import torch
 import triton
 
 from engine.attention import AttentionBackend, AttentionMetadata, SeqSpan
-from engine.table_rows import TableRows
 from engine.attention_triton_kernels import (
     _merge_splits,
     _paged_decode,
@@ -36,6 +35,7 @@ from engine.attention_triton_kernels import (
     _paged_rows,
     _store_kv,
 )
+from engine.table_rows import TableRows
 
 # Keys per inner iteration of the decode kernel, and per split at least.
 DECODE_TILE = 64
