@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ from engine.attention_triton_kernels import (
     _paged_rows,
     _store_kv,
 )
-from engine.table_rows import TableRows
+from engine.table_rows import TableRows, fill_block_tables
 
 # Keys per inner iteration of the decode kernel, and per split at least.
 DECODE_TILE = 64
@@ -113,17 +112,6 @@ class SpanLayout:
     tables: np.ndarray
     slots: np.ndarray
     num_decodes: int
-
-
-def fill_block_tables(tables: np.ndarray, spans: Sequence[SeqSpan], need: np.ndarray) -> None:
-    """Row i of `tables` begins with the first `need[i]` block ids of span
-    i (the rest of the row is left as it is): one pass over the ids and one
-    masked store, where a store per row cost a GPU host ~2 µs a span at
-    every decode step (the serving loop's profile, `studies/engine_gpu`)."""
-    counts = need.tolist()
-    flat = np.fromiter(chain.from_iterable(s.block_table[:k] for s, k in zip(spans, counts)),
-                       np.int32, sum(counts))
-    tables[: len(spans)][np.arange(tables.shape[1]) < need[:, None]] = flat
 
 
 def span_layout(spans: Sequence[SeqSpan], block_size: int, width: int | None = None,

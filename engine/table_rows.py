@@ -1,15 +1,17 @@
-"""Block tables staged row by row into a buffer that outlives the step.
+"""Block tables staged into a host buffer, and staged again only where
+they changed.
 
-The decode graphs (engine/cuda_graphs.py) read every sequence's block table
-from one pinned `[rows, width]` host buffer that stays as the last step left
-it.  A table the scheduler hands out never changes afterwards: a job whose
-blocks change gets a new list (`Job.table_copy`,
-tests/scheduler/test_chunk_tables.py).  So a row whose span brings the very
-list written there before, needing no more of its ids than were written,
-already holds them.  In a steady decode a sequence takes a new block once in
-`block_size` steps, so a step rewrites a few rows instead of every id of
-every row (at 128 sequences of 32 blocks, 4,096 Python ints a step, ~250 µs
-of a GPU host's time before each few-ms step).
+The decode graphs (engine/cuda_graphs.py) and the mixed-step graphs
+(engine/cuda_graphs_mixed.py) read every sequence's block table from a
+pinned `[rows, width]` host buffer that stays as the last step left it.  A
+table the scheduler hands out never changes afterwards: a job whose blocks
+change gets a new list (`Job.table_copy`, tests/scheduler/test_chunk_tables.py).
+So a row whose span brings the very list written there before, needing no
+more of its ids than were written, already holds them.  In a steady decode a
+sequence takes a new block once in `block_size` steps, so a step rewrites a
+few rows instead of every id of every row (at 128 sequences of 32 blocks,
+4,096 Python ints a step, 200-330 µs of a host's time before each few-ms
+step on a GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from itertools import chain
 import numpy as np
 
 from engine.attention import SeqSpan
+
+
+def fill_block_tables(tables: np.ndarray, spans: Sequence[SeqSpan], need: np.ndarray) -> None:
+    """Row i of `tables` begins with the first `need[i]` block ids of span
+    i (the rest of the row is left as it is): one pass over the ids and one
+    masked store, where a store per row cost a GPU host ~2 µs a span at
+    every decode step (the serving loop's profile, `studies/engine_gpu`)."""
+    counts = need.tolist()
+    flat = np.fromiter(chain.from_iterable(s.block_table[:k] for s, k in zip(spans, counts)),
+                       np.int32, sum(counts))
+    tables[: len(spans)][np.arange(tables.shape[1]) < need[:, None]] = flat
 
 
 class TableRows:
@@ -39,12 +52,9 @@ class TableRows:
                  if source[i] is not span.block_table or written[i] < k]
         if not stale:
             return 0
-        flat = np.fromiter(chain.from_iterable(spans[i].block_table[:counts[i]] for i in stale),
-                           np.int32, sum(counts[i] for i in stale))
         rows = np.asarray(stale)
-        # One masked store over the stale rows (a store per row cost ~2 µs).
         block = tables[rows]
-        block[np.arange(tables.shape[1]) < need[rows][:, None]] = flat
+        fill_block_tables(block, [spans[i] for i in stale], need[rows])
         tables[rows] = block
         for i in stale:
             source[i] = spans[i].block_table

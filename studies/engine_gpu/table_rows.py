@@ -4,7 +4,7 @@ each step (`fill_block_tables`) against only the rows whose table changed
 whose contexts start spread over `--context` tokens, each taking a new block
 (a new list, as the scheduler hands one out) when it crosses a block's end, and
 a new sequence taking the row of one that reaches twice `--context`.
-The two are timed step by step, alternated, on the same sequence of steps.
+Both are timed at every step, on the same steps, and their rows compared.
 
     python -m studies.engine_gpu.table_rows --out studies/engine_gpu/step_inputs/table_rows.json
 """
@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.attention import SeqSpan
-from engine.attention_triton import fill_block_tables
-from engine.table_rows import TableRows
+from engine.table_rows import TableRows, fill_block_tables
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:

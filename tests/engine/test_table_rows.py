@@ -9,8 +9,7 @@ import random
 import numpy as np
 
 from engine.attention import SeqSpan
-from engine.attention_triton import fill_block_tables
-from engine.table_rows import TableRows
+from engine.table_rows import TableRows, fill_block_tables
 
 BS, WIDTH = 4, 8
 
