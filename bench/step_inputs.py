@@ -58,18 +58,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def decode_plan(runner: ModelRunner, batch: int, context: int, rng: random.Random,
                 blocks: list[int]) -> Plan:
-    """`batch` requests added to `runner`, each with a `context`-token prompt
-    whose last token the plan feeds (a one-token chunk that samples), each
-    over its own blocks taken from `blocks` in their order."""
+    """`batch` requests added to `runner`, each a `context - 1`-token prompt
+    and one sampled output, which the plan feeds (a decode: a one-token
+    chunk past the prompt that samples the next), each over its own blocks
+    taken from `blocks` in their order.  A chunk holding the prompt's last
+    token instead would take a deterministic runner's prompt path."""
     bs = runner.kv_cache.block_size
     need = -(-context // bs)
     chunks = []
     for i in range(batch):
         job = f"bench-{batch}-{i}"
-        prompt = [rng.randrange(256, 4096) for _ in range(context)]
+        prompt = [rng.randrange(256, 4096) for _ in range(context - 1)]
         runner.add_request(job, SamplingParams(max_tokens=16, temperature=0.0), prompt)
+        output = rng.randrange(256, 4096)
+        runner._requests[job].output_token_ids.append(output)
         table = blocks[i * need:(i + 1) * need]
-        chunks.append(ScheduledChunk(job, prompt[-1:], context - 1, table, True, 0))
+        chunks.append(ScheduledChunk(job, [output], context - 1, table, True, 1))
     return Plan(step=0, chunks=chunks)
 
 

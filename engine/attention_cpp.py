@@ -165,7 +165,8 @@ class CppAttentionBackend(TorchAttentionBackend):
                               if self.kv_layout == "tiles" else self.kernel)
 
     def build_metadata(self, spans: Sequence[SeqSpan]) -> TorchAttentionMetadata:
-        if not self.deterministic:
+        if not self.deterministic or self._outputs_only(spans):
+            # Decodes of outputs take the decode operator either way.
             return super().build_metadata(spans)
         bs = self.block_size
         slots: list[int] = []
@@ -226,6 +227,14 @@ class CppAttentionBackend(TorchAttentionBackend):
             decode_context_lens=on_device(contexts, torch.long, dev),
             **fields,
         )
+
+    def _outputs_only(self, spans: Sequence[SeqSpan]) -> bool:
+        """Whether every span is one token past its prompt (a decode step's
+        usual plan), which deterministic mode attends as the default does."""
+        if self.prefill_kernel is None:
+            return all(s.num_tokens == 1 for s in spans)
+        return all(s.num_tokens == 1 and (s.prompt_len is None or s.prompt_len <= s.start_pos)
+                   for s in spans)
 
     def decode_layer_step(
         self, metadata: AttentionMetadata, num_tokens: int

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 
 from bench.step_inputs import PARTS, decode_plan, main
 from engine.runner import ModelRunner
 
 
-def test_decode_plan_feeds_each_sequences_last_prompt_token_over_its_own_blocks():
+def test_decode_plan_feeds_each_sequences_output_over_its_own_blocks():
     runner = ModelRunner("embedded:smollm2", "float32", "cpu", num_blocks=16, block_size=16,
                          max_model_len=64)
     blocks = list(range(16))[::-1]
@@ -21,6 +22,9 @@ def test_decode_plan_feeds_each_sequences_last_prompt_token_over_its_own_blocks(
     prepared = runner._prepare(plan)
     assert prepared.positions == [39, 39, 39]
     assert prepared.logits_indices == [0, 1, 2]
+    # Each fed token is the request's output, past its 39-token prompt: a decode.
+    for chunk, state in prepared.sampled:
+        assert len(state.prompt_token_ids) == 39 and state.output_token_ids == chunk.token_ids
     # Three blocks a sequence, none shared, in the order they were handed.
     tables = [list(s.block_table) for s in prepared.spans]
     assert tables == [[15, 14, 13], [12, 11, 10], [9, 8, 7]]
@@ -42,3 +46,16 @@ def test_report_has_each_part_per_batch(tmp_path):
         assert abs(row["total_us"] - sum(row[k] for k in PARTS)) < 0.5
         assert abs(row["us_per_sequence"] - row["total_us"] / row["batch"]) < 0.05
     assert doc["context"] == 40 and doc["block_size"] == 16
+
+
+def test_deterministic_runner_attends_the_plan_as_decodes():
+    """In deterministic mode a prompt position takes the prefill operator;
+    the plan's positions are outputs, so every row is a decode."""
+    runner = ModelRunner("embedded:smollm2", "float32", "cpu", num_blocks=16, block_size=16,
+                         max_model_len=64, deterministic=True)
+    if type(runner.attn).__name__ != "CppAttentionBackend" or runner.attn.kernel is None:
+        pytest.skip("no C++ attention operator on this machine")
+    plan = decode_plan(runner, 3, 40, random.Random(0), list(range(16)))
+    md = runner._forward_batch(runner._prepare(plan)).attn_metadata
+    assert md.num_decodes == 3 and md.prefill_rows is None
+    assert md.decode_context_lens.tolist() == [40, 40, 40]

@@ -235,6 +235,18 @@ def test_deterministic_metadata_splits_prompt_and_later_positions() -> None:
     # No prompt position in the step: every token to the decode operator.
     md = backend.build_metadata([SeqSpan(8, 1, [1, 2, 5, 6], 3)])
     assert md.prefill_rows is None and md.num_decodes == 1
+    # Decodes past their prompts: the default mode's metadata, field by field.
+    spans = [SeqSpan(8, 1, [1, 2, 5, 6], 3), SeqSpan(4, 1, [7, 3], 4), SeqSpan(0, 1, [9], 0)]
+    default = get_attention_backend("cpp")(6, 2, 32, 4, CPU)
+    md, want = backend.build_metadata(spans), default.build_metadata(spans)
+    for field in ("slot_mapping", "decode_block_ids", "decode_table_starts",
+                  "decode_context_lens"):
+        assert torch.equal(getattr(md, field), getattr(want, field)), field
+    assert md.decode_block_ids.tolist() == [1, 2, 5, 7, 3, 9]
+    assert md.num_decodes == 3 and md.prefill_rows is None and not md.prefills
+    # A one-token chunk at its prompt's last position is a prompt row.
+    md = backend.build_metadata([SeqSpan(8, 1, [1, 2, 5, 6], 3), SeqSpan(3, 1, [7], 4)])
+    assert md.prefill_rows.tolist() == [1] and md.decode_rows.tolist() == [0]
 
 
 @needs_cxx
