@@ -12,7 +12,8 @@ the same leading space it would in the full text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -74,20 +75,34 @@ class IncrementalDetokenizer:
         self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
         context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
         self._stream: DecodeStream | _OffsetDecoder
+        # One call a token: the bound step of whichever decoder there is.
+        self._step: Callable[[int], str | None]
         if self._backend is not None:
             self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+            self._step = partial(self._stream.step, self._backend)
         else:
             self._stream = _OffsetDecoder(tokenizer, context, skip_special_tokens)
+            self._step = self._stream.step
         self.stop = tuple(stop)
+        # The last characters of the stop strings' proper prefixes: text
+        # ending in none of them holds nothing back (`_stop_prefix_len`).
+        self._prefix_ends = frozenset(s[n - 1] for s in self.stop for n in range(1, len(s)))
         # vLLM's include_stop_str_in_output: the matched stop string ends
         # the text instead of being cut off.
         self.include_stop = include_stop
         # Tokens fed since the decoder last produced text (a split character).
         self._undecoded: list[int] = []
         self._pending = ""  # decoded, held back
-        self.text = ""  # emitted so far
+        # Emitted so far, in pieces: a string grown a piece at a time is
+        # copied whole each time (quadratic in the answer's length).
+        self._emitted: list[str] = []
         self.stopped = False  # a stop string matched
         self.stop_reason: str | None = None  # the stop string that matched
+
+    @property
+    def text(self) -> str:
+        """The text emitted so far."""
+        return "".join(self._emitted)
 
     def add_token(self, token_id: int, check_stop: bool = True) -> str:
         """Feed one output token; returns the text to emit now.
@@ -101,21 +116,25 @@ class IncrementalDetokenizer:
         if piece is None:
             self._undecoded.append(token_id)
             return ""
-        self._undecoded.clear()
+        if self._undecoded:
+            self._undecoded.clear()
+        if not self.stop:  # nothing to hold back: every token's case but a few
+            self._emitted.append(piece)
+            return piece
         self._pending += piece
-        if check_stop and self.stop:
+        if check_stop:
             hit = self._find_stop()
             if hit is not None:
                 cut, self.stop_reason = hit
                 delta = self._pending[:cut + (len(self.stop_reason) if self.include_stop else 0)]
                 self._pending = ""
                 self.stopped = True
-                self.text += delta
+                self._emitted.append(delta)
                 return delta
         hold = self._stop_prefix_len()
         delta = self._pending[: len(self._pending) - hold]
         self._pending = self._pending[len(self._pending) - hold :]
-        self.text += delta
+        self._emitted.append(delta)
         return delta
 
     def flush(self) -> str:
@@ -130,15 +149,10 @@ class IncrementalDetokenizer:
             self._undecoded.clear()
         delta = self._pending + tail
         self._pending = ""
-        self.text += delta
+        self._emitted.append(delta)
         return delta
 
     # Internals ----------------------------------------------------------
-
-    def _step(self, token_id: int) -> str | None:
-        if isinstance(self._stream, DecodeStream):
-            return self._stream.step(self._backend, token_id)
-        return self._stream.step(token_id)
 
     def _find_stop(self) -> tuple[int, str] | None:
         # Stop strings cannot start inside emitted text: any emitted tail
@@ -148,6 +162,8 @@ class IncrementalDetokenizer:
 
     def _stop_prefix_len(self) -> int:
         """Length of the longest tail of the pending text that begins a stop string."""
+        if not self._pending or self._pending[-1] not in self._prefix_ends:
+            return 0
         best = 0
         for s in self.stop:
             for n in range(min(len(s) - 1, len(self._pending)), best, -1):

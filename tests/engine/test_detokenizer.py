@@ -37,7 +37,7 @@ def test_deltas_concatenate_to_decode(tok: Any, fallback: bool) -> None:
     detok = IncrementalDetokenizer(_NoBackend(tok) if fallback else tok, prompt)
     deltas = [detok.add_token(t) for t in ids]
     deltas.append(detok.flush())
-    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True) == detok.text
     # Split characters are held back, never streamed as U+FFFD.
     assert not any("\ufffd" in d for d in deltas)
     assert "" in deltas  # some token completed no character
@@ -195,3 +195,26 @@ def test_the_stop_reason_names_the_stop_string_or_stop_token_but_not_eos(tok: An
     assert later.stop_reason == stop_id
     by_eos, _ = _states(tok, [], params, frozenset({eos, stop_id}))
     assert by_eos.append(eos, 100)[1] == "stop" and by_eos.stop_reason is None
+
+
+@pytest.mark.parametrize("stops", [["e l", "\n\n"], ["end\n\nm", "t; "], ["x"]])
+def test_stops_hold_back_exactly_the_tail_that_could_begin_one(tok: Any, stops: list[str]) -> None:
+    """After each token the emitted text is the decoded text up to the first
+    stop string, or, before one appears, all of it but its longest tail
+    that begins a stop string (checked against a brute-force reading)."""
+    text = "see the cat; the elk ran. then: the end\n\nmore text x"
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [], stop=stops)
+    deltas = []
+    for k in range(1, len(ids) + 1):
+        deltas.append(detok.add_token(ids[k - 1]))
+        full = tok.decode(ids[:k])
+        hits = [i for s in stops if (i := full.find(s)) >= 0]
+        if hits:
+            assert detok.stopped and detok.text == full[:min(hits)]
+            break
+        hold = max((n for s in stops for n in range(1, len(s)) if full.endswith(s[:n])),
+                   default=0)
+        assert not detok.stopped and detok.text == full[:len(full) - hold]
+    assert "".join(deltas) == detok.text
+    assert detok.stopped  # every parametrisation's stop string is in the text
