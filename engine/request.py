@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.bad_words import banned_by_words
+from engine.bad_words import banned_by_words, needs_history
 from engine.detokenizer import IncrementalDetokenizer
 from engine.lora import Adapter
 from engine.sampling_params import SamplingParams
@@ -50,11 +50,18 @@ class RequestState:
     # ends whatever the pool drops meanwhile.
     lora: Adapter | None = None
 
+    # Whether sampling its next token reads its previous one whatever the
+    # step (penalties, a grammar, bad words of several tokens): fixed for
+    # its life, read for every chunk a plan launched ahead holds.
+    samples_on_history: bool = field(init=False)
+
     def __post_init__(self) -> None:
         # A request resumed with outputs (migration) delivered them where
         # its first token was sampled.
         if self.params.prompt_logprobs is not None and not self.output_token_ids:
             self.prompt_logprobs = [None]
+        self.samples_on_history = (self.params.has_penalties or self.grammar is not None
+                                   or needs_history(self.params.bad_words_token_ids))
 
     @property
     def num_tokens(self) -> int:

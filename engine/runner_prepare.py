@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import SeqSpan
-from engine.bad_words import needs_history
 from engine.device_lists import on_device
 from engine.lora import Adapter, LoraStep
 from engine.models import ForwardBatch
@@ -99,13 +98,13 @@ class PlanPreparing:
         if self.world > 1 or pending.result is not None or pending.reads_logits:
             return False
         rows = pending.rows or {}
+        requests = self._requests
         for chunk in plan.chunks:
             if chunk.job_id in rows:
-                state = self._requests.get(chunk.job_id)
+                state = requests.get(chunk.job_id)
                 if state is not None and (
-                        state.params.has_penalties or state.grammar is not None
-                        or state.params.min_tokens > len(state.output_token_ids)
-                        or needs_history(state.params.bad_words_token_ids)):
+                        state.samples_on_history
+                        or state.params.min_tokens > len(state.output_token_ids)):
                     return False
         return True
 

@@ -188,6 +188,23 @@ def test_allowed_tokens_and_bad_words(runner: ModelRunner) -> None:
     assert ahead.num_ahead > 0
 
 
+@pytest.mark.parametrize("extra,bound", [
+    ({}, False), ({"bad_words_token_ids": [[7]]}, False), ({"min_tokens": 3}, False),
+    ({"presence_penalty": 0.5}, True), ({"repetition_penalty": 1.1}, True),
+    ({"bad_words_token_ids": [[7], [8, 9]]}, True)])
+def test_which_requests_sample_on_their_previous_token(
+        runner: ModelRunner, extra: dict[str, object], bound: bool) -> None:
+    """Penalties and a word of several tokens bind each token to the one
+    before it for the request's life; min_tokens only until it is reached,
+    which `can_run_ahead` reads from the outputs."""
+    params = SamplingParams(max_tokens=4, **extra)  # type: ignore[arg-type]
+    runner.add_request("flag", params, [5, 6, 7])
+    try:
+        assert runner._requests["flag"].samples_on_history is bound
+    finally:
+        runner.remove_request("flag")
+
+
 def test_aborts_between_steps_leave_the_others_unchanged(runner: ModelRunner) -> None:
     params = _greedy(LENGTHS)
     abort = {3: "job0", 6: "job3", 7: "job4"}
