@@ -2,12 +2,14 @@
 
 Each sampled token yields a text delta for the client's stream.  Two things
 are held back: bytes of a UTF-8 character split across tokens (the tokenizer
-library's `DecodeStream` buffers those), and any tail of the text that could
-be the beginning of a stop string.  When a stop string appears, the text is
-cut just before it and the request stops (OpenAI semantics: the stop string
-is not returned, unless vLLM's `include_stop_str_in_output` asks for it).
-Decoding starts with the prompt as context, so the first output token gets
-the same leading space it would in the full text.
+library's `DecodeStream` buffers those, or for a byte-level tokenizer
+`engine.byte_decoder.ByteLevelStream`, the same answers from a table of each
+token's bytes), and any tail of the text that could be the beginning of a
+stop string.  When a stop string appears, the text is cut just before it and
+the request stops (OpenAI semantics: the stop string is not returned, unless
+vLLM's `include_stop_str_in_output` asks for it).  `DecodeStream` starts with
+the prompt as context, so the first output token gets the same leading space
+it would in the full text (a byte-level token's bytes hold their own space).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
+
+from engine.byte_decoder import ByteLevelStream, byte_table
 
 
 # Context long enough for any tokenizer's spacing rules, short enough that
@@ -35,6 +39,15 @@ def _clean_context(tokenizer: Any, prompt: Sequence[int], skip_special: bool) ->
         if "\ufffd" not in tokenizer.decode(suffix, skip_special_tokens=skip_special):
             return suffix
     return []
+
+
+def warm_up(tokenizer: Any) -> None:
+    """Build what requests' detokenizers share (a byte-level tokenizer's
+    table, for the default `skip_special_tokens`) now rather than in the
+    first request's step."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if isinstance(backend, Tokenizer):
+        byte_table(backend, True)
 
 
 class _OffsetDecoder:
@@ -73,14 +86,21 @@ class IncrementalDetokenizer:
         self._skip = skip_special_tokens
         backend = getattr(tokenizer, "_tokenizer", None)
         self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
-        context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
-        self._stream: DecodeStream | _OffsetDecoder
+        table = None if self._backend is None else byte_table(self._backend,
+                                                               skip_special_tokens)
+        self._stream: ByteLevelStream | DecodeStream | _OffsetDecoder
         # One call a token: the bound step of whichever decoder there is.
         self._step: Callable[[int], str | None]
-        if self._backend is not None:
+        if table is not None:
+            # Byte-level tokens need no context: their bytes are their text.
+            self._stream = ByteLevelStream(table)
+            self._step = self._stream.step
+        elif self._backend is not None:
+            context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
             self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
             self._step = partial(self._stream.step, self._backend)
         else:
+            context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
             self._stream = _OffsetDecoder(tokenizer, context, skip_special_tokens)
             self._step = self._stream.step
         self.stop = tuple(stop)

@@ -23,7 +23,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from engine.attention import default_backend_name, get_attention_backend
 from engine.attention_cpp import prefill_vectorized
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, warm_up
 from engine.dtypes import parse_dtype
 from engine.kv_cache import KVCache
 from engine.length_head import first_token_lengths, first_token_rows, load_head
@@ -94,6 +94,7 @@ class ModelRunner(PlanPreparing, ShardDriving):
 
         self.config: Any = AutoConfig.from_pretrained(str(self.model_path), local_files_only=True)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.model_path)
+        warm_up(self.tokenizer)  # the byte-level table, before any request
         self.eos_token_ids: set[int] = eos_token_ids(self.model_path, self.tokenizer, self.config)
 
         # With tensor parallelism this runner holds one shard of the model

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from engine import detokenizer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.request import RequestState
 from engine.sampling_params import SamplingParams
@@ -30,11 +31,16 @@ class _NoBackend:
         return self._inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_deltas_concatenate_to_decode(tok: Any, fallback: bool) -> None:
+@pytest.mark.parametrize("decoder", ["bytes", "stream", "fallback"])
+def test_deltas_concatenate_to_decode(tok: Any, decoder: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     prompt = tok.encode("Say something:", add_special_tokens=False)
     ids = tok.encode(TEXT, add_special_tokens=False) + [tok.eos_token_id]
-    detok = IncrementalDetokenizer(_NoBackend(tok) if fallback else tok, prompt)
+    if decoder == "stream":  # as a tokenizer that is not byte-level
+        monkeypatch.setattr(detokenizer, "byte_table", lambda *a: None)
+    detok = IncrementalDetokenizer(_NoBackend(tok) if decoder == "fallback" else tok, prompt)
+    assert type(detok._stream).__name__ == {"bytes": "ByteLevelStream", "stream": "DecodeStream",
+                                            "fallback": "_OffsetDecoder"}[decoder]
     deltas = [detok.add_token(t) for t in ids]
     deltas.append(detok.flush())
     assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True) == detok.text
