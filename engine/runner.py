@@ -6,9 +6,8 @@ through one forward pass (decodes first, then prefill chunks), samples the
 chunks that reach their sequence's last known token, applies the stop
 conditions the engine owns (EOS, stop tokens, stop strings, max_tokens) and
 returns one `JobOutput` per chunk, with the logprobs the request asked for:
-those of its sampled tokens, and of its prompt tokens (computed chunk by
-chunk from the extra logits rows of the prefill, delivered with the first
-sampled token).
+those of its sampled tokens and of its prompt tokens (computed chunk by chunk
+from the prefill's extra logits rows, delivered with the first sampled token).
 """
 
 from __future__ import annotations
