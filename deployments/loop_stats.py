@@ -20,6 +20,9 @@ from scheduler.job import Job, JobClass
 from scheduler.plan import Plan
 from scheduler.trace import StepTrace
 
+# An enum member's lookup costs ~0.15 µs on Python 3.11: once per token.
+_OFFLINE = JobClass.OFFLINE
+
 
 @dataclass(slots=True)
 class LoopStats:
@@ -147,7 +150,7 @@ class LoopStats:
         drafts): by class, and an offline job's first."""
         cls = job.job_class.value
         self.tokens_by_class[cls] = self.tokens_by_class.get(cls, 0) + n
-        if job.job_class is JobClass.OFFLINE and job.num_output_tokens == n:
+        if job.job_class is _OFFLINE and job.num_output_tokens == n:
             self.offline_started += 1
 
     def idle(self) -> None:

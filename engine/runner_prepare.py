@@ -219,7 +219,8 @@ class PlanPreparing:
         land), or from the request's outputs where that pass was collected
         since the plan was made (0)."""
         ids = chunk.token_ids
-        if ids[-1] != PENDING_TOKEN or min(ids[:-1], default=0) < 0:
+        # A decode's one id needs no scan (every step's case).
+        if ids[-1] != PENDING_TOKEN or (len(ids) > 1 and min(ids[:-1]) < 0):
             raise ValueError(f"job {chunk.job_id}: token ids {ids[:8]}... hold an id < 0 "
                              "other than the last token's")
         last = chunk.start_pos + len(ids) - 1

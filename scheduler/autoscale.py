@@ -51,6 +51,9 @@ from scheduler.cost import CostEstimator
 from scheduler.job import Job, JobClass
 from scheduler.plan import Plan
 
+# An enum member's lookup costs ~0.15 µs on Python 3.11: once per job or chunk.
+_ONLINE = JobClass.ONLINE
+
 
 class AutoscaleSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -148,7 +151,7 @@ def kv_use(jobs: Iterable[Job], free_blocks: int, num_blocks: int, policy: str) 
     lets it, is no reason for another replica."""
     if policy != "conserve":
         return 1.0 - free_blocks / max(1, num_blocks)
-    held = sum(len(j.block_table) for j in jobs if j.job_class is JobClass.ONLINE)
+    held = sum(len(j.block_table) for j in jobs if j.job_class is _ONLINE)
     return min(1.0, held / max(1, num_blocks))
 
 
@@ -166,14 +169,14 @@ def online_cadence(plan: Plan, jobs: Mapping[str, Job],
     d_on = p_on = d_all = p_all = 0
     for c in plan.chunks:
         j = jobs.get(c.job_id)
-        online = j is not None and j.job_class is JobClass.ONLINE
+        online = j is not None and j.job_class is _ONLINE
         if c.is_decode:
             d_all += 1
             d_on += online
         else:
             p_all += c.num_tokens
             p_on += c.num_tokens if online else 0
-    held = d_on > 0 or any(j.job_class is JobClass.ONLINE for j in jobs.values())
+    held = d_on > 0 or any(j.job_class is _ONLINE for j in jobs.values())
     share = 1.0
     if cost is not None and (d_on, p_on) != (d_all, p_all):
         whole = cost.batch_time(d_all, 0, p_all, 0)

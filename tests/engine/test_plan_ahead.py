@@ -241,6 +241,11 @@ def test_a_pending_token_anywhere_but_last_is_refused(runner: ModelRunner) -> No
         bad = Plan(1, [ScheduledChunk("x", [5, PENDING_TOKEN, 7], 0, [0], True, 0)])
         with pytest.raises(ValueError, match="other than the last"):
             runner.execute(bad)
+        # A lone id below 0 that is not the pending one, first or last.
+        for ids in ([-7], [-7, PENDING_TOKEN]):
+            bad = Plan(1, [ScheduledChunk("x", ids, 2, [0], True, 0)])
+            with pytest.raises(ValueError, match="other than the last"):
+                runner.execute(bad)
         # Last, but with nothing in flight and nothing sampled yet.
         bad = Plan(2, [ScheduledChunk("x", [5, 6, PENDING_TOKEN], 0, [0], True, 0)])
         with pytest.raises(ValueError, match="neither sampled nor in flight"):
