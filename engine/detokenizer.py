@@ -45,9 +45,16 @@ def warm_up(tokenizer: Any) -> None:
     """Build what requests' detokenizers share (a byte-level tokenizer's
     table, for the default `skip_special_tokens`) now rather than in the
     first request's step."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if isinstance(backend, Tokenizer):
+    backend = _rust_backend(tokenizer)
+    if backend is not None:
         byte_table(backend, True)
+
+
+def _rust_backend(tokenizer: Any) -> Tokenizer | None:
+    """The tokenizers library's `Tokenizer` behind a transformers tokenizer
+    (a fast one), or None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
 
 
 class _OffsetDecoder:
@@ -84,10 +91,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        backend = getattr(tokenizer, "_tokenizer", None)
-        self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
-        table = None if self._backend is None else byte_table(self._backend,
-                                                               skip_special_tokens)
+        backend = _rust_backend(tokenizer)
+        table = None if backend is None else byte_table(backend, skip_special_tokens)
         self._stream: ByteLevelStream | DecodeStream | _OffsetDecoder
         # One call a token: the bound step of whichever decoder there is.
         self._step: Callable[[int], str | None]
@@ -95,14 +100,14 @@ class IncrementalDetokenizer:
             # Byte-level tokens need no context: their bytes are their text.
             self._stream = ByteLevelStream(table)
             self._step = self._stream.step
-        elif self._backend is not None:
-            context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
-            self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
-            self._step = partial(self._stream.step, self._backend)
         else:
             context = _clean_context(tokenizer, prompt_token_ids, skip_special_tokens)
-            self._stream = _OffsetDecoder(tokenizer, context, skip_special_tokens)
-            self._step = self._stream.step
+            if backend is not None:
+                self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+                self._step = partial(self._stream.step, backend)
+            else:
+                self._stream = _OffsetDecoder(tokenizer, context, skip_special_tokens)
+                self._step = self._stream.step
         self.stop = tuple(stop)
         # The last characters of the stop strings' proper prefixes: text
         # ending in none of them holds nothing back (`_stop_prefix_len`).
