@@ -406,7 +406,7 @@ class Engine(EngineFigures):
 
     async def iteration_log(self) -> list[tuple[tuple[tuple[int, int], ...], float, float]]:
         """The latest iterations' chunk shapes and times (see `LoopStats`)."""
-        return list(self.loop.stats.recent_iterations.copy())
+        return self.loop.stats.iteration_log()
 
     async def step_trace(self) -> dict[str, list[Any]]:
         """Recent plans and arrivals (`LoopStats.trace`)."""

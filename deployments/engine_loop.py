@@ -460,7 +460,7 @@ class EngineLoop:
                                      self.cost)
         trace = it.trace()
         if trace is not None:
-            self.stats.recent_plans.append(trace)
+            self.stats.add_plan(trace)
         self.stats.count_preempted(self._jobs.get(j) for j in plan.preempted)
         out: list[Delivery] = []
         self.stats.count_outputs(plan, it.events, self._jobs)

@@ -69,14 +69,21 @@ class LoopStats:
     decode_gaps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Forward times of the latest iterations, for steady-state figures.
     recent_forward: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-    # The latest iterations as run here: ((start_pos, num_tokens) of each
-    # chunk, forward seconds, seconds from planning to completion), for a
-    # cost table measured in place (`python -m bench profile-live`).
-    recent_iterations: deque[tuple[tuple[tuple[int, int], ...], float, float]] = field(
+    # The latest iterations as run here, for a cost table measured in place
+    # (`python -m bench profile-live`, through `iteration_log`): each
+    # chunk's start_pos, each chunk's number of tokens, forward seconds,
+    # seconds from planning to completion.  Two tuples of ints a record,
+    # not a pair per chunk: every object a record keeps counts towards the
+    # next young collection (`engine/gc_heap.py`), and a pair per chunk
+    # made most of a busy loop's collections.
+    recent_iterations: deque[tuple[tuple[int, ...], tuple[int, ...], float, float]] = field(
         default_factory=lambda: deque(maxlen=20_000))
     # Every plan that did something, for comparing a live run with its
-    # simulation step by step (`python -m bench trace-summary`).
-    recent_plans: deque[StepTrace] = field(default_factory=lambda: deque(maxlen=50_000))
+    # simulation step by step (`python -m bench trace-summary`, through
+    # `plans`), as `StepTrace.row`s: plain tuples, which the collector
+    # stops tracking once it has seen them, where 50,000 record objects
+    # would stay for every full collection to walk.
+    recent_plans: deque[tuple[Any, ...]] = field(default_factory=lambda: deque(maxlen=50_000))
     # (monotonic time, request id) of each request reaching the replica, on
     # the plans' clock: how fast a burst gets here (studies/burst/path_cpu.py),
     # which the plans alone bound only to within an iteration.
@@ -95,7 +102,7 @@ class LoopStats:
     def trace(self) -> dict[str, list[Any]]:
         """Every recent plan (`scheduler.trace.StepTrace` fields) and
         arrival ([time, request id]), oldest first."""
-        return {"plans": [r.to_json() for r in self.recent_plans.copy()],
+        return {"plans": [r.to_json() for r in self.plans()],
                 "arrivals": [list(a) for a in self.arrival_times.copy()]}
 
     def take_arrived(self) -> list[str]:
@@ -123,8 +130,22 @@ class LoopStats:
         self.plan_time += it.plan_s
         self.complete_time += it.complete_s
         self.recent_forward.append(spent)
-        self.recent_iterations.append((
-            tuple((c.start_pos, len(c.token_ids)) for c in plan.chunks), spent, elapsed))
+        chunks = plan.chunks
+        self.recent_iterations.append((tuple([c.start_pos for c in chunks]),
+                                       tuple([len(c.token_ids) for c in chunks]), spent, elapsed))
+
+    def iteration_log(self) -> list[tuple[tuple[tuple[int, int], ...], float, float]]:
+        """The latest iterations: ((start_pos, num_tokens) of each chunk,
+        forward seconds, seconds from planning to completion)."""
+        return [(tuple(zip(starts, lengths)), spent, elapsed)
+                for starts, lengths, spent, elapsed in self.recent_iterations.copy()]
+
+    def add_plan(self, trace: StepTrace) -> None:
+        self.recent_plans.append(trace.row())
+
+    def plans(self) -> list[StepTrace]:
+        """The recorded plans, oldest first."""
+        return [StepTrace(*row) for row in self.recent_plans.copy()]
 
     def count_preempted(self, jobs: Iterable[Job | None]) -> None:
         by_class = self.preemptions_by_class

@@ -23,7 +23,10 @@ core) no collection freed a single object.  With the young threshold at
 instead of 0.44-0.61 s under FCFS, 0.15-0.23 s instead of 0.85-1.07 s under
 the MLFQ with recompute and 0.35-0.59 s instead of 0.96-1.40 s with
 proactive swapping; the longest pause went from 17-20 ms to 12-29 ms under
-FCFS and shortened under the MLFQ (34-46 ms to 10-40 ms).
+FCFS and shortened under the MLFQ (34-46 ms to 10-40 ms).  What the loop
+keeps from each iteration sets how often young collections run: its
+records of recent iterations and plans (`deployments/loop_stats.py`) are
+tuples of plain values, a few a record, which the collector stops tracking.
 """
 
 from __future__ import annotations

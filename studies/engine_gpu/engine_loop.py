@@ -58,6 +58,7 @@ from kvstore.tier import LocalHostTier
 from scheduler.config import SchedulerConfig
 from scheduler.core import SchedulerCore
 from scheduler.cost import LinearCost
+from studies.engine_gpu.gc_census import GcCensus
 from studies.engine_gpu.null_pass import emulate_device, strip_pass
 from studies.engine_gpu.sync_sites import SyncSites
 
@@ -118,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gc-young", type=int, default=SERVING_THRESHOLDS[0],
                    help="net allocations between young collections while serving (the "
                         "replica's: engine/gc_heap.py; Python's default 700)")
+    p.add_argument("--gc-census", type=int, default=0, metavar="N",
+                   help="count the young generation's objects by kind at every N-th young "
+                        "collection (gc_census.py; slows those collections)")
     p.add_argument("--null-pass", action="store_true",
                    help="once the cost model is measured, take the model's pass and sampling "
                         "out (studies/engine_gpu/null_pass.py): the host path alone")
@@ -285,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     frozen = 0 if args.no_gc_freeze else freeze_startup_heap()
     gc.set_threshold(args.gc_young, *SERVING_THRESHOLDS[1:])
     collections = GcTimes()
+    census = GcCensus(args.gc_census) if args.gc_census else None
     sites = SyncSites(Path(__file__).resolve().parents[2])
     if args.sync_sites:
         sites.start()
@@ -308,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     loop.stop()
     sites.stop()
     collections.stop()
+    if census is not None:
+        census.stop()
     stats = loop.stats
     result: dict[str, Any] = {
         "command": "python -m studies.engine_gpu.engine_loop "
@@ -340,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         # Garbage collections while the loop served, per generation: their
         # number and seconds, and the longest.
         "gc": collections.summary(),
+        **({"gc_census": census.summary()} if census is not None else {}),
         "passes_op_by_op": stats.iterations - (_replays(runner) - replays_before),
         "forward_s": stats.forward_time,
         # The iteration thread's busy time (inbox to delivery); of what is

@@ -240,7 +240,7 @@ def test_a_live_trace_keeps_the_arrivals_beside_the_plans(tmp_path):
     stats = LoopStats()
     stats.arrival_times.append((5.0, "r1"))
     plan = Plan(1, [ScheduledChunk("r1", [1, 2, 3], 0, [0], True, 0)])
-    stats.recent_plans.append(StepTrace.of(5.5, plan, StepResult(1, [JobOutput("r1", 7)], 0.1)))
+    stats.add_plan(StepTrace.of(5.5, plan, StepResult(1, [JobOutput("r1", 7)], 0.1)))
     live = stats.trace()
     assert live["arrivals"] == [[5.0, "r1"]]
     write_trace(tmp_path / "live.json.gz", live["plans"], {}, live["arrivals"])

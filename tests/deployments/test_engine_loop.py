@@ -110,7 +110,7 @@ def test_streams_tokens_and_batches_delivery_per_iteration():
         assert core.blocks.num_free == core.blocks.num_blocks
         assert runner.requests == {}
         # The plan trace holds every plan, each job's six tokens in order.
-        trace = list(loop.stats.recent_plans)
+        trace = loop.stats.plans()
         assert [r.step for r in trace] == sorted(r.step for r in trace)
         assert all(sum(i in r.jobs for r in trace) == 6 for i in per_job)
         assert all(r.iteration_time == runner.step_s for r in trace if r.jobs)
