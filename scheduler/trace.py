@@ -9,7 +9,7 @@ simulation and the first place where the two schedulers part ways found
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
 from scheduler.plan import BlockOpKind, Plan, StepResult
@@ -53,8 +53,10 @@ class StepTrace:
         back): a tuple of strings, numbers and such tuples is one the
         garbage collector stops tracking, so a replica can keep tens of
         thousands of them without its full collections walking each."""
-        return (self.t, self.step, self.jobs, self.tokens, self.swap_in, self.swap_out,
-                self.preempted, self.landed, self.iteration_time)
+        return tuple([getattr(self, name) for name in _FIELDS])
+
+
+_FIELDS = tuple(f.name for f in fields(StepTrace))
 
 
 def summarize(trace: Iterable[StepTrace], pingpong_s: float = 1.0) -> dict[str, float]:
