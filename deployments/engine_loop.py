@@ -33,6 +33,7 @@ from deployments.held_deliveries import HeldDeliveries
 from deployments.job_metrics import finished_record, job_metrics
 from deployments.loop_stats import LoopStats
 from deployments.pass_cut import PassCutter
+from engine.gc_heap import YoungCollections
 from scheduler.admission import MeanOutput
 from scheduler.ahead import AheadDriver, OnWallClockAhead
 from scheduler.autoscale import online_cadence
@@ -94,6 +95,7 @@ class EngineLoop:
             runner.on_launch = self.held.flush  # type: ignore[attr-defined]
             runner.defer_text = True  # type: ignore[attr-defined]
         self.stats = LoopStats()
+        self.young = YoungCollections()
         # Output lengths of finished jobs: the expected answer of a job whose
         # length is unknown (admission control).
         self.mean_output = MeanOutput(initial=min(256.0, core.config.max_model_len / 4))
@@ -350,6 +352,7 @@ class EngineLoop:
                 if self.ahead:
                     # The next pass is already running: deliver now.
                     self.held.flush()
+                self.young.tick()
             self.held.raise_error()
             self.stats.loop_time += time.perf_counter() - t0
 

@@ -210,6 +210,8 @@ class GcTimes:
         self.seconds = [0.0, 0.0, 0.0]
         self.collected = [0, 0, 0]  # unreachable objects freed
         self.longest = 0.0
+        # The longest collection's generation and the thread that ran it.
+        self.longest_in: tuple[int, str] = (0, "")
         self._began = 0.0
         gc.callbacks.append(self._on)
 
@@ -221,14 +223,17 @@ class GcTimes:
         self.count[gen] += 1
         self.seconds[gen] += took
         self.collected[gen] += info["collected"]
-        self.longest = max(self.longest, took)
+        if took > self.longest:
+            self.longest = took
+            self.longest_in = (gen, threading.current_thread().name)
 
     def stop(self) -> None:
         gc.callbacks.remove(self._on)
 
     def summary(self) -> dict[str, Any]:
         return {"count": self.count, "seconds": [round(s, 4) for s in self.seconds],
-                "longest_s": round(self.longest, 4), "collected": self.collected}
+                "longest_s": round(self.longest, 4), "longest_generation": self.longest_in[0],
+                "longest_thread": self.longest_in[1], "collected": self.collected}
 
 
 def _replays(runner: ModelRunner) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 import weakref
 
-from engine.gc_heap import SERVING_THRESHOLDS, freeze_startup_heap, prepare_serving_heap
+from engine.gc_heap import (SERVING_THRESHOLDS, YoungCollections, freeze_startup_heap,
+                            prepare_serving_heap)
 
 
 class _Node:
@@ -70,3 +71,28 @@ def test_the_serving_heap_collects_young_objects_less_often() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_the_loop_collects_the_young_generation_at_its_own_cadence() -> None:
+    seen: list[int] = []
+
+    def on(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    young = YoungCollections(every=3)
+    gc.disable()  # only the cadence's collections
+    gc.callbacks.append(on)
+    try:
+        cycle = _cycle()
+        for _ in range(2):
+            young.tick()
+        assert seen == [] and cycle() is not None
+        young.tick()
+        assert seen == [0] and cycle() is None  # a young cycle, collected
+        for _ in range(6):
+            young.tick()
+        assert seen == [0, 0, 0]
+    finally:
+        gc.callbacks.remove(on)
+        gc.enable()

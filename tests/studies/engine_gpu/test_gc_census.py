@@ -29,6 +29,7 @@ def test_a_census_counts_what_the_young_generation_keeps() -> None:
     # Each collection saw at least the 500 pairs made since the last one.
     assert summary["kinds"]["tuple2(int,str)"] >= 500
     assert summary["objects_per_collection"] >= 500
+    assert summary["largest"]["objects"] >= 500 and summary["largest"]["ms"] > 0
     n = census.samples
     gc.collect(0)
     assert census.samples == n  # stopped
