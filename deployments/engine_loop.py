@@ -36,7 +36,6 @@ from deployments.pass_cut import PassCutter
 from engine.gc_heap import YoungCollections
 from scheduler.admission import MeanOutput
 from scheduler.ahead import AheadDriver, OnWallClockAhead
-from scheduler.autoscale import online_cadence
 from scheduler.cost import LinearCost
 from scheduler.cost_fit import IterationShape, LiveCost
 from scheduler.core import JobEvent, SchedulerCore
@@ -446,27 +445,17 @@ class EngineLoop:
 
     def _account(self, it: Iteration, elapsed: float) -> list[Delivery]:
         """Stats and deliveries of one completed iteration."""
-        plan, result = it.plan, it.result
-        if result.interrupted:
-            self.stats.interrupted += 1
-            self.stats.interrupted_time += result.iteration_time
+        cfg = self.core.config
+        if not self.stats.count_completed(it, elapsed, self._jobs, self.cost,
+                                          cfg.max_batch_size, cfg.max_batch_tokens):
             return []
-        if plan.chunks:
-            self.stats.count_iteration(it, elapsed, online_cadence(plan, self._jobs, self.cost))
-            if self.live_cost is not None:
-                # The whole iteration, planning included: what separates an
-                # online job's tokens (its TPOT).
-                self.live_cost.observe(
-                    IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks), elapsed)
-            cfg = self.core.config
-            self.stats.measure_speed(plan, elapsed, cfg.max_batch_size, cfg.max_batch_tokens,
-                                     self.cost)
-        trace = it.trace()
-        if trace is not None:
-            self.stats.add_plan(trace)
-        self.stats.count_preempted(self._jobs.get(j) for j in plan.preempted)
+        plan = it.plan
+        if plan.chunks and self.live_cost is not None:
+            # The whole iteration, planning included: what separates an
+            # online job's tokens (its TPOT).
+            self.live_cost.observe(
+                IterationShape.of((c.start_pos, c.num_tokens) for c in plan.chunks), elapsed)
         out: list[Delivery] = []
-        self.stats.count_outputs(plan, it.events, self._jobs)
         for ev in it.events:
             metrics = None
             if ev.finished:  # the driver dropped it from the runner

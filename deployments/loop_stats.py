@@ -14,6 +14,7 @@ from typing import Any
 
 from deployments.job_metrics import FinishedJob
 from scheduler.core import JobEvent
+from scheduler.autoscale import online_cadence
 from scheduler.cost import LinearCost
 from scheduler.iteration import Iteration
 from scheduler.job import Job, JobClass
@@ -110,6 +111,28 @@ class LoopStats:
         the loop thread appends after adding a request's jobs, so each one
         taken is among the core's jobs read after this (or finished)."""
         return [self.arrived.popleft() for _ in range(len(self.arrived))]
+
+    def count_completed(self, it: Iteration, elapsed: float, jobs: dict[str, Job],
+                        cost: LinearCost | None, max_batch_size: int,
+                        max_batch_tokens: int) -> bool:
+        """Everything counted of a completed iteration (`elapsed`: its
+        seconds from planning to completion; `jobs`: the loop's, finished
+        ones still among them): False for a pass cut between layers, whose
+        tokens and events are none."""
+        plan, result = it.plan, it.result
+        if result.interrupted:
+            self.interrupted += 1
+            self.interrupted_time += result.iteration_time
+            return False
+        if plan.chunks:
+            self.count_iteration(it, elapsed, online_cadence(plan, jobs, cost))
+            self.measure_speed(plan, elapsed, max_batch_size, max_batch_tokens, cost)
+        trace = it.trace()
+        if trace is not None:
+            self.add_plan(trace)
+        self.count_preempted(jobs.get(j) for j in plan.preempted)
+        self.count_outputs(plan, it.events, jobs)
+        return True
 
     def count_iteration(self, it: Iteration, elapsed: float,
                         online: tuple[bool, bool, float] = (True, True, 1.0)) -> None:
