@@ -210,6 +210,7 @@ class GcTimes:
         self.seconds = [0.0, 0.0, 0.0]
         self.collected = [0, 0, 0]  # unreachable objects freed
         self.longest = 0.0
+        self.over_10ms = 0  # collections that paused their thread 10 ms or more
         # The longest collection's generation and the thread that ran it.
         self.longest_in: tuple[int, str] = (0, "")
         self._began = 0.0
@@ -223,6 +224,7 @@ class GcTimes:
         self.count[gen] += 1
         self.seconds[gen] += took
         self.collected[gen] += info["collected"]
+        self.over_10ms += took >= 0.010
         if took > self.longest:
             self.longest = took
             self.longest_in = (gen, threading.current_thread().name)
@@ -233,7 +235,8 @@ class GcTimes:
     def summary(self) -> dict[str, Any]:
         return {"count": self.count, "seconds": [round(s, 4) for s in self.seconds],
                 "longest_s": round(self.longest, 4), "longest_generation": self.longest_in[0],
-                "longest_thread": self.longest_in[1], "collected": self.collected}
+                "longest_thread": self.longest_in[1], "over_10ms": self.over_10ms,
+                "collected": self.collected}
 
 
 def _replays(runner: ModelRunner) -> int:
