@@ -2,8 +2,8 @@
 
 Before a forward pass the runner flattens the plan's chunks (`_prepare`),
 makes the step's tensors and the attention backend's metadata
-(`_forward_batch`) and lists each sampled row's parameters
-(`_sample_requests`).  On a GPU this host work is what a decode step of a
+(`_forward_batch`) and, unless every sampled row is plain greedy
+(`plain_greedy`), lists each sampled row's parameters (`_sample_requests`).  On a GPU this host work is what a decode step of a
 few milliseconds waits on (issue "Engine speed", point 2); on a CPU it is
 the part of a step that is not the model's operators.  This times each
 part alone, without the pass, for decode plans of `--batches` sequences,
@@ -29,6 +29,7 @@ import torch
 
 from bench.report import machine_meta, write_report
 from engine.runner import ModelRunner
+from engine.runner_prepare import plain_greedy
 from engine.sampling_params import SamplingParams
 from scheduler.plan import Plan, ScheduledChunk
 
@@ -88,7 +89,8 @@ def time_parts(runner: ModelRunner, plan: Plan, reps: int, warmup: int) -> dict[
             t1 = clock()
             runner._forward_batch(prepared)
             t2 = clock()
-            runner._sample_requests(prepared.sampled)
+            if not plain_greedy(prepared.sampled):
+                runner._sample_requests(prepared.sampled)
             t3 = clock()
             if i >= warmup:
                 for k, t in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2)):

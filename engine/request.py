@@ -54,6 +54,10 @@ class RequestState:
     # step (penalties, a grammar, bad words of several tokens): fixed for
     # its life, read for every chunk a plan launched ahead holds.
     samples_on_history: bool = field(init=False)
+    # Whether, once past min_tokens, its token is the plain argmax of the
+    # logits (greedy; no grammar, bias, bans or penalties): fixed for its
+    # life, so a batch of such rows skips building their `SampleRequest`s.
+    plain_greedy: bool = field(init=False)
 
     def __post_init__(self) -> None:
         # A request resumed with outputs (migration) delivered them where
@@ -62,6 +66,10 @@ class RequestState:
             self.prompt_logprobs = [None]
         self.samples_on_history = (self.params.has_penalties or self.grammar is not None
                                    or needs_history(self.params.bad_words_token_ids))
+        p = self.params
+        self.plain_greedy = (p.greedy and self.grammar is None and not p.logit_bias
+                             and not p.has_penalties and p.allowed_token_ids is None
+                             and not p.bad_words_token_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -40,7 +40,7 @@ from engine.request import RequestState
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
 from engine.prepared import PreparedStep
-from engine.runner_prepare import Pending, PlanPreparing
+from engine.runner_prepare import Pending, PlanPreparing, plain_greedy
 from engine.runner_shards import ShardDriving
 from engine.shards import ShardGroup, ShardTier, SwapsInFlight
 from engine.step_logprobs import record_prompt_logprobs, sampled_logprobs
@@ -363,9 +363,8 @@ class ModelRunner(PlanPreparing, ShardDriving):
         if plan.block_ops and self.swapper is None \
                 and any(op.kind is not BlockOpKind.DROP for op in plan.block_ops):
             kinds = sorted({op.kind.value for op in plan.block_ops})
-            raise NotImplementedError(
-                f"block ops {kinds} need a host KV tier: call set_kv_tier() first"
-            )
+            raise NotImplementedError(f"block ops {kinds} need a host KV tier: call "
+                                      "set_kv_tier() first")
         started = time.perf_counter()
         prepared = self._prepare(plan) if plan.chunks else None
         self._launch_shards(plan, prepared, 0.0 if plan.chunks else self.swap_wait_s)
@@ -390,9 +389,10 @@ class ModelRunner(PlanPreparing, ShardDriving):
                     swaps_in_failed=failed, interrupted=True)
                 return pending
             if logits is not None:
-                tokens = self.sampler.sample_tensor(
-                    logits[: len(sampled) + prepared.num_verify],
-                    self._sample_requests(sampled), exact=pending.exact)
+                rows, sampler = logits[: len(sampled) + prepared.num_verify], self.sampler
+                tokens = (sampler.greedy_tensor(rows, pending.exact) if plain_greedy(sampled)
+                          else sampler.sample_tensor(rows, self._sample_requests(sampled),
+                                                     exact=pending.exact))
                 pending.tokens, pending.logits = tokens, logits
                 pending.reads_logits = bool(prepared.prompt_rows) or any(
                     s.params.logprobs is not None for _, s in sampled)

@@ -25,6 +25,17 @@ from engine.step_logprobs import PromptRows
 from scheduler.plan import PENDING_TOKEN, Plan, ScheduledChunk, StepResult
 
 
+def plain_greedy(sampled: list[tuple[ScheduledChunk, RequestState]]) -> bool:
+    """Whether every sampled row takes the plain argmax of its logits: no
+    drafts, and each request plain greedy (`RequestState.plain_greedy`) and
+    past its min_tokens (before, its stop tokens are banned)."""
+    for chunk, state in sampled:
+        if (chunk.draft or not state.plain_greedy
+                or len(state.output_token_ids) < state.params.min_tokens):
+            return False
+    return True
+
+
 @dataclass(slots=True)
 class Pending:
     """A launched plan (`ModelRunner.launch`) until `collect`."""

@@ -325,6 +325,15 @@ class Sampler:
         largest exact logit (engine.logits_cpu)."""
         return self.sample_tensor(logits, requests, exact).tolist()
 
+    def greedy_tensor(self, logits: torch.Tensor,
+                      exact: ExactSource | None = None) -> torch.Tensor:
+        """`sample_tensor` for rows that are all plain greedy (no bias,
+        bans, penalties or grammar): the argmax of each row, with `exact`
+        breaking a tie at the top."""
+        if not logits.shape[0]:
+            return torch.empty(0, dtype=torch.long, device=logits.device)
+        return argmax_rows(logits, exact)
+
     def sample_tensor(self, logits: torch.Tensor, requests: Sequence[SampleRequest],
                       exact: ExactSource | None = None) -> torch.Tensor:
         """`sample`, as a tensor on the logits' device.  Rows that are all

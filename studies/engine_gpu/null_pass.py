@@ -49,9 +49,13 @@ def strip_pass(runner: ModelRunner, seed: int = 0) -> None:
     def sample(logits: torch.Tensor, requests: Sequence[Any], exact: Any = None) -> torch.Tensor:
         return torch.randint(_FIRST_ID, vocab, (len(requests),), generator=gen)
 
+    def greedy(logits: torch.Tensor, exact: Any = None) -> torch.Tensor:
+        return torch.randint(_FIRST_ID, vocab, (logits.shape[0],), generator=gen)
+
     # Instance attributes: the runner's own calls find them before its class's methods.
     runner._logits = logits  # type: ignore[method-assign]
     runner.sampler.sample_tensor = sample  # type: ignore[method-assign]
+    runner.sampler.greedy_tensor = greedy  # type: ignore[method-assign]
 
 
 def device_time(cost: LinearCost, plan: Plan) -> float:
