@@ -345,7 +345,7 @@ class Sampler:
         if not requests:
             return torch.empty(0, dtype=torch.long, device=logits.device)
         if all(r.params.greedy and not r.adjusts_logits for r in requests):
-            return argmax_rows(logits, exact)
+            return self.greedy_tensor(logits, exact)
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         rand = [i for i, r in enumerate(requests) if not r.params.greedy]
