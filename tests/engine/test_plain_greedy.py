@@ -87,6 +87,7 @@ def test_the_runner_skips_sampling_requests_for_plain_batches_with_the_same_toke
     monkeypatch.setattr(ModelRunner, "_sample_requests", spy)
     fast = drive(r, prompts, greedy, num_blocks=64, block_size=4, max_model_len=80)
     assert built == []  # every batch plain greedy
+    # The same batches with the same ids at every step: comparable in bf16 too.
     monkeypatch.setattr(runner_module, "plain_greedy", lambda sampled: False)
     full = drive(r, prompts, greedy, num_blocks=64, block_size=4, max_model_len=80)
     assert built and fast.tokens == full.tokens
@@ -97,4 +98,6 @@ def test_the_runner_skips_sampling_requests_for_plain_batches_with_the_same_toke
     mixed = {j: greedy for j in prompts} | {"job1": SamplingParams(
         temperature=0.8, seed=1, max_tokens=8, ignore_eos=True)}
     got = drive(r, prompts, mixed, num_blocks=64, block_size=4, max_model_len=80)
-    assert built and got.tokens["job0"] == fast.tokens["job0"]
+    assert built
+    if dtype == "float32":  # another row's tokens differ: compared only in float32
+        assert got.tokens["job0"] == fast.tokens["job0"]
