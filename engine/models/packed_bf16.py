@@ -8,7 +8,10 @@ matmul on its own prepacked weight (`engine.models.prepacked`) at 32 rows,
 1.55–2.28× at 8, and 0.97–1.05× as fast at 512 (`studies/engine_cpu/README.md`,
 "Projections on VDPBF16PS").  Every output element is summed in one order
 fixed by the weight alone, so a row's result never depends on the rows
-beside it: deterministic mode needs no row tiles around it.
+beside it: deterministic mode needs no row tiles around it.  The packed
+weights sit on 2 MiB pages where Linux grants them (`engine.huge_pages`):
+a model's projections in one arena (`pack_in_place`), a weight of a huge
+page or more (the lm_head) on pages of its own (`pack`).
 
 Where the CPU also has AMX, the library's AMX build multiplies the same
 packed weight on the tiles (`engine/csrc/gemm_bf16_amx.h`; weights whose
@@ -35,12 +38,12 @@ that): on two cores 1.37-1.63x oneDNN's matmul at 32 rows
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 
-from engine import attention_cpp
+from engine import attention_cpp, huge_pages
 from engine.models import weight_codes
 
 
@@ -86,9 +89,17 @@ def packable(w: torch.Tensor) -> bool:
             and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0)
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """`w` [N, K] in the kernel's layout [N/16, K/2, 16, 2]."""
-    return torch.ops.preempt_serve.pack_bf16(w.detach().contiguous())
+def pack(w: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """`w` [N, K] in the kernel's layout [N/16, K/2, 16, 2]: in `into` (a 1-D
+    bfloat16 tensor of N * K elements: `pack_in_place`'s share of its arena)
+    where given, else on 2 MiB pages where it fills at least one
+    (engine.huge_pages: a step streams every weight past the TLB)."""
+    packed = torch.ops.preempt_serve.pack_bf16(w.detach().contiguous())
+    if into is None:
+        if packed.numel() * packed.element_size() < huge_pages.HUGE_PAGE:
+            return packed
+        into = huge_pages.empty(packed.numel(), packed.dtype)
+    return into.view(packed.shape).copy_(packed)
 
 
 def is_packed(w: torch.Tensor) -> bool:
@@ -128,16 +139,27 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...],
     `names` by its packed form where its shape allows, with its GGUF codes
     (`pack_with_codes`) where `codes` (by parameter name) has them; returns
     (packed, left as they were).  Only a linear that dispatches on the
-    layout (`engine.models.prepacked.packed_linear`) can use them afterwards."""
+    layout (`engine.models.prepacked.packed_linear`) can use them afterwards.
+    The packed weights share one arena on 2 MiB pages (engine.huge_pages),
+    each a slice of it."""
     found = codes or {}
-    return replace_packable(module, names, packable,
-                            lambda w, name: pack_with_codes(w, found.get(name)))
+    weights = {id(w): w for _, _, w in projections(module, names) if packable(w)}
+    arena = huge_pages.empty(sum(w.numel() for w in weights.values()), torch.bfloat16)
+    shares, at = {}, 0
+    for key, w in weights.items():
+        shares[key] = arena[at:at + w.numel()]
+        at += w.numel()
+    return replace_packable(
+        module, names, packable,
+        lambda w, name: pack_with_codes(w, found.get(name), into=shares[id(w)]))
 
 
-def pack_with_codes(w: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor:
-    """`pack(w)`, with `codes` (`engine.models.weight_codes.fit`'s) beside
-    it where they pay (`codes_pay`) and decode to exactly `w`'s values."""
-    packed = pack(w)
+def pack_with_codes(w: torch.Tensor, codes: torch.Tensor | None,
+                    into: torch.Tensor | None = None) -> torch.Tensor:
+    """`pack(w, into)`, with `codes` (`engine.models.weight_codes.fit`'s)
+    beside it where they pay (`codes_pay`) and decode to exactly `w`'s
+    values (in a buffer of their own: `into` then goes unused)."""
+    packed = pack(w, into)
     if codes is not None and codes_pay():
         both = weight_codes.with_values(codes, packed)
         if weight_codes.decodes_to(both, w):
@@ -152,15 +174,22 @@ def replace_packable(module: nn.Module, names: tuple[str, ...],
     a weight and its parameter's name (this module's, or
     `engine.models.packed_f32`'s)."""
     packed = left = 0
+    for sub, full, w in projections(module, names):
+        if can_pack(w):
+            setattr(sub, full.rsplit(".", 1)[-1],
+                    nn.Parameter(packer(w, full), requires_grad=False))
+            packed += 1
+        else:
+            left += 1
+    return packed, left
+
+
+def projections(module: nn.Module,
+                names: tuple[str, ...]) -> Iterator[tuple[nn.Module, str, nn.Parameter]]:
+    """(submodule, full name, weight) of every 2-D parameter of `module`
+    whose last name is in `names`."""
     for prefix, sub in module.named_modules():
         for name in names:
             w = getattr(sub, name, None)
-            if not isinstance(w, nn.Parameter) or w.dim() != 2:
-                continue
-            if can_pack(w):
-                full = f"{prefix}.{name}" if prefix else name
-                setattr(sub, name, nn.Parameter(packer(w, full), requires_grad=False))
-                packed += 1
-            else:
-                left += 1
-    return packed, left
+            if isinstance(w, nn.Parameter) and w.dim() == 2:
+                yield sub, f"{prefix}.{name}" if prefix else name, w

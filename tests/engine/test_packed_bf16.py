@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import huge_pages
 from engine.models import packed_bf16, prepacked
 from engine.models.batch_invariant import TiledLinear
 
@@ -197,6 +198,35 @@ def test_shapes_the_layout_cannot_take_are_refused_or_left() -> None:
     # What the layout does not take goes through F.linear as before.
     x = torch.randn(3, 8).bfloat16()
     assert torch.equal(prepacked.packed_linear(x, layer.odd), F.linear(x, dense_odd))
+
+
+def test_packed_projections_share_one_arena_on_huge_pages() -> None:
+    # pack_in_place lays every projection of a module into one arena
+    # (engine.huge_pages: 2 MiB pages where the platform gives them); each
+    # holds the bits pack gives it alone, and pack itself puts a weight of
+    # at least a huge page on one.
+    gen = torch.Generator().manual_seed(3)
+    layer = torch.nn.Module()
+    shapes = {"q": (1024, 576), "o": (576, 576), "up": (2048, 576)}
+    dense = {n: (torch.randn(*s, generator=gen) / 24).bfloat16() for n, s in shapes.items()}
+    for n, w in dense.items():
+        setattr(layer, n, torch.nn.Parameter(w.clone(), requires_grad=False))
+    assert packed_bf16.pack_in_place(layer, tuple(shapes)) == (3, 0)
+    packed = {n: getattr(layer, n) for n in shapes}
+    bases = {p.untyped_storage().data_ptr() for p in packed.values()}
+    assert len(bases) == 1
+    alone = {n: torch.ops.preempt_serve.pack_bf16(w) for n, w in dense.items()}
+    for n in shapes:
+        assert torch.equal(packed[n], alone[n]), n
+    first = min(p.data_ptr() for p in packed.values())
+    big = packed_bf16.pack(dense["up"])
+    assert torch.equal(big, alone["up"])
+    if huge_pages.available():
+        assert first % huge_pages.HUGE_PAGE == 0
+        assert big.data_ptr() % huge_pages.HUGE_PAGE == 0
+    x = torch.randn(5, 576, generator=gen).bfloat16()
+    for n in shapes:
+        assert torch.equal(packed_bf16.linear(x, packed[n]), packed_bf16.linear(x, alone[n]))
 
 
 def test_the_runner_packs_projections_and_head_for_the_kernel(

@@ -1,0 +1,87 @@
+"""Our bf16 projections (engine.models.packed_bf16) on weights laid out on
+2 MiB pages against the same weights on 4 KiB pages, one CPU thread.
+
+SmolLM2's shapes at `--rows` input rows, each projection's weight one of 30
+distinct copies (the lm_head one of 2) used in turn, so that the weights
+come from memory as in a decode step: `huge` packs all copies of a shape into
+one arena from engine.huge_pages (as `pack_in_place` packs a model's
+projections), `small` packs each into its own ordinary allocation
+(`torch.ops.preempt_serve.pack_bf16`; 4 KiB pages where transparent huge
+pages are `madvise` or `never`, as `meta.thp` records).  Medians of
+`--rounds` rounds, each timing both in turn; GFLOP/s = 2 x rows x N x K /
+time.
+
+    taskset -c 0 python -m studies.engine_cpu.gemm_huge_pages \\
+        --out studies/engine_cpu/gemm_huge_pages.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from bench.report import machine_meta, write_report
+from engine import huge_pages
+from engine.models import packed_bf16
+from studies.engine_cpu.gemm_bf16 import SHAPES, _seconds
+
+
+def _thp() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def measure(name: str, rows: int, rounds: int) -> dict[str, object]:
+    n, k = SHAPES[name]
+    copies = 2 if name == "lm_head" else 30
+    gen = torch.Generator().manual_seed(rows * 31 + n)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    dense = [(torch.randn(n, k, generator=gen) / k**0.5).bfloat16() for _ in range(copies)]
+    small = [torch.ops.preempt_serve.pack_bf16(w) for w in dense]
+    arena = huge_pages.empty(copies * n * k, torch.bfloat16)
+    huge = [arena[i * n * k:(i + 1) * n * k].view(p.shape).copy_(p) for i, p in enumerate(small)]
+    assert all(torch.equal(a, b) for a, b in zip(small, huge))
+    ways = {"small": small, "huge": huge}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(rounds):
+        for way, ws in ways.items():
+            times[way].append(_seconds(lambda w: packed_bf16.linear(x, w), ws))
+    flop = 2.0 * rows * n * k
+    med = {way: statistics.median(t) for way, t in times.items()}
+    return {"projection": name, "rows": rows, "n": n, "k": k,
+            "us": {way: round(t * 1e6, 1) for way, t in med.items()},
+            "gflops": {way: round(flop / t / 1e9, 1) for way, t in med.items()},
+            "huge_over_small": round(med["small"] / med["huge"], 3)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="8,32")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if not packed_bf16.built():
+        raise SystemExit("no AVX512-BF16 build of the operators on this machine")
+    results = []
+    for rows in (int(r) for r in a.rows.split(",")):
+        for name in SHAPES:
+            r = measure(name, rows, a.rounds)
+            g: dict[str, float] = r["gflops"]  # type: ignore[assignment]
+            print(f"rows {rows:4d} {name:8s} 4 KiB pages {g['small']:6.1f}  "
+                  f"2 MiB pages {g['huge']:6.1f} GFLOP/s  ({r['huge_over_small']}x)")
+            results.append(r)
+    write_report({"meta": {**machine_meta(), "threads": a.threads, "rounds": a.rounds,
+                           "thp": _thp(), "huge_pages_granted": huge_pages.on_huge_pages()},
+                  "results": results}, a.out)
+
+
+if __name__ == "__main__":
+    main()
