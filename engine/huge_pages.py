@@ -33,15 +33,18 @@ def available() -> bool:
 
 
 def on_huge_pages() -> bool:
-    """Whether the kernel grants huge pages to a mapping that asks for them
-    (`/sys/kernel/mm/transparent_hugepage/enabled` is `always` or
-    `madvise`)."""
+    """Whether the kernel grants huge pages to a mapping that asks for them:
+    `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise`,
+    and this process has not had them switched off (`PR_SET_THP_DISABLE`,
+    `THP_enabled: 0` in `/proc/self/status`, as some container runtimes do)."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             setting = f.read()
+        with open("/proc/self/status") as f:
+            switched_off = any(line.split() == ["THP_enabled:", "0"] for line in f)
     except OSError:
         return False
-    return available() and "[never]" not in setting
+    return available() and "[never]" not in setting and not switched_off
 
 
 def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
