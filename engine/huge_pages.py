@@ -32,19 +32,29 @@ def available() -> bool:
     return hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def on_huge_pages() -> bool:
-    """Whether the kernel grants huge pages to a mapping that asks for them:
-    `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise`,
-    and this process has not had them switched off (`PR_SET_THP_DISABLE`,
-    `THP_enabled: 0` in `/proc/self/status`, as some container runtimes do)."""
+def setting() -> str:
+    """The kernel's transparent huge pages setting, the chosen one in
+    brackets (e.g. `always [madvise] never`); "" where it cannot be read."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            setting = f.read()
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def on_huge_pages() -> bool:
+    """Whether the kernel grants huge pages to a mapping that asks for them:
+    the setting is `always` or `madvise`, and this process has not had them
+    switched off (`PR_SET_THP_DISABLE`, `THP_enabled: 0` in
+    `/proc/self/status`, as some container runtimes do)."""
+    chosen = setting()
+    if not available() or not chosen or "[never]" in chosen:
+        return False
+    try:
         with open("/proc/self/status") as f:
-            switched_off = any(line.split() == ["THP_enabled:", "0"] for line in f)
+            return not any(line.split() == ["THP_enabled:", "0"] for line in f)
     except OSError:
         return False
-    return available() and "[never]" not in setting and not switched_off
 
 
 def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:

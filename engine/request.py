@@ -67,8 +67,7 @@ class RequestState:
         self.samples_on_history = (self.params.has_penalties or self.grammar is not None
                                    or needs_history(self.params.bad_words_token_ids))
         p = self.params
-        self.plain_greedy = (p.greedy and self.grammar is None and not p.logit_bias
-                             and not p.has_penalties and p.allowed_token_ids is None
+        self.plain_greedy = (p.greedy and self.grammar is None and not p.reweights
                              and not p.bad_words_token_ids)
 
     @property

@@ -86,9 +86,7 @@ class SampleRequest:
     @property
     def biased(self) -> bool:
         """Bias, bans or penalties change this row's logits."""
-        p = self.params
-        return bool(self.banned_token_ids or p.logit_bias or p.has_penalties
-                    or p.allowed_token_ids is not None)
+        return bool(self.banned_token_ids) or self.params.reweights
 
     @property
     def adjusts_logits(self) -> bool:

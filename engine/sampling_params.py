@@ -190,3 +190,9 @@ class SamplingParams(BaseModel):
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @property
+    def reweights(self) -> bool:
+        """Whether a logit bias, penalties or an allowed list change the
+        logits (bans and a grammar come from the request's state)."""
+        return bool(self.logit_bias or self.has_penalties or self.allowed_token_ids is not None)

@@ -29,14 +29,6 @@ from engine.models import packed_bf16
 from studies.engine_cpu.gemm_bf16 import SHAPES, _seconds
 
 
-def _thp() -> str:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown"
-
-
 def measure(name: str, rows: int, rounds: int) -> dict[str, object]:
     n, k = SHAPES[name]
     copies = 2 if name == "lm_head" else 30
@@ -79,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"2 MiB pages {g['huge']:6.1f} GFLOP/s  ({r['huge_over_small']}x)")
             results.append(r)
     write_report({"meta": {**machine_meta(), "threads": a.threads, "rounds": a.rounds,
-                           "thp": _thp(), "huge_pages_granted": huge_pages.on_huge_pages()},
+                           "thp": huge_pages.setting() or "unknown", "huge_pages_granted": huge_pages.on_huge_pages()},
                   "results": results}, a.out)
 
 
