@@ -28,17 +28,36 @@ def sources_digest(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpuinfo(field: str) -> str:
+    """The value of `field` for the first CPU in /proc/cpuinfo ("" where
+    there is none)."""
+    try:
+        with open(CPUINFO, encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == field:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_has(flag: str) -> bool:
     """Whether Linux lists `flag` for this CPU (ATen's capability names no
     bf16 dot-product or AMX instruction)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return flag in line.split()
-    except OSError:
-        pass
-    return False
+    return flag in _cpuinfo("flags").split()
+
+
+def avx512_half_width() -> bool:
+    """Whether this CPU runs AVX-512 on 256-bit units: AMD's Zen 4 (family
+    19h, the only one of that family with `avx512f`) splits each 512-bit
+    instruction into two halves, so 512-bit vectors do no more arithmetic a
+    cycle than AVX2's there (Zen 5, family 1Ah, has whole 512-bit units)."""
+    return (_cpuinfo("vendor_id") == "AuthenticAMD" and _cpuinfo("cpu family") == "25"
+            and cpu_has("avx512f"))
 
 
 def put_ninja_on_path() -> None:

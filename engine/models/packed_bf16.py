@@ -144,11 +144,7 @@ def pack_in_place(module: nn.Module, names: tuple[str, ...],
     each a slice of it."""
     found = codes or {}
     weights = {id(w): w for _, _, w in projections(module, names) if packable(w)}
-    arena = huge_pages.empty(sum(w.numel() for w in weights.values()), torch.bfloat16)
-    shares, at = {}, 0
-    for key, w in weights.items():
-        shares[key] = arena[at:at + w.numel()]
-        at += w.numel()
+    shares = huge_pages.shares({key: w.numel() for key, w in weights.items()}, torch.bfloat16)
     return replace_packable(
         module, names, packable,
         lambda w, name: pack_with_codes(w, found.get(name), into=shares[id(w)]))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import cpp_build
 from engine.cpp_build import build_directory, exclusive_build
 
 REPO = Path(__file__).parents[2]
@@ -75,3 +76,22 @@ def test_the_operators_load_past_a_lock_a_killed_build_left(planted_locks: list[
         cwd=REPO, timeout=900, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "did not finish" in done.stderr
+
+
+@pytest.mark.parametrize("vendor,family,flags,half", [
+    ("AuthenticAMD", "25", "fma avx2 avx512f avx512_bf16", True),  # Zen 4
+    ("AuthenticAMD", "25", "fma avx2", False),  # Zen 3: no AVX-512 at all
+    ("AuthenticAMD", "26", "fma avx2 avx512f avx512_bf16", False),  # Zen 5: whole units
+    ("GenuineIntel", "6", "fma avx2 avx512f", False),
+])
+def test_avx512_on_half_width_units_is_told_from_cpuinfo(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        vendor: str, family: str, flags: str, half: bool) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\n"
+                    f"model\t\t: 17\nflags\t\t: fpu {flags}\n\nprocessor\t: 1\n")
+    monkeypatch.setattr(cpp_build, "CPUINFO", info)
+    assert cpp_build.avx512_half_width() is half
+    assert cpp_build.cpu_has("avx2") and not cpp_build.cpu_has("avx")
+    monkeypatch.setattr(cpp_build, "CPUINFO", tmp_path / "missing")
+    assert not cpp_build.avx512_half_width() and not cpp_build.cpu_has("avx2")

@@ -54,3 +54,19 @@ def test_a_tensor_starts_on_a_huge_page_and_its_views_keep_the_mapping() -> None
     if huge_pages.on_huge_pages() and "THPeligible" in fields:
         # The advice is in place: the kernel may back it with huge pages.
         assert fields["THPeligible"] == "1"
+
+
+def test_shares_cut_one_arena_in_order() -> None:
+    sizes = {"a": 3 * (1 << 18), "b": 5, "c": 1 << 19}  # float32: 3 MiB, 20 B, 2 MiB
+    parts = huge_pages.shares(sizes, torch.float32)
+    assert list(parts) == list(sizes)
+    assert {k: p.numel() for k, p in parts.items()} == sizes
+    assert len({p.untyped_storage().data_ptr() for p in parts.values()}) == 1
+    assert parts["b"].data_ptr() == parts["a"].data_ptr() + 4 * sizes["a"]
+    assert parts["c"].data_ptr() == parts["b"].data_ptr() + 4 * sizes["b"]
+    if huge_pages.available():
+        assert parts["a"].data_ptr() % huge_pages.HUGE_PAGE == 0
+    for i, p in enumerate(parts.values()):
+        p.fill_(i)
+    assert [int(p.max()) for p in parts.values()] == [0, 1, 2]  # no overlap
+    assert huge_pages.shares({}, torch.float32) == {}

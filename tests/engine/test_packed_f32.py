@@ -116,7 +116,8 @@ def test_the_runner_packs_projections_and_head_for_the_kernel(tiny_llama_path: P
     logits, ref = fma.model.compute_logits(hidden), plain.model.compute_logits(hidden)
     assert logits is not None and ref is not None
     torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
-    # `auto` takes it in float32 where the CPU's widest vectors are AVX2's.
+    # `auto` takes it in float32 where the CPU's widest vectors are AVX2's, or
+    # its AVX-512 runs on 256-bit units (Zen 4).
     cpu = torch.device("cpu")
     assert (runner("auto").model.packing == "f32_fma") == packed_f32.preferred(torch.float32, cpu)
     with pytest.raises(ValueError, match="pack_projections 'f32_fma' needs dtype float32"):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import huge_pages
 from engine.models import packed_f32, prepacked
 
 pytestmark = pytest.mark.skipif(not packed_f32.built(),
@@ -101,6 +102,45 @@ def test_a_weight_not_exactly_on_a_grid_stays_float32() -> None:
     x = torch.randn(2, 64)
     assert torch.equal(packed_f32.linear(x, packed),
                        packed_f32.linear(x, packed_f32.pack(flat, codes=False)))
+
+
+def test_values_share_one_arena_on_huge_pages_and_codes_stay_apart() -> None:
+    # pack_in_place keeps each weight with codes as them and lays every
+    # weight kept as float32 values into one arena (engine.huge_pages:
+    # 2 MiB pages where the platform gives them); each holds the bits that
+    # pack gives it alone, and pack itself puts values of at least a huge
+    # page on one.
+    gen = torch.Generator().manual_seed(5)
+    layer = torch.nn.Module()
+    dense = {"q": torch.randn(1024, 576, generator=gen) / 24,
+             "up": torch.randn(2048, 576, generator=gen) / 24,
+             "down": _q8_0(576, 1536, seed=2)}
+    for n, w in dense.items():
+        setattr(layer, n, torch.nn.Parameter(w.clone(), requires_grad=False))
+    assert packed_f32.pack_in_place(layer, tuple(dense)) == (3, 0)
+    packed = {n: getattr(layer, n) for n in dense}
+    assert packed_f32.code_format(packed["down"]) == "q8"
+    values = [packed["q"], packed["up"]]
+    assert all(p.dtype is torch.float32 for p in values)
+    assert len({p.untyped_storage().data_ptr() for p in values}) == 1
+    assert packed["down"].untyped_storage().data_ptr() != values[0].untyped_storage().data_ptr()
+    alone = {n: packed_f32.pack(w) for n, w in dense.items()}
+    for n in dense:
+        assert torch.equal(packed[n], alone[n]), n
+    big = packed_f32.pack(dense["up"], codes=False)
+    if huge_pages.available():
+        assert min(p.data_ptr() for p in values) % huge_pages.HUGE_PAGE == 0
+        assert big.data_ptr() % huge_pages.HUGE_PAGE == 0
+    x = {k: torch.randn(5, k, generator=gen) for k in (576, 1536)}
+    for n in dense:
+        xi = x[dense[n].shape[1]]
+        assert torch.equal(packed_f32.linear(xi, packed[n]), packed_f32.linear(xi, alone[n]))
+    # Without codes every weight is values, all in the arena.
+    plain = torch.nn.Module()
+    plain.down = torch.nn.Parameter(dense["down"].clone(), requires_grad=False)
+    assert packed_f32.pack_in_place(plain, ("down",), codes=False) == (1, 0)
+    assert plain.down.dtype is torch.float32
+    assert torch.equal(plain.down, packed_f32.pack(dense["down"], codes=False))
 
 
 def test_bad_arguments_are_refused() -> None:

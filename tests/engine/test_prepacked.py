@@ -126,7 +126,7 @@ def test_runner_packs_the_projections_where_the_probe_says(tiny_llama_path) -> N
     auto = ModelRunner(tiny_llama_path, "float32", "cpu", num_blocks=8, block_size=4,
                        max_model_len=32, num_threads=1)
     if packed_f32.preferred(torch.float32, torch.device("cpu")):
-        # An AVX2 CPU: our FMA kernel, no probe (tests/engine/test_packed_f32.py).
+        # AVX2 or Zen 4: our FMA kernel, no probe (tests/engine/test_packed_f32.py).
         assert auto.packing_speedup is None and auto.model.packing == "f32_fma"
     else:
         assert auto.packing_speedup is not None and auto.packing_speedup > 0
