@@ -81,6 +81,18 @@ def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return raw[offset:offset + nbytes].view(dtype)
 
 
+def place(t: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """`t`'s values in `into` (a 1-D tensor of as many elements: a share of
+    an arena) where given, else on 2 MiB pages of their own where they fill
+    at least one (else `t` itself): a packed weight put where a step
+    streams it fastest."""
+    if into is None:
+        if t.numel() * t.element_size() < HUGE_PAGE:
+            return t
+        into = empty(t.numel(), t.dtype)
+    return into.view(t.shape).copy_(t)
+
+
 def shares(sizes: Mapping[K, int], dtype: torch.dtype) -> dict[K, torch.Tensor]:
     """One arena of `dtype` from `empty`, cut into consecutive 1-D shares of
     `sizes[key]` elements each, by key: a model's packed weights laid out

@@ -94,12 +94,7 @@ def pack(w: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     bfloat16 tensor of N * K elements: `pack_in_place`'s share of its arena)
     where given, else on 2 MiB pages where it fills at least one
     (engine.huge_pages: a step streams every weight past the TLB)."""
-    packed = torch.ops.preempt_serve.pack_bf16(w.detach().contiguous())
-    if into is None:
-        if packed.numel() * packed.element_size() < huge_pages.HUGE_PAGE:
-            return packed
-        into = huge_pages.empty(packed.numel(), packed.dtype)
-    return into.view(packed.shape).copy_(packed)
+    return huge_pages.place(torch.ops.preempt_serve.pack_bf16(w.detach().contiguous()), into)
 
 
 def is_packed(w: torch.Tensor) -> bool:

@@ -90,12 +90,7 @@ def _codes(w: torch.Tensor) -> torch.Tensor | None:
 
 
 def _values(w: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
-    packed = torch.ops.preempt_serve.pack_f32(w.detach().contiguous())
-    if into is None:
-        if packed.numel() * packed.element_size() < huge_pages.HUGE_PAGE:
-            return packed
-        into = huge_pages.empty(packed.numel(), packed.dtype)
-    return into.view(packed.shape).copy_(packed)
+    return huge_pages.place(torch.ops.preempt_serve.pack_f32(w.detach().contiguous()), into)
 
 
 def is_packed(w: torch.Tensor) -> bool:
