@@ -24,7 +24,10 @@ weighted sums go through tiles too (`engine/csrc/paged_prefill_amx.h`, p likewis
 64 rows the decoder layer operator takes gate_up's projection and SiLU × up in one pass on
 the tiles (`linear_bf16_codes_silu_mul`).
 PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a loaded build's
-attention to its vectors. A build that fails is retried without its last additions. Building
+attention to its vectors. Float32 decodes on an AVX512 build ask for the next sequence's
+blocks while the current one is computed on, as bf16 decodes always do, only on an AMD Zen 4
+(`decode_lookahead_f32`: there it nearly halves them, on a Zen 5 it made them slower);
+PREEMPT_SERVE_F32_LOOKAHEAD=1 or 0 decides instead. A build that fails is retried without its last additions. Building
 needs a C++ compiler and ninja; where no build succeeds the backend says so once and attends
 with the torch reference.
 """
@@ -32,13 +35,15 @@ with the torch reference.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from engine.cpp_build import (amx_wanted, bf16_dot_wanted, build_directory,
-                              exclusive_build, put_ninja_on_path, sources_digest)
+from engine.cpp_build import (amx_wanted, avx512_half_width, bf16_dot_wanted,
+                              build_directory, exclusive_build, put_ninja_on_path,
+                              sources_digest)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
         return _kernel
     if _load_error is not None:
         raise RuntimeError(_load_error)
+    lookahead_f32 = _lookahead_f32_wanted()  # a bad value fails here, by name
     try:
         from torch.utils.cpp_extension import load
 
@@ -109,6 +115,7 @@ def load_kernel() -> Callable[..., torch.Tensor]:
                             build_name, builds[i + 1][0])
         _kernel = torch.ops.preempt_serve.paged_decode
         _capability = capability
+        torch.ops.preempt_serve.set_decode_lookahead_f32(lookahead_f32)
     except Exception as e:  # no compiler, no ninja, or a build error
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         _load_error = f"{type(e).__name__}: {first}"
@@ -142,3 +149,22 @@ def decode_amx(enable: bool = True) -> bool:
     (False wherever the build has no AMX path or the OS refuses the tiles)."""
     load_kernel()
     return bool(torch.ops.preempt_serve.set_decode_amx(enable))
+
+
+def _lookahead_f32_wanted() -> bool:
+    """PREEMPT_SERVE_F32_LOOKAHEAD: 1 or 0; `auto` (the default) on a Zen 4."""
+    wanted = os.environ.get("PREEMPT_SERVE_F32_LOOKAHEAD", "auto")
+    if wanted not in ("auto", "0", "1"):
+        raise ValueError(f"PREEMPT_SERVE_F32_LOOKAHEAD={wanted!r}: choose auto, 0 or 1")
+    return avx512_half_width() if wanted == "auto" else wanted == "1"
+
+
+def decode_lookahead_f32(enable: bool) -> bool:
+    """Switch the float32 decodes' look-ahead to the next sequence's blocks
+    on or off (on an AVX512 build; `load_kernel` sets it by CPU: on for a Zen
+    4, whose own prefetchers leave float32 decodes waiting on memory without
+    it, studies/engine_cpu/README.md, "float32 decodes' look-ahead on Zen
+    4"); returns the setting before (False on other builds, where it does
+    nothing)."""
+    load_kernel()
+    return bool(torch.ops.preempt_serve.set_decode_lookahead_f32(enable))

@@ -27,9 +27,10 @@
 #include "kernel_util.h"
 #include "paged_decode_amx.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -377,6 +378,18 @@ inline void weigh_rows(const scalar_t* rows, int64_t stride, int64_t len, const 
   }
 }
 
+// Whether float32 decodes ask for the next sequence's blocks too
+// (NextSequence; bf16 decodes always do).  It depends on the CPU: on a Zen 5
+// core the look-ahead made float32 decodes slower (10.1 -> 11.2 ms, SmolLM2,
+// batch 32 of 128 tokens), on a Zen 4 core it nearly halves them (22.2 ->
+// 11.5-12.0 ms: K/V read at 16-17 GB/s instead of 9, as bf16 decodes read
+// them); engine/cpp_ops.py sets it by CPU when it loads the operators
+// (studies/engine_cpu/README.md, "float32 decodes' look-ahead on Zen 4").
+inline std::atomic<bool>& f32_lookahead() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 template <typename scalar_t, int DIM>
 void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_cache,
                    const int64_t* block_ids, const int64_t* table_starts,
@@ -404,6 +417,7 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
   // they are needed (bf16), or one row at a time among the multiplies
   // (float32, twice the lines a row): each the faster on an AVX512 EPYC.
   constexpr bool kSpread = !kBf16;
+  const bool lookahead_f32 = f32_lookahead().load(std::memory_order_relaxed);
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf_buf(heads * DIM), acc_buf(heads * DIM);
     std::vector<float> sc_buf;
@@ -413,10 +427,9 @@ void decode_avx512(const scalar_t* q, const scalar_t* key_cache, const scalar_t*
     NextSequence<scalar_t> next{key_cache, value_cache, block_ids, table_starts, context_lens,
                                 block_size, blk_stride};
     for (int64_t i = begin; i < end; ++i) {
-      // bf16 only (elsewhere the look-ahead is given no sequence, and its
-      // steps do nothing): a float32 sequence's blocks are twice the lines,
-      // and the look-ahead made those decodes slower.
-      next.start(i, i + 1 < end && !kSpread ? i + 1 : -1,
+      // float32 only where switched on (f32_lookahead); otherwise the
+      // look-ahead is given no sequence, and its steps do nothing.
+      next.start(i, i + 1 < end && (kBf16 || lookahead_f32) ? i + 1 : -1,
                  2 * kv_heads * ((context_lens[i] + block_size - 1) / block_size));
       for (int64_t h = 0; h < heads && !kNativeDot; ++h) {
         const scalar_t* qp = q + (i * heads + h) * DIM;
@@ -814,6 +827,18 @@ bool set_short_exp(bool enable) {
 #endif
 }
 
+// Whether float32 decodes on the AVX512 passes ask for the next sequence's
+// blocks from now on (f32_lookahead); returns the setting before the call
+// (false, and no effect, on a build without those passes).
+bool set_decode_lookahead_f32(bool enable) {
+#ifdef PAGED_DECODE_AVX512
+  return f32_lookahead().exchange(enable);
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(preempt_serve, m) {
@@ -826,6 +851,7 @@ TORCH_LIBRARY(preempt_serve, m) {
   m.def("set_decode_amx(bool enable) -> bool", &set_decode_amx);
   m.def("set_decode_value_terms(bool one) -> bool", &set_decode_value_terms);
   m.def("set_short_exp(bool enable) -> bool", &set_short_exp);
+  m.def("set_decode_lookahead_f32(bool enable) -> bool", &set_decode_lookahead_f32);
   m.def("tiles_decodable(int group, int block_size, int head_dim) -> bool", &tiles_decodable);
 }
 

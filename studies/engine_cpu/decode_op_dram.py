@@ -44,6 +44,16 @@ def median_ms(op: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
     return statistics.median(times[len(sets):]) * 1e3
 
 
+def block_sets(total: int, need: int, run: int, num_sets: int,
+               g: torch.Generator) -> list[torch.Tensor]:
+    """`num_sets` disjoint lists of `need` block ids out of `total`, each in
+    runs of `run` consecutive ids at random places."""
+    starts_of_runs = torch.randperm(total // run, generator=g) * run
+    per_set = need // run
+    return [(starts_of_runs[i * per_set:(i + 1) * per_set].view(-1, 1) + torch.arange(run))
+            .reshape(-1).long().contiguous() for i in range(num_sets)]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block", type=int, default=16)
@@ -65,11 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     g = torch.Generator().manual_seed(0)
     k = torch.randn(total, block, KV_HEADS, DIM, generator=g).bfloat16()
     v = torch.randn(total, block, KV_HEADS, DIM, generator=g).bfloat16()
-    # Runs of `run` consecutive blocks at random places, a set's in order.
-    starts_of_runs = torch.randperm(total // run, generator=g) * run
-    per_set = need // run
-    sets = [(starts_of_runs[i * per_set:(i + 1) * per_set].view(-1, 1) + torch.arange(run))
-            .reshape(-1).long().contiguous() for i in range(num_sets)]
+    sets = block_sets(total, need, run, num_sets, g)
     starts = torch.arange(batch) * per
     lens = torch.full((batch,), context)
     q = torch.randn(batch, HEADS, DIM, generator=g).bfloat16()

@@ -133,6 +133,47 @@ def test_threads_split_sequences_without_changing_results() -> None:
 
 
 @needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float32_look_ahead_changes_no_value(dtype: torch.dtype) -> None:
+    # The look-ahead only prefetches: the same bits with it and without,
+    # where the next sequence shares the current one's leading blocks (those
+    # it skips) and where a block is shared at another place.
+    contexts = [70, 70, 5, 120, 33, 1, 48]
+    q, keys, values, tables = _case(contexts, 9, 3, 64, 16)
+    tables[1][:3] = tables[0][:3]
+    tables[4][1] = tables[3][0]
+    args = (q.to(dtype), keys.to(dtype), values.to(dtype), tables, contexts)
+    cpp.load_kernel()
+    before = ops.decode_lookahead_f32(False)
+    try:
+        off = _call(*args)
+        # The setter answers the setting before it, on a build that has it.
+        assert ops.decode_lookahead_f32(True) is False
+        on = _call(*args)
+        assert ops.decode_lookahead_f32(True) is ops.vectorized()
+    finally:
+        ops.decode_lookahead_f32(before)
+    assert torch.equal(off, on)
+    want = _reference(*(t.float() for t in args[:3]), tables, contexts)
+    tol = 2e-5 if dtype is torch.float32 else 8e-3
+    torch.testing.assert_close(on.double(), want, rtol=tol, atol=tol)
+
+
+def test_float32_look_ahead_follows_the_cpu_unless_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for zen4 in (False, True):
+        monkeypatch.setattr(ops, "avx512_half_width", lambda zen4=zen4: zen4)
+        monkeypatch.delenv("PREEMPT_SERVE_F32_LOOKAHEAD", raising=False)
+        assert ops._lookahead_f32_wanted() is zen4
+        for value in ("0", "1"):
+            monkeypatch.setenv("PREEMPT_SERVE_F32_LOOKAHEAD", value)
+            assert ops._lookahead_f32_wanted() is (value == "1")
+    monkeypatch.setenv("PREEMPT_SERVE_F32_LOOKAHEAD", "yes")
+    with pytest.raises(ValueError, match="PREEMPT_SERVE_F32_LOOKAHEAD='yes'"):
+        ops._lookahead_f32_wanted()
+
+
+@needs_cxx
 def test_rejects_inputs_it_cannot_read() -> None:
     contexts = [5, 9]
     q, keys, values, tables = _case(contexts, 6, 2, 16, 4)
