@@ -27,9 +27,9 @@ PREEMPT_SERVE_CPP_AMX=0 builds without it; `decode_amx(False)` switches a loaded
 attention to its vectors. Float32 decodes on an AVX512 build ask for the next sequence's
 blocks while the current one is computed on, as bf16 decodes always do, only on an AMD Zen 4
 (`decode_lookahead_f32`: there it nearly halves them, on a Zen 5 it made them slower);
-PREEMPT_SERVE_F32_LOOKAHEAD=1 or 0 decides instead. A build that fails is retried without its last additions. Building
-needs a C++ compiler and ninja; where no build succeeds the backend says so once and attends
-with the torch reference.
+PREEMPT_SERVE_F32_LOOKAHEAD=1 or 0 decides instead. A build that fails is retried without
+its last additions. Building needs a C++ compiler and ninja; where no build succeeds the
+backend says so once and attends with the torch reference.
 """
 
 from __future__ import annotations
@@ -162,9 +162,9 @@ def _lookahead_f32_wanted() -> bool:
 def decode_lookahead_f32(enable: bool) -> bool:
     """Switch the float32 decodes' look-ahead to the next sequence's blocks
     on or off (on an AVX512 build; `load_kernel` sets it by CPU: on for a Zen
-    4, whose own prefetchers leave float32 decodes waiting on memory without
-    it, studies/engine_cpu/README.md, "float32 decodes' look-ahead on Zen
-    4"); returns the setting before (False on other builds, where it does
+    4, where it nearly halves float32 decodes on K/V from DRAM,
+    studies/engine_cpu/README.md, "float32 decodes' look-ahead on Zen 4");
+    returns the setting before (False on other builds, where it does
     nothing)."""
     load_kernel()
     return bool(torch.ops.preempt_serve.set_decode_lookahead_f32(enable))
