@@ -10,7 +10,8 @@ median of the second of two sweeps a setting, the settings alternated over
 `--rounds`.  Prints ms a call and GB/s of K/V; writes JSON with `--out`.
 
     taskset -c 0 python -m studies.engine_cpu.decode_lookahead_f32 --batch 32 \\
-        --context 128 --run 8 --rounds 4 --out studies/engine_cpu/decode_lookahead_f32.json
+        --context 128 --run 8 --rounds 4 \\
+        --out studies/engine_cpu/decode_lookahead_f32_b32_c128_run8.json
 """
 
 from __future__ import annotations
