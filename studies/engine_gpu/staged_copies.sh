@@ -9,13 +9,20 @@
 # from how many rows the deterministic GEMM's larger tile pays; then where the
 # loop still makes the host wait for the GPU (engine_loop --sync-sites,
 # sync_sites.py), and MLFQ with proactive swaps with and without async
-# scheduling. Writes 10 files to $OUT; what a timeout cuts short is last.
+# scheduling. What a timeout cuts short is last.
 #
 #   OUT=/tmp/out bash studies/engine_gpu/staged_copies.sh
+#
+# Its limits add up to 690 s, more than one call to a lent machine may run
+# (600 s) and more files than one call brings back (8): STAGE=1 runs the tests,
+# the sampler and the step (410 s, 6 files), STAGE=2 the matmul's rows and the
+# loops (280 s, 4 files), two calls on the same warm machine.
 #
 # TOK and WHEELS: see device_env.sh.
 . studies/engine_gpu/device_env.sh
 
+STAGE=${STAGE:-all}
+if [ "$STAGE" != 2 ]; then
 cuda_tests 150
 stamp "pytest rc=$?"
 tail -2 "$OUT/pytest.log"
@@ -35,6 +42,8 @@ timeout 200 python3 -m bench.gpu_step --out "$OUT/gpu_step.json" --no-hf \
 stamp "step rc=$?"
 grep -E "graphs|prefill|copy" "$OUT/step.log" | tail -40
 grep -E "top_p|top_k|Error" /tmp/sampling.log
+fi
+[ "$STAGE" = 1 ] && exit 0
 
 # From how many rows the deterministic GEMM's larger tile pays (LARGE_ROWS,
 # 512 a guess): a prefill's matmuls of the 8B shape at 128 to 2,048 rows.
