@@ -53,11 +53,15 @@ def _seconds(fn: Callable[[torch.Tensor], object], weights: list[torch.Tensor],
 
 
 def measure(name: str, rows: int, rounds: int, kernel: ModuleType = packed_bf16,
-            way: str = "bf16_dot", dtype: torch.dtype = torch.bfloat16) -> dict[str, object]:
+            way: str = "bf16_dot", dtype: torch.dtype = torch.bfloat16,
+            copies: int | None = None) -> dict[str, object]:
     """One projection's shape three ways; `kernel` (with its pack_projections
-    name `way` and `dtype`) is ours: engine.models.packed_bf16 or .packed_f32."""
+    name `way` and `dtype`) is ours: engine.models.packed_bf16 or .packed_f32.
+    `copies`: distinct weights used in turn (default 30, the lm_head 2: from
+    memory); 1 keeps the weight in the caches."""
     n, k = SHAPES[name]
-    copies = 2 if name == "lm_head" else 30
+    if copies is None:
+        copies = 2 if name == "lm_head" else 30
     gen = torch.Generator().manual_seed(rows * 31 + n)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     plain = [(torch.randn(n, k, generator=gen) / k**0.5).to(dtype) for _ in range(copies)]
@@ -114,6 +118,8 @@ def run(argv: list[str] | None, doc: str, kernel: ModuleType = packed_bf16,
     ap.add_argument("--rows", default="1,8,32,96,512")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--copies", type=int, default=None,
+                    help="distinct weights used in turn (default 30, the lm_head 2); 1: from the caches where it fits")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -123,7 +129,7 @@ def run(argv: list[str] | None, doc: str, kernel: ModuleType = packed_bf16,
     results = []
     for rows in (int(r) for r in a.rows.split(",")):
         for name in SHAPES:
-            r = measure(name, rows, a.rounds, kernel, way, dtype)
+            r = measure(name, rows, a.rounds, kernel, way, dtype, a.copies)
             g: dict[str, float] = r["gflops"]  # type: ignore[assignment]
             vec = f"  vectors {g[way + '_vectors']:6.1f}" if way + "_vectors" in g else ""
             print(f"rows {rows:4d} {name:8s} F.linear {g['f_linear']:6.1f}  "
@@ -133,7 +139,8 @@ def run(argv: list[str] | None, doc: str, kernel: ModuleType = packed_bf16,
             results.append(r)
     top = peak(a.rounds, kernel, dtype)
     print(f"{way}, 2,048 x 3,072 x 576 in cache: {top} GFLOP/s")
-    write_report({"meta": {**machine_meta(), "threads": a.threads, "rounds": a.rounds},
+    write_report({"meta": {**machine_meta(), "threads": a.threads, "rounds": a.rounds,
+                           "copies": a.copies},
                   "peak_gflops_2048_rows": top, "results": results}, a.out)
 
 
