@@ -29,6 +29,8 @@ from scheduler.watchers import Watchers
 
 # An enum member's lookup costs ~0.12 µs on Python 3.11: once per allocation.
 _DEVICE = BlockLocation.DEVICE
+# `_owner`'s mark of a block with several holders (their ids in `_shared`).
+_SHARED = object()
 
 
 class BlockAccountingError(RuntimeError):
@@ -54,8 +56,13 @@ class BlockManager:
         # A job's blocks in runs of consecutive ids where the pool allows
         # (scheduler/free_blocks.py: a CPU reads longer spans faster).
         self._free = FreeBlocks(num_blocks, block_run)
-        # Held block -> ids of the jobs whose block tables list it.
-        self._holders: dict[int, set[str]] = {}
+        # Block id -> the one job id whose block table lists it, `_SHARED`
+        # where several do (their ids in `_shared`), None where none does:
+        # a swap moves every block of a job, each one store here rather than
+        # a holder set made in a pool-sized dict (studies/plan_time/README.md).
+        self._owner: list[object] = [None] * num_blocks
+        self._shared: dict[int, set[str]] = {}
+        self._num_held = 0
         # Job id -> how many of its blocks other jobs hold too; absent for
         # the common job that shares nothing, so that "what would evicting
         # this job free" stays O(1) (`num_exclusive`).
@@ -85,7 +92,7 @@ class BlockManager:
 
     @property
     def num_used(self) -> int:
-        return len(self._holders)
+        return self._num_held
 
     @property
     def utilization(self) -> float:
@@ -134,7 +141,10 @@ class BlockManager:
             assert self.prefix is not None
             new = free.take(jid, table[-1] if table else None, have) if have else []
             new += self.prefix.evict_many(n - have)
-        self._holders.update([(b, {jid}) for b in new])
+        owner = self._owner
+        for b in new:
+            owner[b] = jid
+        self._num_held += n
         table += new
         job.table_copy = None
         job.block_locations += [_DEVICE] * n
@@ -149,13 +159,19 @@ class BlockManager:
             raise BlockAccountingError(
                 f"{source.job_id} holds {len(source.block_table)} blocks, "
                 f"cannot share {num_blocks}")
+        owner, src = self._owner, source.job_id
         for b in source.block_table[:num_blocks]:
-            holders = self._holders.get(b)
-            if holders is None or source.job_id not in holders:
-                raise BlockAccountingError(f"block {b} is not held by {source.job_id}")
-            if len(holders) == 1:  # the source's exclusive block becomes shared
-                self._num_shared[source.job_id] = self._num_shared.get(source.job_id, 0) + 1
-            holders.add(job.job_id)
+            holder = owner[b]
+            if holder is _SHARED:
+                if src not in self._shared[b]:
+                    raise BlockAccountingError(f"block {b} is not held by {src}")
+                self._shared[b].add(job.job_id)
+            elif holder == src:  # the source's exclusive block becomes shared
+                self._num_shared[src] = self._num_shared.get(src, 0) + 1
+                owner[b] = _SHARED
+                self._shared[b] = {src, job.job_id}
+            else:
+                raise BlockAccountingError(f"block {b} is not held by {src}")
             job.block_table.append(b)
             job.block_locations.append(_DEVICE)
         job.table_copy = None
@@ -223,7 +239,8 @@ class BlockManager:
         match = prefix.peek(job, min(n, job.num_computed_tokens // self.block_size))
         # A parked block (one no job holds) it takes back is one fewer free
         # for the rest.
-        parked = sum(1 for b in match.blocks if b not in self._holders)
+        owner = self._owner
+        parked = sum(1 for b in match.blocks if owner[b] is None)
         if not self.can_allocate(n - len(match.blocks) + parked):
             return None
         found = prefix.claim(job, match)
@@ -238,17 +255,21 @@ class BlockManager:
         self._take(job, n)
 
     def _adopt(self, job: Job, found: list[int], computed: bool = True) -> None:
-        jid, holders_of = job.job_id, self._holders
+        jid, owner = job.job_id, self._owner
         shared = 0
         for b in found:
-            holders = holders_of.get(b)
-            if holders is None:  # parked: now this job's alone
-                holders_of[b] = {jid}
+            holder = owner[b]
+            if holder is None:  # parked: now this job's alone
+                owner[b] = jid
+                self._num_held += 1
                 continue
-            if len(holders) == 1:  # its holder's exclusive block becomes shared
-                (other,) = holders
+            if holder is _SHARED:
+                self._shared[b].add(jid)
+            else:  # its holder's exclusive block becomes shared
+                other: str = holder  # type: ignore[assignment]
                 self._num_shared[other] = self._num_shared.get(other, 0) + 1
-            holders.add(jid)
+                owner[b] = _SHARED
+                self._shared[b] = {other, jid}
             shared += 1
         if shared:
             self._num_shared[jid] = shared
@@ -285,15 +306,15 @@ class BlockManager:
     def _free_exclusive(self, job: Job) -> int:
         """`free` of a job that shares no block: each of its blocks has it
         as sole holder, checked in bulk."""
-        jid, table, holders = job.job_id, job.block_table, self._holders
-        alone = {jid}
-        held = list(map(holders.get, table))
-        if held.count(alone) != len(held):  # nothing changed yet
-            bad = next(i for i, h in enumerate(held) if h != alone)
+        jid, table, owner = job.job_id, job.block_table, self._owner
+        held = [owner[b] for b in table]
+        if held.count(jid) != len(held):  # nothing changed yet
+            bad = next(i for i, h in enumerate(held) if h != jid)
             raise BlockAccountingError(
-                f"block {table[bad]} freed by {jid} but held by {sorted(held[bad] or ())}")
+                f"block {table[bad]} freed by {jid} but held by {sorted(self.holders(table[bad]))}")
         for b in table:
-            del holders[b]
+            owner[b] = None
+        self._num_held -= len(table)
         self._release(table)
         return len(table)
 
@@ -306,24 +327,29 @@ class BlockManager:
         self._free.give_back(self.prefix.park(blocks))
 
     def _free_shared(self, job: Job) -> int:
-        jid = job.job_id
+        jid, owner = job.job_id, self._owner
         released: list[int] = []
         for b in job.block_table:
-            holders = self._holders.get(b)
+            holder = owner[b]
+            if holder == jid:
+                owner[b] = None
+                released.append(b)
+                continue
+            holders = self._shared.get(b) if holder is _SHARED else None
             if holders is None or jid not in holders:
                 raise BlockAccountingError(
-                    f"block {b} freed by {jid} but held by {sorted(holders or ())}")
+                    f"block {b} freed by {jid} but held by {sorted(self.holders(b))}")
             holders.discard(jid)
-            if not holders:
-                del self._holders[b]
-                released.append(b)
-            elif len(holders) == 1:  # its last other holder now has it alone
+            if len(holders) == 1:  # its last other holder now has it alone
                 (last,) = holders
+                owner[b] = last
+                del self._shared[b]
                 left = self._num_shared[last] - 1
                 if left:
                     self._num_shared[last] = left
                 else:
                     del self._num_shared[last]
+        self._num_held -= len(released)
         self._num_shared.pop(jid, None)
         self._release(released)
         return len(released)
@@ -340,14 +366,29 @@ class BlockManager:
         return len(job.block_table) - self._num_shared.get(job.job_id, 0)
 
     def num_holders(self, block: int) -> int:
-        holders = self._holders.get(block)
-        return len(holders) if holders is not None else 0
+        holder = self._owner[block]
+        if holder is None:
+            return 0
+        return len(self._shared[block]) if holder is _SHARED else 1
 
     def holders(self, block: int) -> frozenset[str]:
-        return frozenset(self._holders.get(block, ()))
+        holder = self._owner[block]
+        if holder is _SHARED:
+            return frozenset(self._shared[block])
+        return frozenset(() if holder is None else (holder,))  # type: ignore[arg-type]
 
     def owned_by(self, job_id: str) -> list[int]:
-        return [b for b, h in self._holders.items() if job_id in h]
+        return [b for b, h in self._holder_sets().items() if job_id in h]
+
+    def _holder_sets(self) -> dict[int, set[str]]:
+        """Every held block -> the ids of its holders (for `check`)."""
+        out: dict[int, set[str]] = {}
+        for b, holder in enumerate(self._owner):
+            if holder is _SHARED:
+                out[b] = set(self._shared[b])
+            elif holder is not None:
+                out[b] = {holder}  # type: ignore[arg-type]
+        return out
 
     def check(self, jobs: Iterable[Job] | None = None) -> None:
         """Invariants: every block is free or held, never both, none leaks;
@@ -358,28 +399,34 @@ class BlockManager:
             free = self._free.check()
         except AssertionError as e:
             raise BlockAccountingError(f"free pool: {e}") from None
-        if free & self._holders.keys():
+        holder_sets = self._holder_sets()
+        if len(holder_sets) != self._num_held:
+            raise BlockAccountingError(
+                f"{len(holder_sets)} blocks held, {self._num_held} counted")
+        if self._shared.keys() != {b for b, h in enumerate(self._owner) if h is _SHARED}:
+            raise BlockAccountingError("shared blocks and their holder sets disagree")
+        if free & holder_sets.keys():
             raise BlockAccountingError("a block is both free and held")
         prefix = self.prefix
         parked = set(prefix.parked()) if prefix is not None else set()
-        if parked & (free | self._holders.keys()):
+        if parked & (free | holder_sets.keys()):
             raise BlockAccountingError("a parked block is also free or held")
         if prefix is not None and any(
                 not prefix.is_indexed(b) for b in parked) or any(
                 prefix is not None and prefix.is_indexed(b) for b in free):
             raise BlockAccountingError("parked blocks and indexed blocks disagree")
-        if len(free) + len(parked) + len(self._holders) != self.num_blocks:
+        if len(free) + len(parked) + len(holder_sets) != self.num_blocks:
             raise BlockAccountingError("blocks leaked")
         shared: Counter[str] = Counter()
-        for b, holders in self._holders.items():
-            if not holders:
-                raise BlockAccountingError(f"block {b} is held by nobody")
+        for b, holders in holder_sets.items():
+            if b in self._shared and len(holders) < 2:
+                raise BlockAccountingError(f"block {b} is marked shared with one holder")
             if len(holders) > 1:
                 shared.update(holders)
         if dict(shared) != self._num_shared:
             raise BlockAccountingError(
                 f"shared counts {self._num_shared} disagree with holders {dict(shared)}")
-        held_by = {jid for holders in self._holders.values() for jid in holders}
+        held_by = {jid for holders in holder_sets.values() for jid in holders}
         if held_by != self.holding.keys():
             raise BlockAccountingError(
                 f"jobs holding blocks {sorted(held_by)} disagree with the index "
@@ -392,7 +439,7 @@ class BlockManager:
                 raise BlockAccountingError(f"{job.job_id} lists a block twice")
             for b in job.block_table:
                 listed.setdefault(b, set()).add(job.job_id)
-        if listed != self._holders:
+        if listed != holder_sets:
             raise BlockAccountingError("block tables disagree with the holders")
 
 
