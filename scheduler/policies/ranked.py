@@ -110,27 +110,27 @@ class RankedSet:
         """The members among `job_ids` ran at `now`, no earlier than any
         member last ran: their last-run entries move to the end of that
         order of their level, as `update` would move them one by one (ranks
-        unchanged).  One pass over each of those orders instead of a call,
-        search and memmove per job: an iteration's whole batch runs at once."""
+        unchanged).  Each level's order is rebuilt once, from slices between
+        the old entries (found by bisection): an iteration's whole batch runs
+        at once, and the Python work is the batch's, not the level's."""
         entries = self._entries
-        moved: dict[str, _RunEntry] = {}
-        at_level: dict[int, list[_RunEntry]] = {}
+        at_level: dict[int, tuple[list[_RunEntry], list[_RunEntry]]] = {}
         for jid in job_ids:
             e = entries.get(jid)
             if e is not None:
                 re, ru = e
                 new: _RunEntry = (now, ru[1], ru[2], jid)
-                moved[jid] = new
                 entries[jid] = (re, new)
                 mine = at_level.get(ru[1])
                 if mine is None:
-                    at_level[ru[1]] = [new]
+                    at_level[ru[1]] = ([ru], [new])
                 else:
-                    mine.append(new)
+                    mine[0].append(ru)
+                    mine[1].append(new)
         runs_at = self._runs_at
-        for lvl, mine in at_level.items():
-            mine.sort()
-            runs_at[lvl] = _moved_last(runs_at[lvl], moved, mine)
+        for lvl, (old, fresh) in at_level.items():
+            fresh.sort()
+            runs_at[lvl] = _moved_last(runs_at[lvl], old, fresh)
 
     def members(self) -> list[Job]:
         return list(self._jobs.values())
@@ -278,11 +278,22 @@ class _Streams:
             yield ((tp if tp > 0.0 else 0.0), lvl, seq), jid
 
 
-def _moved_last(order: list[_RunEntry], moved: Mapping[str, _RunEntry],
+def _moved_last(order: list[_RunEntry], old: list[_RunEntry],
                 fresh: list[_RunEntry]) -> list[_RunEntry]:
-    """`order` with the entries of `moved` (ids) replaced by `fresh` (their
-    new entries, sorted), which ran last."""
-    kept = [ru for ru in order if ru[3] not in moved]
+    """`order` with the entries `old` (members of it) replaced by `fresh`
+    (their new entries, sorted), which ran last."""
+    if len(order) > 16 * len(old):
+        # A long order (a GPU-sized pool's): the old entries found by
+        # bisection, the rest copied in slices, not read one by one.
+        kept: list[_RunEntry] = []
+        start = 0
+        for i in sorted(bisect.bisect_left(order, ru) for ru in old):
+            kept += order[start:i]
+            start = i + 1
+        kept += order[start:]
+    else:
+        gone = {ru[3] for ru in old}
+        kept = [ru for ru in order if ru[3] not in gone]
     if kept and fresh[0] < kept[-1]:
         # A member joined at `now` ranks after some of these.
         for ru in fresh:

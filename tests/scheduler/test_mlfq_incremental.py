@@ -147,15 +147,17 @@ def test_incremental_plans_equal_plans_from_scratch(mode, starvation_s, classes)
         assert ours_done == ref_done
 
 
-def _ranked_set(rng: random.Random):
-    """A `RankedSet` of 40 of 60 jobs with random levels and last runs."""
+def _ranked_set(rng: random.Random, num_jobs: int = 60, num_members: int = 40,
+                top_level: int = 5):
+    """A `RankedSet` of `num_members` of `num_jobs` jobs with random levels
+    (0 to `top_level`) and last runs."""
     from scheduler.policies.ranked import RankedSet
 
     rs = RankedSet()
-    jobs = {f"j{i}": make_job(4, 4, job_id=f"j{i}") for i in range(60)}
-    rank = {jid: (0, rng.randint(0, 5), i) for i, jid in enumerate(jobs)}
+    jobs = {f"j{i}": make_job(4, 4, job_id=f"j{i}") for i in range(num_jobs)}
+    rank = {jid: (0, rng.randint(0, top_level), i) for i, jid in enumerate(jobs)}
     last_run = {jid: rng.random() for jid in jobs}
-    members = dict(list(jobs.items())[:40])
+    members = dict(list(jobs.items())[:num_members])
     rs.sync(members, rank, last_run)
     return rs, jobs, rank, last_run, members
 
@@ -192,15 +194,20 @@ def test_ranked_set_keeps_both_orders_sorted_through_updates():
             sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members))
 
 
-def test_ranked_set_batch_runs_keep_the_last_run_order_sorted():
+@pytest.mark.parametrize("num_jobs, num_members, top_level, max_batch, steps",
+                         [(60, 40, 5, 20, 300), (1000, 900, 2, 12, 60)])
+def test_ranked_set_batch_runs_keep_the_last_run_order_sorted(
+        num_jobs, num_members, top_level, max_batch, steps):
     """`RankedSet.ran`: a batch (members and others) ran at one time, as
     one `update` per job would leave it, also where a member that joined
-    at that same time ranks after some of the batch."""
+    at that same time ranks after some of the batch.  The second case's
+    orders are many times the batch (a GPU-sized pool's), where the old
+    entries go by bisection and slices rather than by reading every one."""
     rng = random.Random(11)
-    rs, jobs, rank, last_run, members = _ranked_set(rng)
+    rs, jobs, rank, last_run, members = _ranked_set(rng, num_jobs, num_members, top_level)
     t = 1.0
     ties = 0
-    for _ in range(300):
+    for _ in range(steps):
         t += rng.random()
         if rng.random() < 0.3:
             # A job joins having run at t (an arrival), then a batch runs at t.
@@ -208,7 +215,7 @@ def test_ranked_set_batch_runs_keep_the_last_run_order_sorted():
             last_run[joiner] = t
             members[joiner] = jobs[joiner]
             rs.sync(members, rank, last_run)
-        batch = rng.sample(list(jobs), rng.randint(1, 20))
+        batch = rng.sample(list(jobs), rng.randint(1, max_batch))
         for jid in batch:
             last_run[jid] = t
         before = [e for at in rs._runs_at.values() for e in at]
@@ -218,19 +225,22 @@ def test_ranked_set_batch_runs_keep_the_last_run_order_sorted():
         assert _run_orders(rs) == _by_level(
             sorted((last_run[k], rank[k][1], rank[k][2], k) for k in members))
         if rng.random() < 0.1:
-            members = {k: jobs[k] for k in rng.sample(list(jobs), 40)}
+            members = {k: jobs[k] for k in rng.sample(list(jobs), num_members)}
             rs.sync(members, rank, last_run)
     assert ties  # the insertion branch ran
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_ranked_set_enst_orders_match_sorting_by_the_full_key(seed):
+@pytest.mark.parametrize("ran_since", [False, True])
+def test_ranked_set_enst_orders_match_sorting_by_the_full_key(seed, ran_since):
     """Ascending and descending ENST orders against a sort by
     `EnstRanking.key`, where T_promote beats T_execute for some members,
     ties T_execute exactly for some, and whole levels have T_execute above
     α (the merge's cut).  Every member ran less than α ago, as in a plan:
     the policy promotes a job idle for α before it ranks anyone.  Members
-    share their last runs (eight times), as a batch's do."""
+    share their last runs (eight times), as a batch's do.  `ran_since`: the
+    third that ran last joined with an older last run and reached theirs by
+    batches (`RankedSet.ran`)."""
     from scheduler.policies.ranked import RankedSet
 
     rng = random.Random(seed)
@@ -242,7 +252,15 @@ def test_ranked_set_enst_orders_match_sorting_by_the_full_key(seed):
     # some equal their level's T_execute.
     last_run = {jid: now - rng.randint(0, 7) / 8 for jid in jobs}
     rs = RankedSet()
-    rs.sync(jobs, rank, last_run)
+    # Those that ran last, so that each batch runs no earlier than any
+    # member last ran (`ran`'s contract).
+    threshold = sorted(last_run.values())[2 * len(jobs) // 3]
+    later = [jid for jid in jobs if last_run[jid] >= threshold]
+    rs.sync(jobs, rank, {**last_run, **{jid: now - 2.0 for jid in later}} if ran_since
+            else last_run)
+    if ran_since:
+        for t in sorted({last_run[jid] for jid in later}):
+            rs.ran([jid for jid in later if last_run[jid] == t], t)
     ranking = EnstRanking({0: row}, rank, last_run, alpha, now, promotes=True)
     assert not ranking.walk_order and ranking.single_class
     keys = {jid: ranking.key(j) for jid, j in jobs.items()}
