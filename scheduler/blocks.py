@@ -11,9 +11,10 @@ device blocks (vLLM's prefix sharing, reference-counted as in nano-vllm's
 block manager), and so may jobs whose tokens begin the same way, through
 the prefix cache (`scheduler/prefix_cache.py`).  A block goes back to the
 pool when its last holder lets go; with the prefix cache, a block whose KV
-it indexed is parked instead, and counts as free until it is reused.  Shared blocks are read-only by construction: they cover only whole
-blocks of prompt positions that every holder has already computed, and a
-job only ever writes positions at or past its own computed tokens.
+it indexed is parked instead, and counts as free until it is reused.
+Shared blocks are read-only by construction: they cover only whole blocks
+of prompt positions that every holder has already computed, and a job only
+ever writes positions at or past its own computed tokens.
 """
 
 from __future__ import annotations
@@ -381,7 +382,7 @@ class BlockManager:
         return [b for b, h in self._holder_sets().items() if job_id in h]
 
     def _holder_sets(self) -> dict[int, set[str]]:
-        """Every held block -> the ids of its holders (for `check`)."""
+        """Every held block -> the ids of its holders (`check`, `owned_by`)."""
         out: dict[int, set[str]] = {}
         for b, holder in enumerate(self._owner):
             if holder is _SHARED:

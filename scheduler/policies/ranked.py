@@ -110,9 +110,9 @@ class RankedSet:
         """The members among `job_ids` ran at `now`, no earlier than any
         member last ran: their last-run entries move to the end of that
         order of their level, as `update` would move them one by one (ranks
-        unchanged).  Each level's order is rebuilt once, from slices between
-        the old entries (found by bisection): an iteration's whole batch runs
-        at once, and the Python work is the batch's, not the level's."""
+        unchanged).  Each level's order is rebuilt once (`_moved_last`): an
+        iteration's whole batch runs at once, and on a long order the Python
+        work is the batch's, not the level's."""
         entries = self._entries
         at_level: dict[int, tuple[list[_RunEntry], list[_RunEntry]]] = {}
         for jid in job_ids:
