@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,9 @@ def main() -> None:
         print(f"members {members:5d} levels {levels} batch {batch:3d}: {us:7.1f} µs a call")
         rows.append({"members": members, "levels": levels, "batch": batch, "us": round(us, 2)})
     if a.out:
-        a.out.write_text(json.dumps({"root": str(a.root), "results": rows}, indent=1))
+        tree = subprocess.run(["git", "-C", str(a.root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+        a.out.write_text(json.dumps({"tree": tree, "results": rows}, indent=1))
 
 
 if __name__ == "__main__":
