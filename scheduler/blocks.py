@@ -267,10 +267,9 @@ class BlockManager:
             if holder is _SHARED:
                 self._shared[b].add(jid)
             else:  # its holder's exclusive block becomes shared
-                other: str = holder  # type: ignore[assignment]
-                self._num_shared[other] = self._num_shared.get(other, 0) + 1
+                self._num_shared[holder] = self._num_shared.get(holder, 0) + 1
                 owner[b] = _SHARED
-                self._shared[b] = {other, jid}
+                self._shared[b] = {holder, jid}
             shared += 1
         if shared:
             self._num_shared[jid] = shared
