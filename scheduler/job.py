@@ -130,6 +130,11 @@ class Job:
     # lookup again would find nothing again (`BlockManager.reclaim_cached`).
     adopts_cached_kv: bool = True
     prefix_missed_at: int = -1
+    # Its full blocks' tokens as the prefix cache first read them (final,
+    # none in flight), packed (`PrefixCache.index`): a job swapped back in,
+    # its parked blocks evicted meanwhile, is indexed again without reading
+    # and hashing its tokens anew.
+    block_tokens: list[bytes | tuple[int, ...]] = field(default_factory=list, repr=False)
     # Speculative decoding (scheduler/speculation.py): whether drafts may be
     # proposed for it (not with logprobs or a grammar), their lookup index,
     # and the drafts proposed and accepted so far.

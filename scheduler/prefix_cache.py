@@ -17,10 +17,15 @@ hit, so a match is exact (two contents whose hashes collide are never
 confused: the second is not indexed).  Keys hold the hash, not the tokens,
 because evicting a block deletes its key: hashing sixteen token ids again,
 each its own object somewhere in memory, cost more than the rest of an
-allocation.  Serials are never reused, which keeps a match exact even after
-the predecessor's block has been evicted and reused for other tokens: its
-successors are then unreachable and age out.  A job's blocks are evicted tail first (parked in reverse), so
-a shared head outlives the tails that hang off it.
+allocation.  A block's tokens are read once for its job's life, packed as
+64-bit ids into bytes (`Job.block_tokens`), which keep their own hash and
+which the garbage collector never walks: a job swapped out, whose parked
+blocks were evicted before it came back, is indexed again in its fresh
+blocks without reading its tokens anew.  Serials are never reused, which
+keeps a match exact even after the predecessor's block has been evicted and
+reused for other tokens: its successors are then unreachable and age out.
+A job's blocks are evicted tail first (parked in reverse), so a shared head
+outlives the tails that hang off it.
 
 A job with vLLM's `cache_salt` (a tenant's) starts from a root of its
 salt's, so it shares blocks only with jobs of the same salt: no tenant can
@@ -36,7 +41,9 @@ never written: every holder has computed those positions already.
 from __future__ import annotations
 
 import itertools
+import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 from scheduler.job import Job
@@ -53,6 +60,30 @@ def _root(job: Job) -> object:
     return _ROOT if job.cache_salt is None else ("salt", job.cache_salt)
 
 
+def _read(job: Job, stop: int, bs: int, pack: Callable[..., bytes]) -> int:
+    """Extend `job`'s packed blocks (`Job.block_tokens`) to `stop` blocks, or
+    to the first block holding a token still in flight; returns how many
+    blocks it holds."""
+    memo, prompt = job.block_tokens, job.prompt_token_ids
+    i = len(memo)
+    in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
+    while i < stop:
+        lo = i * bs
+        tokens = prompt[lo:lo + bs] if i < in_prompt else job.token_slice(lo, lo + bs)
+        if i >= in_prompt and min(tokens) < 0:
+            break
+        memo.append(_packed(pack, tokens))
+        i += 1
+    return i
+
+
+def _packed(pack: Callable[..., bytes], tokens: list[int]) -> bytes | tuple[int, ...]:
+    try:
+        return pack(*tokens)
+    except struct.error:  # an id past 64 bits (the ingress admits none): kept as it is
+        return tuple(tokens)
+
+
 class Match(NamedTuple):
     """A lookup's result (`PrefixCache.peek`): the blocks and their
     contents' serials."""
@@ -64,9 +95,13 @@ class Match(NamedTuple):
 class PrefixCache:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
+        # A block's token ids as bytes: compared and hashed (the hash kept
+        # by the object) without touching sixteen int objects, and never
+        # walked by the garbage collector.
+        self._pack = struct.Struct(f"<{block_size}q").pack
         self._index: dict[_Key, int] = {}  # key -> device block
         # block -> (key, serial, tokens)
-        self._entry: dict[int, tuple[_Key, int, tuple[int, ...]]] = {}
+        self._entry: dict[int, tuple[_Key, int, bytes | tuple[int, ...]]] = {}
         self._serials = itertools.count(_ROOT + 1)
         # Indexed blocks no job holds, least recently let go first.
         self._parked: OrderedDict[int, None] = OrderedDict()
@@ -104,22 +139,36 @@ class PrefixCache:
         if (i + 1) * bs > upto:
             return  # the common call: no block filled since the last one
         # Once per filled block, on the scheduler's hot path (each prefill
-        # indexes its prompt): the key hashed once for a new block, and the
-        # prompt's blocks sliced from it directly.
+        # indexes its prompt, each swap-in its blocks again): a block's
+        # tokens packed once for the job's life (`Job.block_tokens`), their
+        # hash kept by the bytes.
+        memo, pack = job.block_tokens, self._pack
+        if len(memo) < i and _read(job, i, bs, pack) < i:
+            return  # a token in flight before its path's end: never expected
         table, prompt = job.block_table, job.prompt_token_ids
         stop = min(upto // bs, len(table))
         in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
+        known = len(memo)
         index, entry, serials = self._index, self._entry, self._serials
         parent = path[-1] if path else _root(job)
         added = 0
         while i < stop:
-            lo = i * bs
-            if i < in_prompt:
-                tokens = tuple(prompt[lo:lo + bs])
-            else:
-                tokens = tuple(job.token_slice(lo, lo + bs))
-                if min(tokens) < 0:
-                    break  # a token still in flight (scheduler/ahead.py)
+            if i < known:
+                tokens = memo[i]
+            else:  # read for the first time, as `_read` would
+                lo = i * bs
+                if i < in_prompt:
+                    ids = prompt[lo:lo + bs]
+                else:
+                    ids = job.token_slice(lo, lo + bs)
+                    if min(ids) < 0:
+                        break  # a token still in flight (scheduler/ahead.py)
+                try:
+                    tokens = pack(*ids)
+                except struct.error:  # as `_packed`
+                    tokens = tuple(ids)
+                memo.append(tokens)
+                known += 1
             key = (parent, hash(tokens))
             mine = table[i]
             block = index.setdefault(key, mine)
@@ -200,8 +249,12 @@ class PrefixCache:
         if limit <= 0 or not self._index:
             return Match(found, path)
         parent: object = _root(job)
+        memo = job.block_tokens
         for i in range(limit):
-            tokens = tuple(job.token_slice(i * bs, (i + 1) * bs))
+            # Read as far as it looks: a job that finds nothing reads one block.
+            if i == len(memo) and _read(job, i + 1, bs, self._pack) == i:
+                break  # a token in flight: never cached
+            tokens = memo[i]
             block = self._index.get((parent, hash(tokens)))
             if block is None:
                 break

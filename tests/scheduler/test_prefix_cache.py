@@ -356,6 +356,56 @@ def test_evicting_many_takes_the_longest_parked_first_and_unindexes_them():
 
 
 
+def test_a_job_swapped_back_in_is_indexed_again_without_reading_its_tokens_again(monkeypatch):
+    """A job swapped out whose parked blocks were evicted meanwhile comes back
+    in fresh blocks; they are indexed again from what the cache read of its
+    tokens the first time (`Job.block_tokens`), not read and packed anew,
+    and a later job with the same tokens finds the new blocks."""
+    from scheduler.blocks import BlockManager
+
+    blocks = BlockManager(8, BS, prefix_caching=True)
+    job = _job("j", [1] * BS + [2] * BS + [3] * BS + [4])
+    assert blocks.grow(job, 3 * BS)
+    job.num_computed_tokens = 3 * BS
+    blocks.free(job)  # swapped out: three blocks indexed, parked
+    read = list(job.block_tokens)
+    assert len(read) == 3
+    hog = _job("h", [5] * (8 * BS) + [9])
+    assert blocks.grow(hog, 8 * BS)  # every block, the parked ones evicted
+    assert blocks.prefix.num_parked == 0
+    blocks.free(hog)
+    packed: list[tuple[int, ...]] = []
+    monkeypatch.setattr(blocks.prefix, "_pack", lambda *ids: packed.append(ids) or b"")
+    assert blocks.keep_for_swap_in(job, 3) == 0  # nothing of its own left: one block looked up
+    blocks.take(job, 3)
+    fresh = list(job.block_table)
+    blocks.prefix.index(job, job.num_computed_tokens)
+    assert not packed and all(a is b for a, b in zip(job.block_tokens, read, strict=True))
+    monkeypatch.undo()
+    later = _job("l", [1] * BS + [2] * BS + [3] * BS + [8])
+    assert blocks.prefix.match(later) == fresh
+    blocks.check()
+
+
+def test_a_block_with_a_token_in_flight_is_read_once_the_token_lands():
+    """A block holding a token still in flight (scheduler/ahead.py) is neither
+    indexed nor remembered; once the token lands it is read as it is."""
+    from scheduler.plan import PENDING_TOKEN
+
+    cache = PrefixCache(BS)
+    job = _job("a", [1] * (BS + BS // 2))
+    job.output_token_ids = [2] * (BS // 2 - 1) + [PENDING_TOKEN]
+    job.block_table[:] = [4, 5]
+    job.num_computed_tokens = 2 * BS
+    cache.index(job, job.num_computed_tokens)
+    assert cache.is_indexed(4) and not cache.is_indexed(5) and len(job.block_tokens) == 1
+    job.output_token_ids[-1] = 3
+    cache.index(job, job.num_computed_tokens)
+    assert cache.is_indexed(5) and len(job.block_tokens) == 2
+    later = _job("b", [1] * (BS + BS // 2) + [2] * (BS // 2 - 1) + [3, 6])
+    assert cache.match(later) == [4, 5]
+
+
 def test_contents_whose_hashes_collide_are_never_confused(monkeypatch):
     """Keys hold a hash of the tokens; a hit compares the tokens, so where
     every hash collides a content matches only itself, and a second content
@@ -376,3 +426,17 @@ def test_contents_whose_hashes_collide_are_never_confused(monkeypatch):
     assert cache.match(_job("c", [1] * BS + [2] * BS + [7])) == [5, 6]
     assert cache.match(_job("d", [4] * BS + [6])) == []
     assert cache.match(_job("e", [1] * BS + [4] * BS + [3])) == [5]
+
+
+def test_a_token_id_past_64_bits_is_cached_exactly():
+    """Blocks are packed as 64-bit ids; one that does not fit (nothing the
+    ingress admits) is kept as it is, found again and never confused."""
+    cache = PrefixCache(BS)
+    big = 2**64 + 5
+    a = _job("a", [big] * BS + [1] * BS + [2])
+    a.block_table[:] = [3, 4]
+    a.num_computed_tokens = 2 * BS
+    cache.index(a, a.num_computed_tokens)
+    assert cache.is_indexed(3) and cache.is_indexed(4)
+    assert cache.match(_job("b", [big] * BS + [1] * BS + [7])) == [3, 4]
+    assert cache.match(_job("c", [5] * BS + [1] * BS + [7])) == []
