@@ -67,21 +67,21 @@ def _read(job: Job, stop: int, bs: int, pack: Callable[..., bytes]) -> int:
     memo, prompt = job.block_tokens, job.prompt_token_ids
     i = len(memo)
     in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
+    append = memo.append
     while i < stop:
         lo = i * bs
-        tokens = prompt[lo:lo + bs] if i < in_prompt else job.token_slice(lo, lo + bs)
-        if i >= in_prompt and min(tokens) < 0:
-            break
-        memo.append(_packed(pack, tokens))
+        if i < in_prompt:
+            ids = prompt[lo:lo + bs]
+        else:
+            ids = job.token_slice(lo, lo + bs)
+            if min(ids) < 0:
+                break
+        try:
+            append(pack(*ids))
+        except struct.error:  # an id past 64 bits (the ingress admits none): kept as it is
+            append(tuple(ids))
         i += 1
     return i
-
-
-def _packed(pack: Callable[..., bytes], tokens: list[int]) -> bytes | tuple[int, ...]:
-    try:
-        return pack(*tokens)
-    except struct.error:  # an id past 64 bits (the ingress admits none): kept as it is
-        return tuple(tokens)
 
 
 class Match(NamedTuple):
@@ -165,7 +165,7 @@ class PrefixCache:
                         break  # a token still in flight (scheduler/ahead.py)
                 try:
                     tokens = pack(*ids)
-                except struct.error:  # as `_packed`
+                except struct.error:  # as in `_read`
                     tokens = tuple(ids)
                 memo.append(tokens)
                 known += 1
@@ -251,8 +251,9 @@ class PrefixCache:
         parent: object = _root(job)
         memo = job.block_tokens
         for i in range(limit):
-            # Read as far as it looks: a job that finds nothing reads one block.
-            if i == len(memo) and _read(job, i + 1, bs, self._pack) == i:
+            # Read about as far as it looks, in runs that double: a job that
+            # finds nothing reads one block, one that finds n at most 2n.
+            if i == len(memo) and _read(job, min(limit, 2 * i + 1), bs, self._pack) == i:
                 break  # a token in flight: never cached
             tokens = memo[i]
             block = self._index.get((parent, hash(tokens)))

@@ -440,3 +440,19 @@ def test_a_token_id_past_64_bits_is_cached_exactly():
     assert cache.is_indexed(3) and cache.is_indexed(4)
     assert cache.match(_job("b", [big] * BS + [1] * BS + [7])) == [3, 4]
     assert cache.match(_job("c", [5] * BS + [1] * BS + [7])) == []
+
+
+def test_a_lookup_reads_a_waiting_job_about_as_far_as_it_finds():
+    """A lookup packs a job's blocks only about as far as it looks (runs
+    that double): a job queued behind a miss keeps one block's reading, one
+    that finds n blocks at most 2n + 1."""
+    cache = PrefixCache(BS)
+    a = _job("a", [1] * (5 * BS) + [2])
+    a.block_table[:] = [10, 11, 12, 13, 14]
+    a.num_computed_tokens = 5 * BS
+    cache.index(a, a.num_computed_tokens)
+    miss = _job("m", [3] * (40 * BS) + [2])
+    assert cache.match(miss) == [] and len(miss.block_tokens) == 1
+    hit = _job("h", [1] * (5 * BS) + [4] * (30 * BS) + [2])
+    assert cache.match(hit) == [10, 11, 12, 13, 14]
+    assert 6 <= len(hit.block_tokens) <= 11
