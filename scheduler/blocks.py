@@ -163,16 +163,9 @@ class BlockManager:
         owner, src = self._owner, source.job_id
         for b in source.block_table[:num_blocks]:
             holder = owner[b]
-            if holder is _SHARED:
-                if src not in self._shared[b]:
-                    raise BlockAccountingError(f"block {b} is not held by {src}")
-                self._shared[b].add(job.job_id)
-            elif holder == src:  # the source's exclusive block becomes shared
-                self._num_shared[src] = self._num_shared.get(src, 0) + 1
-                owner[b] = _SHARED
-                self._shared[b] = {src, job.job_id}
-            else:
+            if holder != src and (holder is not _SHARED or src not in self._shared[b]):
                 raise BlockAccountingError(f"block {b} is not held by {src}")
+            self._hold_too(b, holder, job.job_id)
             job.block_table.append(b)
             job.block_locations.append(_DEVICE)
         job.table_copy = None
@@ -264,12 +257,7 @@ class BlockManager:
                 owner[b] = jid
                 self._num_held += 1
                 continue
-            if holder is _SHARED:
-                self._shared[b].add(jid)
-            else:  # its holder's exclusive block becomes shared
-                self._num_shared[holder] = self._num_shared.get(holder, 0) + 1
-                owner[b] = _SHARED
-                self._shared[b] = {holder, jid}
+            self._hold_too(b, holder, jid)
             shared += 1
         if shared:
             self._num_shared[jid] = shared
@@ -284,6 +272,15 @@ class BlockManager:
         # own KV coming back is not a cache hit its client is told of).
         if not job.output_token_ids and job.first_scheduled_time is None:
             job.num_cached_tokens = job.num_computed_tokens
+
+    def _hold_too(self, b: int, holder: object, jid: str) -> None:
+        """`jid` holds block `b` too, which `holder` (`_owner[b]`) holds."""
+        if holder is _SHARED:
+            self._shared[b].add(jid)
+        else:  # its holder's exclusive block becomes shared
+            self._num_shared[holder] = self._num_shared.get(holder, 0) + 1  # type: ignore[index]
+            self._owner[b] = _SHARED
+            self._shared[b] = {holder, jid}  # type: ignore[arg-type]
 
     def free(self, job: Job) -> int:
         """Drop all of `job`'s references; returns how many blocks went back

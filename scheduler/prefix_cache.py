@@ -43,7 +43,6 @@ from __future__ import annotations
 import itertools
 import struct
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import NamedTuple
 
 from scheduler.job import Job
@@ -58,30 +57,6 @@ def _root(job: Job) -> object:
     """The predecessor of a job's first block: a salted job's blocks form a
     tree of their own (vLLM's `cache_salt`)."""
     return _ROOT if job.cache_salt is None else ("salt", job.cache_salt)
-
-
-def _read(job: Job, stop: int, bs: int, pack: Callable[..., bytes]) -> int:
-    """Extend `job`'s packed blocks (`Job.block_tokens`) to `stop` blocks, or
-    to the first block holding a token still in flight; returns how many
-    blocks it holds."""
-    memo, prompt = job.block_tokens, job.prompt_token_ids
-    i = len(memo)
-    in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
-    append = memo.append
-    while i < stop:
-        lo = i * bs
-        if i < in_prompt:
-            ids = prompt[lo:lo + bs]
-        else:
-            ids = job.token_slice(lo, lo + bs)
-            if min(ids) < 0:
-                break
-        try:
-            append(pack(*ids))
-        except struct.error:  # an id past 64 bits (the ingress admits none): kept as it is
-            append(tuple(ids))
-        i += 1
-    return i
 
 
 class Match(NamedTuple):
@@ -142,33 +117,14 @@ class PrefixCache:
         # indexes its prompt, each swap-in its blocks again): a block's
         # tokens packed once for the job's life (`Job.block_tokens`), their
         # hash kept by the bytes.
-        memo, pack = job.block_tokens, self._pack
-        if len(memo) < i and _read(job, i, bs, pack) < i:
-            return  # a token in flight before its path's end: never expected
-        table, prompt = job.block_table, job.prompt_token_ids
+        table, memo = job.block_table, job.block_tokens
         stop = min(upto // bs, len(table))
-        in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
-        known = len(memo)
+        stop = min(stop, self._read(job, stop))  # not past a token in flight
         index, entry, serials = self._index, self._entry, self._serials
         parent = path[-1] if path else _root(job)
         added = 0
         while i < stop:
-            if i < known:
-                tokens = memo[i]
-            else:  # read for the first time, as `_read` would
-                lo = i * bs
-                if i < in_prompt:
-                    ids = prompt[lo:lo + bs]
-                else:
-                    ids = job.token_slice(lo, lo + bs)
-                    if min(ids) < 0:
-                        break  # a token still in flight (scheduler/ahead.py)
-                try:
-                    tokens = pack(*ids)
-                except struct.error:  # as in `_read`
-                    tokens = tuple(ids)
-                memo.append(tokens)
-                known += 1
+            tokens = memo[i]
             key = (parent, hash(tokens))
             mine = table[i]
             block = index.setdefault(key, mine)
@@ -188,6 +144,30 @@ class PrefixCache:
             parent = serial
             i += 1
         self.version += added
+
+    def _read(self, job: Job, stop: int) -> int:
+        """Extend `job`'s packed blocks (`Job.block_tokens`) to `stop` blocks,
+        or to the first block holding a token still in flight
+        (scheduler/ahead.py); returns how many blocks it holds."""
+        bs, pack = self.block_size, self._pack
+        memo, prompt = job.block_tokens, job.prompt_token_ids
+        i = len(memo)
+        in_prompt = len(prompt) // bs  # blocks sliced from the prompt alone
+        append = memo.append
+        while i < stop:
+            lo = i * bs
+            if i < in_prompt:
+                ids = prompt[lo:lo + bs]
+            else:
+                ids = job.token_slice(lo, lo + bs)
+                if min(ids) < 0:
+                    break
+            try:
+                append(pack(*ids))
+            except struct.error:  # an id past 64 bits (the ingress admits none): kept as it is
+                append(tuple(ids))
+            i += 1
+        return i
 
     def forget(self, job: Job) -> None:
         """`job` lets go of its blocks: its path goes with them."""
@@ -253,7 +233,7 @@ class PrefixCache:
         for i in range(limit):
             # Read about as far as it looks, in runs that double: a job that
             # finds nothing reads one block, one that finds n at most 2n.
-            if i == len(memo) and _read(job, min(limit, 2 * i + 1), bs, self._pack) == i:
+            if i == len(memo) and self._read(job, min(limit, 2 * i + 1)) == i:
                 break  # a token in flight: never cached
             tokens = memo[i]
             block = self._index.get((parent, hash(tokens)))
