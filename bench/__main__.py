@@ -22,6 +22,8 @@ Commands:
                   block and host-tier byte comes back
   soak            a long mixed run: RSS growth (MB/hour), errors by kind,
                   429s, leaked KV blocks and host bytes
+  transparency    probes alone, then beside long streams that force
+                  preemption: each probe's tokens must be the same
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from bench.cli_trace import add_trace_parsers, write_trace
 from bench.disconnects import add_disconnects_parser
 from bench.overload import add_overload_parser
 from bench.soak import add_soak_parser
+from bench.transparency import add_transparency_parser
 from bench.cli_args import (
     _add_live_args,
     _add_output_args,
@@ -454,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_overload_parser(sub)
     add_disconnects_parser(sub)
     add_soak_parser(sub)
+    add_transparency_parser(sub)
     return p
 
 

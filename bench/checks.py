@@ -1,9 +1,11 @@
-"""What the robustness commands (`overload`, `disconnects`, `soak`) share:
-time-bounded workloads, the model name resolved once, a last request that
-proves the server still answers, and how results are written."""
+"""What the robustness commands (`overload`, `disconnects`, `soak`,
+`transparency`) share: time-bounded workloads, the model name resolved once,
+the wait for an idle server and a last request that proves it still answers,
+and how results are written."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as _dt
 import math
@@ -14,6 +16,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.client import ClientConfig, discover_model, run_requests
+from bench.records import RequestRecord
+from bench.server_stats import KVSnapshot, LeakReport, StatsSource, wait_for_idle
 from bench.workload import RequestSpec, WorkloadSpec, filler_prompt
 
 
@@ -30,6 +34,43 @@ class CheckResult(BaseModel):
     created: str = Field(default_factory=now_iso)
     base_url: str
     model: str
+
+
+class IdleCheckedResult(CheckResult):
+    """A check that ends as `finish_check` does: the server idle again with
+    nothing leaked (None with --no-server-stats), and a last request served."""
+
+    kv: LeakReport | None = None
+    health_check_error: str | None = None
+    problems: list[str] = Field(default_factory=list)
+    records: list[RequestRecord] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def finish_check(cfg: ClientConfig, stats: StatsSource | None, before: KVSnapshot | None,
+                 idle_timeout: float, problems: list[str]) -> tuple[LeakReport | None, str | None]:
+    """Wait for the server to go idle and compare its KV with `before` (where
+    its stats can be read), then send one short request; what went wrong is
+    added to `problems`.  Returns the leak report and the last request's
+    failure (None: served)."""
+    kv = None
+    if stats is not None and before is not None:
+        kv = wait_for_idle(stats, before, idle_timeout)
+        problems += kv.problems
+    health = still_serves(cfg)
+    if health is not None:
+        problems.append(f"the server no longer serves: {health}")
+    return kv, health
+
+
+def add_check_output_args(q: argparse.ArgumentParser, idle_timeout: float) -> None:
+    q.add_argument("--idle-timeout", type=float, default=idle_timeout,
+                   help="seconds to wait for the server to return to idle")
+    q.add_argument("--out", type=Path, default=None, help="result JSON path")
+    q.add_argument("--save-records", action="store_true", help="keep per-request records")
 
 
 def spec_for_duration(spec: WorkloadSpec, rate: float, duration: float) -> WorkloadSpec:

@@ -156,6 +156,7 @@ class _Progress:
     usage: dict[str, Any] | None = None
     server: dict[str, Any] = field(default_factory=dict)
     done: bool = False
+    token_ids: list[int] | None = None
 
 
 def _url(base: str, path: str) -> str:
@@ -233,10 +234,16 @@ def handle_event(data: str, prog: _Progress, now: float, chat: bool) -> None:
     if "error" in obj and not obj.get("choices"):
         err = obj["error"]
         raise StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+    counted = False
     for choice in obj.get("choices") or []:
-        if _is_token_chunk(choice, chat):
+        if not counted and _is_token_chunk(choice, chat):
             prog.token_times.append(now)
-            break
+            counted = True
+        ids = choice.get("token_ids")
+        if ids and choice.get("index", 0) == 0:  # `return_token_ids`: ids since the last chunk
+            if prog.token_ids is None:
+                prog.token_ids = []
+            prog.token_ids += ids
     if obj.get("usage"):
         prog.usage = obj["usage"]
     prog.server.update(_server_metrics(obj))
@@ -350,6 +357,7 @@ async def _one(
         if sem is not None:
             sem.release()
     rec.token_times = prog.token_times
+    rec.token_ids = prog.token_ids
     usage = prog.usage or {}
     rec.output_tokens = int(usage.get("completion_tokens") or len(prog.token_times))
     if usage.get("prompt_tokens"):

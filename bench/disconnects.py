@@ -18,20 +18,19 @@ many streams were dropped at each phase.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bench.checks import CheckResult, save_check, still_serves, with_model
+from bench.checks import (
+    IdleCheckedResult, add_check_output_args, finish_check, save_check, with_model,
+)
 from bench.cli_args import _add_live_args
 from bench.client import ClientConfig, RequestVariant, run_requests
 from bench.metrics import summarize
-from bench.records import DROP_PHASES, RequestRecord
-from bench.server_stats import (
-    LeakReport, StatsSource, add_stats_args, idle_start, stats_source, wait_for_idle,
-)
+from bench.records import DROP_PHASES
+from bench.server_stats import StatsSource, add_stats_args, idle_start, stats_source
 from bench.workload import RequestSpec, filler_prompt
 
 class DisconnectConfig(BaseModel):
@@ -55,7 +54,7 @@ class DisconnectConfig(BaseModel):
         return self
 
 
-class DisconnectResult(CheckResult):
+class DisconnectResult(IdleCheckedResult):
     kind: Literal["disconnects"] = "disconnects"
     config: DisconnectConfig
     planned: dict[str, int]
@@ -66,15 +65,6 @@ class DisconnectResult(CheckResult):
     rejected: int
     failed: int
     errors_by_kind: dict[str, int]
-    # None with --no-server-stats.
-    kv: LeakReport | None = None
-    health_check_error: str | None = None
-    problems: list[str] = Field(default_factory=list)
-    records: list[RequestRecord] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def plan_drops(dc: DisconnectConfig) -> tuple[list[RequestSpec], dict[str, RequestVariant]]:
@@ -118,13 +108,7 @@ def run_disconnects(dc: DisconnectConfig, cfg: ClientConfig,
           f"their drop point, {s.num_rejected} rejected, {s.num_failed} failed", flush=True)
     if s.num_failed:
         problems.append(f"{s.num_failed} requests failed: {s.errors_by_kind}")
-    kv = None
-    if stats is not None:
-        kv = wait_for_idle(stats, before, dc.idle_timeout)
-        problems += kv.problems
-    health = still_serves(cfg)
-    if health is not None:
-        problems.append(f"the server no longer serves: {health}")
+    kv, health = finish_check(cfg, stats, before, dc.idle_timeout, problems)
     return DisconnectResult(
         base_url=cfg.base_url, model=cfg.model or "", config=dc, planned=planned,
         dropped=dropped, completed=s.num_completed, rejected=s.num_rejected,
@@ -182,8 +166,5 @@ def add_disconnects_parser(sub: Any) -> None:
     g.add_argument("--max-drop-chunks", type=int, default=32,
                    help="the rest drop after 1 .. this many tokens")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--idle-timeout", type=float, default=60.0,
-                   help="seconds to wait for the server to return to idle")
-    q.add_argument("--out", type=Path, default=None, help="result JSON path")
-    q.add_argument("--save-records", action="store_true", help="keep per-request records")
+    add_check_output_args(q, idle_timeout=60.0)
     q.set_defaults(func=cmd_disconnects)

@@ -52,6 +52,9 @@ class RequestRecord(BaseModel):
     num_rejections: int = 0
     # The client hung up on purpose at this phase (not an error either).
     dropped: DropPhase | None = None
+    # The first choice's generated token ids in the order they streamed,
+    # where the request asked for them (`return_token_ids`); None otherwise.
+    token_ids: list[int] | None = None
 
     # Reported by our server (response metadata) or by the simulator;
     # None when the system under test does not say (FastServe Figs. 1, 15b).

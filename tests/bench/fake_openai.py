@@ -38,6 +38,11 @@ BLOCKS_PER_STREAM = 2
 class FakeEngine:
     max_active: int | None = None
     leak_on_disconnect: bool = False
+    # A request asking for `return_token_ids` gets ids that depend on its
+    # prompt and position alone; with `perturb_shared`, a token generated
+    # while another stream runs comes out one higher (a batch-variant engine).
+    perturb_shared: bool = False
+    num_preemptions: int = 2
     # Responses admitted and not yet over (admission control counts these).
     admitted: int = 0
     active: int = 0
@@ -122,11 +127,15 @@ def make_app(engine: FakeEngine | None = None) -> Starlette:
                     choice["delta"] = {"content": f" t{i}"}
                 else:
                     choice["text"] = f" t{i}"
+                if body.get("return_token_ids"):
+                    tid = (sum(map(ord, prompt)) * 31 + i) % 1000
+                    choice["token_ids"] = [tid + (eng.perturb_shared and eng.active > 1)]
                 yield _sse({"id": "x", "choices": [choice]})
             yield _sse({"id": "x", "choices": [], "usage": {
                 "prompt_tokens": len(prompt.split()), "completion_tokens": n,
                 "total_tokens": n + len(prompt.split())},
-                "metrics": {"queue_time": 0.005, "num_preemptions": 2, "swap_bytes": 4096,
+                "metrics": {"queue_time": 0.005, "num_preemptions": eng.num_preemptions,
+                            "swap_bytes": 4096,
                             "predicted_output_len": 37, "prediction_delay": 0.25}})
             yield "data: [DONE]\n\n"
 
@@ -192,7 +201,8 @@ class FakeStats:
         e = self.engine
         return [{"replica": "fake-0", "free_blocks": e.free_blocks, "num_blocks": NUM_BLOCKS,
                  "open_streams": e.active, "num_running": e.active, "num_waiting": 0,
-                 "swap": {"host_used_blocks": 0}}]
+                 "swap": {"host_used_blocks": 0},
+                 "engine": {"dtype": "float32", "deterministic": not e.perturb_shared}}]
 
     def scheduler(self) -> dict[str, Any] | None:
         return {"active_jobs": self.engine.active, "kv_tier": {"used_bytes": 0}}
