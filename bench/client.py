@@ -362,6 +362,9 @@ async def _one(
     rec.output_tokens = int(usage.get("completion_tokens") or len(prog.token_times))
     if usage.get("prompt_tokens"):
         rec.prompt_tokens = int(usage["prompt_tokens"])
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is not None:
+        rec.cached_tokens = int(cached)
     for k, v in prog.server.items():
         setattr(rec, k, v)
     return rec

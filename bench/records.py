@@ -52,6 +52,8 @@ class RequestRecord(BaseModel):
     num_rejections: int = 0
     # The client hung up on purpose at this phase (not an error either).
     dropped: DropPhase | None = None
+    # Prompt tokens the server found cached (`usage.prompt_tokens_details`).
+    cached_tokens: int | None = None
     # The first choice's generated token ids in the order they streamed,
     # where the request asked for them (`return_token_ids`); None otherwise.
     token_ids: list[int] | None = None

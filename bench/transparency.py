@@ -6,9 +6,11 @@ swapped back in or recomputed.  What a client is promised is that none of
 this shows: a request's tokens are the ones it would have got alone.  This
 check sends `--probes` requests one at a time, each greedy or seeded, and
 keeps their generated token ids (`return_token_ids`); then sends them all
-again, spread over a second, beside `--disruptors` long streams that crowd
-the batch and the KV cache (a share of them hanging up mid-stream), and
-compares each probe's tokens with its lone run, token by token.  The server
+again, arriving over `--probe-spread` seconds, beside `--disruptors` long
+streams that crowd the batch and the KV cache (a share of them hanging up
+mid-stream), and compares each probe's tokens with its lone run, token by token; with
+`--shared-prefix` every probe's prompt begins the same way, so that probes
+hold the same cached blocks while others are preempted.  The server
 says how often each probe was preempted (`metrics.num_preemptions`): a run
 in which none was says nothing about preemption (`--require-preemption`
 makes that a failure).  Afterwards every KV block and host-tier byte must
@@ -49,6 +51,9 @@ class TransparencyConfig(BaseModel):
     probe_min_input: int = Field(16, ge=1)
     probe_max_input: int = Field(256, ge=1)
     probe_output_len: int = Field(64, ge=1)
+    # Tokens every probe's prompt begins with: their KV found in the prefix
+    # cache and shared by the probes that hold it while others are preempted.
+    shared_prefix: int = Field(0, ge=0)
     # Probes drawn at this temperature, each with its own seed; the rest greedy.
     sampled_share: float = Field(0.5, ge=0, le=1)
     sampled_temperature: float = Field(0.8, gt=0, le=2)
@@ -77,8 +82,9 @@ class ProbeOutcome(BaseModel):
     # Index of the first generated token that differs (the shorter length
     # where one run's tokens are a prefix of the other's); None: identical.
     first_difference: int | None
-    # The server's count for the shared run (None where it does not say).
+    # The server's counts for the shared run (None where it does not say).
     preemptions: int | None
+    cached_tokens: int | None
 
 
 class TransparencyResult(IdleCheckedResult):
@@ -89,6 +95,7 @@ class TransparencyResult(IdleCheckedResult):
     differing: int
     preempted_probes: int
     probe_preemptions: int
+    probe_cached_tokens: int
     disruptors_dropped: int
     failed: int
     errors_by_kind: dict[str, int]
@@ -107,21 +114,23 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def plan_probes(tc: TransparencyConfig) -> tuple[list[RequestSpec], dict[str, RequestVariant]]:
     """The probes (arrival times for the shared run) and their sampling:
-    distinct prompts (their first tokens differ), greedy or seeded."""
+    distinct prompts (past the shared prefix, if any), greedy or seeded."""
     if tc.probe_max_input < tc.probe_min_input:
         raise ValueError("--probe-max-input must be at least --probe-min-input")
     rng = np.random.default_rng(tc.seed)
     lens = rng.integers(tc.probe_min_input, tc.probe_max_input + 1, size=tc.probes)
     sampled = rng.random(tc.probes) < tc.sampled_share
     seeds = rng.integers(0, 2**31 - 1, size=tc.probes)
+    prefix = filler_prompt(tc.shared_prefix) + " " if tc.shared_prefix else ""
     reqs: list[RequestSpec] = []
     variants: dict[str, RequestVariant] = {}
     for i in range(tc.probes):
         rid = f"probe-{i}"
         at = tc.probe_spread_s * i / tc.probes
         reqs.append(RequestSpec(request_id=rid, arrival_time=at,
-                                prompt=filler_prompt(int(lens[i]), salt=i),
-                                prompt_tokens=int(lens[i]), output_tokens=tc.probe_output_len))
+                                prompt=prefix + filler_prompt(int(lens[i]), salt=i),
+                                prompt_tokens=tc.shared_prefix + int(lens[i]),
+                                output_tokens=tc.probe_output_len))
         extra: dict[str, Any] = {"return_token_ids": True, "temperature": 0.0}
         if sampled[i]:
             extra.update(temperature=tc.sampled_temperature, seed=int(seeds[i]))
@@ -192,7 +201,7 @@ def run_transparency(tc: TransparencyConfig, cfg: ClientConfig,
             temperature=extra["temperature"], seed=extra.get("seed"),
             alone_tokens=len(lone.token_ids), shared_tokens=len(other.token_ids),
             first_difference=first_difference(lone.token_ids, other.token_ids),
-            preemptions=other.num_preemptions))
+            preemptions=other.num_preemptions, cached_tokens=other.cached_tokens))
     if unfinished:
         problems.append(f"probes not served to the end in both runs: {', '.join(unfinished)}")
     s = summarize(alone + shared)
@@ -212,6 +221,7 @@ def run_transparency(tc: TransparencyConfig, cfg: ClientConfig,
         identical=len(outcomes) - len(differing), differing=len(differing),
         preempted_probes=preempted,
         probe_preemptions=sum(o.preemptions or 0 for o in outcomes),
+        probe_cached_tokens=sum(o.cached_tokens or 0 for o in outcomes),
         disruptors_dropped=sum(1 for r in shared if r.dropped is not None),
         failed=s.num_failed, errors_by_kind=s.errors_by_kind, engines=engines, kv=kv,
         health_check_error=health, problems=problems, records=alone + shared,
@@ -223,9 +233,11 @@ def format_transparency(r: TransparencyResult) -> str:
     lines = [f"probes compared {len(r.probes)} ({sampled} seeded at temperature "
              f"{r.config.sampled_temperature}, the rest greedy): {r.identical} identical, "
              f"{r.differing} differing",
-             f"preempted in the shared run: {r.preempted_probes} probes, "
-             f"{r.probe_preemptions} preemptions; disruptors {r.config.disruptors}, "
-             f"{r.disruptors_dropped} hung up; failed {r.failed} {r.errors_by_kind or ''}"]
+             f"in the shared run: {r.preempted_probes} probes preempted "
+             f"({r.probe_preemptions} preemptions), {r.probe_cached_tokens} of their prompt "
+             f"tokens found cached",
+             f"disruptors {r.config.disruptors}, {r.disruptors_dropped} hung up; failed "
+             f"{r.failed} {r.errors_by_kind or ''}"]
     for e in r.engines:
         lines.append(f"engine {e['replica']}: dtype {e['dtype']}, "
                      f"deterministic {e['deterministic']}")
@@ -248,7 +260,8 @@ def cmd_transparency(a: argparse.Namespace) -> int:
 
     tc = TransparencyConfig(
         probes=a.probes, probe_min_input=a.probe_min_input, probe_max_input=a.probe_max_input,
-        probe_output_len=a.probe_output_len, sampled_share=a.sampled_share,
+        probe_output_len=a.probe_output_len, shared_prefix=a.shared_prefix,
+        sampled_share=a.sampled_share,
         sampled_temperature=a.sampled_temperature, probe_spread_s=a.probe_spread,
         disruptors=a.disruptors, disruptor_input_len=a.disruptor_input_len,
         disruptor_output_len=a.disruptor_output_len, drop_share=a.drop_share,
@@ -269,6 +282,8 @@ def add_transparency_parser(sub: Any) -> None:
     g.add_argument("--probe-min-input", type=int, default=16, help="prompt tokens, at least")
     g.add_argument("--probe-max-input", type=int, default=256, help="prompt tokens, at most")
     g.add_argument("--probe-output-len", type=int, default=64, help="max_tokens of a probe")
+    g.add_argument("--shared-prefix", type=int, default=0,
+                   help="tokens every probe's prompt begins with (found in the prefix cache)")
     g.add_argument("--sampled-share", type=float, default=0.5,
                    help="share of probes sampled with a seed of their own (the rest greedy)")
     g.add_argument("--sampled-temperature", type=float, default=0.8)

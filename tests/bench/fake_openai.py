@@ -43,6 +43,7 @@ class FakeEngine:
     # while another stream runs comes out one higher (a batch-variant engine).
     perturb_shared: bool = False
     num_preemptions: int = 2
+    cached_tokens: int = 0
     # Responses admitted and not yet over (admission control counts these).
     admitted: int = 0
     active: int = 0
@@ -133,7 +134,8 @@ def make_app(engine: FakeEngine | None = None) -> Starlette:
                 yield _sse({"id": "x", "choices": [choice]})
             yield _sse({"id": "x", "choices": [], "usage": {
                 "prompt_tokens": len(prompt.split()), "completion_tokens": n,
-                "total_tokens": n + len(prompt.split())},
+                "total_tokens": n + len(prompt.split()),
+                "prompt_tokens_details": {"cached_tokens": eng.cached_tokens}},
                 "metrics": {"queue_time": 0.005, "num_preemptions": eng.num_preemptions,
                             "swap_bytes": 4096,
                             "predicted_output_len": 37, "prediction_delay": 0.25}})

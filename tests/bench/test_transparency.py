@@ -51,11 +51,22 @@ def test_probe_plan():
     assert not set(r.prompt for r in d_reqs) & set(r.prompt for r in reqs)
 
 
+def test_a_shared_prefix_begins_every_probe():
+    reqs, _ = plan_probes(TransparencyConfig(probes=20, probe_min_input=8, probe_max_input=30,
+                                             shared_prefix=48))
+    head = reqs[0].prompt.split()[:48]
+    assert all(r.prompt.split()[:48] == head for r in reqs)
+    assert len({tuple(r.prompt.split()[48:]) for r in reqs}) == 20  # distinct after it
+    assert all(r.prompt_tokens == 48 + len(r.prompt.split()[48:]) for r in reqs)
+    assert all(r.prompt_tokens == len(r.prompt.split()) for r in reqs)
+
+
 def test_a_server_whose_tokens_do_not_depend_on_the_batch_passes():
-    eng = FakeEngine()
+    eng = FakeEngine(cached_tokens=3)
     with FakeServer(eng) as srv:
         res = run_transparency(small(), ClientConfig(base_url=srv.base_url), FakeStats(eng))
     assert res.ok, res.problems
+    assert res.probe_cached_tokens == 18 and all(p.cached_tokens == 3 for p in res.probes)
     assert res.identical == 6 and res.differing == 0 and len(res.probes) == 6
     assert all(p.alone_tokens == p.shared_tokens == 8 for p in res.probes)
     # The fake reports two preemptions for every request.

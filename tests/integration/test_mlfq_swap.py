@@ -68,20 +68,25 @@ def test_the_replica_runs_on_the_cost_the_config_pins(engine_handle, mlfq_engine
 def test_probes_beside_long_streams_get_their_lone_tokens(mlfq_server, mlfq_engine):
     # `python -m bench transparency` against the MLFQ application: each probe
     # alone, then all of them beside long streams that crowd its 32 blocks
-    # (half of them hanging up mid-stream); float32 greedy tokens must be the
-    # same, and the probes must have been preempted for that to mean anything.
+    # (half of them hanging up mid-stream), their prompts opening with the
+    # same two blocks (held together through the prefix cache while some of
+    # them are swapped); float32 greedy tokens must be the same, and the
+    # probes must have been preempted for that to mean anything.
     from bench.client import ClientConfig
     from bench.server_stats import RayStatsSource
     from bench.transparency import TransparencyConfig, run_transparency
 
     tc = TransparencyConfig(probes=6, probe_min_input=16, probe_max_input=64,
-                            probe_output_len=32, sampled_share=0.0, probe_spread_s=0.3,
+                            probe_output_len=32, shared_prefix=32, sampled_share=0.0,
+                            probe_spread_s=0.3,
                             disruptors=6, disruptor_input_len=64, disruptor_output_len=96,
                             require_preemption=True, idle_timeout=60)
+    swaps_before = wait_engine_idle(mlfq_engine, timeout=60)["swap"]["swap_outs"]
     res = run_transparency(tc, ClientConfig(base_url=f"{mlfq_server}/v1"),
                            RayStatsSource(app="mlfq"))
     assert res.ok, res.problems
     assert res.identical == 6 and res.preempted_probes >= 1
     assert res.engines and all(e["dtype"] == "float32" for e in res.engines)
     stats = wait_engine_idle(mlfq_engine, timeout=60)
+    assert stats["swap"]["swap_outs"] > swaps_before
     assert stats["swap"]["host_used_blocks"] == 0
