@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Preemption transparency on the live server (README.md, "Overload, disconnects, soak,
 # transparency"): `python -m bench transparency` against the tight-KV MLFQ configuration,
-# with its default execution (probes apart, then opening with a shared 128-token prefix)
-# and with a batch-variant one (deterministic mode off, plain weights).
+# with its default execution (probes apart, then opening with a shared 128-token prefix),
+# with a batch-variant one (deterministic mode off, plain weights), and with preemption by
+# recomputation instead of swapping.
 #   bash studies/hardening/transparency.sh [TAG]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,4 +23,7 @@ check mlfq_tight_kv_prefix --shared-prefix 128
 stop_server
 start_server studies/configs/mlfq_tight_kv_variant.yaml /tmp/transparency_variant.log
 check mlfq_tight_kv_variant
+stop_server
+start_server studies/configs/mlfq_tight_kv_recompute.yaml /tmp/transparency_recompute.log
+check mlfq_tight_kv_recompute
 stop_server
