@@ -16,11 +16,10 @@ in which none was says nothing about preemption (`--require-preemption`
 makes that a failure).  Afterwards every KV block and host-tier byte must
 be back (`bench/server_stats.py`) and a last request must complete.
 
-Identical tokens are what our server guarantees in float32 and in
-deterministic mode (README, "Deterministic mode"); elsewhere, in bfloat16
-above all, the requests sharing an iteration can change a logit's last bits
-and with them a token.  The result names each engine replica's dtype and
-mode where the server's stats can be read.
+Deterministic mode guarantees identical tokens (README, "Deterministic
+mode"); without it the requests sharing an iteration can change a logit's
+last bits, in bfloat16 above all, and with them a token.  The result names
+each engine replica's dtype and mode where the server's stats can be read.
 
 Exit status 1 on a differing probe, a failed request, a leak or a server
 that no longer serves.
