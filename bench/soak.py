@@ -31,15 +31,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bench.checks import (
-    CheckResult, plot_path, save_check, spec_for_duration, still_serves, with_model, within,
+    IdleCheckedResult, plot_path, save_check, spec_for_duration, still_serves, with_model, within,
 )
 from bench.cli_args import _add_live_args, _add_output_args, _add_workload_args
 from bench.client import ClientConfig, RequestVariant, run_requests
 from bench.metrics import MetricsSummary, format_summary, summarize
-from bench.records import DROP_PHASES, RequestRecord
+from bench.records import DROP_PHASES
 from bench.rss import PeriodicSampler, RssSampler, RssSeries, check_pid
 from bench.server_stats import (
-    KVSnapshot, LeakReport, StatsSource, add_stats_args, read_snapshot, stats_source,
+    KVSnapshot, StatsSource, add_stats_args, read_snapshot, stats_source,
     idle_start,
     wait_for_idle,
 )
@@ -92,7 +92,7 @@ class RssGrowth(BaseModel):
     slope_mb_per_hour: float | None
 
 
-class SoakResult(CheckResult):
+class SoakResult(IdleCheckedResult):
     kind: Literal["soak"] = "soak"
     system: str
     config: SoakConfig
@@ -108,12 +108,7 @@ class SoakResult(CheckResult):
     rss: RssGrowth
     rss_series: RssSeries
     kv_samples: list[KVSnapshot] = Field(default_factory=list)
-    # None with --no-server-stats.
-    kv: LeakReport | None = None
-    health_check_error: str | None = None
     summary: MetricsSummary
-    problems: list[str] = Field(default_factory=list)
-    records: list[RequestRecord] | None = None
 
 
 def mix_variants(reqs: list[RequestSpec], mix: SoakMix, endpoint: str,
@@ -256,7 +251,7 @@ def cmd_soak(a: argparse.Namespace) -> int:
                     title=f"{res.system}: soak at {res.workload.streams[0].arrivals.rate:g} "
                           f"req/s for {sc.duration:g} s")
     print(f"wrote {png}")
-    return 1 if res.problems else 0
+    return 0 if res.ok else 1
 
 
 def add_soak_parser(sub: Any) -> None:

@@ -257,14 +257,8 @@ def format_transparency(r: TransparencyResult) -> str:
 def cmd_transparency(a: argparse.Namespace) -> int:
     from bench.cli_workload import _client_config
 
-    tc = TransparencyConfig(
-        probes=a.probes, probe_min_input=a.probe_min_input, probe_max_input=a.probe_max_input,
-        probe_output_len=a.probe_output_len, shared_prefix=a.shared_prefix,
-        sampled_share=a.sampled_share,
-        sampled_temperature=a.sampled_temperature, probe_spread_s=a.probe_spread,
-        disruptors=a.disruptors, disruptor_input_len=a.disruptor_input_len,
-        disruptor_output_len=a.disruptor_output_len, drop_share=a.drop_share,
-        require_preemption=a.require_preemption, seed=a.seed, idle_timeout=a.idle_timeout)
+    # Every field of the config has its option, under the field's name.
+    tc = TransparencyConfig(**{f: getattr(a, f) for f in TransparencyConfig.model_fields})
     res = run_transparency(tc, _client_config(a), stats_source(a))
     print(format_transparency(res))
     save_check(res, a.out, a.save_records)
@@ -276,25 +270,31 @@ def add_transparency_parser(sub: Any) -> None:
                                             "tokens, preempted or not")
     _add_live_args(q)
     add_stats_args(q)
+    d = TransparencyConfig()  # the defaults, from the config alone
     g = q.add_argument_group("probes and disruptors")
-    g.add_argument("--probes", type=int, default=16)
-    g.add_argument("--probe-min-input", type=int, default=16, help="prompt tokens, at least")
-    g.add_argument("--probe-max-input", type=int, default=256, help="prompt tokens, at most")
-    g.add_argument("--probe-output-len", type=int, default=64, help="max_tokens of a probe")
-    g.add_argument("--shared-prefix", type=int, default=0,
+    g.add_argument("--probes", type=int, default=d.probes)
+    g.add_argument("--probe-min-input", type=int, default=d.probe_min_input,
+                   help="prompt tokens, at least")
+    g.add_argument("--probe-max-input", type=int, default=d.probe_max_input,
+                   help="prompt tokens, at most")
+    g.add_argument("--probe-output-len", type=int, default=d.probe_output_len,
+                   help="max_tokens of a probe")
+    g.add_argument("--shared-prefix", type=int, default=d.shared_prefix,
                    help="tokens every probe's prompt begins with (found in the prefix cache)")
-    g.add_argument("--sampled-share", type=float, default=0.5,
+    g.add_argument("--sampled-share", type=float, default=d.sampled_share,
                    help="share of probes sampled with a seed of their own (the rest greedy)")
-    g.add_argument("--sampled-temperature", type=float, default=0.8)
-    g.add_argument("--probe-spread", type=float, default=1.0,
+    g.add_argument("--sampled-temperature", type=float, default=d.sampled_temperature)
+    g.add_argument("--probe-spread", dest="probe_spread_s", type=float,
+                   default=d.probe_spread_s,
                    help="seconds over which the shared run's probes arrive")
-    g.add_argument("--disruptors", type=int, default=16, help="long streams beside the probes")
-    g.add_argument("--disruptor-input-len", type=int, default=256)
-    g.add_argument("--disruptor-output-len", type=int, default=256)
-    g.add_argument("--drop-share", type=float, default=0.5,
+    g.add_argument("--disruptors", type=int, default=d.disruptors,
+                   help="long streams beside the probes")
+    g.add_argument("--disruptor-input-len", type=int, default=d.disruptor_input_len)
+    g.add_argument("--disruptor-output-len", type=int, default=d.disruptor_output_len)
+    g.add_argument("--drop-share", type=float, default=d.drop_share,
                    help="share of disruptors that hang up mid-stream")
     g.add_argument("--require-preemption", action="store_true",
                    help="fail if no probe was preempted in the shared run")
-    g.add_argument("--seed", type=int, default=0)
-    add_check_output_args(q, idle_timeout=60.0)
+    g.add_argument("--seed", type=int, default=d.seed)
+    add_check_output_args(q, idle_timeout=d.idle_timeout)
     q.set_defaults(func=cmd_transparency)
