@@ -22,65 +22,17 @@ from pydantic import (
 )
 
 from api.lora_runtime_settings import LoraRuntimeSettings
+from api.predictor_settings import PredictorSettings
 from api.tool_formats import ToolCallFormatName
 from scheduler.autoscale import AutoscaleSettings
 from scheduler.config import OfflinePoolConfig, SchedulerConfig, SchedulingSettings
 from scheduler.cost import IterationCostSettings
 
 # What a LoRA adapter's name may be (`lora_adapters`).
-
-
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 # Read when `api_key` is left unset, so a key need not sit in serve_config.yaml.
 API_KEY_ENV = "PREEMPT_SERVE_API_KEY"
-
-
-class PredictorSettings(BaseModel):
-    """The response-length predictor beside the engines (EconoServe §3.3.2)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
-    # A trained adapter folder; None: the one shipped in predictor/adapters.
-    adapter: str | None = None
-    padding_ratio: float = Field(0.15, ge=0.0, le=4.0)
-    num_cpus: float = Field(1.0, gt=0)
-    # "cuda" runs the predictor on a GPU share of `num_gpus` (e.g. 0.1 beside
-    # the engines): the adapter trained on 1,024-token prompts over all 30
-    # layers (studies/predictor/smollm2-sharegpt-long, in the repository only)
-    # costs seconds per prediction on a CPU core and milliseconds on a GPU.
-    device: Literal["cpu", "cuda"] = "cpu"
-    num_gpus: float = Field(0.0, ge=0)
-    # A folder where each Ingress replica appends the completions it served
-    # (deployments/served_log.py), for `python -m predictor retrain`.
-    # None: nothing is recorded.
-    record_dir: str | None = None
-    # The engine's length head (engine/length_head.py): each job's answer
-    # length estimated from the served model's own final hidden state at
-    # its prompt's last position, when it samples its first token; it
-    # replaces the predictor's estimate from then on (or is the only one,
-    # with `enabled: false`: no second model).  `embedded`: the head
-    # fitted on the embedded model's answers; or a file written by
-    # `python -m predictor fit-head`.  None: no head.
-    engine_head: str | None = None
-
-    @field_validator("engine_head")
-    @classmethod
-    def _head_file(cls, v: str | None) -> str | None:
-        if v is not None and v != "embedded" and not Path(v).is_file():
-            raise ValueError(f"no such file: {v!r} (a file written by "
-                             "`python -m predictor fit-head`, or `embedded`)")
-        return v
-
-    @model_validator(mode="after")
-    def _gpu_share_for_cuda(self) -> "PredictorSettings":
-        if self.device == "cuda" and self.num_gpus <= 0:
-            raise ValueError("predictor.num_gpus: must be > 0 with predictor.device 'cuda' "
-                             "(the GPU share Ray reserves for each predictor replica)")
-        if self.device == "cpu" and self.num_gpus > 0:
-            raise ValueError("predictor.num_gpus: a GPU share needs predictor.device 'cuda'")
-        return self
 
 
 class AdmissionSettings(BaseModel):
@@ -224,16 +176,17 @@ class AppConfig(SchedulingSettings):
     # is still on the device, its sampled tokens applied when they land
     # (scheduler/ahead.py): the host's planning, completion and input
     # preparation overlap the device's work.  `auto`: on with `device:
-    # cuda` and neither tensor nor pipeline parallelism (which it does not
-    # support); on a CPU the pass holds the thread that would plan, so it
-    # gains nothing there.
+    # cuda` and neither tensor nor pipeline parallelism nor speculative
+    # decoding (none of which it supports); on a CPU the pass holds the
+    # thread that would plan, so it gains nothing there.
     async_scheduling: bool | Literal["auto"] = "auto"
     # On CPU: multiply every projection on a weight packed once (in place).
     # `auto`: bfloat16 on our VDPBF16PS kernel where the CPU has avx512_bf16
-    # and no AMX (`bf16_dot`, engine/models/packed_bf16.py), float32 on our
-    # AVX2 FMA kernel where the CPU has avx2 and fma but no avx512f
-    # (`f32_fma`, engine/models/packed_f32.py); otherwise, in
-    # float32 and natively multiplied bfloat16, oneDNN's blocked layout
+    # (and, where it also has AMX, on a build that multiplies on its tiles:
+    # `bf16_dot`, engine/models/packed_bf16.py), float32 on our AVX2 FMA
+    # kernel where the CPU has avx2 and fma and either no avx512f or AVX-512
+    # on 256-bit units (AMD Zen 4: `f32_fma`, engine/models/packed_f32.py);
+    # otherwise, in float32 and natively multiplied bfloat16, oneDNN's blocked layout
     # (`always`) where it beats the plain weight by 1.2x on the model's
     # largest projection, timed at start (engine/models/prepacked.py).  No
     # effect in float16, in emulated bfloat16 or on CUDA.
@@ -358,6 +311,7 @@ class AppConfig(SchedulingSettings):
         if self.predictor.engine_head is not None and self.pipeline_parallel_size > 1:
             raise ValueError("predictor.engine_head: not available with pipeline_parallel_size "
                              "> 1 (the last stage holds the final hidden states)")
+        self._predictions_for_predicted_settings()
         adm = self.admission
         if adm.per_queue_wait and (self.policy != "mlfq" or adm.max_queued_tokens is not None):
             raise ValueError("admission.per_queue_wait: needs policy 'mlfq' (skip-join) and the "
@@ -432,6 +386,22 @@ class AppConfig(SchedulingSettings):
             return self.device == "cuda" and not self.speculative.num_tokens \
                 and self.tensor_parallel_size * self.pipeline_parallel_size == 1
         return bool(self.async_scheduling)
+
+    def _predictions_for_predicted_settings(self) -> None:
+        """A `predicted` setting with nothing to predict would quietly act as
+        its default; refuse it instead.  The length head predicts at a job's
+        first token, too late for the queue a job joins before it runs."""
+        pred = self.predictor
+        if self.mlfq.skip_join == "predicted" and not pred.enabled:
+            raise ValueError("mlfq.skip_join: 'predicted' needs predictor.enabled (a job joins "
+                             "its queue before it runs, before predictor.engine_head predicts)")
+        wanted = [name for name, value in (("mlfq.enst", self.mlfq.enst),
+                                           ("conserve.offline_admission",
+                                            self.conserve.offline_admission))
+                  if value == "predicted"]
+        if wanted and not (pred.enabled or pred.engine_head):
+            raise ValueError(f"{wanted[0]}: 'predicted' needs predictions: set "
+                             "predictor.enabled or predictor.engine_head")
 
     @property
     def model_name(self) -> str:

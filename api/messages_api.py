@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
@@ -366,8 +367,10 @@ def message_object(message_id: str, model: str, chat: dict[str, Any],
 
 def thinking_block(text: str) -> dict[str, Any]:
     # Anthropic signs its thinking blocks so that they can be sent back;
-    # this server keeps no secret to sign with, and ignores none sent back
-    # (a thinking block in a request is refused by name).
+    # this server keeps no secret to sign with, so the signature is empty.
+    # A thinking block sent back on an assistant message is accepted, its
+    # signature unchecked, and left out of the prompt (`ThinkingBlock`); on
+    # a user message it is refused.
     return {"type": "thinking", "thinking": text, "signature": ""}
 
 
@@ -386,9 +389,31 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
+# Chat fields (and values) an error about the chat request may name, and
+# what a Messages request calls them.
+_NAMES = ((re.compile(r"\btools\.(\d+)\.function\.parameters\b"), r"tools.\1.input_schema"),
+          (re.compile(r"\bresponse_format\b"), "output_config.format"),
+          (re.compile(r"\bstop\b(?=[:\s])"), "stop_sequences"),
+          (re.compile(r"\btool_choice required\b"), "tool_choice any"),
+          (re.compile(r"\btool_choice named\b"), "tool_choice tool"))
+
+
+def messages_error(e: APIError) -> APIError:
+    """An error about the chat request a Messages request becomes, in the
+    Messages API's terms."""
+    message, param = e.message, e.param
+    for chat, ours in _NAMES:
+        message = chat.sub(ours, message)
+        param = None if param is None else chat.sub(ours, param + " ").rstrip()
+    return APIError(e.status, message, param, e.type, e.headers)
+
+
 def error_body(e: APIError) -> dict[str, Any]:
-    """Anthropic's error object for `e`, its message naming the field."""
+    """Anthropic's error object for `e`, its message naming the field
+    (Anthropic's errors have no field of their own for it)."""
     message = str(e.message)
+    if e.param and e.param not in message:
+        message = f"{e.param}: {message}"
     return {"type": "error", "error": {"type": _ERROR_TYPES.get(e.status, "api_error"),
                                        "message": message}}
 

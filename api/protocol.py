@@ -28,6 +28,7 @@ from api.chat_messages import ChatMessage, ContentPart, one_ending, opens_answer
 from api.structured import ResponseFormat, StructuredOutputs
 from api.token_restrictions import TokenRestrictions
 from api.tools import ToolChoice, ToolDefinition
+from api.unsupported import IncludeObfuscation
 from engine.sampling_params import StructuredOutput
 
 # OpenAI's integer fields are 64-bit; the engine's seed stream and token
@@ -46,6 +47,7 @@ class StreamOptions(_Strict):
     # vLLM's extension: with include_usage, every chunk carries the usage
     # so far.
     continuous_usage_stats: bool = False
+    include_obfuscation: IncludeObfuscation = False
 
 
 class _SamplingFields(TokenRestrictions):
@@ -437,8 +439,6 @@ class GenerateRequest(BaseModel):
     cache_salt: str | None = None
     prompt_cache_key: str | None = None
     arrival_time: float
-    # The client's end-user id (OpenAI `user`), for logs.
-    user: str | None = None
     # The client reads tokens as they come (`stream`); otherwise the engine
     # sends its output at most every `HOLD_UNSTREAMED_S`
     # (deployments/stream_pacing.py).

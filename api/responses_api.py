@@ -28,9 +28,11 @@ from pydantic import (
     field_validator,
 )
 
+from api.errors import APIError
 from api.protocol import ChatCompletionRequest
 from api.structured import JsonSchemaFormat
 from api.tools import FunctionDefinition
+from api.unsupported import IncludeObfuscation, refuse_unless_off
 
 
 class _Strict(BaseModel):
@@ -131,6 +133,10 @@ _OFF = {"reasoning": "reasoning settings (effort, summaries) are not served",
         "prompt": "stored prompts are not supported"}
 
 
+class ResponsesStreamOptions(_Strict):
+    include_obfuscation: IncludeObfuscation = False
+
+
 class ConversationRef(_Strict):
     """`conversation` given as an object."""
 
@@ -183,6 +189,20 @@ class ResponsesRequest(_Strict):
     # it; function calls are the client's to bound.  Kept and echoed.
     max_tool_calls: int | None = Field(None, ge=1)
     prompt: Any = None
+    stream_options: ResponsesStreamOptions | None = None
+    prompt_cache_retention: Any = None
+
+    @field_validator("prompt_cache_retention", mode="before")
+    @classmethod
+    def _retention(cls, v: Any) -> Any:
+        return refuse_unless_off("prompt_cache_retention", v)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _streamed(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None and not info.data.get("stream", False):
+            raise ValueError("only allowed when stream is true")
+        return v
 
     @field_validator(*_OFF, mode="after")
     @classmethod
@@ -346,6 +366,20 @@ def param_of(chat_param: str | None) -> str | None:
     mapped = {"messages": "input", "max_completion_tokens": "max_output_tokens",
               "max_tokens": "max_output_tokens", "response_format": "text.format"}.get(head)
     return mapped if mapped is not None else chat_param
+
+
+# Chat fields named in an error's message, and the Responses fields they are.
+_NAMES = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
+          ("response_format", "text.format"), ("messages", "input"))
+
+
+def responses_error(e: APIError) -> APIError:
+    """An error about the chat request a Response becomes, in the Responses
+    API's terms: its `param` and the fields its message names."""
+    message = e.message
+    for chat, ours in _NAMES:
+        message = message.replace(chat, ours)
+    return APIError(e.status, message, param_of(e.param), e.type, e.headers)
 
 
 def new_response_id() -> str:

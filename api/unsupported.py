@@ -8,9 +8,9 @@ while ignoring it would hand the client something it did not ask for.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 # field -> the values that ask for nothing, and why anything else is refused
 _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -46,9 +46,35 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     "mm_processor_kwargs": ((None,), "this model reads text only"),
     "kv_transfer_params": ((None,), "KV transfer is not supported"),
     "vllm_xargs": ((None,), "not supported"),
+    # OpenAI's retention of cached prompts: this server keeps a prompt's KV
+    # in memory while its blocks are not needed ("in-memory" is the older
+    # SDKs' spelling of "in_memory").
+    "prompt_cache_retention": ((None, "in_memory", "in-memory"),
+                               "prompts stay cached in memory only, no extended retention"),
 }
 
 UNSUPPORTED_FIELDS = frozenset(_OFF)
+
+
+def refuse_unless_off(field: str, value: Any) -> Any:
+    """`value` if it asks for nothing of `field` (one of `_OFF`), else the
+    error that names why it is refused."""
+    allowed, why = _OFF[field]
+    if not _is_off(value, allowed):
+        raise ValueError(f"not supported by this server ({why})")
+    return value
+
+
+def _not_obfuscated(value: bool) -> bool:
+    if value:
+        raise ValueError("not supported by this server (streams are not obfuscated)")
+    return value
+
+
+# OpenAI's `stream_options.include_obfuscation` (on by default there): random
+# padding on each streamed event against size side channels, which this
+# server does not add; false asks for what it does.
+IncludeObfuscation = Annotated[bool, AfterValidator(_not_obfuscated)]
 
 
 def _is_off(value: Any, allowed: tuple[Any, ...]) -> bool:
@@ -94,16 +120,13 @@ class UnsupportedFields(BaseModel):
     mm_processor_kwargs: Any = None
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
-    # OpenAI's end-user identifier for abuse monitoring: kept with `user`.
+    prompt_cache_retention: Any = None
+    # OpenAI's end-user identifier for abuse monitoring: accepted, not used.
     safety_identifier: str | None = None
 
     @field_validator(*_OFF, mode="before")
     @classmethod
     def _refuse_on(cls, v: Any, info: ValidationInfo) -> Any:
-        allowed, why = _OFF[info.field_name]  # type: ignore[index]
         if info.field_name in cls.served:
             return v
-        if not _is_off(v, allowed):
-            raise ValueError(f"not supported by this server ({why})" if why
-                             else "not supported by this server")
-        return v
+        return refuse_unless_off(info.field_name, v)  # type: ignore[arg-type]

@@ -85,7 +85,6 @@ def generate_request(ing: Any, req: Any, prompt: PromptInput, request_id: str, c
         prompt_cache_key=req.prompt_cache_key,
         arrival_time=time.time(), streamed=bool(req.stream),
         stream_interval=ing.cfg.stream_interval,
-        user=req.user or req.safety_identifier,
         prediction_token_ids=_predicted(ing, req) if chat else None)
 
 

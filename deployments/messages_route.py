@@ -27,6 +27,7 @@ from api.messages_api import (
     check_tools,
     error_body,
     message_object,
+    messages_error,
     new_message_id,
 )
 from api.messages_stream import MessageEvents
@@ -83,17 +84,20 @@ class MessagesRoute:
         if req.thinks and self.ingress.cfg.reasoning_parser == "none":
             raise APIError(400, "thinking: this server's model does not reason "
                            "(reasoning_parser is none)", "thinking")
-        async with self.ingress.door.start(offline, chat.priority):
-            return await self.ingress.start_chat(chat)
+        try:
+            async with self.ingress.door.start(offline, chat.priority):
+                return await self.ingress.start_chat(chat)
+        except APIError as e:
+            raise messages_error(e) from None
 
     def _chat(self, req: MessagesRequest) -> ChatCompletionRequest:
         """The chat request `req` amounts to; its refusals name Anthropic's
-        fields where they have the same name."""
+        fields."""
         check_tools(req)
         try:
             return ChatCompletionRequest.model_validate(req.chat_body())
         except ValidationError as e:
-            raise validation_error(e) from None
+            raise messages_error(validation_error(e)) from None
 
     async def _events(self, req: MessagesRequest, builder: Any, stream: Any,
                       message_id: str) -> AsyncIterator[str]:

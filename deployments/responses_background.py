@@ -31,7 +31,13 @@ from contextlib import aclosing
 from typing import Any
 
 from api.errors import APIError
-from api.responses_api import ResponsesRequest, output_of, response_object, usage_of
+from api.responses_api import (
+    ResponsesRequest,
+    output_of,
+    response_object,
+    responses_error,
+    usage_of,
+)
 from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
 
@@ -151,6 +157,7 @@ class BackgroundResponses:
                 final = response_object(req, rid, created, "cancelled", output_of(out)[0],
                                         usage_of(out["usage"]), True)
         except APIError as e:
+            e = responses_error(e)
             final = {**record.response, "status": "failed",
                      "error": {"code": e.type, "message": e.message}}
         except Exception as e:  # noqa: BLE001 - the record must end, whatever happened

@@ -40,14 +40,16 @@ from api.responses_api import (
     new_response_id,
     now,
     output_of,
-    param_of,
     response_object,
+    responses_error,
     sse,
     usage_of,
 )
 from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
 from api.responses_truncation import fit
+from api.reasoning import check_reasoning
+from api.structured import requested_structure
 from api.tokenize_route import chat_ids
 from deployments.responses_background import OPEN, BackgroundResponses, Ending
 
@@ -153,16 +155,16 @@ class ResponsesRoute:
             if offline:
                 chat = chat.model_copy(update={"job_class": "offline"})
         except ValidationError as e:
-            raise _as_responses(validation_error(e)) from None
+            raise responses_error(validation_error(e)) from None
         except APIError as e:
-            raise _as_responses(e) from None
+            raise responses_error(e) from None
         if req.background:
             return await self._in_background(req, chat, context, inputs, end)
         try:
             async with ing.door.start(chat.job_class == "offline", chat.priority):
                 builder, stream = await ing.start_chat(chat)
         except APIError as e:
-            raise _as_responses(e) from None
+            raise responses_error(e) from None
         response_id, created = new_response_id(), now()
         record = (lambda response: StoredResponse(
             response=response, context=context, input_items=inputs)) if keep else None
@@ -182,13 +184,19 @@ class ResponsesRoute:
     async def _in_background(self, req: ResponsesRequest, chat: Any,
                              context: list[dict[str, Any]], inputs: list[dict[str, Any]],
                              end: Ending) -> Response:
-        """Answered at once, `queued`; run by `BackgroundResponses`.  A
-        prompt too long for the context is refused here (400), as in the
-        foreground, rather than found failed at the poll."""
+        """Answered at once, `queued`; run by `BackgroundResponses`.  What
+        the foreground refuses before admission (a prompt too long for the
+        context, a schema or tool that cannot be enforced, a format the
+        reasoning parser cannot serve) is refused here too (400), rather
+        than found failed at the poll."""
+        ing = self.ingress
         try:
-            n = self._prompt_tokens(chat)
+            tools, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
+            check_reasoning(chat, tools, ing.cfg.reasoning_parser)
+            await requested_structure(chat, tools)  # its verdicts are cached for the run
         except APIError as e:
-            raise _as_responses(e) from None
+            raise responses_error(e) from None
+        n = len(ids)
         limit = self.ingress.cfg.max_model_len
         if n + (req.max_output_tokens or 1) > limit:
             raise APIError(400, f"the input is {n} tokens; with max_output_tokens it exceeds "
@@ -344,12 +352,3 @@ def _missing(response_id: str, param: str) -> APIError:
 
 
 # Chat's names in an error's message, and the Responses fields they stand for.
-_NAMES = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
-          ("response_format", "text.format"), ("messages", "input"))
-
-
-def _as_responses(e: APIError) -> APIError:
-    message = e.message
-    for chat, ours in _NAMES:
-        message = message.replace(chat, ours)
-    return APIError(e.status, message, param_of(e.param), e.type, e.headers)

@@ -36,6 +36,24 @@ def test_engine_length_head_is_checked_at_start(tmp_path: Path) -> None:
         AppConfig(predictor={"engine_head": "embedded"}, pipeline_parallel_size=2)
 
 
+def test_predicted_settings_need_something_that_predicts() -> None:
+    # Without predictions each would act as its default, unannounced.
+    with pytest.raises(ValidationError, match=r"mlfq\.skip_join: 'predicted' needs predictor"):
+        AppConfig(policy="mlfq", mlfq={"skip_join": "predicted"})
+    with pytest.raises(ValidationError, match=r"mlfq\.skip_join"):  # the head comes too late
+        AppConfig(policy="mlfq", mlfq={"skip_join": "predicted"},
+                  predictor={"engine_head": "embedded"})
+    for section in ({"mlfq": {"enst": "predicted"}},
+                    {"conserve": {"offline_admission": "predicted"}}):
+        field = ".".join([*section, *next(iter(section.values()))])
+        with pytest.raises(ValidationError, match=rf"{field}: 'predicted' needs predictions"):
+            AppConfig(**section)
+        for source in ({"enabled": True}, {"engine_head": "embedded"}):
+            AppConfig(**section, predictor=source)
+    AppConfig(policy="mlfq", mlfq={"skip_join": "predicted", "enst": "predicted"},
+              predictor={"enabled": True})
+
+
 def test_scheduler_fields_are_the_schedulers_own() -> None:
     # One statement of each scheduling field: the same bounds refuse the
     # same values in the application's config and in the scheduler's.

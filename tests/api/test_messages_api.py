@@ -48,7 +48,7 @@ def test_a_message_answers_in_anthropic_shape(client: Any, h: Harness) -> None:
     assert msg.usage.input_tokens == len(h.engine.requests[-1].prompt_token_ids)
     assert msg.usage.output_tokens > 0
     req = h.engine.requests[-1]
-    assert req.temperature == 0.5 and req.user == "u1" and req.max_tokens == 32
+    assert req.temperature == 0.5 and req.max_tokens == 32
     assert "Be brief." in _prompt(h) and "Hi" in _prompt(h)
     cut = client.messages.create(model=h.model_name, max_tokens=2,
                                  messages=[{"role": "user", "content": "Hi"}])
@@ -153,6 +153,25 @@ def test_errors_have_anthropic_shape_and_name_the_field(client: Any, h: Harness)
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", max_tokens=4,
                                messages=[{"role": "user", "content": "x"}])
+
+
+def test_refusals_of_the_chat_request_underneath_name_the_messages_fields(h: Harness) -> None:
+    base = {"model": h.model_name, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "x"}]}
+    lookbehind = {"type": "object", "properties": {"a": {"type": "string",
+                                                          "pattern": "(?<=a)b"}}}
+    fmt = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+    before = len(h.engine.requests)
+    for extra, named in (
+            ({"stop_sequences": [str(i) for i in range(5)]}, "stop_sequences: "),
+            ({"tools": [{**WEATHER, "input_schema": lookbehind}]}, "tools.0.input_schema: "),
+            ({"tools": [WEATHER], "output_config": fmt}, "output_config.format cannot")):
+        r = h.client.post("/v1/messages", json={**base, **extra})
+        assert r.status_code == 400, (extra, r.text)
+        message = r.json()["error"]["message"]
+        assert message.startswith(named) or named in message, message
+        assert "response_format" not in message and ".function." not in message, message
+    assert len(h.engine.requests) == before
 
 
 def test_conversion_keeps_turn_order_and_cache_control_is_accepted() -> None:

@@ -97,6 +97,21 @@ def test_unsupported_fields_pass_when_off_and_are_named_when_on(field: str) -> N
     assert model.model_validate({**body, field: None})
 
 
+def test_what_openai_does_by_default_and_this_server_does_not_is_named() -> None:
+    # Each is accepted with the value that asks for what this server does.
+    for retention in ("in_memory", "in-memory"):  # the SDKs' newer and older spelling
+        ChatCompletionRequest.model_validate({"messages": MSG, "prompt_cache_retention": retention})
+    param, msg = refusal(ChatCompletionRequest, {"messages": MSG, "prompt_cache_retention": "24h"})
+    assert param == "prompt_cache_retention" and "in memory only" in msg
+    streamed = {"messages": MSG, "stream": True}
+    req = ChatCompletionRequest.model_validate(
+        {**streamed, "stream_options": {"include_usage": True, "include_obfuscation": False}})
+    assert req.stream_options is not None and req.stream_options.include_usage
+    param, msg = refusal(ChatCompletionRequest,
+                         {**streamed, "stream_options": {"include_obfuscation": True}})
+    assert param == "stream_options.include_obfuscation" and "not obfuscated" in msg
+
+
 def test_unknown_fields_are_refused_by_name() -> None:
     param, msg = refusal(CompletionRequest, {"prompt": "x", "max_token": 5})
     assert param == "max_token"

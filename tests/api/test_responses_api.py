@@ -67,7 +67,8 @@ def _events(r: Any) -> list[dict[str, Any]]:
 
 def test_a_text_answer_is_a_response(h: Harness) -> None:
     h.engine.state.answer = "Paris is sunny."
-    r = _post(h, instructions="Be brief.", max_tool_calls=3)
+    # OpenAI's in-memory prompt cache is what this server has.
+    r = _post(h, instructions="Be brief.", max_tool_calls=3, prompt_cache_retention="in_memory")
     assert r.status_code == 200, r.text
     body = r.json()
     _valid(Response, body)
@@ -121,7 +122,8 @@ def test_a_call_is_a_function_call_item(h: Harness) -> None:
 
 def test_the_stream_is_the_responses_events(h: Harness) -> None:
     h.engine.state.answer = "Checking.\n" + CALL
-    events = _events(_post(h, tools=[WEATHER], stream=True))
+    events = _events(_post(h, tools=[WEATHER], stream=True,
+                           stream_options={"include_obfuscation": False}))
     kinds = [e["type"] for e in events]
     assert kinds[:4] == ["response.created", "response.in_progress",
                          "response.output_item.added", "response.content_part.added"]
@@ -209,6 +211,10 @@ def test_output_text_logprobs_as_included(h: Harness) -> None:
     ({"include": ["message.output_text.logprobs"], "tools": [WEATHER]}, "include"),
     ({"top_logprobs": 2, "tools": [WEATHER]}, "top_logprobs"),
     ({"top_logprobs": 21}, "top_logprobs"),
+    ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_obfuscation": True}},
+     "stream_options.include_obfuscation"),
 ])
 def test_what_cannot_be_served_is_named(h: Harness, extra: dict[str, Any], param: str) -> None:
     before = len(h.engine.requests)

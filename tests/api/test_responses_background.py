@@ -155,15 +155,26 @@ def test_a_response_whose_replica_went_silent_reads_as_failed(h: Harness) -> Non
     assert h.client.get(f"/v1/responses/{rid}").json()["status"] == "failed"  # stored so
 
 
+_UNENFORCEABLE = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}}
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"store": False}, "background"),
     ({"input": "word " * 2000}, "input"),
+    # What the foreground refuses before admission, refused before `queued`
+    # and in the Responses API's names.
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": _UNENFORCEABLE}}},
+     "text.format"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": _UNENFORCEABLE}]},
+     "tools.0.parameters"),
 ])
 def test_what_cannot_run_in_the_background_is_refused(h: Harness, extra: dict[str, Any],
                                                        param: str) -> None:
     before = len(h.engine.requests)
-    r = _post(h, background=True, **extra)
-    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    for stream in (False, True):
+        r = _post(h, background=True, stream=stream, **extra)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "response_format" not in r.json()["error"]["message"]
     assert len(h.engine.requests) == before
 
 
