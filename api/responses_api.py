@@ -28,7 +28,6 @@ from pydantic import (
     field_validator,
 )
 
-from api.errors import APIError
 from api.protocol import ChatCompletionRequest
 from api.structured import JsonSchemaFormat
 from api.tools import FunctionDefinition
@@ -130,7 +129,11 @@ class TextConfig(_Strict):
 
 
 _OFF = {"reasoning": "reasoning settings (effort, summaries) are not served",
-        "prompt": "stored prompts are not supported"}
+        "prompt": "stored prompts are not supported",
+        "context_management": "no context compaction is run",
+        "background_options": "a background response runs as soon as it can",
+        "image": "this model reads text only",
+        "access_programs": "no access programs are offered"}
 
 
 class ResponsesStreamOptions(_Strict):
@@ -191,11 +194,18 @@ class ResponsesRequest(_Strict):
     prompt: Any = None
     stream_options: ResponsesStreamOptions | None = None
     prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
+    context_management: Any = None
+    background_options: Any = None
+    image: Any = None
+    access_programs: Any = None
 
-    @field_validator("prompt_cache_retention", mode="before")
+    @field_validator("prompt_cache_retention", "prompt_cache_options", "moderation",
+                     mode="before")
     @classmethod
-    def _retention(cls, v: Any) -> Any:
-        return refuse_unless_off("prompt_cache_retention", v)
+    def _as_on_chat(cls, v: Any, info: ValidationInfo) -> Any:
+        return refuse_unless_off(info.field_name, v)  # type: ignore[arg-type]
 
     @field_validator("stream_options")
     @classmethod
@@ -207,7 +217,9 @@ class ResponsesRequest(_Strict):
     @field_validator(*_OFF, mode="after")
     @classmethod
     def _off(cls, v: Any, info: Any) -> Any:
-        if v not in (None, False, {}):
+        # `completion_window: soonest` is what every background response gets.
+        soonest = info.field_name == "background_options" and v == {"completion_window": "soonest"}
+        if v not in (None, False, {}, []) and not soonest:
             raise ValueError(f"not supported by this server ({_OFF[info.field_name]})")
         return v
 
@@ -259,7 +271,7 @@ class ResponsesRequest(_Strict):
     def chat(self, items: list[Any] | None = None) -> ChatCompletionRequest:
         """The chat completion this response is served as, on `items` (the
         conversation: a stored one's items, `items_of`, then `input`; by
-        default `input` alone); a 400 naming a chat field, which `param_of`
+        default `input` alone); a 400 naming a chat field, which `responses_error`
         maps back, where it cannot be."""
         return ChatCompletionRequest.model_validate(self._chat_body(
             list(self.input) if items is None else items))
@@ -354,32 +366,6 @@ def items_of(records: list[dict[str, Any]]) -> list[Any]:
     """A stored conversation's items (inputs and output items alike) as
     input items."""
     return _ITEMS.validate_python(records)
-
-
-def param_of(chat_param: str | None) -> str | None:
-    """The Responses field a chat field's error is about."""
-    if chat_param is None:
-        return None
-    head, _, rest = chat_param.partition(".")
-    if head == "tools":  # tools.1.function.parameters -> tools.1.parameters
-        return chat_param.replace(".function.", ".", 1)
-    mapped = {"messages": "input", "max_completion_tokens": "max_output_tokens",
-              "max_tokens": "max_output_tokens", "response_format": "text.format"}.get(head)
-    return mapped if mapped is not None else chat_param
-
-
-# Chat fields named in an error's message, and the Responses fields they are.
-_NAMES = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
-          ("response_format", "text.format"), ("messages", "input"))
-
-
-def responses_error(e: APIError) -> APIError:
-    """An error about the chat request a Response becomes, in the Responses
-    API's terms: its `param` and the fields its message names."""
-    message = e.message
-    for chat, ours in _NAMES:
-        message = message.replace(chat, ours)
-    return APIError(e.status, message, param_of(e.param), e.type, e.headers)
 
 
 def new_response_id() -> str:

@@ -51,6 +51,11 @@ _OFF: dict[str, tuple[tuple[Any, ...], str]] = {
     # SDKs' spelling of "in_memory").
     "prompt_cache_retention": ((None, "in_memory", "in-memory"),
                                "prompts stay cached in memory only, no extended retention"),
+    # Caching is by prefix, automatic (`mode: implicit`), with no breakpoints
+    # or lifetimes to set.
+    "prompt_cache_options": ((None, {}, {"mode": "implicit"}),
+                             "prompts are cached by prefix automatically; no breakpoints or ttl"),
+    "moderation": ((None,), "no moderation is run"),
 }
 
 UNSUPPORTED_FIELDS = frozenset(_OFF)
@@ -121,6 +126,8 @@ class UnsupportedFields(BaseModel):
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
     prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
     # OpenAI's end-user identifier for abuse monitoring: accepted, not used.
     safety_identifier: str | None = None
 

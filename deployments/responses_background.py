@@ -35,9 +35,9 @@ from api.responses_api import (
     ResponsesRequest,
     output_of,
     response_object,
-    responses_error,
     usage_of,
 )
+from api.responses_errors import responses_error
 from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
 

@@ -34,6 +34,7 @@ from api.conversation_store import ConversationStore
 from api.conversations_route import ConversationsRoute
 from api.errors import APIError, validation_error
 from api.pages import list_object, page_after
+from api.reasoning import check_reasoning
 from api.responses_api import (
     ResponsesRequest,
     items_of,
@@ -41,14 +42,13 @@ from api.responses_api import (
     now,
     output_of,
     response_object,
-    responses_error,
     sse,
     usage_of,
 )
+from api.responses_errors import responses_error
 from api.responses_store import ResponseStore, StoredResponse
 from api.responses_stream import ResponseEvents
 from api.responses_truncation import fit
-from api.reasoning import check_reasoning
 from api.structured import requested_structure
 from api.tokenize_route import chat_ids
 from deployments.responses_background import OPEN, BackgroundResponses, Ending

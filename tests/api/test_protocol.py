@@ -103,6 +103,11 @@ def test_what_openai_does_by_default_and_this_server_does_not_is_named() -> None
         ChatCompletionRequest.model_validate({"messages": MSG, "prompt_cache_retention": retention})
     param, msg = refusal(ChatCompletionRequest, {"messages": MSG, "prompt_cache_retention": "24h"})
     assert param == "prompt_cache_retention" and "in memory only" in msg
+    for implicit in ({}, {"mode": "implicit"}):  # caching by prefix, automatic
+        ChatCompletionRequest.model_validate({"messages": MSG, "prompt_cache_options": implicit})
+    param, msg = refusal(ChatCompletionRequest, {"messages": MSG,
+                                                 "prompt_cache_options": {"ttl": "24h"}})
+    assert param == "prompt_cache_options" and "no breakpoints or ttl" in msg
     streamed = {"messages": MSG, "stream": True}
     req = ChatCompletionRequest.model_validate(
         {**streamed, "stream_options": {"include_usage": True, "include_obfuscation": False}})

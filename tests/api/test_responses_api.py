@@ -68,7 +68,9 @@ def _events(r: Any) -> list[dict[str, Any]]:
 def test_a_text_answer_is_a_response(h: Harness) -> None:
     h.engine.state.answer = "Paris is sunny."
     # OpenAI's in-memory prompt cache is what this server has.
-    r = _post(h, instructions="Be brief.", max_tool_calls=3, prompt_cache_retention="in_memory")
+    r = _post(h, instructions="Be brief.", max_tool_calls=3, prompt_cache_retention="in_memory",
+              prompt_cache_options={"mode": "implicit"},
+              background_options={"completion_window": "soonest"})
     assert r.status_code == 200, r.text
     body = r.json()
     _valid(Response, body)
@@ -212,6 +214,12 @@ def test_output_text_logprobs_as_included(h: Harness) -> None:
     ({"top_logprobs": 2, "tools": [WEATHER]}, "top_logprobs"),
     ({"top_logprobs": 21}, "top_logprobs"),
     ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+    ({"prompt_cache_options": {"mode": "explicit"}}, "prompt_cache_options"),
+    ({"moderation": {"input": {"mode": "block"}}}, "moderation"),
+    ({"background_options": {"completion_window": "2h"}}, "background_options"),
+    ({"context_management": [{"type": "compaction"}]}, "context_management"),
+    ({"image": {"context_compression": "enabled"}}, "image"),
+    ({"access_programs": {"cyber": "standard"}}, "access_programs"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
     ({"stream": True, "stream_options": {"include_obfuscation": True}},
      "stream_options.include_obfuscation"),
