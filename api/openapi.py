@@ -3,7 +3,7 @@
 The request bodies are the JSON Schemas of the protocol's pydantic models,
 generated when the ingress starts, so a field added to `api/protocol.py`
 appears here with no edit.  Every 4xx/5xx is described by `ErrorResponse`,
-the one error body the server sends.
+but for the Anthropic routes' own errors (`api/openapi_messages.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ _POST_ERRORS = {
     "415": "the Content-Type is not JSON",
     "429": "the server is at capacity; retry after `Retry-After` seconds",
     "500": "an internal error",
+    "503": "the engine replica serving the request failed or shut down mid-request, or the "
+           "scheduler failed while the request waited for it; retry",
 }
 _GET_ERRORS = {
     "401": _POST_ERRORS["401"],
@@ -76,8 +78,9 @@ _RESPONSE: dict[str, Any] = {
     },
 }
 
-# One server-sent event: `data` is a JSON chunk (or an error body), then
-# the literal `[DONE]`.
+# One server-sent event: `data` is a JSON chunk (or an error body); chat and
+# completions streams end with the literal `[DONE]`, Responses streams
+# with their last event.
 _EVENT: dict[str, Any] = {
     "type": "object",
     "required": ["data"],
@@ -155,7 +158,8 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False,
     stored_list, stored_paths = chat_store_paths(refs, error_ref, _COMPLETION_RESPONSE)
     paths: dict[str, Any] = {
         "/v1/models": {"get": {
-            "summary": "The served model",
+            "summary": "The served model (with an `anthropic-version` header, in Anthropic's "
+                       "shape: `type: model`, `display_name`, `created_at`, `has_more`)",
             "responses": {
                 "200": {"description": "the model list",
                         "content": {"application/json": {"schema": _MODEL_LIST}}},
@@ -178,8 +182,9 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False,
             error_ref), **stored_list},
         **stored_paths,
         "/v1/responses": {"post": _completion_op(
-            "A Response, served as a chat completion (stored unless `store` is false; "
-            "`previous_response_id` continues a stored one, 404 where none is stored)",
+            "A Response, served as a chat completion (stored as `store` says, by default as "
+            "the server's `responses.store`; `previous_response_id` continues a stored one, "
+            "404 where none is stored, 400 where the server stores none)",
             refs[(ResponsesRequest, "validation")], error_ref, _RESPONSE)},
         **responses_paths(error_ref, _RESPONSE),
         **conversations_paths(refs, error_ref),
@@ -200,14 +205,19 @@ def build_openapi(title: str = "preempt-serve", auth: bool = False,
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": _version(),
-                 "description": "OpenAI-compatible completions and batches served "
-                                "by preempt-serve."},
+                 "description": "OpenAI-compatible completions, chat, Responses, "
+                                "conversations, batches and tokenization, and Anthropic's "
+                                "Messages API, served by preempt-serve."},
         "paths": paths,
         "components": {"schemas": top.get("$defs", {})},
     }
     if auth:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        doc["security"] = [{"bearer": []}]
+        # The key in either header: OpenAI's clients send a bearer token,
+        # Anthropic's an `x-api-key` (api/auth.py).
+        doc["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+        doc["security"] = [{"bearer": []}, {"x-api-key": []}]
     return doc
 
 

@@ -31,7 +31,8 @@ _WHY = {
     "415": "the Content-Type is not JSON",
     "429": "the server is at capacity; retry after `Retry-After` seconds",
     "500": "an internal error",
-    "503": "the Ray Jobs API (the dashboard) is out of reach; batches need it",
+    "503": "the engine replica serving the request or the scheduler failed mid-request "
+           "(retry); for batches, the Ray Jobs API (the dashboard) is out of reach",
 }
 
 _MESSAGE: dict[str, Any] = {
@@ -76,6 +77,9 @@ _BATCH_LIST: dict[str, Any] = {
 def messages_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
                    ) -> dict[str, Any]:
     anthropic_error = refs[(AnthropicErrorResponse, "serialization")]
+    # The auth layer's 401 is OpenAI's; so is a 500 from an exception no
+    # handler took (api/http.py's JSONServerErrors).
+    shapes = {"401": error_ref, "500": {"oneOf": [anthropic_error, error_ref]}}
 
     def op(summary: str, body: Any, ok: dict[str, Any], errors: str,
            params: list[dict[str, Any]] | None = None,
@@ -87,7 +91,7 @@ def messages_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
             "summary": summary, "parameters": params or [],
             "responses": {"200": {"description": "done", "content": content}, **{
                 code: {"description": _WHY[code], "content": {"application/json": {
-                    "schema": error_ref if code == "401" else anthropic_error}}}
+                    "schema": shapes.get(code, anthropic_error)}}}
                 for code in errors.split()}}}
         if body is not None:
             out["requestBody"] = {"required": True,
@@ -120,7 +124,7 @@ def messages_paths(refs: dict[Any, dict[str, Any]], error_ref: dict[str, Any]
         "/v1/messages": {"post": op(
             "Anthropic's Messages API: a Message, or with `stream: true` its events",
             refs[(MessagesRequest, "validation")], _MESSAGE,
-            "400 401 404 413 415 429 500")},
+            "400 401 404 413 415 429 500 503")},
         "/v1/messages/count_tokens": {"post": op(
             "The input tokens of a Message's prompt", refs[(CountTokensRequest, "validation")],
             _COUNT, "400 401 404 413 415 500")},

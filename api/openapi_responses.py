@@ -32,15 +32,24 @@ _DELETED: dict[str, Any] = {
 }
 
 
+# One server-sent event of a streamed Response (`event:` and `data:` lines).
+_EVENT: dict[str, Any] = {"type": "object", "required": ["event", "data"],
+                          "properties": {"event": {"type": "string"},
+                                         "data": {"type": "string"}}}
+
+
 def _op(summary: str, ok: dict[str, Any], errors: str, error_ref: dict[str, Any],
-        query: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        query: list[dict[str, Any]] | None = None, events: bool = False) -> dict[str, Any]:
     params = [{"name": "response_id", "in": "path", "required": True,
                "schema": {"type": "string"}}, *(query or [])]
+    content: dict[str, Any] = {"application/json": {"schema": ok}}
+    if events:
+        content["text/event-stream"] = {"schema": _EVENT}
     return {
         "summary": summary,
         "parameters": params,
         "responses": {
-            "200": {"description": "found", "content": {"application/json": {"schema": ok}}},
+            "200": {"description": "found", "content": content},
             **{code: {"description": _WHY[code],
                       "content": {"application/json": {"schema": error_ref}}}
                for code in errors.split()},
@@ -62,7 +71,7 @@ def responses_paths(error_ref: dict[str, Any], response: dict[str, Any]) -> dict
                            {"name": "stream", "in": "query", "required": False,
                             "schema": {"type": "boolean"}},
                            {"name": "starting_after", "in": "query", "required": False,
-                            "schema": {"type": "integer", "minimum": -1}}]),
+                            "schema": {"type": "integer", "minimum": -1}}], events=True),
             "delete": _op("Delete a stored Response", _DELETED, "401 404 500", error_ref),
         },
         "/v1/responses/{response_id}/cancel": {"post": _op(

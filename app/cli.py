@@ -194,7 +194,7 @@ def _serving(names: Sequence[str]) -> bool:
 def serve_main(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     # Before Ray is imported: `serve run` otherwise turns on token auth
-    # (ARCHITECTURE.md); a value the user set is kept.
+    # (README, "Set-up"); a value the user set is kept.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # The HTTP proxy's calls to the ingress over Serve's gRPC data plane, as
     # the ingress's own calls go (deployments/handles.py); read by the proxy
@@ -244,12 +244,26 @@ def serve_main(args: argparse.Namespace) -> int:
     finally:
         try:
             stop_applications(deployed, SHUTDOWN_REASON, args.shutdown_timeout)
-            serve.shutdown()
+            stop_serve(deployed)
         finally:
-            ray.shutdown()
+            ray.shutdown()  # on a cluster this attached to: only disconnects
     if status == 0:
         print("preempt-serve: stopped", flush=True)
     return status
+
+
+def stop_serve(ours: Sequence[str]) -> None:
+    """Delete our applications; shut Serve down too unless it runs others'
+    (on a cluster this command attached to), which keep running."""
+    from ray import serve
+
+    others = [name for name in serve.status().applications if name not in ours]
+    if not others:
+        serve.shutdown()
+        return
+    for name in ours:
+        serve.delete(name)
+    print(f"preempt-serve: Serve left running for {', '.join(others)}", flush=True)
 
 
 # Parser --------------------------------------------------------------------
@@ -264,12 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the applications of a Serve config file until Ctrl-C / SIGTERM",
         description="Start the applications of a Serve config file (as `serve run CONFIG` "
                     "does) and block.  Ctrl-C or SIGTERM ends open streams with an error "
-                    "event, then stops Serve and Ray; the exit status is 0.  "
+                    "event, then deletes the applications and stops Serve (unless it runs "
+                    "other applications) and a Ray it started; the exit status is 0.  "
                     "RAY_AUTH_MODE defaults to 'disabled'.")
     s.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
                    help=f"Serve config file (default: {DEFAULT_CONFIG})")
     s.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
-                   help="Ray cluster to run on (default: $RAY_ADDRESS, else a new local one)")
+                   help="Ray cluster to run on (default: $RAY_ADDRESS, else the local "
+                        "cluster running on this machine, else a new local one)")
     s.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="seconds to wait for open streams to end when stopping (default: 10)")
     s.add_argument("--poll-s", type=float, default=5.0, help=argparse.SUPPRESS)

@@ -59,8 +59,9 @@ class _Context:
             settings = {**settings, "storage_dir": args.storage_dir}
         self.settings = BatchSettings(**settings)
         self.app = args.app or name
-        self.address = args.address
-        self.batches = Batches(BatchStore(self.settings.storage_path()), RayJobs(args.address))
+        self.address = (args.address or self.settings.jobs_address
+                        or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS)
+        self.batches = Batches(BatchStore(self.settings.storage_path()), RayJobs(self.address))
 
     def record(self, batch_id: str) -> BatchRecord:
         record = self.batches.store.batch(batch_id)
@@ -148,15 +149,18 @@ def _wait(ctx: _Context, record: BatchRecord, poll_s: float = 1.0) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS,
-                        help="Ray Jobs API: dashboard URL or cluster address (default: "
-                             f"$RAY_ADDRESS, else {DEFAULT_ADDRESS})")
+    common.add_argument("--address", default=None,
+                        help="Ray Jobs API: dashboard URL or cluster address (default: the "
+                             f"app's batch.jobs_address, else $RAY_ADDRESS, else "
+                             f"{DEFAULT_ADDRESS})")
     common.add_argument("--config", default=None,
                         help=f"Serve config file naming the app and its batch settings "
                              f"(default: {DEFAULT_CONFIG} if present)")
     common.add_argument("--storage-dir", default=None,
                         help="batch storage directory (default: the app's batch.storage_dir, "
-                             "else ~/.cache/preempt-serve/batches); the server's own")
+                             "else `batches` in the cache directory: $PREEMPT_SERVE_CACHE, "
+                             "$XDG_CACHE_HOME/preempt-serve or ~/.cache/preempt-serve); the "
+                             "server's own")
     p = argparse.ArgumentParser(prog="preempt-serve batch", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     s = sub.add_parser("submit", parents=[common],
@@ -175,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("batch_id")
     s.set_defaults(func=_status, app=None)
     s = sub.add_parser("resume", parents=[common],
-                       help="run a stopped or failed batch again: only lines without a result")
+                       help="run a batch again, only its lines without a result (refused "
+                            "while it runs, and once expired)")
     s.add_argument("batch_id")
     s.add_argument("--max-concurrency", type=int, default=None, metavar="N")
     s.add_argument("--wait", action="store_true")

@@ -139,18 +139,54 @@ def _json_value(text: str) -> Any:
         return text
 
 
+def _several_replicas(a: argparse.Namespace) -> bool:
+    return a.replicas > 1 or a.max_replicas is not None
+
+
+def _check_replica_args(a: argparse.Namespace) -> None:
+    """Options that apply only to one replica, or only to several, refused
+    where they would be ignored."""
+    if a.autoscale_opt and a.max_replicas is None:
+        raise SystemExit("--autoscale-opt: autoscaling's, with --max-replicas")
+    if _several_replicas(a):
+        one = [flag for flag, on in (
+            ("--load", getattr(a, "load", None) is not None),
+            ("--loads", bool(getattr(a, "loads", None))),
+            ("--predictions-from", getattr(a, "predictions_from", None) is not None),
+            ("--prediction-delay", getattr(a, "prediction_delay", None) is not None)) if on]
+        if one:
+            raise SystemExit(f"{', '.join(one)}: one replica's (capacity is measured on one, "
+                             "predictions replayed on one); not with --replicas > 1 or "
+                             "--max-replicas")
+        return
+    several = [flag for flag, on in (
+        ("--offline-pool-opt", bool(a.offline_pool_opt)),
+        ("--startup-s", a.startup_s is not None),
+        ("--ttft-slo-s", a.ttft_slo_s is not None)) if on]
+    if several:
+        raise SystemExit(f"{', '.join(several)}: for several replicas (--replicas > 1 or "
+                         "--max-replicas)")
+
+
 def _sim_setup(a: argparse.Namespace) -> tuple[Any, Any]:
-    from bench.costmodel import AnalyticCostModel, make_cost_model
+    from bench.costmodel import MODELS, AnalyticCostModel, make_cost_model
     from scheduler.config import SchedulerConfig
 
+    _check_replica_args(a)
     over: dict[str, Any] = {}
-    if a.cost_model.startswith("opt-"):
-        for k in ("tp", "pp", "compute_efficiency", "memory_efficiency", "iteration_overhead"):
+    shape = ("tp", "pp", "compute_efficiency", "memory_efficiency")
+    if a.cost_model in MODELS:  # an analytic preset: every figure may be overridden
+        for k in (*shape, "iteration_overhead"):
             if getattr(a, k) is not None:
                 over[k] = getattr(a, k)
         over["block_size"] = a.block_size
-    elif a.iteration_overhead is not None:
-        over["iteration_overhead"] = a.iteration_overhead
+    else:  # a measured table: its figures are what was measured
+        given = [f"--{k.replace('_', '-')}" for k in shape if getattr(a, k) is not None]
+        if given:
+            raise SystemExit(f"{', '.join(given)}: for an analytic --cost-model "
+                             f"({', '.join(sorted(MODELS))}), not a cost table")
+        if a.iteration_overhead is not None:
+            over["iteration_overhead"] = a.iteration_overhead
     cost = make_cost_model(a.cost_model, a.gpu, **over)
     num_blocks = a.num_blocks
     if num_blocks is None:
@@ -178,7 +214,7 @@ def _sim_once(
     system = a.system or f"{sc.policy}/{cost.name}"
     details = {"scheduler": sc.model_dump(), "cost_model": cost.describe(),
                "capacity": capacity, "source": wl.source}
-    if getattr(a, "replicas", 1) > 1 or getattr(a, "max_replicas", None) is not None:
+    if _several_replicas(a):
         if trace_out is not None:
             raise SystemExit("--trace-out records one replica's plans: not with --replicas "
                              "or --max-replicas")
@@ -216,8 +252,8 @@ def _cluster_once(wl: Workload, cost: Any, sc: Any,
     if a.max_replicas is not None:
         scale = opts_of(a.autoscale_opt, dict(enabled=True, min_replicas=a.replicas,
                                               max_replicas=a.max_replicas))
-    opts = ClusterOptions(replicas=a.replicas, autoscaling=AutoscaleSettings(**scale),
-                          startup_s=a.startup_s, ttft_slo_s=a.ttft_slo_s,
+    given = {k: getattr(a, k) for k in ("startup_s", "ttft_slo_s") if getattr(a, k) is not None}
+    opts = ClusterOptions(replicas=a.replicas, autoscaling=AutoscaleSettings(**scale), **given,
                           overlap_swap=a.overlap_swap,
                           offline_pool=OfflinePoolConfig(**opts_of(a.offline_pool_opt, {})))
     out = simulate_cluster(wl.requests, sc, cost, opts)
@@ -289,8 +325,9 @@ def cmd_simulate_sweep(a: argparse.Namespace) -> int:
         load = rate / capacity if capacity else None
         res = _sim_once(pools.build(spec.with_rate(rate)), cost, sc, a, slo, rate, load, capacity)
         s = res.summary
+        ran = res.meta.details.get("sim") or res.meta.details["cluster"]
         print(f"rate {rate:.3f}: mean NL {s.normalized_latency.mean:.4f} s/token, "
-              f"wall {res.meta.details['sim']['wall_time']:.1f} s", flush=True)
+              f"wall {ran['wall_time']:.1f} s", flush=True)
         return res
 
     system = a.system or f"{sc.policy}/{cost.name}"
@@ -310,6 +347,8 @@ def cmd_simulate_sweep(a: argparse.Namespace) -> int:
 def cmd_capacity(a: argparse.Namespace) -> int:
     spec = _workload_spec(a)
     pools = _PoolCache(a.tokenizer, need_text=False)
+    if _several_replicas(a):
+        raise SystemExit("--replicas, --max-replicas: capacity is measured on one replica")
     cost, sc = _sim_setup(a)
     cap = _capacity(spec, pools, cost, sc, a.capacity_basis)
     print(json.dumps({"capacity_req_per_s": cap, "basis": a.capacity_basis, "cost_model": cost.name,

@@ -94,8 +94,9 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
                    help="seconds added to each iteration (analytic default 1 ms; table 0)")
     g = p.add_argument_group("scheduler")
     g.add_argument("--policy", default="fcfs",
-                   help="fcfs, mlfq, mlfq-naive, fixed-priority; in the simulator also the "
-                        "clairvoyant bounds oracle-srpt and oracle-sjf (bench/oracle.py)")
+                   help="fcfs, mlfq, mlfq-naive, fixed-priority, conserve, econoserve; in the "
+                        "simulator also the clairvoyant bounds oracle-srpt and oracle-sjf "
+                        "(bench/oracle.py)")
     g.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks (default: what the analytic model's GPU memory holds)")
     g.add_argument("--block-size", type=int, default=16)
@@ -117,10 +118,11 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
                    help="any other `autoscaling` setting, e.g. upscale_delay_s=10")
     g.add_argument("--offline-pool-opt", action="append", default=[], metavar="KEY=JSON",
                    help="an `offline_pool` setting (policy conserve), e.g. move_queued=false")
-    g.add_argument("--startup-s", type=float, default=30.0,
-                   help="seconds from asking for a replica to its first load report")
-    g.add_argument("--ttft-slo-s", type=float, default=2.0,
-                   help="the TTFT objective of the replicas' load estimate")
+    g.add_argument("--startup-s", type=float, default=None,
+                   help="seconds from asking for a replica to its first load report "
+                        "(default 30, bench/cluster_sim.py's ClusterOptions)")
+    g.add_argument("--ttft-slo-s", type=float, default=None,
+                   help="the TTFT objective of the replicas' load estimate (default 2)")
     g = p.add_argument_group("capacity")
     g.add_argument("--capacity-basis", choices=["saturated", "mean-fixed"], default="saturated",
                    help="what load 1.0 means: the workload's own saturated throughput, or that "

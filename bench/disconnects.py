@@ -164,7 +164,7 @@ def add_disconnects_parser(sub: Any) -> None:
     g.add_argument("--share-before-first", type=float, default=0.2,
                    help="share dropped after the response starts, before the first token")
     g.add_argument("--max-drop-chunks", type=int, default=32,
-                   help="the rest drop after 1 .. this many tokens")
+                   help="the rest drop after 1 .. this many streamed chunks (a chunk holds `stream_interval` tokens)")
     g.add_argument("--seed", type=int, default=0)
     add_check_output_args(q, idle_timeout=60.0)
     q.set_defaults(func=cmd_disconnects)

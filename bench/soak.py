@@ -286,5 +286,6 @@ def add_soak_parser(sub: Any) -> None:
     g.add_argument("--share-disconnect", type=float, default=0.05,
                    help="requests whose client hangs up early")
     g.add_argument("--max-drop-chunks", type=int, default=32,
-                   help="mid-stream hang-ups come after 1 .. this many tokens")
+                   help="mid-stream hang-ups come after 1 .. this many streamed chunks (a chunk "
+                        "holds `stream_interval` tokens)")
     q.set_defaults(func=cmd_soak)

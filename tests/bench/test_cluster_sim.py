@@ -188,3 +188,47 @@ def test_started_offline_work_leaves_a_replica_busy_with_online_work() -> None:
     assert out[True].stats["offline_moved_started"] >= 1
     assert ends[True]["online"] == pytest.approx(ends[False]["online"])
     assert ends[False]["offline"] > ends[False]["online"] > 2 * ends[True]["offline"]
+
+
+def test_cli_refuses_what_the_replica_count_would_ignore(tmp_path) -> None:
+    from bench.__main__ import main
+    from bench.results import SweepResult, load_result
+
+    common = ["--dataset", "fixed", "--input-len", "256", "--output-len", "32", "-n", "40",
+              "--cost-model", "llama-2-7b", "--policy", "mlfq"]
+    for args, named in (
+            (["simulate", *common, "--load", "0.5", "--replicas", "2"], "--load"),
+            (["simulate-sweep", *common, "--loads", "0.5", "--max-replicas", "2"], "--loads"),
+            (["capacity", *common, "--replicas", "2"], "--replicas"),
+            (["simulate", *common, "--rate", "4", "--startup-s", "5"], "--startup-s"),
+            (["simulate", *common, "--rate", "4", "--replicas", "2",
+              "--autoscale-opt", "upscale_delay_s=2"], "--autoscale-opt")):
+        with pytest.raises(SystemExit, match=named):
+            main(args)
+    # A sweep over several replicas runs (it read one replica's figures).
+    out = tmp_path / "sweep.json"
+    assert main(["simulate-sweep", *common, "--rates", "4", "8", "--replicas", "2",
+                 "--out", str(out)]) == 0
+    sweep = load_result(out)
+    assert isinstance(sweep, SweepResult) and [p.meta.rate for p in sweep.points] == [4, 8]
+    assert all(p.meta.details["cluster"]["replicas_started"] == 2 for p in sweep.points)
+
+
+def test_cli_overrides_reach_every_analytic_preset(tmp_path) -> None:
+    from bench.__main__ import main
+    from bench.results import load_result
+
+    common = ["simulate", "--dataset", "fixed", "--input-len", "256", "--output-len", "32",
+              "-n", "40", "--rate", "4", "--policy", "fcfs"]
+    blocks = {}
+    for name, extra in {"default": [], "tp2": ["--tp", "2"],
+                        "big_blocks": ["--block-size", "32"]}.items():
+        path = tmp_path / f"{name}.json"
+        assert main([*common, "--cost-model", "llama-2-7b", *extra, "--out", str(path)]) == 0
+        details = load_result(path).meta.details
+        blocks[name] = details["scheduler"]["num_blocks"]
+        if name == "tp2":
+            assert details["cost_model"]["tp"] == 2
+    # Twice the GPUs hold more blocks; blocks twice as large, half as many.
+    assert blocks["tp2"] > blocks["default"]
+    assert blocks["big_blocks"] == pytest.approx(blocks["default"] / 2, abs=1)

@@ -37,3 +37,9 @@ def test_evaluate_writes_under_the_working_directory_not_beside_the_adapter(
     main(["evaluate", "--adapter", str(adapter), "--pairs", str(pairs), "--no-prefix-cache"])
     assert (work / "runs" / "evaluate" / "mine" / "eval_report.json").is_file()
     assert not (adapter / "eval_report.json").exists()
+
+
+def test_build_dataset_refuses_pairs_it_would_not_read(tmp_path: Path) -> None:
+    # build-dataset writes the splits; a pairs file is for the commands that read them.
+    with pytest.raises(SystemExit, match="--pairs"):
+        main(["build-dataset", "--pairs", str(tmp_path / "pairs.jsonl")])
