@@ -2,7 +2,7 @@
 
 Validates the config (a bad value fails `serve run` naming the field),
 converts the embedded model once in the driver so replicas do not race to
-do it, and wires Ingress → Scheduler → Engine as ARCHITECTURE.md draws it.
+do it, and wires Ingress → Scheduler → Engine (docs/structures.md, "Processes").
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ the gauge `batch_requests_remaining`.
 Exit status 0 once every line has a result (at the end of the batch's
 completion window, the lines left are written as expired and the batch
 marked so); 1 when requests stayed refused past the retry budget (resume
-the batch to send them again); 2 for a batch that cannot run (unknown, or
-another run holds it).
+the batch to send them again); 2 for a batch that cannot run (unknown,
+another run holds it, or its input file is gone).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the results files its job wrote, and the Ray Job's state.
 
 | Ray Job (the batch's latest run) | status |
 | --- | --- |
-| PENDING | validating |
+| PENDING | validating (cancelling once a cancel was asked) |
 | RUNNING | in_progress (cancelling once a cancel was asked) |
 | SUCCEEDED | completed |
 | STOPPED | cancelled |

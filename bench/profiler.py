@@ -16,12 +16,14 @@ decode context) with its time:
 
 The measured time of an iteration is the wall time of one
 `scheduler.iteration.IterationDriver` step, schedule + execute + complete,
-the very step the server's loop runs (less token delivery); the engine's
-own forward time is kept beside it.  The fitted table (`CostTable.fitted`)
-is what `TableCostModel` and the simulator use.
+the very step the server's loop runs without `async_scheduling` (less
+token delivery); the engine's own forward time is kept beside it.  The
+fitted table (`CostTable.fitted`) is what `TableCostModel` and the
+simulator use.
 
-The engine is imported lazily: bench/ never depends on engine internals at
-import time (ARCHITECTURE.md).
+The engine is imported lazily, only to build the real runner (no
+`runner_factory`) and its sampling parameters: the tests drive this module
+with a fake runner, without torch.
 """
 
 from __future__ import annotations

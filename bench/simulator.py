@@ -1,11 +1,14 @@
 """The simulator: the very same scheduler code on a virtual clock.
 
-ARCHITECTURE.md, "Time is injected": the server's engine loop and this
-simulator both step `scheduler.core.SchedulerCore`, with a policy from
-`scheduler/policies/`, through the same `scheduler.iteration.IterationDriver`;
-here the clock is virtual and each iteration lasts what a cost model
-(bench/costmodel.py) says -- the analytic OPT/A100 model for paper-scale
-results, or the table fitted by the profiler to our engine.
+Time is injected (docs/structures.md, "Packages"): this simulator steps
+`scheduler.core.SchedulerCore`, with a policy from `scheduler/policies/`,
+through `scheduler.iteration.IterationDriver`, as the server's engine loop
+does without `async_scheduling`.  With it (by default on cuda) the loop
+runs `scheduler.ahead.AheadDriver`, which plans each iteration while the
+previous pass is in flight; the simulator does not.  Here the clock is
+virtual and each iteration lasts what a cost model (bench/costmodel.py)
+says -- the analytic OPT/A100 model for paper-scale results, or the table
+fitted by the profiler to our engine.
 
 The loop, per iteration:
   1. admit every request whose arrival time is <= now;

@@ -3,14 +3,17 @@
 Forward passes block for milliseconds to seconds, so they run off the
 replica's asyncio loop; requests and aborts reach the loop through a
 thread-safe inbox and are applied between iterations, and the tokens of an
-iteration leave in one batch (ARCHITECTURE.md: once per iteration per
-replica).  With a runner that offers it (`on_launch`), an iteration's batch
+iteration leave in one batch (docs/structures.md, "Inside an engine
+replica").  With a runner that offers it (`on_launch`), an iteration's batch
 leaves, its text decoded, while the next iteration's pass runs: on a GPU
 between queuing that pass and reading its tokens, where the host would
 only wait; on a CPU just before the pass.  Each iteration is one step of
 `scheduler.iteration.IterationDriver`, the simulator's step too, with the
 runner on the wall clock (`OnWallClock`: waiting on a swap-in sleeps a
-millisecond).  No Ray here: the loop is tested with a fake runner.
+millisecond), or, with `ahead` (`async_scheduling`, by default on cuda), of
+`scheduler.ahead.AheadDriver`, which plans an iteration while the previous
+pass is in flight; the simulator does not run that one.  No Ray here: the
+loop is tested with a fake runner.
 
 `shutdown(reason)` ends the loop for good: every job in flight, and every
 request submitted from then on, ends at once with an error delivery that

@@ -3,9 +3,11 @@
 EconoServe §3.3.2 runs the RL predictor beside the inference servers and asks
 it "concurrently during [a request's] waiting and PT processing", so its
 latency stays off the critical path.  The ingress therefore fires
-`request_prediction(...)` when a request arrives and attaches the answer to the
-job whenever it lands; a prediction that is missing (not back yet, replica
-down, error) means "unknown" (`Job.predicted_output_len = None`).
+`request_prediction(...)` once admission has answered and the request's engine
+stream is open (an offline request under `policy: conserve` after its wait in
+the offline pool), and attaches the answer to the job whenever it lands; a
+prediction that is missing (not back yet, replica down, error) means
+"unknown" (`Job.predicted_output_len = None`).
 
 Wiring only: the model lives in predictor/service.py.
 """

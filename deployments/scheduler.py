@@ -2,24 +2,29 @@
 
 Stateful, one replica.  Engine replicas report their load to it; the
 ingress asks it where a job goes and tells it when the job ended.  The
-iteration-level decisions are not made here but in each engine replica
-(ARCHITECTURE.md, "Why two levels").
+iteration-level decisions are not made here but in each engine replica,
+between its own forward passes (docs/structures.md, "Processes").
 
 It also owns the application's host KV tier directory (kvstore/directory.py):
-created at start, named after the application, sized `host_kv_tokens` per
-engine replica times `num_engine_replicas`, and gone with this replica, so
-a restart starts clean.  Engines look it up through `kv_directory()`.
+created at start, named after the application, and gone with this replica,
+so a restart starts clean.  It holds (`host_kv_tokens` // `block_size`) ×
+`tensor_parallel_size` × `pipeline_parallel_size` blocks per engine replica
+(a split model stores a block as one slice per shard and stage), for the
+larger of `num_engine_replicas` and, with `autoscaling.enabled`,
+`autoscaling.max_replicas` replicas; each replica may fill its own share
+only.  Engines look it up through `kv_directory()`.
 
-Under `policy: conserve` it holds the offline pool (scheduler/offline_pool.py):
-an offline request's `admit` call waits here, on a future of its own, until
-the pool hands it to a replica with room (on a load report, a release or
-another arrival); then the call returns that replica, and the ingress goes
-on as for any request.  A client that goes away cancels the call (Serve
-cancels a disconnected request's calls), which takes the request out of
-the pool.  The pool lives in this replica: if it restarts, the waiting
-calls fail (the ingress answers 503) and the engines' next reports, half a
-second apart, tell the new pool what each replica holds.  Until a first
-report arrives, offline requests wait.
+Under `policy: conserve` with `offline_pool.enabled` (the default) it holds
+the offline pool (scheduler/offline_pool.py): an offline request's `admit`
+call waits here, on a future of its own, until the pool hands it to a
+replica with room (on a load report, a release or another arrival); then
+the call returns that replica, and the ingress goes on as for any request.
+A client that goes away cancels the call (Serve cancels a disconnected
+request's calls), which takes the request out of the pool.  The pool lives
+in this replica: if it restarts, the waiting calls fail (the ingress
+answers 503) and the engines' next reports, half a second apart, tell the
+new pool what each replica holds.  Until a first report arrives, offline
+requests wait.
 """
 
 from __future__ import annotations

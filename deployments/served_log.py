@@ -10,7 +10,9 @@ that ended it (end of sequence or a stop token), as the ShareGPT lengths
 the predictor was trained on do.  An answer cut by `max_tokens` (`"censored": true`) is
 not an answer length, only a lower bound of one: `python -m predictor
 retrain` leaves it out.  Requests whose length the client forced
-(`ignore_eos`, `min_tokens`) are not recorded.
+(`ignore_eos`, `min_tokens`), structured-output requests and requests to a
+LoRA adapter are not recorded: the predictor learns the base model's
+unconstrained answers.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ the prefill time of a prompt, and q1 is the minimum iteration time.  At
 start the engine replica times a few real iterations of its own model
 (prefill at two lengths, a batch-1 decode) and fits `LinearCost`.  The
 fuller profile for the simulator is `python -m bench profile`.  The
-iterations are the server's own: planned by `SchedulerCore` and run by the
-loop's `IterationDriver` step.
+iterations are the server's own: planned by `SchedulerCore` and run by
+`IterationDriver.step`, the loop's step without `async_scheduling`.
 """
 
 from __future__ import annotations

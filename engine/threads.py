@@ -1,10 +1,9 @@
 """Thread pinning for CPU execution.
 
 With two busy processes on two cores, OpenMP threads that outnumber the cores
-slow every matmul down 10 to 25× (ARCHITECTURE.md, measured facts), so a
-replica pins its intra-op pool to the CPUs it was given.  Ray already sets
-OMP_NUM_THREADS=1 for a 1-CPU actor; this makes the choice explicit and
-visible in one place.
+slow every matmul down 10 to 25×, so a replica pins its intra-op pool to
+the CPUs it was given.  Ray already sets OMP_NUM_THREADS=1 for a 1-CPU
+actor; this makes the choice explicit and visible in one place.
 """
 
 from __future__ import annotations

@@ -11,14 +11,16 @@ One directory per Serve application.  The application's Scheduler replica
 creates it at start (`create_directory`), named after the application
 (`directory_name`), and owns it, so:
 
-- it is sized by that application's configuration: `host_kv_tokens` per
-  engine replica, summed over `num_engine_replicas`, counted in blocks (the
+- it is sized by that application's configuration, counted in blocks (the
   scheduler does not load the model, so it cannot know a block's bytes;
-  the engines of one application share one block shape), and a replica that
-  names itself when it stores (`owner`) gets its own share of that, not the
-  whole: one replica cannot fill the tier its peers need.  A split model's
-  processes store one entry per slice of a block, so the counts are
-  multiplied by its shards × stages;
+  the engines of one application share one block shape): per engine
+  replica (`host_kv_tokens` // `block_size`) × `tensor_parallel_size` ×
+  `pipeline_parallel_size` (a split model's processes store one entry per
+  slice of a block), for the larger of `num_engine_replicas` and, with
+  `autoscaling.enabled`, `autoscaling.max_replicas` replicas; a replica
+  that names itself when it stores (`owner`) may fill its per-replica
+  share only, not the whole: one replica cannot fill the tier its peers
+  need;
 - it goes away with the application (`serve shutdown`, `serve.delete`,
   Ctrl-C of `serve run`): Ray destroys an actor when its owner dies, so
   the next start gets a fresh, empty directory with its own capacity;

@@ -6,7 +6,7 @@ studies that chose the shipped recipe (probe, scaling, capacity, ceiling,
 seed ensembles, served completions) are `python -m studies.predictor`, in the
 repository only.  Every command pins torch to `--threads` (default 1): on the
 2-core machines two multi-threaded processes slow each other 10-25x
-(docs/ARCHITECTURE "Facts measured").
+(engine/threads.py).
 """
 
 from __future__ import annotations

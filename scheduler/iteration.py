@@ -1,11 +1,14 @@
 """One iteration of a replica: schedule, execute, complete.
 
-The engine replica's loop (deployments/engine_loop.py), its start-up cost
-profile (engine/profiler.py), the bench profiler and the simulator all step
-through `IterationDriver.step`, so the simulator runs the server's very
-step (ARCHITECTURE.md, "Time is injected") and differs only in its
+The engine replica's start-up cost profile (engine/profiler.py), the bench
+profiler and the simulator step through `IterationDriver.step`, and so does
+the replica's loop (deployments/engine_loop.py) without `async_scheduling`,
+so the simulator then runs the server's very step and differs only in its
 `Executor`: a model runner on the wall clock, or a cost model on a virtual
-clock (bench/sim_executor.py).
+clock (bench/sim_executor.py; docs/structures.md, "Packages").  With
+`async_scheduling` (by default on cuda: `AppConfig.schedules_ahead`) the
+loop runs `AheadDriver` (scheduler/ahead.py), which plans each iteration
+while the previous pass is in flight; the simulator does not.
 
 The swap-wait rule: the scheduler only schedules a job whose blocks are
 resident, and a swap-in may land iterations after the plan that issued it

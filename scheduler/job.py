@@ -1,11 +1,11 @@
 """The `Job`: one request's scheduling state, from arrival to its end.
 
-State machine (ARCHITECTURE.md, "Roadmap"):
+State machine (`_TRANSITIONS` below):
 
     WAITING ──► RUNNING ──► FINISHED
-       ▲           │  ▲
-       │           ▼  │
-       └──────  PREEMPTED          any non-terminal state ──► ABORTED
+                   │  ▲         ▲
+                   ▼  │         │
+                PREEMPTED ──────┘          any non-terminal state ──► ABORTED
 
 A job carries from the start what later policies need: its class (online /
 offline), priority level, deadline, predicted response length, attained

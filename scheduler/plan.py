@@ -4,8 +4,8 @@ The scheduler never touches tensors: each iteration it emits a `Plan` naming,
 for every scheduled job, the token range whose KV is to be computed now
 (a prefill chunk, a recompute after preemption, or a single decode token),
 the job's block table, and whether a token must be sampled at the end of the
-range.  KV block operations (swap out / in, checkpoint, drop) ride along
-even while the first policies leave them empty (ARCHITECTURE.md).
+range.  KV block operations (swap out / in, checkpoint, prefetch, drop)
+ride along in the same plan (`Plan` says when the engine applies them).
 
 These are dataclasses rather than pydantic models: a plan is built and read
 once per iteration on the hot path, and pickles as is when it must reach

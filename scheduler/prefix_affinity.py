@@ -5,11 +5,12 @@ request that shares a system prompt or a conversation's earlier turns with
 an earlier one is served fastest where that one ran.  The Scheduler
 deployment cannot see the replicas' caches, so, as SGLang's cache-aware
 router does with an approximate radix tree, it remembers where it sent each
-prefix: the ingress sends a key per full block of the prompt (chained, so
-a key stands for the whole prefix up to its block), and this maps the most
-recent keys to the replica that got them.  The map is a hint: a replica may
-have evicted the blocks since, and placement weighs the hint against load
-(`scheduler/placement.py`).
+prefix: the ingress sends a key per full block of the prompt before its
+last token, for at most `MAX_KEY_BLOCKS` (128) blocks (chained, so a key
+stands for the whole prefix up to its block), and this maps the most
+recent keys to the replicas that got them, up to `_REPLICAS_PER_KEY` (4)
+per key.  The map is a hint: a replica may have evicted the blocks since,
+and placement weighs the hint against load (`scheduler/placement.py`).
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ cost of one pass over k + 1 rows.
 A request with a prediction of its answer (OpenAI's Predicted Outputs)
 takes its drafts from the prediction first (`PredictionDrafts`).
 
-How many drafts a job gets adapts to how many of its drafts were accepted
-lately (`draft_length`): refused drafts cost rows for nothing, and an
-answer that departs from its text (or a random request at a high
-temperature) refuses most.
+With `min_acceptance` > 0, how many drafts a job gets adapts to how many
+of its drafts were accepted lately (`draft_length`): refused drafts cost
+rows for nothing, and an answer that departs from its text (or a random
+request at a high temperature) refuses most.  With the default, 0, a job
+is always worth `num_tokens` drafts.
 
 `add_drafts` extends the decode chunks of a plan the policy made, within
 what the job already holds: its allocated blocks (no block is allocated

@@ -8,9 +8,11 @@ own, all of its blocks; prompt blocks it shares with a sibling
 (`scheduler/sharing.py`) stay on the device for the sibling, and the job
 comes back into fresh blocks of its own.  A swap-in allocates device
 blocks and emits SWAP_IN ops; the job becomes runnable only when the engine
-reports the copy landed (`StepResult.swaps_done`), so a slow fetch delays
-that job alone.  Host capacity is counted in blocks; when the host tier is full the
-caller falls back to recomputation, and `num_recompute_fallbacks` says so.
+reports the copy landed (`StepResult.swaps_in_done`), so a slow fetch delays
+that job alone; one whose copy is lost (`swaps_in_failed`) is recomputed
+from scratch.  Host capacity is counted in blocks; when the host tier is
+full the caller falls back to recomputation, and `num_recompute_fallbacks`
+says so.
 
 Checkpoints (ConServe §4.4) are host copies of a running job's full blocks,
 taken a few at a time while the job keeps computing.  Preempting a job

@@ -20,9 +20,10 @@ A job is a *prompt task* (PT) until its prompt is computed, then a
   (`econoserve.pt_reserve`) that GTs may not be admitted into.
 - **Ordering** (§3.4): both queues by deadline range, then occupied KV
   (more first, to release it sooner), then prompt length (PTs) or
-  predicted length (GTs), longer first.  When the head does not fit, a
-  bisection finds the longest task of the same range that does (a PT that
-  fits the remaining token budget whole; a shorter GT group).
+  remaining allocation in blocks (GTs: their time-synced group), longer
+  first.  When the head does not fit, a bisection finds the longest task
+  of the same range that does (a PT that fits the remaining token budget
+  whole; a shorter GT group).
 - **Under-prediction** (§3.3.2): a GT that reaches its allocation
   unfinished is given `overrun_growth` of its generated length more (or
   what jobs that ran as far past their prediction went on to generate,
@@ -33,10 +34,12 @@ A job is a *prompt task* (PT) until its prompt is computed, then a
   putting it near the front of the GT queue), and it waits regrouped by its
   new remaining length.
 
-A GT within its allocation never finds its blocks taken: when one cannot
-grow (a hosted GT overran, or PTs used the free blocks), jobs outside the
-batch are evicted first (swapped to the host tier or dropped for
-recomputation, `Policy.evict`), the least urgent and least computed first.
+When a GT within its allocation cannot grow (a hosted GT overran, or PTs
+used the free blocks), jobs outside the batch are evicted first (swapped to
+the host tier or dropped for recomputation, `Policy.evict`), the least
+urgent and least computed first.  When none can be evicted, the batch gives
+way (`_grow`): its last admitted GT is evicted, or, where that is the
+growing GT itself or has a swap-in pending, the growing GT pauses.
 
 A job whose prediction has not arrived is allocated
 `econoserve.default_output_len`, or the mean output length of the jobs this
