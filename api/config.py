@@ -76,8 +76,8 @@ class BatchSettings(BaseModel):
     # ingress, the batch jobs (which Ray runs on the head node) and the
     # `preempt-serve batch` command all read and write here, so on a
     # multi-node cluster it must be a filesystem every node mounts at this
-    # path.  None: `batches/` under the cache directory (PREEMPT_SERVE_CACHE,
-    # else ~/.cache/preempt-serve).
+    # path.  None: `batches/` under the cache directory ($PREEMPT_SERVE_CACHE,
+    # else $XDG_CACHE_HOME/preempt-serve, else ~/.cache/preempt-serve).
     storage_dir: str | None = None
     # Requests of one batch in flight at once (a batch's own setting wins).
     max_concurrency: int = Field(8, ge=1, le=1024)
@@ -127,8 +127,8 @@ class ResponsesSettings(BaseModel):
     store: bool = True
     # Every Ingress replica reads and writes here, so on a multi-node
     # cluster it must be a filesystem every node mounts at this path.  None:
-    # `responses/` under the cache directory (PREEMPT_SERVE_CACHE, else
-    # ~/.cache/preempt-serve).
+    # `responses/` under the cache directory ($PREEMPT_SERVE_CACHE, else
+    # $XDG_CACHE_HOME/preempt-serve, else ~/.cache/preempt-serve).
     storage_dir: str | None = None
     # How long a response or chat completion is kept (OpenAI: 30 days).
     retention_hours: float = Field(720.0, gt=0)
@@ -144,9 +144,10 @@ class ResponsesSettings(BaseModel):
 
 
 class AppConfig(SchedulingSettings):
-    """The application's fields, and the scheduler's (`policy`,
-    `block_size`, `block_run`, `max_batch_size`, `max_batch_tokens`, `max_model_len`,
-    `swap_mode`, `reserve_blocks`, `mlfq`) inherited with their bounds."""
+    """The application's fields, and the scheduler's (`policy`, `block_size`,
+    `block_run`, `max_batch_size`, `max_batch_tokens`, `max_model_len`, `swap_mode`,
+    `reserve_blocks`, `prefix_caching`, `mlfq`, `conserve`, `econoserve`, `survival`,
+    `speculative`) inherited with their bounds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -202,9 +203,10 @@ class AppConfig(SchedulingSettings):
     # request's samples) do not depend on which requests share its steps, on
     # chunking, or on preemption, swap or recompute, in float32 and bfloat16
     # alike.  Needs the `cpp` attention backend on CPU, `triton` on CUDA
-    # (`auto` picks them).  Costs throughput but where the projections run on
-    # our bf16 GEMM with the `cpp` backend; `auto` turns it on there only
-    # (README, "Deterministic mode").
+    # (`auto` picks them).  Costs throughput except where the projections run
+    # on our packed bf16 or float32 GEMM (`bf16_dot`, `f32_fma`) with the `cpp`
+    # backend and a head geometry its vector prefill handles; `auto` turns it
+    # on there only (README, "Deterministic mode").
     deterministic: bool | Literal["auto"] = "auto"
     # Size of the device KV cache in tokens (rounded down to whole blocks).
     kv_cache_tokens: int = Field(32768, ge=16)
@@ -237,8 +239,10 @@ class AppConfig(SchedulingSettings):
     # Intra-op threads of the forward pass; default: the engine's CPUs.
     num_threads: int | None = Field(None, ge=1)
     # CPU cores the engine replica's process is pinned to (every thread;
-    # Linux), e.g. [0]; "auto": on device cpu with one engine replica, the
-    # `threads` cores least busy when the replica starts; None: not pinned
+    # Linux), e.g. [0]; "auto": the `threads` cores least busy when the
+    # replica starts, on device cpu with one engine replica only (no
+    # autoscaling past one, no tensor or pipeline parallelism: several
+    # processes could pick the same cores), else not pinned; None: not pinned
     # (Ray counts CPUs, it places no process on particular cores).
     engine_cpu_ids: list[int] | Literal["auto"] | None = Field("auto")
     # Nice value of the engine replica's threads: "auto", int, None (README;

@@ -28,7 +28,8 @@ class LoraRuntimeSettings(BaseModel):
     # Where the loaded adapters are listed (deployments/lora_registry.py):
     # every Ingress replica reads and writes it, so on a multi-node cluster
     # a filesystem every node mounts at this path.  None: `lora/` under the
-    # cache directory (PREEMPT_SERVE_CACHE, else ~/.cache/preempt-serve).
+    # cache directory ($PREEMPT_SERVE_CACHE, else $XDG_CACHE_HOME/preempt-serve,
+    # else ~/.cache/preempt-serve).
     storage_dir: str | None = None
 
     @model_validator(mode="after")

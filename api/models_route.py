@@ -6,7 +6,8 @@ at start and those loaded while it runs (`runtime`, read on every call).  Its
 call (OpenAI's is the model's creation time, not the request's).  A request
 with Anthropic's `anthropic-version` header (its clients send one with
 every call) gets Anthropic's shapes: `{"type": "model", "id",
-"display_name", "created_at"}` and a page with `has_more`.
+"display_name", "created_at", "max_input_tokens"}` (the model's
+`max_model_len`) and a page with `has_more`.
 """
 
 from __future__ import annotations

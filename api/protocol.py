@@ -4,8 +4,9 @@ Requests are strict, as OpenAI's own API is: a field we implement is
 validated to OpenAI's documented range; an OpenAI field (or a vLLM
 extension) we do not implement is accepted only with the value that means
 "off" and otherwise rejected with a 400 naming it (`api/unsupported.py`);
-a field nobody defines is rejected as unrecognized.  Nothing a client sends
-is silently ignored.
+a field nobody defines is rejected as unrecognized.  Nothing that would
+change the answer is silently ignored; the end-user identifiers `user` and
+`safety_identifier` are accepted, and change nothing.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class _SamplingFields(TokenRestrictions):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)
-    # Lower runs first (vLLM's priority scheduling); every policy orders by it.
+    # Lower runs first (vLLM's priority scheduling) under `fcfs`, `conserve`
+    # and the MLFQ policies (`mlfq`, `mlfq-naive`, `fixed-priority`);
+    # `econoserve` orders by deadline and does not read it.
     priority: int = Field(0, ge=-_I32_MAX, le=_I32_MAX)
     # Logprobs of every prompt token (vLLM's extension): 0..20 alternatives.
     prompt_logprobs: int | None = Field(None, ge=0, le=20)

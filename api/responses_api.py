@@ -2,12 +2,12 @@
 completion: the request becomes a `ChatCompletionRequest`, its answer an
 OpenAI Response object, its stream the Responses API's semantic events.
 
-A response is stored unless the request says `store: false` (or the
-server keeps none, `responses.store`: api/responses_store.py); a request
-naming a stored `previous_response_id` continues its conversation (its
-inputs and outputs come before the new input; its instructions do not, as
-with OpenAI).  A conversation can also send its earlier turns, calls and
-results in `input`.
+A request that does not say `store` is stored as the server's
+`responses.store` says (api/responses_store.py); a batch line only with
+`store: true` (deployments/responses_route.py).  A request naming a stored
+`previous_response_id` continues its conversation (its inputs and outputs
+come before the new input; its instructions do not, as with OpenAI).  A
+conversation can also send its earlier turns, calls and results in `input`.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ class RequestVariant(BaseModel):
     # Body fields to leave out (min_tokens would keep a stop string from
     # ending the request).
     drop_keys: list[str] = Field(default_factory=list)
-    # Hang up at this phase; mid_stream after `drop_after_chunks` tokens.
+    # Hang up at this phase; mid_stream after `drop_after_chunks` streamed
+    # chunks that carry tokens (up to `stream_interval` tokens each).
     drop: DropPhase | None = None
     drop_after_chunks: int = Field(1, ge=1)
 

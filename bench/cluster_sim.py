@@ -8,9 +8,9 @@ device is next free.  One loop takes events in time order:
 
 - an **arrival** goes to the replica `scheduler.placement.Placement.place`
   picks from the replicas' last load reports (the Scheduler deployment's
-  placement when admission control is off: placement by load and cached
-  prefix, jobs placed since the last report counted on top); a replica
-  busy with an iteration takes it at its next plan, as a live one does;
+  placement when admission control is off, by load alone here: jobs placed
+  since the last report counted on top); a replica busy with an iteration
+  takes it at its next plan, as a live one does;
 - a **load report** every `report_interval_s` (deployments/engine.py,
   `REPORT_INTERVAL_S`): each ready replica's figures, as
   `Engine._report_loop` computes them;
@@ -32,9 +32,10 @@ Simplifications, said here so that no figure is read beyond them: the
 policy is called once a metrics interval (Serve's control loop runs every
 0.1 s, on metrics that change once a second); the iteration cost is the
 cost model's, so a replica's measured slowdown is 1; admission control is
-not modelled.  Under `policy: conserve` offline requests wait in the
-Scheduler's offline pool (bench/cluster_pool.py) unless `offline_pool.
-enabled` is off, as live.
+not modelled; placement passes no prefix or cache keys, so it has no
+prefix or cache-key affinity.  Under `policy: conserve` offline requests
+wait in the Scheduler's offline pool (bench/cluster_pool.py) unless
+`offline_pool.enabled` is off, as live.
 """
 
 from __future__ import annotations

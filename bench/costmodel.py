@@ -37,8 +37,8 @@ each `Plan` the scheduler emits.  Two models:
      activation sends (T·h FP16 values; NVLink inside an 8-GPU node, 400
      Gb/s EFA = 50 GB/s between nodes).  Several micro-batches in flight
      (FastServe §5) would raise throughput but need a scheduler core with
-     more than one plan outstanding (Roadmap 7); until then PP costs
-     latency like a deeper model.
+     more than one plan outstanding; until then PP costs latency like a
+     deeper model.
    - LM head: logits only for sampled rows (2·h·V FLOPs each), reading the
      embedding matrix once, on the last stage.  A fixed 1 ms per
      iteration covers sampling, kernel launches and scheduling.

@@ -94,6 +94,9 @@ class CostTable(BaseModel):
     # only prefill work is linear (`coef`).
     decode_grid: list[tuple[int, float, float]] = Field(default_factory=list)
     swap_per_block: float | None = None
+    # Bytes of one KV block over the whole model (K and V, every layer), for
+    # the simulator's swap traffic; None in tables profiled before it was kept.
+    block_bytes: int | None = None
     swap_const: float = 0.0
     # Mean absolute relative error of the fit over the measurements.
     fit_error: float | None = None

@@ -4,15 +4,16 @@ Opens `--streams` streaming requests at once, each with a long output
 (max_tokens + ignore_eos), and drops every one of them at a random point:
 a share right after the request is written (`--share-after-send`), a share
 once the response has started but before its first token
-(`--share-before-first`), the rest after a random number of tokens (1 to
-`--max-drop-chunks`).  Then it waits for the server to go idle and checks
-that every engine's free KV blocks, its host-tier blocks and the host KV
-tier's used bytes are back to the values read before the storm
+(`--share-before-first`), the rest after a random number of streamed chunks
+(1 to `--max-drop-chunks`; a chunk holds up to the server's
+`stream_interval` tokens).  Then it waits for the server to go idle and
+checks that every engine's free KV blocks, its host-tier blocks and the
+host KV tier's used bytes are back to the values read before the storm
 (bench/server_stats.py), and that a last short request still completes.
 
-Exit status 1 if anything leaked by `--idle-timeout`, or the server no
-longer serves; the JSON result holds the before / after figures and how
-many streams were dropped at each phase.
+Exit status 1 if a request failed, anything leaked by `--idle-timeout`, or
+the server no longer serves; the JSON result holds the before / after
+figures and how many streams were dropped at each phase.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class DisconnectConfig(BaseModel):
     output_len: int = Field(512, ge=2)
     share_after_send: float = Field(0.2, ge=0, le=1)
     share_before_first: float = Field(0.2, ge=0, le=1)
-    # Mid-stream drops happen after 1 .. this many tokens (so the storm
-    # does not wait for long generations on a slow server).
+    # Mid-stream drops happen after 1 .. this many streamed chunks (so the
+    # storm does not wait for long generations on a slow server).
     max_drop_chunks: int = Field(32, ge=1)
     seed: int = 0
     idle_timeout: float = Field(60.0, gt=0)

@@ -11,8 +11,9 @@ Retry-After, so that admission control does not cut the probe's batch.
 
 A server that protects itself keeps completing at about its capacity,
 refuses the rest quickly with 429, fails nothing, and its memory stays
-flat.  Requests still open `--drain-timeout` seconds after the last
-arrival are cut off (and count as failures).
+flat.  Requests still open `--drain-timeout` seconds after the end of the
+`--duration` window (duration + drain timeout from the start) are cut off
+(and count as failures).
 
 Reported: offered and completed rates, the 429 share, failures by kind,
 TTFT and TPOT (P50 / P99) of admitted requests, the client's send lag,
@@ -258,7 +259,8 @@ def add_overload_parser(sub: Any) -> None:
                    help="requests the probe sends at t=0")
     g.add_argument("--probe-timeout", type=float, default=300.0, help="probe time limit (s)")
     g.add_argument("--drain-timeout", type=float, default=120.0,
-                   help="seconds after the last arrival before open streams are cut off")
+                   help="seconds after the --duration window ends before open streams "
+                        "are cut off")
     g.add_argument("--server-pid", type=int, default=None,
                    help="pid of `serve run`: its process tree is the server for RSS "
                         "(default: the Ray processes of the local session)")

@@ -1,8 +1,8 @@
 """How long one `SchedulerCore.schedule()` takes with many queued jobs.
 
 On a GPU a decode step lasts a few milliseconds, so planning the next
-iteration must take far less (issue "Engine speed", point 4: ≤ 200 µs with
-1,000 queued jobs, and growth well below linear in the queue).  This drives
+iteration must take far less (the target: ≤ 200 µs with 1,000 queued jobs,
+and growth well below linear in the queue).  This drives
 the real scheduler core with an instant engine, on a virtual clock, and
 times `schedule()` alone:
 

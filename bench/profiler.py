@@ -10,9 +10,9 @@ decode context) with its time:
 - decode: B jobs of context C (prefilled for real; those prefill and mixed
   iterations are measurements too), then `repeats` decode iterations at
   each batch size, shrinking the batch by aborting jobs;
-- swap: time per KV block of a SWAP_OUT + SWAP_IN round trip, when the
-  engine supports block ops (it raises NotImplementedError until the KV tier
-  is wired; the table then has no swap entries).
+- swap: time per KV block of a SWAP_OUT + SWAP_IN round trip, through a
+  host-memory tier when the runner has none; a runner without block ops
+  (a fake one) raises NotImplementedError and the table has no swap entries.
 
 The measured time of an iteration is the wall time of one
 `scheduler.iteration.IterationDriver` step, schedule + execute + complete,
@@ -184,6 +184,7 @@ def profile(
         block_size=cfg.block_size,
         measurements=ms,
         swaps=swaps,
+        block_bytes=getattr(runner, "kv_block_bytes", None),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     ).fitted()
     log(f"fit: {table.coef}  mean |rel err| = {table.fit_error:.3f}")

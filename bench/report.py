@@ -1,6 +1,7 @@
 """The JSON report a micro-benchmark writes (`bench/plan_time.py`,
-`bench/sampling_bench.py`, `bench/step_profile.py`): its settings and the
-machine it ran on beside its results."""
+`bench/sampling_bench.py`, `bench/step_inputs.py`, `bench/step_profile.py`,
+`bench/structured_bench.py`): its settings and the machine it ran on beside
+its results."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ class SimStats:
     swap_blocks: int = 0
     swap_in_blocks: int = 0
     swap_out_blocks: int = 0
-    swap_bytes: int = 0
+    swap_bytes: int | None = 0
     # Copy time that lengthened iterations (on the critical path).
     exposed_swap_time: float = 0.0
     # Busy time of the host -> device lane (overlap mode).
@@ -239,14 +239,15 @@ class SimOutput:
     trace: list[StepTrace] = field(default_factory=list)
 
 
-def _block_bytes(cost: CostModel) -> int:
-    """Bytes of one KV block over the whole model, if the cost model knows."""
+def _block_bytes(cost: CostModel) -> int | None:
+    """Bytes of one KV block over the whole model; None where the cost model
+    does not know (a table profiled before tables recorded it)."""
     model = getattr(cost, "model", None)
     bs = getattr(cost, "block_size", None)
     if model is not None and bs is not None:
         return int(bs * model.kv_bytes_per_token)
     table = getattr(cost, "table", None)
-    return int(getattr(table, "block_bytes", 0) or 0)
+    return getattr(table, "block_bytes", None)
 
 
 def _prompt_ids(r: RequestSpec, own: int) -> list[int]:
@@ -264,8 +265,9 @@ def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
     only a cap.  `delayed`: its prediction lands later (`SchedulerCore.set_prediction`)."""
     job = Job(
         job_id=r.request_id,
-        # Its own first token: no two prompts share a cached block, as none
-        # do in the synthetic prompts a live run sends.
+        # Its own token right after the shared prefix: prompts share cached
+        # blocks within that prefix only, as the synthetic prompts a live
+        # run sends do.
         prompt_token_ids=_prompt_ids(r, own_token),
         max_tokens=r.max_tokens or r.output_tokens,
         arrival_time=r.arrival_time,
@@ -281,7 +283,8 @@ def make_job(r: RequestSpec, own_token: int, device: SimulatedExecutor,
 
 
 def request_record(r: RequestSpec, job: Job | None, token_times: list[float],
-                   device: SimulatedExecutor, block_bytes: int, error: str | None) -> RequestRecord:
+                   device: SimulatedExecutor, block_bytes: int | None, error: str | None
+                   ) -> RequestRecord:
     """What a live run would have recorded of request `r` (`job`: None when
     it was never admitted, `error` says why)."""
     rid = r.request_id
@@ -310,7 +313,7 @@ def request_record(r: RequestSpec, job: Job | None, token_times: list[float],
         queueing_time=max(0.0, e2e - ex - sw) if end is not None else None,
         execution_time=ex,
         swap_time=sw,
-        swap_bytes=device.swap_blocks.get(rid, 0) * block_bytes,
+        swap_bytes=None if block_bytes is None else device.swap_blocks.get(rid, 0) * block_bytes,
         predicted_output_tokens=r.predicted_output_tokens,
         prediction_delay_s=(None if job.prediction_time is None
                             else job.prediction_time - r.arrival_time),
@@ -459,7 +462,7 @@ def simulate(
     counters = getattr(core.policy, "counters", None)
     if counters is not None:
         stats.extra.update(counters())
-    stats.swap_bytes = stats.swap_blocks * block_bytes
+    stats.swap_bytes = None if block_bytes is None else stats.swap_blocks * block_bytes
     stats.wall_time = time.perf_counter() - wall0
     records = [request_record(r, jobs.get(r.request_id), token_times.get(r.request_id, []),
                               device, block_bytes, errors.get(r.request_id))

@@ -6,7 +6,7 @@ unused), with a mix of request kinds a real client sends (each a share of
 the requests, disjoint): `n` > 1 choices, stop strings
 (min_tokens left out so they can fire), logprobs, and clients that hang up
 early (at a random phase: after sending, before the first token, after a
-few tokens).  Every `--sample-interval` seconds it samples the server's
+few streamed chunks).  Every `--sample-interval` seconds it samples the server's
 summed RSS (bench/rss.py) and the engines' KV figures
 (bench/server_stats.py).  At the end it waits for the server to go idle.
 
@@ -269,7 +269,8 @@ def add_soak_parser(sub: Any) -> None:
     g.add_argument("--idle-timeout", type=float, default=120.0,
                    help="seconds to wait, at the end, for the server to return to idle")
     g.add_argument("--drain-timeout", type=float, default=600.0,
-                   help="seconds after the last arrival before open streams are cut off")
+                   help="seconds after the --duration window ends before open streams "
+                        "are cut off")
     g.add_argument("--server-pid", type=int, default=None,
                    help="pid of `serve run`: its process tree is the server for RSS "
                         "(default: the Ray processes of the local session)")

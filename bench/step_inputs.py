@@ -5,7 +5,7 @@ makes the step's tensors and the attention backend's metadata
 (`_forward_batch`) and, unless every sampled row is plain greedy
 (`plain_greedy`), lists each sampled row's parameters (`_sample_requests`).
 On a GPU this host work is what a decode step of a few milliseconds waits
-on (issue "Engine speed", point 2); on a CPU it is the part of a step that
+on; on a CPU it is the part of a step that
 is not the model's operators.  This times each part alone, without the
 pass, for decode plans of `--batches` sequences, each over its own
 `--context`-token context in blocks scattered over the cache (as a served

@@ -11,8 +11,9 @@ The torch reference backend (`engine.attention_torch`) runs anywhere; the
 compiled backend (`engine.attention_compiled`) fuses its decode attention
 into one Inductor-generated loop over the block table; the C++ backend
 (`engine.attention_cpp`, the CPU default) attends decodes in place over the
-blocks; the Triton backend (`engine.attention_triton`, the CUDA default)
-attends decodes and prefill chunks over the paged cache in place.
+blocks, and prefill chunks too on an AVX512 or AVX2 build; the Triton
+backend (`engine.attention_triton`, the CUDA default) attends decodes and
+prefill chunks over the paged cache in place.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class AttentionBackend(ABC):
         if deterministic and not self.batch_invariant:
             raise ValueError(
                 f"attention backend {self.name!r} is not batch-invariant; deterministic "
-                "mode needs 'cpp'"
+                "mode needs 'cpp' on CPU or 'triton' on CUDA"
             )
         self.deterministic = deterministic
         self.num_heads = num_heads

@@ -6,10 +6,12 @@ its cache blocks in place: no gather into a padded copy, no mask, and a software
 the next block, which lies at an unpredictable place in a cache far larger than the CPU's. A
 build for an AVX512 capability takes float32 and bfloat16 caches through explicit vectors in
 three passes per sequence (scores of 16 tokens at a time, the softmax over the whole
-context, the weighted sum with each value row read once for its group's heads); other builds
-and dtypes take a portable loop with an online softmax, which on one AVX2 core attends a
-served batch 1.8–1.9× faster than the Inductor-generated kernel
-(`engine.attention_compiled`, `studies/engine_cpu/README.md`).
+context, the weighted sum with each value row read once for up to four heads of its group);
+an AVX2 build takes float32 caches through the portable loop's walk with its scores and
+weighted sums in 8-lane vectors (`paged_decode_avx2.h`); other builds and dtypes take that
+portable loop with an online softmax, which alone on one AVX2 core attends a served batch
+1.8–1.9× faster than the Inductor-generated kernel (`engine.attention_compiled`,
+`studies/engine_cpu/README.md`).
 
 The operators' library is built and loaded by `engine/cpp_ops.py` (its
 flags, the AMX and bf16 dot product builds, the fallback where no build
@@ -27,7 +29,8 @@ PREEMPT_SERVE_KV_LAYOUT=rows keeps rows; `tiles` fails at start where the
 tiles cannot be used.
 
 Prefill chunks (`engine/csrc/paged_prefill.cpp`) go through one operator
-call per step on a build for an AVX512 capability: tiles of up to 64
+call per step on a build for an AVX512 or an AVX2 capability (the AVX2 one
+on 8-lane vectors), where `prefill_vectorized` allows: tiles of up to 64
 query rows (a KV head's query heads for consecutive tokens) held
 transposed, so that scores come out as vectors of 16 rows per key and the
 online softmax needs no horizontal reduction; keys and values read from the
@@ -115,8 +118,8 @@ class CppAttentionMetadata(TorchAttentionMetadata):
 
 
 class CppAttentionBackend(TorchAttentionBackend):
-    """The reference backend with decodes, and prefills on an AVX512 build,
-    attended by the C++ operators.
+    """The reference backend with decodes, and prefills on an AVX512 or AVX2
+    build, attended by the C++ operators.
 
     Deterministic mode gives every position one operator for good.  A prompt
     position (below its span's `prompt_len`) always lies in a prefill chunk,

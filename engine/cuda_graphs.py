@@ -10,11 +10,12 @@ only copies the step's token ids, positions, cache slots, context lengths
 and block tables into those buffers (two transfers) and launches one graph.
 
 Rows past the step's decodes are padding: slot -1 (the KV store skips it),
-context 1 over block 0, token 0; their logits are never read.  Each
-bucket's decode split is fixed at capture (`graph_decode_split`), so a
-bucket covers any context up to `max_model_len`.  In deterministic mode the
-buckets run the batch-invariant kernels, so a replay rounds every row as the
-same step run op by op would.
+context 1 over the first block of whatever block-table row they keep (any
+block ids do), token 0; their logits are never read.  Each bucket's decode
+split is fixed at capture (`graph_decode_split`), so a bucket covers any
+context up to `max_model_len`.  In deterministic mode the buckets run the
+batch-invariant kernels, so a replay rounds every row as the same step run
+op by op would.
 
 On a CPU device (the test suite, with the Triton backend under Triton's
 interpreter) nothing is captured: `run` fills the same buffers and runs the

@@ -25,10 +25,10 @@ What makes a mixed step capturable is that no launch depends on the mix:
 Each bucket's decode split is fixed at capture for `max_spans` rows
 (`graph_decode_split`), as in the decode graphs.  Deterministic mode does
 not use these graphs (its attention launch depends on the longest chunk).
-Steps with prompt logprobs, steps cut between layers, and steps larger than
-the largest bucket run op by op.  On a CPU device (the test suite, under
-Triton's interpreter) nothing is captured and `run` executes the bucket's
-forward over the same buffers.
+Steps with prompt logprobs, LoRA steps, speculative-verify steps, steps cut
+between layers, and steps larger than the largest bucket run op by op.  On
+a CPU device (the test suite, under Triton's interpreter) nothing is
+captured and `run` executes the bucket's forward over the same buffers.
 """
 
 from __future__ import annotations

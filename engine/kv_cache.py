@@ -9,14 +9,15 @@ backend's AMX decode, in `tiles` order (engine/kv_layout.py); the shapes are
 the same either way, and `read_blocks` / `write_blocks` always speak `rows`.
 
 Why this layout: a token's K (or V) for all heads is one contiguous row, so
-writing a step's new tokens is one `index_copy_` over flat slot ids
-(`block * block_size + offset`; on CPU one copy per token,
-engine/csrc/kv_write.cpp), and gathering a sequence is one
-`index_select` of whole blocks that yields `[blocks, block_size, heads, dim]`
-already in token order.  A block (all its tokens and heads) is contiguous
-within a layer, which is what a swap or checkpoint copies (kvstore).  One
-allocation up front, never resized: the scheduler's `BlockManager` owns the
-numbers, this owns the bytes.
+a step's new tokens are written by flat slot id (`block * block_size +
+offset`), a row each: one `index_copy_` on the torch path, the Triton
+`_store_kv` kernel on CUDA's default backend, one copy per token in the C++
+backend (engine/csrc/kv_write.cpp; `write_kv_tiles` for the tiles layout);
+and gathering a sequence is one `index_select` of whole blocks that yields
+`[blocks, block_size, heads, dim]` already in token order.  A block (all
+its tokens and heads) is contiguous within a layer, which is what a swap or
+checkpoint copies (kvstore).  One allocation up front, never resized: the
+scheduler's `BlockManager` owns the numbers, this owns the bytes.
 """
 
 from __future__ import annotations

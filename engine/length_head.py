@@ -33,7 +33,8 @@ import torch
 from engine.device_lists import on_device
 
 # The head fitted on the embedded model's own answers (SmolLM2-135M-Instruct,
-# `python -m predictor fit-head`), shipped beside this file.
+# `python -m studies.predictor.length_head`), shipped beside this file;
+# `python -m predictor fit-head` fits a new one on a model's answers.
 EMBEDDED = Path(__file__).with_name("length_heads") / "smollm2-135m-instruct.pt"
 
 

@@ -3,7 +3,8 @@
 FastServe §4.1 relies on iteration time being predictable: skip-join needs
 the prefill time of a prompt, and q1 is the minimum iteration time.  At
 start the engine replica times a few real iterations of its own model
-(prefill at two lengths, a batch-1 decode) and fits `LinearCost`.  The
+(prefill at two lengths, a batch-1 decode, and a batch-8 decode for what each
+more sequence adds, `decode_per_seq_s`) and fits `LinearCost`.  The
 fuller profile for the simulator is `python -m bench profile`.  The
 iterations are the server's own: planned by `SchedulerCore` and run by
 `IterationDriver.step`, the loop's step without `async_scheduling`.

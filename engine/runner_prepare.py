@@ -163,9 +163,10 @@ class PlanPreparing:
         batches them in one call) into one forward batch.
 
         The logits rows are the sampling chunks' last tokens, in `sampled`
-        order, then the prompt positions whose logprobs are owed.  Nothing
-        is recorded in any request's state: that happens after the forward
-        pass succeeded."""
+        order, then the rows whose picks a chunk's drafts must match, then
+        the prompt positions whose logprobs are owed.  Nothing is recorded
+        in any request's state: that happens after the forward pass
+        succeeded."""
         ordered = sorted(plan.chunks, key=lambda c: len(c.token_ids) != 1)
         sampled: list[tuple[ScheduledChunk, RequestState]] = []
         prompt_rows: list[PromptRows] = []

@@ -73,7 +73,8 @@ class SampleRequest:
     # Which output token this is (0 = first); seeds the row's stream.
     output_index: int
     # Tokens that must not be sampled now (EOS and stop tokens before
-    # min_tokens is reached).
+    # min_tokens is reached, and the last token of a bad word the answer
+    # would end with).
     banned_token_ids: Sequence[int] = field(default_factory=tuple)
     # The row's history, for the penalties (the request's own lists, not
     # copies: read only while the batch is sampled).

@@ -1,15 +1,15 @@
 """Structured output: constrained decoding with xgrammar.
 
 A request with a grammar (`SamplingParams.structured`: a JSON object, a
-JSON Schema, a regular expression, a choice of strings, an EBNF grammar)
-gets a matcher that follows its output token by token.  Before each of its
-tokens is sampled the matcher writes the set of tokens that keep the text
-inside the grammar as a bitmask (one bit per vocabulary entry), and every
-other logit becomes -inf (`mask_logits`), ahead of bias, penalties,
-temperature, top-k and top-p, as vLLM applies its grammar bitmask.  Once
-the grammar is complete only its stop tokens (the model's EOS) are
-allowed, so the request ends with finish reason "stop"; `max_tokens` can
-still cut it short ("length"), as with OpenAI.
+JSON Schema, a regular expression, a choice of strings, an EBNF grammar, an
+xgrammar structural tag) gets a matcher that follows its output token by
+token.  Before each of its tokens is sampled the matcher writes the set of
+tokens that keep the text inside the grammar as a bitmask (one bit per
+vocabulary entry), and every other logit becomes -inf (`mask_logits`),
+ahead of bias, penalties, temperature, top-k and top-p, as vLLM applies its
+grammar bitmask.  Once the grammar is complete only its stop tokens (the
+model's EOS) are allowed, so the request ends with finish reason "stop";
+`max_tokens` can still cut it short ("length"), as with OpenAI.
 
 The matcher lives with the request's engine state, so it survives
 preemption with the outputs it has accepted; a request resumed on another

@@ -79,8 +79,9 @@ class ModelConfig(BaseModel):
     pooling: Literal["mean", "last", "mean+last"] = "mean"
     # Outputs of these decoder layers (counted from 1) are pooled and
     # concatenated; None = the final hidden state. Middle layers carry more of
-    # the length signal than the last one (predictor/probe.py). Each must be at
-    # least depth - lora_layers: the prefix cache stands in for the layers below.
+    # the length signal than the last one (studies/predictor/probe.py). Each
+    # must be at least depth - lora_layers: the prefix cache stands in for the
+    # layers below.
     pool_layers: tuple[int, ...] | None = None
     # "log": regression on log(RL) with an L1 loss (its optimum is the median,
     # the MAE-optimal point). "bins": a distribution over 32-token bins trained

@@ -11,8 +11,9 @@ never attends to a pad and its hidden state does not depend on its batch.  The
 cached state of layer K-1 is fed back by swapping layers 0..K-1 for stubs (the
 last returns the cached state) and running the backbone's own forward: the
 embeddings, masks and positions (RoPE for Llama, learned for OPT) are computed
-by the model itself, so the top layers see exactly what the full model would
-give them.  tests/predictor/test_prefix_cache.py checks this.
+by the model itself, so the top layers see the full model's states, rounded
+to float16 by the cache.  tests/predictor/test_prefix_cache.py checks this
+(within float16's tolerance).
 """
 
 from __future__ import annotations

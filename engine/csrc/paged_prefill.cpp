@@ -41,9 +41,10 @@
 //
 // A query row's arithmetic does not depend on the tile or chunk it falls
 // in: its scores, maximum, sum and weighted sum are computed in its own
-// vector lane, over key tiles that start at fixed positions (0, 32, 64, ...),
-// keys past its position weigh exactly 0 and leave its maximum alone, and a
-// rescale by exp(0) is a multiply by exactly 1.  So deterministic mode
+// vector lane, over key tiles that start at fixed positions (multiples of 32,
+// or of 128 for bf16 on an AMX build: fixed per build and dtype, never by the
+// batch), keys past its position weigh exactly 0 and leave its maximum alone,
+// and a rescale by exp(0) is a multiply by exactly 1.  So deterministic mode
 // (engine/attention_cpp.py) attends prompt positions here however the prompt
 // is cut, and every later position through the decode operator.
 

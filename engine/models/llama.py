@@ -8,16 +8,18 @@ weights read from memory one GEMM of both is 1.05–1.1× the two at 8–96 rows
 (studies/engine_cpu/layer_ops.py), level with them in float32 on MKL.  On an
 AVX512 CPU (on an AVX2 one in float32), SiLU and the product read the two
 halves in one C++ operator (engine/csrc/silu_mul.cpp; in bf16 silu looked up
-in a table of its result for each of the 65,536 gates), and in bf16 each
-residual sum is one operator with the norm that follows it
-(norm_rotary.cpp), with ATen's roundings: the same bits as the op-by-op
-forward in bf16.  Where a step's attention is the C++ decode and prefill
-operators' on our packed bf16 or float32 projections (`_layer_args`), each
-layer is one C++ operator that calls the same operators in the same order
-(engine/csrc/decode_layer.cpp): the same bits again, without Python between
-them; on bf16 GGUF codes past 64 rows on AMX tiles that operator also takes
-gate_up's projection and silu(gate) × up in one pass, never storing the
-projection's output (gemm_bf16_codes.cpp, `linear_bf16_codes_silu_mul`).
+in a table of its result for each of the 65,536 gates).  On any CPU build
+where the operators load, each residual sum is one operator with the norm
+that follows it (norm_rotary.cpp): in bf16 with ATen's roundings, the same
+bits as the op-by-op forward; in float32 its sum of squares runs in another
+order than ATen's, so a value may differ in its last bits.  Where a step's
+attention is the C++ decode and prefill operators' on our packed bf16 or
+float32 projections (`_layer_args`), each layer is one C++ operator that
+calls the same operators in the same order (engine/csrc/decode_layer.cpp):
+the same bits again, without Python between them; on bf16 GGUF codes past
+64 rows on AMX tiles that operator also takes gate_up's projection and
+silu(gate) × up in one pass, never storing the projection's output
+(gemm_bf16_codes.cpp, `linear_bf16_codes_silu_mul`).
 """
 
 from __future__ import annotations
@@ -174,8 +176,11 @@ class LlamaForCausalLM(CausalLM):
         self._q_size = self.num_heads * self.head_dim
         self._kv_size = self.num_kv_heads * self.head_dim
         self._inter = tp.split(config.intermediate_size, "MLP columns")
-        # SiLU(gate) * up and the residual sums: one C++ operator each on an
-        # AVX512 CPU (bit-identical to the ATen ops there); elsewhere ATen's.
+        # SiLU(gate) * up: one C++ operator on an AVX512 CPU, and on an AVX2
+        # one in float32 (as ATen rounds); elsewhere ATen's.  The residual
+        # sums with their norms: one C++ operator on any CPU build where the
+        # operators load (bf16: ATen's bits; float32: may differ in the last
+        # bits).
         self._silu = getattr(config, "hidden_act", "silu") in ("silu", "swish")
         self.add_norm_fn = add_rms_norm_cpu if device.type == "cpu" else None
         # (packing, whether it packed every projection): `_layer_args`.

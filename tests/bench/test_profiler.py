@@ -99,3 +99,32 @@ def test_table_from_server_iterations_uses_their_shapes_and_wall_times():
     model = TableCostModel(table)
     got = model.iteration_time(BatchShape(decode_tokens=4, decode_context=4 * 200))
     assert got == pytest.approx(0.02 + 0.04 + 1e-5 * 800, rel=1e-9)
+
+
+def test_a_table_knows_the_swap_traffic_only_where_it_kept_a_blocks_bytes():
+    from bench.costtable import SwapMeasurement
+    from bench.metrics import summarize
+    from bench.profiler import table_from_iterations
+    from bench.simulator import simulate
+    from bench.workload import RequestSpec
+    from scheduler.config import SchedulerConfig
+
+    rows = [([(ctx - 1, 1)] * b, 0.01 * b, 0.02 + 0.01 * b + 1e-5 * b * ctx)
+            for b in (1, 2, 4, 8) for ctx in (40, 200)]
+    rows.append(([(0, 64), (99, 1)], 0.1, 0.2))
+    table = table_from_iterations(rows, model="m", device="cpu", dtype="float32",
+                                  num_threads=1, block_size=16,
+                                  swaps=[SwapMeasurement(blocks=n, time=1e-4 * n) for n in (1, 8)])
+    # Eight jobs of 96 blocks' worth on 24 blocks: MLFQ swaps them in turn.
+    reqs = [RequestSpec(request_id=f"r{i}", arrival_time=0.01 * i, prompt_tokens=64,
+                        output_tokens=128) for i in range(8)]
+    sc = SchedulerConfig(policy="mlfq", num_blocks=24, block_size=16, host_kv_blocks=512,
+                         swap_mode="reactive", max_batch_size=4, max_batch_tokens=256,
+                         max_model_len=384)
+    unknown = simulate(reqs, sc, TableCostModel(table))
+    assert unknown.stats.swap_blocks > 0
+    assert unknown.stats.swap_bytes is None
+    assert summarize(unknown.records, None).swap_bytes is None  # not reported as 0
+    known = simulate(reqs, sc, TableCostModel(table.model_copy(update={"block_bytes": 4096})))
+    assert known.stats.swap_bytes == known.stats.swap_blocks * 4096 > 0
+    assert summarize(known.records, None).swap_bytes == known.stats.swap_bytes
