@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine without Ray (the lent H200s): the serving loop with and
 # without the length head (engine/length_head.py) and with the start-up heap
-# left to the garbage collector (deployments/gc_heap.py), a py-spy profile of
+# left to the garbage collector (engine/gc_heap.py), a py-spy profile of
 # the loop's host side, then the CUDA tests.  Writes at most 8 files to $OUT.
 #
 #   OUT=/tmp/out bash studies/engine_gpu/head_and_host.sh

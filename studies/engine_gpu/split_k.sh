@@ -3,7 +3,7 @@
 # over K (engine/models/matmul_triton.py, TileConfig.split_to), then the whole
 # deterministic step with it against the tree before it, the CUDA tests, and
 # the serving loop with the replica's young-collection threshold against
-# Python's default (deployments/gc_heap.py).  Writes at most 8 files to $OUT.
+# Python's default (engine/gc_heap.py).  Writes at most 8 files to $OUT.
 #
 #   OUT=/tmp/out OLD=<a tree of the commit before> bash studies/engine_gpu/split_k.sh
 #

