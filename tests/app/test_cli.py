@@ -137,8 +137,13 @@ def test_serve_disables_ray_auth_and_sends_the_proxy_over_grpc_unless_the_user_s
     assert (seen["mode"], seen["grpc"]) == (preset or ("disabled", "1"))
 
 
+BUILT: list[dict[str, object]] = []  # each tiny_builder call's args
+
+
 def tiny_builder(args: dict[str, object]):  # type: ignore[no-untyped-def]
     from ray import serve
+
+    BUILT.append(args)
 
     @serve.deployment
     class Echo:
@@ -152,7 +157,7 @@ def test_build_application_calls_a_builder_with_the_args():
     from ray.serve import Application
 
     app = cli.build_application("tests.app.test_cli:tiny_builder", {"k": 1})
-    assert isinstance(app, Application)
+    assert isinstance(app, Application) and BUILT[-1] == {"k": 1}
     with pytest.raises(cli.CLIError, match="takes no args"):
         cli.build_application("tests.app.test_cli:TINY_APP", {"k": 1})
     assert isinstance(cli.build_application("tests.app.test_cli.TINY_APP", {}), Application)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -123,7 +122,7 @@ def test_virtual_clock():
     assert c() == 3.5
 
 
-def test_paper_scale_thousands_of_requests_fast():
+def test_paper_scale_thousands_of_requests():
     cost = AnalyticCostModel.preset("opt-13b", "a100-80gb")
     config = SchedulerConfig(num_blocks=cost.num_kv_blocks(), block_size=16, max_batch_size=256,
                              max_batch_tokens=2048, max_model_len=2048)
@@ -131,11 +130,8 @@ def test_paper_scale_thousands_of_requests_fast():
         num_requests=1000, lengths=LengthSpec(dataset="fixed", input_len=100, output_len=50),
         arrivals=ArrivalSpec(rate=20.0))])
     wl = build_workload(spec)
-    t0 = time.perf_counter()
-    out = simulate(wl.requests, config, cost)
-    wall = time.perf_counter() - t0
+    out = simulate(wl.requests, config, cost)  # its speed: `python -m bench.plan_time`
     assert all(x.ok for x in out.records)
-    assert wall < 15  # ~1 s on the 2-core CI machines
     s = summarize(out.records)
     # Decode iterations of OPT-13B on an A100 take tens of ms (weights read).
     assert 0.015 < s.tpot.median < 0.06
@@ -254,10 +250,10 @@ def test_idle_engine_waits_for_swap_in_landing():
     assert j2.token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 11.0, 12.0, 13.0]
 
 
-def test_mlfq_proactive_beats_fcfs_without_swap_thrashing():
+def test_mlfq_proactive_beats_fcfs_and_hides_its_swaps():
     """Paper scale, past FCFS saturation (OPT-13B, A100-40GB, ShareGPT-like
     skew): skip-join MLFQ with proactive swapping keeps short jobs fast and
-    swaps a bounded number of times instead of thrashing."""
+    preempts less than FCFS does, its swap copies hidden behind compute."""
     cost = AnalyticCostModel.preset("opt-13b", "a100-40gb")
     spec = WorkloadSpec(seed=0, streams=[StreamSpec(
         num_requests=300, lengths=LengthSpec(dataset="fixed", input_len=64, output_len=64),
@@ -276,7 +272,12 @@ def test_mlfq_proactive_beats_fcfs_without_swap_thrashing():
     f, m = summarize(fcfs.records), summarize(mlfq.records)
     assert m.normalized_latency.mean < f.normalized_latency.mean
     assert m.ttft.p99 < f.ttft.p99
-    assert mlfq.stats.num_preemptions < 5 * len(reqs)
+    # Fewer preemptions than FCFS's (127 against 326 when written), and the
+    # copies of its twice as many swapped blocks off the critical path.
+    assert 0 < mlfq.stats.num_preemptions < fcfs.stats.num_preemptions
+    assert mlfq.stats.swap_blocks > 0
+    assert mlfq.stats.exposed_swap_time < 0.01 * mlfq.stats.busy_time
+    assert mlfq.stats.exposed_swap_time < 0.1 * fcfs.stats.exposed_swap_time
 
 
 def test_a_capped_request_ends_at_its_length_unknown_to_the_scheduler():

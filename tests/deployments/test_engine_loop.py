@@ -282,16 +282,20 @@ def test_prediction_reaches_a_running_job_and_is_ignored_after_it_ends():
             assert time.monotonic() < deadline
             time.sleep(0.002)
         job = core.jobs.get("p")
-        assert job is None or job.allocated_output_len == 142
+        # 40 steps of 10 ms: still running when the next iteration took it.
+        assert job is not None and job.allocated_output_len == 142
         sink.wait_finished({"p"})
         last = next(d for d in sink.items if d.event.finished)
         assert last.metrics.predicted_output_len == 123
         # When it landed, counted from the job's arrival on the engine's clock.
         assert last.metrics.prediction_delay is not None
         assert 0.0 <= last.metrics.prediction_delay <= last.metrics.e2e
+        delivered = sum(d.event.job_id == "p" for d in sink.items)
         loop.set_prediction("p", 5)  # too late: no job, no error
         loop.submit(req("q", max_tokens=2))
         sink.wait_finished({"q"})
+        assert sum(d.event.job_id == "p" for d in sink.items) == delivered  # nothing more of p
+        assert "p" not in core.jobs
     finally:
         loop.stop()
 

@@ -25,9 +25,15 @@ def test_upcast_matches_float32_reference(rows: int, out_features: int) -> None:
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1.6e-2, atol=1e-2)
 
 
-def test_selection() -> None:
+def test_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     assert linear.linear_for(torch.float32, cpu) is F.linear
     native = linear.native_low_precision_cpu(torch.bfloat16)
     chosen = linear.linear_for(torch.bfloat16, cpu)
     assert chosen is (F.linear if native else linear.upcast_linear)
+    # Both kinds of CPU, whichever this one is.
+    for native, want in ((True, F.linear), (False, linear.upcast_linear)):
+        monkeypatch.setattr(linear, "native_low_precision_cpu", lambda dtype, n=native: n)
+        for dtype in (torch.bfloat16, torch.float16):
+            assert linear.linear_for(dtype, cpu) is want, (native, dtype)
+        assert linear.linear_for(torch.float32, cpu) is F.linear

@@ -215,6 +215,10 @@ def test_aborts_between_steps_leave_the_others_unchanged(runner: ModelRunner) ->
     for j in ("job0", "job3", "job4"):
         assert j not in ahead.finish
         assert ahead.tokens[j] == base.tokens[j][: len(ahead.tokens[j])]
+    # The comparison means something: steps ran ahead, and aborted jobs had
+    # tokens to compare (one aborted before its first may have none).
+    assert ahead.num_ahead > 0
+    assert sum(len(ahead.tokens[j]) > 0 for j in ("job0", "job3", "job4")) >= 2
 
 
 def test_graph_buckets_read_the_pending_tokens_on_the_device(tiny_llama_path: Path) -> None:

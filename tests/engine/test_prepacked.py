@@ -41,7 +41,7 @@ def test_repacks_when_the_weight_changes() -> None:
     torch.testing.assert_close(lin(x, other), F.linear(x, other), rtol=1e-5, atol=1e-5)
 
 
-def test_float32_and_native_bfloat16_on_cpu_are_packed() -> None:
+def test_float32_and_native_bfloat16_on_cpu_are_packed(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.models.linear import native_low_precision_cpu
 
     cpu = torch.device("cpu")
@@ -49,6 +49,12 @@ def test_float32_and_native_bfloat16_on_cpu_are_packed() -> None:
     # computed in float32 (engine.models.linear), never packed.
     assert prepacked.available(torch.bfloat16, cpu) == (
         prepacked.available(torch.float32, cpu) and native_low_precision_cpu(torch.bfloat16))
+    # Both kinds of CPU, whichever this one is.
+    f32 = prepacked.available(torch.float32, cpu)
+    for native in (True, False):
+        monkeypatch.setattr(prepacked, "native_low_precision_cpu", lambda dtype, n=native: n)
+        assert prepacked.available(torch.bfloat16, cpu) == (f32 and native)
+        assert prepacked.available(torch.float32, cpu) == f32
     assert not prepacked.available(torch.float16, cpu)
     assert not prepacked.available(torch.float32, torch.device("cuda"))
     assert not prepacked.available(torch.bfloat16, torch.device("cuda"))

@@ -91,12 +91,18 @@ class FakeEngine:
         """Kept for tests that name their siblings: labels are by content."""
 
     def _tokens(self, job_id: str, chunk_start: int, chunk_ids: list[int]) -> list[int] | None:
+        """The job's tokens up to the chunk's end; None for a job no core of
+        this test knows.  A chunk whose ids are not its job's tokens (what a
+        recompute feeding the wrong tokens would send) fails here."""
+        known = False
         for core in reversed(_CORES):
             job = core.jobs.get(job_id)
             if job is not None:
+                known = True
                 tokens = job.token_slice(0, chunk_start + len(chunk_ids))
                 if tokens[chunk_start:] == chunk_ids:
                     return tokens
+        assert not known, f"{job_id}: a chunk at {chunk_start} that is not the job's tokens"
         return None
 
     def execute(self, plan: Plan) -> StepResult:
