@@ -39,6 +39,7 @@ from bench.metrics import SLOSpec, summarize
 from bench.results import RunMeta, RunResult, as_sweep, load_result
 from bench.workload import Workload, WorkloadSpec
 from bench.cli_output import _emit, _finish_sweep
+from bench.cli_sim import cluster_once, several_replicas, sim_setup
 from bench.cli_workload import (
     _client_config,
     _PoolCache,
@@ -132,78 +133,6 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------- simulation
 
 
-def _json_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def _several_replicas(a: argparse.Namespace) -> bool:
-    return a.replicas > 1 or a.max_replicas is not None
-
-
-def _check_replica_args(a: argparse.Namespace) -> None:
-    """Options that apply only to one replica, or only to several, refused
-    where they would be ignored."""
-    if a.autoscale_opt and a.max_replicas is None:
-        raise SystemExit("--autoscale-opt: autoscaling's, with --max-replicas")
-    if _several_replicas(a):
-        one = [flag for flag, on in (
-            ("--load", getattr(a, "load", None) is not None),
-            ("--loads", bool(getattr(a, "loads", None))),
-            ("--predictions-from", getattr(a, "predictions_from", None) is not None),
-            ("--prediction-delay", getattr(a, "prediction_delay", None) is not None)) if on]
-        if one:
-            raise SystemExit(f"{', '.join(one)}: one replica's (capacity is measured on one, "
-                             "predictions replayed on one); not with --replicas > 1 or "
-                             "--max-replicas")
-        return
-    several = [flag for flag, on in (
-        ("--offline-pool-opt", bool(a.offline_pool_opt)),
-        ("--startup-s", a.startup_s is not None),
-        ("--ttft-slo-s", a.ttft_slo_s is not None)) if on]
-    if several:
-        raise SystemExit(f"{', '.join(several)}: for several replicas (--replicas > 1 or "
-                         "--max-replicas)")
-
-
-def _sim_setup(a: argparse.Namespace) -> tuple[Any, Any]:
-    from bench.costmodel import MODELS, AnalyticCostModel, make_cost_model
-    from scheduler.config import SchedulerConfig
-
-    _check_replica_args(a)
-    over: dict[str, Any] = {}
-    shape = ("tp", "pp", "compute_efficiency", "memory_efficiency")
-    if a.cost_model in MODELS:  # an analytic preset: every figure may be overridden
-        for k in (*shape, "iteration_overhead"):
-            if getattr(a, k) is not None:
-                over[k] = getattr(a, k)
-        over["block_size"] = a.block_size
-    else:  # a measured table: its figures are what was measured
-        given = [f"--{k.replace('_', '-')}" for k in shape if getattr(a, k) is not None]
-        if given:
-            raise SystemExit(f"{', '.join(given)}: for an analytic --cost-model "
-                             f"({', '.join(sorted(MODELS))}), not a cost table")
-        if a.iteration_overhead is not None:
-            over["iteration_overhead"] = a.iteration_overhead
-    cost = make_cost_model(a.cost_model, a.gpu, **over)
-    num_blocks = a.num_blocks
-    if num_blocks is None:
-        if not isinstance(cost, AnalyticCostModel):
-            raise SystemExit("--num-blocks is required with a cost table")
-        num_blocks = cost.num_kv_blocks()
-    fields: dict[str, Any] = dict(
-        policy=a.policy, num_blocks=num_blocks, block_size=a.block_size,
-        max_batch_size=a.max_batch_size, max_batch_tokens=a.max_batch_tokens,
-        max_model_len=a.max_model_len,
-    )
-    for kv in a.sched_opt:
-        k, _, v = kv.partition("=")
-        fields[k.strip()] = _json_value(v)
-    return cost, SchedulerConfig.model_validate(fields)
-
-
 def _sim_once(
     wl: Workload, cost: Any, sc: Any, a: argparse.Namespace, slo: SLOSpec | None,
     rate: float | None, load: float | None, capacity: float | None,
@@ -214,11 +143,11 @@ def _sim_once(
     system = a.system or f"{sc.policy}/{cost.name}"
     details = {"scheduler": sc.model_dump(), "cost_model": cost.describe(),
                "capacity": capacity, "source": wl.source}
-    if _several_replicas(a):
+    if several_replicas(a):
         if trace_out is not None:
             raise SystemExit("--trace-out records one replica's plans: not with --replicas "
                              "or --max-replicas")
-        records, details["cluster"] = _cluster_once(wl, cost, sc, a)
+        records, details["cluster"] = cluster_once(wl, cost, sc, a)
     else:
         out = simulate(wl.requests, sc, cost,
                        SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None,
@@ -232,33 +161,6 @@ def _sim_once(
         summary=summarize(records, slo),
         records=records,
     )
-
-
-def _cluster_once(wl: Workload, cost: Any, sc: Any,
-                  a: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
-    """Several replicas, autoscaled with --max-replicas (bench/cluster_sim.py)."""
-    from bench.cluster_sim import ClusterOptions, simulate_cluster
-    from scheduler.autoscale import AutoscaleSettings
-
-    from scheduler.config import OfflinePoolConfig
-
-    def opts_of(pairs: list[str], fields: dict[str, Any]) -> dict[str, Any]:
-        for kv in pairs:
-            k, _, v = kv.partition("=")
-            fields[k.strip()] = _json_value(v)
-        return fields
-
-    scale: dict[str, Any] = {}
-    if a.max_replicas is not None:
-        scale = opts_of(a.autoscale_opt, dict(enabled=True, min_replicas=a.replicas,
-                                              max_replicas=a.max_replicas))
-    given = {k: getattr(a, k) for k in ("startup_s", "ttft_slo_s") if getattr(a, k) is not None}
-    opts = ClusterOptions(replicas=a.replicas, autoscaling=AutoscaleSettings(**scale), **given,
-                          overlap_swap=a.overlap_swap,
-                          offline_pool=OfflinePoolConfig(**opts_of(a.offline_pool_opt, {})))
-    out = simulate_cluster(wl.requests, sc, cost, opts)
-    return out.records, {"options": opts.model_dump(), "replica_seconds": out.replica_seconds,
-                         "end_time": out.end_time, "timeline": out.timeline, **out.stats}
 
 
 def _capacity(spec: WorkloadSpec, pools: _PoolCache, cost: Any, sc: Any, basis: str) -> float:
@@ -279,7 +181,7 @@ def _capacity(spec: WorkloadSpec, pools: _PoolCache, cost: Any, sc: Any, basis: 
 def cmd_simulate(a: argparse.Namespace) -> int:
     spec = _workload_spec(a)
     pools = _PoolCache(a.tokenizer, need_text=False)
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     capacity = None
     rate = spec.streams[0].arrivals.rate
     if a.load is not None:
@@ -308,7 +210,7 @@ def cmd_simulate_sweep(a: argparse.Namespace) -> int:
 
     spec = _workload_spec(a)
     pools = _PoolCache(a.tokenizer, need_text=False)
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     slo = _slo(a)
     crit = Criterion.parse(a.criterion) if a.criterion else None
     capacity = None
@@ -347,9 +249,9 @@ def cmd_simulate_sweep(a: argparse.Namespace) -> int:
 def cmd_capacity(a: argparse.Namespace) -> int:
     spec = _workload_spec(a)
     pools = _PoolCache(a.tokenizer, need_text=False)
-    if _several_replicas(a):
+    if several_replicas(a):
         raise SystemExit("--replicas, --max-replicas: capacity is measured on one replica")
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     cap = _capacity(spec, pools, cost, sc, a.capacity_basis)
     print(json.dumps({"capacity_req_per_s": cap, "basis": a.capacity_basis, "cost_model": cost.name,
                       "num_blocks": sc.num_blocks, "max_batch_size": sc.max_batch_size}, indent=1))

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.__main__ import _PoolCache, _sim_setup, build_parser
+from bench.__main__ import _PoolCache, build_parser
+from bench.cli_sim import sim_setup
 from bench.arrivals import ArrivalSpec
 from bench.cluster_sim import ClusterOptions, linear_cost, simulate_cluster
 from bench.metrics import SLOSpec, meets_slo, tpot
@@ -103,7 +104,7 @@ def binned_p99(records: list[Any], bin_s: float = 10.0) -> list[tuple[float, flo
 
 def run() -> dict[str, Any]:
     wl = workload()
-    cost, sc = _sim_setup(build_parser().parse_args(SIM))
+    cost, sc = sim_setup(build_parser().parse_args(SIM))
     slo = SLOSpec(ttft=TTFT_SLO_S, tpot=3 * linear_cost(cost).decode_time(1))
     out: dict[str, Any] = {"phases": PHASES, "phase_s": PHASE_S, "slo": slo.model_dump(),
                            "cmd": "python -m studies.autoscale_sim.run", "systems": {}}

@@ -39,7 +39,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.__main__ import _PoolCache, _workload_spec, build_parser
+from bench.cli_sim import sim_setup
 from bench.simulator import SimOptions, simulate
 from studies.conserve_sim.run import class_figures
 
@@ -72,7 +73,7 @@ def point(system: str) -> dict[str, Any]:
     args = [*BASE, *SYSTEMS[system]]
     a = build_parser().parse_args(["simulate", *args])
     wl = _pools.build(_workload_spec(a))
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     out = simulate(wl.requests, sc, cost, SimOptions(overlap_swap=a.overlap_swap))
     t_end = max(r.arrival_time for r in wl.requests if r.job_class == "online")
     res: dict[str, Any] = {"cmd": "python -m bench simulate " + shlex.join(args),

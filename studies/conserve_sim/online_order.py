@@ -18,7 +18,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.__main__ import _PoolCache, _workload_spec, build_parser
+from bench.cli_sim import sim_setup
 from bench.metrics import summarize
 from bench.simulator import SimOptions, simulate
 from studies.conserve_sim.run import class_figures
@@ -37,7 +38,7 @@ def point(order: str, rate: float) -> dict[str, Any]:
             f'conserve={{"online_order": "{order}"}}']
     a = build_parser().parse_args(["simulate", *args])
     wl = _pools.build(_workload_spec(a))
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     out = simulate(wl.requests, sc, cost, SimOptions())
     t_end = max(r.arrival_time for r in wl.requests if r.job_class == "online")
     res: dict[str, Any] = {"cmd": "python -m bench simulate " + shlex.join(args),

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.__main__ import _sim_setup, build_parser
+from bench.__main__ import build_parser
+from bench.cli_sim import sim_setup
 from bench.arrivals import ArrivalSpec, arrival_times
 from bench.metrics import summarize
 from bench.simulator import SimOptions, simulate
@@ -72,7 +73,7 @@ def point(system: str, rate: float) -> dict[str, Any]:
     args = ["--cost-model", "opt-13b", "--gpu", GPU, "--policy", "fcfs" if alone else "conserve",
             "--sched-opt", HOST, "--overlap-swap", *SYSTEMS[system]]
     a = build_parser().parse_args(["simulate", *args])
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     reqs = [r for r in workload(rate, sc.max_model_len) if not alone or r.job_class == "online"]
     t0 = time.perf_counter()
     out = simulate(reqs, sc, cost, SimOptions(overlap_swap=True, padding_ratio=PADDING))

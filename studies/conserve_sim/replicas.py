@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.__main__ import _PoolCache, _sim_setup, build_parser
+from bench.__main__ import _PoolCache, build_parser
+from bench.cli_sim import sim_setup
 from bench.arrivals import ArrivalSpec
 from bench.cluster_sim import ClusterOptions, linear_cost, simulate_cluster
 from bench.metrics import tpot
@@ -99,7 +100,7 @@ def summary(res: Any, tpot_slo: float) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     a = build_parser().parse_args(SIM)
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     tpot_slo = 3 * linear_cost(cost).decode_time(1)
     out: dict[str, Any] = {"cmd": "python -m studies.conserve_sim.replicas",
                            "setups": SETUPS, "tpot_slo_s": tpot_slo, "results": {}}

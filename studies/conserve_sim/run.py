@@ -38,7 +38,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.__main__ import _PoolCache, _workload_spec, build_parser
+from bench.cli_sim import sim_setup
 from bench.metrics import summarize, tokens_per_s_while
 from bench.simulator import SimOptions, simulate
 
@@ -66,7 +67,7 @@ def point(system: str, rate: float) -> dict[str, Any]:
     args = [*BASE, "--rate", f"{rate:g}", "-n", n_online, *SYSTEMS[system]]
     a = build_parser().parse_args(["simulate", *args])
     wl = _pools.build(_workload_spec(a))
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     out = simulate(wl.requests, sc, cost, SimOptions(overlap_swap=a.overlap_swap))
     # The online stream's span; offline-only borrows the same rate's span.
     span_wl = _pools.build(_workload_spec(build_parser().parse_args(

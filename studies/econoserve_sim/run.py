@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.__main__ import _sim_setup, build_parser
+from bench.__main__ import build_parser
+from bench.cli_sim import sim_setup
 from bench.arrivals import ArrivalSpec, arrival_times
 from bench.metrics import summarize
 from bench.oracle import register as register_oracles
@@ -124,7 +124,7 @@ def workload(pairs: list[dict[str, int]], rate: float, cv: float, oracle: bool,
 def point(system: str, args: list[str], rate: float, cv: float = 1.0,
           padding: float = PADDING) -> dict[str, Any]:
     a = build_parser().parse_args(["simulate", "--cost-model", "opt-13b", "--gpu", GPU, *args])
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     oracle = system.endswith("-oracle")
     if oracle:
         padding = 0.0  # the true lengths need none
@@ -174,7 +174,7 @@ def capacity() -> float:
     rate / capacity."""
     a = build_parser().parse_args(["simulate", "--cost-model", "opt-13b", "--gpu", GPU,
                                    *SYSTEMS["fcfs"]])
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     reqs = workload(load_pairs(sc.max_model_len), 1.0, 1.0, False, sc.max_model_len)
     return measure_capacity(reqs, sc, cost)
 

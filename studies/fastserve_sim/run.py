@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.__main__ import _PoolCache, _workload_spec, build_parser
+from bench.cli_sim import sim_setup
 from bench.metrics import summarize
 from bench.simulator import CostEstimatorAdapter, SimOptions, SLOAbort, measure_capacity, simulate
 from bench.costmodel import AnalyticCostModel
@@ -70,7 +71,7 @@ def point(args: list[str], abort: float | None = None) -> dict[str, Any]:
     a = build_parser().parse_args(["simulate", *args])
     spec = _workload_spec(a)
     wl = _pools.build(spec)
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     cmd = "python -m bench simulate " + shlex.join(args)
     t0 = time.perf_counter()
     try:
@@ -189,7 +190,7 @@ def exp2(gpu: str, ratios: list[float], load: float, systems: list[str]) -> None
             a = build_parser().parse_args(["simulate", *args])
             spec = _workload_spec(a)
             wl = _pools.build(spec.with_rate(math.inf))
-            cost, sc = _sim_setup(a)
+            cost, sc = sim_setup(a)
             ent["fcfs_capacity"] = measure_capacity(wl.requests, sc, cost)
             ent["capacity_cmd"] = "python -m bench capacity " + shlex.join(args)
         rate = round(load * ent["fcfs_capacity"], 3)

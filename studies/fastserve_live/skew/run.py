@@ -33,7 +33,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import _PoolCache, _sim_setup, _workload_spec, build_parser
+from bench.__main__ import _PoolCache, _workload_spec, build_parser
+from bench.cli_sim import sim_setup
 from bench.metrics import summarize
 from bench.simulator import SimOptions, measure_capacity, simulate
 
@@ -75,7 +76,7 @@ def args_for(cap: int, rate: float, policy: str, alpha: float | None, seed: int 
 def point(args: list[str]) -> dict[str, Any]:
     a = build_parser().parse_args(["simulate", *args])
     wl = _pools.build(_workload_spec(a))
-    cost, sc = _sim_setup(a)
+    cost, sc = sim_setup(a)
     out = simulate(wl.requests, sc, cost, SimOptions(overlap_swap=a.overlap_swap))
     s = summarize(out.records)
     return {"cmd": "python -m bench simulate " + shlex.join(args),
@@ -104,7 +105,7 @@ def capacity(cap: int) -> float:
     for seed in SEEDS:
         a = build_parser().parse_args(["simulate", *args_for(cap, 1.0, "fcfs", None, seed)])
         wl = _pools.build(_workload_spec(a).with_rate(float("inf")))
-        cost, sc = _sim_setup(a)
+        cost, sc = sim_setup(a)
         caps.append(measure_capacity(wl.requests, sc, cost, SimOptions(overlap_swap=True)))
     return statistics.mean(caps)
 
