@@ -393,7 +393,8 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 # what a Messages request calls them.
 _NAMES = ((re.compile(r"\btools\.(\d+)\.function\.parameters\b"), r"tools.\1.input_schema"),
           (re.compile(r"\bresponse_format\b"), "output_config.format"),
-          (re.compile(r"\bstop\b(?=[:\s])"), "stop_sequences"),
+          # The field, not the word: `stop` as a param, or before its colon.
+          (re.compile(r"\bstop\b(?=[:\s]|$)"), "stop_sequences"),
           (re.compile(r"\btool_choice required\b"), "tool_choice any"),
           (re.compile(r"\btool_choice named\b"), "tool_choice tool"))
 
@@ -404,7 +405,7 @@ def messages_error(e: APIError) -> APIError:
     message, param = e.message, e.param
     for chat, ours in _NAMES:
         message = chat.sub(ours, message)
-        param = None if param is None else chat.sub(ours, param + " ").rstrip()
+        param = None if param is None else chat.sub(ours, param)
     return APIError(e.status, message, param, e.type, e.headers)
 
 
