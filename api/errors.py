@@ -56,17 +56,32 @@ class APIError(Exception):
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "constrained-str"}
 
 
+class PartError(ValueError):
+    """A validator's error about one part of the field it checks (the
+    conversation's `messages.2`, not all of `messages`): `validation_error`
+    names the part."""
+
+    def __init__(self, part: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.part = part
+
+
 def validation_error(e: ValidationError) -> APIError:
     """400 naming every offending field, e.g. `max_tokens: must be > 0`.
 
     400 rather than 422: OpenAI and vLLM answer 400, and OpenAI's client
     maps 400 (not 422) to `BadRequestError`."""
     errors = e.errors(include_url=False, include_input=False)
-    parts = [f"{_field(err['loc'])}: {_message(err)}" for err in errors[:_MAX_LISTED]]
+    parts = [f"{_field(_loc(err))}: {_message(err)}" for err in errors[:_MAX_LISTED]]
     if len(errors) > _MAX_LISTED:  # e.g. every id of a 100k-token prompt
         parts.append(f"and {len(errors) - _MAX_LISTED} more")
-    first = _field(errors[0]["loc"]) if errors else None
+    first = _field(_loc(errors[0])) if errors else None
     return APIError(400, "; ".join(parts), first)
+
+
+def _loc(err: Any) -> tuple[Any, ...]:
+    part = getattr(err.get("ctx", {}).get("error"), "part", ())
+    return (*err["loc"], *part)
 
 
 def _field(loc: tuple[Any, ...]) -> str:

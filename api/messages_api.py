@@ -20,12 +20,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator,
+    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator,
+    model_validator,
 )
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from api.errors import APIError
+from api.errors import APIError, PartError
 
 
 class _Strict(BaseModel):
@@ -78,8 +79,19 @@ class ThinkingBlock(_Strict):
     data: str | None = None
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock,
-                  Field(discriminator="type")]
+def _tag(v: Any) -> str:
+    # Tags in brackets: an error names the field (`messages.0.content.0.id`),
+    # not the member of the union (api/errors.py leaves bracketed names out).
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return f"[{kind}]"
+
+
+Block = Annotated[Annotated[TextBlock, Tag("[text]")] | Annotated[ToolUseBlock, Tag("[tool_use]")]
+                  | Annotated[ToolResultBlock, Tag("[tool_result]")]
+                  | Annotated[ThinkingBlock, Tag("[thinking]")]
+                  | Annotated[ThinkingBlock, Tag("[redacted_thinking]")],
+                  Discriminator(_tag, custom_error_type="block_type", custom_error_message=(
+                      "a content block is text, tool_use, tool_result or thinking"))]
 
 
 class Message(_Strict):
@@ -92,20 +104,56 @@ class Message(_Strict):
         # A block type we do not serve is named, not lost in a union error.
         if isinstance(v, list):
             for i, b in enumerate(v):
-                kind = b.get("type") if isinstance(b, dict) else None
+                if not isinstance(b, dict):
+                    raise PartError((i,), "a content block is an object with a type")
+                kind = b.get("type")
                 if kind not in ("text", "tool_use", "tool_result", "thinking",
                                 "redacted_thinking"):
-                    raise ValueError(f"content[{i}].type {kind!r} is not supported: this "
-                                     "server reads text, tool_use, tool_result and "
-                                     "thinking blocks")
+                    raise PartError((i, "type"), f"{kind!r} is not supported: this server "
+                                    "reads text, tool_use, tool_result and thinking blocks")
         return v
 
     @model_validator(mode="after")
-    def _thinking_is_the_assistants(self) -> "Message":
-        if self.role == "user" and isinstance(self.content, list) and any(
-                isinstance(b, ThinkingBlock) for b in self.content):
-            raise ValueError("thinking blocks belong to assistant messages")
+    def _blocks_of_its_role(self) -> "Message":
+        # A block the other role sends would be dropped from the prompt: refused.
+        theirs = (ThinkingBlock, ToolUseBlock) if self.role == "user" else (ToolResultBlock,)
+        for i, b in enumerate(self.blocks()):
+            if isinstance(b, theirs):
+                owner = "assistant" if self.role == "user" else "user"
+                raise PartError(("content", i), f"{b.type} blocks belong to {owner} messages")
         return self
+
+    def blocks(self) -> list[Any]:
+        return [TextBlock(type="text", text=self.content)] if isinstance(self.content, str) \
+            else list(self.content)
+
+    def is_empty(self) -> bool:
+        """Nothing the prompt would show: no text, call or result (earlier
+        reasoning is left out of it)."""
+        return not any(isinstance(b, (ToolUseBlock, ToolResultBlock))
+                       or (isinstance(b, TextBlock) and b.text) for b in self.blocks())
+
+
+def _turns(v: list[Message]) -> list[Message]:
+    """Anthropic's rules for a conversation: every message has content but an
+    optional final assistant one, and a final assistant message is the start
+    of the answer (prefill), continued as text.  Shared by `/v1/messages` and
+    its `count_tokens`."""
+    empty = "all messages must have non-empty content except for the optional final " \
+        "assistant message"
+    for i, m in enumerate(v):
+        if m.is_empty() and not (i == len(v) - 1 and m.role == "assistant"):
+            raise PartError((i,), empty)
+    last = v[-1]
+    if last.role == "assistant" and not last.is_empty():
+        blocks = [b for b in last.blocks() if not isinstance(b, ThinkingBlock)]
+        if not isinstance(blocks[-1], TextBlock):
+            raise PartError((len(v) - 1,), "a final assistant message is continued as "
+                            f"text: it cannot end with a {blocks[-1].type} block")
+        if blocks[-1].text != blocks[-1].text.rstrip():
+            raise PartError((len(v) - 1,), "final assistant content cannot end with "
+                            "trailing whitespace")
+    return v
 
 
 class Tool(_Strict):
@@ -138,6 +186,12 @@ class ThinkingEnabled(_Strict):
 
     type: Literal["enabled"]
     budget_tokens: int = Field(..., ge=1024)
+
+
+Thinking = Annotated[Annotated[ThinkingDisabled, Tag("[disabled]")]
+                     | Annotated[ThinkingEnabled, Tag("[enabled]")],
+                     Discriminator(_tag, custom_error_type="thinking_type",
+                                   custom_error_message="type is enabled or disabled")]
 
 
 class JsonOutputFormat(_Strict):
@@ -175,28 +229,13 @@ class MessagesRequest(_Strict):
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     # Extended thinking: "enabled" returns a reasoning model's reasoning.
-    thinking: ThinkingDisabled | ThinkingEnabled | None = Field(None, discriminator="type")
+    thinking: Thinking | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     # A cache breakpoint for the whole prompt: prefix caching does it anyway.
     cache_control: CacheControl | None = None
     output_config: OutputConfig | None = None
 
-    @field_validator("messages")
-    @classmethod
-    def _prefill(cls, v: list[Message]) -> list[Message]:
-        # A last assistant message is the start of the answer (prefill): the
-        # answer continues its text, as Anthropic's API does, with its rules.
-        last = v[-1]
-        if last.role == "assistant":
-            blocks = [TextBlock(type="text", text=last.content)] \
-                if isinstance(last.content, str) else last.content
-            if blocks and not isinstance(blocks[-1], TextBlock):
-                raise ValueError("a final assistant message is continued as text: it "
-                                 f"cannot end with a {blocks[-1].type} block")
-            if blocks and blocks[-1].text != blocks[-1].text.rstrip():
-                raise ValueError("final assistant content cannot end with trailing "
-                                 "whitespace")
-        return v
+    _conversation = field_validator("messages")(classmethod(lambda cls, v: _turns(v)))
 
     @field_validator("thinking")
     @classmethod
@@ -214,7 +253,7 @@ class MessagesRequest(_Strict):
         """The chat completion request this amounts to."""
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
                                 "messages": self._chat_messages(), "stream": self.stream}
-        if self.messages[-1].role == "assistant":
+        if self.messages[-1].role == "assistant" and not self.messages[-1].is_empty():
             body["continue_final_message"] = True
         if self.stream:
             body["stream_options"] = {"include_usage": True}
@@ -248,8 +287,9 @@ class MessagesRequest(_Strict):
                 b.text for b in self.system)
             out.append({"role": "system", "content": system})
         for m in self.messages:
-            blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) \
-                else m.content
+            blocks = m.blocks()
+            if m.role == "assistant" and m.is_empty():
+                continue  # an empty final one: the answer starts afresh
             if m.role == "assistant":
                 text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
                 calls = [{"id": b.id, "type": "function", "function": {
@@ -280,7 +320,9 @@ class CountTokensRequest(_Strict):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
-    thinking: ThinkingDisabled | ThinkingEnabled | None = Field(None, discriminator="type")
+    thinking: Thinking | None = None
+
+    _conversation = field_validator("messages")(classmethod(lambda cls, v: _turns(v)))
 
 
 class AnthropicError(BaseModel):

@@ -68,6 +68,18 @@ class FunctionCallItem(_CallItem):
     name: str
     arguments: str
 
+    @field_validator("arguments")
+    @classmethod
+    def _an_object(cls, v: str) -> str:
+        # The chat template reads a call's arguments as an object.
+        try:
+            ok = isinstance(json.loads(v), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError("must be a JSON object, as text")
+        return v
+
 
 class FunctionCallOutputItem(_CallItem):
     type: Literal["function_call_output"]
@@ -88,15 +100,18 @@ class ReasoningItem(_Strict):
 
 
 def _item_kind(v: Any) -> str | None:
-    if isinstance(v, dict):
-        return v.get("type", "message")
-    return getattr(v, "type", None) or "message"
+    # Tags in brackets: an error names the field (`input.0.content`), not
+    # the member of the union (api/errors.py leaves bracketed names out).
+    kind = v.get("type", "message") if isinstance(v, dict) else \
+        getattr(v, "type", None) or "message"
+    return f"[{kind}]"
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
+    Annotated[MessageItem, Tag("[message]")]
+    | Annotated[FunctionCallItem, Tag("[function_call]")]
+    | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")]
+    | Annotated[ReasoningItem, Tag("[reasoning]")],
     Discriminator(_item_kind, custom_error_type="input_item",
                   custom_error_message="an input item is a message, a function_call, a "
                   "function_call_output or a reasoning item (files and images are not "

@@ -68,9 +68,13 @@ class MessagesRoute:
         ing = self.ingress
         counted = await ing.parse_body(request, CountTokensRequest)
         # `thinking` changes the answer, not the prompt.
-        chat = self._chat(MessagesRequest.model_validate(
-            {**counted.model_dump(exclude_none=True, exclude={"thinking"}), "max_tokens": 1}))
-        _, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
+        chat = self._chat(ing.validate(
+            {**counted.model_dump(exclude_none=True, exclude={"thinking"}), "max_tokens": 1},
+            MessagesRequest))
+        try:
+            _, _, ids = chat_ids(chat, ing.tokenizer, ing.tool_format)
+        except APIError as e:
+            raise messages_error(e) from None
         return JSONResponse({"input_tokens": len(ids)})
 
     async def _start(self, req: MessagesRequest, offline: bool = False) -> tuple[Any, Any]:

@@ -201,3 +201,57 @@ def test_anthropic_clients_list_models_in_their_shape(client: Any, h: Harness) -
     assert client.models.retrieve(h.model_name).display_name == h.model_name
     # Without Anthropic's header: OpenAI's shape, as before.
     assert h.client.get("/v1/models").json()["object"] == "list"
+
+
+def test_refusals_name_the_message_as_sent(h: Harness) -> None:
+    """Indices are the request's own, whatever the chat request underneath
+    (a system prompt before the turns, tool results fanned out into several
+    messages), and `count_tokens` refuses what `/v1/messages` refuses, with
+    a 400, not an error of the server."""
+    results = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "r1"},
+        {"type": "tool_result", "tool_use_id": "t2", "content": "r2"}]}
+    calls = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+        {"type": "tool_use", "id": "t2", "name": "f", "input": {}}]}
+    user = {"role": "user", "content": "x"}
+    before = len(h.engine.requests)
+    for messages, named in (
+            ([user, calls, results, {"role": "assistant", "content": []}, user],
+             "messages.3: all messages must have non-empty content"),
+            ([user, {"role": "assistant", "content": [{"type": "text", "text": ""}]}, user],
+             "messages.1: all messages must have non-empty content"),
+            ([{"role": "user", "content": ""}], "messages.0: all messages"),
+            ([user, calls, results, {"role": "assistant", "content": "Sunny "}],
+             "messages.3: final assistant content cannot end with trailing whitespace"),
+            ([user, {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                                  "input": {}}]}],
+             "messages.1.content.0: tool_use blocks belong to assistant messages"),
+            ([user, {"role": "assistant", "content": [
+                {"type": "text", "text": "a"},
+                {"type": "tool_result", "tool_use_id": "t", "content": "r"}]}, user],
+             "messages.1.content.1: tool_result blocks belong to user messages"),
+            ([user, {"role": "assistant", "content": [{"type": "tool_use", "name": "f",
+                                                       "input": {}}]}, user],
+             "messages.1.content.0.id: Field required")):
+        for path, extra in (("/v1/messages", {"max_tokens": 8}),
+                            ("/v1/messages/count_tokens", {})):
+            r = h.client.post(path, json={"model": h.model_name, "system": "Be brief.",
+                                          "messages": messages, **extra})
+            assert r.status_code == 400, (path, messages, r.text)
+            message = r.json()["error"]["message"]
+            assert named in message and "[" not in message, (path, message)
+    assert len(h.engine.requests) == before
+
+
+def test_an_empty_final_assistant_message_is_no_prefill(h: Harness) -> None:
+    h.engine.state.answer = "Fine."
+    for last in ([], "", [{"type": "thinking", "thinking": "hm", "signature": "s"}]):
+        r = h.client.post("/v1/messages", json={
+            "model": h.model_name, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "How are you?"},
+                         {"role": "assistant", "content": last}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["content"][0]["text"] == "Fine."
+        # The answer starts afresh: its turn opens after the question.
+        assert _prompt(h).endswith("How are you?<|im_end|>\n<|im_start|>assistant\n"), _prompt(h)

@@ -203,6 +203,14 @@ def test_output_text_logprobs_as_included(h: Harness) -> None:
     ({"max_tool_calls": 0}, "max_tool_calls"),
     ({"input": []}, "input"),
     ({"input": [{"type": "computer_call", "action": {}}]}, "input.0"),
+    # Named by the input's index and field: not the chat message it becomes
+    # (`instructions` is the chat's first), nor the member of the item union.
+    ({"instructions": "Be brief.", "input": [
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "[1]"}]},
+     "input.2.arguments"),
+    ({"input": [{"role": "user", "content": 5}]}, "input.0.content"),
     ({"tools": [{**WEATHER, "parameters": {"type": "nope"}}]}, "tools.0.parameters"),
     ({"tools": [WEATHER, WEATHER]}, "tools"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
