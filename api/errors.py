@@ -86,7 +86,8 @@ def _loc(err: Any) -> tuple[Any, ...]:
 
 def _field(loc: tuple[Any, ...]) -> str:
     """`messages.0.content`, without the union-member tags pydantic puts in
-    a location (`str`, `list[int]`, `function-after[...]`)."""
+    a location (`str`, `list[int]`, `function-after[...]`, and the bracketed
+    tags of our discriminated unions, `[message]`)."""
     names = [str(p) for p in loc
              if isinstance(p, int) or not (p in _TYPE_TAGS or "[" in p)]
     return ".".join(names) or "body"
