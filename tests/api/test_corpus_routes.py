@@ -3,7 +3,10 @@
 items, content blocks, tools) set to plausible and wild values.  Whatever
 is sent, the answer is below 500; a refusal has the route's error shape
 (OpenAI's on `/v1/responses`, Anthropic's on `/v1/messages`); an answer has
-the route's object shape; every admitted job is released.
+the route's object shape; every admitted job is released.  And the routes
+that read, list, change and delete what the server keeps (conversations,
+stored responses and chat completions, files, batches), by real and
+made-up ids, with any query and body: below 500, in the route's error shape.
 
 Derandomized, as `test_corpus.py`; PREEMPT_SERVE_FUZZ_EXAMPLES runs more.
 """
@@ -11,8 +14,10 @@ Derandomized, as `test_corpus.py`; PREEMPT_SERVE_FUZZ_EXAMPLES runs more.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx2
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -186,3 +191,62 @@ def test_responses_and_messages_requests(served: Harness, request: tuple[str, di
     if r.status_code == 200:
         _answered(r, path, body)
     check_released(served)
+
+
+# The routes that read, list, change and delete what the server keeps, by
+# ids real (made below) and not, with any query and body.
+_STORE_ROUTES = [
+    ("POST", "/v1/conversations"), ("GET", "/v1/conversations/{}"),
+    ("POST", "/v1/conversations/{}"), ("DELETE", "/v1/conversations/{}"),
+    ("GET", "/v1/conversations/{}/items"), ("POST", "/v1/conversations/{}/items"),
+    ("GET", "/v1/conversations/{}/items/{}"), ("DELETE", "/v1/conversations/{}/items/{}"),
+    ("GET", "/v1/responses/{}"), ("GET", "/v1/responses/{}/input_items"),
+    ("POST", "/v1/responses/{}/cancel"), ("DELETE", "/v1/responses/{}"),
+    ("GET", "/v1/chat/completions"), ("GET", "/v1/chat/completions/{}"),
+    ("POST", "/v1/chat/completions/{}"), ("DELETE", "/v1/chat/completions/{}"),
+    ("GET", "/v1/chat/completions/{}/messages"), ("GET", "/v1/models/{}"),
+    ("GET", "/v1/files"), ("GET", "/v1/batches"), ("GET", "/v1/messages/batches")]
+_QUERY = st.dictionaries(
+    st.sampled_from(["limit", "after", "before", "order", "include", "stream", "model",
+                     "metadata[k]", "starting_after"]),
+    st.sampled_from(["-1", "0", "1e9", "asc", "desc", "true", "x", "9" * 24]) | TEXT, max_size=3)
+_FAKE_IDS = ["conv_x", "resp_x", "chatcmpl-x", "msg_x", "..", "%00", "x" * 300]
+
+
+@pytest.fixture(scope="module")
+def kept(served: Harness) -> list[str]:
+    """A conversation, a response and a stored chat completion."""
+    c = served.client
+    model = served.model_name
+    return [c.post("/v1/conversations", json={"items": [{"role": "user", "content": "hi"}]}
+                   ).json()["id"],
+            c.post(RESPONSES, json={"model": model, "input": "hi", "max_output_tokens": 3}
+                   ).json()["id"],
+            c.post("/v1/chat/completions", json={
+                "model": model, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3, "store": True}).json()["id"]]
+
+
+@given(route=st.sampled_from(_STORE_ROUTES),
+       ids=st.lists(st.integers(0, 2 + len(_FAKE_IDS)), min_size=2, max_size=2),
+       query=_QUERY, body=WILD, ascii_only=st.booleans())
+@fuzz(share=1.0)
+def test_store_routes(served: Harness, kept: list[str], route: tuple[str, str],
+                      ids: list[int], query: dict[str, str], body: Any, ascii_only: bool) -> None:
+    method, path = route
+    # Real ids as often as made-up ones: the routes behind the lookup run too.
+    names = [(kept + _FAKE_IDS)[i] for i in ids]
+    path = path.format(*[quote(n, safe="") for n in names])
+    try:
+        url = httpx2.URL(path, params=query)
+    except (httpx2.InvalidURL, UnicodeEncodeError):
+        return  # not a URL a client could send
+    content = encode(body, ascii_only) if method == "POST" else None
+    r = served.client.request(method, url, content=content,
+                              headers={"content-type": "application/json"})
+    if path.startswith("/v1/messages/"):
+        event(f"status {r.status_code}")
+        if r.status_code != 200:
+            _anthropic_error(r)
+    else:
+        check_answer(r, method)
