@@ -5,8 +5,12 @@
 # without its estimates after the first token), answers ending by themselves: chat requests of
 # ShareGPT prompts, sampled (temperature 0.7), each capped at CAP tokens, Poisson at RATE.
 # Each on a freshly started server, one after the other; then, per run, how close the
-# estimates each request got were to its answer (summary in head_summary_RATE.json).
-# Usage: bash studies/econoserve_live/head.sh [N] [RATE]   (env CAP, OUT, CONFIGS)
+# estimates each request got were to its answer (summary in head_summary_RATE.json).  Each
+# run also keeps its plan trace and the cost table of its iterations (swap costs from TABLE),
+# as run.sh's do: the host's speed during the run (bench trace-summary), and a cost table for
+# replays.  Not a replay of these runs themselves: `bench simulate --workload-spec RUN.json`
+# replays the dataset's lengths, not the answers' own, which ended by themselves here.
+# Usage: bash studies/econoserve_live/head.sh [N] [RATE]   (env CAP, OUT, CONFIGS, TABLE)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled
@@ -14,6 +18,7 @@ N=${1:-40}; RATE=${2:-0.15}
 CAP=${CAP:-256}
 OUT=${OUT:-studies/econoserve_live}
 CONFIGS=${CONFIGS:-econoserve econoserve-head econoserve-head-predictor}
+TABLE=${TABLE:-studies/validation/cost_table_live.json}
 mkdir -p "$OUT/runs"
 source studies/serve_lib.sh
 trap stop_server EXIT
@@ -25,6 +30,8 @@ for config in $CONFIGS; do
     --dataset sharegpt -n "$N" --max-total-len 1024 --seed 0 --rate "$RATE" \
     --max-tokens "$CAP" --temperature 0.7 \
     --max-duration 3600 --request-timeout 3600 --save-records --out "$run.json"
+  python -m bench trace-live --out "$run.trace.json.gz"
+  python -m bench profile-live --swaps-from "$TABLE" --out "$run.cost.json" > /dev/null
   stop_server
   runs+=("$run.json")
 done
