@@ -37,22 +37,15 @@ for config in $CONFIGS; do
 done
 python - "$CAP" "$OUT/head_summary_$RATE.json" "${runs[@]}" <<'PY'
 import json, sys
+from studies.econoserve_live.natural_table import estimates
 cap, out, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 summary = {}
 for path in paths:
     d = json.load(open(path))
     recs = [r for r in d["records"] if r.get("error") is None]
-    pairs = [(r["predicted_output_tokens"], r["output_tokens"]) for r in recs
-             if r.get("predicted_output_tokens") is not None]
-    err = sorted(abs(min(p, cap) - o) for p, o in pairs)
     summary[d["meta"].get("system") or path] = {
-        "requests": len(recs), "with_estimate": len(pairs),
-        "capped": sum(r["output_tokens"] >= cap for r in recs),
-        "mae": sum(err) / max(1, len(err)),
-        "acc50": sum(e <= 50 for e in err) / max(1, len(err)),
-        "acc100": sum(e <= 100 for e in err) / max(1, len(err)),
-        "under": sum(p * 1.15 < o for p, o in pairs) / max(1, len(pairs)),
-    }
+        "requests": len(recs), "capped": sum(r["output_tokens"] >= cap for r in recs),
+        **estimates(recs, cap)}
 json.dump(summary, open(out, "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY

@@ -21,13 +21,22 @@ from pathlib import Path
 from typing import Any
 
 
-def row(run: dict[str, Any], cap: int) -> dict[str, Any]:
-    s, recs = run["summary"], [r for r in run["records"] if r.get("error") is None]
-    last_arrival = max(r["scheduled_time"] for r in run["records"])
+def estimates(recs: list[dict[str, Any]], cap: int) -> dict[str, Any]:
+    """How close the length estimates of the answered requests `recs` came
+    to their answers, each estimate capped at `cap` (`head.sh`'s summary)."""
     pairs = [(min(r["predicted_output_tokens"], cap), r["output_tokens"]) for r in recs
              if r.get("predicted_output_tokens") is not None]
     err = [abs(p - o) for p, o in pairs]
     n = max(1, len(pairs))
+    return {"with_estimate": len(pairs), "mae": sum(err) / n,
+            "acc50": sum(e <= 50 for e in err) / n, "acc100": sum(e <= 100 for e in err) / n,
+            "under": sum(p * 1.15 < o for p, o in pairs) / n}
+
+
+def row(run: dict[str, Any], cap: int) -> dict[str, Any]:
+    s, recs = run["summary"], [r for r in run["records"] if r.get("error") is None]
+    last_arrival = max(r["scheduled_time"] for r in run["records"])
+    est = estimates(recs, cap)
     return {
         "system": run["meta"]["system"], "completed": s["num_completed"],
         "finished_while_arriving": sum(r["end_time"] <= last_arrival for r in recs)
@@ -40,8 +49,7 @@ def row(run: dict[str, Any], cap: int) -> dict[str, Any]:
         "mean_e2e_s": s["e2e"]["mean"], "p99_e2e_s": s["e2e"]["p99"],
         "p99_ttft_s": s["ttft"]["p99"], "mean_tpot_ms": 1e3 * s["tpot"]["mean"],
         "preemptions": s["num_preemptions"],
-        "estimate_mae": sum(err) / n,
-        "estimate_under": sum(p * 1.15 < o for p, o in pairs) / n,
+        "estimate_mae": est["mae"], "estimate_under": est["under"],
     }
 
 
