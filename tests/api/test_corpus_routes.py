@@ -147,6 +147,17 @@ def route_request(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return path, body
 
 
+def _check_shape(r: httpx2.Response, path: str, method: str = "POST") -> None:
+    """Below 500, a non-2xx in the route's error shape: Anthropic's under
+    `/v1/messages`, OpenAI's elsewhere (`check_answer`)."""
+    if not path.startswith("/v1/messages"):
+        check_answer(r, method)
+        return
+    event(f"status {r.status_code}")
+    if r.status_code != 200:
+        _anthropic_error(r)
+
+
 def _anthropic_error(r: httpx2.Response) -> None:
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:500])
     body = r.json()
@@ -182,12 +193,7 @@ def test_responses_and_messages_requests(served: Harness, request: tuple[str, di
     path, body = request
     r = served.client.post(path, content=encode(body, ascii_only),
                            headers={"content-type": "application/json"})
-    if path == RESPONSES:
-        check_answer(r)
-    else:
-        event(f"status {r.status_code}")
-        if r.status_code != 200:
-            _anthropic_error(r)
+    _check_shape(r, path)
     if r.status_code == 200:
         _answered(r, path, body)
     check_released(served)
@@ -244,9 +250,4 @@ def test_store_routes(served: Harness, kept: list[str], route: tuple[str, str],
     content = encode(body, ascii_only) if method == "POST" else None
     r = served.client.request(method, url, content=content,
                               headers={"content-type": "application/json"})
-    if path.startswith("/v1/messages/"):
-        event(f"status {r.status_code}")
-        if r.status_code != 200:
-            _anthropic_error(r)
-    else:
-        check_answer(r, method)
+    _check_shape(r, path, method)
