@@ -40,12 +40,8 @@ from bench.results import RunMeta, RunResult, as_sweep, load_result
 from bench.workload import Workload, WorkloadSpec
 from bench.cli_output import _emit, _finish_sweep
 from bench.cli_sim import cluster_once, several_replicas, sim_setup
-from bench.cli_workload import (
-    _client_config,
-    _PoolCache,
-    _workload_spec,
-    with_recorded_predictions,
-)
+from bench.cli_workload import _client_config, _PoolCache, _workload_spec
+from bench.replay import with_recorded_lengths, with_recorded_predictions
 from bench.cli_profile import add_profile_parsers
 from bench.cli_trace import add_trace_parsers, write_trace
 from bench.disconnects import add_disconnects_parser
@@ -85,6 +81,9 @@ def _live_once(wl: Workload, a: argparse.Namespace, slo: SLOSpec | None, rate: f
     details: dict[str, Any] = {
         "base_url": cfg.base_url, "endpoint": cfg.endpoint, "model": live.model,
         "wall_time": live.wall_time, "source": wl.source,
+        # What every request was sent beyond its workload (the max_tokens cap
+        # that `simulate --lengths-from` replays answers under).
+        "client": cfg.model_dump(exclude={"base_url", "endpoint", "model", "api_key"}),
     }
     if before is not None:
         after = scrape_prometheus(a.metrics_url)
@@ -189,6 +188,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         rate = a.load * capacity
         spec = spec.with_rate(rate)
     wl = pools.build(spec)
+    if a.lengths_from is not None:
+        wl = with_recorded_lengths(wl, a.lengths_from, a.lengths_cap)
+    elif a.lengths_cap is not None:
+        raise SystemExit("--lengths-cap: with --lengths-from")
     if a.predictions_from is not None:
         wl = with_recorded_predictions(wl, a.predictions_from)
     res = _sim_once(wl, cost, sc, a, _slo(a), rate, a.load, capacity)
@@ -356,6 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded for it (replaying a predictor-driven run), landing as "
                         "long after the request's arrival as it did live where the run "
                         "recorded when")
+    q.add_argument("--lengths-from", type=Path, default=None, metavar="RUN.json",
+                   help="give each request the prompt and answer lengths the run served it "
+                        "(a live run's answers that ended by themselves below their cap end "
+                        "there by end-of-sequence, unknown to the scheduler)")
+    q.add_argument("--lengths-cap", type=int, default=None, metavar="N",
+                   help="with --lengths-from, for a run that does not record it: the "
+                        "max_tokens its requests were sent")
     q.add_argument("--prediction-delay", type=float, default=None, metavar="S",
                    help="every prediction lands S seconds after its request arrives "
                         "(default: each request's recorded delay, else on arrival)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from bench.dataset import LengthFilter, ShareGPTPool, load_pool
@@ -57,26 +56,6 @@ def _workload_spec(a: argparse.Namespace) -> WorkloadSpec:
             )
         )
     return WorkloadSpec(seed=a.seed, streams=streams)
-
-
-def with_recorded_predictions(wl: Workload, run_path: Path) -> Workload:
-    """`wl` with each request's response-length prediction as the live run
-    at `run_path` recorded it (None where it recorded none).  The simulator
-    gives a job its prediction that long after its arrival where the run
-    recorded when it landed (`prediction_delay_s`), else on arrival."""
-    from bench.results import RunResult, load_result
-
-    run = load_result(run_path)
-    if not isinstance(run, RunResult) or not run.records:
-        raise SystemExit(f"{run_path}: not a run with its records (bench run --save-records)")
-    preds = {r.request_id: (r.predicted_output_tokens, r.prediction_delay_s)
-             for r in run.records}
-    if not preds.keys() & {r.request_id for r in wl.requests}:
-        raise SystemExit(f"{run_path}: none of its requests are in this workload")
-    return Workload(spec=wl.spec, source=wl.source, requests=[
-        r.model_copy(update=dict(zip(("predicted_output_tokens", "prediction_delay_s"),
-                                     preds.get(r.request_id, (None, None)))))
-        for r in wl.requests])
 
 
 class _PoolCache:

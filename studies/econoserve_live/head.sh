@@ -8,8 +8,8 @@
 # estimates each request got were to its answer (summary in head_summary_RATE.json).  Each
 # run also keeps its plan trace and the cost table of its iterations (swap costs from TABLE),
 # as run.sh's do: the host's speed during the run (bench trace-summary), and a cost table for
-# replays.  Not a replay of these runs themselves: `bench simulate --workload-spec RUN.json`
-# replays the dataset's lengths, not the answers' own, which ended by themselves here.
+# replays (natural_replay.sh: `bench simulate --lengths-from RUN.json` replays the answers at
+# the lengths they came out).
 # Usage: bash studies/econoserve_live/head.sh [N] [RATE]   (env CAP, OUT, CONFIGS, TABLE)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

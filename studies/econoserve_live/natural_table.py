@@ -49,7 +49,9 @@ def row(run: dict[str, Any], cap: int) -> dict[str, Any]:
         "mean_e2e_s": s["e2e"]["mean"], "p99_e2e_s": s["e2e"]["p99"],
         "p99_ttft_s": s["ttft"]["p99"], "mean_tpot_ms": 1e3 * s["tpot"]["mean"],
         "preemptions": s["num_preemptions"],
-        "estimate_mae": est["mae"], "estimate_under": est["under"],
+        # None where no request had an estimate (FCFS, MLFQ replayed without).
+        "estimate_mae": est["mae"] if est["with_estimate"] else None,
+        "estimate_under": est["under"] if est["with_estimate"] else None,
     }
 
 
@@ -70,7 +72,8 @@ def main() -> None:
               f"{r['throughput_req_s']:.3f} | {r['output_tokens']} | {r['mean_nl_ms']:.1f} / "
               f"{r['p95_nl_ms']:.1f} | {r['mean_e2e_s']:.2f} / {r['p99_e2e_s']:.2f} | "
               f"{r['p99_ttft_s']:.2f} | {r['mean_tpot_ms']:.1f} | {r['preemptions']} | "
-              f"{r['estimate_mae']:.1f} | {100 * r['estimate_under']:.0f} % |")
+              + ("– | – |" if r["estimate_mae"] is None else
+                 f"{r['estimate_mae']:.1f} | {100 * r['estimate_under']:.0f} % |"))
 
 
 if __name__ == "__main__":

@@ -30,3 +30,13 @@ def test_estimates_are_capped_and_the_share_finished_while_arriving_counted() ->
     assert r["estimate_mae"] == pytest.approx((0 + 20 + 10) / 3)
     assert r["estimate_under"] == pytest.approx(1 / 3)
     assert r["mean_nl_ms"] == pytest.approx(20.0) and r["preemptions"] == 3
+
+
+def test_a_run_without_estimates_has_no_estimate_figures() -> None:
+    dist = {"mean": 0.02, "p95": 0.04, "p99": 0.05}
+    run = {"meta": {"system": "fcfs"},
+           "summary": {"num_completed": 2, "request_throughput": 1.0, "num_preemptions": 0,
+                       "normalized_latency": dist, "e2e": dist, "ttft": dist, "tpot": dist},
+           "records": [_rec(0.0, 1.0, 30, None), _rec(1.0, 2.0, 40, None)]}
+    r = row(run, cap=256)
+    assert r["estimate_mae"] is None and r["estimate_under"] is None

@@ -1,0 +1,117 @@
+"""`bench simulate --lengths-from`: a run's answers replayed at the lengths
+they came out, each ending where it ended live."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.__main__ import main
+from bench.replay import with_recorded_lengths
+from bench.results import RunResult, load_result, save_result
+from bench.workload import Workload, WorkloadSpec
+
+from tests.bench.fake_openai import running
+
+server = pytest.fixture(scope="module")(running)
+
+COMMON = ["--dataset", "fixed", "--input-len", "32", "--output-len", "40", "-n", "8",
+          "--rate", "20", "--seed", "3"]
+
+
+def _run(tmp_path, cap: int | None = 30) -> tuple[RunResult, object]:
+    """A simulated run edited as a live one of natural answers records it:
+    the client's cap, answers ending below it, prompts counted with a chat
+    template, one request failed."""
+    path = tmp_path / "run.json"
+    assert main(["simulate", *COMMON, "--cost-model", "opt-13b", "--save-records",
+                 "--out", str(path)]) == 0
+    run = load_result(path)
+    assert isinstance(run, RunResult) and run.records
+    if cap is not None:
+        run.meta.details["client"] = {"max_tokens": cap, "ignore_eos": True, "extra_body": {}}
+    for i, r in enumerate(run.records):
+        r.prompt_tokens = 32 + 9
+        r.output_tokens = 5 + 3 * i if i < 7 else 30
+    run.records[2].error = "timeout"
+    save_result(run, path)
+    return run, path
+
+
+def _workload(path) -> Workload:
+    from bench.cli_workload import _PoolCache
+
+    spec = load_result(path).meta.workload
+    assert isinstance(spec, WorkloadSpec)
+    return _PoolCache("embedded:smollm2", need_text=False).build(spec)
+
+
+def test_answers_replay_at_their_own_lengths_under_the_cap(tmp_path):
+    run, path = _run(tmp_path)
+    wl = _workload(path)
+    out = {r.request_id: r for r in with_recorded_lengths(wl, path).requests}
+    for i, rec in enumerate(run.records):
+        r = out[rec.request_id]
+        if i == 2:  # not finished live: the workload's length, cut at the cap
+            assert (r.prompt_tokens, r.output_tokens, r.max_tokens) == (32, 30, None)
+            continue
+        assert r.prompt_tokens == 41 and r.output_tokens == rec.output_tokens
+        # Ended by itself below its cap: the cap is what the scheduler knows.
+        assert r.max_tokens == (None if rec.output_tokens == 30 else 30)
+    # The simulator serves them so: each answer as long as live, each job
+    # ending by end-of-sequence below a cap it was sized for.
+    sim_path = tmp_path / "sim.json"
+    assert main(["simulate", "--workload-spec", str(path), "--lengths-from", str(path),
+                 "--cost-model", "opt-13b", "--policy", "mlfq", "--save-records",
+                 "--out", str(sim_path)]) == 0
+    sim = load_result(sim_path)
+    assert isinstance(sim, RunResult) and sim.records
+    assert {r.request_id: r.output_tokens for r in sim.records} == {
+        k: v.output_tokens for k, v in out.items()}
+    assert {r.prompt_tokens for r in sim.records} == {41, 32}
+    assert sim.meta.details["source"]["lengths_replayed"] == 7
+    assert sim.meta.details["source"]["lengths_kept_from_workload"] == 1
+    assert sim.meta.details["source"]["lengths_cap"] == 30
+
+
+def test_a_run_without_its_cap_needs_one_given(tmp_path):
+    _, path = _run(tmp_path, cap=None)
+    wl = _workload(path)
+    with pytest.raises(SystemExit, match="--lengths-cap"):
+        with_recorded_lengths(wl, path)
+    got = with_recorded_lengths(wl, path, cap=30)
+    assert [r.max_tokens for r in got.requests].count(30) == 6
+    with pytest.raises(SystemExit, match="more than the 20"):
+        with_recorded_lengths(wl, path, cap=20)
+    # An ignore_eos run's answers are the workload's lengths: no cap needed.
+    path2 = tmp_path / "exact.json"
+    assert main(["simulate", *COMMON, "--cost-model", "opt-13b", "--save-records",
+                 "--out", str(path2)]) == 0
+    exact = with_recorded_lengths(wl, path2)
+    assert [(r.output_tokens, r.max_tokens) for r in exact.requests] == [(40, None)] * 8
+
+
+def test_a_recorded_cap_is_not_overridden(tmp_path):
+    _, path = _run(tmp_path)
+    with pytest.raises(SystemExit, match="records that its requests were sent max_tokens 30"):
+        with_recorded_lengths(_workload(path), path, cap=64)
+    with pytest.raises(SystemExit, match="--lengths-cap: with --lengths-from"):
+        main(["simulate", *COMMON, "--cost-model", "opt-13b", "--lengths-cap", "8"])
+
+
+def test_a_live_run_records_its_cap_and_replays(server, tmp_path):
+    live = tmp_path / "live.json"
+    assert main(["run", *COMMON[:-4], "-n", "4", "--rate", "50", "--base-url",
+                 server.base_url, "--endpoint", "chat", "--max-tokens", "7",
+                 "--max-duration", "20", "--save-records", "--out", str(live)]) == 0
+    run = load_result(live)
+    assert isinstance(run, RunResult) and run.summary.num_completed == 4
+    client = run.meta.details["client"]
+    assert client["max_tokens"] == 7 and client["temperature"] == 0.0
+    assert "api_key" not in client
+    sim_path = tmp_path / "sim.json"
+    assert main(["simulate", "--workload-spec", str(live), "--lengths-from", str(live),
+                 "--cost-model", "opt-13b", "--save-records", "--out", str(sim_path)]) == 0
+    sim = load_result(sim_path)
+    assert isinstance(sim, RunResult) and sim.records
+    assert sorted(r.output_tokens for r in sim.records) == [7] * 4
+    assert {r.prompt_tokens for r in sim.records} == {r.prompt_tokens for r in run.records}
