@@ -73,7 +73,7 @@ def _slo(a: argparse.Namespace) -> SLOSpec | None:
 
 
 def _live_once(wl: Workload, a: argparse.Namespace, slo: SLOSpec | None, rate: float | None) -> RunResult:
-    from bench.client import run_requests, scrape_prometheus
+    from bench.client import run_requests, scrape_prometheus, settings_sent
 
     cfg = _client_config(a)
     before = scrape_prometheus(a.metrics_url) if a.metrics_url else None
@@ -83,7 +83,7 @@ def _live_once(wl: Workload, a: argparse.Namespace, slo: SLOSpec | None, rate: f
         "wall_time": live.wall_time, "source": wl.source,
         # What every request was sent beyond its workload (the max_tokens cap
         # that `simulate --lengths-from` replays answers under).
-        "client": cfg.model_dump(exclude={"base_url", "endpoint", "model", "api_key"}),
+        "client": settings_sent(cfg),
     }
     if before is not None:
         after = scrape_prometheus(a.metrics_url)

@@ -164,6 +164,17 @@ def _url(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
+def settings_sent(cfg: ClientConfig) -> dict[str, Any]:
+    """What every request of a run is sent beyond its workload, as
+    `request_body` applies the config (a run's record of its client): under
+    a `max_tokens` cap answers end by themselves, so neither `ignore_eos`
+    nor `min_tokens` goes out."""
+    capped = cfg.max_tokens is not None
+    return {**cfg.model_dump(exclude={"base_url", "endpoint", "model", "api_key"}),
+            "ignore_eos": cfg.ignore_eos and not capped,
+            "send_min_tokens": cfg.send_min_tokens and not capped}
+
+
 def request_body(cfg: ClientConfig, model: str, req: RequestSpec,
                  variant: RequestVariant | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -179,9 +190,10 @@ def request_body(cfg: ClientConfig, model: str, req: RequestSpec,
         body["prompt"] = prompt
     if cfg.include_usage:
         body["stream_options"] = {"include_usage": True}
-    if cfg.ignore_eos and cfg.max_tokens is None:
+    run_wide = settings_sent(cfg)
+    if run_wide["ignore_eos"]:
         body["ignore_eos"] = True
-    if cfg.send_min_tokens and cfg.max_tokens is None:
+    if run_wide["send_min_tokens"]:
         body["min_tokens"] = req.output_tokens
     body.update(cfg.extra_body)
     body.update(cfg.class_extra_body.get(req.job_class, {}))

@@ -104,6 +104,8 @@ def test_cli_live_run_and_sweep(server, tmp_path):
     assert isinstance(res, RunResult) and res.meta.mode == "live"
     assert res.summary.num_completed == 4 and res.summary.slo_attainment == 1.0
     assert res.meta.details["model"] == "fake-model" and len(res.records) == 4
+    client = res.meta.details["client"]  # each request sent its own length, exactly
+    assert client["max_tokens"] is None and client["ignore_eos"] and client["send_min_tokens"]
     # The fake reports only queueing time: execution is the rest of E2E.
     b = res.summary.breakdown
     assert b is not None and b.mean_queueing == 0.005

@@ -107,6 +107,9 @@ def test_a_live_run_records_its_cap_and_replays(server, tmp_path):
     assert isinstance(run, RunResult) and run.summary.num_completed == 4
     client = run.meta.details["client"]
     assert client["max_tokens"] == 7 and client["temperature"] == 0.0
+    # Answers under a cap end by themselves: neither was sent.
+    assert client["ignore_eos"] is False and client["send_min_tokens"] is False
+    assert all("ignore_eos" not in b and "min_tokens" not in b for b in server.bodies[-4:])
     assert "api_key" not in client
     sim_path = tmp_path / "sim.json"
     assert main(["simulate", "--workload-spec", str(live), "--lengths-from", str(live),
