@@ -49,6 +49,11 @@ def row(run: dict[str, Any], cap: int) -> dict[str, Any]:
         "mean_e2e_s": s["e2e"]["mean"], "p99_e2e_s": s["e2e"]["p99"],
         "p99_ttft_s": s["ttft"]["p99"], "mean_tpot_ms": 1e3 * s["tpot"]["mean"],
         "preemptions": s["num_preemptions"],
+        # A simulated run's iterations: requests per batch, the KV cache's share
+        # in use, and computed tokens dropped by preemptions (recomputed later).
+        **{k: run["meta"].get("details", {}).get("sim", {}).get(v) for k, v in (
+            ("mean_batch", "mean_batch_size"), ("kv_used", "mean_kv_utilization"),
+            ("tokens_recomputed", "tokens_dropped"))},
         # None where no request had an estimate (FCFS, MLFQ replayed without).
         "estimate_mae": est["mae"] if est["with_estimate"] else None,
         "estimate_under": est["under"] if est["with_estimate"] else None,

@@ -40,3 +40,8 @@ def test_a_run_without_estimates_has_no_estimate_figures() -> None:
            "records": [_rec(0.0, 1.0, 30, None), _rec(1.0, 2.0, 40, None)]}
     r = row(run, cap=256)
     assert r["estimate_mae"] is None and r["estimate_under"] is None
+    assert r["mean_batch"] is None  # a live run: no simulated iterations
+    run["meta"]["details"] = {"sim": {"mean_batch_size": 5.5, "mean_kv_utilization": 0.75,
+                                      "tokens_dropped": 120}}
+    r = row(run, cap=256)
+    assert (r["mean_batch"], r["kv_used"], r["tokens_recomputed"]) == (5.5, 0.75, 120)

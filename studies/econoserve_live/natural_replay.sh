@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# head.sh's runs (answers that ended by themselves) replayed in the simulator, two ways:
+# 1. each run that kept its cost table, with that table (its iterations' costs) and its own
+#    policy, set beside it: does the simulator reproduce a run whose answers end by themselves?
+#    (natural_own_RATE.json: each live run's row, then its replay's; replay_RATE.txt: bench
+#    compare and bench trace-summary of the two)
+# 2. on one cost table for all (COST), every run's answers (prompts, arrivals and answer lengths
+#    as served: `simulate --lengths-from`) under each of FCFS, MLFQ and EconoServe (with the
+#    predictions PRED_RUN recorded; they depend on the prompt alone): the policies compared with
+#    the host's speed and the answers' sampling held fixed
+#    (natural_replay_RATE_on_TABLE.json, TABLE naming COST as ROUND.NAME).
+# A run is named ROUND.NAME by the folder holding its runs/ and its file.  The simulated runs
+# themselves go to SCRATCH (deterministic: this script makes them again); the tables are kept.
+# Usage: bash studies/econoserve_live/natural_replay.sh RATE COST.json PRED_RUN.json RUN.json...
+#   (env CAP: the runs' max_tokens; OUT; SCRATCH)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RATE=$1; COST=$2; PRED=$3; shift 3
+CAP=${CAP:-256}
+OUT=${OUT:-studies/econoserve_live/natural_replay}
+SCRATCH=${SCRATCH:-/tmp/natural_replay}
+source studies/serve_lib.sh
+mkdir -p "$OUT" "$SCRATCH"
+name() { echo "$(basename "$(dirname "$(dirname "$1")")").$(basename "$1" "$2")"; }
+TAG=$(name "$COST" .cost.json)
+: > "$OUT/replay_$RATE.txt"
+sims=(); own=()
+for run in "$@"; do
+  label=$(name "$run" .json)
+  for p in fcfs mlfq econoserve; do
+    preds=()
+    [ "$p" = econoserve ] && preds=(--predictions-from "$PRED")
+    sim=$SCRATCH/$label.$p.on.$TAG.json
+    python -m bench simulate --workload-spec "$run" --lengths-from "$run" --lengths-cap "$CAP" \
+      --cost-model "$COST" --policy "$p" "${LIVE_SIM_ARGS[@]}" "${preds[@]}" \
+      --system "$p@$label" --save-records --out "$sim" > /dev/null
+    sims+=("$sim")
+  done
+  policy=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['meta']['system'])" "$run")
+  if [ -f "${run%.json}.cost.json" ] && [[ "$policy" =~ ^(fcfs|mlfq|econoserve)$ ]]; then
+    preds=()
+    [ "$policy" = econoserve ] && preds=(--predictions-from "$run")
+    sim=$SCRATCH/$label.own.json
+    python -m bench simulate --workload-spec "$run" --lengths-from "$run" --lengths-cap "$CAP" \
+      --cost-model "${run%.json}.cost.json" --policy "$policy" "${LIVE_SIM_ARGS[@]}" \
+      "${preds[@]}" --system "$policy-sim@$label" --save-records --out "$sim" \
+      --trace-out "${sim%.json}.trace.json.gz" > /dev/null
+    echo "== $label: live vs simulated on its own cost table" >> "$OUT/replay_$RATE.txt"
+    python -m bench compare "$run" "$sim" >> "$OUT/replay_$RATE.txt" || true
+    python -m bench trace-summary "${run%.json}.trace.json.gz" "${sim%.json}.trace.json.gz" \
+      >> "$OUT/replay_$RATE.txt"
+    own+=("$run" "$sim")
+  fi
+done
+if [ ${#own[@]} -gt 0 ]; then
+  python -m studies.econoserve_live.natural_table --cap "$CAP" \
+    --out "$OUT/natural_own_$RATE.json" "${own[@]}"
+fi
+python -m studies.econoserve_live.natural_table --cap "$CAP" \
+  --out "$OUT/natural_replay_${RATE}_on_$TAG.json" "${sims[@]}"
