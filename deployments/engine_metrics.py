@@ -54,7 +54,7 @@ _COUNTERS = {
     "econoserve_overruns": ("engine_econoserve_overruns",
                             "Generation tasks that reached their KV allocation unfinished"),
     "econoserve_paused": ("engine_econoserve_paused",
-                          "Offload-free preemptions of generation tasks past their allocation"),
+                          "Preemptions of generation tasks past their allocation (pause_kv)"),
 }
 
 

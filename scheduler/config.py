@@ -7,7 +7,7 @@ a user writes and the simulator's configs are checked by the same rules.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -138,7 +138,7 @@ class EconoserveConfig(BaseModel):
     default_output_len: int | None = Field(None, ge=1)
     # A GT that reaches its allocation unfinished gets this share of its
     # generated length more (at least a block): in place when the reserve
-    # has room, else after an offload-free preemption (§3.3.2).
+    # has room, else after a preemption (`pause_kv`; §3.3.2).
     overrun_growth: float = Field(0.5, gt=0.0, le=4.0)
     # Or (`refined`) the quantile `refine_quantile` of what jobs that ran
     # this far past their prediction went on to generate, learnt from the
@@ -146,12 +146,22 @@ class EconoserveConfig(BaseModel):
     # growth rule until enough have finished.
     overrun_extension: Literal["growth", "refined"] = "growth"
     refine_quantile: float = Field(0.5, gt=0.0, lt=1.0)
-    # What the offload-free preemption of such a GT does with its KV:
-    # drop it (recomputed when the GT is admitted again) or keep it on the
-    # device while it waits.  Dropping measured better with the shipped
-    # predictor (studies/econoserve_sim): kept KV of paused GTs starves
-    # the prompts behind them.
-    pause_keeps_kv: bool = False
+    # What the preemption of such a GT does with its KV: swap it to the host
+    # tier (`Policy.evict`: where `swap_mode` and the tier's room allow, else
+    # dropped), drop it (EconoServe's offload-free preemption, §3.3.2:
+    # recomputed when the GT is admitted again), or keep it on the device
+    # while it waits.  Swapping measured best where a tier is configured
+    # (studies/econoserve_live, "Pausing to the host tier"); keeping, worst
+    # with the shipped predictor at paper scale (studies/econoserve_sim): kept
+    # KV of paused GTs starves the prompts behind them.
+    pause_kv: Literal["drop", "keep", "swap"] = "swap"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "pause_keeps_kv" in data:
+            raise ValueError("pause_keeps_kv is now pause_kv: drop (false), keep (true) or swap")
+        return data
 
     @field_validator("deadline_ranges_s")
     @classmethod

@@ -28,11 +28,12 @@ A job is a *prompt task* (PT) until its prompt is computed, then a
   unfinished is given `overrun_growth` of its generated length more (or
   what jobs that ran as far past their prediction went on to generate,
   `overrun_extension: refined`, `scheduler/remaining_length.py`), in
-  place if the reserve has room for it, else by an **offload-free
-  preemption**: it leaves the batch, its KV is dropped (recomputed when it
-  returns; `pause_keeps_kv` keeps it on the device instead, its occupied KV
-  putting it near the front of the GT queue), and it waits regrouped by its
-  new remaining length.
+  place if the reserve has room for it, else by a preemption: it leaves
+  the batch and waits regrouped by its new remaining length, its KV swapped
+  to the host tier (`pause_kv: swap`, where the swap mode and the tier
+  allow), or dropped as the paper's **offload-free preemption** does
+  (`drop`: recomputed when it returns), or kept on the device (`keep`: its
+  occupied KV putting it near the front of the GT queue).
 
 When a GT within its allocation cannot grow (a hosted GT overran, or PTs
 used the free blocks), jobs outside the batch are evicted first (swapped to
@@ -107,7 +108,7 @@ class EconoservePolicy(PromptFilling, Policy):
         self.num_gts_admitted = 0
         self.num_overruns = 0
         self.num_extended = 0  # overruns served from the reserve in place
-        self.num_paused = 0  # offload-free preemptions
+        self.num_paused = 0  # preemptions past an allocation (`pause_kv`)
         self.num_evicted = 0
 
     def counters(self) -> dict[str, int]:
@@ -394,7 +395,7 @@ class EconoservePolicy(PromptFilling, Policy):
         if self.profile().peak + self._outside() <= self.blocks.num_blocks:
             self.num_extended += 1
             return True
-        # Offload-free preemption: out of the batch with its KV, regrouped
+        # Preempted: out of the batch, its KV as `pause_kv` says, regrouped
         # by its new remaining length.
         del self.batch[job.job_id]
         self._profile = None
@@ -403,10 +404,12 @@ class EconoservePolicy(PromptFilling, Policy):
         return False
 
     def _pause(self, job: Job, plan: Plan) -> None:
-        if self.ec.pause_keeps_kv:
+        if self.ec.pause_kv == "keep":
             job.num_preemptions += 1
             if job.state is JobState.RUNNING:
                 job.transition(JobState.PREEMPTED)
+        elif self.ec.pause_kv == "swap":
+            self.evict(job, plan.block_ops)
         else:  # offload-free: dropped, never copied to the host
             self.preempt_recompute(job)
         plan.preempted.append(job.job_id)

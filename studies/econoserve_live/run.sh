@@ -36,7 +36,9 @@ for rate in $RATES; do
     preds=()
     sim_policy=$policy
     case $policy in
-      econoserve) preds=(--predictions-from "$run.json") ;;
+      # Paused GTs drop their KV, as econoserve.yaml pins (the default swaps them).
+      econoserve) preds=(--predictions-from "$run.json"
+                         --sched-opt 'econoserve={"pause_kv": "drop"}') ;;
       mlfq-predicted) sim_policy=mlfq
         preds=(--predictions-from "$run.json"
                --sched-opt 'mlfq={"skip_join": "predicted", "enst": "predicted"}') ;;

@@ -135,7 +135,9 @@ def row(run: Path, records: list[dict[str, Any]], summary: dict[str, Any],
 def replay(run: Path, policy: str, tmp: Path, cost: Path | None = None) -> dict[str, Any]:
     """`run.sh`'s replay of `run`, again, with its records and trace; on
     `cost` (another run's cost table) instead of its own if given."""
-    preds = {"econoserve": ["--predictions-from", f"{run}.json"],
+    # Paused GTs drop their KV, as econoserve.yaml pins (the default swaps them).
+    preds = {"econoserve": ["--predictions-from", f"{run}.json", "--sched-opt",
+                            'econoserve={"pause_kv": "drop"}'],
              "mlfq-predicted": ["--predictions-from", f"{run}.json", "--sched-opt",
                                 'mlfq={"skip_join": "predicted", "enst": "predicted"}']}
     sim_policy = "mlfq" if policy == "mlfq-predicted" else policy

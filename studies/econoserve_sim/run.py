@@ -85,6 +85,16 @@ REFINE: dict[str, list[str]] = {
                                 'econoserve={"overrun_extension": "refined", '
                                 '"refine_quantile": 0.8}'],
 }
+# What a GT paused on an overrun does with its KV (`econoserve.pause_kv`):
+# without a host tier it is dropped whatever the setting; with one
+# (MLFQ's tier here), dropped or swapped to the host.
+_TIER = ["--policy", "econoserve", "--sched-opt", 'swap_mode="proactive"', "--sched-opt", HOST,
+         "--overlap-swap"]
+PAUSE: dict[str, list[str]] = {
+    "econoserve": ["--policy", "econoserve"],
+    "econoserve-tier-drop": [*_TIER, "--sched-opt", 'econoserve={"pause_kv": "drop"}'],
+    "econoserve-tier-swap": [*_TIER, "--sched-opt", 'econoserve={"pause_kv": "swap"}'],
+}
 ABLATION: dict[str, list[str]] = {
     "econoserve": ["--policy", "econoserve"],
     "w/o pipelining": ["--policy", "econoserve", "--sched-opt", 'econoserve={"pipelining": false}'],
@@ -277,7 +287,7 @@ def main() -> None:
     register_oracles()
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["compare", "padding", "ablation", "enst", "refine",
-                                     "plots", "table"])
+                                     "pause", "plots", "table"])
     ap.add_argument("--file", default="compare.json", help="for `table`")
     ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0])
     ap.add_argument("--cv", type=float, default=1.0)
@@ -300,7 +310,7 @@ def main() -> None:
             a.padding, a.paddings)
         return
     chosen = {"compare": SYSTEMS, "ablation": ABLATION, "enst": ENST,
-              "refine": REFINE}[a.what]
+              "refine": REFINE, "pause": PAUSE}[a.what]
     systems = {k: v for k, v in chosen.items() if not a.systems or k in a.systems}
     run(systems, a.rates, a.cv, f"{a.what}{suffix}.json", a.padding, append=a.append)
 

@@ -162,7 +162,7 @@ def _lender_and_hosted(clock: FakeClock, pipelining: bool, hosted_true: int,
     # The lender's allocation ends at 44 tokens (11 blocks), the hosted
     # one's at 12 (3 blocks): 14 blocks exactly, in a cache of 13.
     core = econo_core(clock, num_blocks=13, max_model_len=48,
-                      econoserve={"pipelining": pipelining, "pause_keeps_kv": keep_kv})
+                      econoserve={"pipelining": pipelining, "pause_kv": "keep" if keep_kv else "drop"})
     engine = FakeEngine(clock)
     lender = job(4, 40, alloc=40)
     hosted = job(4, hosted_true, alloc=8)
@@ -278,7 +278,7 @@ def test_an_overrun_is_extended_in_place_when_the_reserve_has_room(clock: FakeCl
 
 def test_an_overrun_without_room_pauses_keeping_its_kv(clock: FakeClock) -> None:
     core = econo_core(clock, num_blocks=12, max_model_len=48,
-                      econoserve={"pipelining": False, "pause_keeps_kv": True})
+                      econoserve={"pipelining": False, "pause_kv": "keep"})
     engine = FakeEngine(clock)
     short = job(4, 20, alloc=4)  # under-predicted
     long = job(4, 28, alloc=28)
@@ -300,9 +300,11 @@ def test_an_overrun_without_room_pauses_keeping_its_kv(clock: FakeClock) -> None
     assert long.num_preemptions == 0
 
 
-def test_an_overrun_without_room_drops_its_kv_by_default(clock: FakeClock) -> None:
+@pytest.mark.parametrize("pause_kv", ["drop", "swap"])
+def test_an_overrun_without_room_drops_its_kv(clock: FakeClock, pause_kv: str) -> None:
+    # "swap" without a host tier (swap_mode recompute, the default) drops too.
     core = econo_core(clock, num_blocks=12, max_model_len=48,
-                      econoserve={"pipelining": False})
+                      econoserve={"pipelining": False, "pause_kv": pause_kv})
     engine = FakeEngine(clock)
     short = job(4, 20, alloc=4)
     long = job(4, 28, alloc=28)
@@ -325,6 +327,44 @@ def test_an_overrun_without_room_drops_its_kv_by_default(clock: FakeClock) -> No
     assert paused and core.swap.tokens_dropped > 0
     assert short.num_output_tokens == 20 and long.num_output_tokens == 28
     assert long.num_preemptions == 0
+
+
+def test_an_overrun_without_room_swaps_its_kv_to_the_host_tier(clock: FakeClock) -> None:
+    core = econo_core(clock, num_blocks=12, max_model_len=48, swap_mode="proactive",
+                      host_kv_blocks=64, econoserve={"pipelining": False, "pause_kv": "swap"})
+    engine = FakeEngine(clock)
+    short = job(4, 20, alloc=4)
+    long = job(4, 28, alloc=28)
+    core.add(short)
+    core.add(long)
+    paused, swapped_in = [], []
+    while core.has_work:
+        before = short.num_computed_tokens
+        plan = core.schedule()
+        ops = {op.kind for op in plan.block_ops if op.job_id == short.job_id}
+        if short.job_id in plan.preempted:
+            paused.append(plan)
+            # Its computed KV is copied out, not dropped: it resumes where it left.
+            assert BlockOpKind.SWAP_OUT in ops
+            assert short.num_computed_tokens == before and short.num_host_blocks
+        if BlockOpKind.SWAP_IN in ops:
+            swapped_in.append(plan)
+        core.complete(plan, engine.execute(plan))
+        core.blocks.check(core.jobs.values())
+    assert paused and swapped_in and policy_of(core).num_paused >= 1
+    assert core.swap.tokens_dropped == 0
+    assert short.num_output_tokens == 20 and long.num_output_tokens == 28
+    assert long.num_preemptions == 0
+
+
+def test_the_renamed_pause_setting_is_refused_by_name() -> None:
+    from pydantic import ValidationError
+
+    from scheduler.config import EconoserveConfig
+
+    with pytest.raises(ValidationError, match="pause_keeps_kv is now pause_kv"):
+        EconoserveConfig.model_validate({"pause_keeps_kv": True})
+    assert EconoserveConfig().pause_kv == "swap"
 
 
 # Jobs without a prediction, deadlines -------------------------------------------
