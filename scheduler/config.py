@@ -151,9 +151,8 @@ class EconoserveConfig(BaseModel):
     # dropped), drop it (EconoServe's offload-free preemption, §3.3.2:
     # recomputed when the GT is admitted again), or keep it on the device
     # while it waits.  Swapping measured best where a tier is configured
-    # (studies/econoserve_live, "Pausing to the host tier"); keeping, worst
-    # with the shipped predictor at paper scale (studies/econoserve_sim): kept
-    # KV of paused GTs starves the prompts behind them.
+    # (studies/econoserve_live, "Pausing to the host tier"); keeping, no
+    # better than dropping: the kept blocks shrink the batch.
     pause_kv: Literal["drop", "keep", "swap"] = "swap"
 
     @model_validator(mode="before")
