@@ -25,7 +25,8 @@ POLICIES=${POLICIES:-fcfs mlfq econoserve}
 SUFFIX=${SUFFIX:-}
 source studies/serve_lib.sh
 mkdir -p "$OUT" "$SCRATCH"
-# The simulator's options for a configuration of this folder, with PREDS for EconoServe.
+# The simulator's options (opts) for a configuration of this folder; EconoServe takes the
+# predictions of the run given second.
 policy_opts() {
   case $1 in
     fcfs|mlfq) opts=(--policy "$1") ;;
