@@ -150,7 +150,9 @@ def _sim_once(
     else:
         out = simulate(wl.requests, sc, cost,
                        SimOptions(overlap_swap=a.overlap_swap, trace=trace_out is not None,
-                                  prediction_delay_s=getattr(a, "prediction_delay", None)))
+                                  prediction_delay_s=getattr(a, "prediction_delay", None),
+                                  predictions_at_first_token=getattr(
+                                      a, "prediction_at_first_token", False)))
         if trace_out is not None:
             write_trace(trace_out, [r.to_json() for r in out.trace], out.stats.as_dict())
         records, details["sim"] = out.records, out.stats.as_dict()
@@ -192,6 +194,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         wl = with_recorded_lengths(wl, a.lengths_from, a.lengths_cap)
     elif a.lengths_cap is not None:
         raise SystemExit("--lengths-cap: with --lengths-from")
+    if a.prediction_at_first_token and (a.predictions_from is None
+                                        or a.prediction_delay is not None):
+        raise SystemExit("--prediction-at-first-token: with --predictions-from, without "
+                         "--prediction-delay")
     if a.predictions_from is not None:
         wl = with_recorded_predictions(wl, a.predictions_from)
     res = _sim_once(wl, cost, sc, a, _slo(a), rate, a.load, capacity)
@@ -366,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--lengths-cap", type=int, default=None, metavar="N",
                    help="with --lengths-from, for a run that does not record it: the "
                         "max_tokens its requests were sent")
+    q.add_argument("--prediction-at-first-token", action="store_true",
+                   help="the replayed predictions are the engine's length head's: each lands "
+                        "with its request's first token, however late that comes")
     q.add_argument("--prediction-delay", type=float, default=None, metavar="S",
                    help="every prediction lands S seconds after its request arrives "
                         "(default: each request's recorded delay, else on arrival)")

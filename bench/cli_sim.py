@@ -34,7 +34,9 @@ def check_replica_args(a: argparse.Namespace) -> None:
             ("--load", getattr(a, "load", None) is not None),
             ("--loads", bool(getattr(a, "loads", None))),
             ("--predictions-from", getattr(a, "predictions_from", None) is not None),
-            ("--prediction-delay", getattr(a, "prediction_delay", None) is not None)) if on]
+            ("--prediction-delay", getattr(a, "prediction_delay", None) is not None),
+            ("--prediction-at-first-token", getattr(a, "prediction_at_first_token", False)))
+            if on]
         if one:
             raise SystemExit(f"{', '.join(one)}: one replica's (capacity is measured on one, "
                              "predictions replayed on one); not with --replicas > 1 or "

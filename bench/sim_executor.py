@@ -99,6 +99,10 @@ class SimulatedExecutor:
         # for jobs whose `max_tokens` is only a cap (the scheduler does not
         # know when they end, as a server does not).
         self.stop_lengths: dict[str, int] = {}
+        # The engine's length-head estimate of a job's answer, reported with
+        # the job's first sampled token as the live engine's step result
+        # carries it (engine/length_head.py; SimOptions.predictions_at_first_token).
+        self.head_estimates: dict[str, int] = {}
         # When the next request arrives (None: no more): waiting for a
         # swap-in ends there too, so that the request is admitted on time.
         self.next_arrival = next_arrival
@@ -201,6 +205,9 @@ class SimulatedExecutor:
                              "stop" if stops and c.output_index + 1 >= stops.get(c.job_id, 1 << 62)
                              else None)
                    for c in plan.chunks if c.sample]
+        if self.head_estimates:
+            for out in outputs:
+                out.predicted_output_len = self.head_estimates.pop(out.job_id, None)
         result = StepResult(plan.step, outputs, dt, copy_rate=self.copy_rate)
         done = self._landed()
         if done:

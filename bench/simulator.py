@@ -143,6 +143,10 @@ class SimOptions(BaseModel):
     # Every replayed prediction lands this many seconds after its job
     # arrives, in place of each request's own `prediction_delay_s`.
     prediction_delay_s: float | None = Field(None, ge=0.0)
+    # Replayed predictions are the engine's length head's (`engine_head`):
+    # each lands with its job's first sampled token, however late that
+    # comes, padded by the scheduler's `length_padding_ratio` as live.
+    predictions_at_first_token: bool = False
 
 
 @dataclass
@@ -371,7 +375,8 @@ def simulate(
                 continue
             delay = (opts.prediction_delay_s if opts.prediction_delay_s is not None
                      else r.prediction_delay_s) or 0.0
-            delayed = r.predicted_output_tokens is not None and delay > 0
+            head = opts.predictions_at_first_token and r.predicted_output_tokens is not None
+            delayed = r.predicted_output_tokens is not None and (delay > 0 or head)
             job = make_job(r, next(first_tokens), device, opts.padding_ratio, delayed)
             try:
                 core.add(job)
@@ -380,7 +385,10 @@ def simulate(
                 continue
             jobs[r.request_id] = job
             token_times[r.request_id] = []
-            if delayed:
+            if head:
+                assert r.predicted_output_tokens is not None
+                device.head_estimates[r.request_id] = r.predicted_output_tokens
+            elif delayed:
                 assert r.predicted_output_tokens is not None
                 heapq.heappush(landing, (r.arrival_time + delay, r.request_id,
                                          r.predicted_output_tokens))

@@ -10,7 +10,9 @@
 #    alone): the policies compared with the host's speed and the answers' sampling held fixed
 #    (natural_replay_RATE_on_TABLE[SUFFIX].json, TABLE naming COST as ROUND.NAME).
 # POLICIES name this folder's configurations: fcfs, mlfq, econoserve (paused GTs drop their KV),
-# econoserve-swap (they swap it to the host tier), econoserve-keep (they keep it on the device).
+# econoserve-swap (they swap it to the host tier), econoserve-keep (they keep it on the device),
+# econoserve-head (drop; the estimates each replayed run recorded, landing with the first token:
+# for econoserve-head runs, whose estimates are the engine head's).
 # A run is named ROUND.NAME by the folder holding its runs/ and its file.  The simulated runs
 # themselves go to SCRATCH (deterministic: this script makes them again); the tables are kept.
 # Usage: bash studies/econoserve_live/natural_replay.sh RATE COST.json PRED_RUN.json RUN.json...
@@ -26,10 +28,13 @@ SUFFIX=${SUFFIX:-}
 source studies/serve_lib.sh
 mkdir -p "$OUT" "$SCRATCH"
 # The simulator's options (opts) for a configuration of this folder; EconoServe takes the
-# predictions of the run given second.
+# predictions of the run given second, econoserve-head the estimates of the run given third.
 policy_opts() {
   case $1 in
     fcfs|mlfq) opts=(--policy "$1") ;;
+    econoserve-head)
+      opts=(--policy econoserve --sched-opt 'econoserve={"pause_kv": "drop"}'
+            --predictions-from "$3" --prediction-at-first-token) ;;
     econoserve|econoserve-swap|econoserve-keep)
       local pause=drop
       [ "$1" = econoserve-swap ] && pause=swap
@@ -46,7 +51,7 @@ sims=(); own=()
 for run in "$@"; do
   label=$(name "$run" .json)
   for p in $POLICIES; do
-    policy_opts "$p" "$PRED"
+    policy_opts "$p" "$PRED" "$run"
     sim=$SCRATCH/$label.$p.on.$TAG.json
     python -m bench simulate --workload-spec "$run" --lengths-from "$run" --lengths-cap "$CAP" \
       --cost-model "$COST" "${LIVE_SIM_ARGS[@]}" "${opts[@]}" \
@@ -54,7 +59,7 @@ for run in "$@"; do
     sims+=("$sim")
   done
   policy=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['meta']['system'])" "$run")
-  if [ -f "${run%.json}.cost.json" ] && policy_opts "$policy" "$run"; then
+  if [ -f "${run%.json}.cost.json" ] && policy_opts "$policy" "$run" "$run"; then
     sim=$SCRATCH/$label.own.json
     python -m bench simulate --workload-spec "$run" --lengths-from "$run" --lengths-cap "$CAP" \
       --cost-model "${run%.json}.cost.json" "${LIVE_SIM_ARGS[@]}" "${opts[@]}" \

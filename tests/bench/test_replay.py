@@ -118,3 +118,33 @@ def test_a_live_run_records_its_cap_and_replays(server, tmp_path):
     assert isinstance(sim, RunResult) and sim.records
     assert sorted(r.output_tokens for r in sim.records) == [7] * 4
     assert {r.prompt_tokens for r in sim.records} == {r.prompt_tokens for r in run.records}
+
+
+def test_head_estimates_land_with_the_first_token(tmp_path):
+    """`--prediction-at-first-token`: a replayed estimate lands when its
+    request's first token is sampled (the engine head's moment), not on
+    arrival nor after the run's recorded delay."""
+    path = tmp_path / "run.json"
+    args = ["--dataset", "fixed", "--input-len", "64", "--output-len", "24", "-n", "12",
+            "--rate", "inf", "--seed", "1", "--cost-model", "opt-13b", "--max-batch-size", "4"]
+    assert main(["simulate", *args, "--save-records", "--out", str(path)]) == 0
+    run = load_result(path)
+    assert isinstance(run, RunResult) and run.records
+    for i, r in enumerate(run.records):
+        r.predicted_output_tokens = 10 + i
+        r.prediction_delay_s = 0.0 if i % 2 else None
+    save_result(run, path)
+    sim_path = tmp_path / "sim.json"
+    assert main(["simulate", *args, "--policy", "econoserve", "--predictions-from", str(path),
+                 "--prediction-at-first-token", "--save-records", "--out", str(sim_path)]) == 0
+    sim = load_result(sim_path)
+    assert isinstance(sim, RunResult) and sim.records
+    waited = 0
+    for r in sim.records:
+        ttft = r.token_times[0] - r.scheduled_time
+        assert r.predicted_output_tokens == 10 + int(r.request_id.split("-")[1])
+        assert r.prediction_delay_s == pytest.approx(ttft)
+        waited += ttft > 0.1
+    assert waited >= 6  # with four running at once, most waited for their first token
+    with pytest.raises(SystemExit, match="--prediction-at-first-token"):
+        main(["simulate", *args, "--prediction-at-first-token"])
