@@ -220,6 +220,32 @@ def test_pipelined_lenders_are_never_preempted_under_random_load(clock: FakeCloc
     assert gave_way > 0
 
 
+@pytest.mark.parametrize("swap_delay", [0, 2])
+@pytest.mark.parametrize("mode", ["reactive", "proactive"])
+@pytest.mark.parametrize("pause_kv", ["swap", "drop", "keep"])
+def test_mispredicted_load_with_a_host_tier_finishes_with_its_kv_intact(
+        clock: FakeClock, pause_kv: str, mode: str, swap_delay: int) -> None:
+    # The fake engine checks every KV position a chunk reads: a GT swapped
+    # out on a pause or an eviction and back again reads its own tokens.
+    rng = random.Random(7)
+    for host in (6, 64, 6, 64):  # a tier too small for some jobs, and a roomy one
+        core = econo_core(clock, num_blocks=32, max_batch_size=6, max_batch_tokens=24,
+                          swap_mode=mode, host_kv_blocks=host,
+                          econoserve={"pause_kv": pause_kv})
+        engine = FakeEngine(clock, swap_delay=swap_delay)
+        jobs = add_mispredicted(core, rng, 20, 12)
+        for _ in range(20_000):
+            if not core.has_work:
+                break
+            step(core, engine)
+        assert not core.has_work
+        assert all(j.num_output_tokens == j.max_tokens for j in jobs)
+        assert core.blocks.num_free == 32 and core.swap.host_used == 0
+        assert policy_of(core).num_paused > 0
+        if host == 64:  # room for every job: only `drop` recomputes anything
+            assert (core.swap.tokens_dropped > 0) == (pause_kv == "drop")
+
+
 # Ordering (§3.4) -------------------------------------------------------------------
 
 
