@@ -41,7 +41,7 @@ from bench.workload import Workload, WorkloadSpec
 from bench.cli_output import _emit, _finish_sweep
 from bench.cli_sim import cluster_once, several_replicas, sim_setup
 from bench.cli_workload import _client_config, _PoolCache, _workload_spec
-from bench.replay import with_recorded_lengths, with_recorded_predictions
+from bench.replay import add_replay_args, replayed
 from bench.cli_profile import add_profile_parsers
 from bench.cli_trace import add_trace_parsers, write_trace
 from bench.disconnects import add_disconnects_parser
@@ -164,10 +164,14 @@ def _sim_once(
     )
 
 
-def _capacity(spec: WorkloadSpec, pools: _PoolCache, cost: Any, sc: Any, basis: str) -> float:
+def _capacity(spec: WorkloadSpec, pools: _PoolCache, cost: Any, sc: Any, basis: str,
+              a: argparse.Namespace | None = None) -> float:
+    """Saturated throughput on the workload (and what `a` replays into it)."""
     from bench.simulator import measure_capacity
 
     wl = pools.build(spec.with_rate(math.inf))
+    if a is not None:
+        wl = replayed(wl, a)
     if basis == "mean-fixed":
         n = len(wl.requests)
         mean_in = round(sum(r.prompt_tokens for r in wl.requests) / n)
@@ -186,20 +190,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     capacity = None
     rate = spec.streams[0].arrivals.rate
     if a.load is not None:
-        capacity = _capacity(spec, pools, cost, sc, a.capacity_basis)
+        capacity = _capacity(spec, pools, cost, sc, a.capacity_basis, a)
         rate = a.load * capacity
         spec = spec.with_rate(rate)
-    wl = pools.build(spec)
-    if a.lengths_from is not None:
-        wl = with_recorded_lengths(wl, a.lengths_from, a.lengths_cap)
-    elif a.lengths_cap is not None:
-        raise SystemExit("--lengths-cap: with --lengths-from")
-    if a.prediction_at_first_token and (a.predictions_from is None
-                                        or a.prediction_delay is not None):
-        raise SystemExit("--prediction-at-first-token: with --predictions-from, without "
-                         "--prediction-delay")
-    if a.predictions_from is not None:
-        wl = with_recorded_predictions(wl, a.predictions_from)
+    wl = replayed(pools.build(spec), a)
     res = _sim_once(wl, cost, sc, a, _slo(a), rate, a.load, capacity)
     sim = res.meta.details.get("sim") or res.meta.details["cluster"]
     iterations = sim["iterations"]
@@ -224,7 +218,7 @@ def cmd_simulate_sweep(a: argparse.Namespace) -> int:
     crit = Criterion.parse(a.criterion) if a.criterion else None
     capacity = None
     if a.loads:
-        capacity = _capacity(spec, pools, cost, sc, a.capacity_basis)
+        capacity = _capacity(spec, pools, cost, sc, a.capacity_basis, a)
         print(f"capacity ({a.capacity_basis}): {capacity:.3f} req/s", flush=True)
         rates = [ld * capacity for ld in a.loads]
     elif a.rates:
@@ -234,7 +228,8 @@ def cmd_simulate_sweep(a: argparse.Namespace) -> int:
 
     def evaluate(rate: float) -> RunResult:
         load = rate / capacity if capacity else None
-        res = _sim_once(pools.build(spec.with_rate(rate)), cost, sc, a, slo, rate, load, capacity)
+        res = _sim_once(replayed(pools.build(spec.with_rate(rate)), a), cost, sc, a, slo, rate,
+                        load, capacity)
         s = res.summary
         ran = res.meta.details.get("sim") or res.meta.details["cluster"]
         print(f"rate {rate:.3f}: mean NL {s.normalized_latency.mean:.4f} s/token, "
@@ -360,24 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set the rate to this fraction of the measured capacity")
     q.add_argument("--trace-out", type=Path, default=None,
                    help="also save every plan (python -m bench trace-summary)")
-    q.add_argument("--predictions-from", type=Path, default=None, metavar="RUN.json",
-                   help="give each request the response-length prediction the live run "
-                        "recorded for it (replaying a predictor-driven run), landing as "
-                        "long after the request's arrival as it did live where the run "
-                        "recorded when")
-    q.add_argument("--lengths-from", type=Path, default=None, metavar="RUN.json",
-                   help="give each request the prompt and answer lengths the run served it "
-                        "(a live run's answers that ended by themselves below their cap end "
-                        "there by end-of-sequence, unknown to the scheduler)")
-    q.add_argument("--lengths-cap", type=int, default=None, metavar="N",
-                   help="with --lengths-from, for a run that does not record it: the "
-                        "max_tokens its requests were sent")
-    q.add_argument("--prediction-at-first-token", action="store_true",
-                   help="the replayed predictions are the engine's length head's: each lands "
-                        "with its request's first token, however late that comes")
-    q.add_argument("--prediction-delay", type=float, default=None, metavar="S",
-                   help="every prediction lands S seconds after its request arrives "
-                        "(default: each request's recorded delay, else on arrival)")
+    add_replay_args(q)
     q.set_defaults(func=cmd_simulate)
 
     q = sub.add_parser("simulate-sweep", help="simulated runs over --rates or --loads")
@@ -386,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_slo_args(q)
     _add_output_args(q)
     _add_sweep_args(q, loads=True)
+    add_replay_args(q)
     q.set_defaults(func=cmd_simulate_sweep)
 
     q = sub.add_parser("capacity", help="saturated throughput of a simulated configuration")

@@ -7,6 +7,7 @@ the requests are matched by id."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,40 @@ def with_recorded_lengths(wl: Workload, run_path: Path, cap: int | None = None) 
     if cap is not None:
         source["lengths_cap"] = cap
     return Workload(spec=wl.spec, source=source, requests=out)
+
+
+def add_replay_args(q: argparse.ArgumentParser) -> None:
+    """The options that replay what a run recorded (`simulate`, `simulate-sweep`)."""
+    q.add_argument("--predictions-from", type=Path, default=None, metavar="RUN.json",
+                   help="give each request the response-length prediction the live run "
+                        "recorded for it (replaying a predictor-driven run), landing as "
+                        "long after the request's arrival as it did live where the run "
+                        "recorded when")
+    q.add_argument("--lengths-from", type=Path, default=None, metavar="RUN.json",
+                   help="give each request the prompt and answer lengths the run served it "
+                        "(a live run's answers that ended by themselves below their cap end "
+                        "there by end-of-sequence, unknown to the scheduler)")
+    q.add_argument("--lengths-cap", type=int, default=None, metavar="N",
+                   help="with --lengths-from, for a run that does not record it: the "
+                        "max_tokens its requests were sent")
+    q.add_argument("--prediction-at-first-token", action="store_true",
+                   help="the replayed predictions are the engine's length head's: each lands "
+                        "with its request's first token, however late that comes")
+    q.add_argument("--prediction-delay", type=float, default=None, metavar="S",
+                   help="every prediction lands S seconds after its request arrives "
+                        "(default: each request's recorded delay, else on arrival)")
+
+
+def replayed(wl: Workload, a: argparse.Namespace) -> Workload:
+    """`wl` with what `add_replay_args`'s options take from a run."""
+    if a.lengths_from is not None:
+        wl = with_recorded_lengths(wl, a.lengths_from, a.lengths_cap)
+    elif a.lengths_cap is not None:
+        raise SystemExit("--lengths-cap: with --lengths-from")
+    if a.prediction_at_first_token and (a.predictions_from is None
+                                        or a.prediction_delay is not None):
+        raise SystemExit("--prediction-at-first-token: with --predictions-from, without "
+                         "--prediction-delay")
+    if a.predictions_from is not None:
+        wl = with_recorded_predictions(wl, a.predictions_from)
+    return wl

@@ -7,7 +7,7 @@ import pytest
 
 from bench.__main__ import main
 from bench.replay import with_recorded_lengths
-from bench.results import RunResult, load_result, save_result
+from bench.results import RunResult, SweepResult, load_result, save_result
 from bench.workload import Workload, WorkloadSpec
 
 from tests.bench.fake_openai import running
@@ -148,3 +148,16 @@ def test_head_estimates_land_with_the_first_token(tmp_path):
     assert waited >= 6  # with four running at once, most waited for their first token
     with pytest.raises(SystemExit, match="--prediction-at-first-token"):
         main(["simulate", *args, "--prediction-at-first-token"])
+
+
+def test_a_sweep_replays_the_lengths_at_every_rate(tmp_path):
+    run, path = _run(tmp_path)
+    out = tmp_path / "sweep.json"
+    assert main(["simulate-sweep", "--workload-spec", str(path), "--lengths-from", str(path),
+                 "--cost-model", "opt-13b", "--rates", "5", "40", "--out", str(out)]) == 0
+    sweep = load_result(out)
+    assert isinstance(sweep, SweepResult) and [p.meta.rate for p in sweep.points] == [5, 40]
+    for point in sweep.points:
+        assert point.meta.details["source"]["lengths_replayed"] == 7
+        assert point.meta.details["source"]["lengths_cap"] == 30
+        assert point.summary.num_completed == 8
