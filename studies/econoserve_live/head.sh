@@ -10,7 +10,7 @@
 # as run.sh's do: the host's speed during the run (bench trace-summary), and a cost table for
 # replays (natural_replay.sh: `bench simulate --lengths-from RUN.json` replays the answers at
 # the lengths they came out).
-# Usage: bash studies/econoserve_live/head.sh [N] [RATE]   (env CAP, OUT, CONFIGS, TABLE)
+# Usage: bash studies/econoserve_live/head.sh [N] [RATE]   (env CAP, OUT, CONFIGS, TABLE, SEED)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled
@@ -27,7 +27,7 @@ for config in $CONFIGS; do
   run=$OUT/runs/${config}_natural_$RATE
   start_server "studies/econoserve_live/$config.yaml" "$OUT/runs/$config.natural.server.log"
   python -m bench run --base-url http://127.0.0.1:8000/v1 --system "$config" --endpoint chat \
-    --dataset sharegpt -n "$N" --max-total-len 1024 --seed 0 --rate "$RATE" \
+    --dataset sharegpt -n "$N" --max-total-len 1024 --seed "${SEED:-0}" --rate "$RATE" \
     --max-tokens "$CAP" --temperature 0.7 \
     --max-duration 3600 --request-timeout 3600 --save-records --out "$run.json"
   python -m bench trace-live --out "$run.trace.json.gz"
