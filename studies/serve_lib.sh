@@ -69,3 +69,7 @@ serve_config_with() {  # ARGS_LINE: a temporary copy of serve_config.yaml with A
   echo "      $1" >> "$f"
   echo "$f"
 }
+
+# A saved run named by its round (the folder holding its runs/) and its file, less SUFFIX:
+# run_name studies/x/round/runs/fcfs_2.0.json .json -> round.fcfs_2.0
+run_name() { echo "$(basename "$(dirname "$(dirname "$1")")").$(basename "$1" "$2")"; }

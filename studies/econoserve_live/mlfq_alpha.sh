@@ -17,7 +17,7 @@ source studies/serve_lib.sh
 mkdir -p "$OUT" "$SCRATCH"
 sims=()
 for run in "$@"; do
-  label=$(basename "$(dirname "$(dirname "$run")")").$(basename "$run" .json)
+  label=$(run_name "$run" .json)
   for a in fcfs $ALPHAS; do
     case $a in
       fcfs) opts=(--policy fcfs); system=fcfs ;;

@@ -44,12 +44,11 @@ policy_opts() {
     *) return 1 ;;
   esac
 }
-name() { echo "$(basename "$(dirname "$(dirname "$1")")").$(basename "$1" "$2")"; }
-TAG=$(name "$COST" .cost.json)
+TAG=$(run_name "$COST" .cost.json)
 : > "$OUT/replay_$RATE$SUFFIX.txt"
 sims=(); own=()
 for run in "$@"; do
-  label=$(name "$run" .json)
+  label=$(run_name "$run" .json)
   for p in $POLICIES; do
     policy_opts "$p" "$PRED" "$run"
     sim=$SCRATCH/$label.$p.on.$TAG.json
