@@ -91,6 +91,9 @@ class EngineFigures:
                 "checkpoint_blocks": self.core.swap.blocks_checkpointed,
                 "checkpoint_discards": self.core.swap.num_checkpoint_discards,
                 "tokens_discarded": self.core.swap.tokens_discarded,
+                # The host tier's copies: stores, fetches, their seconds, the
+                # blocks fetched before their store ended, stores skipped.
+                "tier": asdict(self.kv_tier.stats) if self.kv_tier is not None else None,
             },
             "survival": self._survival_figures(jobs),
             "policy": self._policy_stats(),

@@ -1,9 +1,18 @@
 """Host KV tiers: the engine's `HostKVTier` (engine/swapper.py) implemented.
 
 Copies never run on the iteration's critical path: in a `ThreadedHostTier`
-offloads and fetches go to one worker thread (FIFO, so a fetch after an
-offload of the same job sees it) and the runner polls for fetches that have
-landed.
+stores and drops go to one writer thread (FIFO) and fetches to a reader
+thread of their own, and the runner polls for fetches that have landed.
+
+A fetch never waits for a store.  Blocks handed to `offload` and not
+stored yet stay with the tier until their store ends (the copy it was
+handed), so a job swapped back in before its swap-out reached the store is
+served from that copy; blocks stored earlier come from the store.  A slow
+store (a loaded host's object store: up to 6 s seen for a 37-block put on a
+2-core machine) thus delays neither a swap-in of the same job nor one of
+another job queued behind it.  A store of a job dropped before it began is
+skipped: the scheduler no longer wants that copy (a swap-in moves the
+blocks back and drops the host copy).
 
 - `LocalHostTier`: host memory of this process (tests, single replica
   without Ray).
@@ -12,7 +21,7 @@ landed.
 
 A copy that fails (the directory went away with its application, or is
 being replaced) counts as a refused offload or a lost fetch, never as an
-exception on the worker thread: the scheduler already handles both.
+exception on a worker thread: the scheduler already handles both.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +39,7 @@ import torch
 
 from engine.swapper import HostKVTier
 from kvstore.held import leading_blocks
+from kvstore.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +52,41 @@ class TierStats:
     bytes_fetched: int = 0
     fetch_failures: int = 0
     offload_failures: int = 0
+    # Stores skipped because the job was dropped before they began.
+    offloads_skipped: int = 0
+    # Fetched blocks served from copies whose store had not ended.
+    blocks_fetched_unstored: int = 0
     swap_out_s: float = 0.0
     swap_in_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class _Unstored:
+    """One offload not stored yet: its blocks by index, and the wait for a
+    device copy still filling them (None: they are filled)."""
+
+    blocks: dict[int, torch.Tensor]
+    ready: Callable[[], None] | None
+    dropped: bool = False
+
+
 class ThreadedHostTier(HostKVTier, ABC):
-    """A `HostKVTier` whose copies run on one worker thread; a subclass
-    says where the blocks are kept (`_put`, `_get`, `_remove`)."""
+    """A `HostKVTier` whose stores run on one writer thread and fetches on
+    one reader thread; a subclass says where the blocks are kept (`_put`,
+    `_get`, `_remove`)."""
 
     def __init__(self) -> None:
         self.stats = TierStats()
-        # One thread: FIFO order across offload / fetch / drop.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-tier")
+        # FIFO across stores and drops: a drop after a store removes it.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-tier-write")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-tier-read")
         self._landed: queue.SimpleQueue[tuple[str, torch.Tensor | None]] = queue.SimpleQueue()
-        # Blocks handed to `offload` and not stored yet: a replica that dies
-        # loses them (`pending_blocks`).
+        # Offloads handed over and not stored yet, per job in order: a
+        # replica that dies loses them (`pending_blocks`), a fetch reads them.
+        self._unstored: dict[str, list[_Unstored]] = {}
         self._pending = 0
-        self._pending_lock = threading.Lock()
+        self._lock = threading.Lock()
 
     @property
     def pending_blocks(self) -> int:
@@ -71,13 +99,22 @@ class ThreadedHostTier(HostKVTier, ABC):
                 ready: Callable[[], None] | None = None) -> Future[bool]:
         # Copied now, unless a device copy is still filling it (`ready`).
         data = blocks if ready is not None else blocks.contiguous()
-        with self._pending_lock:
+        item = _Unstored(dict(zip(indices, data.unbind(0))), ready)
+        with self._lock:
             self._pending += len(indices)
-        return self._pool.submit(self._offload_sync, job_id, indices, data, ready)
+            self._unstored.setdefault(job_id, []).append(item)
+        return self._writer.submit(self._offload_sync, job_id, indices, data, item)
 
     def fetch(self, job_id: str, indices: list[int],
               pinned: bool = False) -> Future[torch.Tensor | None]:
-        fut = self._pool.submit(self._fetch_sync, job_id, indices, pinned)
+        # What is not stored yet is read from its copy, taken now: a later
+        # drop or offload of the job does not change what this fetch sees.
+        with self._lock:
+            unstored: dict[int, tuple[torch.Tensor, Callable[[], None] | None]] = {}
+            for item in self._unstored.get(job_id, ()):  # later offloads win
+                unstored.update({i: (b, item.ready) for i, b in item.blocks.items()})
+        local = {i: unstored[i] for i in indices if i in unstored}
+        fut = self._reader.submit(self._fetch_sync, job_id, indices, pinned, local)
 
         def landed(f: Future[torch.Tensor | None]) -> None:
             # Cancelled by close(): nobody polls any more.
@@ -88,14 +125,17 @@ class ThreadedHostTier(HostKVTier, ABC):
         return fut
 
     def drop(self, job_id: str) -> None:
-        self._pool.submit(self._drop_sync, job_id)
+        with self._lock:
+            for item in self._unstored.pop(job_id, ()):
+                item.dropped = True
+        self._writer.submit(self._drop_sync, job_id)
 
     def held(self, job_id: str) -> int:
         """How many of `job_id`'s blocks, from block 0 on without a gap, the
         tier holds, once the copies queued before have run: the checkpoint
         a job resumes from on another replica (`survival.checkpoint`)."""
         try:
-            return self._pool.submit(self._held, job_id).result()
+            return self._writer.submit(self._held, job_id).result()
         except Exception as e:  # the directory is gone: nothing to resume from
             log.warning("lookup of %s failed: %r", job_id, e)
             return 0
@@ -111,27 +151,37 @@ class ThreadedHostTier(HostKVTier, ABC):
 
     def flush(self) -> None:
         """Wait for every queued copy (tests, shutdown)."""
-        self._pool.submit(lambda: None).result()
+        self._writer.submit(lambda: None).result()
+        self._reader.submit(lambda: None).result()
 
     def close(self, wait: bool = True) -> None:
-        """Stop the worker thread.  `wait=False` (replica shutdown) drops
+        """Stop the worker threads.  `wait=False` (replica shutdown) drops
         the copies not started yet instead of running them."""
-        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+        self._writer.shutdown(wait=wait, cancel_futures=not wait)
+        self._reader.shutdown(wait=wait, cancel_futures=not wait)
 
     def _offload_sync(self, job_id: str, indices: list[int], data: torch.Tensor,
-                      ready: Callable[[], None] | None = None) -> bool:
-        import time
-
+                      item: _Unstored) -> bool:
         t0 = time.perf_counter()
+        ok = True
         try:
-            if ready is not None:  # a device copy still in flight
-                ready()
+            if item.dropped:  # nobody wants this copy any more
+                self.stats.offloads_skipped += 1
+                return True
+            if item.ready is not None:  # a device copy still in flight
+                item.ready()
             ok = self._put(job_id, dict(zip(indices, data.unbind(0))))
         except Exception as e:  # the directory is gone: a refused offload
             log.warning("offload of %s failed: %r", job_id, e)
             ok = False
-        with self._pending_lock:
-            self._pending -= len(indices)
+        finally:
+            with self._lock:
+                self._pending -= len(indices)
+                items = self._unstored.get(job_id)
+                if items is not None and item in items:
+                    items.remove(item)
+                    if not items:
+                        del self._unstored[job_id]
         self.stats.swap_out_s += time.perf_counter() - t0
         if ok:
             self.stats.offloads += 1
@@ -140,20 +190,25 @@ class ThreadedHostTier(HostKVTier, ABC):
             self.stats.offload_failures += 1
         return ok
 
-    def _fetch_sync(self, job_id: str, indices: list[int],
-                    pinned: bool = False) -> torch.Tensor | None:
-        import time
-
+    def _fetch_sync(self, job_id: str, indices: list[int], pinned: bool,
+                    local: dict[int, tuple[torch.Tensor, Callable[[], None] | None]]
+                    ) -> torch.Tensor | None:
         t0 = time.perf_counter()
+        rest = [i for i in indices if i not in local]
         try:
-            got = self._get(job_id, indices)
+            for _, ready in local.values():
+                if ready is not None:  # its device copy may still be filling it
+                    ready()
+            stored = self._get(job_id, rest) if rest else []
         except Exception as e:  # the directory is gone: the blocks are lost
             log.warning("fetch of %s failed: %r", job_id, e)
-            got = None
+            stored = None
         self.stats.swap_in_s += time.perf_counter() - t0
-        if got is None:
+        if stored is None:
             self.stats.fetch_failures += 1
             return None
+        by_index = dict(zip(rest, stored))
+        got = [local[i][0] if i in local else by_index[i] for i in indices]
         if pinned:
             # Stacked straight into page-locked memory: the swap-in's copy
             # to the GPU then needs no staging and no wait on the host.
@@ -162,6 +217,7 @@ class ThreadedHostTier(HostKVTier, ABC):
         else:
             out = torch.stack(got)
         self.stats.fetches += 1
+        self.stats.blocks_fetched_unstored += len(local)
         self.stats.bytes_fetched += out.numel() * out.element_size()
         return out
 
@@ -276,25 +332,12 @@ class ObjectStoreTier(ThreadedHostTier):
         return int(self._call("held", job_id))
 
 
-class _Wire:
-    __slots__ = ("data", "dtype", "shape", "nbytes")
-
-    def __init__(self, data: Any, dtype: str, shape: tuple[int, ...]) -> None:
-        self.data = data
-        self.dtype = dtype
-        self.shape = shape
-        self.nbytes = data.nbytes
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_Wire, (self.data, self.dtype, self.shape))
-
-
-def _to_wire(t: torch.Tensor) -> _Wire:
+def _to_wire(t: torch.Tensor) -> Wire:
     t = t.detach().to("cpu").contiguous()
     raw = t.view(torch.uint8).reshape(-1) if t.element_size() > 0 else t
-    return _Wire(raw.numpy(), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+    return Wire(raw.numpy(), str(t.dtype).removeprefix("torch."), tuple(t.shape))
 
 
-def _from_wire(w: _Wire) -> torch.Tensor:
+def _from_wire(w: Wire) -> torch.Tensor:
     raw = torch.from_numpy(w.data.copy())
     return raw.view(getattr(torch, w.dtype)).reshape(w.shape)

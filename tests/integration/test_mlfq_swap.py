@@ -32,6 +32,12 @@ def test_swapped_jobs_produce_the_same_tokens(server, mlfq_server, mlfq_engine):
     assert (stats["swap"]["blocks_in"] + stats["swap"]["blocks_kept"]
             == stats["swap"]["blocks_out"])
     assert stats["swap"]["recompute_fallbacks"] == 0
+    # The host tier saw the copies: stored or skipped (swapped back in
+    # first), and fetched without a loss.
+    tier = stats["swap"]["tier"]
+    assert tier["offloads"] + tier["offloads_skipped"] > 0 and tier["offload_failures"] == 0
+    assert (tier["fetches"] > 0) == (stats["swap"]["blocks_in"] > 0)
+    assert tier["fetch_failures"] == 0
     assert stats["policy"]["name"] == "mlfq"
     refs = reference_texts(server, [body(p) for p in PROMPTS])
     for p, got, ref in zip(PROMPTS, concurrent, refs):

@@ -219,3 +219,109 @@ def test_held_counts_the_leading_blocks_without_a_gap() -> None:
     assert tier.held("j") == 4
     tier.drop("j")
     assert tier.held("j") == 0
+
+
+class _GatedTier(LocalHostTier):
+    """A local tier whose stores wait for `gate`: a store that takes long."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__(capacity_bytes=10**6)
+        self.gate = threading.Event()
+
+    def _put(self, job_id, blocks):  # type: ignore[no-untyped-def]
+        assert self.gate.wait(10)
+        return super()._put(job_id, blocks)
+
+
+def test_a_fetch_does_not_wait_for_a_slow_store() -> None:
+    """Swapped out and back in before the store ended: the fetch reads the
+    copy the tier was handed; another job's fetch is not queued behind the
+    store either."""
+    tier = _GatedTier()
+    tier.gate.set()
+    assert tier.offload("done", [0, 1], blocks(2, seed=1)).result()
+    tier.gate.clear()
+    stored = tier.offload("slow", [0, 1, 2], blocks(3, seed=2))
+    got = tier.fetch("slow", [0, 1, 2]).result(timeout=5)
+    assert torch.equal(got, blocks(3, seed=2)) and not stored.done()
+    assert torch.equal(tier.fetch("done", [1]).result(timeout=5), blocks(2, seed=1)[1:])
+    assert tier.stats.blocks_fetched_unstored == 3 and tier.pending_blocks == 3
+    tier.gate.set()
+    assert stored.result() and tier.pending_blocks == 0
+    # Stored now: read from the store, as before.
+    assert torch.equal(tier.fetch("slow", [2]).result(), blocks(3, seed=2)[2:])
+    assert tier.stats.blocks_fetched_unstored == 3
+
+
+def test_a_fetch_joins_stored_and_unstored_blocks_in_order() -> None:
+    """Incremental checkpoints: blocks 0 and 1 stored, block 2's store and a
+    rewrite of block 1 still queued; the fetch sees the newest of each."""
+    tier = _GatedTier()
+    tier.gate.set()
+    first = blocks(2, seed=3)
+    assert tier.offload("j", [0, 1], first).result()
+    tier.gate.clear()
+    later = blocks(2, seed=4)
+    tier.offload("j", [2], later[:1])
+    tier.offload("j", [1], later[1:])
+    got = tier.fetch("j", [0, 1, 2]).result(timeout=5)
+    assert torch.equal(got, torch.stack([first[0], later[1], later[0]]))
+    tier.gate.set()
+    tier.flush()
+    assert torch.equal(tier.fetch("j", [0, 1, 2]).result(), got)
+
+
+def test_a_store_of_a_dropped_job_is_skipped() -> None:
+    tier = _GatedTier()
+    held_up = tier.offload("a", [0], blocks(1))  # keeps the writer busy
+    skipped = tier.offload("b", [0, 1], blocks(2))
+    tier.drop("b")  # before its store began
+    # The dropped copy is gone for a fetch issued after the drop.
+    assert tier.fetch("b", [0, 1]).result(timeout=5) is None
+    tier.gate.set()
+    assert held_up.result() and skipped.result()
+    tier.flush()
+    assert tier.stats.offloads_skipped == 1 and tier.stats.offloads == 1
+    assert tier.used == blocks(1).numel() * 2 and tier.pending_blocks == 0
+    # The job offloaded again is stored again.
+    assert tier.offload("b", [0], blocks(1, seed=5)).result()
+    assert torch.equal(tier.fetch("b", [0]).result(), blocks(1, seed=5))
+
+
+def test_a_fetch_of_an_unstored_copy_waits_for_its_device_copy() -> None:
+    """The copy a fetch reads may still be filled by a side-stream copy
+    (`ready`): the fetch waits for it, as the store does."""
+    import threading
+
+    tier = LocalHostTier(capacity_bytes=10**6)
+    data = torch.zeros(2, 3, 4)
+    filled = threading.Event()
+    tier.offload("j", [0, 1], data, ready=lambda: filled.wait(5))
+    fut = tier.fetch("j", [0, 1])
+    data.copy_(torch.ones(2, 3, 4))
+    filled.set()
+    assert torch.equal(fut.result(), torch.ones(2, 3, 4))
+
+
+def test_the_directory_actor_never_imports_torch(ray_cluster):
+    """Unpickling a block in the directory must not import torch: on a
+    loaded 2-core host that import held the first put, and every swap-in
+    queued behind it, for seconds."""
+    ray = ray_cluster
+    from kvstore.directory import KVDirectory
+
+    @ray.remote(num_cpus=0)
+    class Probe(KVDirectory.__ray_actor_class__):  # type: ignore[name-defined]
+        def modules(self) -> list[str]:
+            import sys
+
+            return [m for m in ("torch", "numpy") if m in sys.modules]
+
+    directory = Probe.remote(10)
+    tier = ObjectStoreTier(directory)
+    assert tier.offload("j", [0, 1], blocks(2)).result()
+    assert torch.equal(tier.fetch("j", [0, 1]).result(), blocks(2))
+    assert "torch" not in ray.get(directory.modules.remote())
+    ray.kill(directory)
