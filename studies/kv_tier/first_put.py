@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -47,7 +48,10 @@ def main() -> None:
         t = time.perf_counter()
         assert tier.offload(f"job-{i}", list(range(args.blocks)), data).result()
         puts.append(time.perf_counter() - t)
-    out = {"tier_module": kvstore.tier.__file__, "actor_ready_s": ready_s, "put_s": puts,
+    tree = Path(kvstore.tier.__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    out = {"tree_commit": commit, "actor_ready_s": ready_s, "put_s": puts,
            "actor_imported_torch": ray.get(directory.has_torch.remote())}
     args.out.write_text(json.dumps(out, indent=1))
     print(json.dumps(out))
