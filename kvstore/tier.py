@@ -170,7 +170,7 @@ class ThreadedHostTier(HostKVTier, ABC):
                 return True
             if item.ready is not None:  # a device copy still in flight
                 item.ready()
-            ok = self._put(job_id, dict(zip(indices, data.unbind(0))))
+            ok = self._put(job_id, item.blocks)
         except Exception as e:  # the directory is gone: a refused offload
             log.warning("offload of %s failed: %r", job_id, e)
             ok = False
@@ -196,9 +196,9 @@ class ThreadedHostTier(HostKVTier, ABC):
         t0 = time.perf_counter()
         rest = [i for i in indices if i not in local]
         try:
-            for _, ready in local.values():
-                if ready is not None:  # its device copy may still be filling it
-                    ready()
+            # Each offload's device copy that may still be filling its blocks, once.
+            for ready in {id(r): r for _, r in local.values() if r is not None}.values():
+                ready()
             stored = self._get(job_id, rest) if rest else []
         except Exception as e:  # the directory is gone: the blocks are lost
             log.warning("fetch of %s failed: %r", job_id, e)
